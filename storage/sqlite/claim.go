@@ -1,0 +1,262 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// claimReturning lists what a claim hands the worker.
+const claimReturning = ` RETURNING id, instance_id, name, workflow, handler, queue, input, attempts, fence,
+	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until, priority, run_after`
+
+// claimQuery returns the claim statement for one filter shape. The inner
+// SELECT walks a partial index of pending steps in claim order
+// (steps_ready, or steps_ready_queue for one queue), so it reads only
+// ready rows however many finished ones the table holds; see
+// TestClaimUsesPartialIndex.
+func claimQuery(queues int, byInstance bool) string {
+	var b strings.Builder
+	b.WriteString(`UPDATE steps SET status = 'running', attempts = attempts + 1, fence = fence + 1,
+	started_at = ?1, first_started_at = coalesce(first_started_at, ?1), lease_until = ?2, worker_id = ?3
+WHERE id IN (SELECT id FROM steps WHERE status = 'pending' AND run_after <= ?1`)
+	switch {
+	case queues == 1:
+		b.WriteString(` AND queue = ?5`)
+	case queues > 1:
+		b.WriteString(` AND queue IN (SELECT value FROM json_each(?5))`)
+	}
+	if byInstance {
+		b.WriteString(` AND instance_id = ?6`)
+	}
+	b.WriteString(` ORDER BY priority DESC, run_after, id LIMIT ?4)`)
+	b.WriteString(claimReturning)
+	return b.String()
+}
+
+// claimQueries are built once: the statement text must stay constant to
+// stay in the driver's prepared-statement cache.
+var claimQueries = func() map[[2]int]string {
+	m := map[[2]int]string{}
+	for q := 0; q <= 2; q++ {
+		for i := 0; i <= 1; i++ {
+			m[[2]int{q, i}] = claimQuery(q, i == 1)
+		}
+	}
+	return m
+}()
+
+type claimedRow struct {
+	storage.ClaimedStep
+	priority int
+	runAfter int64
+}
+
+// ClaimSteps implements storage.Store: one UPDATE ... RETURNING picks and
+// takes the steps, then the instances they start move to running, all in one
+// BEGIN IMMEDIATE transaction.
+func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storage.ClaimedStep, error) {
+	if p.Lease <= 0 {
+		return nil, errors.New("sqlite: claim steps: lease must be positive")
+	}
+	limit := max(p.Limit, 1)
+	var out []storage.ClaimedStep
+	err := s.write(ctx, "claim steps", func(t *txn) error {
+		now := us(t.now)
+		shape := [2]int{min(len(p.Queues), 2), 0}
+		var queueArg any
+		switch len(p.Queues) {
+		case 0:
+		case 1:
+			queueArg = p.Queues[0]
+		default:
+			b, err := json.Marshal(p.Queues)
+			if err != nil {
+				return err
+			}
+			queueArg = string(b)
+		}
+		if p.InstanceID != "" {
+			shape[1] = 1
+		}
+		args := []any{now, us(t.now.Add(p.Lease)), p.WorkerID, limit}
+		if queueArg != nil || p.InstanceID != "" {
+			args = append(args, queueArg)
+		}
+		if p.InstanceID != "" {
+			args = append(args, p.InstanceID)
+		}
+		rows, err := t.query(claimQueries[shape], args...)
+		if err != nil {
+			return err
+		}
+		claimed, err := scanClaimed(rows)
+		if err != nil {
+			return err
+		}
+		if len(claimed) == 0 {
+			return nil
+		}
+		// RETURNING order is unspecified: restore the claim order.
+		slices.SortFunc(claimed, func(a, b claimedRow) int {
+			if a.priority != b.priority {
+				return b.priority - a.priority
+			}
+			if a.runAfter != b.runAfter {
+				if a.runAfter < b.runAfter {
+					return -1
+				}
+				return 1
+			}
+			return int(a.StepID - b.StepID)
+		})
+		ids := make([]string, 0, len(claimed))
+		out = make([]storage.ClaimedStep, len(claimed))
+		for i, c := range claimed {
+			out[i] = c.ClaimedStep
+			t.event(c.InstanceID, c.Step, storage.EventStepStarted, c.Attempt, p.WorkerID)
+			if !slices.Contains(ids, c.InstanceID) {
+				ids = append(ids, c.InstanceID)
+			}
+		}
+		return t.startInstances(ids)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func scanClaimed(rows *sql.Rows) ([]claimedRow, error) {
+	defer rows.Close()
+	var out []claimedRow
+	for rows.Next() {
+		var (
+			c                        claimedRow
+			input                    []byte
+			backoff, maxBackoff, tmo int64
+			first, ready             sql.NullInt64
+			lease                    int64
+		)
+		if err := rows.Scan(&c.StepID, &c.InstanceID, &c.Step, &c.Workflow, &c.Handler, &c.Queue, &input, &c.Attempt, &c.Fence,
+			&c.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &first, &ready, &lease, &c.priority, &c.runAfter); err != nil {
+			return nil, err
+		}
+		c.Input = rawJSON(input)
+		c.Retry.Backoff = time.Duration(backoff) * time.Microsecond
+		c.Retry.MaxBackoff = time.Duration(maxBackoff) * time.Microsecond
+		c.Timeout = time.Duration(tmo) * time.Microsecond
+		c.FirstStartedAt = timeUS(first)
+		c.ReadyAt = timeUS(ready)
+		c.LeaseUntil = fromUS(lease)
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// startInstances moves the given instances from pending to running.
+func (t *txn) startInstances(ids []string) error {
+	b, err := json.Marshal(ids)
+	if err != nil {
+		return err
+	}
+	rows, err := t.query(`UPDATE instances SET status = 'running', started_at = ?
+		WHERE status = 'pending' AND id IN (SELECT value FROM json_each(?)) RETURNING id`, us(t.now), string(b))
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		t.event(id, "", storage.EventInstanceStarted, 0, "")
+	}
+	return rows.Err()
+}
+
+// ExtendLeases implements storage.Store.
+func (s *Store) ExtendLeases(ctx context.Context, claims []storage.Claim, lease time.Duration) ([]storage.Claim, error) {
+	if len(claims) == 0 {
+		return nil, nil
+	}
+	if lease <= 0 {
+		return nil, errors.New("sqlite: extend leases: lease must be positive")
+	}
+	var lost []storage.Claim
+	err := s.write(ctx, "extend leases", func(t *txn) error {
+		lost = lost[:0]
+		until := us(t.now.Add(lease))
+		for _, c := range claims {
+			res, err := t.exec(`UPDATE steps SET lease_until = ? WHERE id = ? AND fence = ? AND status = 'running'`, until, c.StepID, c.Fence)
+			if err != nil {
+				return err
+			}
+			if n, err := res.RowsAffected(); err != nil {
+				return err
+			} else if n == 0 {
+				lost = append(lost, c)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return lost, nil
+}
+
+// ReleaseSteps implements storage.Store.
+func (s *Store) ReleaseSteps(ctx context.Context, claims []storage.Claim) error {
+	if len(claims) == 0 {
+		return nil
+	}
+	err := s.write(ctx, "release steps", func(t *txn) error {
+		now := us(t.now)
+		for _, c := range claims {
+			var (
+				status   storage.StepStatus
+				attempts int
+			)
+			err := t.queryRow(`UPDATE steps SET status = `+requeueStatus+`, finished_at = `+requeueFinishedAt+`,
+					attempts = attempts - 1, run_after = ?1, ready_at = ?1, lease_until = NULL, worker_id = ''
+				WHERE id = ?2 AND fence = ?3 AND status = 'running' RETURNING status, attempts`, now, c.StepID, c.Fence).Scan(&status, &attempts)
+			if errors.Is(err, sql.ErrNoRows) {
+				continue // not held any more: nothing to release
+			}
+			if err != nil {
+				return err
+			}
+			t.event(c.InstanceID, c.Step, requeueEvent(status, storage.EventStepReleased), attempts, "")
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.notify()
+	return nil
+}
+
+// A step put back in the queue while its instance is already finished (it
+// was running when a sibling failed the instance) is cancelled instead, so
+// that a pending step always belongs to an unfinished instance and claims
+// need not join instances. ?1 is now.
+const (
+	requeueStatus     = `CASE WHEN (SELECT finished_at FROM instances i WHERE i.id = steps.instance_id) IS NULL THEN 'pending' ELSE 'cancelled' END`
+	requeueFinishedAt = `CASE WHEN (SELECT finished_at FROM instances i WHERE i.id = steps.instance_id) IS NULL THEN NULL ELSE ?1 END`
+)
+
+func requeueEvent(status storage.StepStatus, pending storage.EventType) storage.EventType {
+	if status == storage.StepCancelled {
+		return storage.EventStepCancelled
+	}
+	return pending
+}

@@ -1,0 +1,113 @@
+package sqlite
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+func explain(t *testing.T, s *Store, q string, args ...any) string {
+	t.Helper()
+	rows, err := s.w.QueryContext(t.Context(), `EXPLAIN QUERY PLAN `+q, args...)
+	require.NoError(t, err)
+	var lines []string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		require.NoError(t, rows.Scan(&id, &parent, &unused, &detail))
+		lines = append(lines, detail)
+	}
+	require.NoError(t, rows.Err())
+	return strings.Join(lines, "\n")
+}
+
+// TestClaimUsesPartialIndex checks that every claim shape finds its steps
+// through an index, never by scanning the steps table, on a file holding
+// many finished steps and statistics that show it.
+func TestClaimUsesPartialIndex(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "dagrun.db"), nil)
+	require.NoError(t, err)
+	defer s.Close()
+
+	plan := func(st *storage.InstanceState) (*storage.Plan, error) {
+		p := &storage.Plan{}
+		for _, step := range st.Steps {
+			p.Steps = append(p.Steps, storage.StepChange{Name: step.Name, Status: storage.StepPending})
+		}
+		return p, nil
+	}
+	var ps []storage.CreateParams
+	for i := range 300 {
+		ps = append(ps, storage.CreateParams{
+			ID: fmt.Sprintf("i%05d", i), Workflow: "wf", DefinitionHash: "h", Definition: []byte("x"),
+			Steps: []storage.StepSpec{{Name: "a", Queue: "q"}, {Name: "b", Queue: "r"}},
+		})
+	}
+	_, err = s.CreateInstances(ctx, nil, ps, plan)
+	require.NoError(t, err)
+	claimed, err := s.ClaimSteps(ctx, storage.ClaimParams{Limit: 590, Lease: time.Minute})
+	require.NoError(t, err)
+	var rs []storage.StepResult
+	for _, c := range claimed {
+		rs = append(rs, storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeCompleted})
+	}
+	_, err = s.FinishSteps(ctx, rs, func(*storage.InstanceState) (*storage.Plan, error) { return nil, nil })
+	require.NoError(t, err)
+	_, err = s.w.ExecContext(ctx, `ANALYZE`)
+	require.NoError(t, err)
+
+	for shape, q := range claimQueries {
+		args := []any{0, 0, "w", 1}
+		switch shape[0] {
+		case 1:
+			args = append(args, "q")
+		case 2:
+			b, _ := json.Marshal([]string{"q", "r"})
+			args = append(args, string(b))
+		default:
+			if shape[1] == 1 {
+				args = append(args, nil)
+			}
+		}
+		if shape[1] == 1 {
+			args = append(args, "i00001")
+		}
+		plan := explain(t, s, q, args...)
+		lines := strings.Split(plan, "\n")
+		t.Logf("shape %v:\n%s", shape, plan)
+		for _, l := range lines {
+			if strings.HasPrefix(l, "SCAN steps") || strings.HasPrefix(l, "SEARCH steps") {
+				require.Contains(t, l, " USING ", "shape %v reads steps without an index:\n%s", shape, plan)
+			}
+		}
+		switch {
+		case shape[1] == 1:
+			require.Regexp(t, `steps_instance|steps_ready`, plan, "shape %v", shape)
+		case shape[0] == 1:
+			require.Contains(t, plan, "steps_ready_queue", "shape %v", shape)
+		default:
+			require.Contains(t, plan, "steps_ready", "shape %v", shape)
+		}
+	}
+}
+
+// TestGroupCompleteLooksUpByRowID checks that a group commit finds each
+// step by its primary key rather than scanning.
+func TestGroupCompleteLooksUpByRowID(t *testing.T) {
+	t.Parallel()
+	s, err := Open(t.Context(), filepath.Join(t.TempDir(), "dagrun.db"), nil)
+	require.NoError(t, err)
+	defer s.Close()
+	plan := explain(t, s, completeManyQuery, 0, `[[1,1,null]]`)
+	t.Log(plan)
+	require.Contains(t, plan, "SEARCH steps USING INTEGER PRIMARY KEY")
+}

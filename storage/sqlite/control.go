@@ -1,0 +1,66 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// CancelInstance implements storage.Store.
+func (s *Store) CancelInstance(ctx context.Context, id, reason string) error {
+	return s.write(ctx, "cancel instance", func(t *txn) error {
+		status, err := t.instanceStatus(id)
+		if err != nil {
+			return err
+		}
+		if status.Finished() {
+			return fmt.Errorf("instance %s is already %s: %w", id, status, storage.ErrConflict)
+		}
+		return t.finishInstance(id, storage.InstanceCancelled, nil, reason, true, true)
+	})
+}
+
+// RetryInstance implements storage.Store.
+func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanFunc) error {
+	if plan == nil {
+		return errors.New("sqlite: retry instance: nil PlanFunc")
+	}
+	err := s.write(ctx, "retry instance", func(t *txn) error {
+		status, err := t.instanceStatus(id)
+		if err != nil {
+			return err
+		}
+		if status != storage.InstanceFailed && status != storage.InstanceCancelled {
+			return fmt.Errorf("instance %s is %s, only a failed or cancelled instance can be retried: %w", id, status, storage.ErrConflict)
+		}
+		// Re-armed steps start over: attempts, error and timings reset;
+		// the fence is kept so that claims from before stay stale.
+		if _, err := t.exec(`UPDATE steps SET status = 'blocked', attempts = 0, input = NULL, output = NULL, error = '',
+				run_after = 0, ready_at = NULL, first_started_at = NULL, started_at = NULL, finished_at = NULL,
+				lease_until = NULL, worker_id = ''
+			WHERE instance_id = ? AND status IN ('failed', 'cancelled')`, id); err != nil {
+			return err
+		}
+		if _, err := t.exec(`UPDATE instances SET status = 'running', output = NULL, error = '', finished_at = NULL,
+			started_at = coalesce(started_at, ?) WHERE id = ?`, us(t.now), id); err != nil {
+			return err
+		}
+		t.event(id, "", storage.EventInstanceRetried, 0, "")
+		return t.plan([]string{id}, plan)
+	})
+	if err != nil {
+		return err
+	}
+	s.notify()
+	return nil
+}
+
+func (t *txn) instanceStatus(id string) (storage.InstanceStatus, error) {
+	var status storage.InstanceStatus
+	if err := t.queryRow(`SELECT status FROM instances WHERE id = ?`, id).Scan(&status); err != nil {
+		return "", fmt.Errorf("instance %s: %w", id, interpretError("", err))
+	}
+	return status, nil
+}

@@ -1,0 +1,22 @@
+// Package sqlite is the embedded dagrun storage backend: one SQLite file,
+// zero setup, safe for several processes on the same file.
+//
+// Every write is one BEGIN IMMEDIATE transaction on a single writer
+// connection: the write lock is taken up front, so a transaction never
+// starts as a reader and then fails to upgrade (SQLITE_BUSY_SNAPSHOT, which
+// busy_timeout cannot help), and other processes wait on busy_timeout instead
+// of surfacing "database is locked". Reads that need no lock (GetInstance,
+// ListInstances, Stats) use a separate read-only pool, which WAL lets run
+// alongside the writer.
+//
+// Use Open for a file path. New takes a pool the caller opened; that pool must
+// use the DSN built by DSN (it sets _txlock=immediate, WAL, busy_timeout,
+// synchronous=NORMAL and foreign keys), and so must the pool behind a
+// caller's own transaction passed to CreateInstances.
+//
+// Readiness is broadcast in-process by Subscribe after commits; other
+// processes on the same file see new work through the worker's polling.
+//
+// It may import only storage, storage/internal, the standard library and
+// the mattn/go-sqlite3 driver.
+package sqlite

@@ -1,0 +1,268 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// FinishSteps implements storage.Store: every result, then one plan per
+// touched instance, in one transaction (group commit).
+func (s *Store) FinishSteps(ctx context.Context, results []storage.StepResult, plan storage.PlanFunc) ([]storage.FinishResult, error) {
+	if plan == nil {
+		return nil, errors.New("sqlite: finish steps: nil PlanFunc")
+	}
+	if len(results) == 0 {
+		return nil, nil
+	}
+	out := make([]storage.FinishResult, len(results))
+	var ready bool
+	err := s.write(ctx, "finish steps", func(t *txn) error {
+		clear(out)
+		ready = false
+		var touched []string // instances to plan, in first-touched order
+		completedIn, err := t.completeMany(results)
+		if err != nil {
+			return err
+		}
+		for i := range results {
+			r := &results[i]
+			var (
+				instanceID string
+				status     storage.StepStatus
+				err        error
+			)
+			if completedIn != nil && r.Outcome == storage.OutcomeCompleted {
+				instanceID, status = completedIn[r.Claim.StepID], storage.StepCompleted
+			} else {
+				instanceID, status, err = t.finish(r)
+			}
+			if err != nil {
+				return err
+			}
+			if instanceID == "" {
+				continue
+			}
+			out[i].Accepted = true
+			switch status {
+			case storage.StepCompleted, storage.StepFailed:
+				if !slices.Contains(touched, instanceID) {
+					touched = append(touched, instanceID)
+				}
+			case storage.StepPending:
+				ready = true
+			}
+		}
+		if err := t.plan(touched, plan); err != nil {
+			return err
+		}
+		ready = ready || len(touched) > 0
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if ready {
+		s.notify()
+	}
+	return out, nil
+}
+
+// completeManyQuery completes the steps listed in ?2, a JSON array of
+// [step ID, fence, output] rows, whose claims still hold.
+const completeManyQuery = `UPDATE steps SET status = 'completed', output = c.value->>2, error = '', finished_at = ?1, lease_until = NULL
+	FROM json_each(?2) AS c
+	WHERE steps.id = c.value->>0 AND steps.fence = c.value->>1 AND steps.status = 'running'
+	RETURNING steps.id, steps.instance_id, steps.name, steps.attempts`
+
+// completeMany applies every completion of a group commit with one
+// statement and returns the instance of each step it completed, keyed by
+// step ID; it returns nil, having done nothing, when a step appears twice
+// in results (then results apply one by one, in order).
+func (t *txn) completeMany(results []storage.StepResult) (map[int64]string, error) {
+	seen := make(map[int64]bool, len(results))
+	var rows [][3]any
+	for _, r := range results {
+		if seen[r.Claim.StepID] {
+			return nil, nil
+		}
+		seen[r.Claim.StepID] = true
+		if r.Outcome == storage.OutcomeCompleted {
+			rows = append(rows, [3]any{r.Claim.StepID, r.Claim.Fence, jsonArg(r.Output)})
+		}
+	}
+	done := make(map[int64]string, len(rows))
+	if len(rows) == 0 {
+		return done, nil
+	}
+	b, err := json.Marshal(rows)
+	if err != nil {
+		return nil, err
+	}
+	q, err := t.query(completeManyQuery, us(t.now), string(b))
+	if err != nil {
+		return nil, err
+	}
+	err = eachRow(q, func(sc scanner) error {
+		var (
+			id         int64
+			instanceID string
+			name       string
+			attempts   int
+		)
+		if err := sc.Scan(&id, &instanceID, &name, &attempts); err != nil {
+			return err
+		}
+		done[id] = instanceID
+		t.event(instanceID, name, storage.EventStepCompleted, attempts, "")
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return done, nil
+}
+
+// finish applies one result if its claim still holds, and reports the
+// step's instance (empty when the claim was stale) and new status.
+func (t *txn) finish(r *storage.StepResult) (string, storage.StepStatus, error) {
+	c := r.Claim
+	now := us(t.now)
+	var (
+		row  *sql.Row
+		typ  storage.EventType
+		msg  = r.Error
+		held = `WHERE id = ?2 AND fence = ?3 AND status = 'running' RETURNING instance_id, name, status, attempts`
+	)
+	switch r.Outcome {
+	case storage.OutcomeCompleted:
+		typ, msg = storage.EventStepCompleted, ""
+		row = t.queryRow(`UPDATE steps SET status = 'completed', output = ?4, error = '', finished_at = ?1,
+			lease_until = NULL `+held, now, c.StepID, c.Fence, jsonArg(r.Output))
+	case storage.OutcomeFailed:
+		typ = storage.EventStepFailed
+		row = t.queryRow(`UPDATE steps SET status = 'failed', error = ?4, finished_at = ?1,
+			lease_until = NULL `+held, now, c.StepID, c.Fence, r.Error)
+	case storage.OutcomeRetry:
+		typ = storage.EventStepRetrying
+		row = t.queryRow(`UPDATE steps SET status = `+requeueStatus+`, finished_at = `+requeueFinishedAt+`,
+			error = ?4, run_after = ?5, ready_at = ?1, lease_until = NULL, worker_id = '' `+held,
+			now, c.StepID, c.Fence, r.Error, max(now, us(r.RunAfter)))
+	case storage.OutcomeSnooze:
+		typ = storage.EventStepSnoozed
+		msg = "until " + later(t.now, r.RunAfter).Format(time.RFC3339Nano)
+		row = t.queryRow(`UPDATE steps SET status = `+requeueStatus+`, finished_at = `+requeueFinishedAt+`,
+			attempts = attempts - 1, run_after = ?4, ready_at = ?1, lease_until = NULL, worker_id = '' `+held,
+			now, c.StepID, c.Fence, max(now, us(r.RunAfter)))
+	default:
+		return "", "", fmt.Errorf("step %d: unknown outcome %d", c.StepID, r.Outcome)
+	}
+	var (
+		instanceID string
+		name       string
+		status     storage.StepStatus
+		attempts   int
+	)
+	if err := row.Scan(&instanceID, &name, &status, &attempts); errors.Is(err, sql.ErrNoRows) {
+		return "", "", nil // stale claim: nothing written
+	} else if err != nil {
+		return "", "", err
+	}
+	if status == storage.StepCancelled {
+		typ, msg = storage.EventStepCancelled, "instance already finished"
+	}
+	attempt := attempts
+	if r.Outcome == storage.OutcomeSnooze {
+		attempt++ // the attempt that snoozed, though it does not count
+	}
+	t.event(instanceID, name, typ, attempt, msg)
+	return instanceID, status, nil
+}
+
+// RecoverExpired implements storage.Store. A limit below 1 means 1000.
+func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.PlanFunc) (int, error) {
+	if plan == nil {
+		return 0, errors.New("sqlite: recover expired: nil PlanFunc")
+	}
+	if limit < 1 {
+		limit = 1000
+	}
+	var n int
+	err := s.write(ctx, "recover expired", func(t *txn) error {
+		n = 0
+		now := us(t.now)
+		rows, err := t.query(`SELECT id, instance_id, name, attempts, max_attempts, backoff_us, max_backoff_us, worker_id
+			FROM steps WHERE status = 'running' AND lease_until < ? ORDER BY lease_until LIMIT ?`, now, limit)
+		if err != nil {
+			return err
+		}
+		type expired struct {
+			id                  int64
+			instanceID, name    string
+			attempts, max       int
+			backoff, maxBackoff int64
+			worker              string
+		}
+		var exp []expired
+		for rows.Next() {
+			var e expired
+			if err := rows.Scan(&e.id, &e.instanceID, &e.name, &e.attempts, &e.max, &e.backoff, &e.maxBackoff, &e.worker); err != nil {
+				rows.Close()
+				return err
+			}
+			exp = append(exp, e)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		var failed []string
+		for _, e := range exp {
+			msg := fmt.Sprintf("lease expired on attempt %d: worker %q presumed lost", e.attempts, e.worker)
+			t.event(e.instanceID, e.name, storage.EventStepLeaseExpired, e.attempts, msg)
+			if e.attempts >= e.max {
+				if _, err := t.exec(`UPDATE steps SET status = 'failed', error = ?, finished_at = ?, lease_until = NULL WHERE id = ?`,
+					msg, now, e.id); err != nil {
+					return err
+				}
+				t.event(e.instanceID, e.name, storage.EventStepFailed, e.attempts, msg)
+				if !slices.Contains(failed, e.instanceID) {
+					failed = append(failed, e.instanceID)
+				}
+				continue
+			}
+			policy := storage.RetryPolicy{
+				MaxAttempts: e.max,
+				Backoff:     time.Duration(e.backoff) * time.Microsecond,
+				MaxBackoff:  time.Duration(e.maxBackoff) * time.Microsecond,
+			}
+			runAfter := us(t.now.Add(policy.Delay(e.attempts, rand.Float64())))
+			var status storage.StepStatus
+			if err := t.queryRow(`UPDATE steps SET status = `+requeueStatus+`, finished_at = `+requeueFinishedAt+`,
+				error = ?2, run_after = ?3, ready_at = ?1, lease_until = NULL, worker_id = '' WHERE id = ?4 RETURNING status`,
+				now, msg, runAfter, e.id).Scan(&status); err != nil {
+				return err
+			}
+			t.event(e.instanceID, e.name, requeueEvent(status, storage.EventStepRetrying), e.attempts, msg)
+		}
+		if err := t.plan(failed, plan); err != nil {
+			return err
+		}
+		n = len(exp)
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	if n > 0 {
+		s.notify()
+	}
+	return n, nil
+}

@@ -1,0 +1,230 @@
+package sqlite
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// loaded is an instance as a PlanFunc sees it, plus what applyPlan needs.
+type loaded struct {
+	state    storage.InstanceState
+	runAfter int64   // the instance's run_after
+	ids      []int64 // step row IDs, parallel to state.Steps
+}
+
+// loadMany reads instances and their steps inside the transaction, with
+// two statements whatever their number (a group commit touches many).
+func (t *txn) loadMany(ids []string) (map[string]*loaded, error) {
+	idsJSON, err := json.Marshal(ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]*loaded, len(ids))
+	rows, err := t.query(`SELECT id, workflow, definition_hash, status, input, run_after FROM instances
+		WHERE id IN (SELECT value FROM json_each(?))`, string(idsJSON))
+	if err != nil {
+		return nil, err
+	}
+	err = eachRow(rows, func(sc scanner) error {
+		l := &loaded{}
+		st := &l.state
+		var input []byte
+		if err := sc.Scan(&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input, &l.runAfter); err != nil {
+			return err
+		}
+		st.Input = rawJSON(input)
+		st.LoadDefinition = t.definition(st.DefinitionHash)
+		out[st.ID] = l
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		if out[id] == nil {
+			return nil, fmt.Errorf("instance %s: %w", id, storage.ErrNotFound)
+		}
+	}
+	rows, err = t.query(`SELECT instance_id, id, name, depends_on, status, output, error, attempts FROM steps
+		WHERE instance_id IN (SELECT value FROM json_each(?)) ORDER BY instance_id, position`, string(idsJSON))
+	if err != nil {
+		return nil, err
+	}
+	err = eachRow(rows, func(sc scanner) error {
+		var (
+			instanceID   string
+			sid          int64
+			s            storage.StepState
+			deps, output []byte
+		)
+		if err := sc.Scan(&instanceID, &sid, &s.Name, &deps, &s.Status, &output, &s.Error, &s.Attempts); err != nil {
+			return err
+		}
+		// Most steps have no or few dependencies; skip the decoder for "[]".
+		if len(deps) > 2 {
+			if err := json.Unmarshal(deps, &s.DependsOn); err != nil {
+				return fmt.Errorf("step %s of instance %s: depends_on: %w", s.Name, instanceID, err)
+			}
+		}
+		s.Output = rawJSON(output)
+		l := out[instanceID]
+		l.state.Steps = append(l.state.Steps, s)
+		l.ids = append(l.ids, sid)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// plan loads the instances, asks plan about each in turn, and applies the
+// answers. A finished instance is not planned: nothing could become ready
+// in it.
+func (t *txn) plan(ids []string, plan storage.PlanFunc) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	ls, err := t.loadMany(ids)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		l := ls[id]
+		if l.state.Status.Finished() {
+			continue
+		}
+		p, err := plan(&l.state)
+		if err != nil {
+			return fmt.Errorf("plan instance %s: %w", id, err)
+		}
+		if err := t.apply(l, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// apply writes a Plan's transitions.
+func (t *txn) apply(l *loaded, p *storage.Plan) error {
+	if p == nil {
+		return nil
+	}
+	id := l.state.ID
+	now := us(t.now)
+	for _, c := range p.Steps {
+		i := l.index(c.Name)
+		if i < 0 {
+			return fmt.Errorf("plan for instance %s names unknown step %q", id, c.Name)
+		}
+		if cur := l.state.Steps[i].Status; cur != storage.StepBlocked {
+			return fmt.Errorf("plan for instance %s moves step %q to %s, but it is %s, not blocked", id, c.Name, c.Status, cur)
+		}
+		var err error
+		switch c.Status {
+		case storage.StepPending:
+			_, err = t.exec(`UPDATE steps SET status = 'pending', input = ?, run_after = ?, ready_at = ? WHERE id = ?`,
+				jsonArg(c.Input), max(now, l.runAfter), now, l.ids[i])
+			t.event(id, c.Name, storage.EventStepReady, 0, "")
+		case storage.StepSkipped:
+			_, err = t.exec(`UPDATE steps SET status = 'skipped', input = ?, finished_at = ? WHERE id = ?`,
+				jsonArg(c.Input), now, l.ids[i])
+			t.event(id, c.Name, storage.EventStepSkipped, 0, "")
+		case storage.StepFailed:
+			_, err = t.exec(`UPDATE steps SET status = 'failed', error = ?, finished_at = ? WHERE id = ?`,
+				c.Error, now, l.ids[i])
+			t.event(id, c.Name, storage.EventStepFailed, 0, c.Error)
+		default:
+			return fmt.Errorf("plan for instance %s moves step %q to %q: only pending, skipped or failed are allowed", id, c.Name, c.Status)
+		}
+		if err != nil {
+			return err
+		}
+		l.state.Steps[i].Status = c.Status
+	}
+	if ic := p.Instance; ic != nil {
+		if !ic.Status.Finished() {
+			return fmt.Errorf("plan for instance %s sets status %q: only completed, failed or cancelled are allowed", id, ic.Status)
+		}
+		unstarted := false
+		for _, st := range l.state.Steps {
+			unstarted = unstarted || st.Status == storage.StepBlocked || st.Status == storage.StepPending
+		}
+		if err := t.finishInstance(id, ic.Status, ic.Output, ic.Error, unstarted, false); err != nil {
+			return err
+		}
+		l.state.Status = ic.Status
+	}
+	return nil
+}
+
+func (l *loaded) index(name string) int {
+	for i := range l.state.Steps {
+		if l.state.Steps[i].Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+var instanceEvent = map[storage.InstanceStatus]storage.EventType{
+	storage.InstanceCompleted: storage.EventInstanceCompleted,
+	storage.InstanceFailed:    storage.EventInstanceFailed,
+	storage.InstanceCancelled: storage.EventInstanceCancelled,
+}
+
+// finishInstance finishes the instance; with unstarted it cancels the
+// steps that have not started (the caller knows when there are none, the
+// common case of a completed instance), and with running also the running
+// ones (their claims go stale).
+func (t *txn) finishInstance(id string, status storage.InstanceStatus, output json.RawMessage, msg string, unstarted, running bool) error {
+	now := us(t.now)
+	if _, err := t.exec(`UPDATE instances SET status = ?, output = ?, error = ?, finished_at = ? WHERE id = ?`,
+		status, jsonArg(output), msg, now, id); err != nil {
+		return err
+	}
+	if !unstarted && !running {
+		t.event(id, "", instanceEvent[status], 0, msg)
+		return nil
+	}
+	cancel := `UPDATE steps SET status = 'cancelled', finished_at = ?, lease_until = NULL
+		WHERE instance_id = ? AND status IN ('blocked', 'pending') RETURNING name, attempts`
+	if running {
+		cancel = `UPDATE steps SET status = 'cancelled', finished_at = ?, lease_until = NULL
+		WHERE instance_id = ? AND status IN ('blocked', 'pending', 'running') RETURNING name, attempts`
+	}
+	rows, err := t.query(cancel, now, id)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			name     string
+			attempts int
+		)
+		if err := rows.Scan(&name, &attempts); err != nil {
+			return err
+		}
+		t.event(id, name, storage.EventStepCancelled, attempts, msg)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	t.event(id, "", instanceEvent[status], 0, msg)
+	return nil
+}
+
+// definition returns a loader of the definition snapshot, valid while the
+// transaction is open.
+func (t *txn) definition(hash string) func() ([]byte, error) {
+	return func() ([]byte, error) {
+		var src []byte
+		if err := t.queryRow(`SELECT source FROM definitions WHERE hash = ?`, hash).Scan(&src); err != nil {
+			return nil, fmt.Errorf("definition %s: %w", hash, interpretError("", err))
+		}
+		return src, nil
+	}
+}

@@ -1,0 +1,362 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+const instanceColumns = `id, workflow, definition_hash, status, input, output, error, coalesce(idem_key, ''), priority,
+	run_after, created_at, started_at, finished_at`
+
+type scanner interface{ Scan(...any) error }
+
+func scanInstance(sc scanner, extra ...any) (storage.Instance, error) {
+	var (
+		in                storage.Instance
+		input, output     []byte
+		runAfter, created int64
+		started, finished sql.NullInt64
+	)
+	dest := append([]any{&in.ID, &in.Workflow, &in.DefinitionHash, &in.Status, &input, &output, &in.Error, &in.Key, &in.Priority,
+		&runAfter, &created, &started, &finished}, extra...)
+	if err := sc.Scan(dest...); err != nil {
+		return in, err
+	}
+	in.Input, in.Output = rawJSON(input), rawJSON(output)
+	in.RunAfter, in.CreatedAt = fromUS(runAfter), fromUS(created)
+	in.StartedAt, in.FinishedAt = ptrUS(started), ptrUS(finished)
+	return in, nil
+}
+
+const stepColumns = `instance_id, id, name, handler, queue, depends_on, status, attempts, max_attempts, backoff_us, max_backoff_us,
+	timeout_us, input, output, error, run_after, ready_at, started_at, finished_at, lease_until, worker_id`
+
+func scanStep(sc scanner) (string, storage.Step, error) {
+	var (
+		instanceID                           string
+		st                                   storage.Step
+		deps, input, output                  []byte
+		backoff, maxBackoff, tmo, runAfter   int64
+		ready, started, finished, leaseUntil sql.NullInt64
+	)
+	if err := sc.Scan(&instanceID, &st.ID, &st.Name, &st.Handler, &st.Queue, &deps, &st.Status, &st.Attempts, &st.Retry.MaxAttempts,
+		&backoff, &maxBackoff, &tmo, &input, &output, &st.Error, &runAfter, &ready, &started, &finished, &leaseUntil, &st.WorkerID); err != nil {
+		return "", st, err
+	}
+	if err := json.Unmarshal(deps, &st.DependsOn); err != nil {
+		return "", st, fmt.Errorf("step %s: depends_on: %w", st.Name, err)
+	}
+	if len(st.DependsOn) == 0 {
+		st.DependsOn = nil
+	}
+	st.Retry.Backoff = time.Duration(backoff) * time.Microsecond
+	st.Retry.MaxBackoff = time.Duration(maxBackoff) * time.Microsecond
+	st.Timeout = time.Duration(tmo) * time.Microsecond
+	st.Input, st.Output = rawJSON(input), rawJSON(output)
+	st.RunAfter = fromUS(runAfter)
+	if runAfter == 0 {
+		st.RunAfter = time.Time{}
+	}
+	st.ReadyAt, st.StartedAt, st.FinishedAt, st.LeaseUntil = ptrUS(ready), ptrUS(started), ptrUS(finished), ptrUS(leaseUntil)
+	return instanceID, st, nil
+}
+
+// GetInstance implements storage.Store.
+func (s *Store) GetInstance(ctx context.Context, id string) (*storage.Instance, error) {
+	var in storage.Instance
+	err := s.read(ctx, "get instance", func(tx *sql.Tx) error {
+		var (
+			def []byte
+			err error
+		)
+		in, err = scanInstance(tx.QueryRowContext(ctx, `SELECT `+instanceColumns+`,
+			(SELECT source FROM definitions WHERE hash = definition_hash) FROM instances WHERE id = ?`, id), &def)
+		if err != nil {
+			return fmt.Errorf("instance %s: %w", id, interpretError(s.name, err))
+		}
+		in.Definition = def
+		rows, err := tx.QueryContext(ctx, `SELECT `+stepColumns+` FROM steps WHERE instance_id = ? ORDER BY position`, id)
+		if err != nil {
+			return err
+		}
+		if err := scanSteps(rows, func(_ string, st storage.Step) { in.Steps = append(in.Steps, st) }); err != nil {
+			return err
+		}
+		rows, err = tx.QueryContext(ctx, `SELECT id, instance_id, step, type, attempt, message, at FROM events WHERE instance_id = ? ORDER BY id`, id)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				e  storage.Event
+				at int64
+			)
+			if err := rows.Scan(&e.ID, &e.InstanceID, &e.Step, &e.Type, &e.Attempt, &e.Message, &at); err != nil {
+				return err
+			}
+			e.At = fromUS(at)
+			in.Events = append(in.Events, e)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &in, nil
+}
+
+func scanSteps(rows *sql.Rows, add func(string, storage.Step)) error {
+	defer rows.Close()
+	for rows.Next() {
+		id, st, err := scanStep(rows)
+		if err != nil {
+			return err
+		}
+		add(id, st)
+	}
+	return rows.Err()
+}
+
+// ListInstances implements storage.Store.
+func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]storage.Instance, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 50
+	}
+	var (
+		where []string
+		args  []any
+	)
+	if p.Workflow != "" {
+		where, args = append(where, "workflow = ?"), append(args, p.Workflow)
+	}
+	if p.Status != "" {
+		where, args = append(where, "status = ?"), append(args, string(p.Status))
+	}
+	if p.BeforeID != "" {
+		where, args = append(where, "id < ?"), append(args, p.BeforeID)
+	}
+	q := `SELECT ` + instanceColumns + ` FROM instances`
+	if len(where) > 0 {
+		q += ` WHERE ` + strings.Join(where, " AND ")
+	}
+	q += ` ORDER BY id DESC LIMIT ?`
+	args = append(args, limit)
+	var out []storage.Instance
+	err := s.read(ctx, "list instances", func(tx *sql.Tx) error {
+		out = nil
+		rows, err := tx.QueryContext(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		ids := []string{}
+		for rows.Next() {
+			in, err := scanInstance(rows)
+			if err != nil {
+				return err
+			}
+			out = append(out, in)
+			ids = append(ids, in.ID)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if len(out) == 0 {
+			return nil
+		}
+		idx := make(map[string]int, len(out))
+		for i := range out {
+			idx[out[i].ID] = i
+		}
+		b, _ := json.Marshal(ids) // strings always marshal
+		rows, err = tx.QueryContext(ctx, `SELECT `+stepColumns+` FROM steps
+			WHERE instance_id IN (SELECT value FROM json_each(?)) ORDER BY instance_id, position`, string(b))
+		if err != nil {
+			return err
+		}
+		return scanSteps(rows, func(id string, st storage.Step) {
+			i := idx[id]
+			out[i].Steps = append(out[i].Steps, st)
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Stats implements storage.Store. The percentiles read every completed step
+// still stored; pruning keeps that bounded.
+func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
+	now := us(s.now())
+	by := map[string]*storage.WorkflowStats{}
+	get := func(wf string) *storage.WorkflowStats {
+		w := by[wf]
+		if w == nil {
+			w = &storage.WorkflowStats{Workflow: wf, Instances: map[storage.InstanceStatus]int{}}
+			by[wf] = w
+		}
+		return w
+	}
+	err := s.read(ctx, "stats", func(tx *sql.Tx) error {
+		clear(by)
+		rows, err := tx.QueryContext(ctx, `SELECT workflow, status, count(*) FROM instances GROUP BY workflow, status`)
+		if err != nil {
+			return err
+		}
+		if err := eachRow(rows, func(sc scanner) error {
+			var (
+				wf     string
+				status storage.InstanceStatus
+				n      int
+			)
+			if err := sc.Scan(&wf, &status, &n); err != nil {
+				return err
+			}
+			get(wf).Instances[status] = n
+			return nil
+		}); err != nil {
+			return err
+		}
+		rows, err = tx.QueryContext(ctx, `SELECT workflow, count(*) FROM steps
+			WHERE status = 'running' AND lease_until < ? GROUP BY workflow`, now)
+		if err != nil {
+			return err
+		}
+		if err := eachRow(rows, func(sc scanner) error {
+			var wf string
+			var n int
+			if err := sc.Scan(&wf, &n); err != nil {
+				return err
+			}
+			get(wf).StuckSteps = n
+			return nil
+		}); err != nil {
+			return err
+		}
+		rows, err = tx.QueryContext(ctx, `SELECT workflow, count(*), min(run_after) FROM steps
+			WHERE status = 'pending' AND run_after <= ? GROUP BY workflow`, now)
+		if err != nil {
+			return err
+		}
+		if err := eachRow(rows, func(sc scanner) error {
+			var wf string
+			var n int
+			var oldest int64
+			if err := sc.Scan(&wf, &n, &oldest); err != nil {
+				return err
+			}
+			w := get(wf)
+			w.ReadySteps, w.OldestReady = n, time.Duration(now-oldest)*time.Microsecond
+			return nil
+		}); err != nil {
+			return err
+		}
+		rows, err = tx.QueryContext(ctx, `SELECT workflow, finished_at - started_at AS d FROM steps
+			WHERE status = 'completed' AND started_at IS NOT NULL ORDER BY workflow, d`)
+		if err != nil {
+			return err
+		}
+		var (
+			cur string
+			ds  []int64
+		)
+		flush := func() {
+			if len(ds) > 0 {
+				w := get(cur)
+				w.StepP50, w.StepP95 = percentile(ds, 50), percentile(ds, 95)
+			}
+			ds = ds[:0]
+		}
+		if err := eachRow(rows, func(sc scanner) error {
+			var wf string
+			var d int64
+			if err := sc.Scan(&wf, &d); err != nil {
+				return err
+			}
+			if wf != cur {
+				flush()
+				cur = wf
+			}
+			ds = append(ds, d)
+			return nil
+		}); err != nil {
+			return err
+		}
+		flush()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	st := &storage.Stats{Workflows: make([]storage.WorkflowStats, 0, len(by))}
+	for _, w := range by {
+		st.Workflows = append(st.Workflows, *w)
+	}
+	slices.SortFunc(st.Workflows, func(a, b storage.WorkflowStats) int { return strings.Compare(a.Workflow, b.Workflow) })
+	return st, nil
+}
+
+// percentile is the nearest-rank percentile p of sorted microseconds.
+func percentile(sorted []int64, p int) time.Duration {
+	rank := (len(sorted)*p + 99) / 100 // ceil(n·p/100), at least 1 for n ≥ 1
+	return time.Duration(sorted[max(rank, 1)-1]) * time.Microsecond
+}
+
+func eachRow(rows *sql.Rows, fn func(scanner) error) error {
+	defer rows.Close()
+	for rows.Next() {
+		if err := fn(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// pruneBatch bounds how long one prune transaction holds the write lock.
+const pruneBatch = 500
+
+// Prune implements storage.Store. It deletes in batches, each its own
+// transaction, so that workers are not stalled behind one huge delete;
+// foreign keys cascade to steps and events. Definition snapshots are kept:
+// they are small and may be shared with live instances.
+func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (int, error) {
+	bound := us(olderThan)
+	if dryRun {
+		var n int
+		err := s.read(ctx, "prune", func(tx *sql.Tx) error {
+			return tx.QueryRowContext(ctx, `SELECT count(*) FROM instances
+				WHERE finished_at IS NOT NULL AND finished_at < ?`, bound).Scan(&n)
+		})
+		return n, err
+	}
+	total := 0
+	for {
+		var n int64
+		err := s.write(ctx, "prune", func(t *txn) error {
+			res, err := t.exec(`DELETE FROM instances WHERE id IN (SELECT id FROM instances
+				WHERE finished_at IS NOT NULL AND finished_at < ? LIMIT ?)`, bound, pruneBatch)
+			if err != nil {
+				return err
+			}
+			n, err = res.RowsAffected()
+			return err
+		})
+		if err != nil {
+			return total, err
+		}
+		total += int(n)
+		if n < pruneBatch {
+			return total, nil
+		}
+	}
+}

@@ -1,0 +1,265 @@
+package sqlite
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/mattn/go-sqlite3"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+var _ storage.Store = (*Store)(nil)
+
+// Defaults of Config.
+const (
+	BusyTimeoutDefault = 10 * time.Second
+	ReadConnsDefault   = 4
+)
+
+// Config tunes a Store. The zero value, and a nil *Config, mean defaults.
+type Config struct {
+	// Now returns the current time; every time the store writes comes from
+	// it. Default: time.Now. Tests inject a fake clock.
+	Now func() time.Time
+	// BusyTimeout is how long a connection opened by Open waits for another
+	// process's write lock before failing. Default: 10s.
+	BusyTimeout time.Duration
+	// ReadConns caps the read-only pool opened by Open. Default: 4.
+	ReadConns int
+}
+
+// WithDefaults returns a copy of c with every unset field defaulted.
+func (c *Config) WithDefaults() *Config {
+	if c == nil {
+		c = &Config{}
+	}
+	out := *c
+	if out.Now == nil {
+		out.Now = time.Now
+	}
+	out.BusyTimeout = cmp.Or(out.BusyTimeout, BusyTimeoutDefault)
+	out.ReadConns = cmp.Or(out.ReadConns, ReadConnsDefault)
+	return &out
+}
+
+func (c *Config) validate() error {
+	if c.BusyTimeout < 0 {
+		return errors.New("sqlite: Config.BusyTimeout must not be negative")
+	}
+	if c.ReadConns < 0 {
+		return errors.New("sqlite: Config.ReadConns must not be negative")
+	}
+	return nil
+}
+
+// Store is the SQLite implementation of storage.Store.
+type Store struct {
+	w    *sql.DB // writes: one connection, BEGIN IMMEDIATE
+	r    *sql.DB // reads; the same pool as w when built by New
+	own  bool    // Close closes w and r
+	name string  // the file, for error messages
+	now  func() time.Time
+
+	mu   sync.Mutex
+	subs map[chan struct{}]struct{}
+}
+
+// DSN returns the data source name for the SQLite file at path with the
+// settings dagrun needs: every transaction BEGIN IMMEDIATE, WAL, a busy
+// timeout, synchronous=NORMAL and foreign keys on. Open a pool with
+// sql.Open("sqlite3", DSN(path)) to pass it to New, or to begin transactions
+// of your own for CreateInstances.
+func DSN(path string) string {
+	return dsn(path, BusyTimeoutDefault, false)
+}
+
+func dsn(path string, busy time.Duration, readOnly bool) string {
+	q := url.Values{}
+	q.Set("_busy_timeout", strconv.FormatInt(busy.Milliseconds(), 10))
+	q.Set("_journal_mode", "WAL")
+	q.Set("_synchronous", "NORMAL")
+	q.Set("_foreign_keys", "on")
+	// The driver keeps prepared statements per connection, so the hot
+	// statements are parsed once per connection instead of once per call.
+	q.Set("_stmt_cache_size", "64")
+	if readOnly {
+		q.Set("_query_only", "on")
+		q.Set("_txlock", "deferred")
+	} else {
+		q.Set("_txlock", "immediate")
+	}
+	return path + "?" + q.Encode()
+}
+
+// Open opens (creating if needed) the SQLite file at path, migrates it, and
+// returns a Store that owns its pools: Close closes them.
+func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if path == "" {
+		return nil, errors.New("sqlite: empty database path")
+	}
+	w, err := sql.Open("sqlite3", dsn(path, cfg.BusyTimeout, false))
+	if err != nil {
+		return nil, interpretError(path, err)
+	}
+	// One writer: SQLite serialises writers anyway, and queuing them in the
+	// pool is cheaper than queuing them on the file lock.
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxLifetime(0)
+	w.SetConnMaxIdleTime(0)
+	s := &Store{w: w, r: w, own: true, name: path, now: cfg.Now}
+	if err := s.migrate(ctx); err != nil {
+		_ = w.Close()
+		return nil, err
+	}
+	r, err := sql.Open("sqlite3", dsn(path, cfg.BusyTimeout, true))
+	if err != nil {
+		_ = w.Close()
+		return nil, interpretError(path, err)
+	}
+	r.SetMaxOpenConns(cfg.ReadConns)
+	r.SetMaxIdleConns(cfg.ReadConns)
+	s.r = r
+	return s, nil
+}
+
+// New returns a Store on db, a pool the caller opened with DSN and keeps
+// owning (Close does not close it), and migrates the schema. For speed, set
+// db.SetMaxOpenConns(1): writers are serialised by SQLite anyway.
+func New(db *sql.DB, cfg *Config) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("sqlite: New: nil *sql.DB")
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	s := &Store{w: db, r: db, name: "database", now: cfg.Now}
+	if err := s.migrate(context.Background()); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close closes the pools Open opened; it does nothing for a Store from New.
+func (s *Store) Close() error {
+	if !s.own {
+		return nil
+	}
+	return errors.Join(s.r.Close(), s.w.Close())
+}
+
+// Subscribe returns a channel that receives a value after this process
+// commits a change that may have made steps ready. Signals coalesce: the
+// channel holds at most one. cancel stops the signals; the channel is not
+// closed, so a receiver never mistakes cancellation for a signal.
+func (s *Store) Subscribe() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	s.mu.Lock()
+	if s.subs == nil {
+		s.subs = make(map[chan struct{}]struct{})
+	}
+	s.subs[ch] = struct{}{}
+	s.mu.Unlock()
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			s.mu.Lock()
+			delete(s.subs, ch)
+			s.mu.Unlock()
+		})
+	}
+}
+
+func (s *Store) notify() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ch := range s.subs {
+		select {
+		case ch <- struct{}{}:
+		default: // a signal is already pending; coalesce
+		}
+	}
+}
+
+// write runs fn in one BEGIN IMMEDIATE transaction on the writer and commits.
+func (s *Store) write(ctx context.Context, op string, fn func(t *txn) error) error {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return s.fail(op, err)
+	}
+	t := &txn{ctx: ctx, tx: tx, now: s.now()}
+	if err := fn(t); err != nil {
+		_ = tx.Rollback()
+		return s.fail(op, err)
+	}
+	if err := t.flushEvents(); err != nil {
+		_ = tx.Rollback()
+		return s.fail(op, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return s.fail(op, err)
+	}
+	return nil
+}
+
+// read runs fn in one read transaction on the read pool, so its queries see
+// one snapshot.
+func (s *Store) read(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
+	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return s.fail(op, err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := fn(tx); err != nil {
+		return s.fail(op, err)
+	}
+	return nil
+}
+
+// fail prefixes err with the operation and translates it at the boundary.
+func (s *Store) fail(op string, err error) error {
+	err = interpretError(s.name, err)
+	if errors.Is(err, storage.ErrUnavailable) {
+		return err // already one complete line
+	}
+	return fmt.Errorf("sqlite: %s: %w", op, err)
+}
+
+// interpretError turns driver errors into storage sentinels.
+func interpretError(name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		return storage.ErrNotFound
+	}
+	var se sqlite3.Error
+	if errors.As(err, &se) {
+		switch se.Code {
+		case sqlite3.ErrCantOpen:
+			return fmt.Errorf("%w: cannot open SQLite database %q: check that its folder exists and is writable", storage.ErrUnavailable, name)
+		case sqlite3.ErrNotADB:
+			return fmt.Errorf("%w: %q is not a SQLite database: point the database path at a dagrun database or a new file", storage.ErrUnavailable, name)
+		case sqlite3.ErrPerm, sqlite3.ErrReadonly:
+			return fmt.Errorf("%w: SQLite database %q is not writable: fix its permissions (and those of its -wal and -shm files)", storage.ErrUnavailable, name)
+		case sqlite3.ErrCorrupt:
+			return fmt.Errorf("%w: SQLite database %q is corrupt: restore it from a backup", storage.ErrUnavailable, name)
+		case sqlite3.ErrFull:
+			return fmt.Errorf("%w: disk full writing SQLite database %q", storage.ErrUnavailable, name)
+		}
+	}
+	return err
+}

@@ -1,0 +1,463 @@
+// Package storage defines how dagrun persists workflow instances: the Store
+// interface every backend implements, the row types it exchanges with the
+// engine, and the sentinel errors callers check with errors.Is.
+//
+// The interface is shaped around atomic state transitions, not CRUD. Every
+// method that changes state does so in one transaction. Where a transition
+// needs workflow knowledge (which blocked steps became ready, what their
+// resolved input is, whether the instance is finished), the store loads the
+// instance inside the transaction and asks the engine through a PlanFunc,
+// then applies the returned Plan in that same transaction. The store itself
+// knows nothing about workflow definitions.
+//
+// Backends read the current time from Go (a Now func in their Config,
+// time.Now by default), never from the database server's clock, so that the
+// conformance suite in storage/storagetest can drive time deterministically.
+//
+// It may import only the standard library.
+package storage
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// Sentinel errors. Backends translate driver errors into these at the boundary.
+var (
+	// ErrNotFound reports that an instance or definition does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrConflict reports a transition that the current state does not allow,
+	// such as retrying a completed instance or cancelling a finished one.
+	ErrConflict = errors.New("conflict")
+	// ErrUnavailable wraps errors that mean the database cannot be reached.
+	ErrUnavailable = errors.New("storage unavailable")
+)
+
+// InstanceStatus is the lifecycle state of a workflow instance.
+type InstanceStatus string
+
+// Instance statuses.
+const (
+	InstancePending   InstanceStatus = "pending"
+	InstanceRunning   InstanceStatus = "running"
+	InstanceCompleted InstanceStatus = "completed"
+	InstanceFailed    InstanceStatus = "failed"
+	InstanceCancelled InstanceStatus = "cancelled"
+)
+
+// Finished reports whether the status is terminal.
+func (s InstanceStatus) Finished() bool {
+	return s == InstanceCompleted || s == InstanceFailed || s == InstanceCancelled
+}
+
+// StepStatus is the lifecycle state of one step of an instance.
+type StepStatus string
+
+// Step statuses.
+const (
+	StepBlocked   StepStatus = "blocked"
+	StepPending   StepStatus = "pending"
+	StepRunning   StepStatus = "running"
+	StepCompleted StepStatus = "completed"
+	StepFailed    StepStatus = "failed"
+	StepSkipped   StepStatus = "skipped"
+	StepCancelled StepStatus = "cancelled"
+)
+
+// Finished reports whether the status is terminal for the current run of the
+// step (a failed or cancelled step can still be re-armed by RetryInstance).
+func (s StepStatus) Finished() bool {
+	return s == StepCompleted || s == StepFailed || s == StepSkipped || s == StepCancelled
+}
+
+// RetryPolicy is how often and how fast a step is retried.
+type RetryPolicy struct {
+	// MaxAttempts counts the first try; at least 1.
+	MaxAttempts int
+	// Backoff is the delay before the second attempt.
+	Backoff time.Duration
+	// MaxBackoff caps the exponential delay.
+	MaxBackoff time.Duration
+}
+
+// StepSpec describes one step row created with an instance.
+type StepSpec struct {
+	Name      string
+	Handler   string
+	Queue     string
+	DependsOn []string
+	Retry     RetryPolicy
+	// Timeout bounds one attempt; zero means no timeout.
+	Timeout time.Duration
+}
+
+// CreateParams describes one instance to create.
+type CreateParams struct {
+	// ID is the new instance's ID, chosen by the caller (sortable by creation).
+	ID       string
+	Workflow string
+	// DefinitionHash keys the definition snapshot; Definition is its source,
+	// stored once per hash.
+	DefinitionHash string
+	Definition     []byte
+	Input          json.RawMessage
+	// Key, when set, makes the start idempotent per (Workflow, Key).
+	Key      string
+	Priority int
+	// RunAfter delays the instance's first steps; zero means now.
+	RunAfter time.Time
+	// Steps in definition order. All are created blocked; the PlanFunc passed
+	// to CreateInstances promotes the ready ones in the same transaction.
+	Steps []StepSpec
+}
+
+// CreateResult tells what CreateInstances did for one CreateParams.
+type CreateResult struct {
+	ID string
+	// Existed is true when an instance with the same workflow and key was
+	// already there; ID is then that instance's.
+	Existed bool
+}
+
+// ClaimParams selects ready steps for a worker.
+type ClaimParams struct {
+	// WorkerID identifies the claimer in the event history.
+	WorkerID string
+	// Queues restricts claims to these queues; empty means all.
+	Queues []string
+	// InstanceID restricts claims to one instance; empty means any.
+	InstanceID string
+	// Limit is the most steps to claim.
+	Limit int
+	// Lease is how long the claim holds without a heartbeat.
+	Lease time.Duration
+}
+
+// Claim identifies one claimed attempt. Fence increases on every claim of a
+// step, so a finish or heartbeat carrying an older fence is rejected.
+type Claim struct {
+	StepID     int64
+	InstanceID string
+	Step       string
+	Fence      int64
+}
+
+// ClaimedStep is a step a worker now holds, with everything needed to run it.
+type ClaimedStep struct {
+	Claim
+	Workflow string
+	Handler  string
+	Queue    string
+	Input    json.RawMessage
+	// Attempt is the number of this attempt, starting at 1.
+	Attempt int
+	Retry   RetryPolicy
+	Timeout time.Duration
+	// FirstStartedAt is when the step's first attempt started (stable across
+	// attempts and snoozes).
+	FirstStartedAt time.Time
+	// ReadyAt is when the step became ready, for queue-wait metrics.
+	ReadyAt    time.Time
+	LeaseUntil time.Time
+}
+
+// Outcome is how an attempt ended.
+type Outcome int
+
+// Attempt outcomes.
+const (
+	// OutcomeCompleted records Output and lets dependents proceed.
+	OutcomeCompleted Outcome = iota + 1
+	// OutcomeRetry records Error and makes the step pending again at RunAfter.
+	OutcomeRetry
+	// OutcomeFailed records Error as the step's terminal failure.
+	OutcomeFailed
+	// OutcomeSnooze makes the step pending again at RunAfter without
+	// counting the attempt (durable sleep).
+	OutcomeSnooze
+)
+
+// StepResult is one finished attempt, reported by the worker that held Claim.
+type StepResult struct {
+	Claim    Claim
+	Outcome  Outcome
+	Output   json.RawMessage
+	Error    string
+	RunAfter time.Time
+}
+
+// InstanceState is what a PlanFunc sees: the instance and all its steps as
+// they are inside the transaction, after the triggering change was applied.
+type InstanceState struct {
+	ID             string
+	Workflow       string
+	DefinitionHash string
+	Status         InstanceStatus
+	Input          json.RawMessage
+	// Steps in definition order.
+	Steps []StepState
+	// LoadDefinition reads the definition snapshot inside the same
+	// transaction; the engine calls it only on a cache miss.
+	LoadDefinition func() ([]byte, error)
+}
+
+// StepState is one step inside an InstanceState.
+type StepState struct {
+	Name string
+	// DependsOn is the step's StepSpec.DependsOn, as stored on its row.
+	DependsOn []string
+	Status    StepStatus
+	Output    json.RawMessage
+	Error     string
+	Attempts  int
+}
+
+// Plan is the engine's answer to an InstanceState: the further transitions
+// the store must apply in the same transaction.
+type Plan struct {
+	Steps []StepChange
+	// Instance, when non-nil, finishes the instance. Finishing it also
+	// cancels its pending and blocked steps (a completed instance normally
+	// has none left), so a pending step always belongs to an unfinished
+	// instance; running steps keep running and may still finish.
+	Instance *InstanceChange
+}
+
+// StepChange moves a blocked step to pending (with its resolved Input),
+// skipped, or failed (an expression that failed to evaluate). A step made
+// pending gets run_after = max(now, the instance's RunAfter). Changing a step
+// that is not blocked, or naming an unknown step, is an error that rolls the
+// transaction back. The store applies a Plan once and does not call the
+// PlanFunc again for the steps it changed, so a Plan must already contain
+// the cascade (a skipped step unblocking its dependents).
+type StepChange struct {
+	Name   string
+	Status StepStatus
+	Input  json.RawMessage
+	Error  string
+}
+
+// InstanceChange finishes an instance.
+type InstanceChange struct {
+	Status InstanceStatus
+	Output json.RawMessage
+	Error  string
+}
+
+// PlanFunc computes a Plan. It must be pure: it runs inside a write
+// transaction and may be called more than once if the store retries.
+type PlanFunc func(*InstanceState) (*Plan, error)
+
+// FinishResult tells what became of one StepResult.
+type FinishResult struct {
+	// Accepted is false when the claim was stale (lease lost to another
+	// worker, or the step was cancelled); nothing was written for it.
+	Accepted bool
+}
+
+// Instance is an instance with its steps and, from GetInstance, its events.
+type Instance struct {
+	ID             string
+	Workflow       string
+	DefinitionHash string
+	Status         InstanceStatus
+	Input          json.RawMessage
+	Output         json.RawMessage
+	Error          string
+	Key            string
+	Priority       int
+	RunAfter       time.Time
+	CreatedAt      time.Time
+	StartedAt      *time.Time
+	FinishedAt     *time.Time
+	Steps          []Step
+	Events         []Event
+	// Definition is the snapshot source; set by GetInstance only.
+	Definition []byte
+}
+
+// Step is one step row.
+type Step struct {
+	ID         int64
+	Name       string
+	Handler    string
+	Queue      string
+	DependsOn  []string
+	Status     StepStatus
+	Attempts   int
+	Retry      RetryPolicy
+	Timeout    time.Duration
+	Input      json.RawMessage
+	Output     json.RawMessage
+	Error      string
+	RunAfter   time.Time
+	ReadyAt    *time.Time
+	StartedAt  *time.Time
+	FinishedAt *time.Time
+	LeaseUntil *time.Time
+	WorkerID   string
+}
+
+// EventType names one kind of transition in the history.
+type EventType string
+
+// Event types.
+const (
+	EventInstanceCreated   EventType = "instance.created"
+	EventInstanceStarted   EventType = "instance.started"
+	EventInstanceCompleted EventType = "instance.completed"
+	EventInstanceFailed    EventType = "instance.failed"
+	EventInstanceCancelled EventType = "instance.cancelled"
+	EventInstanceRetried   EventType = "instance.retried"
+	EventStepReady         EventType = "step.ready"
+	EventStepStarted       EventType = "step.started"
+	EventStepCompleted     EventType = "step.completed"
+	EventStepFailed        EventType = "step.failed"
+	EventStepRetrying      EventType = "step.retrying"
+	EventStepSnoozed       EventType = "step.snoozed"
+	EventStepSkipped       EventType = "step.skipped"
+	EventStepCancelled     EventType = "step.cancelled"
+	EventStepReleased      EventType = "step.released"
+	EventStepLeaseExpired  EventType = "step.lease_expired"
+)
+
+// Event is one entry of an instance's history.
+type Event struct {
+	ID         int64
+	InstanceID string
+	Step       string
+	Type       EventType
+	Attempt    int
+	Message    string
+	At         time.Time
+}
+
+// ListParams filters ListInstances. Results are newest first.
+type ListParams struct {
+	Workflow string
+	Status   InstanceStatus
+	// Limit defaults to 50 when zero.
+	Limit int
+	// BeforeID pages: only instances created before this one.
+	BeforeID string
+}
+
+// Stats summarises the store per workflow.
+type Stats struct {
+	Workflows []WorkflowStats
+}
+
+// WorkflowStats is the summary of one workflow's instances and steps.
+type WorkflowStats struct {
+	Workflow string
+	// Instances counts instances per status.
+	Instances map[InstanceStatus]int
+	// StuckSteps counts running steps whose lease has expired.
+	StuckSteps int
+	// ReadySteps counts pending steps whose run_after has passed.
+	ReadySteps int
+	// OldestReady is the age of the oldest ready step; zero when none.
+	OldestReady time.Duration
+	// StepP50 and StepP95 are completed-attempt durations (from the start of
+	// the attempt that completed to its finish), nearest-rank percentiles
+	// (Postgres' percentile_disc) over the completed steps still stored.
+	StepP50 time.Duration
+	StepP95 time.Duration
+}
+
+// Store is the persistence every backend implements. All methods are safe
+// for concurrent use by many goroutines and many processes.
+type Store interface {
+	// CreateInstances creates instances with their definition snapshots and
+	// step rows, all blocked, then applies plan to each in the same
+	// transaction. A params with a Key already used for its workflow creates
+	// nothing and reports the existing instance. tx is nil, or a transaction
+	// of the caller's own (*sql.Tx for SQLite, pgx.Tx for Postgres) so the
+	// start commits or rolls back with the caller's business writes; the
+	// store does not commit a caller's transaction.
+	CreateInstances(ctx context.Context, tx any, params []CreateParams, plan PlanFunc) ([]CreateResult, error)
+
+	// ClaimSteps atomically claims up to p.Limit ready steps (pending,
+	// run_after passed, instance not finished), highest priority first, then
+	// oldest ready; increments their attempts and fences; and takes a lease.
+	// The first claim of an instance's step moves it from pending to
+	// running. A Limit below 1 claims one step; Lease must be positive.
+	ClaimSteps(ctx context.Context, p ClaimParams) ([]ClaimedStep, error)
+
+	// ExtendLeases renews the leases of claims still held, to now+lease, and
+	// returns the claims that are no longer held (stale fence, or the step is
+	// no longer running, e.g. cancelled) so their handlers can be stopped.
+	ExtendLeases(ctx context.Context, claims []Claim, lease time.Duration) (lost []Claim, err error)
+
+	// ReleaseSteps returns held claims to pending without counting the
+	// attempt (graceful shutdown).
+	ReleaseSteps(ctx context.Context, claims []Claim) error
+
+	// FinishSteps records finished attempts in one transaction (group
+	// commit). A result whose claim is stale is not applied. For each
+	// unfinished instance touched by a completion or terminal failure, plan
+	// is called once, after all of that instance's results were applied, and
+	// its Plan applied. (A step of an already finished instance may still
+	// complete; its instance is not planned again. A retry or snooze of such
+	// a step, like a release or a lease recovery, cancels it instead of
+	// queueing it again.)
+	FinishSteps(ctx context.Context, results []StepResult, plan PlanFunc) ([]FinishResult, error)
+
+	// RecoverExpired takes back up to limit running steps whose lease ended
+	// before now: each counts as a failed attempt, pending again after its
+	// retry delay, or failed for good when attempts are exhausted (then plan
+	// is called for the instance). It returns how many it recovered.
+	RecoverExpired(ctx context.Context, limit int, plan PlanFunc) (int, error)
+
+	// CancelInstance cancels an unfinished instance and its unfinished steps
+	// (running ones included: their claims become stale). ErrConflict if the
+	// instance is already finished, ErrNotFound if absent.
+	CancelInstance(ctx context.Context, id, reason string) error
+
+	// RetryInstance re-arms a failed or cancelled instance: its failed and
+	// cancelled steps become blocked with attempts reset, the instance
+	// running, then plan promotes the ready ones. Completed outputs stay.
+	RetryInstance(ctx context.Context, id string, plan PlanFunc) error
+
+	// GetInstance returns the instance with steps, events and definition.
+	GetInstance(ctx context.Context, id string) (*Instance, error)
+
+	// ListInstances returns instances with their steps (no events), newest
+	// first.
+	ListInstances(ctx context.Context, p ListParams) ([]Instance, error)
+
+	// Stats summarises instances and steps per workflow.
+	Stats(ctx context.Context) (*Stats, error)
+
+	// Prune deletes finished instances that finished before olderThan, with
+	// their steps and events; with dryRun it only counts them.
+	Prune(ctx context.Context, olderThan time.Time, dryRun bool) (int, error)
+
+	// Subscribe returns a channel that receives a value (coalesced) whenever
+	// steps may have become ready, from this process or, where the backend
+	// can tell, from others. Polling remains the fallback. cancel releases it.
+	Subscribe() (ch <-chan struct{}, cancel func())
+
+	// Close releases what the store opened itself (not a pool it was given).
+	Close() error
+}
+
+// Delay returns the backoff before attempt+1 after attempt failed:
+// min(MaxBackoff, Backoff·2^(attempt-1)), with up to 20% jitter subtracted
+// so that many failing steps do not retry in lockstep. jitter is a value in
+// [0,1), normally rand.Float64().
+func (p RetryPolicy) Delay(attempt int, jitter float64) time.Duration {
+	if p.Backoff <= 0 {
+		return 0
+	}
+	d := p.Backoff
+	for i := 1; i < attempt && (p.MaxBackoff <= 0 || d < p.MaxBackoff); i++ {
+		d *= 2
+	}
+	if p.MaxBackoff > 0 && d > p.MaxBackoff {
+		d = p.MaxBackoff
+	}
+	return d - time.Duration(float64(d)*0.2*jitter)
+}

@@ -1,0 +1,225 @@
+package storagetest
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+var claimTests = map[string]func(*testing.T, *Harness){
+	"ExclusiveUnderConcurrency": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		const steps = 200
+		ps := make([]storage.CreateParams, steps/4)
+		for i := range ps {
+			ps[i] = params(spec("a"), spec("b"), spec("c"), spec("d"))
+		}
+		b.create(ps...)
+
+		var (
+			wg   sync.WaitGroup
+			mu   sync.Mutex
+			seen = map[int64]int{}
+			errs []error
+		)
+		for w := range 8 {
+			wg.Go(func() {
+				for i := 0; ; i++ {
+					got, err := b.store.ClaimSteps(context.Background(), storage.ClaimParams{
+						WorkerID: "w", Limit: 1 + (w+i)%5, Lease: time.Minute,
+					})
+					mu.Lock()
+					if err != nil {
+						errs = append(errs, err)
+					}
+					for _, c := range got {
+						seen[c.StepID]++
+					}
+					mu.Unlock()
+					if err != nil || len(got) == 0 {
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		require.NoError(t, errors.Join(errs...))
+		require.Len(t, seen, steps)
+		for id, n := range seen {
+			require.Equal(t, 1, n, "step %d claimed %d times", id, n)
+		}
+	},
+
+	"Claimed": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(spec("a"), spec("b", "a"))
+		b.clock.Advance(time.Second)
+		got := b.claim(storage.ClaimParams{WorkerID: "worker-7", Lease: 30 * time.Second, Limit: 10})
+		require.Len(t, got, 1)
+		c := got[0]
+		require.Positive(t, c.StepID)
+		require.Equal(t, id, c.InstanceID)
+		require.Equal(t, "a", c.Step)
+		require.Positive(t, c.Fence)
+		require.Equal(t, "wf", c.Workflow)
+		require.Equal(t, "h.a", c.Handler)
+		require.Equal(t, "q.a", c.Queue)
+		require.JSONEq(t, string(stepInput(t, "a", nil)), string(c.Input))
+		require.Equal(t, 1, c.Attempt)
+		require.Equal(t, storage.RetryPolicy{MaxAttempts: 3, Backoff: time.Second, MaxBackoff: time.Minute}, c.Retry)
+		require.Equal(t, 10*time.Second, c.Timeout)
+		now := start.Add(time.Second)
+		require.True(t, c.FirstStartedAt.Equal(now), "first started %v", c.FirstStartedAt)
+		require.True(t, c.ReadyAt.Equal(start), "ready at %v", c.ReadyAt)
+		require.True(t, c.LeaseUntil.Equal(now.Add(30*time.Second)), "lease until %v", c.LeaseUntil)
+
+		in := b.get(id)
+		require.Equal(t, storage.InstanceRunning, in.Status)
+		require.NotNil(t, in.StartedAt)
+		require.True(t, in.StartedAt.Equal(now))
+		require.Len(t, events(in, "", storage.EventInstanceStarted), 1)
+		a := step(t, in, "a")
+		require.Equal(t, storage.StepRunning, a.Status)
+		require.Equal(t, 1, a.Attempts)
+		require.Equal(t, "worker-7", a.WorkerID)
+		require.NotNil(t, a.StartedAt)
+		require.True(t, a.StartedAt.Equal(now))
+		require.NotNil(t, a.LeaseUntil)
+		require.True(t, a.LeaseUntil.Equal(c.LeaseUntil))
+		started := events(in, "a", storage.EventStepStarted)
+		require.Len(t, started, 1)
+		require.Equal(t, 1, started[0].Attempt)
+
+		// Nothing else is ready; a second attempt gets a new fence and
+		// attempt but keeps FirstStartedAt.
+		require.Empty(t, b.claim(storage.ClaimParams{}))
+		require.Equal(t, []storage.FinishResult{{Accepted: true}}, b.finish(storage.StepResult{
+			Claim: c.Claim, Outcome: storage.OutcomeRetry, Error: "flaky", RunAfter: now,
+		}))
+		b.clock.Advance(time.Second)
+		again := b.claimStep(id, "a")
+		require.Equal(t, 2, again.Attempt)
+		require.Greater(t, again.Fence, c.Fence)
+		require.True(t, again.FirstStartedAt.Equal(now))
+		require.Len(t, events(b.get(id), "", storage.EventInstanceStarted), 1, "the instance starts once")
+	},
+
+	"QueueFilter": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		var ss []storage.StepSpec
+		for _, q := range []string{"a", "b", "c", "a"} {
+			s := spec("s" + q + string(rune('0'+len(ss))))
+			s.Queue = q
+			ss = append(ss, s)
+		}
+		b.createOne(ss...)
+		queues := func(cs []storage.ClaimedStep) []string {
+			var out []string
+			for _, c := range cs {
+				out = append(out, c.Queue)
+			}
+			return out
+		}
+		require.Empty(t, b.claim(storage.ClaimParams{Queues: []string{"nope"}}))
+		require.Equal(t, []string{"a", "a"}, queues(b.claim(storage.ClaimParams{Queues: []string{"a"}})))
+		require.ElementsMatch(t, []string{"b", "c"}, queues(b.claim(storage.ClaimParams{Queues: []string{"b", "c", "d"}})))
+		require.Empty(t, b.claim(storage.ClaimParams{}))
+	},
+
+	"QueueFilterUnsetQueue": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		s := spec("a")
+		s.Queue = ""
+		b.createOne(s)
+		got := b.claim(storage.ClaimParams{Queues: []string{"default"}})
+		require.Len(t, got, 1, "an empty queue is the queue named default")
+		require.Equal(t, "default", got[0].Queue)
+	},
+
+	"InstanceFilter": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		one := b.createOne(spec("a"), spec("b"))
+		two := b.createOne(spec("a"), spec("b"))
+		got := b.claim(storage.ClaimParams{InstanceID: two})
+		require.Len(t, got, 2)
+		for _, c := range got {
+			require.Equal(t, two, c.InstanceID)
+		}
+		require.Empty(t, b.claim(storage.ClaimParams{InstanceID: two}))
+		got = b.claim(storage.ClaimParams{})
+		require.Len(t, got, 2)
+		require.Equal(t, one, got[0].InstanceID)
+	},
+
+	"PriorityThenAge": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		mk := func(prio int) string {
+			p := params(spec("a"))
+			p.Priority = prio
+			b.create(p)
+			b.clock.Advance(time.Second)
+			return p.ID
+		}
+		old := mk(0)
+		high := mk(5)
+		young := mk(0)
+		higher := mk(9)
+		highYoung := mk(5)
+		got := b.claim(storage.ClaimParams{Limit: 3})
+		var order []string
+		for _, c := range got {
+			order = append(order, c.InstanceID)
+		}
+		require.Equal(t, []string{higher, high, highYoung}, order)
+		order = nil
+		for range 2 {
+			got := b.claim(storage.ClaimParams{Limit: 1})
+			require.Len(t, got, 1)
+			order = append(order, got[0].InstanceID)
+		}
+		require.Equal(t, []string{old, young}, order)
+	},
+
+	"OldestReadyFirst": func(t *testing.T, h *Harness) {
+		// Age is when a step became claimable (its run_after), not when
+		// its instance was created: a retried step queues behind steps
+		// that became ready before its retry delay ended.
+		b := h.setup(t)
+		first := b.createOne(spec("a"))
+		c := b.claimStep(first, "a")
+		second := b.createOne(spec("a"))
+		b.clock.Advance(time.Second)
+		third := b.createOne(spec("a"))
+		b.finish(storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeRetry, Error: "x", RunAfter: start.Add(2 * time.Second)})
+		b.clock.Advance(5 * time.Second)
+		var order []string
+		for _, c := range b.claim(storage.ClaimParams{}) {
+			order = append(order, c.InstanceID)
+		}
+		require.Equal(t, []string{second, third, first}, order)
+	},
+
+	"InvalidLease": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		b.createOne(spec("a"))
+		_, err := b.store.ClaimSteps(b.ctx, storage.ClaimParams{Limit: 1})
+		require.Error(t, err)
+		require.Len(t, b.claim(storage.ClaimParams{}), 1, "a failed claim takes nothing")
+	},
+
+	"NotBeforeRunAfter": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(spec("a"))
+		c := b.claimStep(id, "a")
+		b.finish(storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeRetry, Error: "later", RunAfter: start.Add(time.Hour)})
+		require.Empty(t, b.claim(storage.ClaimParams{}))
+		b.clock.Advance(time.Hour)
+		require.Len(t, b.claim(storage.ClaimParams{}), 1)
+	},
+}

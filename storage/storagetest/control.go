@@ -1,0 +1,152 @@
+package storagetest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+var releaseTests = map[string]func(*testing.T, *Harness){
+	"BackToPending": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(spec("a"))
+		c := b.claimStep(id, "a")
+		b.clock.Advance(time.Second)
+		require.NoError(t, b.store.ReleaseSteps(b.ctx, []storage.Claim{c.Claim}))
+		in := b.get(id)
+		a := step(t, in, "a")
+		require.Equal(t, storage.StepPending, a.Status)
+		require.Zero(t, a.Attempts, "a released attempt does not count")
+		require.Nil(t, a.LeaseUntil)
+		require.False(t, a.RunAfter.After(b.now()), "claimable at once")
+		require.Len(t, events(in, "a", storage.EventStepReleased), 1)
+
+		require.Equal(t, []storage.FinishResult{{}}, b.finish(completed(c.Claim, `1`)), "the released claim is stale")
+		again := b.claimStep(id, "a")
+		require.Equal(t, 1, again.Attempt)
+		require.Greater(t, again.Fence, c.Fence)
+
+		// Releasing a claim no longer held changes nothing.
+		require.NoError(t, b.store.ReleaseSteps(b.ctx, []storage.Claim{c.Claim}))
+		require.Equal(t, storage.StepRunning, b.status(id, "a"))
+		require.NoError(t, b.store.ReleaseSteps(b.ctx, nil))
+	},
+}
+
+var cancelTests = map[string]func(*testing.T, *Harness){
+	"CancelsUnfinishedSteps": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(spec("done"), spec("run"), spec("wait"), spec("later", "wait"))
+		b.complete(id, "done", `1`)
+		c := b.claimStep(id, "run")
+		b.clock.Advance(time.Second)
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "operator said so"))
+
+		in := b.get(id)
+		require.Equal(t, storage.InstanceCancelled, in.Status)
+		require.Equal(t, "operator said so", in.Error)
+		require.NotNil(t, in.FinishedAt)
+		require.True(t, in.FinishedAt.Equal(b.now()))
+		require.Equal(t, storage.StepCompleted, step(t, in, "done").Status)
+		for _, name := range []string{"run", "wait", "later"} {
+			require.Equal(t, storage.StepCancelled, step(t, in, name).Status, name)
+			require.Len(t, events(in, name, storage.EventStepCancelled), 1, name)
+		}
+		ev := events(in, "", storage.EventInstanceCancelled)
+		require.Len(t, ev, 1)
+		require.Equal(t, "operator said so", ev[0].Message)
+
+		lost, err := b.store.ExtendLeases(b.ctx, []storage.Claim{c.Claim}, time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, []storage.Claim{c.Claim}, lost, "the running step's claim is stale")
+		require.Equal(t, []storage.FinishResult{{}}, b.finish(completed(c.Claim, `1`)))
+		require.Equal(t, storage.StepCancelled, b.status(id, "run"))
+		require.Empty(t, b.claim(storage.ClaimParams{}))
+	},
+
+	"Errors": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		require.ErrorIs(t, b.store.CancelInstance(b.ctx, "no-such-instance", "x"), storage.ErrNotFound)
+		id := b.createOne(spec("a"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "x"))
+		require.ErrorIs(t, b.store.CancelInstance(b.ctx, id, "again"), storage.ErrConflict)
+		done := b.createOne(spec("a"))
+		b.complete(done, "a", `1`)
+		require.ErrorIs(t, b.store.CancelInstance(b.ctx, done, "x"), storage.ErrConflict)
+		require.Equal(t, storage.InstanceCompleted, b.get(done).Status)
+	},
+}
+
+var retryTests = map[string]func(*testing.T, *Harness){
+	"RearmsFailedAndCancelledSteps": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		a := spec("a")
+		a.Retry.MaxAttempts = 2
+		id := b.createOne(a, spec("b", "a"), spec("c"))
+		b.complete(id, "c", `"kept"`)
+		c1 := b.claimStep(id, "a")
+		b.finish(storage.StepResult{Claim: c1.Claim, Outcome: storage.OutcomeRetry, Error: "first", RunAfter: b.now()})
+		c2 := b.claimStep(id, "a")
+		b.finish(storage.StepResult{Claim: c2.Claim, Outcome: storage.OutcomeFailed, Error: "second"})
+		require.Equal(t, storage.InstanceFailed, b.get(id).Status)
+
+		b.clock.Advance(time.Minute)
+		require.NoError(t, b.store.RetryInstance(b.ctx, id, Plan))
+		in := b.get(id)
+		require.Equal(t, storage.InstanceRunning, in.Status)
+		require.Empty(t, in.Error)
+		require.Nil(t, in.FinishedAt)
+		require.Len(t, events(in, "", storage.EventInstanceRetried), 1)
+		sa := step(t, in, "a")
+		require.Equal(t, storage.StepPending, sa.Status)
+		require.Zero(t, sa.Attempts, "attempts reset")
+		require.Empty(t, sa.Error)
+		require.Nil(t, sa.FinishedAt)
+		require.True(t, sa.RunAfter.Equal(b.now()))
+		require.Equal(t, storage.StepBlocked, step(t, in, "b").Status)
+		sc := step(t, in, "c")
+		require.Equal(t, storage.StepCompleted, sc.Status)
+		require.JSONEq(t, `"kept"`, string(sc.Output))
+
+		c3 := b.claimStep(id, "a")
+		require.Equal(t, 1, c3.Attempt)
+		require.Equal(t, []storage.FinishResult{{}}, b.finish(completed(c2.Claim, `1`)), "claims from before the retry are stale")
+		b.finish(completed(c3.Claim, `"a"`))
+		b.complete(id, "b", `"b"`)
+		in = b.get(id)
+		require.Equal(t, storage.InstanceCompleted, in.Status)
+		require.JSONEq(t, `{"steps":3}`, string(in.Output))
+	},
+
+	"CancelledInstance": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(spec("a"), spec("b", "a"))
+		c := b.claimStep(id, "a")
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "oops"))
+		require.NoError(t, b.store.RetryInstance(b.ctx, id, Plan))
+		in := b.get(id)
+		require.Equal(t, storage.InstanceRunning, in.Status)
+		require.Equal(t, storage.StepPending, step(t, in, "a").Status)
+		require.Equal(t, storage.StepBlocked, step(t, in, "b").Status)
+		require.Equal(t, []storage.FinishResult{{}}, b.finish(completed(c.Claim, `1`)), "the cancelled claim stays stale")
+		again := b.claimStep(id, "a")
+		require.Equal(t, 1, again.Attempt)
+	},
+
+	"Errors": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		require.ErrorIs(t, b.store.RetryInstance(b.ctx, "no-such-instance", Plan), storage.ErrNotFound)
+		pending := b.createOne(spec("a"))
+		require.ErrorIs(t, b.store.RetryInstance(b.ctx, pending, Plan), storage.ErrConflict)
+		running := b.createOne(spec("a"), spec("b"))
+		b.complete(running, "a", `1`)
+		require.ErrorIs(t, b.store.RetryInstance(b.ctx, running, Plan), storage.ErrConflict)
+		done := b.createOne(spec("a"))
+		b.complete(done, "a", `1`)
+		require.ErrorIs(t, b.store.RetryInstance(b.ctx, done, Plan), storage.ErrConflict)
+		require.Equal(t, storage.InstanceCompleted, b.get(done).Status)
+	},
+}

@@ -1,0 +1,231 @@
+package storagetest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+var queryTests = map[string]func(*testing.T, *Harness){
+	"GetInstance": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(spec("zeta"), spec("alpha", "zeta"), spec("mid"))
+		b.complete(id, "zeta", `1`)
+		b.clock.Advance(time.Second)
+		b.complete(id, "mid", `2`)
+
+		in := b.get(id)
+		var names []string
+		for _, s := range in.Steps {
+			names = append(names, s.Name)
+			require.Positive(t, s.ID)
+		}
+		require.Equal(t, []string{"zeta", "alpha", "mid"}, names, "definition order")
+		require.Equal(t, "name: wf\n", string(in.Definition))
+		require.NotEmpty(t, in.Events)
+		for i, e := range in.Events {
+			require.Equal(t, id, e.InstanceID)
+			if i > 0 {
+				require.Greater(t, e.ID, in.Events[i-1].ID)
+				require.False(t, e.At.Before(in.Events[i-1].At))
+			}
+		}
+		var types []storage.EventType
+		for _, e := range in.Events {
+			if e.Step == "zeta" || e.Step == "" {
+				types = append(types, e.Type)
+			}
+		}
+		require.Equal(t, []storage.EventType{
+			storage.EventInstanceCreated, storage.EventStepReady, storage.EventStepStarted,
+			storage.EventInstanceStarted, storage.EventStepCompleted,
+		}, reorderStart(types))
+
+		_, err := b.store.GetInstance(b.ctx, "no-such-instance")
+		require.ErrorIs(t, err, storage.ErrNotFound)
+	},
+
+	"ListInstances": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		var wfA, wfB []string
+		for i := range 5 {
+			p := params(spec("a"))
+			if i%2 == 0 {
+				wfA = append(wfA, p.ID)
+			} else {
+				p.Workflow = "other"
+				wfB = append(wfB, p.ID)
+			}
+			b.create(p)
+		}
+		b.complete(wfA[1], "a", `1`)
+		ids := func(list []storage.Instance) []string {
+			var out []string
+			for _, in := range list {
+				out = append(out, in.ID)
+				require.Empty(t, in.Events, "lists carry no events")
+				require.Len(t, in.Steps, 1, "lists carry steps")
+			}
+			return out
+		}
+		list := func(p storage.ListParams) []storage.Instance {
+			out, err := b.store.ListInstances(b.ctx, p)
+			require.NoError(t, err)
+			return out
+		}
+		all := list(storage.ListParams{})
+		require.Equal(t, []string{wfA[2], wfB[1], wfA[1], wfB[0], wfA[0]}, ids(all), "newest first")
+		require.Equal(t, []string{wfA[2], wfA[1], wfA[0]}, ids(list(storage.ListParams{Workflow: "wf"})))
+		require.Equal(t, []string{wfA[1]}, ids(list(storage.ListParams{Status: storage.InstanceCompleted})))
+		require.Equal(t, []string{wfA[2], wfA[0]}, ids(list(storage.ListParams{Workflow: "wf", Status: storage.InstancePending})))
+		require.Empty(t, list(storage.ListParams{Workflow: "nope"}))
+		completed := list(storage.ListParams{Status: storage.InstanceCompleted})[0]
+		require.Equal(t, storage.StepCompleted, completed.Steps[0].Status)
+		require.NotNil(t, completed.FinishedAt)
+
+		// Paging by BeforeID walks everything once.
+		var paged []string
+		before := ""
+		for {
+			page := list(storage.ListParams{Limit: 2, BeforeID: before})
+			require.LessOrEqual(t, len(page), 2)
+			if len(page) == 0 {
+				break
+			}
+			paged = append(paged, ids(page)...)
+			before = page[len(page)-1].ID
+		}
+		require.Equal(t, ids(all), paged)
+		require.Equal(t, []string{wfA[1], wfA[0]}, ids(list(storage.ListParams{Workflow: "wf", BeforeID: wfA[2]})))
+	},
+
+	"ListDefaultLimit": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		ps := make([]storage.CreateParams, 60)
+		for i := range ps {
+			ps[i] = params(spec("a"))
+		}
+		b.create(ps...)
+		out, err := b.store.ListInstances(b.ctx, storage.ListParams{})
+		require.NoError(t, err)
+		require.Len(t, out, 50)
+		require.Equal(t, ps[59].ID, out[0].ID)
+	},
+}
+
+// reorderStart lets the instance.started event come before or after the
+// first step.started event of the same claim: both happen in one
+// transaction and the interface does not order them.
+func reorderStart(types []storage.EventType) []storage.EventType {
+	for i := 0; i+1 < len(types); i++ {
+		if types[i] == storage.EventInstanceStarted && types[i+1] == storage.EventStepStarted {
+			types[i], types[i+1] = types[i+1], types[i]
+		}
+	}
+	return types
+}
+
+var statsTests = map[string]func(*testing.T, *Harness){
+	"Figures": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		// Twenty completed steps taking 1s, 2s, ... 20s.
+		for i := 1; i <= 20; i++ {
+			id := b.createOne(spec("a"))
+			c := b.claimStep(id, "a")
+			b.clock.Advance(time.Duration(i) * time.Second)
+			b.finish(completed(c.Claim, `1`))
+		}
+		// One running step stuck past its lease.
+		stuck := b.createOne(spec("a"))
+		b.claimStep(stuck, "a")
+		b.clock.Advance(31 * time.Second)
+		// Two ready steps, the older ready for 5s, and one not yet ready.
+		b.createOne(spec("a"))
+		b.clock.Advance(5 * time.Second)
+		b.createOne(spec("a"))
+		delayed := params(spec("a"))
+		delayed.RunAfter = b.now().Add(time.Hour)
+		b.create(delayed)
+		// Another workflow.
+		other := params(spec("a"))
+		other.Workflow = "other"
+		b.create(other)
+		require.NoError(t, b.store.CancelInstance(b.ctx, other.ID, "x"))
+
+		st, err := b.store.Stats(b.ctx)
+		require.NoError(t, err)
+		byName := map[string]storage.WorkflowStats{}
+		for _, w := range st.Workflows {
+			byName[w.Workflow] = w
+		}
+		require.Len(t, byName, 2)
+		wf := byName["wf"]
+		require.Equal(t, 20, wf.Instances[storage.InstanceCompleted])
+		require.Equal(t, 1, wf.Instances[storage.InstanceRunning])
+		require.Equal(t, 3, wf.Instances[storage.InstancePending])
+		require.Zero(t, wf.Instances[storage.InstanceFailed])
+		require.Equal(t, 1, wf.StuckSteps)
+		require.Equal(t, 2, wf.ReadySteps)
+		require.Equal(t, 5*time.Second, wf.OldestReady)
+		require.Equal(t, 10*time.Second, wf.StepP50)
+		require.Equal(t, 19*time.Second, wf.StepP95)
+
+		o := byName["other"]
+		require.Equal(t, 1, o.Instances[storage.InstanceCancelled])
+		require.Zero(t, o.ReadySteps)
+		require.Zero(t, o.OldestReady)
+		require.Zero(t, o.StepP50)
+	},
+
+	"Empty": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		st, err := b.store.Stats(b.ctx)
+		require.NoError(t, err)
+		require.Empty(t, st.Workflows)
+	},
+}
+
+var pruneTests = map[string]func(*testing.T, *Harness){
+	"FinishedOlderThan": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		old := b.createOne(spec("a"))
+		b.complete(old, "a", `1`)
+		oldFailed := b.createOne(spec("a"))
+		c := b.claimStep(oldFailed, "a")
+		b.finish(storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeFailed, Error: "x"})
+		unfinished := b.createOne(spec("a"), spec("b"))
+		b.complete(unfinished, "a", `1`)
+		b.clock.Advance(time.Hour)
+		recent := b.createOne(spec("a"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, recent, "x"))
+		bound := b.now().Add(-30 * time.Minute)
+
+		n, err := b.store.Prune(b.ctx, bound, true)
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+		b.get(old) // a dry run deletes nothing
+
+		n, err = b.store.Prune(b.ctx, bound, false)
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+		for _, id := range []string{old, oldFailed} {
+			_, err := b.store.GetInstance(b.ctx, id)
+			require.ErrorIs(t, err, storage.ErrNotFound)
+		}
+		require.Len(t, b.get(unfinished).Steps, 2, "unfinished instances stay, however old")
+		require.NotEmpty(t, b.get(recent).Events)
+		st, err := b.store.Stats(b.ctx)
+		require.NoError(t, err)
+		require.Len(t, st.Workflows, 1)
+		require.Zero(t, st.Workflows[0].Instances[storage.InstanceCompleted], "steps went with their instance")
+		require.Zero(t, st.Workflows[0].StepP50, "completed steps went with their instance")
+
+		n, err = b.store.Prune(b.ctx, b.now().Add(time.Second), false)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		b.get(unfinished)
+	},
+}
