@@ -1,0 +1,34 @@
+// Package dag holds workflow definitions: it parses a workflow YAML file (schema
+// v1) with the position of every node, validates it, compiles its ${{ }}
+// expressions and its input JSON Schema once, and offers the graph operations
+// the engine and the CLI need (topological order, ancestors, Mermaid and DOT).
+//
+// It imports no storage and no handlers: whether a handler name is registered
+// is asked through ParseOptions.HandlerExists, so the registry stays the
+// engine's business and this package stays a leaf. Expressions are compiled
+// here and evaluated by the engine through Template.Eval and Expr.Bool.
+//
+// # Validation
+//
+// Parse reports every error of a file, not just the first, each as
+// FILE:LINE:COL: message (see Error and ErrorList), one line each, written for
+// the person who has to fix the file.
+//
+// # Decisions where the design is silent
+//
+//   - retry.backoff longer than retry.maxBackoff is an error (after defaults
+//     are applied): the cap would silently make every delay maxBackoff.
+//     Temporal rejects the same combination.
+//   - dependsOn also accepts a single name (dependsOn: validate).
+//   - when accepts "${{ expr }}" and the bare "expr"; Expr.Bool treats any
+//     non-bool result, nil included, as an error rather than as false.
+//   - Member access is nil-safe everywhere (a.b.c is a?.b?.c): the output of
+//     a skipped step, or an absent input field, reads as nil.
+//   - The input schema is JSON Schema 2020-12 unless it says otherwise with
+//     $schema; format is asserted (format: email rejects non-emails); $ref may
+//     only point inside the schema, never to a file or URL.
+//   - YAML anchors, aliases and merge keys (<<: *anchor) work, within limits
+//     that stop alias bombs; a file holds exactly one YAML document.
+//   - YAML timestamps (2024-01-02) in templates stay text; .inf and .nan are
+//     errors, as JSON cannot hold them.
+package dag

@@ -1,0 +1,171 @@
+package dag
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Error is one problem in a workflow file, at the position of the YAML node it
+// is about. Line and Col are 1-based; both are 0 when the problem concerns the
+// whole file (for example when it cannot be read).
+type Error struct {
+	File      string
+	Line, Col int
+	Msg       string
+}
+
+// Error formats the problem as FILE:LINE:COL: msg, the form editors and CI
+// annotations understand. Empty parts are left out.
+func (e *Error) Error() string {
+	var b strings.Builder
+	if e.File != "" {
+		b.WriteString(e.File)
+		b.WriteString(":")
+	}
+	if e.Line > 0 {
+		fmt.Fprintf(&b, "%d:%d:", e.Line, e.Col)
+	}
+	if b.Len() > 0 {
+		b.WriteString(" ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// ErrorList is every problem found in one or more workflow files, sorted by
+// file, line and column.
+type ErrorList []*Error
+
+// Error joins the errors, one per line.
+func (l ErrorList) Error() string {
+	parts := make([]string, len(l))
+	for i, e := range l {
+		parts[i] = e.Error()
+	}
+	return strings.Join(parts, "\n")
+}
+
+// Unwrap lets errors.As find each *Error.
+func (l ErrorList) Unwrap() []error {
+	errs := make([]error, len(l))
+	for i, e := range l {
+		errs[i] = e
+	}
+	return errs
+}
+
+// sortErrors orders by position; a stable sort keeps the order in which
+// problems at the same node were found, which is the order a reader fixes them.
+func sortErrors(l ErrorList) {
+	sort.SliceStable(l, func(i, j int) bool {
+		a, b := l[i], l[j]
+		if a.File != b.File {
+			return a.File < b.File
+		}
+		if a.Line != b.Line {
+			return a.Line < b.Line
+		}
+		return a.Col < b.Col
+	})
+}
+
+// collector gathers the errors of one file.
+type collector struct {
+	file string
+	errs ErrorList
+}
+
+// at records a problem at a node; a nil node means the start of the file.
+func (c *collector) at(n *yaml.Node, format string, args ...any) {
+	line, col := 1, 1
+	if n != nil && n.Line > 0 {
+		line, col = n.Line, n.Column
+	}
+	c.errs = append(c.errs, &Error{File: c.file, Line: line, Col: col, Msg: fmt.Sprintf(format, args...)})
+}
+
+// atPos records a problem at an explicit position.
+func (c *collector) atPos(line, col int, format string, args ...any) {
+	c.errs = append(c.errs, &Error{File: c.file, Line: line, Col: col, Msg: fmt.Sprintf(format, args...)})
+}
+
+var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+// yamlParserProblems are the problems yaml.v3 raises from its parser (not its
+// scanner). For those it prints the 0-based line of the construct being
+// parsed, so the line must be shifted by one to point at the right place.
+var yamlParserProblems = []string{
+	"did not find expected <document start>",
+	"did not find expected node content",
+	"did not find expected '-' indicator",
+	"did not find expected key",
+	"did not find expected ',' or ']'",
+	"did not find expected ',' or '}'",
+	"found undefined tag handle",
+	"found duplicate %YAML directive",
+	"found incompatible YAML document",
+	"found duplicate %TAG directive",
+	"did not find expected <stream-start>",
+}
+
+// yamlError turns a yaml.v3 syntax error ("yaml: line N: problem") into a
+// positioned error. yaml.v3 gives no column, so the column is 1.
+func (c *collector) yamlError(src []byte, err error) {
+	msg := err.Error()
+	var te *yaml.TypeError
+	if errors.As(err, &te) && len(te.Errors) > 0 {
+		msg = te.Errors[0]
+	}
+	line := 1
+	problem := strings.TrimPrefix(msg, "yaml: ")
+	if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
+		line, _ = strconv.Atoi(m[1])
+		problem = m[2]
+		for _, p := range yamlParserProblems {
+			if problem == p {
+				line++
+				break
+			}
+		}
+	} else if slices := strings.Fields(problem); len(slices) == 4 && slices[0] == "unknown" && slices[1] == "anchor" {
+		// "unknown anchor 'x' referenced" carries no line: find the alias.
+		name := strings.Trim(slices[2], "'")
+		if l, col, ok := findInSource(src, "*"+name); ok {
+			c.atPos(l, col, "invalid YAML: alias *%s refers to an anchor &%s that is not defined before it", name, name)
+			return
+		}
+	}
+	lines := strings.Split(string(src), "\n")
+	if line > len(lines) {
+		line = len(lines)
+	}
+	if line < 1 {
+		line = 1
+	}
+	hint := ""
+	if text := lines[line-1]; strings.Contains(text, "${{") && strings.ContainsAny(text, "{[") && !strings.Contains(text, `"${{`) && !strings.Contains(text, `'${{`) {
+		hint = ` (an unquoted ${{ }} inside a flow mapping or list clashes with YAML's braces: quote it, e.g. "${{ input.x }}", or use block style)`
+	}
+	if hint == "" && problem == "mapping values are not allowed in this context" {
+		hint = ` (check the indentation, or quote a value that contains ": ")`
+	}
+	c.atPos(line, 1, "invalid YAML: %s%s", problem, hint)
+}
+
+// findInSource returns the 1-based line and column of the first occurrence of s.
+func findInSource(src []byte, s string) (int, int, bool) {
+	i := strings.Index(string(src), s)
+	if i < 0 {
+		return 0, 0, false
+	}
+	before := string(src[:i])
+	line := strings.Count(before, "\n") + 1
+	col := i - strings.LastIndex(before, "\n")
+	return line, col, true
+}

@@ -1,0 +1,398 @@
+package dag
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/expr-lang/expr"
+	"github.com/expr-lang/expr/ast"
+	"github.com/expr-lang/expr/builtin"
+	"github.com/expr-lang/expr/file"
+	exprparser "github.com/expr-lang/expr/parser"
+	"github.com/expr-lang/expr/vm"
+	"gopkg.in/yaml.v3"
+)
+
+// Env is what expressions see. The expr tags give the lower-case names used
+// in workflow files (input, steps.NAME.output, workflow.id, ...).
+type Env struct {
+	Input    any                `expr:"input"`    // the instance input (decoded JSON)
+	Steps    map[string]StepEnv `expr:"steps"`    // by step name
+	Workflow WorkflowEnv        `expr:"workflow"` // the running instance
+}
+
+// StepEnv is one step as expressions see it.
+type StepEnv struct {
+	Status string `expr:"status"`
+	Output any    `expr:"output"` // decoded JSON; nil if none or skipped
+}
+
+// WorkflowEnv identifies the running instance.
+type WorkflowEnv struct {
+	ID   string `expr:"id"`
+	Name string `expr:"name"`
+}
+
+// Expr is one compiled expression, such as a step's when:.
+type Expr struct {
+	src  string // the expression, without ${{ }}
+	prog *vm.Program
+	refs []string
+}
+
+// String returns the expression's source text, without the ${{ }} around it
+// (the form error messages quote).
+func (e *Expr) String() string {
+	if e == nil {
+		return ""
+	}
+	return e.src
+}
+
+// References lists the step names the expression reads (sorted, unique).
+func (e *Expr) References() []string {
+	if e == nil {
+		return nil
+	}
+	return append([]string(nil), e.refs...)
+}
+
+// Bool evaluates a condition. A result that is not true or false (nil
+// included) is an error naming the expression: a condition that silently
+// treats a missing value as false hides typos; write "x == true" to accept nil.
+// A nil *Expr (a step without when:) is true.
+func (e *Expr) Bool(env *Env) (bool, error) {
+	if e == nil {
+		return true, nil
+	}
+	v, err := e.run(env)
+	if err != nil {
+		return false, err
+	}
+	b, ok := v.(bool)
+	if !ok {
+		return false, fmt.Errorf("expression %q: want true or false, got %s", e.src, describeValue(v))
+	}
+	return b, nil
+}
+
+// eval evaluates the expression to a JSON-ready value.
+func (e *Expr) eval(env *Env) (any, error) {
+	v, err := e.run(env)
+	if err != nil {
+		return nil, err
+	}
+	out, err := normalize(v, 0)
+	if err != nil {
+		return nil, fmt.Errorf("expression %q: %w", e.src, err)
+	}
+	return out, nil
+}
+
+func (e *Expr) run(env *Env) (out any, err error) {
+	if env == nil {
+		env = &Env{}
+	}
+	if env.Steps == nil {
+		// A missing step then reads as the zero StepEnv whether or not the
+		// map exists: status "" and output nil.
+		e2 := *env
+		e2.Steps = map[string]StepEnv{}
+		env = &e2
+	}
+	// expr.Run recovers the VM's panics; this guards the rest.
+	defer func() {
+		if r := recover(); r != nil {
+			out, err = nil, fmt.Errorf("expression %q: %v", e.src, r)
+		}
+	}()
+	v, err := expr.Run(e.prog, env)
+	if err != nil {
+		return nil, fmt.Errorf("expression %q: %s", e.src, exprMessage(err))
+	}
+	return v, nil
+}
+
+// exprMessage is the one-line message of an expr error, without the
+// multi-line source snippet expr appends.
+func exprMessage(err error) string {
+	var fe *file.Error
+	if errors.As(err, &fe) {
+		return fe.Message
+	}
+	msg, _, _ := strings.Cut(err.Error(), "\n")
+	return msg
+}
+
+// nilSafe makes every member access optional (a.b behaves as a?.b), so that
+// reading a field of a nil value — the output of a skipped step, an absent
+// input field — yields nil instead of failing. expr only honours Optional
+// inside a ChainNode, hence the wrapping.
+type nilSafe struct{}
+
+func (nilSafe) Visit(n *ast.Node) {
+	if m, ok := (*n).(*ast.MemberNode); ok && !m.Optional && !m.Method {
+		m.Optional = true
+		ast.Patch(n, &ast.ChainNode{Node: m})
+	}
+}
+
+// scope is what an expression may reference.
+type scope struct {
+	where   string          // for messages: `step "x"`, `step #2` or "output"
+	self    string          // the referencing step; "" in output:
+	allowed map[string]bool // steps it may read; nil means any (output:)
+	all     []string        // every valid step name
+	allSet  map[string]bool
+}
+
+func newScope(self string, allowed map[string]bool, all []string) *scope {
+	set := make(map[string]bool, len(all))
+	for _, n := range all {
+		set[n] = true
+	}
+	return &scope{self: self, allowed: allowed, all: all, allSet: set}
+}
+
+// subject names where the expression is, for messages.
+func (s *scope) subject() string {
+	switch {
+	case s.where != "":
+		return s.where
+	case s.self != "":
+		return fmt.Sprintf("step %q", s.self)
+	}
+	return ""
+}
+
+// label prefixes expression messages with where they are.
+func (s *scope) label() string {
+	if sub := s.subject(); sub != "" {
+		return sub + ": "
+	}
+	return ""
+}
+
+var rootVariables = []string{"input", "steps", "workflow"}
+
+// compileExpr checks and compiles one expression, reporting problems at node.
+func (p *parser) compileExpr(src string, node *yaml.Node, sc *scope, asBool bool) *Expr {
+	src = strings.TrimSpace(src)
+	report := func(format string, args ...any) {
+		p.c.at(node, "%sexpression %q: %s", sc.label(), src, fmt.Sprintf(format, args...))
+	}
+	tree, err := parseExpr(src)
+	if err != nil {
+		var fe *file.Error
+		if errors.As(err, &fe) {
+			if fe.Line > 1 {
+				report("syntax error at line %d, column %d: %s", fe.Line, fe.Column+1, fe.Message)
+			} else {
+				report("syntax error at column %d: %s", fe.Column+1, fe.Message)
+			}
+		} else {
+			report("syntax error: %s", exprMessage(err))
+		}
+		return nil
+	}
+	refs, problems := checkReferences(tree, sc)
+	for _, pr := range problems {
+		report("%s", pr)
+	}
+	if len(problems) > 0 {
+		return nil
+	}
+	opts := []expr.Option{expr.Env(Env{}), expr.Patch(nilSafe{})}
+	if asBool {
+		// Compiled once with AsBool only to reject, at load, conditions whose
+		// type is known not to be bool ("1 + 1"). The program kept is the
+		// one without it: AsBool's run-time cast fails with an obscure
+		// "bool(string)", while Bool gives a clear message.
+		if _, err := compileGuarded(src, append(opts, expr.AsBool())); err != nil {
+			msg := exprMessage(err)
+			if got, ok := strings.CutPrefix(msg, "expected bool, but got "); ok {
+				msg = "a condition must give true or false, but this gives " + got
+			}
+			report("%s", msg)
+			return nil
+		}
+	}
+	prog, err := compileGuarded(src, opts)
+	if err != nil {
+		report("%s", exprMessage(err))
+		return nil
+	}
+	return &Expr{src: src, prog: prog, refs: refs}
+}
+
+// parseExpr and compileGuarded turn a panic inside expr into an error:
+// validation must never crash on a hostile file.
+func parseExpr(src string) (tree *exprparser.Tree, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			tree, err = nil, fmt.Errorf("%v", r)
+		}
+	}()
+	return exprparser.Parse(src)
+}
+
+func compileGuarded(src string, opts []expr.Option) (prog *vm.Program, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			prog, err = nil, fmt.Errorf("%v", r)
+		}
+	}()
+	return expr.Compile(src, opts...)
+}
+
+// refCollector gathers what checkReferences needs from one walk: the
+// identifiers, the member node above each node, function callees and
+// let-declared names.
+type refCollector struct {
+	idents   []*ast.IdentifierNode
+	parent   map[ast.Node]*ast.MemberNode
+	callees  map[ast.Node]bool
+	declared map[string]bool
+}
+
+func (r *refCollector) Visit(n *ast.Node) {
+	switch x := (*n).(type) {
+	case *ast.IdentifierNode:
+		r.idents = append(r.idents, x)
+	case *ast.MemberNode:
+		r.parent[x.Node] = x
+	case *ast.CallNode:
+		r.callees[x.Callee] = true
+	case *ast.VariableDeclaratorNode:
+		r.declared[x.Name] = true
+	}
+}
+
+// memberName is the property of a member access when written literally
+// (a.b or a["b"]).
+func memberName(m *ast.MemberNode) (string, bool) {
+	if m == nil {
+		return "", false
+	}
+	s, ok := m.Property.(*ast.StringNode)
+	if !ok {
+		return "", false
+	}
+	return s.Value, true
+}
+
+// checkReferences validates the variables an expression reads: only input,
+// steps.NAME.output|status of allowed steps and workflow.id|name.
+func checkReferences(tree *exprparser.Tree, sc *scope) (refs []string, problems []string) {
+	r := &refCollector{parent: map[ast.Node]*ast.MemberNode{}, callees: map[ast.Node]bool{}, declared: map[string]bool{}}
+	ast.Walk(&tree.Node, r)
+	seenRef := map[string]bool{}
+	for _, id := range r.idents {
+		name := id.Value
+		if r.declared[name] {
+			continue
+		}
+		if r.callees[id] {
+			problems = append(problems, fmt.Sprintf("unknown function %q%s", name, didYouMean(name, builtin.Names)))
+			continue
+		}
+		switch name {
+		case "input":
+		case "workflow":
+			m := r.parent[id]
+			field, ok := memberName(m)
+			switch {
+			case m == nil || !ok:
+				problems = append(problems, "use workflow.id or workflow.name")
+			case field != "id" && field != "name":
+				problems = append(problems, fmt.Sprintf("workflow has no field %q: use workflow.id or workflow.name", field))
+			}
+		case "steps":
+			m := r.parent[id]
+			step, ok := memberName(m)
+			if m == nil {
+				problems = append(problems, "steps must be followed by a step name, e.g. steps.charge.output")
+				continue
+			}
+			if !ok {
+				problems = append(problems, `steps must be indexed by a step name written out, e.g. steps.charge.output or steps["charge"].output`)
+				continue
+			}
+			switch {
+			case !sc.allSet[step]:
+				others := make([]string, 0, len(sc.all))
+				for _, n := range sc.all {
+					if n != sc.self {
+						others = append(others, n)
+					}
+				}
+				switch s := suggest(step, others); {
+				case s != "":
+					problems = append(problems, fmt.Sprintf("unknown step %q (did you mean %q?)", step, s))
+				case len(others) == 0:
+					problems = append(problems, fmt.Sprintf("unknown step %q: there is no other step", step))
+				default:
+					problems = append(problems, fmt.Sprintf("unknown step %q (steps: %s)", step, strings.Join(others, ", ")))
+				}
+				continue
+			case step == sc.self:
+				problems = append(problems, fmt.Sprintf("a step cannot read its own output or status (steps.%s)", step))
+				continue
+			case sc.allowed != nil && !sc.allowed[step]:
+				problems = append(problems, fmt.Sprintf("%s does not depend on %q, so it cannot read steps.%s: add %q to its dependsOn (directly or through another step)", sc.subject(), step, step, step))
+				continue
+			}
+			m2 := r.parent[m]
+			field, ok := memberName(m2)
+			switch {
+			case m2 == nil || !ok:
+				problems = append(problems, fmt.Sprintf("steps.%s must be followed by .output or .status, e.g. steps.%s.output", step, step))
+				continue
+			case field != "output" && field != "status":
+				problems = append(problems, fmt.Sprintf("steps.%s has no field %q: use steps.%s.output or steps.%s.status", step, field, step, step))
+				continue
+			}
+			if !seenRef[step] {
+				seenRef[step] = true
+				refs = append(refs, step)
+			}
+		default:
+			if s := suggest(name, rootVariables); s != "" {
+				problems = append(problems, fmt.Sprintf("unknown variable %q (did you mean %q?)", name, s))
+			} else {
+				problems = append(problems, fmt.Sprintf("unknown variable %q (variables: input, steps, workflow)", name))
+			}
+		}
+	}
+	sort.Strings(refs)
+	return refs, problems
+}
+
+// when compiles a step's condition. Both "when: ${{ x }}" and the bare
+// "when: x" are accepted; mixing text and ${{ }} is not, as it could only
+// ever be a string.
+func (p *parser) when(n *yaml.Node, sc *scope, label string) *Expr {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() == "!!null" || strings.TrimSpace(n.Value) == "" {
+		p.c.at(n, `%s: "when" must be one expression, e.g. when: ${{ input.x != nil }}, got %s`, label, describe(n))
+		return nil
+	}
+	segs, problem := splitTemplate(n.Value)
+	if problem != "" {
+		p.c.at(n, "%s: %s", label, problem)
+		return nil
+	}
+	src := n.Value
+	switch {
+	case len(segs) == 1 && segs[0].expr:
+		src = segs[0].text
+	case len(segs) == 1 && !segs[0].expr:
+	case isWholeExpr(segs):
+		src = wholeExpr(segs)
+	default:
+		p.c.at(n, `%s: "when" must be one expression, e.g. when: ${{ input.x != nil }}; it mixes text and ${{ }}`, label)
+		return nil
+	}
+	return p.compileExpr(src, n, sc, true)
+}

@@ -1,0 +1,179 @@
+package dag
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseOrderProcessing(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join("..", "workflows", "order-processing.yaml")
+	src, err := os.ReadFile(path)
+	require.NoError(t, err)
+	w, err := ParseFile(path, testOptions())
+	require.NoError(t, err)
+
+	require.Equal(t, "order-processing", w.Name)
+	require.Equal(t, "Validate, charge, ship and notify one order.", w.Description)
+	require.Equal(t, src, w.Source)
+	sum := sha256.Sum256(src)
+	require.Equal(t, hex.EncodeToString(sum[:]), w.Hash)
+	require.JSONEq(t, `{"type":"object","required":["orderId","items","totalAmount"],"properties":{"orderId":{"type":"string"},"items":{"type":"array","minItems":1},"totalAmount":{"type":"number","minimum":0}}}`, string(w.InputSchema))
+	require.Equal(t, []string{"validate", "charge", "ship", "notify"}, names(w.Steps))
+
+	charge := w.Step("charge")
+	require.Equal(t, "orders.charge", charge.Handler)
+	require.Equal(t, []string{"validate"}, charge.DependsOn)
+	// Field by field: maxAttempts from the step, backoff from the defaults.
+	require.Equal(t, RetryPolicy{MaxAttempts: 5, Backoff: time.Second, MaxBackoff: time.Minute}, charge.Retry)
+	require.Equal(t, 10*time.Second, charge.Timeout)
+	require.Equal(t, "default", charge.Queue)
+	require.Equal(t, 19, charge.Line)
+	require.Equal(t, 5, charge.Col)
+
+	ship := w.Step("ship")
+	require.Equal(t, RetryPolicy{MaxAttempts: 3, Backoff: time.Second, MaxBackoff: time.Minute}, ship.Retry)
+	require.Equal(t, 30*time.Second, ship.Timeout)
+	require.Nil(t, ship.When)
+
+	notify := w.Step("notify")
+	require.True(t, notify.ContinueOnError)
+	require.Equal(t, "input.customerEmail != nil", notify.When.String())
+	require.Nil(t, w.Step("nope"))
+
+	out, err := w.Output.Eval(&Env{Steps: map[string]StepEnv{
+		"charge": {Status: "completed", Output: map[string]any{"paymentId": "pay_1"}},
+		"ship":   {Status: "completed", Output: map[string]any{"trackingNo": "TRK"}},
+	}})
+	require.NoError(t, err)
+	require.Equal(t, map[string]any{"paymentId": "pay_1", "trackingNo": "TRK"}, out)
+}
+
+func TestBuiltInDefaults(t *testing.T) {
+	t.Parallel()
+	w := mustParse(t, "name: t\nsteps:\n  - name: a\n    handler: echo\n")
+	a := w.Step("a")
+	require.Equal(t, RetryPolicy{MaxAttempts: 1, Backoff: time.Second, MaxBackoff: time.Minute}, a.Retry)
+	require.Zero(t, a.Timeout)
+	require.Equal(t, "default", a.Queue)
+	require.False(t, a.ContinueOnError)
+	require.Nil(t, a.Input)
+	require.Nil(t, a.When)
+	require.Nil(t, w.Output)
+	require.Nil(t, w.InputSchema)
+	require.Empty(t, a.DependsOn)
+}
+
+func TestDefaultsInheritance(t *testing.T) {
+	t.Parallel()
+	w := mustParse(t, `name: t
+defaults:
+  retry: {maxAttempts: 4, maxBackoff: 5m}
+  timeout: 1m
+  queue: slow
+steps:
+  - name: a
+    handler: echo
+  - name: b
+    handler: echo
+    dependsOn: a
+    retry: {backoff: 3s}
+    timeout: 2s
+    queue: fast
+`)
+	require.Equal(t, RetryPolicy{MaxAttempts: 4, Backoff: time.Second, MaxBackoff: 5 * time.Minute}, w.Step("a").Retry)
+	require.Equal(t, time.Minute, w.Step("a").Timeout)
+	require.Equal(t, "slow", w.Step("a").Queue)
+	require.Equal(t, RetryPolicy{MaxAttempts: 4, Backoff: 3 * time.Second, MaxBackoff: 5 * time.Minute}, w.Step("b").Retry)
+	require.Equal(t, 2*time.Second, w.Step("b").Timeout)
+	require.Equal(t, "fast", w.Step("b").Queue)
+	require.Equal(t, []string{"a"}, w.Step("b").DependsOn, "a single name is accepted for dependsOn")
+}
+
+func TestAnchorsAndMergeKeys(t *testing.T) {
+	t.Parallel()
+	w := mustParse(t, `name: t
+steps:
+  - &common
+    name: a
+    handler: echo
+    retry: {maxAttempts: 2}
+    input: &in {x: 1}
+  - <<: *common
+    name: b
+    handler: noop
+    input: *in
+`)
+	require.Equal(t, "echo", w.Step("a").Handler)
+	require.Equal(t, "noop", w.Step("b").Handler, "explicit keys win over merged ones")
+	require.Equal(t, 2, w.Step("b").Retry.MaxAttempts)
+	v, err := w.Step("b").Input.Eval(nil)
+	require.NoError(t, err)
+	require.Equal(t, map[string]any{"x": 1}, v)
+}
+
+func TestTopLevelExtensionKeysAreErrors(t *testing.T) {
+	t.Parallel()
+	// Anchors must live on a real field: there is no place for extension
+	// keys (docker-compose's x-...), as unknown keys are errors.
+	got := parseErrors(t, "", "name: t\ncommon: &c {handler: echo}\nsteps:\n  - <<: *c\n    name: a\n")
+	require.Equal(t, `2:1: unknown key "common" at the top level (valid keys: name, description, input, defaults, steps, output)`, got)
+}
+
+func TestHostileYAML(t *testing.T) {
+	t.Parallel()
+	// A self-referencing alias and an alias bomb must end in errors, fast.
+	got := parseErrors(t, "", "name: t\nsteps:\n  - name: a\n    handler: echo\n    input: &x [*x]\n")
+	require.Contains(t, got, "nested too deeply")
+
+	bomb := "name: t\nsteps:\n  - name: a\n    handler: echo\n    input:\n      a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+	prev := "a"
+	for _, n := range []string{"b", "c", "d", "e", "f", "g", "h", "i"} {
+		bomb += "      " + n + ": &" + n + " [*" + prev + ", *" + prev + ", *" + prev + ", *" + prev + ", *" + prev + ", *" + prev + ", *" + prev + ", *" + prev + ", *" + prev + ", *" + prev + "]\n"
+		prev = n
+	}
+	got = parseErrors(t, "", bomb)
+	require.Contains(t, got, "too large")
+}
+
+func TestParseFileAndLoadDir(t *testing.T) {
+	t.Parallel()
+	_, err := ParseFile(filepath.Join(t.TempDir(), "missing.yaml"), nil)
+	require.True(t, errors.Is(err, fs.ErrNotExist))
+
+	dir := t.TempDir()
+	write := func(name, src string) {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(src), 0o644))
+	}
+	write("zeta.yaml", "name: zeta\nsteps:\n  - name: a\n    handler: echo\n")
+	write("alpha.yml", "name: alpha\nsteps:\n  - name: a\n    handler: echo\n")
+	write("broken.yaml", "name: broken\nsteps:\n  - name: a\n")
+	write("zeta.yml", "name: zeta\nsteps:\n  - name: a\n    handler: echo\n")
+	write("notes.txt", "not a workflow")
+	write(".swap.yaml", "garbage: [")
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "sub.yaml"), 0o755))
+
+	wfs, err := LoadDir(dir, nil)
+	require.Equal(t, []string{"alpha", "zeta"}, func() []string {
+		var out []string
+		for _, w := range wfs {
+			out = append(out, w.Name)
+		}
+		return out
+	}())
+	var list ErrorList
+	require.True(t, errors.As(err, &list))
+	require.Equal(t, filepath.Join(dir, "broken.yaml")+`:3:5: step "a": missing required key "handler" (the registered handler that runs it, e.g. handler: echo)`+"\n"+
+		filepath.Join(dir, "zeta.yml")+`:1:7: workflow "zeta" is already defined in `+filepath.Join(dir, "zeta.yaml")+`: keep only one of the two files`, err.Error())
+
+	_, err = LoadDir(filepath.Join(dir, "nope"), nil)
+	require.True(t, errors.Is(err, fs.ErrNotExist))
+}

@@ -1,0 +1,644 @@
+package dag
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// namePattern is shared by workflow, step and queue names: safe in file names,
+// URLs, metrics labels and Mermaid ids without quoting.
+var namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
+
+const nameRule = `use lowercase letters, digits, ".", "_" and "-", starting with a letter or digit`
+
+// stepBuild is a step being built, with the nodes later checks point at.
+type stepBuild struct {
+	step     *Step
+	label    string // `step "x"` or `step #3`, for messages
+	raw      *rawStep
+	nameOK   bool
+	depNodes []*yaml.Node // one per DependsOn entry
+}
+
+// partialRetry holds the retry fields a step or the defaults set explicitly.
+type partialRetry struct {
+	maxAttempts                 *int
+	backoff, maxBackoff         *time.Duration
+	backoffNode, maxBackoffNode *yaml.Node
+}
+
+type defaults struct {
+	retry   partialRetry
+	timeout *time.Duration
+	queue   string
+}
+
+// build turns the raw workflow into the model, reporting every problem.
+func (p *parser) build(raw *rawWorkflow) *Workflow {
+	w := &Workflow{Source: p.src, Hash: hashSource(p.src)}
+
+	nameOK := false
+	switch {
+	case raw.Name == nil:
+		if !raw.misspelt["name"] {
+			p.c.at(raw.node, `missing required key "name": add the workflow name, e.g. name: %s`, exampleName(p.filename))
+		}
+	default:
+		if s, ok := p.text(raw.Name, "", `"name"`); ok {
+			w.Name, w.nameLine, w.nameCol = s, raw.Name.Line, raw.Name.Column
+			if namePattern.MatchString(s) {
+				nameOK = true
+			} else {
+				p.c.at(raw.Name, "invalid workflow name %q: %s", s, nameRule)
+			}
+		}
+	}
+	if raw.Description != nil {
+		if s, ok := p.optionalText(raw.Description, "", `"description"`); ok {
+			w.Description = s
+		}
+	}
+	if raw.Input != nil {
+		w.InputSchema, w.schema = p.inputSchema(raw.Input)
+	}
+	def := p.defaults(raw.Defaults)
+	builds := p.steps(raw, def)
+	for _, b := range builds {
+		w.Steps = append(w.Steps, b.step)
+	}
+	w.byName = map[string]*Step{}
+	for _, b := range builds {
+		if b.nameOK {
+			if _, dup := w.byName[b.step.Name]; !dup {
+				w.byName[b.step.Name] = b.step
+			}
+		}
+	}
+	g := p.checkGraph(builds)
+	p.compileExpressions(builds, g, raw)
+	if raw.Output != nil {
+		sc := newScope("", nil, g.names)
+		sc.where = "output"
+		w.Output = p.template(raw.Output, sc)
+	}
+	if nameOK && p.filename != "" {
+		base := filepath.Base(p.filename)
+		base = strings.TrimSuffix(strings.TrimSuffix(base, ".yaml"), ".yml")
+		if base != w.Name {
+			if namePattern.MatchString(base) {
+				p.c.at(raw.Name, "workflow name %q does not match the file name %q: rename the file to %s.yaml or set name: %s", w.Name, filepath.Base(p.filename), w.Name, base)
+			} else {
+				p.c.at(raw.Name, "workflow name %q does not match the file name %q: rename the file to %s.yaml", w.Name, filepath.Base(p.filename), w.Name)
+			}
+		}
+	}
+	p.checkHandlers(builds)
+	if len(p.c.errs) == 0 {
+		w.order = topoOrder(w.Steps)
+	}
+	return w
+}
+
+// exampleName suggests a workflow name in messages, from the file when known.
+func exampleName(filename string) string {
+	base := strings.TrimSuffix(strings.TrimSuffix(filepath.Base(filename), ".yaml"), ".yml")
+	if filename != "" && namePattern.MatchString(base) {
+		return base
+	}
+	return "order-processing"
+}
+
+// prefix joins a step or section label and a message.
+func prefix(label string) string {
+	if label == "" {
+		return ""
+	}
+	return label + ": "
+}
+
+// text reads a required, non-empty scalar.
+func (p *parser) text(n *yaml.Node, label, what string) (string, bool) {
+	s, ok := p.optionalText(n, label, what)
+	if ok && strings.TrimSpace(s) == "" {
+		p.c.at(n, "%s%s is empty", prefix(label), what)
+		return "", false
+	}
+	return s, ok
+}
+
+// optionalText reads a scalar that may be empty; null counts as empty.
+func (p *parser) optionalText(n *yaml.Node, label, what string) (string, bool) {
+	if n.Kind != yaml.ScalarNode {
+		p.c.at(n, "%s%s must be text, got %s", prefix(label), what, describe(n))
+		return "", false
+	}
+	if n.ShortTag() == "!!null" {
+		return "", true
+	}
+	return n.Value, true
+}
+
+// lookup finds the value of key in a mapping without reporting anything.
+func (p *parser) lookup(m *yaml.Node, key string) *yaml.Node {
+	for _, kv := range p.pairs(m, 0) {
+		if kv.key.Kind == yaml.ScalarNode && kv.key.Value == key {
+			return kv.value
+		}
+	}
+	return nil
+}
+
+func (p *parser) defaults(n *yaml.Node) defaults {
+	var d defaults
+	if n == nil {
+		return d
+	}
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+		return d
+	}
+	if n.Kind != yaml.MappingNode {
+		p.c.at(n, `"defaults" must be a mapping with retry, timeout or queue, got %s`, describe(n))
+		return d
+	}
+	var raw rawDefaults
+	p.mapping(n, "in defaults", raw.fields())
+	const label = "defaults"
+	if raw.Retry != nil {
+		d.retry = p.retry(raw.Retry, label, "in defaults.retry")
+		eff := applyRetry(builtinRetry(), d.retry)
+		if eff.Backoff > eff.MaxBackoff {
+			p.backoffError(d.retry, label, eff, d.retry.maxBackoff == nil)
+		}
+	}
+	if raw.Timeout != nil {
+		if t, ok := p.duration(raw.Timeout, label, "timeout"); ok {
+			d.timeout = &t
+		}
+	}
+	if raw.Queue != nil {
+		d.queue, _ = p.queue(raw.Queue, label)
+	}
+	return d
+}
+
+func builtinRetry() RetryPolicy {
+	return RetryPolicy{MaxAttempts: DefaultMaxAttempts, Backoff: DefaultBackoff, MaxBackoff: DefaultMaxBackoff}
+}
+
+// applyRetry overrides base field by field with what pr sets.
+func applyRetry(base RetryPolicy, pr partialRetry) RetryPolicy {
+	if pr.maxAttempts != nil {
+		base.MaxAttempts = *pr.maxAttempts
+	}
+	if pr.backoff != nil {
+		base.Backoff = *pr.backoff
+	}
+	if pr.maxBackoff != nil {
+		base.MaxBackoff = *pr.maxBackoff
+	}
+	return base
+}
+
+// backoffError reports backoff > maxBackoff. This is an error, not silently
+// allowed: the cap would make every retry wait maxBackoff and the backoff the
+// user wrote would never apply (Temporal rejects the same combination).
+func (p *parser) backoffError(pr partialRetry, label string, eff RetryPolicy, maxIsDefault bool) {
+	n := pr.backoffNode
+	if n == nil {
+		n = pr.maxBackoffNode
+	}
+	which := "retry.maxBackoff"
+	if maxIsDefault {
+		which = "the default retry.maxBackoff"
+	}
+	p.c.at(n, "%sretry.backoff (%s) is longer than %s (%s), so it would never apply: lower backoff or raise maxBackoff",
+		prefix(label), fmtDuration(eff.Backoff), which, fmtDuration(eff.MaxBackoff))
+}
+
+func (p *parser) retry(n *yaml.Node, label, where string) partialRetry {
+	var pr partialRetry
+	if n.Kind != yaml.MappingNode {
+		p.c.at(n, `%s"retry" must be a mapping such as {maxAttempts: 3, backoff: 1s, maxBackoff: 1m}, got %s`, prefix(label), describe(n))
+		return pr
+	}
+	var raw rawRetry
+	p.mapping(n, where, raw.fields())
+	if raw.MaxAttempts != nil {
+		n := raw.MaxAttempts
+		v, err := strconv.Atoi(n.Value)
+		switch {
+		case n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || err != nil:
+			p.c.at(n, "%sretry.maxAttempts must be a whole number of at least 1 (it counts the first try), got %s", prefix(label), describe(n))
+		case v < 1:
+			p.c.at(n, "%sretry.maxAttempts must be at least 1 (it counts the first try), got %d", prefix(label), v)
+		default:
+			pr.maxAttempts = &v
+		}
+	}
+	if raw.Backoff != nil {
+		if d, ok := p.duration(raw.Backoff, label, "retry.backoff"); ok {
+			pr.backoff, pr.backoffNode = &d, raw.Backoff
+		}
+	}
+	if raw.MaxBackoff != nil {
+		if d, ok := p.duration(raw.MaxBackoff, label, "retry.maxBackoff"); ok {
+			pr.maxBackoff, pr.maxBackoffNode = &d, raw.MaxBackoff
+		}
+	}
+	return pr
+}
+
+// duration reads a Go duration (time.ParseDuration) that must be > 0.
+func (p *parser) duration(n *yaml.Node, label, what string) (time.Duration, bool) {
+	const how = "use a Go duration such as 30s, 5m or 1h30m"
+	if n.Kind != yaml.ScalarNode || n.ShortTag() == "!!null" {
+		p.c.at(n, "%s%s must be a duration (%s), got %s", prefix(label), what, how, describe(n))
+		return 0, false
+	}
+	if tag := n.ShortTag(); tag == "!!int" || tag == "!!float" {
+		p.c.at(n, "%s%s %s has no unit: write %ss for seconds (%s)", prefix(label), what, n.Value, n.Value, how)
+		return 0, false
+	}
+	d, err := time.ParseDuration(n.Value)
+	if err != nil {
+		p.c.at(n, "%sinvalid %s %q: %s", prefix(label), what, n.Value, how)
+		return 0, false
+	}
+	if d <= 0 {
+		hint := ""
+		if what == "timeout" {
+			hint = " (leave timeout out for no timeout)"
+		}
+		p.c.at(n, "%s%s must be greater than 0, got %q%s", prefix(label), what, n.Value, hint)
+		return 0, false
+	}
+	return d, true
+}
+
+func (p *parser) queue(n *yaml.Node, label string) (string, bool) {
+	s, ok := p.text(n, label, `"queue"`)
+	if !ok {
+		return "", false
+	}
+	if !namePattern.MatchString(s) {
+		p.c.at(n, "%sinvalid queue name %q: %s", prefix(label), s, nameRule)
+		return "", false
+	}
+	return s, true
+}
+
+// steps builds every step, inheriting defaults field by field.
+func (p *parser) steps(raw *rawWorkflow, def defaults) []*stepBuild {
+	n := raw.Steps
+	if n == nil {
+		if raw.misspelt["steps"] {
+			return nil
+		}
+		p.c.at(raw.node, `missing required key "steps": add a list of steps, each with at least name and handler`)
+		return nil
+	}
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+		p.c.at(n, `"steps" is empty: a workflow needs at least one step, each with at least name and handler`)
+		return nil
+	}
+	if n.Kind != yaml.SequenceNode {
+		p.c.at(n, `"steps" must be a list of steps (each item starting with "- name: ..."), got %s`, describe(n))
+		return nil
+	}
+	if len(n.Content) == 0 {
+		p.c.at(n, `"steps" is empty: a workflow needs at least one step, each with at least name and handler`)
+		return nil
+	}
+	var builds []*stepBuild
+	for i, item := range n.Content {
+		item = resolve(item)
+		if item == nil {
+			continue
+		}
+		label := fmt.Sprintf("step #%d", i+1)
+		if item.Kind != yaml.MappingNode {
+			p.c.at(item, "%s must be a mapping with at least name and handler, got %s", label, describe(item))
+			continue
+		}
+		if nn := p.lookup(item, "name"); nn != nil && nn.Kind == yaml.ScalarNode && namePattern.MatchString(nn.Value) {
+			label = fmt.Sprintf("step %q", nn.Value)
+		}
+		b := &stepBuild{label: label, raw: &rawStep{node: item}}
+		b.step = &Step{Line: item.Line, Col: item.Column}
+		b.raw.misspelt = p.mapping(item, "in "+label, b.raw.fields())
+		p.step(b, def)
+		builds = append(builds, b)
+	}
+	return builds
+}
+
+func (p *parser) step(b *stepBuild, def defaults) {
+	r, s := b.raw, b.step
+	// A missing key that the user misspelt was already reported with a
+	// did-you-mean; saying it is missing too would be noise.
+	switch {
+	case r.Name == nil:
+		if !r.misspelt["name"] {
+			p.c.at(r.node, `%s: missing required key "name"`, b.label)
+		}
+	default:
+		if name, ok := p.text(r.Name, b.label, `"name"`); ok {
+			s.Name = name
+			if namePattern.MatchString(name) {
+				b.nameOK = true
+			} else {
+				p.c.at(r.Name, "invalid step name %q: %s", name, nameRule)
+			}
+		}
+	}
+	switch {
+	case r.Handler == nil:
+		if !r.misspelt["handler"] {
+			p.c.at(r.node, `%s: missing required key "handler" (the registered handler that runs it, e.g. handler: echo)`, b.label)
+		}
+	default:
+		if h, ok := p.text(r.Handler, b.label, `"handler"`); ok {
+			s.Handler = h
+		}
+	}
+	if r.DependsOn != nil {
+		p.dependsOn(b, r.DependsOn)
+	}
+	pr := partialRetry{}
+	if r.Retry != nil {
+		pr = p.retry(r.Retry, b.label, "in the retry of "+b.label)
+	}
+	s.Retry = applyRetry(applyRetry(builtinRetry(), def.retry), pr)
+	if (pr.backoff != nil || pr.maxBackoff != nil) && s.Retry.Backoff > s.Retry.MaxBackoff {
+		p.backoffError(pr, b.label, s.Retry, pr.maxBackoff == nil && def.retry.maxBackoff == nil)
+	}
+	if def.timeout != nil {
+		s.Timeout = *def.timeout
+	}
+	if r.Timeout != nil {
+		if t, ok := p.duration(r.Timeout, b.label, "timeout"); ok {
+			s.Timeout = t
+		}
+	}
+	s.Queue = DefaultQueue
+	if def.queue != "" {
+		s.Queue = def.queue
+	}
+	if r.Queue != nil {
+		if q, ok := p.queue(r.Queue, b.label); ok {
+			s.Queue = q
+		}
+	}
+	if n := r.ContinueOnError; n != nil {
+		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" {
+			p.c.at(n, `%s: "continueOnError" must be true or false, got %s`, b.label, describe(n))
+		} else {
+			s.ContinueOnError = n.Value == "true" || n.Value == "True" || n.Value == "TRUE"
+		}
+	}
+}
+
+// dependsOn accepts a list of step names or, as a convenience, a single name.
+func (p *parser) dependsOn(b *stepBuild, n *yaml.Node) {
+	items := []*yaml.Node{n}
+	switch {
+	case n.Kind == yaml.SequenceNode:
+		items = n.Content
+	case n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null":
+		return
+	case n.Kind != yaml.ScalarNode:
+		p.c.at(n, `%s: "dependsOn" must be a list of step names, e.g. dependsOn: [validate], got %s`, b.label, describe(n))
+		return
+	}
+	for _, it := range items {
+		it = resolve(it)
+		if it == nil {
+			continue
+		}
+		name, ok := p.text(it, b.label, "each dependsOn entry")
+		if !ok {
+			continue
+		}
+		b.step.DependsOn = append(b.step.DependsOn, name)
+		b.depNodes = append(b.depNodes, it)
+	}
+}
+
+// graphInfo is the dependency graph of the valid part of a workflow.
+type graphInfo struct {
+	names     []string          // valid step names, definition order
+	ancestors []map[string]bool // per build index
+}
+
+// checkGraph reports duplicate names, unknown or repeated dependencies and
+// cycles, and computes each step's ancestors for the expression checks.
+func (p *parser) checkGraph(builds []*stepBuild) *graphInfo {
+	index := map[string]int{}
+	g := &graphInfo{}
+	for i, b := range builds {
+		if !b.nameOK {
+			continue
+		}
+		if first, dup := index[b.step.Name]; dup {
+			p.c.at(b.raw.Name, "duplicate step name %q (first defined at line %d): step names must be unique", b.step.Name, builds[first].raw.Name.Line)
+			continue
+		}
+		index[b.step.Name] = i
+		g.names = append(g.names, b.step.Name)
+	}
+	// edges[i] lists (dependency index, node of the entry) for step i.
+	type edge struct {
+		to   int
+		node *yaml.Node
+	}
+	edges := make([][]edge, len(builds))
+	for i, b := range builds {
+		seen := map[string]bool{}
+		for k, dep := range b.step.DependsOn {
+			n := b.depNodes[k]
+			switch j, ok := index[dep]; {
+			case seen[dep]:
+				p.c.at(n, "%s lists %q twice in dependsOn: remove one", b.label, dep)
+			case dep == b.step.Name:
+				p.c.at(n, "%s depends on itself: remove %q from its dependsOn", b.label, dep)
+			case !ok:
+				others := make([]string, 0, len(g.names))
+				for _, nm := range g.names {
+					if nm != b.step.Name {
+						others = append(others, nm)
+					}
+				}
+				if s := suggest(dep, others); s != "" {
+					p.c.at(n, "%s depends on unknown step %q (did you mean %q?)", b.label, dep, s)
+				} else if len(others) > 0 {
+					p.c.at(n, "%s depends on unknown step %q (steps: %s)", b.label, dep, strings.Join(others, ", "))
+				} else {
+					p.c.at(n, "%s depends on unknown step %q: no other step is defined", b.label, dep)
+				}
+			default:
+				edges[i] = append(edges[i], edge{j, n})
+			}
+			seen[dep] = true
+		}
+	}
+
+	// Cycles: a depth-first search in definition order; each back edge closes
+	// one cycle. Cycles are normalised to start at their earliest-defined step
+	// and printed in run order (a -> b: b waits for a), each distinct one once.
+	const (
+		white = iota
+		grey
+		black
+	)
+	color := make([]int, len(builds))
+	var stack []int
+	reported := map[string]bool{}
+	var visit func(i int)
+	visit = func(i int) {
+		color[i] = grey
+		stack = append(stack, i)
+		for _, e := range edges[i] {
+			switch color[e.to] {
+			case white:
+				visit(e.to)
+			case grey:
+				// stack from e.to to i is a dependsOn chain: e.to needs ... needs i needs e.to.
+				start := len(stack) - 1
+				for stack[start] != e.to {
+					start--
+				}
+				chain := append([]int(nil), stack[start:]...)
+				// Run order is the reverse of the dependsOn chain.
+				for l, r := 0, len(chain)-1; l < r; l, r = l+1, r-1 {
+					chain[l], chain[r] = chain[r], chain[l]
+				}
+				minAt := 0
+				for k, v := range chain {
+					if v < chain[minAt] {
+						minAt = k
+					}
+				}
+				chain = append(chain[minAt:], chain[:minAt]...)
+				names := make([]string, 0, len(chain)+1)
+				for _, v := range chain {
+					names = append(names, builds[v].step.Name)
+				}
+				names = append(names, names[0])
+				key := strings.Join(names, " -> ")
+				if reported[key] {
+					continue
+				}
+				reported[key] = true
+				// Point at the entry of the first step that closes the loop:
+				// it depends on the last step of the path.
+				first, last := chain[0], chain[len(chain)-1]
+				var at *yaml.Node
+				for _, e2 := range edges[first] {
+					if e2.to == last {
+						at = e2.node
+						break
+					}
+				}
+				p.c.at(at, "dependency cycle %s: each step waits for the one before it, so none can start; remove one of these dependsOn entries", key)
+			}
+		}
+		stack = stack[:len(stack)-1]
+		color[i] = black
+	}
+	for i := range builds {
+		if color[i] == white {
+			visit(i)
+		}
+	}
+
+	g.ancestors = make([]map[string]bool, len(builds))
+	for i := range builds {
+		anc := map[string]bool{}
+		todo := []int{i}
+		for len(todo) > 0 {
+			cur := todo[len(todo)-1]
+			todo = todo[:len(todo)-1]
+			for _, e := range edges[cur] {
+				name := builds[e.to].step.Name
+				if !anc[name] {
+					anc[name] = true
+					todo = append(todo, e.to)
+				}
+			}
+		}
+		g.ancestors[i] = anc
+	}
+	return g
+}
+
+// compileExpressions compiles every step's when and input, now that the
+// ancestors are known.
+func (p *parser) compileExpressions(builds []*stepBuild, g *graphInfo, raw *rawWorkflow) {
+	for i, b := range builds {
+		sc := newScope(b.step.Name, g.ancestors[i], g.names)
+		sc.where = b.label
+		if !b.nameOK {
+			sc.self = "" // an invalid name matches no reference
+		}
+		if b.raw.When != nil {
+			b.step.When = p.when(b.raw.When, sc, b.label)
+		}
+		if b.raw.Input != nil {
+			b.step.Input = p.template(b.raw.Input, sc)
+		}
+	}
+}
+
+// checkHandlers reports handler names the registry does not know.
+func (p *parser) checkHandlers(builds []*stepBuild) {
+	if p.opts.HandlerExists == nil {
+		return
+	}
+	var names []string
+	if p.opts.HandlerNames != nil {
+		names = append(names, p.opts.HandlerNames()...)
+		sort.Strings(names)
+	}
+	for _, b := range builds {
+		h := b.step.Handler
+		if h == "" || p.opts.HandlerExists(h) {
+			continue
+		}
+		switch {
+		case p.opts.HandlerNames == nil:
+			p.c.at(b.raw.Handler, "%s: handler %q is not registered: fix the name or register it in your binary", b.label, h)
+		case len(names) == 0:
+			p.c.at(b.raw.Handler, "%s: handler %q is not registered (no handlers are registered)", b.label, h)
+		default:
+			list := names
+			more := ""
+			if len(list) > 20 {
+				list, more = list[:20], fmt.Sprintf(", and %d more", len(names)-20)
+			}
+			dym := ""
+			if s := suggest(h, names); s != "" {
+				dym = fmt.Sprintf("; did you mean %q?", s)
+			}
+			p.c.at(b.raw.Handler, "%s: handler %q is not registered%s (registered: %s%s)", b.label, h, dym, strings.Join(list, ", "), more)
+		}
+	}
+}
+
+// fmtDuration prints durations the way users write them: 1m, not 1m0s.
+func fmtDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}

@@ -1,0 +1,66 @@
+package dag
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// Workflow is a parsed, validated workflow definition. Values returned by
+// Parse are safe for concurrent use; do not modify them.
+type Workflow struct {
+	Name, Description string
+	InputSchema       json.RawMessage // the input JSON Schema as JSON; nil when absent
+	Steps             []*Step         // definition order
+	Output            *Template       // nil when absent
+	Source            []byte          // the exact file bytes
+	Hash              string          // hex sha256 of Source
+
+	schema            *jsonschema.Schema // compiled InputSchema
+	byName            map[string]*Step
+	order             []*Step // topological order, computed once at parse
+	nameLine, nameCol int     // position of the name, for LoadDir's duplicate check
+}
+
+// RetryPolicy says how often and how fast a failed step is tried again:
+// delay = min(MaxBackoff, Backoff·2^(attempt-1)), with jitter.
+type RetryPolicy struct {
+	MaxAttempts         int // ≥ 1, counts the first try; default 1 (no retry)
+	Backoff, MaxBackoff time.Duration
+}
+
+// Built-in defaults, used when neither the step nor the workflow's defaults
+// set a field.
+const (
+	DefaultMaxAttempts = 1
+	DefaultBackoff     = time.Second
+	DefaultMaxBackoff  = time.Minute
+	DefaultQueue       = "default"
+)
+
+// Step is one node of the workflow. Retry, Timeout and Queue already include
+// the values inherited from the workflow's defaults.
+type Step struct {
+	Name, Handler, Queue string
+	DependsOn            []string
+	Input                *Template // nil when absent
+	When                 *Expr     // nil when absent
+	Retry                RetryPolicy
+	Timeout              time.Duration // per attempt; 0 means no timeout
+	ContinueOnError      bool
+	Line, Col            int // position of the step in the file
+}
+
+// Step returns the step with that name, or nil.
+func (w *Workflow) Step(name string) *Step {
+	if w.byName != nil {
+		return w.byName[name]
+	}
+	for _, s := range w.Steps {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
