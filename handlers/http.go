@@ -1,0 +1,221 @@
+package handlers
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// HTTPInput is the input of the built-in http handler.
+type HTTPInput struct {
+	// Method is the request method; default GET.
+	Method string `json:"method,omitempty"`
+	// URL is the request URL (http or https); required.
+	URL string `json:"url"`
+	// Headers are request headers. "Host" sets the request's host.
+	Headers map[string]string `json:"headers,omitempty"`
+	// Body is any JSON value. A string is sent as is; any other value is
+	// sent JSON-encoded, with Content-Type application/json unless Headers
+	// sets one. Absent or null means no body.
+	Body json.RawMessage `json:"body,omitempty"`
+	// Timeout bounds the whole request, response body included, as a Go
+	// duration ("5s"); default 30s. The step's own timeout still applies.
+	Timeout string `json:"timeout,omitempty"`
+}
+
+// HTTPOutput is the output of the built-in http handler.
+type HTTPOutput struct {
+	Status int `json:"status"`
+	// Headers holds the first value of each response header, keyed by its
+	// canonical name ("Content-Type").
+	Headers map[string]string `json:"headers"`
+	// Body is the decoded JSON value when the response's Content-Type is
+	// JSON (application/json or any +json type) and the body parses;
+	// otherwise the body as a string.
+	Body any `json:"body"`
+}
+
+const (
+	httpDefaultTimeout = 30 * time.Second
+	// httpMaxBody caps what is read of a response: the output is stored
+	// in the database with the step, so an unbounded body is a hazard.
+	httpMaxBody = 10 << 20
+	// httpErrorSnippet is how much of an error response goes in the error.
+	httpErrorSnippet = 200
+)
+
+// newHTTPHandler returns the http built-in using client. Outcomes:
+//
+//   - 2xx and 3xx (redirects the client did not follow) succeed.
+//   - 4xx fail permanently: the same request will be refused again. The
+//     exceptions are 408 Request Timeout and 429 Too Many Requests, which
+//     say "try again later" and so are retried.
+//   - 5xx, network errors and timeouts are retried.
+//   - Bad input (no URL, bad timeout, unsupported scheme) fails permanently.
+func newHTTPHandler(client *http.Client) Handler {
+	return Typed(func(ctx context.Context, in HTTPInput) (HTTPOutput, error) {
+		return doHTTP(ctx, client, in)
+	})
+}
+
+func doHTTP(ctx context.Context, client *http.Client, in HTTPInput) (HTTPOutput, error) {
+	req, timeout, err := newHTTPRequest(ctx, in)
+	if err != nil {
+		return HTTPOutput{}, Permanent(fmt.Errorf("http: %w", err))
+	}
+	// The URL as it appears in errors, with any password masked: step
+	// errors are stored and shown by status and the web UI.
+	target := req.Method + " " + req.URL.Redacted()
+
+	reqCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req = req.WithContext(reqCtx)
+	// reqErr makes the handler's own timeout readable: without it the
+	// error would be a bare "context deadline exceeded". url.Error is
+	// unwrapped because it repeats the method and URL that target holds. A
+	// cancellation of ctx itself (step timeout, instance cancelled, worker
+	// stopping) stays in the chain for the engine to recognise.
+	reqErr := func(err error) error {
+		if ue, ok := errors.AsType[*url.Error](err); ok {
+			err = ue.Err
+		}
+		if ctx.Err() == nil && errors.Is(reqCtx.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("timed out after %s: %w", timeout, context.DeadlineExceeded)
+		}
+		return fmt.Errorf("%s: %w", target, err)
+	}
+
+	resp, err := client.Do(req)
+	if err != nil {
+		return HTTPOutput{}, reqErr(err)
+	}
+	defer resp.Body.Close()
+
+	body, err := io.ReadAll(io.LimitReader(resp.Body, httpMaxBody+1))
+	if err != nil {
+		return HTTPOutput{}, reqErr(fmt.Errorf("%s: read body: %w", resp.Status, err))
+	}
+	tooLarge := len(body) > httpMaxBody
+
+	if resp.StatusCode >= 400 {
+		err := fmt.Errorf("%s: %s%s", target, resp.Status, errorSnippet(body))
+		if resp.StatusCode < 500 && resp.StatusCode != http.StatusRequestTimeout &&
+			resp.StatusCode != http.StatusTooManyRequests {
+			err = Permanent(err)
+		}
+		return HTTPOutput{}, err
+	}
+	if tooLarge {
+		// The same URL will most likely answer as much again.
+		return HTTPOutput{}, Permanent(fmt.Errorf("%s: %s: response body larger than %d MiB",
+			target, resp.Status, httpMaxBody>>20))
+	}
+
+	out := HTTPOutput{
+		Status:  resp.StatusCode,
+		Headers: make(map[string]string, len(resp.Header)),
+		Body:    string(body),
+	}
+	for k, v := range resp.Header {
+		if len(v) > 0 {
+			out.Headers[k] = v[0]
+		}
+	}
+	if isJSONContentType(resp.Header.Get("Content-Type")) && json.Valid(body) {
+		out.Body = json.RawMessage(body)
+	}
+	return out, nil
+}
+
+// newHTTPRequest validates in and builds the request it describes.
+func newHTTPRequest(ctx context.Context, in HTTPInput) (*http.Request, time.Duration, error) {
+	if in.URL == "" {
+		return nil, 0, errors.New("url is required")
+	}
+	u, err := url.Parse(in.URL)
+	if err != nil {
+		return nil, 0, fmt.Errorf("invalid url: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, 0, fmt.Errorf("url %q: scheme must be http or https", u.Redacted())
+	}
+	if u.Host == "" {
+		return nil, 0, fmt.Errorf("url %q has no host", u.Redacted())
+	}
+
+	timeout := httpDefaultTimeout
+	if in.Timeout != "" {
+		timeout, err = time.ParseDuration(in.Timeout)
+		if err != nil {
+			return nil, 0, fmt.Errorf("invalid timeout: %w", err)
+		}
+		if timeout <= 0 {
+			return nil, 0, fmt.Errorf("timeout must be positive, got %q", in.Timeout)
+		}
+	}
+
+	method := strings.ToUpper(cmp.Or(in.Method, http.MethodGet))
+
+	var body io.Reader
+	isJSONBody := false
+	if !isNull(in.Body) {
+		raw := bytes.TrimSpace(in.Body)
+		if raw[0] == '"' {
+			var s string
+			if err := json.Unmarshal(raw, &s); err != nil {
+				return nil, 0, fmt.Errorf("invalid body: %w", err)
+			}
+			body = strings.NewReader(s)
+		} else {
+			body = bytes.NewReader(raw)
+			isJSONBody = true
+		}
+	}
+
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
+	if err != nil {
+		return nil, 0, err
+	}
+	for k, v := range in.Headers {
+		// net/http ignores a Host entry in Header; the field is what sets it.
+		if strings.EqualFold(k, "Host") {
+			req.Host = v
+			continue
+		}
+		req.Header.Set(k, v)
+	}
+	if isJSONBody && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return req, timeout, nil
+}
+
+// errorSnippet returns ": " and the start of body for an error message, or ""
+// for an empty body.
+func errorSnippet(body []byte) string {
+	body = body[:min(len(body), httpErrorSnippet)]
+	// One line of valid text: the error is printed on one line by the CLI,
+	// and the cut may split a UTF-8 sequence.
+	s := strings.Join(strings.Fields(strings.ToValidUTF8(string(body), "\uFFFD")), " ")
+	if s == "" {
+		return ""
+	}
+	return ": " + s
+}
+
+func isJSONContentType(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return false
+	}
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
