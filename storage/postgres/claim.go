@@ -1,0 +1,296 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// claimSQL returns the claim statement for one filter shape: no queue, one
+// queue, several queues; any instance or one. It is one statement, so one
+// short transaction: pick the ready steps in claim order through a partial
+// index of pending steps (steps_ready, or steps_ready_queue for one queue;
+// see TestClaimUsesPartialIndex) skipping rows other claimers hold, take
+// them, record step.started, and start their instances. Pending steps always
+// belong to unfinished instances (finishing one cancels them), so the pick
+// needs no join.
+//
+// An instance is started only if its row is not locked: the only other
+// writers of a pending instance are a concurrent claim of a sibling (which
+// starts it) and CancelInstance (which cancels it), and waiting for them
+// would let a claim, which locks steps first, deadlock with a cancel, which
+// locks the instance first.
+func claimSQL(queues int, byInstance bool) string {
+	var b strings.Builder
+	b.WriteString(`
+WITH cand AS (
+	SELECT id FROM {s}steps
+	WHERE status = 'pending' AND run_after <= $1::timestamptz`)
+	switch {
+	case queues == 1:
+		b.WriteString(` AND queue = $5`)
+	case queues > 1:
+		b.WriteString(` AND queue = ANY($5::text[])`)
+	}
+	if byInstance {
+		b.WriteString(` AND instance_id = $` + strconv.Itoa(5+min(queues, 1)))
+	}
+	b.WriteString(`
+	ORDER BY priority DESC, run_after, id
+	LIMIT $4
+	FOR NO KEY UPDATE SKIP LOCKED
+),
+u AS (
+	UPDATE {s}steps s SET status = 'running', attempts = s.attempts + 1, fence = s.fence + 1,
+		started_at = $1::timestamptz, first_started_at = coalesce(s.first_started_at, $1::timestamptz),
+		lease_until = $2::timestamptz, worker_id = $3
+	FROM cand WHERE s.id = cand.id
+	RETURNING s.id, s.instance_id, s.name, s.workflow, s.handler, s.queue, s.input, s.attempts, s.fence,
+		s.max_attempts, s.backoff_us, s.max_backoff_us, s.timeout_us, s.first_started_at, s.ready_at,
+		s.lease_until, s.priority, s.run_after
+),
+started AS (
+	UPDATE {s}instances i SET status = 'running', started_at = $1::timestamptz
+	WHERE i.id IN (
+		SELECT l.id FROM {s}instances l
+		WHERE l.id IN (SELECT instance_id FROM u) AND l.status = 'pending'
+		FOR NO KEY UPDATE SKIP LOCKED
+	)
+	RETURNING i.id
+),
+ev AS (
+	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
+	SELECT e.instance_id, e.step, e.type, e.attempt, $3, $1::timestamptz FROM (
+		SELECT u.instance_id, u.name AS step, 'step.started' AS type, u.attempts AS attempt,
+			0 AS ord, -u.priority AS k1, u.run_after AS k2, u.id AS k3
+		FROM u
+		UNION ALL
+		SELECT started.id, '', 'instance.started', 0, 1, 0, NULL, 0 FROM started
+	) e
+	ORDER BY e.ord, e.k1, e.k2, e.k3, e.instance_id
+)
+SELECT id, instance_id, name, workflow, handler, queue, input, attempts, fence,
+	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until
+FROM u ORDER BY priority DESC, run_after, id`)
+	return b.String()
+}
+
+// claimQueries are built once per shape: the statement text stays constant,
+// so pgx's statement cache prepares it once per connection.
+var claimQueries = func() map[[2]int]string {
+	m := map[[2]int]string{}
+	for q := 0; q <= 2; q++ {
+		for i := 0; i <= 1; i++ {
+			m[[2]int{q, i}] = claimSQL(q, i == 1)
+		}
+	}
+	return m
+}()
+
+// ClaimSteps implements storage.Store.
+func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storage.ClaimedStep, error) {
+	if p.Lease <= 0 {
+		return nil, errors.New("postgres: claim steps: lease must be positive")
+	}
+	shape := [2]int{min(len(p.Queues), 2), 0}
+	now := s.now()
+	args := []any{now, now.Add(p.Lease), p.WorkerID, max(p.Limit, 1)}
+	switch len(p.Queues) {
+	case 0:
+	case 1:
+		args = append(args, p.Queues[0])
+	default:
+		args = append(args, p.Queues)
+	}
+	if p.InstanceID != "" {
+		shape[1] = 1
+		args = append(args, p.InstanceID)
+	}
+	sql := s.q(claimQueries[shape])
+	var out []storage.ClaimedStep
+	// One statement is its own transaction: one round trip.
+	err := s.retry(ctx, func() error {
+		rows, err := s.pool.Query(ctx, sql, args...)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, scanClaimed)
+		return err
+	})
+	if err != nil {
+		return nil, s.fail("claim steps", err)
+	}
+	return out, nil
+}
+
+func scanClaimed(row pgx.CollectableRow) (storage.ClaimedStep, error) {
+	var (
+		c                        storage.ClaimedStep
+		input                    []byte
+		backoff, maxBackoff, tmo int64
+		first, ready             *time.Time
+		lease                    time.Time
+	)
+	err := row.Scan(&c.StepID, &c.InstanceID, &c.Step, &c.Workflow, &c.Handler, &c.Queue, &input, &c.Attempt, &c.Fence,
+		&c.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &first, &ready, &lease)
+	c.Input = rawJSON(input)
+	c.Retry.Backoff = time.Duration(backoff) * time.Microsecond
+	c.Retry.MaxBackoff = time.Duration(maxBackoff) * time.Microsecond
+	c.Timeout = time.Duration(tmo) * time.Microsecond
+	c.FirstStartedAt = utc(first)
+	c.ReadyAt = utc(ready)
+	c.LeaseUntil = lease.UTC()
+	return c, err
+}
+
+// extendSQL renews the leases of the claims still held. The rows are
+// locked in id order, as every multi-step writer locks them, so two
+// heartbeats, or a heartbeat and a finish, cannot deadlock.
+const extendSQL = `
+WITH w AS (
+	SELECT * FROM unnest($2::bigint[], $3::bigint[]) AS w(id, fence)
+),
+l AS MATERIALIZED (
+	SELECT s.id FROM {s}steps s JOIN w ON s.id = w.id AND s.fence = w.fence
+	WHERE s.status = 'running'
+	ORDER BY s.id
+	FOR NO KEY UPDATE OF s
+)
+UPDATE {s}steps s SET lease_until = $1::timestamptz FROM l WHERE s.id = l.id
+RETURNING s.id, s.fence`
+
+// ExtendLeases implements storage.Store.
+func (s *Store) ExtendLeases(ctx context.Context, claims []storage.Claim, lease time.Duration) ([]storage.Claim, error) {
+	if len(claims) == 0 {
+		return nil, nil
+	}
+	if lease <= 0 {
+		return nil, errors.New("postgres: extend leases: lease must be positive")
+	}
+	ids, fences := claimArrays(claims)
+	var lost []storage.Claim
+	err := s.retry(ctx, func() error {
+		rows, err := s.pool.Query(ctx, s.q(extendSQL), s.now().Add(lease), ids, fences)
+		if err != nil {
+			return err
+		}
+		held := make(map[[2]int64]bool, len(claims))
+		var id, fence int64
+		if _, err := pgx.ForEachRow(rows, []any{&id, &fence}, func() error {
+			held[[2]int64{id, fence}] = true
+			return nil
+		}); err != nil {
+			return err
+		}
+		lost = nil
+		for _, c := range claims {
+			if !held[[2]int64{c.StepID, c.Fence}] {
+				lost = append(lost, c)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, s.fail("extend leases", err)
+	}
+	return lost, nil
+}
+
+// requeueStatus is the status of a step put back in the queue: pending, or
+// cancelled when its instance already finished (it was running when a
+// sibling failed the instance), so that a pending step always belongs to an
+// unfinished instance and claims need no join. The caller holds the
+// instance lock, so the instance cannot finish concurrently.
+const (
+	requeueStatus     = `CASE WHEN i.finished_at IS NULL THEN 'pending' ELSE 'cancelled' END`
+	requeueFinishedAt = `CASE WHEN i.finished_at IS NULL THEN NULL ELSE $1::timestamptz END`
+)
+
+// releaseSQL puts held claims back in the queue without counting the
+// attempt, ready at once. The caller holds the instances' locks.
+const releaseSQL = `
+WITH w AS (
+	SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[]) WITH ORDINALITY AS w(id, fence, instance_id, ord)
+),
+l AS MATERIALIZED (
+	SELECT s.id, w.ord FROM {s}steps s JOIN w ON s.id = w.id AND s.fence = w.fence AND s.instance_id = w.instance_id
+	WHERE s.status = 'running'
+	ORDER BY s.id
+	FOR NO KEY UPDATE OF s
+),
+u AS (
+	UPDATE {s}steps s SET status = ` + requeueStatus + `, finished_at = ` + requeueFinishedAt + `,
+		attempts = s.attempts - 1, run_after = $1::timestamptz, ready_at = $1::timestamptz,
+		lease_until = NULL, worker_id = ''
+	FROM l, {s}instances i
+	WHERE s.id = l.id AND i.id = s.instance_id
+	RETURNING s.instance_id, s.name, s.status, s.attempts, s.queue, l.ord
+),
+ev AS (
+	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
+	SELECT instance_id, name, CASE status WHEN 'cancelled' THEN 'step.cancelled' ELSE 'step.released' END,
+		attempts, CASE status WHEN 'cancelled' THEN 'instance already finished' ELSE '' END, $1::timestamptz
+	FROM u ORDER BY ord
+)
+SELECT queue FROM u WHERE status = 'pending'`
+
+// ReleaseSteps implements storage.Store.
+func (s *Store) ReleaseSteps(ctx context.Context, claims []storage.Claim) error {
+	if len(claims) == 0 {
+		return nil
+	}
+	ids, fences := claimArrays(claims)
+	instances := make([]string, 0, len(claims))
+	for _, c := range claims {
+		instances = append(instances, c.InstanceID)
+	}
+	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		var b pgx.Batch
+		s.queueLock(&b, instances, map[string]*loaded{})
+		b.Queue(s.q(releaseSQL), s.now(), ids, fences, instances).Query(func(rows pgx.Rows) error {
+			var queue string
+			_, err := pgx.ForEachRow(rows, []any{&queue}, func() error {
+				st.ready(queue)
+				return nil
+			})
+			return err
+		})
+		return tx.SendBatch(ctx, &b).Close()
+	})
+	if err != nil {
+		return s.fail("release steps", err)
+	}
+	return nil
+}
+
+func claimArrays(claims []storage.Claim) (ids, fences []int64) {
+	ids = make([]int64, len(claims))
+	fences = make([]int64, len(claims))
+	for i, c := range claims {
+		ids[i], fences[i] = c.StepID, c.Fence
+	}
+	return ids, fences
+}
+
+// utc returns a nullable timestamp as a time in UTC, zero for NULL.
+func utc(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.UTC()
+}
+
+// utcPtr returns a nullable timestamp in UTC.
+func utcPtr(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}

@@ -1,0 +1,109 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// lockOne locks one instance, with its steps when withSteps: ErrNotFound
+// if it does not exist.
+func (s *Store) lockOne(ctx context.Context, tx pgx.Tx, id string, withSteps bool) (*loaded, error) {
+	into := map[string]*loaded{}
+	var b pgx.Batch
+	s.queueLock(&b, []string{id}, into)
+	if withSteps {
+		s.queueLoadSteps(ctx, tx, &b, []string{id}, into)
+	}
+	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+		return nil, err
+	}
+	l := into[id]
+	if l == nil {
+		return nil, fmt.Errorf("instance %s: %w", id, storage.ErrNotFound)
+	}
+	return l, nil
+}
+
+// lockUnfinishedStepsSQL locks, in id order, the steps a cancel changes,
+// running ones included: extendSQL and finishSQL lock running steps in the
+// same order, so a cancel cannot deadlock with a heartbeat or a finish.
+const lockUnfinishedStepsSQL = `
+SELECT id FROM {s}steps
+WHERE instance_id = $1 AND status IN ('blocked', 'pending', 'running')
+ORDER BY id FOR NO KEY UPDATE`
+
+// CancelInstance implements storage.Store. Running steps are cancelled too:
+// their claims go stale, so heartbeats report them lost and their handlers
+// are stopped.
+func (s *Store) CancelInstance(ctx context.Context, id, reason string) error {
+	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		l, err := s.lockOne(ctx, tx, id, false)
+		if err != nil {
+			return err
+		}
+		if status := l.state.Status; status.Finished() {
+			return fmt.Errorf("instance %s is already %s: %w", id, status, storage.ErrConflict)
+		}
+		st.tail.Queue(s.q(lockUnfinishedStepsSQL), id)
+		st.tail.Queue(s.q(finishInstancesSQL), s.now(),
+			[]string{id}, []string{string(storage.InstanceCancelled)}, []*string{nil}, []string{reason}, cancelOnCancel)
+		return nil
+	})
+	if err != nil {
+		return s.fail("cancel instance", err)
+	}
+	return nil
+}
+
+// retrySQL re-arms the failed and cancelled steps of an instance and makes
+// it running again. Re-armed steps start over (attempts, error, timings);
+// the fence is kept so that claims from before stay stale.
+const retrySQL = `
+WITH st AS (
+	UPDATE {s}steps SET status = 'blocked', attempts = 0, input = NULL, output = NULL, error = '',
+		run_after = NULL, ready_at = NULL, first_started_at = NULL, started_at = NULL, finished_at = NULL,
+		lease_until = NULL, worker_id = ''
+	WHERE instance_id = $2 AND status IN ('failed', 'cancelled')
+),
+i AS (
+	UPDATE {s}instances SET status = 'running', output = NULL, error = '', finished_at = NULL,
+		started_at = coalesce(started_at, $1::timestamptz)
+	WHERE id = $2
+)
+INSERT INTO {s}events (instance_id, type, at) VALUES ($2, 'instance.retried', $1::timestamptz)`
+
+// RetryInstance implements storage.Store.
+func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanFunc) error {
+	if plan == nil {
+		return errors.New("postgres: retry instance: nil PlanFunc")
+	}
+	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		l, err := s.lockOne(ctx, tx, id, true)
+		if err != nil {
+			return err
+		}
+		if status := l.state.Status; status != storage.InstanceFailed && status != storage.InstanceCancelled {
+			return fmt.Errorf("instance %s is %s, only a failed or cancelled instance can be retried: %w", id, status, storage.ErrConflict)
+		}
+		now := s.now()
+		st.tail.Queue(s.q(retrySQL), now, id)
+		// The plan sees the state retrySQL leaves, which it runs before
+		// the plan's changes, in the same round trip.
+		l.state.Status = storage.InstanceRunning
+		for i := range l.state.Steps {
+			if ss := &l.state.Steps[i]; ss.Status == storage.StepFailed || ss.Status == storage.StepCancelled {
+				*ss = storage.StepState{Name: ss.Name, DependsOn: ss.DependsOn, Status: storage.StepBlocked}
+			}
+		}
+		return s.planAndApply(st, now, []*loaded{l}, plan)
+	})
+	if err != nil {
+		return s.fail("retry instance", err)
+	}
+	return nil
+}

@@ -1,0 +1,276 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// finishSQL applies finished attempts whose claims still hold: the step is
+// running with the claim's fence. The steps are locked in id order (see
+// extendSQL); the caller already holds their instances' locks. A retried
+// or snoozed step whose instance already finished is cancelled instead.
+const finishSQL = `
+WITH r AS (
+	SELECT * FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::int[], $6::json[], $7::text[], $8::text[], $9::timestamptz[])
+		WITH ORDINALITY AS r(step_id, instance_id, fence, outcome, output, error, message, run_after, ord)
+),
+l AS MATERIALIZED (
+	SELECT s.id FROM {s}steps s
+	WHERE s.id = ANY($2::bigint[]) AND s.status = 'running'
+	ORDER BY s.id
+	FOR NO KEY UPDATE
+),
+u AS (
+	UPDATE {s}steps s SET
+		status = CASE r.outcome WHEN 1 THEN 'completed' WHEN 3 THEN 'failed' ELSE ` + requeueStatus + ` END,
+		output = CASE WHEN r.outcome = 1 THEN r.output ELSE s.output END,
+		error = CASE r.outcome WHEN 1 THEN '' WHEN 4 THEN s.error ELSE r.error END,
+		attempts = CASE WHEN r.outcome = 4 THEN s.attempts - 1 ELSE s.attempts END,
+		run_after = CASE WHEN r.outcome IN (2, 4) THEN greatest($1::timestamptz, r.run_after) ELSE s.run_after END,
+		ready_at = CASE WHEN r.outcome IN (2, 4) THEN $1::timestamptz ELSE s.ready_at END,
+		finished_at = CASE WHEN r.outcome IN (1, 3) THEN $1::timestamptz ELSE ` + requeueFinishedAt + ` END,
+		lease_until = NULL,
+		worker_id = CASE WHEN r.outcome IN (2, 4) THEN '' ELSE s.worker_id END
+	FROM r, l, {s}instances i
+	WHERE s.id = l.id AND s.id = r.step_id AND s.fence = r.fence AND s.instance_id = r.instance_id
+		AND s.status = 'running' AND i.id = s.instance_id
+	RETURNING r.ord, s.instance_id, s.name, s.status, s.attempts, s.queue, r.outcome, r.message
+),
+ev AS (
+	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
+	SELECT instance_id, name,
+		CASE WHEN status = 'cancelled' THEN 'step.cancelled'
+			ELSE (ARRAY['step.completed', 'step.retrying', 'step.failed', 'step.snoozed'])[outcome] END,
+		CASE WHEN outcome = 4 THEN attempts + 1 ELSE attempts END,
+		CASE WHEN status = 'cancelled' THEN 'instance already finished' ELSE message END,
+		$1::timestamptz
+	FROM u ORDER BY ord
+)
+SELECT ord, instance_id, status, queue FROM u`
+
+// FinishSteps implements storage.Store: every result, then one plan per
+// touched unfinished instance, in one transaction (group commit) of four
+// round trips however many results: lock the instances, apply the results,
+// load the touched instances' steps, apply the plans.
+func (s *Store) FinishSteps(ctx context.Context, results []storage.StepResult, plan storage.PlanFunc) ([]storage.FinishResult, error) {
+	if plan == nil {
+		return nil, errors.New("postgres: finish steps: nil PlanFunc")
+	}
+	if len(results) == 0 {
+		return nil, nil
+	}
+	n := len(results)
+	var (
+		stepIDs, fences = make([]int64, n), make([]int64, n)
+		instanceIDs     = make([]string, n)
+		outcomes        = make([]int32, n)
+		outputs         = make([]json.RawMessage, n)
+		errs, messages  = make([]string, n), make([]string, n)
+		runAfters       = make([]*time.Time, n)
+		out             = make([]storage.FinishResult, n)
+	)
+	for i, r := range results {
+		switch r.Outcome {
+		case storage.OutcomeCompleted, storage.OutcomeRetry, storage.OutcomeFailed, storage.OutcomeSnooze:
+		default:
+			return nil, fmt.Errorf("postgres: finish steps: step %d: unknown outcome %d", r.Claim.StepID, r.Outcome)
+		}
+		stepIDs[i], fences[i], instanceIDs[i] = r.Claim.StepID, r.Claim.Fence, r.Claim.InstanceID
+		outcomes[i] = int32(r.Outcome)
+		outputs[i] = jsonOrNil(r.Output)
+		errs[i] = r.Error
+		if !r.RunAfter.IsZero() {
+			runAfters[i] = &results[i].RunAfter
+		}
+	}
+	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		clear(out)
+		now := s.now()
+		for i, r := range results {
+			switch r.Outcome {
+			case storage.OutcomeCompleted:
+				messages[i] = ""
+			case storage.OutcomeSnooze:
+				messages[i] = "until " + later(now, r.RunAfter).Format(time.RFC3339Nano)
+			default:
+				messages[i] = r.Error
+			}
+		}
+		// One round trip: lock the instances, apply the results, and load
+		// the instances' steps as they are after the results (a few of
+		// those may turn out not to need a plan).
+		locked := make(map[string]*loaded, len(instanceIDs))
+		var touched []*loaded
+		var b pgx.Batch
+		s.queueLock(&b, instanceIDs, locked)
+		b.Queue(s.q(finishSQL), now, stepIDs, instanceIDs, fences, outcomes, outputs, errs, messages, runAfters).Query(func(rows pgx.Rows) error {
+			var (
+				ord               int64
+				instanceID, queue string
+				status            storage.StepStatus
+			)
+			_, err := pgx.ForEachRow(rows, []any{&ord, &instanceID, &status, &queue}, func() error {
+				out[ord-1].Accepted = true
+				switch status {
+				case storage.StepCompleted, storage.StepFailed:
+					if l := locked[instanceID]; l != nil && !slices.Contains(touched, l) {
+						touched = append(touched, l)
+					}
+				case storage.StepPending:
+					st.ready(queue)
+				}
+				return nil
+			})
+			return err
+		})
+		s.queueLoadSteps(ctx, tx, &b, instanceIDs, locked)
+		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+			return err
+		}
+		return s.planAndApply(st, now, touched, plan)
+	})
+	if err != nil {
+		return nil, s.fail("finish steps", err)
+	}
+	return out, nil
+}
+
+// expiredSQL finds running steps whose lease ended, oldest first. It locks
+// nothing: the caller locks their instances, then recoverSQL re-checks each
+// step under its row lock, so concurrent recoverers take each step once.
+const expiredSQL = `
+SELECT id, instance_id, fence, attempts, max_attempts, backoff_us, max_backoff_us, worker_id
+FROM {s}steps WHERE status = 'running' AND lease_until < $1::timestamptz
+ORDER BY lease_until, id LIMIT $2`
+
+// recoverSQL takes back expired steps: failed for good ($5 terminal), or
+// pending again at their retry time (cancelled if their instance already
+// finished), each with a step.lease_expired event and then the outcome's.
+const recoverSQL = `
+WITH r AS (
+	SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bool[], $6::timestamptz[])
+		WITH ORDINALITY AS r(step_id, fence, message, terminal, run_after, ord)
+),
+l AS MATERIALIZED (
+	SELECT s.id FROM {s}steps s
+	WHERE s.id = ANY($2::bigint[]) AND s.status = 'running'
+	ORDER BY s.id
+	FOR NO KEY UPDATE
+),
+u AS (
+	UPDATE {s}steps s SET
+		status = CASE WHEN r.terminal THEN 'failed' ELSE ` + requeueStatus + ` END,
+		error = r.message,
+		run_after = CASE WHEN r.terminal THEN s.run_after ELSE r.run_after END,
+		ready_at = CASE WHEN r.terminal THEN s.ready_at ELSE $1::timestamptz END,
+		finished_at = CASE WHEN r.terminal THEN $1::timestamptz ELSE ` + requeueFinishedAt + ` END,
+		lease_until = NULL,
+		worker_id = CASE WHEN r.terminal THEN s.worker_id ELSE '' END
+	FROM r, l, {s}instances i
+	WHERE s.id = l.id AND s.id = r.step_id AND s.fence = r.fence AND s.status = 'running'
+		AND s.lease_until < $1::timestamptz AND i.id = s.instance_id
+	RETURNING r.ord, s.instance_id, s.name, s.status, s.attempts, s.queue, r.message
+),
+ev AS (
+	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
+	SELECT e.instance_id, e.name, e.type, e.attempts, e.message, $1::timestamptz FROM (
+		SELECT u.instance_id, u.name, 'step.lease_expired' AS type, u.attempts, u.message, u.ord, 0 AS sub FROM u
+		UNION ALL
+		SELECT u.instance_id, u.name,
+			CASE u.status WHEN 'failed' THEN 'step.failed' WHEN 'cancelled' THEN 'step.cancelled' ELSE 'step.retrying' END,
+			u.attempts, u.message, u.ord, 1 FROM u
+	) e ORDER BY e.ord, e.sub
+)
+SELECT instance_id, status, queue FROM u`
+
+// RecoverExpired implements storage.Store. A limit below 1 means 1000.
+func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.PlanFunc) (int, error) {
+	if plan == nil {
+		return 0, errors.New("postgres: recover expired: nil PlanFunc")
+	}
+	if limit < 1 {
+		limit = 1000
+	}
+	var recovered int
+	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		recovered = 0
+		now := s.now()
+		rows, err := tx.Query(ctx, s.q(expiredSQL), now, limit)
+		if err != nil {
+			return err
+		}
+		var (
+			ids, fences         []int64
+			instanceIDs, msgs   []string
+			terminal            []bool
+			runAfters           []time.Time
+			id, fence           int64
+			instanceID, worker  string
+			attempts, maxAtt    int
+			backoff, maxBackoff int64
+		)
+		_, err = pgx.ForEachRow(rows, []any{&id, &instanceID, &fence, &attempts, &maxAtt, &backoff, &maxBackoff, &worker}, func() error {
+			policy := storage.RetryPolicy{
+				MaxAttempts: maxAtt,
+				Backoff:     time.Duration(backoff) * time.Microsecond,
+				MaxBackoff:  time.Duration(maxBackoff) * time.Microsecond,
+			}
+			ids, fences, instanceIDs = append(ids, id), append(fences, fence), append(instanceIDs, instanceID)
+			msgs = append(msgs, fmt.Sprintf("lease expired on attempt %d: worker %q presumed lost", attempts, worker))
+			terminal = append(terminal, attempts >= maxAtt)
+			runAfters = append(runAfters, now.Add(policy.Delay(attempts, rand.Float64())))
+			return nil
+		})
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		locked := make(map[string]*loaded, len(instanceIDs))
+		var touched []*loaded
+		var b pgx.Batch
+		s.queueLock(&b, instanceIDs, locked)
+		b.Queue(s.q(recoverSQL), now, ids, fences, msgs, terminal, runAfters).Query(func(rows pgx.Rows) error {
+			var (
+				status storage.StepStatus
+				queue  string
+			)
+			_, err := pgx.ForEachRow(rows, []any{&instanceID, &status, &queue}, func() error {
+				recovered++
+				switch status {
+				case storage.StepFailed:
+					if l := locked[instanceID]; l != nil && !slices.Contains(touched, l) {
+						touched = append(touched, l)
+					}
+				case storage.StepPending:
+					st.ready(queue)
+				}
+				return nil
+			})
+			return err
+		})
+		s.queueLoadSteps(ctx, tx, &b, instanceIDs, locked)
+		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+			return err
+		}
+		return s.planAndApply(st, now, touched, plan)
+	})
+	if err != nil {
+		return 0, s.fail("recover expired", err)
+	}
+	return recovered, nil
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}

@@ -1,0 +1,302 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// loaded is an instance as a PlanFunc sees it, plus the queues of its steps
+// (parallel to state.Steps), to notify the queues of steps made pending.
+type loaded struct {
+	state  storage.InstanceState
+	queues []string
+}
+
+// lockInstancesSQL locks instance rows in id order. Every transaction that
+// changes steps of an instance other than by claiming them or renewing
+// their leases takes this lock first, always in the same order, so
+// concurrent finishers of sibling steps serialize (under READ COMMITTED
+// each would otherwise miss the other's completion, and a fan-in join would
+// never be promoted) and cannot deadlock one another. NO KEY UPDATE leaves
+// alone the key-share locks that foreign-key checks take when events are
+// inserted.
+const lockInstancesSQL = `
+SELECT id, workflow, definition_hash, status, input
+FROM {s}instances WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`
+
+// queueLock queues the lock of the given instances (duplicates and unknown
+// ids are fine) on b; into receives them when the batch runs.
+func (s *Store) queueLock(b *pgx.Batch, ids []string, into map[string]*loaded) {
+	b.Queue(s.q(lockInstancesSQL), ids).Query(func(rows pgx.Rows) error {
+		var (
+			st    storage.InstanceState
+			input []byte
+		)
+		_, err := pgx.ForEachRow(rows, []any{&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input}, func() error {
+			l := &loaded{state: st}
+			l.state.Input = rawJSON(input)
+			into[st.ID] = l
+			return nil
+		})
+		return err
+	})
+}
+
+const loadStepStatesSQL = `
+SELECT instance_id, name, depends_on, status, output, error, attempts, queue
+FROM {s}steps WHERE instance_id = ANY($1) ORDER BY instance_id, position`
+
+// queueLoadSteps queues the load of the steps of instances, as this
+// transaction sees them, after a queueLock of them on the same batch.
+func (s *Store) queueLoadSteps(ctx context.Context, tx pgx.Tx, b *pgx.Batch, ids []string, into map[string]*loaded) {
+	b.Queue(s.q(loadStepStatesSQL), ids).Query(func(rows pgx.Rows) error {
+		var (
+			id, queue string
+			ss        storage.StepState
+			output    []byte
+		)
+		_, err := pgx.ForEachRow(rows, []any{&id, &ss.Name, &ss.DependsOn, &ss.Status, &output, &ss.Error, &ss.Attempts, &queue}, func() error {
+			l := into[id]
+			if l == nil {
+				return nil
+			}
+			ss.Output = rawJSON(output)
+			if len(ss.DependsOn) == 0 {
+				ss.DependsOn = nil
+			}
+			l.state.Steps = append(l.state.Steps, ss)
+			l.queues = append(l.queues, queue)
+			ss = storage.StepState{}
+			return nil
+		})
+		for _, l := range into {
+			l.state.LoadDefinition = s.definitionLoader(ctx, tx, l.state.DefinitionHash)
+		}
+		return err
+	})
+}
+
+// lock locks instances and loads their steps, in one round trip.
+func (s *Store) lock(ctx context.Context, tx pgx.Tx, ids []string) (map[string]*loaded, error) {
+	into := make(map[string]*loaded, len(ids))
+	var b pgx.Batch
+	s.queueLock(&b, ids, into)
+	s.queueLoadSteps(ctx, tx, &b, ids, into)
+	return into, tx.SendBatch(ctx, &b).Close()
+}
+
+// definitionLoader reads a definition snapshot inside the transaction; it
+// is valid while the transaction is open.
+func (s *Store) definitionLoader(ctx context.Context, tx pgx.Tx, hash string) func() ([]byte, error) {
+	return func() ([]byte, error) {
+		var src []byte
+		err := tx.QueryRow(ctx, s.q(`SELECT source FROM {s}definitions WHERE hash = $1`), hash).Scan(&src)
+		if err != nil {
+			return nil, fmt.Errorf("definition %s: %w", hash, interpretError(err))
+		}
+		return src, nil
+	}
+}
+
+// applyStepChangesSQL moves blocked steps to pending (runnable no earlier
+// than their instance's run_after), skipped or failed, with one event each.
+const applyStepChangesSQL = `
+WITH c AS (
+	SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::json[], $6::text[])
+		WITH ORDINALITY AS c(instance_id, name, status, input, error, ord)
+),
+u AS (
+	UPDATE {s}steps s SET
+		status = c.status,
+		input = CASE WHEN c.status = 'failed' THEN s.input ELSE c.input END,
+		error = CASE WHEN c.status = 'failed' THEN c.error ELSE s.error END,
+		run_after = CASE WHEN c.status = 'pending' THEN greatest($1::timestamptz, i.run_after) ELSE s.run_after END,
+		ready_at = CASE WHEN c.status = 'pending' THEN $1::timestamptz ELSE s.ready_at END,
+		finished_at = CASE WHEN c.status = 'pending' THEN NULL ELSE $1::timestamptz END
+	FROM c JOIN {s}instances i ON i.id = c.instance_id
+	WHERE s.instance_id = c.instance_id AND s.name = c.name AND s.status = 'blocked'
+	RETURNING s.instance_id, s.name, s.status, s.error, c.ord
+)
+INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
+SELECT u.instance_id, u.name,
+	CASE u.status WHEN 'pending' THEN 'step.ready' WHEN 'skipped' THEN 'step.skipped' ELSE 'step.failed' END,
+	0, u.error, $1::timestamptz
+FROM u ORDER BY u.ord`
+
+// finishInstancesSQL finishes unfinished instances and cancels their steps
+// in the statuses $6 (pending and blocked; running too for a cancel, which
+// makes the running claims stale), with the events of both, the steps'
+// first. It returns the finished instances.
+const finishInstancesSQL = `
+WITH x AS (
+	SELECT * FROM unnest($2::text[], $3::text[], $4::json[], $5::text[]) AS x(id, status, output, error)
+),
+i AS (
+	UPDATE {s}instances i SET status = x.status, output = x.output, error = x.error, finished_at = $1::timestamptz
+	FROM x
+	WHERE i.id = x.id AND i.finished_at IS NULL
+	RETURNING i.id, i.status, i.error
+),
+c AS (
+	UPDATE {s}steps s SET status = 'cancelled', finished_at = $1::timestamptz, lease_until = NULL
+	FROM i
+	WHERE s.instance_id = i.id AND s.status = ANY($6::text[])
+	RETURNING s.instance_id, s.name, s.attempts, s.position, i.error
+),
+ev AS (
+	SELECT c.instance_id, c.name AS step, 'step.cancelled' AS type, c.attempts AS attempt, c.error AS message, 0 AS ord, c.position
+	FROM c
+	UNION ALL
+	SELECT i.id, '', 'instance.' || i.status, 0, i.error, 1, 0 FROM i
+),
+e AS (
+	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
+	SELECT ev.instance_id, ev.step, ev.type, ev.attempt, ev.message, $1::timestamptz
+	FROM ev ORDER BY ev.instance_id, ev.ord, ev.position
+)
+SELECT id FROM i`
+
+// cancelOnFinish are the step statuses cancelled when a plan finishes an
+// instance; a cancel also takes the running ones.
+var (
+	cancelOnFinish = []string{string(storage.StepBlocked), string(storage.StepPending)}
+	cancelOnCancel = []string{string(storage.StepBlocked), string(storage.StepPending), string(storage.StepRunning)}
+)
+
+// planAndApply asks plan once about each unfinished instance (locked, with
+// its steps loaded), in id order, checks the answers against the states,
+// and queues their application on the transaction's tail. A Plan already
+// holds the cascade (a skipped step unblocking its dependents), so plan is
+// not asked again.
+func (s *Store) planAndApply(st *txState, now time.Time, ls []*loaded, plan storage.PlanFunc) error {
+	slices.SortFunc(ls, func(a, b *loaded) int { return strings.Compare(a.state.ID, b.state.ID) })
+	var (
+		sc stepChanges
+		ic instanceChanges
+	)
+	for _, l := range ls {
+		if l.state.Status.Finished() {
+			continue // nothing can become ready in it
+		}
+		p, err := plan(&l.state)
+		if err != nil {
+			return fmt.Errorf("plan instance %s: %w", l.state.ID, err)
+		}
+		if p == nil {
+			continue
+		}
+		if err := sc.add(st, l, p.Steps); err != nil {
+			return err
+		}
+		if err := ic.add(l.state.ID, p.Instance); err != nil {
+			return err
+		}
+		if p.Instance != nil {
+			l.state.Status = p.Instance.Status
+		}
+	}
+	if n := len(sc.ids); n > 0 {
+		st.tail.Queue(s.q(applyStepChangesSQL), now, sc.ids, sc.names, sc.statuses, sc.inputs, sc.errors).Exec(func(tag pgconn.CommandTag) error {
+			if int(tag.RowsAffected()) != n {
+				// Checked against the locked state above: only a bug gets here.
+				return fmt.Errorf("applying plans changed %d steps, want %d", tag.RowsAffected(), n)
+			}
+			return nil
+		})
+	}
+	if len(ic.ids) > 0 {
+		st.tail.Queue(s.q(finishInstancesSQL), now, ic.ids, ic.statuses, ic.outputs, ic.errors, cancelOnFinish)
+	}
+	return nil
+}
+
+// stepChanges holds StepChanges of many instances as parallel arrays for unnest.
+type stepChanges struct {
+	ids, names, statuses, errors []string
+	inputs                       []json.RawMessage
+}
+
+// add checks changes against the instance's state, and updates the state
+// as it goes so that one Plan cannot change a step twice.
+func (c *stepChanges) add(st *txState, l *loaded, changes []storage.StepChange) error {
+	is := &l.state
+	for _, ch := range changes {
+		i := stepIndex(is, ch.Name)
+		if i < 0 {
+			return fmt.Errorf("plan for instance %s names unknown step %q", is.ID, ch.Name)
+		}
+		switch ch.Status {
+		case storage.StepPending, storage.StepSkipped, storage.StepFailed:
+		default:
+			return fmt.Errorf("plan for instance %s moves step %q to %q: only pending, skipped or failed are allowed", is.ID, ch.Name, ch.Status)
+		}
+		if cur := is.Steps[i].Status; cur != storage.StepBlocked {
+			return fmt.Errorf("plan for instance %s moves step %q to %s, but it is %s, not blocked", is.ID, ch.Name, ch.Status, cur)
+		}
+		is.Steps[i].Status = ch.Status
+		if ch.Status == storage.StepPending {
+			st.ready(l.queues[i])
+		}
+		c.ids = append(c.ids, is.ID)
+		c.names = append(c.names, ch.Name)
+		c.statuses = append(c.statuses, string(ch.Status))
+		c.inputs = append(c.inputs, jsonOrNil(ch.Input))
+		c.errors = append(c.errors, ch.Error)
+	}
+	return nil
+}
+
+func stepIndex(is *storage.InstanceState, name string) int {
+	for i := range is.Steps {
+		if is.Steps[i].Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// instanceChanges holds InstanceChanges of many instances as parallel arrays.
+type instanceChanges struct {
+	ids, statuses, errors []string
+	outputs               []json.RawMessage
+}
+
+func (c *instanceChanges) add(id string, ch *storage.InstanceChange) error {
+	if ch == nil {
+		return nil
+	}
+	if !ch.Status.Finished() {
+		return fmt.Errorf("plan for instance %s sets status %q: only completed, failed or cancelled are allowed", id, ch.Status)
+	}
+	c.ids = append(c.ids, id)
+	c.statuses = append(c.statuses, string(ch.Status))
+	c.outputs = append(c.outputs, jsonOrNil(ch.Output))
+	c.errors = append(c.errors, ch.Error)
+	return nil
+}
+
+// jsonOrNil maps an empty RawMessage to SQL NULL (an empty string is not
+// valid JSON).
+func jsonOrNil(m json.RawMessage) json.RawMessage {
+	if len(m) == 0 {
+		return nil
+	}
+	return m
+}
+
+// rawJSON returns a scanned json column, nil for NULL.
+func rawJSON(b []byte) json.RawMessage {
+	if b == nil {
+		return nil
+	}
+	return json.RawMessage(b)
+}

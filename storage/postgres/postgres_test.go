@@ -1,0 +1,134 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/storagetest"
+)
+
+// Tests run against the server named by DAGRUN_TEST_POSTGRES, e.g.
+// postgres://postgres@127.0.0.1:5432/test?sslmode=disable. Each test gets a
+// schema of its own in that database (Config.Schema), dropped in its
+// cleanup, so tests run in parallel and leave nothing behind. Without the
+// variable the tests are skipped, except under CI=true, where they fail.
+const envURL = "DAGRUN_TEST_POSTGRES"
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	closeSharedPool()
+	if code == 0 {
+		// Every store, listener and pool a test opened must be gone.
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func testURL(t testing.TB) string {
+	t.Helper()
+	url := os.Getenv(envURL)
+	if url == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s must be set when CI=true (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable)", envURL)
+		}
+		t.Skipf("set %s to a PostgreSQL URL to run the postgres tests", envURL)
+	}
+	return url
+}
+
+var shared struct {
+	once sync.Once
+	pool *pgxpool.Pool
+	err  error
+}
+
+// sharedPool is one pool for all the suite's stores: the stores qualify
+// every table with their schema, so they share connections as an
+// application's stores would.
+func sharedPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	url := testURL(t)
+	shared.once.Do(func() {
+		cfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			shared.err = err
+			return
+		}
+		cfg.MaxConns = 16
+		cfg.ConnConfig.RuntimeParams["application_name"] = "dagrun-test"
+		shared.pool, shared.err = pgxpool.NewWithConfig(context.Background(), cfg)
+	})
+	require.NoError(t, shared.err)
+	return shared.pool
+}
+
+func closeSharedPool() {
+	if shared.pool != nil {
+		shared.pool.Close()
+	}
+}
+
+// newSchema returns a fresh schema name, dropped (with everything in it) in
+// the test's cleanup.
+func newSchema(t testing.TB) string {
+	t.Helper()
+	pool := sharedPool(t)
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	schema := "dagrun_test_" + hex.EncodeToString(b)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 30*time.Second)
+		defer cancel()
+		_, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		require.NoError(t, err)
+	})
+	return schema
+}
+
+// openTestStore returns a migrated store in a fresh schema on the shared pool,
+// closed in the test's cleanup.
+func openTestStore(t testing.TB, cfg *Config) *Store {
+	t.Helper()
+	pool := sharedPool(t)
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Schema = newSchema(t)
+	s, err := New(t.Context(), pool, &c)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	sharedPool(t) // skips without DAGRUN_TEST_POSTGRES
+	storagetest.Run(t, storagetest.Harness{
+		NewStore: func(t *testing.T, now func() time.Time) storage.Store {
+			return openTestStore(t, &Config{Now: now})
+		},
+		BeginTx: func(t *testing.T, s storage.Store) (any, func() error, func() error) {
+			ctx := context.WithoutCancel(t.Context())
+			tx, err := s.(*Store).Pool().Begin(ctx)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = tx.Rollback(ctx) })
+			return tx, func() error { return tx.Commit(ctx) }, func() error { return tx.Rollback(ctx) }
+		},
+	})
+}

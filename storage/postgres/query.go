@@ -1,0 +1,275 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// read runs fn in a read-only REPEATABLE READ transaction, so that the
+// several queries of one answer (an instance, its steps, its events) see
+// one snapshot.
+func (s *Store) read(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, fn)
+	return interpretError(err)
+}
+
+const instanceColumns = `id, workflow, definition_hash, status, input, output, error, coalesce(idempotency_key, ''),
+	priority, run_after, created_at, started_at, finished_at`
+
+func scanInstance(row pgx.Row, extra ...any) (storage.Instance, error) {
+	var (
+		in                storage.Instance
+		input, output     []byte
+		started, finished *time.Time
+	)
+	dest := append([]any{&in.ID, &in.Workflow, &in.DefinitionHash, &in.Status, &input, &output, &in.Error, &in.Key,
+		&in.Priority, &in.RunAfter, &in.CreatedAt, &started, &finished}, extra...)
+	if err := row.Scan(dest...); err != nil {
+		return in, err
+	}
+	in.Input, in.Output = rawJSON(input), rawJSON(output)
+	in.RunAfter, in.CreatedAt = in.RunAfter.UTC(), in.CreatedAt.UTC()
+	in.StartedAt, in.FinishedAt = utcPtr(started), utcPtr(finished)
+	return in, nil
+}
+
+const stepColumns = `instance_id, id, name, handler, queue, depends_on, status, attempts, max_attempts,
+	backoff_us, max_backoff_us, timeout_us, input, output, error, run_after, ready_at, started_at, finished_at,
+	lease_until, worker_id`
+
+// collectSteps scans step rows and hands each to add with its instance.
+func collectSteps(rows pgx.Rows, add func(instanceID string, st storage.Step)) error {
+	var (
+		instanceID                                     string
+		st                                             storage.Step
+		input, output                                  []byte
+		backoff, maxBackoff, tmo                       int64
+		runAfter, ready, started, finished, leaseUntil *time.Time
+	)
+	_, err := pgx.ForEachRow(rows, []any{&instanceID, &st.ID, &st.Name, &st.Handler, &st.Queue, &st.DependsOn, &st.Status,
+		&st.Attempts, &st.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &input, &output, &st.Error, &runAfter, &ready,
+		&started, &finished, &leaseUntil, &st.WorkerID}, func() error {
+		if len(st.DependsOn) == 0 {
+			st.DependsOn = nil
+		}
+		st.Retry.Backoff = time.Duration(backoff) * time.Microsecond
+		st.Retry.MaxBackoff = time.Duration(maxBackoff) * time.Microsecond
+		st.Timeout = time.Duration(tmo) * time.Microsecond
+		st.Input, st.Output = rawJSON(input), rawJSON(output)
+		st.RunAfter = utc(runAfter)
+		st.ReadyAt, st.StartedAt, st.FinishedAt, st.LeaseUntil = utcPtr(ready), utcPtr(started), utcPtr(finished), utcPtr(leaseUntil)
+		add(instanceID, st)
+		st = storage.Step{}
+		return nil
+	})
+	return err
+}
+
+// GetInstance implements storage.Store.
+func (s *Store) GetInstance(ctx context.Context, id string) (*storage.Instance, error) {
+	var in storage.Instance
+	err := s.read(ctx, func(tx pgx.Tx) error {
+		var (
+			def []byte
+			err error
+		)
+		in, err = scanInstance(tx.QueryRow(ctx, s.q(`SELECT `+instanceColumns+`,
+			(SELECT source FROM {s}definitions WHERE hash = definition_hash) FROM {s}instances WHERE id = $1`), id), &def)
+		if err != nil {
+			return fmt.Errorf("instance %s: %w", id, interpretError(err))
+		}
+		in.Definition = def
+		var b pgx.Batch
+		b.Queue(s.q(`SELECT `+stepColumns+` FROM {s}steps WHERE instance_id = $1 ORDER BY position`), id).Query(func(rows pgx.Rows) error {
+			return collectSteps(rows, func(_ string, st storage.Step) { in.Steps = append(in.Steps, st) })
+		})
+		b.Queue(s.q(`SELECT id, instance_id, step, type, attempt, message, at FROM {s}events WHERE instance_id = $1 ORDER BY id`), id).Query(func(rows pgx.Rows) error {
+			var e storage.Event
+			_, err := pgx.ForEachRow(rows, []any{&e.ID, &e.InstanceID, &e.Step, &e.Type, &e.Attempt, &e.Message, &e.At}, func() error {
+				e.At = e.At.UTC()
+				in.Events = append(in.Events, e)
+				return nil
+			})
+			return err
+		})
+		return tx.SendBatch(ctx, &b).Close()
+	})
+	if err != nil {
+		return nil, s.fail("get instance", err)
+	}
+	return &in, nil
+}
+
+// ListInstances implements storage.Store.
+func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]storage.Instance, error) {
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 50
+	}
+	var (
+		where []string
+		args  []any
+	)
+	add := func(cond string, arg any) {
+		args = append(args, arg)
+		where = append(where, strings.ReplaceAll(cond, "$?", "$"+strconv.Itoa(len(args))))
+	}
+	if p.Workflow != "" {
+		add("workflow = $?", p.Workflow)
+	}
+	if p.Status != "" {
+		add("status = $?", string(p.Status))
+	}
+	if p.BeforeID != "" {
+		add("id < $?", p.BeforeID)
+	}
+	q := `SELECT ` + instanceColumns + ` FROM {s}instances`
+	if len(where) > 0 {
+		q += ` WHERE ` + strings.Join(where, " AND ")
+	}
+	args = append(args, limit)
+	q += ` ORDER BY id DESC LIMIT $` + strconv.Itoa(len(args))
+	var out []storage.Instance
+	err := s.read(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, s.q(q), args...)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (storage.Instance, error) { return scanInstance(row) })
+		if err != nil || len(out) == 0 {
+			return err
+		}
+		idx := make(map[string]int, len(out))
+		ids := make([]string, len(out))
+		for i := range out {
+			idx[out[i].ID], ids[i] = i, out[i].ID
+		}
+		rows, err = tx.Query(ctx, s.q(`SELECT `+stepColumns+` FROM {s}steps WHERE instance_id = ANY($1) ORDER BY instance_id, position`), ids)
+		if err != nil {
+			return err
+		}
+		return collectSteps(rows, func(id string, st storage.Step) {
+			i := idx[id]
+			out[i].Steps = append(out[i].Steps, st)
+		})
+	})
+	if err != nil {
+		return nil, s.fail("list instances", err)
+	}
+	return out, nil
+}
+
+// Stats implements storage.Store: four aggregate queries in one round trip
+// over one snapshot. Stuck and ready counts read only the partial indexes of
+// running and pending steps; the percentiles read every completed step still
+// stored, which pruning keeps bounded.
+func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
+	now := s.now()
+	by := map[string]*storage.WorkflowStats{}
+	get := func(wf string) *storage.WorkflowStats {
+		w := by[wf]
+		if w == nil {
+			w = &storage.WorkflowStats{Workflow: wf, Instances: map[storage.InstanceStatus]int{}}
+			by[wf] = w
+		}
+		return w
+	}
+	err := s.read(ctx, func(tx pgx.Tx) error {
+		clear(by)
+		var (
+			b  pgx.Batch
+			wf string
+			n  int
+		)
+		b.Queue(s.q(`SELECT workflow, status, count(*) FROM {s}instances GROUP BY workflow, status`)).Query(func(rows pgx.Rows) error {
+			var status storage.InstanceStatus
+			_, err := pgx.ForEachRow(rows, []any{&wf, &status, &n}, func() error {
+				get(wf).Instances[status] = n
+				return nil
+			})
+			return err
+		})
+		b.Queue(s.q(`SELECT workflow, count(*) FROM {s}steps
+			WHERE status = 'running' AND lease_until < $1 GROUP BY workflow`), now).Query(func(rows pgx.Rows) error {
+			_, err := pgx.ForEachRow(rows, []any{&wf, &n}, func() error {
+				get(wf).StuckSteps = n
+				return nil
+			})
+			return err
+		})
+		b.Queue(s.q(`SELECT workflow, count(*), min(run_after) FROM {s}steps
+			WHERE status = 'pending' AND run_after <= $1 GROUP BY workflow`), now).Query(func(rows pgx.Rows) error {
+			var oldest time.Time
+			_, err := pgx.ForEachRow(rows, []any{&wf, &n, &oldest}, func() error {
+				w := get(wf)
+				w.ReadySteps, w.OldestReady = n, now.Sub(oldest)
+				return nil
+			})
+			return err
+		})
+		b.Queue(s.q(`SELECT workflow,
+				percentile_disc(0.5) WITHIN GROUP (ORDER BY d),
+				percentile_disc(0.95) WITHIN GROUP (ORDER BY d)
+			FROM (SELECT workflow, (extract(epoch FROM finished_at - started_at) * 1000000)::bigint AS d
+				FROM {s}steps WHERE status = 'completed' AND started_at IS NOT NULL) c
+			GROUP BY workflow`)).Query(func(rows pgx.Rows) error {
+			var p50, p95 int64
+			_, err := pgx.ForEachRow(rows, []any{&wf, &p50, &p95}, func() error {
+				w := get(wf)
+				w.StepP50, w.StepP95 = time.Duration(p50)*time.Microsecond, time.Duration(p95)*time.Microsecond
+				return nil
+			})
+			return err
+		})
+		return tx.SendBatch(ctx, &b).Close()
+	})
+	if err != nil {
+		return nil, s.fail("stats", err)
+	}
+	st := &storage.Stats{Workflows: make([]storage.WorkflowStats, 0, len(by))}
+	for _, w := range by {
+		st.Workflows = append(st.Workflows, *w)
+	}
+	slices.SortFunc(st.Workflows, func(a, b storage.WorkflowStats) int { return strings.Compare(a.Workflow, b.Workflow) })
+	return st, nil
+}
+
+// pruneBatch bounds how many instances one prune transaction deletes, so
+// that a large prune never holds many locks or a long transaction.
+const pruneBatch = 500
+
+// Prune implements storage.Store. It deletes in batches, each its own
+// transaction; foreign keys cascade to steps and events. Definition
+// snapshots are kept: they are small and may be shared with live instances.
+func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (int, error) {
+	if dryRun {
+		var n int
+		err := s.pool.QueryRow(ctx, s.q(`SELECT count(*) FROM {s}instances
+			WHERE finished_at IS NOT NULL AND finished_at < $1`), olderThan).Scan(&n)
+		if err != nil {
+			return 0, s.fail("prune", err)
+		}
+		return n, nil
+	}
+	total := 0
+	for {
+		tag, err := s.pool.Exec(ctx, s.q(`DELETE FROM {s}instances WHERE id IN (
+			SELECT id FROM {s}instances WHERE finished_at IS NOT NULL AND finished_at < $1
+			ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)`), olderThan, pruneBatch)
+		if err != nil {
+			return total, s.fail("prune", err)
+		}
+		total += int(tag.RowsAffected())
+		if tag.RowsAffected() < pruneBatch {
+			return total, nil
+		}
+	}
+}

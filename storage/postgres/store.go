@@ -1,0 +1,369 @@
+// Package postgres is the PostgreSQL backend of dagrun's storage.Store, built
+// on pgx/v5 and a pgxpool.Pool, for many workers on many machines.
+//
+// Claims use FOR UPDATE SKIP LOCKED in one short statement; every transition
+// that may promote, fail or cancel steps of an instance first locks that
+// instance row (in sorted id order), so two siblings finishing at once in
+// separate transactions serialize and a fan-in join is promoted exactly once.
+// Commits that make steps ready send one pg_notify on the store's channel,
+// which a single listener connection per Store turns into Subscribe signals
+// for idle workers; polling stays the fallback.
+//
+// Like every backend, it takes the time from Config.Now, not from the
+// server's clock. The schema is versioned (migrations/NNNN_name.sql,
+// embedded) and migrated at construction under an advisory lock, so
+// concurrent processes migrate once. Config.Schema puts the tables in a
+// schema of their own.
+//
+// It may import only storage, storage/internal/migrate, the standard library
+// and pgx.
+package postgres
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+var _ storage.Store = (*Store)(nil)
+
+// Defaults of Config fields left zero.
+const (
+	DefaultMaxConns        = 10
+	DefaultApplicationName = "dagrun"
+	// DefaultChannel is the NOTIFY channel when Config.Schema is empty; with
+	// a schema the channel is DefaultChannel + "." + schema (or a hash of a
+	// long schema name), so stores in different schemas of one database do
+	// not wake each other.
+	DefaultChannel = "dagrun_ready"
+)
+
+// Config configures a Store. The zero value (or a nil *Config) is valid.
+type Config struct {
+	// Schema is the schema holding dagrun's tables, created at migration if
+	// missing. Default "": unqualified names, resolved through each
+	// connection's search_path (normally "public"). With a schema every
+	// statement names it explicitly, so the pool given to New and a caller's
+	// transaction given to CreateInstances need not set search_path.
+	Schema string
+
+	// MaxConns is the size of the pool Open builds. Default 10. New uses the
+	// pool as configured.
+	MaxConns int32
+
+	// ApplicationName is reported in pg_stat_activity for connections Open
+	// and the listener make, unless the URL sets application_name.
+	// Default "dagrun".
+	ApplicationName string
+
+	// Now returns the current time: every timestamp the store writes or
+	// compares comes from it, never from the database server's clock (see
+	// package storage). Default time.Now; tests inject a fake clock.
+	Now func() time.Time
+
+	// Logger receives listener reconnects and similar background events.
+	// Default slog.Default().
+	Logger *slog.Logger
+
+	// ListenerRetryMin and ListenerRetryMax bound the exponential backoff
+	// between reconnects of the LISTEN connection. Defaults 100ms and 5s.
+	ListenerRetryMin time.Duration
+	ListenerRetryMax time.Duration
+}
+
+func (c *Config) withDefaults() *Config {
+	if c == nil {
+		c = &Config{}
+	}
+	now := c.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &Config{
+		Schema:           c.Schema,
+		MaxConns:         cmp.Or(c.MaxConns, DefaultMaxConns),
+		ApplicationName:  cmp.Or(c.ApplicationName, DefaultApplicationName),
+		Now:              now,
+		Logger:           cmp.Or(c.Logger, slog.Default()),
+		ListenerRetryMin: cmp.Or(c.ListenerRetryMin, min(100*time.Millisecond, cmp.Or(c.ListenerRetryMax, time.Hour))),
+		ListenerRetryMax: cmp.Or(c.ListenerRetryMax, max(5*time.Second, c.ListenerRetryMin)),
+	}
+}
+
+func (c *Config) validate() error {
+	if c.MaxConns < 1 {
+		return fmt.Errorf("postgres: MaxConns must be at least 1, got %d", c.MaxConns)
+	}
+	if c.ListenerRetryMin <= 0 || c.ListenerRetryMin > c.ListenerRetryMax {
+		return fmt.Errorf("postgres: ListenerRetryMin %v exceeds ListenerRetryMax %v", c.ListenerRetryMin, c.ListenerRetryMax)
+	}
+	if strings.ContainsRune(c.Schema, 0) || len(c.Schema) > 63 {
+		return fmt.Errorf("postgres: invalid schema name %q", c.Schema)
+	}
+	return nil
+}
+
+// Store is a storage.Store on PostgreSQL. It is safe for concurrent use.
+type Store struct {
+	pool     *pgxpool.Pool
+	ownsPool bool
+	cfg      *Config
+	// prefix qualifies table names ("" or `"schema".`).
+	prefix  string
+	channel string
+
+	subsMu sync.Mutex
+	subs   map[*subscriber]struct{}
+	// listener is started by the first Subscribe and stopped by Close.
+	listener *listener
+	closed   bool
+}
+
+// New returns a Store on a ready pool, migrating the schema first. Close does
+// not close the pool.
+func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("postgres: New needs a non-nil pool")
+	}
+	return newStore(ctx, pool, false, cfg)
+}
+
+// Open builds a pool from a postgres:// URL (or key=value DSN), sized by
+// cfg.MaxConns, checks the database can be reached, and migrates the schema.
+// An unreachable server, unknown database or failed authentication returns
+// an error wrapping storage.ErrUnavailable. Close closes the pool.
+func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		// The parse error may quote the URL; say only what is wrong with it.
+		var pe *pgconn.ParseConfigError
+		if errors.As(err, &pe) && pe.Unwrap() != nil {
+			err = pe.Unwrap()
+		}
+		return nil, fmt.Errorf("postgres: invalid database URL: %v", firstLine(err.Error()))
+	}
+	pcfg.MaxConns = cfg.MaxConns
+	if _, ok := pcfg.ConnConfig.RuntimeParams["application_name"]; !ok {
+		pcfg.ConnConfig.RuntimeParams["application_name"] = cfg.ApplicationName
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, interpretError(err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, interpretError(err)
+	}
+	s, err := newStore(ctx, pool, true, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func newStore(ctx context.Context, pool *pgxpool.Pool, owns bool, cfg *Config) (*Store, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	s := &Store{
+		pool:     pool,
+		ownsPool: owns,
+		cfg:      cfg,
+		channel:  DefaultChannel,
+		subs:     make(map[*subscriber]struct{}),
+	}
+	if cfg.Schema != "" {
+		s.prefix = pgx.Identifier{cfg.Schema}.Sanitize() + "."
+		s.channel = DefaultChannel + "." + cfg.Schema
+		if len(s.channel) > 63 { // PostgreSQL's limit on channel names
+			h := fnv.New64a()
+			_, _ = h.Write([]byte(cfg.Schema))
+			s.channel = fmt.Sprintf("%s.%x", DefaultChannel, h.Sum64())
+		}
+	}
+	if err := s.migrate(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close stops the listener and, for a store made by Open, closes the pool.
+// Subscription channels stay open but receive nothing more.
+func (s *Store) Close() error {
+	s.subsMu.Lock()
+	l := s.listener
+	s.listener = nil
+	s.closed = true
+	s.subsMu.Unlock()
+	if l != nil {
+		l.stop()
+	}
+	if s.ownsPool {
+		s.pool.Close()
+	}
+	return nil
+}
+
+// Pool returns the pool the store uses.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// q qualifies the table names of a statement written with the {s} marker
+// ("{s}steps") with the configured schema.
+func (s *Store) q(sql string) string {
+	return strings.ReplaceAll(sql, "{s}", s.prefix)
+}
+
+// now is the time of one transaction: every row and event it writes gets
+// the same one.
+func (s *Store) now() time.Time { return s.cfg.Now() }
+
+// txState collects, during one transaction attempt, what to do at its end.
+type txState struct {
+	// tail holds the transaction's last statements (applying plans), sent
+	// in one round trip together with the NOTIFY just before the commit.
+	tail pgx.Batch
+	// readyQueues are the queues of steps made pending.
+	readyQueues map[string]struct{}
+}
+
+func (st *txState) ready(queue string) {
+	if st.readyQueues == nil {
+		st.readyQueues = make(map[string]struct{})
+	}
+	st.readyQueues[queue] = struct{}{}
+}
+
+// finish sends the tail and, when steps were made pending, one NOTIFY
+// whatever their number: the payload lists their queues.
+func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel string) error {
+	if len(st.readyQueues) > 0 {
+		queues := make([]string, 0, len(st.readyQueues))
+		for q := range st.readyQueues {
+			queues = append(queues, q)
+		}
+		slices.Sort(queues)
+		payload := strings.Join(queues, ",")
+		if len(payload) > 7000 { // payloads must stay under 8000 bytes
+			payload = ""
+		}
+		st.tail.Queue("SELECT pg_notify($1, $2)", channel, payload)
+	}
+	if st.tail.Len() == 0 {
+		return nil
+	}
+	return tx.SendBatch(ctx, &st.tail).Close()
+}
+
+// maxTxAttempts bounds how often a transaction is retried on serialization
+// failures and deadlocks before the error is returned.
+const maxTxAttempts = 5
+
+// txOptions: the locking protocol (lock the instance, then read what
+// sibling transactions committed meanwhile) relies on READ COMMITTED, so it
+// is asked for explicitly whatever the server's default.
+var txOptions = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
+// inTx runs fn in a transaction of the store's own, retrying it when
+// PostgreSQL aborts it with a serialization failure or a deadlock; fn must
+// therefore be safe to run again. When it made steps pending, one NOTIFY
+// goes out with the commit and local subscribers are signalled after it.
+func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx, st *txState) error) error {
+	return s.retry(ctx, func() error {
+		st := &txState{}
+		err := pgx.BeginTxFunc(ctx, s.pool, txOptions, func(tx pgx.Tx) error {
+			if err := fn(tx, st); err != nil {
+				return err
+			}
+			return st.finish(ctx, tx, s.channel)
+		})
+		if err == nil && len(st.readyQueues) > 0 {
+			s.broadcast()
+		}
+		return err
+	})
+}
+
+// retry runs fn again, a few times, while it fails with a serialization
+// failure or a deadlock.
+func (s *Store) retry(ctx context.Context, fn func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := fn()
+		if err == nil {
+			return nil
+		}
+		if attempt < maxTxAttempts && isRetryable(err) && ctx.Err() == nil {
+			// A jittered pause, so that the transactions that collided do
+			// not collide again.
+			d := time.Duration(attempt) * time.Duration(1+rand.IntN(10)) * time.Millisecond
+			select {
+			case <-time.After(d):
+				continue
+			case <-ctx.Done():
+			}
+		}
+		return interpretError(err)
+	}
+}
+
+// inCallerTx runs fn inside a savepoint of a caller's transaction, so that a
+// failure undoes only the store's writes, and never commits the caller's
+// transaction. PostgreSQL delivers the NOTIFY when the caller commits.
+func (s *Store) inCallerTx(ctx context.Context, caller any, fn func(tx pgx.Tx, st *txState) error) error {
+	outer, ok := caller.(pgx.Tx)
+	if !ok || outer == nil {
+		return fmt.Errorf("postgres: the caller's transaction must be a pgx.Tx, got %T", caller)
+	}
+	st := &txState{}
+	err := pgx.BeginFunc(ctx, outer, func(tx pgx.Tx) error {
+		if err := fn(tx, st); err != nil {
+			return err
+		}
+		return st.finish(ctx, tx, s.channel)
+	})
+	if err != nil {
+		return interpretError(err)
+	}
+	// Local workers polling before the caller commits find nothing; the
+	// NOTIFY at the commit then wakes them again.
+	if len(st.readyQueues) > 0 {
+		s.broadcast()
+	}
+	return nil
+}
+
+// fail prefixes err with the operation and translates it at the boundary;
+// an unavailable database is already one complete line.
+func (s *Store) fail(op string, err error) error {
+	err = interpretError(err)
+	if errors.Is(err, storage.ErrUnavailable) {
+		return err
+	}
+	return fmt.Errorf("postgres: %s: %w", op, err)
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}

@@ -1,0 +1,458 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/internal/migrate"
+	"github.com/dagrun/dagrun/storage/storagetest"
+)
+
+// openInSchema opens a store with a pool of its own (as another process
+// would) on an existing schema, closed in cleanup.
+func openInSchema(t *testing.T, schema string, cfg *Config) *Store {
+	t.Helper()
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Schema = schema
+	c.MaxConns = cmpOr(c.MaxConns, 4)
+	s, err := Open(t.Context(), testURL(t), &c)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	return s
+}
+
+func cmpOr(a, b int32) int32 {
+	if a != 0 {
+		return a
+	}
+	return b
+}
+
+func spec(name string, deps ...string) storage.StepSpec {
+	return storage.StepSpec{Name: name, Handler: "h", Queue: "default", DependsOn: deps, Retry: storage.RetryPolicy{MaxAttempts: 3}}
+}
+
+var idSeq atomic.Int64
+
+func params(steps ...storage.StepSpec) storage.CreateParams {
+	return storage.CreateParams{
+		ID:             fmt.Sprintf("pg-%012d", idSeq.Add(1)),
+		Workflow:       "wf",
+		DefinitionHash: "h1",
+		Definition:     []byte("name: wf\n"),
+		Input:          []byte(`{}`),
+		Steps:          steps,
+	}
+}
+
+func awaitSignal(t *testing.T, ch <-chan struct{}, within time.Duration, what string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	select {
+	case <-ch:
+		return time.Since(start)
+	case <-time.After(within):
+		require.FailNow(t, "no signal within "+within.String()+" after "+what)
+		return 0
+	}
+}
+
+func drain(ch <-chan struct{}) {
+	for {
+		select {
+		case <-ch:
+		default:
+			return
+		}
+	}
+}
+
+func awaitListener(t *testing.T, s *Store, not uint32) uint32 {
+	t.Helper()
+	var pid uint32
+	require.Eventually(t, func() bool {
+		pid = s.listenerPID()
+		return pid != 0 && pid != not
+	}, 10*time.Second, 5*time.Millisecond, "listener did not connect")
+	return pid
+}
+
+// TestNotifyWakesOtherStore: a commit in one store (one process) wakes a
+// subscriber of another store with its own pool, through LISTEN/NOTIFY.
+func TestNotifyWakesOtherStore(t *testing.T) {
+	t.Parallel()
+	a := openTestStore(t, nil)
+	b := openInSchema(t, a.cfg.Schema, nil)
+
+	ch, cancel := b.Subscribe()
+	defer cancel()
+	awaitListener(t, b, 0)
+	drain(ch)
+
+	_, err := a.CreateInstances(t.Context(), nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
+	require.NoError(t, err)
+	took := awaitSignal(t, ch, 2*time.Second, "a create in another store")
+	t.Logf("NOTIFY reached the other store's subscriber in %v", took)
+
+	// A caller's transaction notifies at its commit, not before.
+	tx, err := a.Pool().Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }()
+	_, err = a.CreateInstances(t.Context(), tx, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
+	require.NoError(t, err)
+	select {
+	case <-ch:
+		require.FailNow(t, "signalled before the caller committed")
+	case <-time.After(100 * time.Millisecond):
+	}
+	require.NoError(t, tx.Commit(t.Context()))
+	awaitSignal(t, ch, 2*time.Second, "the caller's commit")
+}
+
+// TestNotifyDebounced: one transaction making many steps ready sends one
+// NOTIFY.
+func TestNotifyDebounced(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	conn, err := pgx.Connect(t.Context(), testURL(t))
+	require.NoError(t, err)
+	defer conn.Close(context.WithoutCancel(t.Context()))
+	_, err = conn.Exec(t.Context(), "LISTEN "+pgx.Identifier{s.channel}.Sanitize())
+	require.NoError(t, err)
+
+	ps := make([]storage.CreateParams, 50)
+	for i := range ps {
+		ps[i] = params(spec("a"), spec("b"), spec("c", "a", "b"))
+	}
+	_, err = s.CreateInstances(t.Context(), nil, ps, storagetest.Plan)
+	require.NoError(t, err)
+
+	n, err := conn.WaitForNotification(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, s.channel, n.Channel)
+	require.Equal(t, "default", n.Payload)
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	_, err = conn.WaitForNotification(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "a second notification for one transaction")
+}
+
+// TestListenerReconnects: when the listener's connection is killed, it
+// reconnects, signals subscribers once (notifications may have been lost),
+// and relays notifications again.
+func TestListenerReconnects(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, &Config{ListenerRetryMin: 10 * time.Millisecond, ListenerRetryMax: 100 * time.Millisecond})
+	other := openInSchema(t, s.cfg.Schema, nil)
+	ch, cancel := s.Subscribe()
+	defer cancel()
+	pid := awaitListener(t, s, 0)
+	drain(ch)
+
+	var killed bool
+	require.NoError(t, sharedPool(t).QueryRow(t.Context(), "SELECT pg_terminate_backend($1)", int32(pid)).Scan(&killed))
+	require.True(t, killed)
+	awaitSignal(t, ch, 10*time.Second, "a reconnect")
+	awaitListener(t, s, pid)
+	drain(ch)
+
+	_, err := other.CreateInstances(t.Context(), nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
+	require.NoError(t, err)
+	awaitSignal(t, ch, 2*time.Second, "a create in another store after the reconnect")
+}
+
+// TestConcurrentMigration: stores opened at once by several pools on a new
+// schema all succeed, and each migration is applied once.
+func TestConcurrentMigration(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	const n = 6
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			s, err := Open(t.Context(), testURL(t), &Config{Schema: schema, MaxConns: 2})
+			if err == nil {
+				err = s.Close()
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+
+	ms, err := migrate.Read(migrationFS, "migrations")
+	require.NoError(t, err)
+	rows, err := sharedPool(t).Query(t.Context(), "SELECT version FROM "+pgx.Identifier{schema, "schema_migrations"}.Sanitize()+" ORDER BY version")
+	require.NoError(t, err)
+	versions, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	require.Len(t, versions, len(ms))
+	for i, m := range ms {
+		require.EqualValues(t, m.Version, versions[i])
+	}
+}
+
+// TestClaimUsesPartialIndex: with many finished steps and few pending ones,
+// every claim shape reads a partial index of pending steps, for the
+// planner's custom and generic plans alike (pgx prepares statements, so the
+// generic plan is what a busy worker ends up running).
+func TestClaimUsesPartialIndex(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	ctx := t.Context()
+	_, err := s.CreateInstances(ctx, nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
+	require.NoError(t, err)
+	// 5000 finished instances with 4 completed steps each.
+	_, err = s.pool.Exec(ctx, s.q(`
+		INSERT INTO {s}instances (id, workflow, definition_hash, status, run_after, created_at, finished_at)
+		SELECT 'old-' || lpad(g::text, 8, '0'), 'wf', 'h1', 'completed', now(), now(), now()
+		FROM generate_series(1, 5000) g;
+		INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, run_after, finished_at)
+		SELECT 'old-' || lpad(g::text, 8, '0'), p, 's' || p, 'h', 'default', 'wf', 'completed', now(), now()
+		FROM generate_series(1, 5000) g, generate_series(0, 3) p;
+		ANALYZE {s}instances; ANALYZE {s}steps;`))
+	require.NoError(t, err)
+
+	cases := []struct {
+		shape [2]int
+		args  []any
+		index string
+	}{
+		{[2]int{0, 0}, nil, "steps_ready"},
+		{[2]int{1, 0}, []any{"default"}, "steps_ready_queue"},
+		{[2]int{2, 0}, []any{[]string{"default", "other"}}, "steps_ready"},
+		{[2]int{1, 1}, []any{"default", "x"}, "steps_"},
+	}
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		for _, c := range cases {
+			err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = "+mode); err != nil {
+					return err
+				}
+				args := append([]any{time.Now(), time.Now().Add(time.Minute), "w", 10}, c.args...)
+				rows, err := tx.Query(ctx, "EXPLAIN "+s.q(claimQueries[c.shape]), args...)
+				if err != nil {
+					return err
+				}
+				lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+				if err != nil {
+					return err
+				}
+				plan := strings.Join(lines, "\n")
+				require.Contains(t, plan, "Index Scan using "+c.index, "%s %v:\n%s", mode, c.shape, plan)
+				require.NotContains(t, plan, "Seq Scan on steps", "%s %v:\n%s", mode, c.shape, plan)
+				return nil
+			})
+			require.NoError(t, err)
+		}
+	}
+}
+
+// TestCrossStoreFanIn: workers on two stores with pools of their own run
+// fan-in workflows concurrently; every step runs once and every join is
+// promoted exactly once, with no deadlock surfacing as an error.
+func TestCrossStoreFanIn(t *testing.T) {
+	t.Parallel()
+	a := openTestStore(t, nil)
+	b := openInSchema(t, a.cfg.Schema, &Config{MaxConns: 8})
+	ctx := t.Context()
+	const n = 40
+	ps := make([]storage.CreateParams, n)
+	for i := range ps {
+		ps[i] = params(spec("a"), spec("b", "a"), spec("c", "a"), spec("d", "a"), spec("join", "b", "c", "d"))
+	}
+	_, err := a.CreateInstances(ctx, nil, ps, storagetest.Plan)
+	require.NoError(t, err)
+
+	var (
+		wg   sync.WaitGroup
+		runs sync.Map
+		errs = make(chan error, 16)
+	)
+	worker := func(s *Store, id string) {
+		idle := 0
+		for idle < 20 {
+			cs, err := s.ClaimSteps(ctx, storage.ClaimParams{WorkerID: id, Limit: 3, Lease: time.Minute})
+			if err != nil {
+				errs <- err
+				return
+			}
+			if len(cs) == 0 {
+				idle++
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			idle = 0
+			rs := make([]storage.StepResult, len(cs))
+			for i, c := range cs {
+				if _, dup := runs.LoadOrStore(c.InstanceID+"/"+c.Step, id); dup {
+					errs <- fmt.Errorf("%s/%s ran twice", c.InstanceID, c.Step)
+				}
+				rs[i] = storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeCompleted, Output: []byte(`1`)}
+			}
+			if _, err := s.FinishSteps(ctx, rs, storagetest.Plan); err != nil {
+				errs <- err
+				return
+			}
+		}
+	}
+	for i := range 4 {
+		wg.Go(func() { worker(a, fmt.Sprintf("a%d", i)) })
+		wg.Go(func() { worker(b, fmt.Sprintf("b%d", i)) })
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	list, err := a.ListInstances(ctx, storage.ListParams{Limit: n})
+	require.NoError(t, err)
+	require.Len(t, list, n)
+	for _, in := range list {
+		require.Equal(t, storage.InstanceCompleted, in.Status, in.ID)
+		for _, st := range in.Steps {
+			require.Equal(t, storage.StepCompleted, st.Status)
+			require.Equal(t, 1, st.Attempts)
+		}
+	}
+}
+
+// TestOpenUnavailable: an unreachable server, an unknown host or database
+// give one line wrapping storage.ErrUnavailable that names the server and
+// never the password.
+func TestOpenUnavailable(t *testing.T) {
+	t.Parallel()
+	good, err := url.Parse(testURL(t))
+	require.NoError(t, err)
+	with := func(host, db string) string {
+		u := *good
+		u.User = url.UserPassword(good.User.Username(), "s3cret-pw")
+		if host != "" {
+			u.Host = host
+		}
+		if db != "" {
+			u.Path = "/" + db
+		}
+		q := u.Query()
+		q.Set("connect_timeout", "5")
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	cases := map[string]struct {
+		url  string
+		want string
+	}{
+		"refused":          {with("127.0.0.1:1", ""), "127.0.0.1:1"},
+		"unknown host":     {with("no-such-host.invalid:5432", ""), "no-such-host.invalid"},
+		"unknown database": {with("", "dagrun_no_such_db"), "dagrun_no_such_db"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s, err := Open(t.Context(), c.url, nil)
+			require.Nil(t, s)
+			require.ErrorIs(t, err, storage.ErrUnavailable)
+			msg := err.Error()
+			t.Log(msg)
+			require.NotContains(t, msg, "\n")
+			require.NotContains(t, msg, "s3cret-pw")
+			require.Contains(t, msg, c.want)
+		})
+	}
+
+	t.Run("malformed", func(t *testing.T) {
+		t.Parallel()
+		_, err := Open(t.Context(), "postgres://u:s3cret-pw@127.0.0.1:notaport/db", nil)
+		require.Error(t, err)
+		require.NotErrorIs(t, err, storage.ErrUnavailable, "a malformed URL is a usage error")
+		require.NotContains(t, err.Error(), "s3cret-pw")
+	})
+}
+
+// TestDefaultSchema: with a zero Config the tables live in the connection's
+// search_path; here a database of its own, dropped afterwards.
+func TestDefaultSchema(t *testing.T) {
+	t.Parallel()
+	admin := sharedPool(t)
+	ctx := t.Context()
+	db := strings.ReplaceAll(newSchema(t), "dagrun_test_", "dagrun_testdb_")
+	_, err := admin.Exec(ctx, "CREATE DATABASE "+db)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 30*time.Second)
+		defer cancel()
+		_, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)")
+		require.NoError(t, err)
+	})
+	u, err := url.Parse(testURL(t))
+	require.NoError(t, err)
+	u.Path = "/" + db
+
+	s, err := Open(ctx, u.String(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	var app string
+	require.NoError(t, s.pool.QueryRow(ctx, "SHOW application_name").Scan(&app))
+	require.Equal(t, "dagrun", app)
+	require.EqualValues(t, DefaultMaxConns, s.pool.Config().MaxConns)
+
+	res, err := s.CreateInstances(ctx, nil, []storage.CreateParams{params(spec("a"), spec("b", "a"))}, storagetest.Plan)
+	require.NoError(t, err)
+	cs, err := s.ClaimSteps(ctx, storage.ClaimParams{Limit: 1, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, cs, 1)
+	_, err = s.FinishSteps(ctx, []storage.StepResult{{Claim: cs[0].Claim, Outcome: storage.OutcomeCompleted}}, storagetest.Plan)
+	require.NoError(t, err)
+	in, err := s.GetInstance(ctx, res[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, storage.StepPending, in.Steps[1].Status)
+	var n int
+	require.NoError(t, s.pool.QueryRow(ctx, "SELECT count(*) FROM public.steps").Scan(&n))
+	require.Equal(t, 2, n)
+
+	// Migrating again is a no-op.
+	s2, err := Open(ctx, u.String(), &Config{MaxConns: 1})
+	require.NoError(t, err)
+	require.NoError(t, s2.Close())
+}
+
+// TestCallerTxType: a caller's transaction must be a pgx.Tx.
+func TestCallerTxType(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	_, err := s.CreateInstances(t.Context(), "not a tx", []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
+	require.ErrorContains(t, err, "must be a pgx.Tx, got string")
+}
+
+func TestIsRetryable(t *testing.T) {
+	require.True(t, isRetryable(fmt.Errorf("x: %w", &pgconn.PgError{Code: "40001"})))
+	require.True(t, isRetryable(&pgconn.PgError{Code: "40P01"}))
+	require.False(t, isRetryable(&pgconn.PgError{Code: "23505"}))
+	require.False(t, isRetryable(errors.New("x")))
+}
+
+func TestConfigDefaults(t *testing.T) {
+	c := (*Config)(nil).withDefaults()
+	require.NoError(t, c.validate())
+	require.EqualValues(t, 10, c.MaxConns)
+	require.Equal(t, "dagrun", c.ApplicationName)
+	require.NotNil(t, c.Now)
+	require.NotNil(t, c.Logger)
+	require.Error(t, (&Config{MaxConns: -1}).withDefaults().validate())
+}
