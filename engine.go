@@ -1,0 +1,233 @@
+package dagrun
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/dagrun/dagrun/dag"
+	"github.com/dagrun/dagrun/handlers"
+	"github.com/dagrun/dagrun/storage"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultMaxInputBytes  = 1 << 20
+	DefaultMaxOutputBytes = 1 << 20
+)
+
+// Config configures an Engine. The zero value is usable.
+type Config struct {
+	// Workflows are the definitions instances can be started from.
+	Workflows []*dag.Workflow
+	// Logger receives the engine's logs. Default: discard.
+	Logger *slog.Logger
+	// MaxInputBytes bounds a start input. Default: DefaultMaxInputBytes (1 MiB).
+	MaxInputBytes int
+	// MaxOutputBytes bounds one handler output; a larger output fails the
+	// attempt permanently. Default: DefaultMaxOutputBytes (1 MiB).
+	MaxOutputBytes int
+	// Observer receives starts, finishes and attempts, for metrics.
+	// Default: none.
+	Observer Observer
+}
+
+func (c *Config) withDefaults() *Config {
+	out := *c
+	out.Logger = cmp.Or(c.Logger, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	out.MaxInputBytes = cmp.Or(c.MaxInputBytes, DefaultMaxInputBytes)
+	out.MaxOutputBytes = cmp.Or(c.MaxOutputBytes, DefaultMaxOutputBytes)
+	if out.Observer == nil {
+		out.Observer = nopObserver{}
+	}
+	return &out
+}
+
+func (c *Config) validate() error {
+	if c.MaxInputBytes < 0 || c.MaxOutputBytes < 0 {
+		return errors.New("dagrun: MaxInputBytes and MaxOutputBytes must not be negative")
+	}
+	seen := map[string]bool{}
+	for _, w := range c.Workflows {
+		if w == nil {
+			return errors.New("dagrun: nil workflow in Config.Workflows")
+		}
+		if seen[w.Name] {
+			return fmt.Errorf("dagrun: workflow %q is defined twice", w.Name)
+		}
+		seen[w.Name] = true
+	}
+	return nil
+}
+
+// Engine starts and controls workflow instances and creates workers.
+type Engine struct {
+	store     storage.Store
+	registry  *handlers.Registry
+	config    *Config
+	logger    *slog.Logger
+	observer  Observer
+	workflows map[string]*dag.Workflow
+
+	// definitions caches parsed definition snapshots by content hash; an
+	// instance always runs under the snapshot it was started with.
+	definitions sync.Map // hash -> *dag.Workflow
+
+	changes changes
+}
+
+// New returns an Engine over store, running handlers from registry.
+func New(store storage.Store, registry *handlers.Registry, config *Config) (*Engine, error) {
+	if store == nil {
+		return nil, errors.New("dagrun: nil store")
+	}
+	if registry == nil {
+		return nil, errors.New("dagrun: nil handler registry")
+	}
+	if config == nil {
+		config = &Config{}
+	}
+	config = config.withDefaults()
+	if err := config.validate(); err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		store:     store,
+		registry:  registry,
+		config:    config,
+		logger:    config.Logger,
+		observer:  config.Observer,
+		workflows: make(map[string]*dag.Workflow, len(config.Workflows)),
+	}
+	for _, w := range config.Workflows {
+		e.workflows[w.Name] = w
+		e.definitions.Store(w.Hash, w)
+	}
+	return e, nil
+}
+
+// Store returns the engine's store.
+func (e *Engine) Store() storage.Store { return e.store }
+
+// Registry returns the engine's handler registry.
+func (e *Engine) Registry() *handlers.Registry { return e.registry }
+
+// Workflow returns the definition named name.
+func (e *Engine) Workflow(name string) (*dag.Workflow, bool) {
+	w, ok := e.workflows[name]
+	return w, ok
+}
+
+// Workflows returns the known definitions sorted by name.
+func (e *Engine) Workflows() []*dag.Workflow {
+	out := make([]*dag.Workflow, 0, len(e.workflows))
+	for _, w := range e.workflows {
+		out = append(out, w)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// UnknownWorkflowError reports a start of a workflow the engine does not know.
+type UnknownWorkflowError struct {
+	Name      string
+	Available []string
+}
+
+func (e *UnknownWorkflowError) Error() string {
+	if len(e.Available) == 0 {
+		return fmt.Sprintf("unknown workflow %q: no workflows are loaded (put WORKFLOW.yaml files in the workflows folder)", e.Name)
+	}
+	return fmt.Sprintf("unknown workflow %q (available: %s)", e.Name, strings.Join(e.Available, ", "))
+}
+
+func (e *Engine) lookupWorkflow(name string) (*dag.Workflow, error) {
+	if w, ok := e.workflows[name]; ok {
+		return w, nil
+	}
+	names := make([]string, 0, len(e.workflows))
+	for n := range e.workflows {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return nil, &UnknownWorkflowError{Name: name, Available: names}
+}
+
+// definition returns the parsed snapshot with the given hash, parsing the
+// stored source on a cache miss (an instance started by another process or
+// from an older version of the file).
+func (e *Engine) definition(hash string, load func() ([]byte, error)) (*dag.Workflow, error) {
+	if w, ok := e.definitions.Load(hash); ok {
+		return w.(*dag.Workflow), nil
+	}
+	if load == nil {
+		return nil, fmt.Errorf("definition %s is not loaded", hash)
+	}
+	src, err := load()
+	if err != nil {
+		return nil, fmt.Errorf("load definition %s: %w", hash, err)
+	}
+	w, err := dag.Parse("", src, nil)
+	if err != nil {
+		return nil, fmt.Errorf("parse definition snapshot %s: %w", hash, err)
+	}
+	e.definitions.Store(hash, w)
+	return w, nil
+}
+
+// Definition returns the workflow definition an instance runs under.
+func (e *Engine) Definition(inst *storage.Instance) (*dag.Workflow, error) {
+	return e.definition(inst.DefinitionHash, func() ([]byte, error) {
+		if inst.Definition == nil {
+			return nil, storage.ErrNotFound
+		}
+		return inst.Definition, nil
+	})
+}
+
+// Get returns an instance with its steps and history.
+func (e *Engine) Get(ctx context.Context, id string) (*storage.Instance, error) {
+	return e.store.GetInstance(ctx, id)
+}
+
+// List returns instances, newest first.
+func (e *Engine) List(ctx context.Context, p storage.ListParams) ([]storage.Instance, error) {
+	return e.store.ListInstances(ctx, p)
+}
+
+// Cancel cancels an unfinished instance. Running handlers see their context
+// cancelled at their worker's next heartbeat.
+func (e *Engine) Cancel(ctx context.Context, id string) error {
+	if err := e.store.CancelInstance(ctx, id, "cancelled by request"); err != nil {
+		if errors.Is(err, storage.ErrConflict) {
+			return fmt.Errorf("instance %s is already finished: %w", id, err)
+		}
+		return err
+	}
+	e.notifyChanged()
+	if inst, err := e.store.GetInstance(ctx, id); err == nil {
+		e.observer.InstanceFinished(inst.Workflow, storage.InstanceCancelled)
+	}
+	return nil
+}
+
+// Retry re-arms a failed or cancelled instance: failed and cancelled steps
+// run again with fresh attempts, completed outputs are kept.
+func (e *Engine) Retry(ctx context.Context, id string) error {
+	rec := e.newFinishRecorder()
+	if err := e.store.RetryInstance(ctx, id, rec.plan); err != nil {
+		if errors.Is(err, storage.ErrConflict) {
+			return fmt.Errorf("instance %s is not failed or cancelled, so there is nothing to retry: %w", id, err)
+		}
+		return err
+	}
+	rec.report()
+	e.notifyChanged()
+	return nil
+}

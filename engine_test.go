@@ -1,0 +1,586 @@
+package dagrun_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/dag"
+	"github.com/dagrun/dagrun/handlers"
+	"github.com/dagrun/dagrun/storage"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// The SQLite driver and pgx keep pool goroutines that outlive a test
+		// until the process ends.
+		goleak.IgnoreAnyFunction("database/sql.(*DB).connectionOpener"),
+		goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
+	)
+}
+
+type testBundle struct {
+	engine   *dagrun.Engine
+	store    storage.Store
+	registry *handlers.Registry
+}
+
+// setup builds an engine over a fresh store with the given workflows (YAML
+// sources) and handlers.
+func setup(t *testing.T, open func(t *testing.T) storage.Store, registry *handlers.Registry, sources ...string) *testBundle {
+	t.Helper()
+	if registry == nil {
+		registry = handlers.NewRegistry()
+	}
+	if !registry.Has("echo") {
+		handlers.RegisterBuiltins(registry)
+	}
+	var workflows []*dag.Workflow
+	for _, src := range sources {
+		w, err := dag.Parse("", []byte(src), &dag.ParseOptions{HandlerExists: registry.Has})
+		require.NoError(t, err)
+		workflows = append(workflows, w)
+	}
+	store := open(t)
+	engine, err := dagrun.New(store, registry, &dagrun.Config{Workflows: workflows})
+	require.NoError(t, err)
+	return &testBundle{engine: engine, store: store, registry: registry}
+}
+
+// runWorker runs a worker until the test ends.
+func (b *testBundle) runWorker(t *testing.T, config *dagrun.WorkerConfig) *dagrun.Worker {
+	t.Helper()
+	if config == nil {
+		config = &dagrun.WorkerConfig{}
+	}
+	if config.Poll == 0 {
+		config.Poll = 20 * time.Millisecond
+	}
+	worker, err := b.engine.NewWorker(config)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = worker.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return worker
+}
+
+// wait follows an instance until it is finished.
+func (b *testBundle) wait(t *testing.T, id string) *storage.Instance {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	inst, err := b.engine.Follow(ctx, id, nil)
+	require.NoError(t, err, "instance %s did not finish", id)
+	return inst
+}
+
+func (b *testBundle) start(t *testing.T, workflow, input string) string {
+	t.Helper()
+	res, err := b.engine.Start(context.Background(), workflow, json.RawMessage(input), nil)
+	require.NoError(t, err)
+	return res.ID
+}
+
+func step(t *testing.T, inst *storage.Instance, name string) storage.Step {
+	t.Helper()
+	for _, s := range inst.Steps {
+		if s.Name == name {
+			return s
+		}
+	}
+	t.Fatalf("instance %s has no step %s", inst.ID, name)
+	return storage.Step{}
+}
+
+func requireJSON(t *testing.T, want string, got json.RawMessage) {
+	t.Helper()
+	require.JSONEq(t, want, string(got))
+}
+
+const chainWorkflow = `
+name: chain
+defaults:
+  retry: {maxAttempts: 2, backoff: 1ms}
+input:
+  type: object
+  required: [n]
+  properties:
+    n: {type: integer}
+steps:
+  - name: a
+    handler: echo
+    input: {value: "${{ input.n + 1 }}"}
+  - name: b
+    handler: echo
+    dependsOn: [a]
+    input: {value: "${{ steps.a.output.value * 2 }}", label: "n=${{ input.n }}"}
+output:
+  result: ${{ steps.b.output.value }}
+  label: ${{ steps.b.output.label }}
+`
+
+func TestChainRunsToCompletion(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, chainWorkflow)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "chain", `{"n": 7}`))
+		require.Equal(t, storage.InstanceCompleted, inst.Status)
+		requireJSON(t, `{"result": 16, "label": "n=7"}`, inst.Output)
+		requireJSON(t, `{"value": 8}`, step(t, inst, "a").Input)
+		require.Equal(t, 1, step(t, inst, "b").Attempts)
+		require.NotEmpty(t, inst.Events)
+	})
+}
+
+func TestStartRejectsBadInputAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, chainWorkflow)
+		for _, input := range []string{`{"n": "seven"}`, `{`, `[1,2]`, `{} {}`} {
+			_, err := b.engine.Start(context.Background(), "chain", json.RawMessage(input), nil)
+			var inputErr *dagrun.InputError
+			require.ErrorAs(t, err, &inputErr, "input %s", input)
+			require.NotContains(t, err.Error(), "\n")
+		}
+		_, err := b.engine.Start(context.Background(), "nope", nil, nil)
+		var unknown *dagrun.UnknownWorkflowError
+		require.ErrorAs(t, err, &unknown)
+		require.Equal(t, []string{"chain"}, unknown.Available)
+		list, err := b.engine.List(context.Background(), storage.ListParams{})
+		require.NoError(t, err)
+		require.Empty(t, list)
+	})
+}
+
+const fanWorkflow = `
+name: fan
+steps:
+  - name: root
+    handler: echo
+    input: {items: "${{ input.items }}", big: "${{ input.big }}"}
+  - name: left
+    handler: echo
+    dependsOn: [root]
+    input: {count: "${{ len(steps.root.output.items) }}"}
+  - name: middle
+    handler: echo
+    dependsOn: [root]
+    when: ${{ steps.root.output.big }}
+    input: {never: true}
+  - name: after-middle
+    handler: echo
+    dependsOn: [middle]
+    input: {skippedOutput: "${{ steps.middle.output }}", status: "${{ steps.middle.status }}"}
+  - name: right
+    handler: echo
+    dependsOn: [root]
+    input: {first: "${{ steps.root.output.items[0] }}"}
+  - name: join
+    handler: echo
+    dependsOn: [left, after-middle, right]
+    input:
+      count: ${{ steps.left.output.count }}
+      first: ${{ steps.right.output.first }}
+      middle: ${{ steps.middle.status }}
+output: ${{ steps.join.output }}
+`
+
+func TestFanOutFanInWithSkippedBranch(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, fanWorkflow)
+		b.runWorker(t, &dagrun.WorkerConfig{Concurrency: 4})
+		inst := b.wait(t, b.start(t, "fan", `{"items": [{"sku": "a"}, {"sku": "b"}], "big": false}`))
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		require.Equal(t, storage.StepSkipped, step(t, inst, "middle").Status)
+		// A skipped step lets its dependents run, and its output reads as nil.
+		require.Equal(t, storage.StepCompleted, step(t, inst, "after-middle").Status)
+		requireJSON(t, `{"skippedOutput": null, "status": "skipped"}`, step(t, inst, "after-middle").Input)
+		requireJSON(t, `{"count": 2, "first": {"sku": "a"}, "middle": "skipped"}`, inst.Output)
+	})
+}
+
+func TestRetriesWithBackoffThenSucceeds(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		var calls atomic.Int32
+		registry := handlers.NewRegistry()
+		registry.Register("flaky", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			if calls.Add(1) < 3 {
+				return nil, errors.New("temporary outage")
+			}
+			return json.RawMessage(`{"attempt": ` + itoa(handlers.Info(ctx).Attempt) + `}`), nil
+		})
+		b := setup(t, open, registry, `
+name: flaky
+steps:
+  - name: call
+    handler: flaky
+    retry: {maxAttempts: 5, backoff: 10ms, maxBackoff: 20ms}
+output: ${{ steps.call.output }}
+`)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "flaky", ``))
+		require.Equal(t, storage.InstanceCompleted, inst.Status)
+		requireJSON(t, `{"attempt": 3}`, inst.Output)
+		require.Equal(t, 3, step(t, inst, "call").Attempts)
+		retrying := 0
+		for _, ev := range inst.Events {
+			if ev.Type == storage.EventStepRetrying {
+				retrying++
+				require.Contains(t, ev.Message, "temporary outage")
+			}
+		}
+		require.Equal(t, 2, retrying)
+	})
+}
+
+func TestPermanentFailureThenRetryKeepsCompletedOutputs(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		var fixed atomic.Bool
+		var firstCalls, thirdCalls atomic.Int32
+		registry := handlers.NewRegistry()
+		registry.Register("first", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			firstCalls.Add(1)
+			return json.RawMessage(`{"v": 1}`), nil
+		})
+		registry.Register("fragile", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			if !fixed.Load() {
+				return nil, handlers.Permanent(errors.New("404 not found"))
+			}
+			return json.RawMessage(`{"v": 2}`), nil
+		})
+		registry.Register("third", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			thirdCalls.Add(1)
+			return json.RawMessage(`{"v": 3}`), nil
+		})
+		b := setup(t, open, registry, `
+name: fragile
+steps:
+  - {name: one, handler: first}
+  - {name: two, handler: fragile, dependsOn: [one], retry: {maxAttempts: 5}}
+  - {name: three, handler: third, dependsOn: [two]}
+output:
+  sum: ${{ steps.one.output.v + steps.two.output.v + steps.three.output.v }}
+`)
+		b.runWorker(t, nil)
+		id := b.start(t, "fragile", ``)
+		inst := b.wait(t, id)
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Contains(t, inst.Error, "404 not found")
+		require.Equal(t, 1, step(t, inst, "two").Attempts, "a permanent error is not retried")
+		require.Equal(t, storage.StepCancelled, step(t, inst, "three").Status)
+
+		fixed.Store(true)
+		require.NoError(t, b.engine.Retry(context.Background(), id))
+		inst = b.wait(t, id)
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		requireJSON(t, `{"sum": 6}`, inst.Output)
+		require.Equal(t, int32(1), firstCalls.Load(), "completed steps keep their output")
+		require.Equal(t, int32(1), thirdCalls.Load())
+
+		err := b.engine.Retry(context.Background(), id)
+		require.ErrorIs(t, err, storage.ErrConflict)
+	})
+}
+
+func TestPanicFailsTheAttemptAndTheWorkerLivesOn(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		registry := handlers.NewRegistry()
+		registry.Register("boom", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			panic("kaboom")
+		})
+		b := setup(t, open, registry, `
+name: boom
+steps:
+  - {name: explode, handler: boom}
+`, chainWorkflow)
+		b.runWorker(t, &dagrun.WorkerConfig{Concurrency: 1})
+		inst := b.wait(t, b.start(t, "boom", ``))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		errText := step(t, inst, "explode").Error
+		require.Contains(t, errText, "handler panicked: kaboom")
+		require.Contains(t, errText, "goroutine", "the stack is kept")
+		// The same worker still runs the next instance.
+		require.Equal(t, storage.InstanceCompleted, b.wait(t, b.start(t, "chain", `{"n": 1}`)).Status)
+	})
+}
+
+func TestTimeoutCancelsTheAttempt(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		registry := handlers.NewRegistry()
+		registry.Register("hang", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		})
+		b := setup(t, open, registry, `
+name: hang
+steps:
+  - {name: wait, handler: hang, timeout: 50ms, retry: {maxAttempts: 2, backoff: 1ms}}
+`)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "hang", ``))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		s := step(t, inst, "wait")
+		require.Equal(t, 2, s.Attempts)
+		require.Contains(t, s.Error, "timed out after 50ms")
+	})
+}
+
+func TestContinueOnErrorLetsDependentsRun(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		registry := handlers.NewRegistry()
+		registry.Register("fail", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			return nil, handlers.Permanent(errors.New("mail server down"))
+		})
+		b := setup(t, open, registry, `
+name: tolerant
+steps:
+  - {name: notify, handler: fail, continueOnError: true}
+  - name: report
+    handler: echo
+    dependsOn: [notify]
+    input: {notified: "${{ steps.notify.status }}"}
+output: ${{ steps.report.output }}
+`)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "tolerant", ``))
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		requireJSON(t, `{"notified": "failed"}`, inst.Output)
+	})
+}
+
+func TestCancelStopsRunningHandlers(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		started := make(chan struct{})
+		stopped := make(chan error, 1)
+		registry := handlers.NewRegistry()
+		registry.Register("block", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			close(started)
+			<-ctx.Done()
+			stopped <- context.Cause(ctx)
+			return nil, ctx.Err()
+		})
+		b := setup(t, open, registry, `
+name: blocker
+steps:
+  - {name: block, handler: block}
+  - {name: next, handler: echo, dependsOn: [block]}
+`)
+		b.runWorker(t, &dagrun.WorkerConfig{Lease: 150 * time.Millisecond})
+		id := b.start(t, "blocker", ``)
+		<-started
+		require.NoError(t, b.engine.Cancel(context.Background(), id))
+		select {
+		case <-stopped:
+		case <-time.After(10 * time.Second):
+			t.Fatal("handler context was not cancelled")
+		}
+		inst := b.wait(t, id)
+		require.Equal(t, storage.InstanceCancelled, inst.Status)
+		require.Equal(t, storage.StepCancelled, step(t, inst, "block").Status)
+		require.Equal(t, storage.StepCancelled, step(t, inst, "next").Status)
+		require.ErrorIs(t, b.engine.Cancel(context.Background(), id), storage.ErrConflict)
+	})
+}
+
+func TestIdempotencyKeyReturnsTheFirstInstance(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, chainWorkflow)
+		ctx := context.Background()
+		first, err := b.engine.Start(ctx, "chain", json.RawMessage(`{"n": 1}`), &dagrun.StartOptions{Key: "order-1"})
+		require.NoError(t, err)
+		second, err := b.engine.Start(ctx, "chain", json.RawMessage(`{"n": 2}`), &dagrun.StartOptions{Key: "order-1"})
+		require.NoError(t, err)
+		require.False(t, first.Existed)
+		require.True(t, second.Existed)
+		require.Equal(t, first.ID, second.ID)
+		list, err := b.engine.List(ctx, storage.ListParams{})
+		require.NoError(t, err)
+		require.Len(t, list, 1)
+	})
+}
+
+func TestExpiredLeaseIsRecoveredByAnotherWorker(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, chainWorkflow)
+		id := b.start(t, "chain", `{"n": 1}`)
+		// A worker that claims and then dies: it never heartbeats or finishes.
+		claimed, err := b.store.ClaimSteps(context.Background(), storage.ClaimParams{WorkerID: "dead", Limit: 1, Lease: 50 * time.Millisecond})
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		b.runWorker(t, &dagrun.WorkerConfig{Lease: 100 * time.Millisecond})
+		inst := b.wait(t, id)
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		require.Equal(t, 2, step(t, inst, "a").Attempts, "the expired lease counts as an attempt")
+		// The dead worker's late result is fenced off.
+		res, err := b.store.FinishSteps(context.Background(), []storage.StepResult{{Claim: claimed[0].Claim, Outcome: storage.OutcomeCompleted, Output: json.RawMessage(`{"stale": true}`)}},
+			func(*storage.InstanceState) (*storage.Plan, error) {
+				return nil, errors.New("a stale result must not be planned")
+			})
+		require.NoError(t, err)
+		require.False(t, res[0].Accepted)
+	})
+}
+
+func TestShutdownReleasesStepsThatOutliveTheGrace(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		started := make(chan struct{}, 1)
+		registry := handlers.NewRegistry()
+		registry.Register("slow", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			started <- struct{}{}
+			<-ctx.Done()
+			return nil, ctx.Err()
+		})
+		b := setup(t, open, registry, `
+name: slow
+steps:
+  - {name: slow, handler: slow}
+`)
+		worker, err := b.engine.NewWorker(&dagrun.WorkerConfig{ShutdownGrace: 20 * time.Millisecond, Poll: 10 * time.Millisecond})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- worker.Run(ctx) }()
+		id := b.start(t, "slow", ``)
+		<-started
+		cancel()
+		require.NoError(t, <-done)
+		inst, err := b.engine.Get(context.Background(), id)
+		require.NoError(t, err)
+		s := step(t, inst, "slow")
+		require.Equal(t, storage.StepPending, s.Status, "released, not failed")
+		require.Equal(t, 0, s.Attempts, "a released attempt does not count")
+	})
+}
+
+func TestDurableSleepHoldsNoWorker(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, `
+name: nap
+steps:
+  - {name: nap, handler: sleep, input: {duration: 1s}}
+  - {name: after, handler: echo, dependsOn: [nap], input: {ok: true}}
+output: ${{ steps.after.output }}
+`, chainWorkflow)
+		b.runWorker(t, &dagrun.WorkerConfig{Concurrency: 1})
+		napID := b.start(t, "nap", ``)
+		// With one slot, a chain still runs while the nap waits.
+		require.Equal(t, storage.InstanceCompleted, b.wait(t, b.start(t, "chain", `{"n": 1}`)).Status)
+		inst := b.wait(t, napID)
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		require.Equal(t, 1, step(t, inst, "nap").Attempts, "snoozing does not count attempts")
+	})
+}
+
+func TestInstanceRunsUnderItsDefinitionSnapshot(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, `
+name: versioned
+steps:
+  - {name: s, handler: echo, input: {version: 1}}
+output: ${{ steps.s.output.version }}
+`)
+		id := b.start(t, "versioned", ``)
+		// A second engine (another process, say) with an edited YAML runs
+		// the instance under the snapshot it was started with.
+		v2, err := dag.Parse("", []byte(`
+name: versioned
+steps:
+  - {name: s, handler: echo, input: {version: 2}}
+  - {name: extra, handler: echo, dependsOn: [s]}
+output: ${{ steps.s.output.version }}
+`), nil)
+		require.NoError(t, err)
+		other, err := dagrun.New(b.store, b.registry, &dagrun.Config{Workflows: []*dag.Workflow{v2}})
+		require.NoError(t, err)
+		worker, err := other.NewWorker(&dagrun.WorkerConfig{Poll: 10 * time.Millisecond})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = worker.Run(ctx) }()
+		t.Cleanup(func() { cancel(); wg.Wait() })
+		inst := b.wait(t, id)
+		require.Equal(t, storage.InstanceCompleted, inst.Status)
+		requireJSON(t, `1`, inst.Output)
+		require.Len(t, inst.Steps, 1)
+	})
+}
+
+func TestBadHandlerOutputFailsTheStep(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		registry := handlers.NewRegistry()
+		registry.Register("garbage", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			return json.RawMessage(`{not json`), nil
+		})
+		registry.Register("huge", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			return json.RawMessage(`"` + strings.Repeat("x", 2<<20) + `"`), nil
+		})
+		b := setup(t, open, registry, `
+name: garbage
+steps:
+  - {name: s, handler: garbage}
+`, `
+name: huge
+steps:
+  - {name: s, handler: huge}
+`)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "garbage", ``))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Contains(t, step(t, inst, "s").Error, "not valid JSON")
+		inst = b.wait(t, b.start(t, "huge", ``))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Contains(t, step(t, inst, "s").Error, "over the limit")
+	})
+}
+
+func TestRuntimeExpressionErrorFailsTheStep(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, `
+name: badexpr
+steps:
+  - {name: a, handler: echo, input: {x: 1}}
+  - name: b
+    handler: echo
+    dependsOn: [a]
+    input: {y: "${{ steps.a.output.x.y.z + 'a' }}"}
+`)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "badexpr", ``))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		s := step(t, inst, "b")
+		require.Equal(t, storage.StepFailed, s.Status)
+		require.Equal(t, 0, s.Attempts, "the handler never ran")
+		require.Contains(t, s.Error, "steps.a.output.x.y.z")
+	})
+}
+
+func itoa(n int) string {
+	b, _ := json.Marshal(n)
+	return string(b)
+}

@@ -1,0 +1,96 @@
+package dagrun
+
+import (
+	"sync"
+	"time"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// Observer receives what the engine does, for metrics. Methods are called
+// after the transition is committed, from engine goroutines; they must be
+// fast and must not block.
+type Observer interface {
+	InstanceStarted(workflow string)
+	InstanceFinished(workflow string, status storage.InstanceStatus)
+	AttemptFinished(report AttemptReport)
+}
+
+// AttemptReport describes one finished step attempt.
+type AttemptReport struct {
+	Workflow string
+	Step     string
+	Handler  string
+	Queue    string
+	// Outcome is "completed", "retry", "failed" or "snoozed".
+	Outcome string
+	// Duration is how long the handler ran.
+	Duration time.Duration
+	// QueueWait is how long the step waited between ready and claimed.
+	QueueWait time.Duration
+}
+
+type nopObserver struct{}
+
+func (nopObserver) InstanceStarted(string)                          {}
+func (nopObserver) InstanceFinished(string, storage.InstanceStatus) {}
+func (nopObserver) AttemptFinished(AttemptReport)                   {}
+
+// outcomeName names an outcome in metrics.
+func outcomeName(o storage.Outcome) string {
+	switch o {
+	case storage.OutcomeCompleted:
+		return "completed"
+	case storage.OutcomeRetry:
+		return "retry"
+	case storage.OutcomeFailed:
+		return "failed"
+	case storage.OutcomeSnooze:
+		return "snoozed"
+	}
+	return "unknown"
+}
+
+// finishRecorder wraps the plan function for one store call and remembers
+// which instances the committed plans finished. A store may run a plan more
+// than once when it retries a transaction, so outcomes are keyed by
+// instance and read only after the commit.
+type finishRecorder struct {
+	engine *Engine
+	mu     sync.Mutex
+	ended  map[string]finishedInstance
+}
+
+type finishedInstance struct {
+	workflow string
+	status   storage.InstanceStatus
+}
+
+func (e *Engine) newFinishRecorder() *finishRecorder {
+	return &finishRecorder{engine: e}
+}
+
+func (r *finishRecorder) plan(state *storage.InstanceState) (*storage.Plan, error) {
+	p, err := r.engine.plan(state)
+	if err != nil || p.Instance == nil {
+		return p, err
+	}
+	r.mu.Lock()
+	if r.ended == nil {
+		r.ended = map[string]finishedInstance{}
+	}
+	r.ended[state.ID] = finishedInstance{workflow: state.Workflow, status: p.Instance.Status}
+	r.mu.Unlock()
+	return p, nil
+}
+
+// report tells the observer about the instances finished by the committed
+// transaction.
+func (r *finishRecorder) report() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, f := range r.ended {
+		r.engine.observer.InstanceFinished(f.workflow, f.status)
+	}
+	r.ended = nil
+}

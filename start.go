@@ -1,0 +1,185 @@
+package dagrun
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/dagrun/dagrun/dag"
+	"github.com/dagrun/dagrun/storage"
+)
+
+// StartOptions tune one start. The zero value starts at once, at priority 0,
+// with no idempotency key.
+type StartOptions struct {
+	// Key makes the start idempotent: a second start of the same workflow
+	// with the same key returns the first instance instead of a new one.
+	Key string
+	// Priority orders ready steps across instances: higher runs first.
+	Priority int
+	// Delay postpones the instance's first steps.
+	Delay time.Duration
+}
+
+// StartRequest is one instance to start through StartMany.
+type StartRequest struct {
+	Workflow string
+	Input    json.RawMessage
+	Options  StartOptions
+}
+
+// StartResult tells which instance a start refers to.
+type StartResult struct {
+	ID string
+	// Existed is true when the idempotency key matched an instance that was
+	// already there; nothing new was created.
+	Existed bool
+}
+
+// InputError reports a start input that is malformed, too large, or does not
+// satisfy the workflow's input schema. Nothing was written.
+type InputError struct {
+	Workflow string
+	Err      error
+}
+
+func (e *InputError) Error() string { return fmt.Sprintf("workflow %s: %v", e.Workflow, e.Err) }
+func (e *InputError) Unwrap() error { return e.Err }
+
+// Start validates input against the workflow's schema and creates an
+// instance in one transaction. An empty input means {}.
+func (e *Engine) Start(ctx context.Context, workflow string, input json.RawMessage, opts *StartOptions) (StartResult, error) {
+	return e.startOne(ctx, nil, workflow, input, opts)
+}
+
+// StartTx is Start inside the caller's own transaction (a *sql.Tx for the
+// SQLite store, a pgx.Tx for the Postgres store): the instance exists if and
+// only if the caller commits. This is the transactional outbox: a business
+// write and the workflow start succeed or fail together. Workers are woken
+// by polling (or, on Postgres, by the NOTIFY sent on commit).
+func (e *Engine) StartTx(ctx context.Context, tx any, workflow string, input json.RawMessage, opts *StartOptions) (StartResult, error) {
+	if tx == nil {
+		return StartResult{}, fmt.Errorf("StartTx: nil transaction (use Start to start outside a transaction)")
+	}
+	return e.startOne(ctx, tx, workflow, input, opts)
+}
+
+func (e *Engine) startOne(ctx context.Context, tx any, workflow string, input json.RawMessage, opts *StartOptions) (StartResult, error) {
+	if opts == nil {
+		opts = &StartOptions{}
+	}
+	res, err := e.start(ctx, tx, []StartRequest{{Workflow: workflow, Input: input, Options: *opts}})
+	if err != nil {
+		return StartResult{}, err
+	}
+	return res[0], nil
+}
+
+// StartMany starts many instances in one transaction: all or none. It is
+// the fast path for bulk enqueueing.
+func (e *Engine) StartMany(ctx context.Context, reqs []StartRequest) ([]StartResult, error) {
+	return e.start(ctx, nil, reqs)
+}
+
+func (e *Engine) start(ctx context.Context, tx any, reqs []StartRequest) ([]StartResult, error) {
+	params := make([]storage.CreateParams, len(reqs))
+	now := time.Now()
+	for i, req := range reqs {
+		w, err := e.lookupWorkflow(req.Workflow)
+		if err != nil {
+			return nil, err
+		}
+		input, err := e.decodeInput(w, req.Input)
+		if err != nil {
+			return nil, err
+		}
+		if req.Options.Delay < 0 {
+			return nil, fmt.Errorf("start %s: negative delay %s", w.Name, req.Options.Delay)
+		}
+		id, err := uuid.NewV7()
+		if err != nil {
+			return nil, fmt.Errorf("start %s: new instance id: %w", w.Name, err)
+		}
+		p := storage.CreateParams{
+			ID:             id.String(),
+			Workflow:       w.Name,
+			DefinitionHash: w.Hash,
+			Definition:     w.Source,
+			Input:          input,
+			Key:            req.Options.Key,
+			Priority:       req.Options.Priority,
+			Steps:          stepSpecs(w),
+		}
+		if req.Options.Delay > 0 {
+			p.RunAfter = now.Add(req.Options.Delay)
+		}
+		params[i] = p
+	}
+	rec := e.newFinishRecorder()
+	created, err := e.store.CreateInstances(ctx, tx, params, rec.plan)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]StartResult, len(created))
+	for i, c := range created {
+		out[i] = StartResult{ID: c.ID, Existed: c.Existed}
+		if !c.Existed {
+			// In a caller's transaction this counts a start that may still
+			// roll back; metrics tolerate that, state does not depend on it.
+			e.observer.InstanceStarted(params[i].Workflow)
+		}
+	}
+	rec.report()
+	return out, nil
+}
+
+// decodeInput checks that raw is one JSON value within the size limit that
+// satisfies the workflow's schema, and returns it compacted.
+func (e *Engine) decodeInput(w *dag.Workflow, raw json.RawMessage) (json.RawMessage, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		raw = json.RawMessage("{}")
+	}
+	if len(raw) > e.config.MaxInputBytes {
+		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input is %d bytes, over the limit of %d bytes", len(raw), e.config.MaxInputBytes)}
+	}
+	var value any
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if err := dec.Decode(&value); err != nil {
+		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input is not valid JSON: %v", err)}
+	}
+	if dec.More() {
+		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input is not valid JSON: more than one value")}
+	}
+	if err := w.ValidateInput(value); err != nil {
+		return nil, &InputError{Workflow: w.Name, Err: err}
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, raw); err != nil {
+		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input is not valid JSON: %v", err)}
+	}
+	return compact.Bytes(), nil
+}
+
+func stepSpecs(w *dag.Workflow) []storage.StepSpec {
+	specs := make([]storage.StepSpec, len(w.Steps))
+	for i, s := range w.Steps {
+		specs[i] = storage.StepSpec{
+			Name:      s.Name,
+			Handler:   s.Handler,
+			Queue:     s.Queue,
+			DependsOn: s.DependsOn,
+			Retry: storage.RetryPolicy{
+				MaxAttempts: s.Retry.MaxAttempts,
+				Backoff:     s.Retry.Backoff,
+				MaxBackoff:  s.Retry.MaxBackoff,
+			},
+			Timeout: s.Timeout,
+		}
+	}
+	return specs
+}

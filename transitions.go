@@ -1,0 +1,197 @@
+package dagrun
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/dagrun/dagrun/dag"
+	"github.com/dagrun/dagrun/storage"
+)
+
+// plan is the engine's storage.PlanFunc: given an instance as it stands
+// inside a store transaction, it decides which blocked steps are now ready
+// (resolving their when and input expressions against the stored outputs),
+// and whether the instance has finished. It is pure: it reads only its
+// argument and the definition cache, so a store may call it under a write
+// transaction and again on a retried transaction.
+func (e *Engine) plan(state *storage.InstanceState) (*storage.Plan, error) {
+	if state.Status.Finished() {
+		// A failed or cancelled instance unblocks nothing; steps still
+		// running finish their attempt and that is all.
+		return &storage.Plan{}, nil
+	}
+	w, err := e.definition(state.DefinitionHash, state.LoadDefinition)
+	if err != nil {
+		return nil, err
+	}
+	p := planner{w: w, state: state, status: make(map[string]storage.StepStatus, len(state.Steps)), index: make(map[string]int, len(state.Steps))}
+	for i, s := range state.Steps {
+		p.status[s.Name] = s.Status
+		p.index[s.Name] = i
+	}
+	return p.run()
+}
+
+type planner struct {
+	w      *dag.Workflow
+	state  *storage.InstanceState
+	status map[string]storage.StepStatus
+	index  map[string]int
+
+	input   any
+	decoded bool
+	outputs map[string]any
+}
+
+func (p *planner) run() (*storage.Plan, error) {
+	plan := &storage.Plan{}
+	// Topological order lets a skip cascade through a chain in one pass.
+	for _, step := range p.w.TopologicalOrder() {
+		if p.status[step.Name] != storage.StepBlocked || !p.ready(step) {
+			continue
+		}
+		change := p.resolve(step)
+		p.status[step.Name] = change.Status
+		plan.Steps = append(plan.Steps, change)
+	}
+	plan.Instance = p.outcome()
+	return plan, nil
+}
+
+// ready reports whether every dependency of step let it proceed.
+func (p *planner) ready(step *dag.Step) bool {
+	for _, dep := range step.DependsOn {
+		switch p.status[dep] {
+		case storage.StepCompleted, storage.StepSkipped:
+		case storage.StepFailed:
+			if !p.w.Step(dep).ContinueOnError {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// resolve evaluates a ready step's when and input. An expression that fails
+// at run time fails the step for good: retrying cannot change the data it
+// reads.
+func (p *planner) resolve(step *dag.Step) storage.StepChange {
+	var refs []string
+	if step.Input != nil {
+		refs = append(refs, step.Input.References()...)
+	}
+	if step.When != nil {
+		refs = append(refs, step.When.References()...)
+	}
+	env, err := p.env(refs)
+	if err != nil {
+		return storage.StepChange{Name: step.Name, Status: storage.StepFailed, Error: err.Error()}
+	}
+	if step.When != nil {
+		ok, err := step.When.Bool(env)
+		if err != nil {
+			return storage.StepChange{Name: step.Name, Status: storage.StepFailed, Error: "when: " + err.Error()}
+		}
+		if !ok {
+			return storage.StepChange{Name: step.Name, Status: storage.StepSkipped}
+		}
+	}
+	input := json.RawMessage("null")
+	if step.Input != nil {
+		value, err := step.Input.Eval(env)
+		if err != nil {
+			return storage.StepChange{Name: step.Name, Status: storage.StepFailed, Error: "input: " + err.Error()}
+		}
+		if input, err = json.Marshal(value); err != nil {
+			return storage.StepChange{Name: step.Name, Status: storage.StepFailed, Error: fmt.Sprintf("input: encode resolved value: %v", err)}
+		}
+	}
+	return storage.StepChange{Name: step.Name, Status: storage.StepPending, Input: input}
+}
+
+// outcome finishes the instance when a step failed for good or when every
+// step is finished.
+func (p *planner) outcome() *storage.InstanceChange {
+	for _, s := range p.state.Steps {
+		if p.status[s.Name] == storage.StepFailed && !p.w.Step(s.Name).ContinueOnError {
+			msg := fmt.Sprintf("step %s failed", s.Name)
+			if errText := p.errorOf(s.Name); errText != "" {
+				msg += ": " + errText
+			}
+			return &storage.InstanceChange{Status: storage.InstanceFailed, Error: msg}
+		}
+	}
+	for _, s := range p.state.Steps {
+		switch p.status[s.Name] {
+		case storage.StepCompleted, storage.StepSkipped, storage.StepFailed:
+		default:
+			return nil
+		}
+	}
+	output := json.RawMessage("null")
+	if p.w.Output != nil {
+		env, err := p.env(p.w.Output.References())
+		if err != nil {
+			return &storage.InstanceChange{Status: storage.InstanceFailed, Error: "output: " + err.Error()}
+		}
+		value, err := p.w.Output.Eval(env)
+		if err != nil {
+			return &storage.InstanceChange{Status: storage.InstanceFailed, Error: "output: " + err.Error()}
+		}
+		if output, err = json.Marshal(value); err != nil {
+			return &storage.InstanceChange{Status: storage.InstanceFailed, Error: fmt.Sprintf("output: encode: %v", err)}
+		}
+	}
+	return &storage.InstanceChange{Status: storage.InstanceCompleted, Output: output}
+}
+
+func (p *planner) errorOf(name string) string {
+	if i, ok := p.index[name]; ok {
+		return p.state.Steps[i].Error
+	}
+	return ""
+}
+
+// env builds the expression environment, decoding only the outputs the
+// expressions reference: a fan-in over large outputs would otherwise decode
+// every output of the instance for every step.
+func (p *planner) env(refs []string) (*dag.Env, error) {
+	if !p.decoded {
+		p.decoded = true
+		if len(p.state.Input) > 0 {
+			if err := json.Unmarshal(p.state.Input, &p.input); err != nil {
+				return nil, fmt.Errorf("decode instance input: %w", err)
+			}
+		}
+		p.outputs = map[string]any{}
+	}
+	env := &dag.Env{
+		Input:    p.input,
+		Steps:    make(map[string]dag.StepEnv, len(p.state.Steps)),
+		Workflow: dag.WorkflowEnv{ID: p.state.ID, Name: p.state.Workflow},
+	}
+	for _, s := range p.state.Steps {
+		env.Steps[s.Name] = dag.StepEnv{Status: string(p.status[s.Name])}
+	}
+	for _, name := range refs {
+		i, ok := p.index[name]
+		if !ok {
+			continue
+		}
+		out, done := p.outputs[name]
+		if !done {
+			if raw := p.state.Steps[i].Output; len(raw) > 0 {
+				if err := json.Unmarshal(raw, &out); err != nil {
+					return nil, fmt.Errorf("decode output of step %s: %w", name, err)
+				}
+			}
+			p.outputs[name] = out
+		}
+		se := env.Steps[name]
+		se.Output = out
+		env.Steps[name] = se
+	}
+	return env, nil
+}
