@@ -1,0 +1,260 @@
+// Package app is the dagrun command line as an importable package, so that
+// a user's own binary registers its handlers and reuses every verb, flag,
+// output format and exit code:
+//
+//	func main() {
+//		registry := handlers.NewRegistry()
+//		handlers.RegisterBuiltins(registry)
+//		registry.Register("billing.invoice", handlers.Typed(invoice))
+//		os.Exit(app.Main(registry))
+//	}
+//
+// It holds no business logic and no package-level state: it parses flags,
+// opens the backend the --db URL names, calls the engine, and formats what
+// comes back. It is the only package besides examples that imports a
+// storage backend.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/dag"
+	"github.com/dagrun/dagrun/handlers"
+	"github.com/dagrun/dagrun/storage"
+)
+
+// Exit codes, as documented in DESIGN.md.
+const (
+	ExitOK          = 0
+	ExitFailed      = 1 // the instance failed or was cancelled
+	ExitUsage       = 2 // usage or validation error
+	ExitUnavailable = 3 // storage unavailable
+)
+
+// Main runs the CLI with the process's arguments and standard streams, and
+// returns the exit code. SIGINT and SIGTERM cancel the command's context.
+func Main(registry *handlers.Registry) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return Run(ctx, os.Args[1:], &IO{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}, registry)
+}
+
+// IO is what a CLI run reads and writes; tests pass buffers.
+type IO struct {
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	// Getenv reads environment variables; nil means none are set.
+	Getenv func(string) string
+}
+
+// Run executes one CLI invocation and returns its exit code.
+func Run(ctx context.Context, args []string, streams *IO, registry *handlers.Registry) int {
+	c := &cli{io: *streams, registry: registry}
+	if c.io.Getenv == nil {
+		c.io.Getenv = func(string) string { return "" }
+	}
+	if c.io.Stdin == nil {
+		c.io.Stdin = strings.NewReader("")
+	}
+	root := c.rootCommand()
+	root.SetArgs(args)
+	root.SetIn(c.io.Stdin)
+	root.SetOut(c.io.Stdout)
+	root.SetErr(c.io.Stderr)
+	err := root.ExecuteContext(ctx)
+	if c.cleanup != nil {
+		c.cleanup()
+	}
+	if err == nil {
+		return ExitOK
+	}
+	var exit *exitError
+	if errors.As(err, &exit) {
+		if exit.err != nil {
+			fmt.Fprintln(c.io.Stderr, "dagrun: "+exit.err.Error())
+		}
+		return exit.code
+	}
+	code := exitCode(err)
+	fmt.Fprintln(c.io.Stderr, "dagrun: "+oneLine(err))
+	return code
+}
+
+// cli is one invocation's state: the global flags and what they opened.
+type cli struct {
+	io       IO
+	registry *handlers.Registry
+
+	db           string
+	workflowsDir string
+	logFormat    string
+	logLevel     string
+
+	logger  *slog.Logger
+	cleanup func()
+	// observer, when set before engine() is called, receives the engine's
+	// metrics events (serve sets it to its Prometheus metrics).
+	observer dagrun.Observer
+}
+
+func (c *cli) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "dagrun",
+		Short:         "Durable declarative DAG workflows on SQLite or PostgreSQL",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return c.setupLogging(cmd)
+		},
+	}
+	root.CompletionOptions.DisableDefaultCmd = true
+	flags := root.PersistentFlags()
+	flags.StringVar(&c.db, "db", c.env("DAGRUN_DB", "dagrun.db"), "database: a SQLite path, sqlite:PATH, or postgres://... (env DAGRUN_DB)")
+	flags.StringVar(&c.workflowsDir, "workflows", c.env("DAGRUN_WORKFLOWS", "./workflows"), "folder of workflow YAML files (env DAGRUN_WORKFLOWS)")
+	flags.StringVar(&c.logFormat, "log-format", "text", "log format on stderr: text or json")
+	flags.StringVar(&c.logLevel, "log-level", "", "log level: debug, info, warn or error (default info for worker and serve, warn otherwise)")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+
+	root.AddCommand(
+		c.startCommand(),
+		c.workerCommand(),
+		c.statusCommand(),
+		c.listCommand(),
+		c.cancelCommand(),
+		c.retryCommand(),
+		c.validateCommand(),
+		c.graphCommand(),
+		c.statsCommand(),
+		c.pruneCommand(),
+		c.handlersCommand(),
+		c.benchCommand(),
+		c.serveCommand(),
+	)
+	for _, cmd := range root.Commands() {
+		cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+	}
+	return root
+}
+
+func (c *cli) env(name, fallback string) string {
+	if v := c.io.Getenv(name); v != "" {
+		return v
+	}
+	return fallback
+}
+
+func (c *cli) setupLogging(cmd *cobra.Command) error {
+	level := c.logLevel
+	if level == "" {
+		level = "warn"
+		if cmd.Name() == "worker" || cmd.Name() == "serve" {
+			level = "info"
+		}
+	}
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return usageError(fmt.Errorf("invalid --log-level %q: use debug, info, warn or error", level))
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch c.logFormat {
+	case "text":
+		c.logger = slog.New(slog.NewTextHandler(c.io.Stderr, opts))
+	case "json":
+		c.logger = slog.New(slog.NewJSONHandler(c.io.Stderr, opts))
+	default:
+		return usageError(fmt.Errorf("invalid --log-format %q: use text or json", c.logFormat))
+	}
+	return nil
+}
+
+// loadWorkflows reads the workflows folder, checking handler names against
+// this binary's registry. It returns the good definitions and the errors of
+// the bad files.
+func (c *cli) loadWorkflows() ([]*dag.Workflow, error) {
+	if _, err := os.Stat(c.workflowsDir); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, usageError(fmt.Errorf("read workflows folder: %v", err))
+	}
+	return dag.LoadDir(c.workflowsDir, &dag.ParseOptions{HandlerExists: c.registry.Has})
+}
+
+// engine opens the store and builds an engine over it. The store is closed
+// when the command returns.
+func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
+	workflows, loadErr := c.loadWorkflows()
+	if loadErr != nil {
+		var list dag.ErrorList
+		if !errors.As(loadErr, &list) {
+			return nil, loadErr
+		}
+		// Bad files do not stop the others from being used; say so once.
+		c.logger.Warn("some workflow files have errors; run `dagrun validate` for details", slog.Int("errors", len(list)))
+	}
+	store, err := openStore(ctx, c.db)
+	if err != nil {
+		return nil, err
+	}
+	c.cleanup = func() { _ = store.Close() }
+	return dagrun.New(store, c.registry, &dagrun.Config{Workflows: workflows, Logger: c.logger, Observer: c.observer})
+}
+
+// exitError carries an exit code; err, when set, is printed on stderr.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
+
+func usageError(err error) error { return &exitError{code: ExitUsage, err: err} }
+
+// exitCode maps an error to the documented exit codes.
+func exitCode(err error) int {
+	var (
+		inputErr    *dagrun.InputError
+		unknownWf   *dagrun.UnknownWorkflowError
+		validateErr dag.ErrorList
+	)
+	switch {
+	case errors.Is(err, storage.ErrUnavailable):
+		return ExitUnavailable
+	case errors.Is(err, storage.ErrNotFound), errors.Is(err, storage.ErrConflict),
+		errors.As(err, &inputErr), errors.As(err, &unknownWf), errors.As(err, &validateErr):
+		return ExitUsage
+	case errors.Is(err, context.Canceled):
+		return ExitFailed
+	default:
+		return ExitFailed
+	}
+}
+
+// oneLine keeps an error on one line: the first line is the message, the
+// rest (a stack trace, say) belongs in logs.
+func oneLine(err error) string {
+	msg := err.Error()
+	if i := strings.IndexByte(msg, '\n'); i >= 0 {
+		return msg[:i]
+	}
+	return msg
+}

@@ -1,0 +1,121 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dagrun/dagrun/dag"
+)
+
+func (c *cli) validateCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "validate [FILE...]",
+		Short: "Check workflow files (every file of --workflows by default), printing FILE:LINE:COL: message per error",
+		RunE: func(_ *cobra.Command, args []string) error {
+			files := args
+			if len(files) == 0 {
+				var err error
+				if files, err = workflowFiles(c.workflowsDir); err != nil {
+					return usageError(err)
+				}
+			}
+			opts := &dag.ParseOptions{HandlerExists: c.registry.Has}
+			bad := 0
+			for _, file := range files {
+				w, err := dag.ParseFile(file, opts)
+				if err != nil {
+					bad++
+					var list dag.ErrorList
+					if errors.As(err, &list) {
+						for _, e := range list {
+							fmt.Fprintln(c.io.Stderr, e.Error())
+						}
+					} else {
+						fmt.Fprintf(c.io.Stderr, "%s: %v\n", file, err)
+					}
+					continue
+				}
+				fmt.Fprintf(c.io.Stdout, "ok %s (%d steps)\n", w.Name, len(w.Steps))
+			}
+			if bad > 0 {
+				return &exitError{code: ExitUsage}
+			}
+			return nil
+		},
+	}
+}
+
+// workflowFiles lists the YAML files of a workflows folder.
+func workflowFiles(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("read workflows folder: %v (set --workflows or DAGRUN_WORKFLOWS)", err)
+	}
+	var files []string
+	for _, e := range entries {
+		ext := filepath.Ext(e.Name())
+		if !e.IsDir() && (ext == ".yaml" || ext == ".yml") {
+			files = append(files, filepath.Join(dir, e.Name()))
+		}
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("no .yaml or .yml files in %s", dir)
+	}
+	sort.Strings(files)
+	return files, nil
+}
+
+func (c *cli) graphCommand() *cobra.Command {
+	var format string
+	cmd := &cobra.Command{
+		Use:   "graph WORKFLOW",
+		Short: "Print a workflow's DAG as Mermaid or Graphviz DOT",
+		Args:  exactArgs(1, "graph WORKFLOW [--format mermaid|dot]"),
+		RunE: func(_ *cobra.Command, args []string) error {
+			if format != "mermaid" && format != "dot" {
+				return usageError(fmt.Errorf("invalid --format %q: use mermaid or dot", format))
+			}
+			w, err := c.findWorkflow(args[0])
+			if err != nil {
+				return err
+			}
+			out := w.Mermaid()
+			if format == "dot" {
+				out = w.DOT()
+			}
+			_, err = fmt.Fprint(c.io.Stdout, out)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&format, "format", "mermaid", "mermaid or dot")
+	return cmd
+}
+
+// findWorkflow parses one workflow of the folder by name.
+func (c *cli) findWorkflow(name string) (*dag.Workflow, error) {
+	opts := &dag.ParseOptions{HandlerExists: c.registry.Has}
+	for _, ext := range []string{".yaml", ".yml"} {
+		path := filepath.Join(c.workflowsDir, name+ext)
+		if _, err := os.Stat(path); err == nil {
+			w, err := dag.ParseFile(path, opts)
+			if err != nil {
+				return nil, usageError(fmt.Errorf("workflow %s is invalid (run dagrun validate %s):\n%v", name, path, err))
+			}
+			return w, nil
+		}
+	}
+	workflows, _ := c.loadWorkflows()
+	names := make([]string, len(workflows))
+	for i, w := range workflows {
+		names[i] = w.Name
+	}
+	if len(names) == 0 {
+		return nil, usageError(fmt.Errorf("unknown workflow %q: no workflows in %s", name, c.workflowsDir))
+	}
+	return nil, usageError(fmt.Errorf("unknown workflow %q (available: %v)", name, names))
+}

@@ -1,0 +1,239 @@
+package app
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
+	"github.com/dagrun/dagrun/storage"
+)
+
+func (c *cli) statusCommand() *cobra.Command {
+	var jsonOut bool
+	cmd := &cobra.Command{
+		Use:   "status ID",
+		Short: "Show an instance and a table of its steps",
+		Args:  exactArgs(1, "status ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			engine, err := c.engine(ctx)
+			if err != nil {
+				return err
+			}
+			inst, err := engine.Get(ctx, args[0])
+			if err != nil {
+				return instanceError(args[0], err)
+			}
+			if jsonOut {
+				return writeJSON(c.io.Stdout, view.NewInstance(inst))
+			}
+			return writeStatus(c.io.Stdout, inst, time.Now())
+		},
+	}
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the instance object as JSON")
+	return cmd
+}
+
+// writeStatus prints an instance as a header and a step table.
+func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "Instance:\t%s\n", inst.ID)
+	fmt.Fprintf(tw, "Workflow:\t%s\n", inst.Workflow)
+	fmt.Fprintf(tw, "Status:\t%s\n", inst.Status)
+	fmt.Fprintf(tw, "Created:\t%s\n", view.Time(inst.CreatedAt))
+	if inst.FinishedAt != nil {
+		fmt.Fprintf(tw, "Finished:\t%s (took %s)\n", view.Time(*inst.FinishedAt), roundDuration(inst.FinishedAt.Sub(inst.CreatedAt)))
+	}
+	if inst.Key != "" {
+		fmt.Fprintf(tw, "Key:\t%s\n", inst.Key)
+	}
+	if inst.Error != "" {
+		fmt.Fprintf(tw, "Error:\t%s\n", oneLineString(inst.Error))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STEP\tHANDLER\tSTATUS\tATTEMPTS\tDURATION\tERROR")
+	for _, s := range inst.Steps {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", s.Name, s.Handler, s.Status, s.Attempts, stepDuration(s, now), truncate(oneLineString(s.Error), 80))
+	}
+	return tw.Flush()
+}
+
+func stepDuration(s storage.Step, now time.Time) string {
+	switch {
+	case s.StartedAt == nil:
+		return "-"
+	case s.FinishedAt != nil:
+		return roundDuration(s.FinishedAt.Sub(*s.StartedAt))
+	case s.Status == storage.StepRunning:
+		return roundDuration(now.Sub(*s.StartedAt)) + "…"
+	default:
+		return "-"
+	}
+}
+
+func truncate(s string, n int) string {
+	if len([]rune(s)) <= n {
+		return s
+	}
+	return string([]rune(s)[:n-1]) + "…"
+}
+
+func (c *cli) listCommand() *cobra.Command {
+	var (
+		p       storage.ListParams
+		status  string
+		jsonOut bool
+	)
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List instances, newest first",
+		Args:  exactArgs(0, "list [--workflow W] [--status S] [--limit N] [--json]"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if status != "" {
+				s := storage.InstanceStatus(status)
+				switch s {
+				case storage.InstancePending, storage.InstanceRunning, storage.InstanceCompleted, storage.InstanceFailed, storage.InstanceCancelled:
+					p.Status = s
+				default:
+					return usageError(fmt.Errorf("invalid --status %q: use pending, running, completed, failed or cancelled", status))
+				}
+			}
+			if p.Limit < 1 {
+				return usageError(fmt.Errorf("invalid --limit %d: must be at least 1", p.Limit))
+			}
+			ctx := cmd.Context()
+			engine, err := c.engine(ctx)
+			if err != nil {
+				return err
+			}
+			list, err := engine.List(ctx, p)
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				out := make([]view.Instance, len(list))
+				for i := range list {
+					out[i] = view.NewInstance(&list[i])
+				}
+				return writeJSON(c.io.Stdout, out)
+			}
+			tw := tabwriter.NewWriter(c.io.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tWORKFLOW\tSTATUS\tSTEPS\tCREATED\tDURATION")
+			for _, inst := range list {
+				done := 0
+				for _, s := range inst.Steps {
+					if s.Status.Finished() {
+						done++
+					}
+				}
+				dur := "-"
+				if inst.FinishedAt != nil {
+					dur = roundDuration(inst.FinishedAt.Sub(inst.CreatedAt))
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", inst.ID, inst.Workflow, inst.Status, done, len(inst.Steps), view.Time(inst.CreatedAt), dur)
+			}
+			return tw.Flush()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&p.Workflow, "workflow", "", "only instances of this workflow")
+	f.StringVar(&status, "status", "", "only instances with this status")
+	f.IntVar(&p.Limit, "limit", 50, "at most this many instances")
+	f.BoolVar(&jsonOut, "json", false, "print a JSON array of instance objects")
+	return cmd
+}
+
+func (c *cli) statsCommand() *cobra.Command {
+	var jsonOut bool
+	cmd := &cobra.Command{
+		Use:   "stats",
+		Short: "Per workflow: instance counts by status, stuck steps, oldest ready step, step duration p50/p95",
+		Args:  exactArgs(0, "stats [--json]"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			engine, err := c.engine(ctx)
+			if err != nil {
+				return err
+			}
+			stats, err := engine.Store().Stats(ctx)
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return writeJSON(c.io.Stdout, newStatsJSON(stats))
+			}
+			tw := tabwriter.NewWriter(c.io.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "WORKFLOW\tPENDING\tRUNNING\tCOMPLETED\tFAILED\tCANCELLED\tREADY\tSTUCK\tOLDEST READY\tSTEP P50\tSTEP P95")
+			for _, w := range stats.Workflows {
+				n := w.Instances
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", w.Workflow,
+					n[storage.InstancePending], n[storage.InstanceRunning], n[storage.InstanceCompleted], n[storage.InstanceFailed], n[storage.InstanceCancelled],
+					w.ReadySteps, w.StuckSteps, durOrDash(w.OldestReady), durOrDash(w.StepP50), durOrDash(w.StepP95))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the figures as JSON")
+	return cmd
+}
+
+type statsJSON struct {
+	Workflows []workflowStatsJSON `json:"workflows"`
+}
+
+type workflowStatsJSON struct {
+	Workflow      string         `json:"workflow"`
+	Instances     map[string]int `json:"instances"`
+	ReadySteps    int            `json:"readySteps"`
+	StuckSteps    int            `json:"stuckSteps"`
+	OldestReadyMs float64        `json:"oldestReadyMs"`
+	StepP50Ms     float64        `json:"stepP50Ms"`
+	StepP95Ms     float64        `json:"stepP95Ms"`
+}
+
+func newStatsJSON(s *storage.Stats) statsJSON {
+	out := statsJSON{Workflows: []workflowStatsJSON{}}
+	for _, w := range s.Workflows {
+		counts := map[string]int{}
+		for _, st := range []storage.InstanceStatus{storage.InstancePending, storage.InstanceRunning, storage.InstanceCompleted, storage.InstanceFailed, storage.InstanceCancelled} {
+			counts[string(st)] = w.Instances[st]
+		}
+		out.Workflows = append(out.Workflows, workflowStatsJSON{
+			Workflow: w.Workflow, Instances: counts, ReadySteps: w.ReadySteps, StuckSteps: w.StuckSteps,
+			OldestReadyMs: ms(w.OldestReady), StepP50Ms: ms(w.StepP50), StepP95Ms: ms(w.StepP95),
+		})
+	}
+	sort.Slice(out.Workflows, func(i, j int) bool { return out.Workflows[i].Workflow < out.Workflows[j].Workflow })
+	return out
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func durOrDash(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return roundDuration(d)
+}
+
+func (c *cli) handlersCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "handlers",
+		Short: "List the handler names registered in this binary",
+		Args:  exactArgs(0, "handlers"),
+		RunE: func(*cobra.Command, []string) error {
+			_, err := fmt.Fprintln(c.io.Stdout, strings.Join(c.registry.Names(), "\n"))
+			return err
+		},
+	}
+}

@@ -1,0 +1,147 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/cmd/dagrun/app/web"
+)
+
+// HTTP server timeouts: generous for the API's small requests, and short
+// enough that a slow or stalled client cannot hold connections forever.
+const (
+	serveReadHeaderTimeout = 10 * time.Second
+	serveReadTimeout       = 30 * time.Second
+	serveWriteTimeout      = 60 * time.Second
+	serveIdleTimeout       = 2 * time.Minute
+	serveShutdownTimeout   = 10 * time.Second
+)
+
+func (c *cli) serveCommand() *cobra.Command {
+	var (
+		addr        string
+		token       string
+		withWorker  bool
+		concurrency int
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve the HTTP JSON API, the web UI and Prometheus /metrics; --worker also runs steps",
+		Long: "Serve the HTTP JSON API under /api/, the web UI at /, Prometheus metrics at /metrics and a health check at /healthz.\n" +
+			"With --worker it also runs a worker in the same process, so `dagrun serve --worker` alone is a complete\n" +
+			"single-machine deployment. With a token (--token or DAGRUN_TOKEN) every route but /healthz and the UI's static\n" +
+			"files needs Authorization: Bearer <token>; the UI asks for it once per browser tab. A non-loopback --addr is\n" +
+			"refused without a token. SIGINT or SIGTERM stop serving, then the worker finishes its running steps.",
+		Args: exactArgs(0, "serve [--addr 127.0.0.1:8080] [--token T] [--worker] [--concurrency N]"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			// The environment is read here rather than as the flag's
+			// default, so --help never prints the token.
+			if token == "" {
+				token = c.io.Getenv("DAGRUN_TOKEN")
+			}
+			host, _, err := net.SplitHostPort(addr)
+			if err != nil {
+				return usageError(fmt.Errorf("invalid --addr %q: use HOST:PORT, e.g. 127.0.0.1:8080", addr))
+			}
+			if token == "" && !web.IsLoopbackHost(host) {
+				return usageError(fmt.Errorf("refusing to serve on %s without a token: anyone who can reach it could start and cancel workflows; set --token or DAGRUN_TOKEN, or bind a loopback address such as 127.0.0.1:8080", addr))
+			}
+			if withWorker && concurrency < 1 {
+				return usageError(fmt.Errorf("invalid --concurrency %d: must be at least 1", concurrency))
+			}
+			return c.serve(cmd.Context(), addr, token, withWorker, concurrency)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&addr, "addr", "127.0.0.1:8080", "address to listen on; a non-loopback address needs a token")
+	f.StringVar(&token, "token", "", "bearer token required by the API, the UI and /metrics (env DAGRUN_TOKEN)")
+	f.BoolVar(&withWorker, "worker", false, "also run a worker in this process")
+	f.IntVar(&concurrency, "concurrency", dagrun.DefaultConcurrency, "steps the embedded worker runs at once (with --worker)")
+	return cmd
+}
+
+func (c *cli) serve(ctx context.Context, addr, token string, withWorker bool, concurrency int) error {
+	// The engine reports to the metrics, so they must exist before it.
+	metrics := web.NewMetrics()
+	c.observer = metrics
+	engine, err := c.engine(ctx)
+	if err != nil {
+		return err
+	}
+	names := make([]string, 0)
+	for _, w := range engine.Workflows() {
+		names = append(names, w.Name)
+	}
+	metrics.InitWorkflows(names...)
+	handler, err := web.NewServer(engine, &web.Config{Token: token, Logger: c.logger, Metrics: metrics})
+	if err != nil {
+		return err
+	}
+
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %v (is another dagrun serve running? choose another port with --addr)", addr, err)
+	}
+	server := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: serveReadHeaderTimeout,
+		ReadTimeout:       serveReadTimeout,
+		WriteTimeout:      serveWriteTimeout,
+		IdleTimeout:       serveIdleTimeout,
+		ErrorLog:          slog.NewLogLogger(c.logger.Handler(), slog.LevelWarn),
+	}
+
+	// The worker outlives the HTTP server by the time it needs to finish
+	// its running steps: it stops only once serving has stopped.
+	workerCtx, stopWorker := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWorker()
+	workerDone := make(chan error, 1)
+	if withWorker {
+		worker, err := engine.NewWorker(&dagrun.WorkerConfig{Concurrency: concurrency})
+		if err != nil {
+			_ = ln.Close()
+			return usageError(err)
+		}
+		c.logger.Info("dagrun worker started", "id", worker.ID(), "concurrency", concurrency, "db", redactDSN(c.db))
+		go func() { workerDone <- worker.Run(workerCtx) }()
+	} else {
+		workerDone <- nil
+	}
+
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- server.Serve(ln) }()
+	c.logger.Info("dagrun serve listening", "url", "http://"+ln.Addr().String()+"/",
+		"workflows", len(names), "worker", withWorker, "token", token != "")
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		c.logger.Info("dagrun serve shutting down")
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), serveShutdownTimeout)
+		if err := server.Shutdown(shutdownCtx); err != nil {
+			c.logger.Warn("dagrun serve: requests still open at shutdown were cut", slog.Any("error", err))
+			_ = server.Close()
+		}
+		cancel()
+		<-serveDone
+	case err := <-serveDone:
+		if !errors.Is(err, http.ErrServerClosed) {
+			serveErr = fmt.Errorf("serve HTTP: %w", err)
+		}
+	}
+	stopWorker()
+	if err := <-workerDone; err != nil && serveErr == nil {
+		serveErr = err
+	}
+	c.logger.Info("dagrun serve stopped")
+	return serveErr
+}

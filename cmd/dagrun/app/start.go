@@ -1,0 +1,193 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
+	"github.com/dagrun/dagrun/storage"
+)
+
+func (c *cli) startCommand() *cobra.Command {
+	var (
+		input    string
+		opts     dagrun.StartOptions
+		detach   bool
+		jsonOut  bool
+		delayStr string
+	)
+	cmd := &cobra.Command{
+		Use:   "start WORKFLOW",
+		Short: "Start an instance of a workflow and follow it to the end",
+		Long: "Start validates the input, starts an instance and, unless --detach, runs an in-process worker for it,\n" +
+			"printing one progress line per step transition on stderr and the instance output as JSON on stdout.\n" +
+			"Exit code 0 when the instance completed, 1 when it failed or was cancelled.",
+		Args: exactArgs(1, "start WORKFLOW"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			raw, err := c.readInput(input)
+			if err != nil {
+				return usageError(err)
+			}
+			if delayStr != "" {
+				if opts.Delay, err = time.ParseDuration(delayStr); err != nil || opts.Delay < 0 {
+					return usageError(fmt.Errorf("invalid --delay %q: use a duration such as 30s or 5m", delayStr))
+				}
+			}
+			ctx := cmd.Context()
+			engine, err := c.engine(ctx)
+			if err != nil {
+				return err
+			}
+			res, err := engine.Start(ctx, args[0], raw, &opts)
+			if err != nil {
+				return err
+			}
+			if detach {
+				fmt.Fprintln(c.io.Stdout, res.ID)
+				return nil
+			}
+			if res.Existed {
+				fmt.Fprintf(c.io.Stderr, "instance %s already exists for key %q; following it\n", res.ID, opts.Key)
+			}
+			return c.follow(ctx, engine, res.ID, jsonOut)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&input, "input", "", "instance input: JSON, @FILE, or - for standard input (default {})")
+	f.StringVar(&opts.Key, "key", "", "idempotency key: a second start with the same workflow and key returns the first instance")
+	f.IntVar(&opts.Priority, "priority", 0, "priority: higher runs first")
+	f.StringVar(&delayStr, "delay", "", "delay before the first steps run, e.g. 10m")
+	f.BoolVar(&detach, "detach", false, "print only the instance ID and return; workers run it")
+	f.BoolVar(&jsonOut, "json", false, "print the whole instance object instead of its output, whatever the outcome")
+	return cmd
+}
+
+func (c *cli) retryCommand() *cobra.Command {
+	var detach, jsonOut bool
+	cmd := &cobra.Command{
+		Use:   "retry ID",
+		Short: "Re-run the failed and cancelled steps of an instance, keeping completed outputs",
+		Args:  exactArgs(1, "retry ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			engine, err := c.engine(ctx)
+			if err != nil {
+				return err
+			}
+			if err := engine.Retry(ctx, args[0]); err != nil {
+				return instanceError(args[0], err)
+			}
+			if detach {
+				fmt.Fprintln(c.io.Stdout, args[0])
+				return nil
+			}
+			return c.follow(ctx, engine, args[0], jsonOut)
+		},
+	}
+	cmd.Flags().BoolVar(&detach, "detach", false, "return at once; workers run the re-armed steps")
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the whole instance object instead of its output")
+	return cmd
+}
+
+// readInput reads --input: inline JSON, @FILE, or - for standard input.
+func (c *cli) readInput(spec string) (json.RawMessage, error) {
+	switch {
+	case spec == "-":
+		data, err := io.ReadAll(io.LimitReader(c.io.Stdin, dagrun.DefaultMaxInputBytes*4))
+		if err != nil {
+			return nil, fmt.Errorf("read --input from standard input: %v", err)
+		}
+		return data, nil
+	case strings.HasPrefix(spec, "@"):
+		data, err := os.ReadFile(spec[1:])
+		if err != nil {
+			return nil, fmt.Errorf("read --input file: %v", err)
+		}
+		return data, nil
+	default:
+		return json.RawMessage(spec), nil
+	}
+}
+
+// follow runs an in-process worker for one instance and reports its
+// progress until it finishes. Other workers may run its steps too.
+func (c *cli) follow(ctx context.Context, engine *dagrun.Engine, id string, jsonOut bool) error {
+	worker, err := engine.NewWorker(&dagrun.WorkerConfig{InstanceID: id})
+	if err != nil {
+		return err
+	}
+	workerCtx, stopWorker := context.WithCancel(context.WithoutCancel(ctx))
+	workerDone := make(chan error, 1)
+	go func() { workerDone <- worker.Run(workerCtx) }()
+	defer func() {
+		stopWorker()
+		<-workerDone
+	}()
+
+	progress := newProgress(c.io.Stderr)
+	inst, err := engine.Follow(ctx, id, progress.observe)
+	if err != nil {
+		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+			// Interrupted: the instance lives on in the database and any
+			// worker finishes it.
+			return &exitError{code: ExitFailed, err: fmt.Errorf("stopped following instance %s; it continues with any running worker (dagrun status %s)", id, id)}
+		}
+		return err
+	}
+	if jsonOut {
+		if err := writeJSON(c.io.Stdout, view.NewInstance(inst)); err != nil {
+			return err
+		}
+	} else if inst.Status == storage.InstanceCompleted {
+		if err := writeJSON(c.io.Stdout, json.RawMessage(view.RawOrNull(inst.Output))); err != nil {
+			return err
+		}
+	}
+	switch inst.Status {
+	case storage.InstanceCompleted:
+		return nil
+	case storage.InstanceCancelled:
+		return &exitError{code: ExitFailed, err: fmt.Errorf("instance %s was cancelled", id)}
+	default:
+		return &exitError{code: ExitFailed, err: fmt.Errorf("instance %s failed: %s (retry it with: dagrun retry %s)", id, oneLineString(inst.Error), id)}
+	}
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func oneLineString(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+// instanceError turns store errors about one instance into CLI errors.
+func instanceError(id string, err error) error {
+	if errors.Is(err, storage.ErrNotFound) {
+		return usageError(fmt.Errorf("no instance with ID %q (list instances with: dagrun list)", id))
+	}
+	return err
+}
+
+func exactArgs(n int, usage string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usageError(fmt.Errorf("usage: dagrun %s (got %d arguments)", usage, len(args)))
+		}
+		return nil
+	}
+}
