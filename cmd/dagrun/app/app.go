@@ -118,14 +118,28 @@ func (c *cli) rootCommand() *cobra.Command {
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			return c.setupLogging(cmd)
 		},
+		// Without Args and RunE, cobra reports an unknown command as a plain
+		// error, which would exit 1 and print its suggestions on extra lines.
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			msg := fmt.Sprintf("unknown command %q", args[0])
+			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, " or "))
+			}
+			return usageError(errors.New(msg + "; run dagrun --help for the list of commands"))
+		},
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
+	root.SuggestionsMinimumDistance = 2
 	flags := root.PersistentFlags()
 	flags.StringVar(&c.db, "db", c.env("DAGRUN_DB", "dagrun.db"), "database: a SQLite path, sqlite:PATH, or postgres://... (env DAGRUN_DB)")
 	flags.StringVar(&c.workflowsDir, "workflows", c.env("DAGRUN_WORKFLOWS", "./workflows"), "folder of workflow YAML files (env DAGRUN_WORKFLOWS)")
 	flags.StringVar(&c.logFormat, "log-format", "text", "log format on stderr: text or json")
 	flags.StringVar(&c.logLevel, "log-level", "", "log level: debug, info, warn or error (default info for worker and serve, warn otherwise)")
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+	root.SetFlagErrorFunc(flagError)
 
 	root.AddCommand(
 		c.startCommand(),
@@ -143,9 +157,15 @@ func (c *cli) rootCommand() *cobra.Command {
 		c.serveCommand(),
 	)
 	for _, cmd := range root.Commands() {
-		cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+		cmd.SetFlagErrorFunc(flagError)
 	}
 	return root
+}
+
+// flagError makes a flag parsing error a usage error that says where to
+// look for the valid flags.
+func flagError(cmd *cobra.Command, err error) error {
+	return usageError(fmt.Errorf("%v (see %s --help)", err, cmd.CommandPath()))
 }
 
 func (c *cli) env(name, fallback string) string {

@@ -1,0 +1,348 @@
+package web
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
+	"github.com/dagrun/dagrun/dag"
+	"github.com/dagrun/dagrun/storage"
+)
+
+// List limits of GET /api/instances.
+const (
+	defaultListLimit = 50
+	maxListLimit     = 500
+)
+
+// workflowSummary is one item of GET /api/workflows.
+type workflowSummary struct {
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	Steps       int    `json:"steps"`
+	Hash        string `json:"hash"`
+}
+
+func (s *Server) listWorkflows(w http.ResponseWriter, _ *http.Request) {
+	out := []workflowSummary{}
+	for _, wf := range s.engine.Workflows() {
+		out = append(out, workflowSummary{Name: wf.Name, Description: wf.Description, Steps: len(wf.Steps), Hash: wf.Hash})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"workflows": out})
+}
+
+// workflowDetail is GET /api/workflows/{name}.
+type workflowDetail struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description"`
+	Hash        string          `json:"hash"`
+	InputSchema json.RawMessage `json:"inputSchema"`
+	Source      string          `json:"source"`
+	Steps       []stepDef       `json:"steps"`
+	Graph       *Graph          `json:"graph"`
+}
+
+// stepDef is a step of a definition, with the workflow defaults applied.
+type stepDef struct {
+	Name            string    `json:"name"`
+	Handler         string    `json:"handler"`
+	DependsOn       []string  `json:"dependsOn"`
+	Queue           string    `json:"queue"`
+	Retry           retryJSON `json:"retry"`
+	Timeout         *string   `json:"timeout"`
+	When            *string   `json:"when"`
+	ContinueOnError bool      `json:"continueOnError"`
+}
+
+type retryJSON struct {
+	MaxAttempts int    `json:"maxAttempts"`
+	Backoff     string `json:"backoff"`
+	MaxBackoff  string `json:"maxBackoff"`
+}
+
+func (s *Server) getWorkflow(w http.ResponseWriter, r *http.Request) {
+	wf, ok := s.engine.Workflow(r.PathValue("name"))
+	if !ok {
+		writeError(w, http.StatusNotFound, (&dagrun.UnknownWorkflowError{Name: r.PathValue("name"), Available: s.workflowNames()}).Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, newWorkflowDetail(wf))
+}
+
+func newWorkflowDetail(wf *dag.Workflow) workflowDetail {
+	out := workflowDetail{
+		Name:        wf.Name,
+		Description: wf.Description,
+		Hash:        wf.Hash,
+		InputSchema: view.RawOrNull(wf.InputSchema),
+		Source:      string(wf.Source),
+		Steps:       make([]stepDef, len(wf.Steps)),
+	}
+	gs := make([]graphStep, len(wf.Steps))
+	for i, st := range wf.Steps {
+		deps := st.DependsOn
+		if deps == nil {
+			deps = []string{}
+		}
+		d := stepDef{
+			Name:      st.Name,
+			Handler:   st.Handler,
+			DependsOn: deps,
+			Queue:     st.Queue,
+			Retry: retryJSON{
+				MaxAttempts: st.Retry.MaxAttempts,
+				Backoff:     st.Retry.Backoff.String(),
+				MaxBackoff:  st.Retry.MaxBackoff.String(),
+			},
+			ContinueOnError: st.ContinueOnError,
+		}
+		if st.Timeout > 0 {
+			t := st.Timeout.String()
+			d.Timeout = &t
+		}
+		if st.When != nil {
+			when := st.When.String()
+			d.When = &when
+		}
+		out.Steps[i] = d
+		gs[i] = graphStep{Name: st.Name, DependsOn: st.DependsOn}
+	}
+	out.Graph = layoutGraph(gs)
+	out.Graph.Mermaid = wf.Mermaid()
+	return out
+}
+
+func (s *Server) workflowNames() []string {
+	wfs := s.engine.Workflows()
+	names := make([]string, len(wfs))
+	for i, wf := range wfs {
+		names[i] = wf.Name
+	}
+	return names
+}
+
+// startRequest is the body of POST /api/workflows/{name}/instances.
+type startRequest struct {
+	Input    json.RawMessage `json:"input"`
+	Key      string          `json:"key"`
+	Priority int             `json:"priority"`
+	// Delay is a Go duration string such as "10s" or "1h30m".
+	Delay string `json:"delay"`
+}
+
+func (s *Server) startInstance(w http.ResponseWriter, r *http.Request) {
+	var req startRequest
+	if err := decodeBody(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	opts := dagrun.StartOptions{Key: req.Key, Priority: req.Priority}
+	if req.Delay != "" {
+		d, err := time.ParseDuration(req.Delay)
+		if err != nil || d < 0 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid delay %q: use a duration such as \"30s\" or \"5m\"", req.Delay))
+			return
+		}
+		opts.Delay = d
+	}
+	if bytes.Equal(bytes.TrimSpace(req.Input), []byte("null")) {
+		req.Input = nil // absent and null both mean {}
+	}
+	res, err := s.engine.Start(r.Context(), r.PathValue("name"), req.Input, &opts)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	inst, err := s.engine.Get(r.Context(), res.ID)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	status := http.StatusCreated
+	if res.Existed {
+		status = http.StatusOK
+	}
+	w.Header().Set("Location", "/api/instances/"+res.ID)
+	writeJSON(w, status, view.NewInstance(inst))
+}
+
+// instanceList is GET /api/instances. Next is the ID to pass as before to
+// get the following page; empty on the last page.
+type instanceList struct {
+	Instances []view.Instance `json:"instances"`
+	Next      string          `json:"next"`
+}
+
+func (s *Server) listInstances(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	p := storage.ListParams{Workflow: q.Get("workflow"), BeforeID: q.Get("before"), Limit: defaultListLimit}
+	if st := q.Get("status"); st != "" {
+		switch status := storage.InstanceStatus(st); status {
+		case storage.InstancePending, storage.InstanceRunning, storage.InstanceCompleted, storage.InstanceFailed, storage.InstanceCancelled:
+			p.Status = status
+		default:
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid status %q: use pending, running, completed, failed or cancelled", st))
+			return
+		}
+	}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > maxListLimit {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid limit %q: use a number from 1 to %d", l, maxListLimit))
+			return
+		}
+		p.Limit = n
+	}
+	// One more than asked tells whether another page exists.
+	want := p.Limit
+	p.Limit++
+	list, err := s.engine.List(r.Context(), p)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := instanceList{Instances: make([]view.Instance, 0, min(len(list), want))}
+	for i := range list {
+		if i == want {
+			out.Next = list[i-1].ID
+			break
+		}
+		out.Instances = append(out.Instances, view.NewInstance(&list[i]))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// instanceDetail is GET /api/instances/{id}: the instance object plus its
+// steps laid out as a graph, so the UI draws it without a layout engine.
+type instanceDetail struct {
+	view.Instance
+	Graph *Graph `json:"graph"`
+}
+
+func (s *Server) getInstance(w http.ResponseWriter, r *http.Request) {
+	s.writeInstance(w, r, http.StatusOK, r.PathValue("id"))
+}
+
+func (s *Server) writeInstance(w http.ResponseWriter, r *http.Request, status int, id string) {
+	inst, err := s.engine.Get(r.Context(), id)
+	if err != nil {
+		s.failInstance(w, r, id, err)
+		return
+	}
+	gs := make([]graphStep, len(inst.Steps))
+	for i, st := range inst.Steps {
+		gs[i] = graphStep{Name: st.Name, DependsOn: st.DependsOn}
+	}
+	writeJSON(w, status, instanceDetail{Instance: view.NewInstance(inst), Graph: layoutGraph(gs)})
+}
+
+func (s *Server) cancelInstance(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := s.engine.Cancel(r.Context(), id); err != nil {
+		s.failInstance(w, r, id, err)
+		return
+	}
+	s.writeInstance(w, r, http.StatusOK, id)
+}
+
+func (s *Server) retryInstance(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := s.engine.Retry(r.Context(), id); err != nil {
+		s.failInstance(w, r, id, err)
+		return
+	}
+	s.writeInstance(w, r, http.StatusOK, id)
+}
+
+// decodeBody reads a JSON request body into v. An empty body leaves v
+// zero. Unknown fields are errors, so a typo ("prority") is not silently
+// ignored.
+func decodeBody(r *http.Request, v any) error {
+	data, err := io.ReadAll(r.Body)
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return &requestError{status: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf("request body is over the limit of %d bytes", tooBig.Limit)}
+		}
+		return &requestError{status: http.StatusBadRequest, msg: "read request body: " + err.Error()}
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			return &requestError{status: http.StatusUnsupportedMediaType, msg: fmt.Sprintf("request body must be JSON (Content-Type: application/json), got %q", ct)}
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return &requestError{status: http.StatusBadRequest, msg: "invalid request body: " + err.Error()}
+	}
+	if dec.More() {
+		return &requestError{status: http.StatusBadRequest, msg: "invalid request body: more than one JSON value"}
+	}
+	return nil
+}
+
+// requestError is a client error found before the engine was called.
+type requestError struct {
+	status int
+	msg    string
+}
+
+func (e *requestError) Error() string { return e.msg }
+
+// failInstance is fail with a not-found message that names the instance.
+func (s *Server) failInstance(w http.ResponseWriter, r *http.Request, id string, err error) {
+	if errors.Is(err, storage.ErrNotFound) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no instance with ID %q", id))
+		return
+	}
+	s.fail(w, r, err)
+}
+
+// fail maps an error to a status code and writes it. Client errors carry
+// their message; unexpected errors are logged and described only vaguely,
+// since their text may expose database details.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var (
+		reqErr   *requestError
+		inputErr *dagrun.InputError
+		unknown  *dagrun.UnknownWorkflowError
+		tooBig   *http.MaxBytesError
+	)
+	switch {
+	case errors.As(err, &reqErr):
+		writeError(w, reqErr.status, reqErr.msg)
+	case errors.As(err, &tooBig):
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over the limit of %d bytes", tooBig.Limit))
+	case errors.As(err, &inputErr):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.As(err, &unknown):
+		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, storage.ErrNotFound):
+		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, storage.ErrConflict):
+		writeError(w, http.StatusConflict, err.Error())
+	case errors.Is(err, storage.ErrUnavailable):
+		s.logger.ErrorContext(r.Context(), "web: storage unavailable", slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
+		writeError(w, http.StatusServiceUnavailable, "storage unavailable; try again later")
+	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
+		// The client went away; nobody reads this.
+		writeError(w, http.StatusServiceUnavailable, "request cancelled")
+	default:
+		s.logger.ErrorContext(r.Context(), "web: request failed", slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
+		writeError(w, http.StatusInternalServerError, "internal server error; see the server log")
+	}
+}

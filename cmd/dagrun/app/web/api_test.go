@@ -1,0 +1,761 @@
+package web_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/cmd/dagrun/app/web"
+	"github.com/dagrun/dagrun/dag"
+	"github.com/dagrun/dagrun/handlers"
+	"github.com/dagrun/dagrun/storage"
+)
+
+// greet is a two-step chain with an input schema and an output.
+const greetYAML = `name: greet
+description: Say hello twice.
+input:
+  type: object
+  required: [name]
+  properties:
+    name: {type: string}
+defaults:
+  retry: {maxAttempts: 2, backoff: 10ms}
+steps:
+  - name: hello
+    handler: echo
+    timeout: 5s
+    input:
+      greeting: "hello ${{ input.name }}"
+      raw: ${{ input.name }}
+  - name: shout
+    handler: echo
+    dependsOn: [hello]
+    when: ${{ steps.hello.status == "completed" }}
+    input:
+      greeting: ${{ steps.hello.output.greeting }}
+      raw: ${{ steps.hello.output.raw }}
+output:
+  greeting: ${{ steps.shout.output.greeting }}
+`
+
+// flaky fails for good until the test fixes it, then echoes its input.
+const flakyYAML = `name: flaky
+steps:
+  - name: first
+    handler: echo
+  - name: fragile
+    handler: test.flaky
+    dependsOn: [first]
+`
+
+type testBundle struct {
+	engine  *dagrun.Engine
+	store   storage.Store
+	metrics *web.Metrics
+	server  *httptest.Server
+	token   string
+	fixed   *atomic.Bool
+}
+
+type setupOpts struct {
+	token   string
+	maxBody int64
+	// worker runs a worker against the store for the test's lifetime.
+	worker bool
+}
+
+func setup(t *testing.T, open func(t *testing.T) storage.Store, opts *setupOpts) *testBundle {
+	t.Helper()
+	if opts == nil {
+		opts = &setupOpts{}
+	}
+	registry := handlers.NewRegistry()
+	handlers.RegisterBuiltins(registry)
+	fixed := &atomic.Bool{}
+	registry.Register("test.flaky", func(_ context.Context, in json.RawMessage) (json.RawMessage, error) {
+		if !fixed.Load() {
+			return nil, handlers.Permanent(errors.New("the fragile thing is broken"))
+		}
+		return json.RawMessage(`{"ok":true}`), nil
+	})
+	var workflows []*dag.Workflow
+	for _, src := range []string{greetYAML, flakyYAML} {
+		w, err := dag.Parse("", []byte(src), &dag.ParseOptions{HandlerExists: registry.Has})
+		require.NoError(t, err)
+		workflows = append(workflows, w)
+	}
+	store := open(t)
+	metrics := web.NewMetrics()
+	engine, err := dagrun.New(store, registry, &dagrun.Config{Workflows: workflows, Observer: metrics})
+	require.NoError(t, err)
+	srv, err := web.NewServer(engine, &web.Config{Token: opts.token, Metrics: metrics, MaxBodyBytes: opts.maxBody})
+	require.NoError(t, err)
+	ts := httptest.NewServer(srv)
+	t.Cleanup(ts.Close)
+	if opts.worker {
+		worker, err := engine.NewWorker(&dagrun.WorkerConfig{Poll: 20 * time.Millisecond, Lease: 5 * time.Second})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = worker.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+	}
+	return &testBundle{engine: engine, store: store, metrics: metrics, server: ts, token: opts.token, fixed: fixed}
+}
+
+// response is a decoded API response.
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r *response) json(t *testing.T) map[string]any {
+	t.Helper()
+	var v map[string]any
+	require.NoError(t, json.Unmarshal(r.body, &v), "body: %s", r.body)
+	return v
+}
+
+// do sends a request with the bundle's token (if any) and reads the answer.
+func (b *testBundle) do(t *testing.T, method, path, body string, header ...string) *response {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, b.server.URL+path, rd)
+	require.NoError(t, err)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if b.token != "" {
+		req.Header.Set("Authorization", "Bearer "+b.token)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		if header[i] == "Host" {
+			req.Host = header[i+1] // the client sends req.Host, not a Host header
+			continue
+		}
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := b.server.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return &response{status: resp.StatusCode, header: resp.Header, body: data}
+}
+
+// requireError checks an error response: the status and a JSON {"error"}
+// whose message contains want.
+func requireError(t *testing.T, r *response, status int, want string) {
+	t.Helper()
+	require.Equal(t, status, r.status, "body: %s", r.body)
+	require.Equal(t, "application/json; charset=utf-8", r.header.Get("Content-Type"))
+	body := r.json(t)
+	require.Len(t, body, 1, "an error body holds only the error: %s", r.body)
+	msg, ok := body["error"].(string)
+	require.True(t, ok, "body: %s", r.body)
+	require.Contains(t, msg, want)
+}
+
+// start starts an instance through the API and returns its ID.
+func (b *testBundle) start(t *testing.T, workflow, body string) string {
+	t.Helper()
+	r := b.do(t, http.MethodPost, "/api/workflows/"+workflow+"/instances", body)
+	require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+	return r.json(t)["id"].(string)
+}
+
+// wait follows an instance until it is finished (a worker must run).
+func (b *testBundle) wait(t *testing.T, id string) *storage.Instance {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	inst, err := b.engine.Follow(ctx, id, nil)
+	require.NoError(t, err)
+	return inst
+}
+
+func TestWorkflowsAPI(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b := setup(t, open, nil)
+
+		r := b.do(t, http.MethodGet, "/api/workflows", "")
+		require.Equal(t, http.StatusOK, r.status)
+		var list struct {
+			Workflows []map[string]any `json:"workflows"`
+		}
+		require.NoError(t, json.Unmarshal(r.body, &list))
+		require.Len(t, list.Workflows, 2)
+		require.Equal(t, "flaky", list.Workflows[0]["name"])
+		greet := list.Workflows[1]
+		require.Equal(t, "greet", greet["name"])
+		require.Equal(t, "Say hello twice.", greet["description"])
+		require.EqualValues(t, 2, greet["steps"])
+		require.Len(t, greet["hash"], 64)
+
+		r = b.do(t, http.MethodGet, "/api/workflows/greet", "")
+		require.Equal(t, http.StatusOK, r.status)
+		var detail struct {
+			Name        string          `json:"name"`
+			Source      string          `json:"source"`
+			InputSchema json.RawMessage `json:"inputSchema"`
+			Steps       []struct {
+				Name      string   `json:"name"`
+				Handler   string   `json:"handler"`
+				DependsOn []string `json:"dependsOn"`
+				Queue     string   `json:"queue"`
+				Retry     struct {
+					MaxAttempts int    `json:"maxAttempts"`
+					Backoff     string `json:"backoff"`
+					MaxBackoff  string `json:"maxBackoff"`
+				} `json:"retry"`
+				Timeout *string `json:"timeout"`
+				When    *string `json:"when"`
+			} `json:"steps"`
+			Graph web.Graph `json:"graph"`
+		}
+		require.NoError(t, json.Unmarshal(r.body, &detail))
+		require.Equal(t, greetYAML, detail.Source)
+		require.Contains(t, string(detail.InputSchema), `"required"`)
+		require.Len(t, detail.Steps, 2)
+		hello, shout := detail.Steps[0], detail.Steps[1]
+		require.Equal(t, "hello", hello.Name)
+		require.Equal(t, "echo", hello.Handler)
+		require.Equal(t, []string{}, hello.DependsOn)
+		require.Equal(t, "default", hello.Queue)
+		require.Equal(t, 2, hello.Retry.MaxAttempts)
+		require.Equal(t, "10ms", hello.Retry.Backoff)
+		require.NotNil(t, hello.Timeout)
+		require.Equal(t, "5s", *hello.Timeout)
+		require.Nil(t, hello.When)
+		require.Equal(t, []string{"hello"}, shout.DependsOn)
+		require.Nil(t, shout.Timeout)
+		require.NotNil(t, shout.When)
+		require.Contains(t, *shout.When, `steps.hello.status == "completed"`)
+		require.Len(t, detail.Graph.Nodes, 2)
+		require.Equal(t, []web.GraphEdge{{From: "hello", To: "shout", Points: detail.Graph.Edges[0].Points}}, detail.Graph.Edges)
+		require.Contains(t, detail.Graph.Mermaid, "hello")
+
+		requireError(t, b.do(t, http.MethodGet, "/api/workflows/nope", ""), http.StatusNotFound, `unknown workflow "nope"`)
+	})
+}
+
+func TestStartRunAndGet(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b := setup(t, open, &setupOpts{worker: true})
+
+		r := b.do(t, http.MethodPost, "/api/workflows/greet/instances", `{"input": {"name": "Ada"}, "priority": 3}`)
+		require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+		created := r.json(t)
+		id := created["id"].(string)
+		require.Equal(t, "/api/instances/"+id, r.header.Get("Location"))
+		require.Equal(t, "greet", created["workflow"])
+		require.EqualValues(t, 3, created["priority"])
+
+		b.wait(t, id)
+		r = b.do(t, http.MethodGet, "/api/instances/"+id, "")
+		require.Equal(t, http.StatusOK, r.status)
+		require.Equal(t, "application/json; charset=utf-8", r.header.Get("Content-Type"))
+		var inst struct {
+			ID         string          `json:"id"`
+			Workflow   string          `json:"workflow"`
+			Status     string          `json:"status"`
+			Input      json.RawMessage `json:"input"`
+			Output     json.RawMessage `json:"output"`
+			Error      *string         `json:"error"`
+			CreatedAt  string          `json:"createdAt"`
+			FinishedAt *string         `json:"finishedAt"`
+			Steps      []struct {
+				Name       string          `json:"name"`
+				Handler    string          `json:"handler"`
+				Status     string          `json:"status"`
+				Attempts   int             `json:"attempts"`
+				Input      json.RawMessage `json:"input"`
+				Output     json.RawMessage `json:"output"`
+				Error      *string         `json:"error"`
+				StartedAt  *string         `json:"startedAt"`
+				FinishedAt *string         `json:"finishedAt"`
+			} `json:"steps"`
+			Events []struct {
+				At   string `json:"at"`
+				Type string `json:"type"`
+				Step string `json:"step"`
+			} `json:"events"`
+			Graph web.Graph `json:"graph"`
+		}
+		require.NoError(t, json.Unmarshal(r.body, &inst))
+		require.Equal(t, id, inst.ID)
+		require.Equal(t, "completed", inst.Status)
+		require.JSONEq(t, `{"name":"Ada"}`, string(inst.Input))
+		require.JSONEq(t, `{"greeting":"hello Ada"}`, string(inst.Output))
+		require.Nil(t, inst.Error)
+		_, err := time.Parse(time.RFC3339, inst.CreatedAt)
+		require.NoError(t, err)
+		require.NotNil(t, inst.FinishedAt)
+		require.Len(t, inst.Steps, 2)
+		for _, s := range inst.Steps {
+			require.Equal(t, "completed", s.Status, s.Name)
+			require.Equal(t, "echo", s.Handler)
+			require.Equal(t, 1, s.Attempts)
+			require.NotNil(t, s.StartedAt)
+			require.NotNil(t, s.FinishedAt)
+			require.Nil(t, s.Error)
+		}
+		require.JSONEq(t, `{"greeting":"hello Ada","raw":"Ada"}`, string(inst.Steps[1].Input))
+		require.JSONEq(t, `{"greeting":"hello Ada","raw":"Ada"}`, string(inst.Steps[1].Output))
+		var types []string
+		for _, e := range inst.Events {
+			types = append(types, e.Type)
+		}
+		require.Contains(t, types, string(storage.EventInstanceCreated))
+		require.Contains(t, types, string(storage.EventStepCompleted))
+		require.Contains(t, types, string(storage.EventInstanceCompleted))
+		require.Len(t, inst.Graph.Nodes, 2)
+		require.Len(t, inst.Graph.Edges, 1)
+
+		// The list holds the same instance object, without events.
+		r = b.do(t, http.MethodGet, "/api/instances?workflow=greet", "")
+		require.Equal(t, http.StatusOK, r.status)
+		var list struct {
+			Instances []map[string]any `json:"instances"`
+			Next      string           `json:"next"`
+		}
+		require.NoError(t, json.Unmarshal(r.body, &list))
+		require.Len(t, list.Instances, 1)
+		require.Equal(t, "", list.Next)
+		require.Equal(t, id, list.Instances[0]["id"])
+		require.NotContains(t, list.Instances[0], "events")
+		require.Len(t, list.Instances[0]["steps"], 2)
+
+		requireError(t, b.do(t, http.MethodGet, "/api/instances/no-such-id", ""), http.StatusNotFound, `no instance with ID "no-such-id"`)
+	})
+}
+
+func TestStartErrors(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b := setup(t, open, &setupOpts{maxBody: 4 << 10})
+		for _, tc := range []struct {
+			name, path, body string
+			header           []string
+			status           int
+			want             string
+		}{
+			{"unknown workflow", "/api/workflows/nope/instances", `{}`, nil, http.StatusNotFound, `unknown workflow "nope" (available: flaky, greet)`},
+			{"input fails the schema", "/api/workflows/greet/instances", `{"input": {"name": 42}}`, nil, http.StatusBadRequest, "workflow greet"},
+			{"input misses a field", "/api/workflows/greet/instances", `{}`, nil, http.StatusBadRequest, "name"},
+			{"malformed body", "/api/workflows/greet/instances", `{"input": `, nil, http.StatusBadRequest, "invalid request body"},
+			{"unknown field", "/api/workflows/greet/instances", `{"input": {"name": "x"}, "prority": 1}`, nil, http.StatusBadRequest, `unknown field "prority"`},
+			{"two values", "/api/workflows/greet/instances", `{} {}`, nil, http.StatusBadRequest, "more than one JSON value"},
+			{"bad delay", "/api/workflows/greet/instances", `{"input": {"name": "x"}, "delay": "soon"}`, nil, http.StatusBadRequest, `invalid delay "soon"`},
+			{"negative delay", "/api/workflows/greet/instances", `{"input": {"name": "x"}, "delay": "-1s"}`, nil, http.StatusBadRequest, "invalid delay"},
+			{"not JSON", "/api/workflows/greet/instances", `name=x`, []string{"Content-Type", "application/x-www-form-urlencoded"}, http.StatusUnsupportedMediaType, "must be JSON"},
+			{"body too large", "/api/workflows/greet/instances", `{"input": {"name": "` + strings.Repeat("x", 5<<10) + `"}}`, nil, http.StatusRequestEntityTooLarge, "over the limit of 4096 bytes"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				requireError(t, b.do(t, http.MethodPost, tc.path, tc.body, tc.header...), tc.status, tc.want)
+			})
+		}
+
+		// A body without a declared length is cut off while it is read.
+		req, err := http.NewRequest(http.MethodPost, b.server.URL+"/api/workflows/greet/instances",
+			io.MultiReader(strings.NewReader(`{"input": {"name": "`), strings.NewReader(strings.Repeat("x", 8<<10)), strings.NewReader(`"}}`)))
+		require.NoError(t, err)
+		req.ContentLength = -1
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := b.server.Client().Do(req)
+		require.NoError(t, err)
+		data, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		requireError(t, &response{status: resp.StatusCode, header: resp.Header, body: data}, http.StatusRequestEntityTooLarge, "over the limit")
+
+		// Nothing was written by any of the failed starts.
+		list, err := b.engine.List(context.Background(), storage.ListParams{})
+		require.NoError(t, err)
+		require.Empty(t, list)
+	})
+}
+
+func TestIdempotentStart(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b := setup(t, open, nil)
+		first := b.do(t, http.MethodPost, "/api/workflows/greet/instances", `{"input": {"name": "a"}, "key": "order-1", "delay": "1h"}`)
+		require.Equal(t, http.StatusCreated, first.status, "body: %s", first.body)
+		again := b.do(t, http.MethodPost, "/api/workflows/greet/instances", `{"input": {"name": "b"}, "key": "order-1"}`)
+		require.Equal(t, http.StatusOK, again.status, "body: %s", again.body)
+		require.Equal(t, first.json(t)["id"], again.json(t)["id"])
+		require.Equal(t, "order-1", again.json(t)["key"])
+		require.JSONEq(t, `{"name":"a"}`, string(mustMarshal(t, again.json(t)["input"])))
+	})
+}
+
+func TestListFiltersAndPaging(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b := setup(t, open, nil)
+		var ids []string
+		for i := range 5 {
+			ids = append(ids, b.start(t, "greet", `{"input": {"name": "n`+string(rune('0'+i))+`"}}`))
+		}
+		flaky := b.start(t, "flaky", "")
+		require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/api/instances/"+flaky+"/cancel", "").status)
+
+		var seen []string
+		next := ""
+		for page := 0; ; page++ {
+			require.Less(t, page, 5, "paging does not end")
+			path := "/api/instances?workflow=greet&limit=2"
+			if next != "" {
+				path += "&before=" + next
+			}
+			r := b.do(t, http.MethodGet, path, "")
+			require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+			var list struct {
+				Instances []struct {
+					ID string `json:"id"`
+				} `json:"instances"`
+				Next string `json:"next"`
+			}
+			require.NoError(t, json.Unmarshal(r.body, &list))
+			require.LessOrEqual(t, len(list.Instances), 2)
+			for _, inst := range list.Instances {
+				seen = append(seen, inst.ID)
+			}
+			if list.Next == "" {
+				break
+			}
+			require.Equal(t, list.Instances[len(list.Instances)-1].ID, list.Next)
+			next = list.Next
+		}
+		// Newest first, each exactly once.
+		require.Equal(t, []string{ids[4], ids[3], ids[2], ids[1], ids[0]}, seen)
+
+		r := b.do(t, http.MethodGet, "/api/instances?status=cancelled", "")
+		require.Equal(t, http.StatusOK, r.status)
+		var cancelled struct {
+			Instances []map[string]any `json:"instances"`
+		}
+		require.NoError(t, json.Unmarshal(r.body, &cancelled))
+		require.Len(t, cancelled.Instances, 1)
+		require.Equal(t, flaky, cancelled.Instances[0]["id"])
+
+		r = b.do(t, http.MethodGet, "/api/instances?workflow=nothing", "")
+		require.Equal(t, http.StatusOK, r.status)
+		require.JSONEq(t, `{"instances": [], "next": ""}`, string(r.body))
+
+		requireError(t, b.do(t, http.MethodGet, "/api/instances?status=done", ""), http.StatusBadRequest, `invalid status "done"`)
+		requireError(t, b.do(t, http.MethodGet, "/api/instances?limit=0", ""), http.StatusBadRequest, `invalid limit "0"`)
+		requireError(t, b.do(t, http.MethodGet, "/api/instances?limit=9999", ""), http.StatusBadRequest, "from 1 to 500")
+	})
+}
+
+func TestCancelAndRetry(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b := setup(t, open, &setupOpts{worker: true})
+
+		// flaky fails for good until fixed; retry then completes it,
+		// keeping the output of the step that had completed.
+		id := b.start(t, "flaky", "")
+		require.Equal(t, storage.InstanceFailed, b.wait(t, id).Status)
+		r := b.do(t, http.MethodGet, "/api/instances/"+id, "")
+		failed := r.json(t)
+		require.Contains(t, failed["error"], "the fragile thing is broken")
+		requireError(t, b.do(t, http.MethodPost, "/api/instances/"+id+"/cancel", ""), http.StatusConflict, "already finished")
+
+		b.fixed.Store(true)
+		r = b.do(t, http.MethodPost, "/api/instances/"+id+"/retry", "")
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+		require.Equal(t, id, r.json(t)["id"])
+		require.NotEqual(t, "failed", r.json(t)["status"])
+		done := b.wait(t, id)
+		require.Equal(t, storage.InstanceCompleted, done.Status)
+		require.Equal(t, 1, done.Steps[0].Attempts, "the completed step did not run again")
+		requireError(t, b.do(t, http.MethodPost, "/api/instances/"+id+"/retry", ""), http.StatusConflict, "nothing to retry")
+
+		requireError(t, b.do(t, http.MethodPost, "/api/instances/nope/cancel", ""), http.StatusNotFound, `no instance with ID "nope"`)
+		requireError(t, b.do(t, http.MethodPost, "/api/instances/nope/retry", ""), http.StatusNotFound, `no instance with ID "nope"`)
+	})
+}
+
+func TestCancelPending(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b := setup(t, open, nil) // no worker: the instance stays pending
+		id := b.start(t, "greet", `{"input": {"name": "x"}, "delay": "1h"}`)
+		r := b.do(t, http.MethodPost, "/api/instances/"+id+"/cancel", "")
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+		inst := r.json(t)
+		require.Equal(t, "cancelled", inst["status"])
+		for _, s := range inst["steps"].([]any) {
+			require.Equal(t, "cancelled", s.(map[string]any)["status"])
+		}
+		requireError(t, b.do(t, http.MethodPost, "/api/instances/"+id+"/cancel", ""), http.StatusConflict, "already finished")
+		require.Equal(t, 1.0, web.InstancesFinished(b.metrics, "greet", "cancelled"))
+	})
+}
+
+func TestTokenAuth(t *testing.T) {
+	t.Parallel()
+	b := setup(t, openSQLite, &setupOpts{token: "s3cret-token"})
+	anon := &testBundle{server: b.server}
+	wrong := &testBundle{server: b.server, token: "s3cret-tokeN"}
+
+	for _, path := range []string{"/api/workflows", "/api/workflows/greet", "/api/instances", "/api/instances/x", "/metrics", "/api/nope"} {
+		requireError(t, anon.do(t, http.MethodGet, path, ""), http.StatusUnauthorized, "missing token")
+		r := wrong.do(t, http.MethodGet, path, "")
+		requireError(t, r, http.StatusUnauthorized, "wrong token")
+		require.Equal(t, `Bearer realm="dagrun"`, r.header.Get("WWW-Authenticate"))
+	}
+	requireError(t, anon.do(t, http.MethodPost, "/api/workflows/greet/instances", `{"input": {"name": "x"}}`), http.StatusUnauthorized, "missing token")
+	requireError(t, anon.do(t, http.MethodPost, "/api/instances/x/cancel", ""), http.StatusUnauthorized, "missing token")
+	requireError(t, anon.do(t, http.MethodGet, "/api/workflows", "", "Authorization", "Basic czNjcmV0LXRva2Vu"), http.StatusUnauthorized, "missing token")
+
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/api/workflows", "").status)
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/metrics", "").status)
+	require.Equal(t, http.StatusOK, anon.do(t, http.MethodGet, "/api/workflows", "", "Authorization", "bearer s3cret-token").status, "the scheme is case-insensitive")
+	// Open without the token: the probe, and the UI shell that asks for it.
+	require.Equal(t, http.StatusOK, anon.do(t, http.MethodGet, "/healthz", "").status)
+	require.Equal(t, http.StatusOK, anon.do(t, http.MethodGet, "/", "").status)
+	require.Equal(t, http.StatusOK, anon.do(t, http.MethodGet, "/ui/app.js", "").status)
+	// With a token, any Host is fine (the token stops rebinding pages).
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/api/workflows", "", "Host", "dagrun.internal:8080").status)
+}
+
+func TestRequestScreening(t *testing.T) {
+	t.Parallel()
+	b := setup(t, openSQLite, nil)
+
+	// Without a token only loopback names are served (DNS rebinding).
+	requireError(t, b.do(t, http.MethodGet, "/api/workflows", "", "Host", "evil.example:8080"), http.StatusForbidden, "loopback")
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/api/workflows", "", "Host", "localhost:8080").status)
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/api/workflows", "", "Host", "[::1]:8080").status)
+
+	// A cross-site page cannot make the browser post to the API.
+	requireError(t, b.do(t, http.MethodPost, "/api/workflows/greet/instances", `{"input": {"name": "x"}}`, "Sec-Fetch-Site", "cross-site"),
+		http.StatusForbidden, "cross-origin request refused")
+	requireError(t, b.do(t, http.MethodPost, "/api/instances/x/cancel", "", "Origin", "https://evil.example"),
+		http.StatusForbidden, "cross-origin request refused")
+	require.Equal(t, http.StatusCreated, b.do(t, http.MethodPost, "/api/workflows/greet/instances", `{"input": {"name": "x"}}`, "Sec-Fetch-Site", "same-origin").status)
+
+	// Unknown routes and methods answer in JSON too.
+	requireError(t, b.do(t, http.MethodGet, "/api/nope", ""), http.StatusNotFound, "no route GET /api/nope")
+	r := b.do(t, http.MethodDelete, "/api/instances/x", "")
+	requireError(t, r, http.StatusMethodNotAllowed, "method DELETE is not allowed")
+	require.Equal(t, "GET, HEAD", r.header.Get("Allow"))
+	requireError(t, b.do(t, http.MethodGet, "/api/instances/x/cancel", ""), http.StatusMethodNotAllowed, "allowed: POST")
+	requireError(t, b.do(t, http.MethodGet, "/ui/", ""), http.StatusNotFound, "no route")
+
+	// Every response carries the security headers.
+	for _, path := range []string{"/", "/ui/app.js", "/api/workflows", "/api/nope", "/healthz", "/metrics"} {
+		r := b.do(t, http.MethodGet, path, "")
+		require.Equal(t, "nosniff", r.header.Get("X-Content-Type-Options"), path)
+		require.Contains(t, r.header.Get("Content-Security-Policy"), "default-src 'self'", path)
+		require.Equal(t, "DENY", r.header.Get("X-Frame-Options"), path)
+	}
+}
+
+func TestHealthz(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b := setup(t, open, nil)
+		r := b.do(t, http.MethodGet, "/healthz", "")
+		require.Equal(t, http.StatusOK, r.status)
+		require.JSONEq(t, `{"status":"ok"}`, string(r.body))
+
+		require.NoError(t, b.store.Close())
+		r = b.do(t, http.MethodGet, "/healthz", "")
+		require.Equal(t, http.StatusServiceUnavailable, r.status, "body: %s", r.body)
+		body := r.json(t)
+		require.Equal(t, "unavailable", body["status"])
+		require.Contains(t, body["error"], "storage does not answer")
+	})
+}
+
+// TestNoMarkupFromData starts an instance whose step output holds a script
+// tag and checks that nothing the server sends would run it: the API
+// answers JSON (with < and > escaped, and nosniff), the HTML shell carries
+// no data at all, and the UI script never parses strings as HTML.
+func TestNoMarkupFromData(t *testing.T) {
+	t.Parallel()
+	const evil = `<script>alert(1)</script><img src=x onerror=alert(2)>`
+	b := setup(t, openSQLite, &setupOpts{worker: true})
+	body, err := json.Marshal(map[string]any{"input": map[string]string{"name": evil}})
+	require.NoError(t, err)
+	id := b.start(t, "greet", string(body))
+	inst := b.wait(t, id)
+	require.Equal(t, storage.InstanceCompleted, inst.Status)
+	require.Contains(t, string(inst.Steps[1].Output), "alert(1)", "the payload reached a step output")
+
+	for _, path := range []string{"/api/instances/" + id, "/api/instances", "/api/instances?workflow=greet"} {
+		r := b.do(t, http.MethodGet, path, "")
+		require.Equal(t, http.StatusOK, r.status)
+		require.Equal(t, "application/json; charset=utf-8", r.header.Get("Content-Type"), path)
+		require.Equal(t, "nosniff", r.header.Get("X-Content-Type-Options"))
+		require.Contains(t, string(r.body), "alert(1)", path)
+		require.NotContains(t, string(r.body), "<script", path)
+		require.NotContains(t, string(r.body), "<img", path)
+		require.Contains(t, string(r.body), `\u003cscript\u003e`, path)
+	}
+
+	shell := b.do(t, http.MethodGet, "/", "")
+	require.Equal(t, http.StatusOK, shell.status)
+	require.Equal(t, "text/html; charset=utf-8", shell.header.Get("Content-Type"))
+	require.NotContains(t, string(shell.body), "alert(")
+	require.NotContains(t, string(shell.body), id)
+	require.NotContains(t, string(shell.body), "<script>", "no inline script: the CSP forbids it anyway")
+
+	// Secondary check on the asset: the script must build the DOM from
+	// text, never from HTML strings.
+	js := b.do(t, http.MethodGet, "/ui/app.js", "")
+	require.Equal(t, http.StatusOK, js.status)
+	require.Contains(t, js.header.Get("Content-Type"), "javascript")
+	code := stripJSComments(string(js.body))
+	for _, sink := range []string{"innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function", "DOMParser", "createContextualFragment", "srcdoc"} {
+		require.NotContains(t, code, sink, "app.js must not use %s", sink)
+	}
+	require.Contains(t, code, "textContent")
+	require.Contains(t, code, "createTextNode")
+}
+
+// stripJSComments drops // line comments (the script's header comment
+// names the sinks it avoids).
+func stripJSComments(src string) string {
+	var out strings.Builder
+	for _, line := range strings.Split(src, "\n") {
+		if t := strings.TrimSpace(line); strings.HasPrefix(t, "//") {
+			continue
+		}
+		out.WriteString(line)
+		out.WriteByte('\n')
+	}
+	return out.String()
+}
+
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b := setup(t, open, &setupOpts{worker: true})
+		b.metrics.InitWorkflows("greet", "flaky")
+		id := b.start(t, "greet", `{"input": {"name": "m"}}`)
+		require.Equal(t, storage.InstanceCompleted, b.wait(t, id).Status)
+		failed := b.start(t, "flaky", "")
+		require.Equal(t, storage.InstanceFailed, b.wait(t, failed).Status)
+		// The counters are fed after the commit that Follow saw; give the
+		// worker a moment to report.
+		require.Eventually(t, func() bool {
+			return web.StepAttempts(b.metrics, "test.flaky", "failed") == 1
+		}, 5*time.Second, 10*time.Millisecond)
+
+		r := b.do(t, http.MethodGet, "/metrics", "")
+		require.Equal(t, http.StatusOK, r.status)
+		text := string(r.body)
+		for _, want := range []string{
+			`dagrun_instances_started_total{workflow="greet"} 1`,
+			`dagrun_instances_started_total{workflow="flaky"} 1`,
+			`dagrun_instances_finished_total{status="completed",workflow="greet"} 1`,
+			`dagrun_instances_finished_total{status="failed",workflow="flaky"} 1`,
+			`dagrun_instances_finished_total{status="cancelled",workflow="greet"} 0`,
+			`dagrun_step_attempts_total{handler="echo",outcome="completed"} 3`,
+			`dagrun_step_attempts_total{handler="test.flaky",outcome="failed"} 1`,
+			`dagrun_step_duration_seconds_bucket{handler="echo",le="+Inf"} 3`,
+			`dagrun_step_queue_wait_seconds_count{queue="default"} 4`,
+			`dagrun_store_up 1`,
+			`dagrun_instances{status="completed",workflow="greet"} 1`,
+			`dagrun_instances{status="failed",workflow="flaky"} 1`,
+			`dagrun_steps_ready{workflow="greet"} 0`,
+			`dagrun_steps_stuck{workflow="greet"} 0`,
+			`dagrun_oldest_ready_step_age_seconds{workflow="greet"} 0`,
+			"go_goroutines ",
+			"process_start_time_seconds ",
+		} {
+			require.Contains(t, text, want)
+		}
+		// Every metric of our own carries the dagrun_ prefix.
+		for _, line := range strings.Split(text, "\n") {
+			if strings.HasPrefix(line, "# HELP ") {
+				name := strings.Fields(line)[2]
+				if !strings.HasPrefix(name, "go_") && !strings.HasPrefix(name, "process_") && !strings.HasPrefix(name, "promhttp_") {
+					require.True(t, strings.HasPrefix(name, "dagrun_"), name)
+				}
+			}
+		}
+
+		// With the store gone the gauges say so instead of failing the scrape.
+		require.NoError(t, b.store.Close())
+		r = b.do(t, http.MethodGet, "/metrics", "")
+		require.Equal(t, http.StatusOK, r.status)
+		require.Contains(t, string(r.body), "dagrun_store_up 0")
+	})
+}
+
+func TestNewServerConfig(t *testing.T) {
+	t.Parallel()
+	_, err := web.NewServer(nil, nil)
+	require.ErrorContains(t, err, "nil engine")
+
+	registry := handlers.NewRegistry()
+	engine, err := dagrun.New(openSQLite(t), registry, nil)
+	require.NoError(t, err)
+	_, err = web.NewServer(engine, &web.Config{MaxBodyBytes: -1})
+	require.ErrorContains(t, err, "MaxBodyBytes")
+
+	// One Metrics reports one store.
+	m := web.NewMetrics()
+	_, err = web.NewServer(engine, &web.Config{Metrics: m})
+	require.NoError(t, err)
+	_, err = web.NewServer(engine, &web.Config{Metrics: m})
+	require.NoError(t, err, "the same store again is fine")
+	other, err := dagrun.New(openSQLite(t), registry, nil)
+	require.NoError(t, err)
+	_, err = web.NewServer(other, &web.Config{Metrics: m})
+	require.ErrorContains(t, err, "another store")
+
+	// Defaults: a nil config serves, without a token.
+	srv, err := web.NewServer(engine, nil)
+	require.NoError(t, err)
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	resp, err := ts.Client().Get(ts.URL + "/api/workflows")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.JSONEq(t, `{"workflows": []}`, string(bytes.TrimSpace(data)))
+}
+
+func TestIsLoopbackHost(t *testing.T) {
+	t.Parallel()
+	for host, want := range map[string]bool{
+		"127.0.0.1": true, "127.1.2.3": true, "::1": true, "[::1]": true, "localhost": true, "LocalHost": true, "app.localhost": true,
+		"": false, "0.0.0.0": false, "::": false, "192.168.1.10": false, "10.0.0.1": false, "example.com": false, "localhost.example.com": false,
+	} {
+		require.Equal(t, want, web.IsLoopbackHost(host), host)
+	}
+}
+
+func mustMarshal(t *testing.T, v any) []byte {
+	t.Helper()
+	data, err := json.Marshal(v)
+	require.NoError(t, err)
+	return data
+}

@@ -1,0 +1,71 @@
+// Package web is what `dagrun serve` serves: the HTTP JSON API, the web UI
+// (embedded in the binary, no CDN, works offline) and Prometheus metrics.
+//
+// It builds on the engine (package dagrun) and the CLI's JSON shapes
+// (cmd/dagrun/app/view), so the API's instance object is exactly the one
+// `dagrun status --json` prints. It imports no storage backend.
+//
+// # Routes
+//
+// All bodies are JSON (Content-Type: application/json). Errors are
+// {"error": "message"} with 400 (bad request or input), 401 (missing or
+// wrong token), 404 (unknown workflow, instance or route), 405, 409 (the
+// instance's state does not allow it, e.g. cancelling a finished one), 413
+// (body over Config.MaxBodyBytes), 415 (a body that is not JSON), 503
+// (storage unavailable) or 500.
+//
+//	GET  /api/workflows
+//	     {"workflows": [{"name", "description", "steps": N, "hash"}]}
+//	GET  /api/workflows/{name}
+//	     {"name", "description", "hash", "inputSchema", "source" (the YAML),
+//	      "steps": [{"name", "handler", "dependsOn", "queue",
+//	                 "retry": {"maxAttempts", "backoff", "maxBackoff"},
+//	                 "timeout", "when", "continueOnError"}],
+//	      "graph": Graph (with "mermaid")}
+//	POST /api/workflows/{name}/instances
+//	     body {"input": any, "key": "k", "priority": 0, "delay": "10s"}
+//	     201 with the instance; 200 with the existing instance when the
+//	     idempotency key matched one; 400 for input the workflow rejects.
+//	GET  /api/instances?workflow=W&status=S&limit=N&before=ID
+//	     {"instances": [instance...], "next": "ID or empty"}: newest first,
+//	     limit 1..500 (default 50); pass next as before for the next page.
+//	     List items carry steps but no events.
+//	GET  /api/instances/{id}
+//	     the instance with "events", plus "graph": its steps laid out.
+//	POST /api/instances/{id}/cancel   200 with the instance; 409 if finished
+//	POST /api/instances/{id}/retry    200 with the instance; 409 unless failed
+//	                                  or cancelled
+//	GET  /healthz   {"status": "ok"}, or 503 with an "error" when the store
+//	                does not answer; never needs the token
+//	GET  /metrics   Prometheus text format
+//	GET  /          the web UI (static files under /ui/)
+//
+// Durations in definitions are Go duration strings ("1m30s"); times are
+// RFC 3339 in UTC. Graph is {"nodes": [{"id", "layer", "order", "x", "y",
+// "width", "height"}], "edges": [{"from", "to", "points": [{"x", "y"}]}],
+// "width", "height"}, a layered (Sugiyama-style) layout computed here so the
+// UI only draws it.
+//
+// # Security
+//
+// With Config.Token set, every /api route and /metrics need
+// "Authorization: Bearer <token>" (compared in constant time). /healthz is
+// open so load balancers can probe it, and so are the UI's static files:
+// they are the same bytes for everyone and carry no data, and a browser
+// cannot attach a header to a page navigation. The UI asks for the token in
+// a login form, keeps it in sessionStorage (gone when the tab closes) and
+// sends it as the Authorization header on every API call.
+//
+// Without a token the server is meant for loopback use only (`dagrun serve`
+// refuses a non-loopback address without one), and it then rejects requests
+// whose Host is not a loopback name, so a web page cannot reach it through
+// DNS rebinding. Cross-origin browser POSTs are refused either way
+// (net/http.CrossOriginProtection), request bodies are capped, and every
+// response carries Content-Security-Policy: default-src 'self' and
+// X-Content-Type-Options: nosniff. The UI builds its DOM with textContent,
+// never innerHTML, so data in inputs, outputs and errors is never markup.
+//
+// Workflow definitions are read once, when the server starts; restart it
+// to serve edited files (running instances always keep the definition
+// snapshot they started with).
+package web

@@ -1,0 +1,439 @@
+package web
+
+import (
+	"slices"
+	"sort"
+)
+
+// Layout sizes, in SVG user units (CSS pixels). Layers are columns, laid out
+// left to right, because step names are wide and screens are wider than
+// tall; a long chain scrolls sideways, a wide fan-out scrolls down.
+const (
+	nodeWidth   = 184
+	nodeHeight  = 60
+	layerGap    = 64 // horizontal space between two columns, where edges bend
+	nodeGap     = 22 // vertical space between two nodes of a column
+	dummyHeight = 10 // vertical room a long edge takes where it passes a column
+	margin      = 24
+
+	// orderSweeps bounds the barycenter iterations; crossing counts settle
+	// within a handful of sweeps on workflows of realistic size.
+	orderSweeps = 24
+	// placeIterations bounds the vertical balancing passes.
+	placeIterations = 8
+)
+
+// Graph is a workflow DAG laid out for drawing: the UI only draws what it
+// gets here, so the layout is tested in Go and identical wherever it is shown.
+type Graph struct {
+	Nodes  []GraphNode `json:"nodes"`
+	Edges  []GraphEdge `json:"edges"`
+	Width  int         `json:"width"`
+	Height int         `json:"height"`
+	// Mermaid is the same graph as Mermaid source (set for workflows).
+	Mermaid string `json:"mermaid,omitempty"`
+}
+
+// GraphNode is one step. X and Y are its top-left corner.
+type GraphNode struct {
+	ID     string `json:"id"`
+	Layer  int    `json:"layer"`
+	Order  int    `json:"order"`
+	X      int    `json:"x"`
+	Y      int    `json:"y"`
+	Width  int    `json:"width"`
+	Height int    `json:"height"`
+}
+
+// GraphEdge is one dependency, From must finish before To. Points is the
+// polyline from the right side of From to the left side of To; an edge that
+// spans several layers passes each column in between through its own lane,
+// so it never runs across a node.
+type GraphEdge struct {
+	From   string  `json:"from"`
+	To     string  `json:"to"`
+	Points []Point `json:"points"`
+}
+
+// Point is a position in the graph's coordinates.
+type Point struct {
+	X int `json:"x"`
+	Y int `json:"y"`
+}
+
+// graphStep is the part of a step the layout needs.
+type graphStep struct {
+	Name      string
+	DependsOn []string
+}
+
+// vertex is a node of the layered graph: a step, or a dummy that carries a
+// long edge through a layer it skips.
+type vertex struct {
+	step  int // index into steps, -1 for a dummy
+	layer int
+	pos   int     // index within its layer
+	y     float64 // top, during placement
+	h     float64
+	preds []int // vertices in layer-1
+	succs []int // vertices in layer+1
+}
+
+// layoutGraph lays steps out Sugiyama-style: each step's layer is the length
+// of the longest dependency path leading to it; edges that skip layers get a
+// dummy vertex per skipped layer; the order within each layer comes from
+// barycenter sweeps (plus adjacent swaps), keeping the ordering with the
+// fewest crossings; then vertical positions are balanced towards neighbours
+// without overlapping. Deterministic: the same steps give the same picture.
+// Dependencies on unknown steps are ignored, and a cycle (which validation
+// rejects) cannot loop: steps left over by the topological pass go last.
+func layoutGraph(steps []graphStep) *Graph {
+	return layout(steps, orderSweeps)
+}
+
+// layout is layoutGraph with the number of ordering sweeps as a parameter
+// (tests compare against no ordering at all).
+func layout(steps []graphStep, sweeps int) *Graph {
+	index := make(map[string]int, len(steps))
+	for i, s := range steps {
+		index[s.Name] = i
+	}
+	// deps[i] are the indexes of step i's dependencies, deduplicated, in
+	// the order written.
+	deps := make([][]int, len(steps))
+	for i, s := range steps {
+		for _, d := range s.DependsOn {
+			if j, ok := index[d]; ok && j != i && !slices.Contains(deps[i], j) {
+				deps[i] = append(deps[i], j)
+			}
+		}
+	}
+	layer := longestPathLayers(deps)
+
+	// Build the layered graph with dummies.
+	var vs []*vertex
+	for i := range steps {
+		vs = append(vs, &vertex{step: i, layer: layer[i], h: nodeHeight})
+	}
+	type longEdge struct {
+		from, to int
+		chain    []int
+	}
+	var edges []longEdge
+	for to := range steps {
+		for _, from := range deps[to] {
+			if layer[from] >= layer[to] {
+				continue // only possible on a cycle
+			}
+			e := longEdge{from: from, to: to}
+			prev := from
+			for l := layer[from] + 1; l < layer[to]; l++ {
+				d := len(vs)
+				vs = append(vs, &vertex{step: -1, layer: l, h: dummyHeight})
+				e.chain = append(e.chain, d)
+				link(vs, prev, d)
+				prev = d
+			}
+			link(vs, prev, to)
+			edges = append(edges, e)
+		}
+	}
+	nLayers := 0
+	for _, v := range vs {
+		nLayers = max(nLayers, v.layer+1)
+	}
+	layers := make([][]int, nLayers)
+	for i, v := range vs {
+		layers[v.layer] = append(layers[v.layer], i)
+	}
+	orderLayers(vs, layers, sweeps)
+	height := placeVertically(vs, layers)
+
+	g := &Graph{Nodes: make([]GraphNode, len(steps)), Edges: []GraphEdge{}}
+	layerX := func(l int) int { return margin + l*(nodeWidth+layerGap) }
+	for i, s := range steps {
+		v := vs[i]
+		g.Nodes[i] = GraphNode{ID: s.Name, Layer: v.layer, Order: v.pos, X: layerX(v.layer), Y: int(v.y + 0.5), Width: nodeWidth, Height: nodeHeight}
+	}
+	center := func(v *vertex) int { return int(v.y + v.h/2 + 0.5) }
+	for _, e := range edges {
+		from, to := vs[e.from], vs[e.to]
+		pts := []Point{{X: layerX(from.layer) + nodeWidth, Y: center(from)}}
+		for _, d := range e.chain {
+			dv := vs[d]
+			// Run straight through the column, so the edge never crosses
+			// the nodes stacked in it.
+			pts = append(pts, Point{X: layerX(dv.layer), Y: center(dv)}, Point{X: layerX(dv.layer) + nodeWidth, Y: center(dv)})
+		}
+		pts = append(pts, Point{X: layerX(to.layer), Y: center(to)})
+		g.Edges = append(g.Edges, GraphEdge{From: steps[e.from].Name, To: steps[e.to].Name, Points: pts})
+	}
+	if nLayers > 0 {
+		g.Width = layerX(nLayers-1) + nodeWidth + margin
+		g.Height = int(height+0.5) + margin
+	}
+	return g
+}
+
+func link(vs []*vertex, from, to int) {
+	vs[from].succs = append(vs[from].succs, to)
+	vs[to].preds = append(vs[to].preds, from)
+}
+
+// longestPathLayers returns each step's layer: 0 for roots, else one more
+// than its deepest dependency. Kahn's algorithm in definition order.
+func longestPathLayers(deps [][]int) []int {
+	n := len(deps)
+	layer := make([]int, n)
+	indegree := make([]int, n)
+	dependents := make([][]int, n)
+	for i, ds := range deps {
+		indegree[i] = len(ds)
+		for _, d := range ds {
+			dependents[d] = append(dependents[d], i)
+		}
+	}
+	done := make([]bool, n)
+	var queue []int
+	for i := range n {
+		if indegree[i] == 0 {
+			queue = append(queue, i)
+		}
+	}
+	seen := 0
+	for len(queue) > 0 {
+		i := queue[0]
+		queue = queue[1:]
+		done[i] = true
+		seen++
+		for _, j := range dependents[i] {
+			layer[j] = max(layer[j], layer[i]+1)
+			if indegree[j]--; indegree[j] == 0 {
+				queue = append(queue, j)
+			}
+		}
+	}
+	if seen < n {
+		// A cycle: put what is left after everything else.
+		last := slices.Max(append(layer, 0))
+		for i := range n {
+			if !done[i] {
+				last++
+				layer[i] = last
+			}
+		}
+	}
+	return layer
+}
+
+// orderLayers orders the vertices within each layer to reduce crossings,
+// starting from definition order (so an already tidy file stays as
+// written) and keeping the best ordering seen.
+func orderLayers(vs []*vertex, layers [][]int, sweeps int) {
+	setPositions(vs, layers)
+	best := cloneLayers(layers)
+	bestCrossings := totalCrossings(vs, layers)
+	for sweep := 0; sweep < sweeps && bestCrossings > 0; sweep++ {
+		if sweep%2 == 0 {
+			for l := 1; l < len(layers); l++ {
+				sortByBarycenter(vs, layers[l], func(v *vertex) []int { return v.preds })
+				setPositions(vs, layers[l:l+1])
+			}
+		} else {
+			for l := len(layers) - 2; l >= 0; l-- {
+				sortByBarycenter(vs, layers[l], func(v *vertex) []int { return v.succs })
+				setPositions(vs, layers[l:l+1])
+			}
+		}
+		transpose(vs, layers)
+		if c := totalCrossings(vs, layers); c < bestCrossings {
+			bestCrossings = c
+			best = cloneLayers(layers)
+		}
+	}
+	copy(layers, best)
+	setPositions(vs, layers)
+}
+
+func setPositions(vs []*vertex, layers [][]int) {
+	for _, layer := range layers {
+		for p, v := range layer {
+			vs[v].pos = p
+		}
+	}
+}
+
+func cloneLayers(layers [][]int) [][]int {
+	out := make([][]int, len(layers))
+	for i, l := range layers {
+		out[i] = slices.Clone(l)
+	}
+	return out
+}
+
+// sortByBarycenter orders a layer by the mean position of each vertex's
+// neighbours in the adjacent layer; a vertex without neighbours there keeps
+// its place.
+func sortByBarycenter(vs []*vertex, layer []int, neighbours func(*vertex) []int) {
+	bary := make(map[int]float64, len(layer))
+	for _, v := range layer {
+		ns := neighbours(vs[v])
+		if len(ns) == 0 {
+			bary[v] = float64(vs[v].pos)
+			continue
+		}
+		sum := 0.0
+		for _, n := range ns {
+			sum += float64(vs[n].pos)
+		}
+		bary[v] = sum / float64(len(ns))
+	}
+	sort.SliceStable(layer, func(i, j int) bool { return bary[layer[i]] < bary[layer[j]] })
+}
+
+// transpose swaps adjacent vertices of a layer while that lowers the
+// crossings with both neighbouring layers.
+func transpose(vs []*vertex, layers [][]int) {
+	for improved, rounds := true, 0; improved && rounds < 4; rounds++ {
+		improved = false
+		for _, layer := range layers {
+			for i := 0; i+1 < len(layer); i++ {
+				u, w := vs[layer[i]], vs[layer[i+1]]
+				if pairCrossings(vs, w, u) < pairCrossings(vs, u, w) {
+					layer[i], layer[i+1] = layer[i+1], layer[i]
+					u.pos, w.pos = i+1, i
+					improved = true
+				}
+			}
+		}
+	}
+}
+
+// pairCrossings counts crossings between the edges of u and w (both in one
+// layer) when u is placed above w.
+func pairCrossings(vs []*vertex, u, w *vertex) int {
+	c := 0
+	for _, side := range [2]func(*vertex) []int{func(v *vertex) []int { return v.preds }, func(v *vertex) []int { return v.succs }} {
+		for _, a := range side(u) {
+			for _, b := range side(w) {
+				if vs[a].pos > vs[b].pos {
+					c++
+				}
+			}
+		}
+	}
+	return c
+}
+
+// totalCrossings counts edge crossings between every pair of adjacent
+// layers: two edges cross when their ends are in opposite orders.
+func totalCrossings(vs []*vertex, layers [][]int) int {
+	c := 0
+	for l := 0; l+1 < len(layers); l++ {
+		type seg struct{ a, b int }
+		var segs []seg
+		for _, v := range layers[l] {
+			for _, s := range vs[v].succs {
+				segs = append(segs, seg{vs[v].pos, vs[s].pos})
+			}
+		}
+		for i := range segs {
+			for j := i + 1; j < len(segs); j++ {
+				if (segs[i].a-segs[j].a)*(segs[i].b-segs[j].b) < 0 {
+					c++
+				}
+			}
+		}
+	}
+	return c
+}
+
+// placeVertically gives every vertex a top coordinate: first stacked in
+// order, then pulled towards the mean centre of its neighbours, alternately
+// from the left and from the right, keeping the order and the gaps. Chains
+// come out straight and a join sits between its inputs. It returns the
+// bottom of the lowest vertex.
+func placeVertically(vs []*vertex, layers [][]int) float64 {
+	for _, layer := range layers {
+		y := float64(margin)
+		for _, v := range layer {
+			vs[v].y = y
+			y += vs[v].h + nodeGap
+		}
+	}
+	centre := func(v *vertex) float64 { return v.y + v.h/2 }
+	for it := 0; it < placeIterations; it++ {
+		order := make([]int, len(layers))
+		for i := range order {
+			order[i] = i
+		}
+		if it%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, l := range order {
+			layer := layers[l]
+			want := make([]float64, len(layer))
+			for i, v := range layer {
+				ns := append(slices.Clone(vs[v].preds), vs[v].succs...)
+				if len(ns) == 0 {
+					want[i] = vs[v].y
+					continue
+				}
+				sum := 0.0
+				for _, n := range ns {
+					sum += centre(vs[n])
+				}
+				want[i] = sum/float64(len(ns)) - vs[v].h/2
+			}
+			packLayer(vs, layer, want)
+		}
+	}
+	// Shift everything so the topmost vertex sits at the margin.
+	top := 0.0
+	first := true
+	for _, v := range vs {
+		if first || v.y < top {
+			top, first = v.y, false
+		}
+	}
+	bottom := 0.0
+	for _, v := range vs {
+		v.y += margin - top
+		bottom = max(bottom, v.y+v.h)
+	}
+	return bottom
+}
+
+// packLayer moves a layer's vertices as close to their wanted tops as the
+// minimum gaps allow, keeping their order. It is the least-squares optimum:
+// subtracting from each vertex the room the ones above it need turns the
+// gap constraints into "non-decreasing", which pool-adjacent-violators
+// solves exactly in linear time.
+func packLayer(vs []*vertex, layer []int, want []float64) {
+	type block struct {
+		sum   float64
+		count int
+	}
+	offsets := make([]float64, len(layer))
+	for i := 1; i < len(layer); i++ {
+		offsets[i] = offsets[i-1] + vs[layer[i-1]].h + nodeGap
+	}
+	var blocks []block
+	mean := func(b block) float64 { return b.sum / float64(b.count) }
+	for i := range layer {
+		blocks = append(blocks, block{sum: want[i] - offsets[i], count: 1})
+		for len(blocks) > 1 && mean(blocks[len(blocks)-2]) > mean(blocks[len(blocks)-1]) {
+			last := blocks[len(blocks)-1]
+			blocks = blocks[:len(blocks)-1]
+			blocks[len(blocks)-1].sum += last.sum
+			blocks[len(blocks)-1].count += last.count
+		}
+	}
+	i := 0
+	for _, b := range blocks {
+		for range b.count {
+			vs[layer[i]].y = mean(b) + offsets[i]
+			i++
+		}
+	}
+}

@@ -1,0 +1,450 @@
+package e2e
+
+// The browser test drives the web UI of `dagrun serve` in headless Chromium
+// over the DevTools protocol (github.com/chromedp/chromedp, the one import
+// here beyond the package's usual standard library and testify). It uses
+// the binary that TestMain builds.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+)
+
+// browserWorkflow fails at its fetch step (an http step against a server
+// that answers 404, a permanent error) until the test flips the server to
+// 200. Its note travels into step outputs, so the page must show markup in
+// it as text.
+const browserWorkflow = `name: fragile
+description: Fetches a resource that is missing until the test fixes it.
+steps:
+  - name: validate
+    handler: echo
+    input:
+      note: ${{ input.note }}
+  - name: fetch
+    handler: http
+    dependsOn: [validate]
+    retry: {maxAttempts: 1}
+    input:
+      url: ${{ input.url }}
+  - name: enrich
+    handler: echo
+    dependsOn: [validate]
+    input: {source: enrich}
+  - name: audit
+    handler: noop
+    dependsOn: [validate]
+  - name: report
+    handler: echo
+    dependsOn: [fetch, enrich]
+    input:
+      status: ${{ steps.fetch.output.status }}
+  - name: notify
+    handler: echo
+    dependsOn: [report, audit]
+    input:
+      note: ${{ steps.validate.output.note }}
+`
+
+// browserPipeline is a 34-step workflow, to check that a big graph stays
+// readable (it is only drawn, never run).
+func browserPipeline() string {
+	var b strings.Builder
+	b.WriteString("name: pipeline\ndescription: A wide ETL graph.\nsteps:\n  - {name: ingest, handler: noop}\n")
+	for i := range 10 {
+		fmt.Fprintf(&b, "  - {name: extract-%02d, handler: noop, dependsOn: [ingest]}\n", i)
+		fmt.Fprintf(&b, "  - {name: transform-%02d, handler: noop, dependsOn: [extract-%02d]}\n", i, i)
+	}
+	for i := range 5 {
+		fmt.Fprintf(&b, "  - {name: merge-%d, handler: noop, dependsOn: [transform-%02d, transform-%02d]}\n", i, 9-i, i)
+		fmt.Fprintf(&b, "  - {name: load-%d, handler: noop, dependsOn: [merge-%d]}\n", i, i)
+	}
+	b.WriteString("  - {name: publish, handler: noop, dependsOn: [load-0, load-1, load-2, load-3, load-4]}\n")
+	b.WriteString("  - {name: cleanup, handler: noop, dependsOn: [ingest, publish]}\n")
+	b.WriteString("  - {name: verify-publication-and-notify-downstream-teams, handler: noop, dependsOn: [publish, extract-03]}\n")
+	return b.String()
+}
+
+const browserXSS = `<script>alert(1)</script><img src=x onerror=alert(2)>`
+
+// TestBrowserRetryFlow drives the web UI in headless Chromium as a user
+// would: sign in with the token, find the failed instance in the list, open
+// it, see the failing step, fix the cause, click Retry and watch it
+// complete. It saves a screenshot of the instance page.
+func TestBrowserRetryFlow(t *testing.T) {
+	chromium := browserChromium(t)
+	dir := t.TempDir()
+	workflows := filepath.Join(dir, "workflows")
+	require.NoError(t, os.MkdirAll(workflows, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(workflows, "fragile.yaml"), []byte(browserWorkflow), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(workflows, "pipeline.yaml"), []byte(browserPipeline()), 0o644))
+
+	var fixed atomic.Bool
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if !fixed.Load() {
+			http.Error(w, "not here yet", http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"ok": true}`)
+	}))
+	t.Cleanup(upstream.Close)
+
+	const token = "browser-test-token"
+	base := browserServe(t, binary, dir, workflows, token)
+	apiClient := &browserAPI{base: base, token: token}
+
+	input, err := json.Marshal(map[string]any{"input": map[string]string{"url": upstream.URL + "/thing", "note": browserXSS}})
+	require.NoError(t, err)
+	var started struct {
+		ID string `json:"id"`
+	}
+	apiClient.call(t, http.MethodPost, "/api/workflows/fragile/instances", string(input), http.StatusCreated, &started)
+	require.Eventually(t, func() bool { return apiClient.status(t, started.ID) == "failed" }, 15*time.Second, 50*time.Millisecond)
+
+	ctx := browserContext(t, chromium)
+	var dialogs atomic.Int32
+	require.NoError(t, chromedp.Listen(ctx, func(ev any) {
+		if _, ok := ev.(*page.EventJavascriptDialogOpening); ok {
+			dialogs.Add(1)
+		}
+	}))
+	console := browserWatchConsole(ctx)
+
+	row := fmt.Sprintf(`a[href="#/instances/%s"]`, started.ID)
+	browserDo(t, ctx, console, "sign in",
+		chromedp.EmulateViewport(1440, 1000),
+		chromedp.Navigate(base),
+		// The server has a token: the UI asks for it.
+		chromedp.WaitVisible(chromedp.CSS("#login #token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), token),
+		chromedp.Click(chromedp.CSS(`#login-form button[type="submit"]`)),
+		chromedp.WaitNotPresent(chromedp.CSS("dialog#login[open]")),
+	)
+	browserDo(t, ctx, console, "open the failed instance from the list",
+		chromedp.WaitVisible(chromedp.CSS(row)),
+		chromedp.Click(chromedp.CSS(row)),
+		chromedp.WaitVisible(chromedp.CSS(`#graph g.node[data-step="fetch"].s-failed`)),
+		chromedp.WaitEnabled(chromedp.CSS("#retry")),
+	)
+	instErr, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS("#instance-error")))
+	require.NoError(t, err)
+	require.Contains(t, instErr, "404")
+
+	// The failing step's details show its error.
+	browserDo(t, ctx, console, "select the failed step",
+		chromedp.Click(chromedp.CSS(`#graph g.node[data-step="fetch"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#step-error")),
+	)
+	stepErr, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS("#step-error")))
+	require.NoError(t, err)
+	require.Contains(t, stepErr, "404")
+	browserScreenshot(t, ctx, "browser-instance-failed.png")
+
+	// Fix the cause, retry from the UI, and watch it complete.
+	fixed.Store(true)
+	browserDo(t, ctx, console, "retry until completed",
+		chromedp.Click(chromedp.CSS("#retry")),
+		chromedp.WaitVisible(chromedp.CSS("h1 .badge.s-completed")),
+		chromedp.WaitVisible(chromedp.CSS(`#graph g.node[data-step="notify"].s-completed`)),
+		chromedp.Click(chromedp.CSS(`#graph g.node[data-step="notify"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#step-output")),
+	)
+	require.Equal(t, "completed", apiClient.status(t, started.ID))
+
+	// Markup in the data is shown as text and never runs.
+	output, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS("#step-output")))
+	require.NoError(t, err)
+	require.Contains(t, output, "<script>alert(1)</script>")
+	injected, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("main script, main img[src=x]").length`))
+	require.NoError(t, err)
+	require.Zero(t, injected)
+	require.Zero(t, dialogs.Load(), "a script from the data ran")
+
+	// The history shows the retry.
+	history, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS("#timeline")))
+	require.NoError(t, err)
+	require.Contains(t, history, "instance.retried")
+
+	browserScreenshot(t, ctx, "browser-instance.png")
+
+	// The other pages, for a look: the list and two workflow definitions,
+	// one of them with 34 steps.
+	browserDo(t, ctx, console, "open the list",
+		chromedp.Navigate(base+"#/"),
+		chromedp.WaitVisible(chromedp.CSS(row+" ~ *, "+row)),
+	)
+	browserScreenshot(t, ctx, "browser-list.png")
+	browserDo(t, ctx, console, "open the big workflow",
+		chromedp.Navigate(base+"#/workflows/pipeline"),
+		chromedp.WaitVisible(chromedp.CSS(`#graph g.node[data-step="cleanup"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#source")),
+	)
+	nodes, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#graph g.node").length`))
+	require.NoError(t, err)
+	require.Equal(t, 34, nodes)
+	browserScreenshot(t, ctx, "browser-workflow-large.png")
+
+	// A 401 before signing in is expected; exceptions and CSP violations
+	// are bugs.
+	var problems []string
+	for _, m := range console.messages() {
+		if m.IsException() || strings.Contains(m.Text, "Content Security Policy") {
+			problems = append(problems, m.String())
+		}
+	}
+	require.Empty(t, problems, "the page logged errors")
+}
+
+// TestServeRefusesPublicBindWithoutToken checks that `dagrun serve` will
+// not expose an unauthenticated API beyond the machine: exit code 2 and one
+// line saying how to fix it.
+func TestServeRefusesPublicBindWithoutToken(t *testing.T) {
+	t.Parallel()
+	env := make([]string, 0, len(os.Environ()))
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DAGRUN_TOKEN=") {
+			env = append(env, kv)
+		}
+	}
+	for _, addr := range []string{"0.0.0.0:0", ":0", "[::]:0", "192.0.2.1:0", "example.com:0"} {
+		cmd := exec.Command(binary, "serve", "--addr", addr, "--db", filepath.Join(t.TempDir(), "dagrun.db"))
+		cmd.Env = env
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		var exit *exec.ExitError
+		require.ErrorAs(t, err, &exit, addr)
+		require.Equal(t, 2, exit.ExitCode(), addr)
+		require.Empty(t, stdout.String())
+		msg := stderr.String()
+		require.Equal(t, 1, strings.Count(msg, "\n"), "one line: %q", msg)
+		require.Contains(t, msg, "refusing to serve on "+addr+" without a token")
+		require.Contains(t, msg, "--token")
+	}
+}
+
+// browserDo runs one user step in the page; on failure it reports what the
+// page showed, to tell a slow page from a broken one.
+func browserDo(t *testing.T, ctx context.Context, console *browserConsole, what string, actions ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	stepCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := chromedp.Do(stepCtx, actions...); err != nil {
+		text, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body ? document.body.innerText : ""`))
+		where, _ := chromedp.Run(ctx, chromedp.Location())
+		var log strings.Builder
+		for _, m := range console.messages() {
+			log.WriteString(m.String() + "\n")
+		}
+		t.Fatalf("%s: %v\nat %s, page text:\n%s\nconsole:\n%s", what, err, where, text, log.String())
+	}
+}
+
+// browserConsole collects what the page writes to its console. The
+// collecting goroutine never touches t, so it may outlive the test.
+type browserConsole struct {
+	mu   sync.Mutex
+	list []chromedp.ConsoleMessage
+}
+
+func browserWatchConsole(ctx context.Context) *browserConsole {
+	c := &browserConsole{}
+	messages := chromedp.Console(ctx)
+	go func() {
+		for m, err := range messages {
+			if err != nil {
+				return
+			}
+			c.mu.Lock()
+			c.list = append(c.list, m)
+			c.mu.Unlock()
+		}
+	}()
+	return c
+}
+
+func (c *browserConsole) messages() []chromedp.ConsoleMessage {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]chromedp.ConsoleMessage(nil), c.list...)
+}
+
+// browserScreenshot saves the page to $DAGRUN_ARTIFACTS (or the test's
+// temporary folder) and logs where.
+func browserScreenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	dir := os.Getenv("DAGRUN_ARTIFACTS")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	path := filepath.Join(dir, name)
+	require.NoError(t, os.WriteFile(path, shot, 0o644))
+	t.Logf("screenshot: %s", path)
+}
+
+// browserChromium finds Debian's Chromium; without it the test skips,
+// except under CI=true, where a missing browser must not pass unnoticed.
+func browserChromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"/usr/bin/chromium", "chromium", "chromium-browser"} {
+		if path, err := exec.LookPath(name); err == nil {
+			return path
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("Chromium is not installed (apt-get install -y chromium); the browser test is required under CI=true")
+	}
+	t.Skip("Chromium is not installed (apt-get install -y chromium); skipping the browser test")
+	return ""
+}
+
+var browserListening = regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+/)`)
+
+// browserServe runs `dagrun serve --worker` on a free loopback port and
+// returns its base URL. At cleanup it sends SIGINT and requires a clean
+// exit (graceful shutdown).
+func browserServe(t *testing.T, bin, dir, workflows, token string) string {
+	t.Helper()
+	cmd := exec.Command(bin, "serve", "--worker", "--addr", "127.0.0.1:0",
+		"--db", "sqlite:"+filepath.Join(dir, "dagrun.db"), "--workflows", workflows)
+	cmd.Env = append(os.Environ(), "DAGRUN_TOKEN="+token, "GORACE=atexit_sleep_ms=0 "+os.Getenv("GORACE"))
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	var logs bytes.Buffer
+	var logsMu sync.Mutex
+	require.NoError(t, cmd.Start())
+	found := make(chan string, 1)
+	scanDone := make(chan struct{})
+	go func() {
+		defer close(scanDone)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			logsMu.Lock()
+			logs.WriteString(line + "\n")
+			logsMu.Unlock()
+			if m := browserListening.FindStringSubmatch(line); m != nil {
+				select {
+				case found <- m[1]:
+				default:
+				}
+			}
+		}
+	}()
+	exited := make(chan error, 1)
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case err := <-exited:
+			<-scanDone
+			logsMu.Lock()
+			defer logsMu.Unlock()
+			require.NoError(t, err, "dagrun serve did not exit cleanly:\n%s", logs.String())
+			require.Contains(t, logs.String(), "dagrun serve stopped")
+			require.NotContains(t, logs.String(), "WARNING: DATA RACE")
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Error("dagrun serve did not stop within 15s of SIGINT")
+		}
+	})
+	go func() {
+		<-scanDone
+		exited <- cmd.Wait()
+	}()
+	select {
+	case url := <-found:
+		return url
+	case <-time.After(15 * time.Second):
+		logsMu.Lock()
+		defer logsMu.Unlock()
+		t.Fatalf("dagrun serve did not report its address within 15s:\n%s", logs.String())
+	}
+	return ""
+}
+
+// browserContext starts headless Chromium with a throwaway profile.
+func browserContext(t *testing.T, chromium string) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx,
+		chromedp.ExecPath(chromium),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1440, 1000),
+	)
+	t.Cleanup(cancelAlloc)
+	browserCtx, cancelBrowser := chromedp.NewContext(allocCtx)
+	t.Cleanup(cancelBrowser)
+	return browserCtx
+}
+
+// browserAPI calls the server's JSON API directly, for setup and checks.
+type browserAPI struct {
+	base  string
+	token string
+}
+
+func (a *browserAPI) call(t *testing.T, method, path, body string, wantStatus int, out any) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, strings.TrimSuffix(a.base, "/")+path, rd)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+a.token)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, wantStatus, resp.StatusCode, "%s %s: %s", method, path, data)
+	if out != nil {
+		require.NoError(t, json.Unmarshal(data, out))
+	}
+}
+
+func (a *browserAPI) status(t *testing.T, id string) string {
+	t.Helper()
+	var inst struct {
+		Status string `json:"status"`
+	}
+	a.call(t, http.MethodGet, "/api/instances/"+id, "", http.StatusOK, &inst)
+	return inst.Status
+}
