@@ -17,7 +17,10 @@ import (
 
 // Defaults for WorkerConfig fields left zero.
 const (
-	DefaultConcurrency   = 10
+	// DefaultConcurrency matches River's default MaxWorkers: handlers are
+	// mostly I/O-bound, goroutines are cheap, and a larger batch per claim
+	// and per group commit is what makes a busy worker fast.
+	DefaultConcurrency   = 100
 	DefaultLease         = 30 * time.Second
 	DefaultPoll          = time.Second
 	DefaultShutdownGrace = 10 * time.Second
@@ -30,7 +33,7 @@ const maxFinishBatch = 256
 type WorkerConfig struct {
 	// ID names the worker in the event history. Default: host-pid-random.
 	ID string
-	// Concurrency is how many steps run at once. Default: DefaultConcurrency (10).
+	// Concurrency is how many steps run at once. Default: DefaultConcurrency (100).
 	Concurrency int
 	// Queues restricts the worker to these queues. Default: all queues.
 	Queues []string

@@ -23,15 +23,9 @@ func (s *Store) CreateInstances(ctx context.Context, tx any, params []storage.Cr
 	}
 	var results []storage.CreateResult
 	run := func(t *txn) error {
-		results = make([]storage.CreateResult, len(params))
-		for i := range params {
-			r, err := t.create(&params[i], plan)
-			if err != nil {
-				return err
-			}
-			results[i] = r
-		}
-		return nil
+		var err error
+		results, err = t.createMany(params, plan)
+		return err
 	}
 	if tx == nil {
 		if err := s.write(ctx, "create instances", run); err != nil {
@@ -75,38 +69,94 @@ func validateCreate(p *storage.CreateParams) error {
 	return nil
 }
 
-func (t *txn) create(p *storage.CreateParams, plan storage.PlanFunc) (storage.CreateResult, error) {
-	if p.Key != "" {
-		var id string
-		err := t.queryRow(`SELECT id FROM instances WHERE workflow = ? AND idem_key = ?`, p.Workflow, p.Key).Scan(&id)
-		if err == nil {
-			return storage.CreateResult{ID: id, Existed: true}, nil
-		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			return storage.CreateResult{}, err
-		}
-	}
-	// The first snapshot of a hash wins: the same hash is the same source.
-	if _, err := t.exec(`INSERT INTO definitions (hash, workflow, source) VALUES (?, ?, ?) ON CONFLICT (hash) DO NOTHING`,
-		p.DefinitionHash, p.Workflow, p.Definition); err != nil {
-		return storage.CreateResult{}, err
-	}
-	now := us(t.now)
-	runAfter := max(now, us(p.RunAfter))
-	var key any
-	if p.Key != "" {
-		key = p.Key
-	}
-	if _, err := t.exec(`INSERT INTO instances (id, workflow, definition_hash, status, input, idem_key, priority, run_after, created_at)
-		VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?)`,
-		p.ID, p.Workflow, p.DefinitionHash, jsonArg(p.Input), key, p.Priority, runAfter, now); err != nil {
-		return storage.CreateResult{}, fmt.Errorf("instance %s: %w", p.ID, err)
-	}
-	t.event(p.ID, "", storage.EventInstanceCreated, 0, "")
+// newStep is one step row to insert, in its initial state.
+type newStep struct {
+	instanceID string
+	position   int
+	spec       *storage.StepSpec
+	dependsOn  string
+	status     storage.StepStatus
+	input      json.RawMessage
+	errText    string
+	runAfter   int64
+	readyAt    any
+	finishedAt any
+}
 
-	// The state the plan sees is built here rather than read back.
-	l := &loaded{runAfter: runAfter, ids: make([]int64, len(p.Steps))}
-	l.state = storage.InstanceState{
+// newInstance is one instance row to insert.
+type newInstance struct {
+	p          *storage.CreateParams
+	status     storage.InstanceStatus
+	output     json.RawMessage
+	errText    string
+	runAfter   int64
+	finishedAt any
+}
+
+// createMany creates the instances of one call with a handful of
+// set-based statements whatever their number: the plan runs on the state
+// built in memory (every step blocked), so each step row is inserted
+// directly in its initial state instead of being inserted and updated.
+func (t *txn) createMany(params []storage.CreateParams, plan storage.PlanFunc) ([]storage.CreateResult, error) {
+	results := make([]storage.CreateResult, len(params))
+	now := us(t.now)
+	keys := map[[2]string]string{} // (workflow, key) -> ID created in this call
+	definitions := map[string]*storage.CreateParams{}
+	var (
+		instances []newInstance
+		steps     []newStep
+	)
+	for i := range params {
+		p := &params[i]
+		if p.Key != "" {
+			if id, ok := keys[[2]string{p.Workflow, p.Key}]; ok {
+				results[i] = storage.CreateResult{ID: id, Existed: true}
+				continue
+			}
+			var id string
+			err := t.queryRow(`SELECT id FROM instances WHERE workflow = ? AND idem_key = ?`, p.Workflow, p.Key).Scan(&id)
+			if err == nil {
+				results[i] = storage.CreateResult{ID: id, Existed: true}
+				continue
+			}
+			if !errors.Is(err, sql.ErrNoRows) {
+				return nil, err
+			}
+			keys[[2]string{p.Workflow, p.Key}] = p.ID
+		}
+		if definitions[p.DefinitionHash] == nil {
+			definitions[p.DefinitionHash] = p
+		}
+		inst, rows, err := t.initialState(p, plan, now)
+		if err != nil {
+			return nil, err
+		}
+		instances = append(instances, inst)
+		steps = append(steps, rows...)
+		results[i] = storage.CreateResult{ID: p.ID}
+	}
+	for hash, p := range definitions {
+		// The first snapshot of a hash wins: the same hash is the same source.
+		if _, err := t.exec(`INSERT INTO definitions (hash, workflow, source) VALUES (?, ?, ?) ON CONFLICT (hash) DO NOTHING`,
+			hash, p.Workflow, p.Definition); err != nil {
+			return nil, err
+		}
+	}
+	if err := t.insertInstances(instances, now); err != nil {
+		return nil, err
+	}
+	if err := t.insertSteps(steps); err != nil {
+		return nil, err
+	}
+	return results, nil
+}
+
+// initialState plans a new instance in memory and returns its rows.
+func (t *txn) initialState(p *storage.CreateParams, plan storage.PlanFunc, now int64) (newInstance, []newStep, error) {
+	runAfter := max(now, us(p.RunAfter))
+	inst := newInstance{p: p, status: storage.InstancePending, runAfter: runAfter}
+	rows := make([]newStep, len(p.Steps))
+	state := storage.InstanceState{
 		ID:             p.ID,
 		Workflow:       p.Workflow,
 		DefinitionHash: p.DefinitionHash,
@@ -114,37 +164,132 @@ func (t *txn) create(p *storage.CreateParams, plan storage.PlanFunc) (storage.Cr
 		Input:          p.Input,
 		Steps:          make([]storage.StepState, len(p.Steps)),
 	}
-	l.state.LoadDefinition = t.definition(p.DefinitionHash)
-	for i, st := range p.Steps {
-		deps := st.DependsOn
-		if deps == nil {
-			deps = []string{}
+	// A definition stored by this very call is not in the table yet.
+	state.LoadDefinition = func() ([]byte, error) {
+		if len(p.Definition) > 0 {
+			return p.Definition, nil
 		}
-		dj, err := json.Marshal(deps)
-		if err != nil {
-			return storage.CreateResult{}, err
+		return t.definition(p.DefinitionHash)()
+	}
+	index := make(map[string]int, len(p.Steps))
+	for i := range p.Steps {
+		st := &p.Steps[i]
+		deps := "[]"
+		if len(st.DependsOn) > 0 {
+			b, err := json.Marshal(st.DependsOn)
+			if err != nil {
+				return inst, nil, err
+			}
+			deps = string(b)
 		}
-		queue := st.Queue
+		rows[i] = newStep{instanceID: p.ID, position: i, spec: st, dependsOn: deps, status: storage.StepBlocked}
+		state.Steps[i] = storage.StepState{Name: st.Name, DependsOn: st.DependsOn, Status: storage.StepBlocked}
+		index[st.Name] = i
+	}
+	t.event(p.ID, "", storage.EventInstanceCreated, 0, "")
+	pl, err := plan(&state)
+	if err != nil {
+		return inst, nil, fmt.Errorf("plan instance %s: %w", p.ID, err)
+	}
+	if pl == nil {
+		return inst, rows, nil
+	}
+	for _, c := range pl.Steps {
+		i, ok := index[c.Name]
+		if !ok {
+			return inst, nil, fmt.Errorf("plan for instance %s names unknown step %q", p.ID, c.Name)
+		}
+		r := &rows[i]
+		if r.status != storage.StepBlocked {
+			return inst, nil, fmt.Errorf("plan for instance %s moves step %q to %s, but it is %s, not blocked", p.ID, c.Name, c.Status, r.status)
+		}
+		switch c.Status {
+		case storage.StepPending:
+			r.input, r.runAfter, r.readyAt = c.Input, runAfter, now
+			t.event(p.ID, c.Name, storage.EventStepReady, 0, "")
+		case storage.StepSkipped:
+			r.input, r.finishedAt = c.Input, now
+			t.event(p.ID, c.Name, storage.EventStepSkipped, 0, "")
+		case storage.StepFailed:
+			r.errText, r.finishedAt = c.Error, now
+			t.event(p.ID, c.Name, storage.EventStepFailed, 0, c.Error)
+		default:
+			return inst, nil, fmt.Errorf("plan for instance %s moves step %q to %q: only pending, skipped or failed are allowed", p.ID, c.Name, c.Status)
+		}
+		r.status = c.Status
+	}
+	if ic := pl.Instance; ic != nil {
+		if !ic.Status.Finished() {
+			return inst, nil, fmt.Errorf("plan for instance %s sets status %q: only completed, failed or cancelled are allowed", p.ID, ic.Status)
+		}
+		inst.status, inst.output, inst.errText, inst.finishedAt = ic.Status, ic.Output, ic.Error, now
+		for i := range rows {
+			if r := &rows[i]; r.status == storage.StepBlocked || r.status == storage.StepPending {
+				r.status, r.finishedAt = storage.StepCancelled, now
+				t.event(p.ID, r.spec.Name, storage.EventStepCancelled, 0, ic.Error)
+			}
+		}
+		t.event(p.ID, "", instanceEvent[ic.Status], 0, ic.Error)
+	}
+	return inst, rows, nil
+}
+
+// insertInstances inserts instance rows with one statement; the rows travel
+// as one JSON array so the statement text stays constant and prepared.
+func (t *txn) insertInstances(instances []newInstance, now int64) error {
+	if len(instances) == 0 {
+		return nil
+	}
+	rows := make([][]any, len(instances))
+	for i, in := range instances {
+		var key any
+		if in.p.Key != "" {
+			key = in.p.Key
+		}
+		rows[i] = []any{in.p.ID, in.p.Workflow, in.p.DefinitionHash, string(in.status), jsonArg(in.p.Input), key,
+			in.p.Priority, in.runAfter, jsonArg(in.output), in.errText, in.finishedAt}
+	}
+	b, err := json.Marshal(rows)
+	if err != nil {
+		return err
+	}
+	_, err = t.exec(`INSERT INTO instances (id, workflow, definition_hash, status, input, idem_key, priority, run_after,
+			created_at, output, error, finished_at)
+		SELECT r.value->>0, r.value->>1, r.value->>2, r.value->>3, r.value->>4, r.value->>5, r.value->>6, r.value->>7,
+			?1, r.value->>8, r.value->>9, r.value->>10
+		FROM json_each(?2) AS r`, now, string(b))
+	if err != nil {
+		return fmt.Errorf("insert instances: %w", err)
+	}
+	return nil
+}
+
+// insertSteps inserts step rows with one statement.
+func (t *txn) insertSteps(steps []newStep) error {
+	if len(steps) == 0 {
+		return nil
+	}
+	rows := make([][]any, len(steps))
+	for i, s := range steps {
+		queue := s.spec.Queue
 		if queue == "" {
 			queue = "default"
 		}
-		err = t.queryRow(`INSERT INTO steps (instance_id, position, name, handler, queue, workflow, priority, depends_on, status,
-				max_attempts, backoff_us, max_backoff_us, timeout_us)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'blocked', ?, ?, ?, ?) RETURNING id`,
-			p.ID, i, st.Name, st.Handler, queue, p.Workflow, p.Priority, string(dj),
-			max(st.Retry.MaxAttempts, 1), st.Retry.Backoff.Microseconds(), st.Retry.MaxBackoff.Microseconds(), st.Timeout.Microseconds(),
-		).Scan(&l.ids[i])
-		if err != nil {
-			return storage.CreateResult{}, err
-		}
-		l.state.Steps[i] = storage.StepState{Name: st.Name, DependsOn: st.DependsOn, Status: storage.StepBlocked}
+		rows[i] = []any{s.instanceID, s.position, s.spec.Name, s.spec.Handler, queue, s.dependsOn, string(s.status),
+			max(s.spec.Retry.MaxAttempts, 1), s.spec.Retry.Backoff.Microseconds(), s.spec.Retry.MaxBackoff.Microseconds(),
+			s.spec.Timeout.Microseconds(), jsonArg(s.input), s.errText, s.runAfter, s.readyAt, s.finishedAt}
 	}
-	pl, err := plan(&l.state)
+	b, err := json.Marshal(rows)
 	if err != nil {
-		return storage.CreateResult{}, fmt.Errorf("plan instance %s: %w", p.ID, err)
+		return err
 	}
-	if err := t.apply(l, pl); err != nil {
-		return storage.CreateResult{}, err
+	_, err = t.exec(`INSERT INTO steps (instance_id, position, name, handler, queue, workflow, priority, depends_on, status,
+			max_attempts, backoff_us, max_backoff_us, timeout_us, input, error, run_after, ready_at, finished_at)
+		SELECT r.value->>0, r.value->>1, r.value->>2, r.value->>3, r.value->>4, i.workflow, i.priority, r.value->>5, r.value->>6,
+			r.value->>7, r.value->>8, r.value->>9, r.value->>10, r.value->>11, r.value->>12, r.value->>13, r.value->>14, r.value->>15
+		FROM json_each(?1) AS r JOIN instances i ON i.id = r.value->>0`, string(b))
+	if err != nil {
+		return fmt.Errorf("insert steps: %w", err)
 	}
-	return storage.CreateResult{ID: p.ID}, nil
+	return nil
 }

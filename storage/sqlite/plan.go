@@ -91,6 +91,7 @@ func (t *txn) plan(ids []string, plan storage.PlanFunc) error {
 	if err != nil {
 		return err
 	}
+	var b planBatch
 	for _, id := range ids {
 		l := ls[id]
 		if l.state.Status.Finished() {
@@ -100,15 +101,34 @@ func (t *txn) plan(ids []string, plan storage.PlanFunc) error {
 		if err != nil {
 			return fmt.Errorf("plan instance %s: %w", id, err)
 		}
-		if err := t.apply(l, p); err != nil {
+		if err := t.collect(&b, l, p); err != nil {
 			return err
 		}
 	}
-	return nil
+	return t.flushPlans(&b)
 }
 
-// apply writes a Plan's transitions.
+// apply writes one Plan's transitions.
 func (t *txn) apply(l *loaded, p *storage.Plan) error {
+	var b planBatch
+	if err := t.collect(&b, l, p); err != nil {
+		return err
+	}
+	return t.flushPlans(&b)
+}
+
+// planBatch gathers the two transitions that dominate every group commit,
+// steps made ready and instances completed with nothing left to cancel, so
+// each is written with one statement however many instances the batch
+// touched. The rest are rare and written at once.
+type planBatch struct {
+	ready     [][3]any // step ID, input, run_after
+	completed [][3]any // instance ID, status, output
+}
+
+// collect checks a Plan against the loaded state and writes or batches its
+// transitions.
+func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 	if p == nil {
 		return nil
 	}
@@ -125,8 +145,7 @@ func (t *txn) apply(l *loaded, p *storage.Plan) error {
 		var err error
 		switch c.Status {
 		case storage.StepPending:
-			_, err = t.exec(`UPDATE steps SET status = 'pending', input = ?, run_after = ?, ready_at = ? WHERE id = ?`,
-				jsonArg(c.Input), max(now, l.runAfter), now, l.ids[i])
+			b.ready = append(b.ready, [3]any{l.ids[i], jsonArg(c.Input), max(now, l.runAfter)})
 			t.event(id, c.Name, storage.EventStepReady, 0, "")
 		case storage.StepSkipped:
 			_, err = t.exec(`UPDATE steps SET status = 'skipped', input = ?, finished_at = ? WHERE id = ?`,
@@ -152,10 +171,41 @@ func (t *txn) apply(l *loaded, p *storage.Plan) error {
 		for _, st := range l.state.Steps {
 			unstarted = unstarted || st.Status == storage.StepBlocked || st.Status == storage.StepPending
 		}
-		if err := t.finishInstance(id, ic.Status, ic.Output, ic.Error, unstarted, false); err != nil {
-			return err
+		if unstarted || ic.Error != "" {
+			if err := t.finishInstance(id, ic.Status, ic.Output, ic.Error, unstarted, false); err != nil {
+				return err
+			}
+		} else {
+			b.completed = append(b.completed, [3]any{id, string(ic.Status), jsonArg(ic.Output)})
+			t.event(id, "", instanceEvent[ic.Status], 0, "")
 		}
 		l.state.Status = ic.Status
+	}
+	return nil
+}
+
+// flushPlans writes the batched transitions.
+func (t *txn) flushPlans(b *planBatch) error {
+	now := us(t.now)
+	if len(b.ready) > 0 {
+		rows, err := json.Marshal(b.ready)
+		if err != nil {
+			return err
+		}
+		if _, err := t.exec(`UPDATE steps SET status = 'pending', input = r.value->>1, run_after = r.value->>2, ready_at = ?1
+			FROM json_each(?2) AS r WHERE steps.id = r.value->>0`, now, string(rows)); err != nil {
+			return err
+		}
+	}
+	if len(b.completed) > 0 {
+		rows, err := json.Marshal(b.completed)
+		if err != nil {
+			return err
+		}
+		if _, err := t.exec(`UPDATE instances SET status = r.value->>1, output = r.value->>2, error = '', finished_at = ?1
+			FROM json_each(?2) AS r WHERE instances.id = r.value->>0`, now, string(rows)); err != nil {
+			return err
+		}
 	}
 	return nil
 }
