@@ -444,6 +444,16 @@ type Store interface {
 	Close() error
 }
 
+// FinishClaimer is implemented by stores that can claim in the same
+// transaction that finishes: a worker hands back its finished attempts and
+// takes new steps for the slots they free with one commit instead of two.
+// This is what Temporal calls eager dispatch; on a chain it also saves the
+// wake-up between a step and the one it made ready.
+type FinishClaimer interface {
+	// FinishAndClaim is FinishSteps followed by ClaimSteps(p), atomically.
+	FinishAndClaim(ctx context.Context, results []StepResult, plan PlanFunc, p ClaimParams) ([]FinishResult, []ClaimedStep, error)
+}
+
 // Delay returns the backoff before attempt+1 after attempt failed:
 // min(MaxBackoff, Backoff·2^(attempt-1)), with up to 20% jitter subtracted
 // so that many failing steps do not retry in lockstep. jitter is a value in

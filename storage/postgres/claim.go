@@ -98,21 +98,7 @@ func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storag
 	if p.Lease <= 0 {
 		return nil, errors.New("postgres: claim steps: lease must be positive")
 	}
-	shape := [2]int{min(len(p.Queues), 2), 0}
-	now := s.now()
-	args := []any{now, now.Add(p.Lease), p.WorkerID, max(p.Limit, 1)}
-	switch len(p.Queues) {
-	case 0:
-	case 1:
-		args = append(args, p.Queues[0])
-	default:
-		args = append(args, p.Queues)
-	}
-	if p.InstanceID != "" {
-		shape[1] = 1
-		args = append(args, p.InstanceID)
-	}
-	sql := s.q(claimQueries[shape])
+	sql, args := s.claimStatement(p, s.now())
 	var out []storage.ClaimedStep
 	// One statement is its own transaction: one round trip.
 	err := s.retry(ctx, func() error {
@@ -127,6 +113,25 @@ func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storag
 		return nil, s.fail("claim steps", err)
 	}
 	return out, nil
+}
+
+// claimStatement returns the claim statement for p's filter shape and its
+// arguments.
+func (s *Store) claimStatement(p storage.ClaimParams, now time.Time) (string, []any) {
+	shape := [2]int{min(len(p.Queues), 2), 0}
+	args := []any{now, now.Add(p.Lease), p.WorkerID, max(p.Limit, 1)}
+	switch len(p.Queues) {
+	case 0:
+	case 1:
+		args = append(args, p.Queues[0])
+	default:
+		args = append(args, p.Queues)
+	}
+	if p.InstanceID != "" {
+		shape[1] = 1
+		args = append(args, p.InstanceID)
+	}
+	return s.q(claimQueries[shape]), args
 }
 
 func scanClaimed(row pgx.CollectableRow) (storage.ClaimedStep, error) {

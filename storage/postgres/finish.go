@@ -62,12 +62,31 @@ SELECT ord, instance_id, status, queue FROM u`
 // round trips however many results: lock the instances, apply the results,
 // load the touched instances' steps, apply the plans.
 func (s *Store) FinishSteps(ctx context.Context, results []storage.StepResult, plan storage.PlanFunc) ([]storage.FinishResult, error) {
+	out, _, err := s.finishSteps(ctx, results, plan, nil)
+	return out, err
+}
+
+// FinishAndClaim implements storage.FinishClaimer: FinishSteps, then a claim
+// with p, in the same transaction.
+func (s *Store) FinishAndClaim(ctx context.Context, results []storage.StepResult, plan storage.PlanFunc, p storage.ClaimParams) ([]storage.FinishResult, []storage.ClaimedStep, error) {
+	if p.Lease <= 0 {
+		return nil, nil, errors.New("postgres: finish and claim: lease must be positive")
+	}
+	return s.finishSteps(ctx, results, plan, &p)
+}
+
+func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, plan storage.PlanFunc, claim *storage.ClaimParams) ([]storage.FinishResult, []storage.ClaimedStep, error) {
 	if plan == nil {
-		return nil, errors.New("postgres: finish steps: nil PlanFunc")
+		return nil, nil, errors.New("postgres: finish steps: nil PlanFunc")
 	}
 	if len(results) == 0 {
-		return nil, nil
+		if claim == nil {
+			return nil, nil, nil
+		}
+		claimed, err := s.ClaimSteps(ctx, *claim)
+		return nil, claimed, err
 	}
+	var claimed []storage.ClaimedStep
 	n := len(results)
 	var (
 		stepIDs, fences = make([]int64, n), make([]int64, n)
@@ -82,7 +101,7 @@ func (s *Store) FinishSteps(ctx context.Context, results []storage.StepResult, p
 		switch r.Outcome {
 		case storage.OutcomeCompleted, storage.OutcomeRetry, storage.OutcomeFailed, storage.OutcomeSnooze:
 		default:
-			return nil, fmt.Errorf("postgres: finish steps: step %d: unknown outcome %d", r.Claim.StepID, r.Outcome)
+			return nil, nil, fmt.Errorf("postgres: finish steps: step %d: unknown outcome %d", r.Claim.StepID, r.Outcome)
 		}
 		stepIDs[i], fences[i], instanceIDs[i] = r.Claim.StepID, r.Claim.Fence, r.Claim.InstanceID
 		outcomes[i] = int32(r.Outcome)
@@ -94,6 +113,7 @@ func (s *Store) FinishSteps(ctx context.Context, results []storage.StepResult, p
 	}
 	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
 		clear(out)
+		claimed = nil
 		now := s.now()
 		for i, r := range results {
 			switch r.Outcome {
@@ -136,12 +156,25 @@ func (s *Store) FinishSteps(ctx context.Context, results []storage.StepResult, p
 		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
 			return err
 		}
-		return s.planAndApply(st, now, touched, plan)
+		if err := s.planAndApply(st, now, touched, plan); err != nil {
+			return err
+		}
+		if claim == nil {
+			return nil
+		}
+		// The claim goes last on the tail, after the plans it may claim from.
+		sql, args := s.claimStatement(*claim, now)
+		st.tail.Queue(sql, args...).Query(func(rows pgx.Rows) error {
+			var err error
+			claimed, err = pgx.CollectRows(rows, scanClaimed)
+			return err
+		})
+		return nil
 	})
 	if err != nil {
-		return nil, s.fail("finish steps", err)
+		return nil, nil, s.fail("finish steps", err)
 	}
-	return out, nil
+	return out, claimed, nil
 }
 
 // expiredSQL finds running steps whose lease ended, oldest first. It locks

@@ -39,7 +39,10 @@ import (
 	"github.com/dagrun/dagrun/storage"
 )
 
-var _ storage.Store = (*Store)(nil)
+var (
+	_ storage.Store         = (*Store)(nil)
+	_ storage.FinishClaimer = (*Store)(nil)
+)
 
 // Defaults of Config fields left zero.
 const (

@@ -65,72 +65,80 @@ func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storag
 	if p.Lease <= 0 {
 		return nil, errors.New("sqlite: claim steps: lease must be positive")
 	}
-	limit := max(p.Limit, 1)
 	var out []storage.ClaimedStep
 	err := s.write(ctx, "claim steps", func(t *txn) error {
-		now := us(t.now)
-		shape := [2]int{min(len(p.Queues), 2), 0}
-		var queueArg any
-		switch len(p.Queues) {
-		case 0:
-		case 1:
-			queueArg = p.Queues[0]
-		default:
-			b, err := json.Marshal(p.Queues)
-			if err != nil {
-				return err
-			}
-			queueArg = string(b)
-		}
-		if p.InstanceID != "" {
-			shape[1] = 1
-		}
-		args := []any{now, us(t.now.Add(p.Lease)), p.WorkerID, limit}
-		if queueArg != nil || p.InstanceID != "" {
-			args = append(args, queueArg)
-		}
-		if p.InstanceID != "" {
-			args = append(args, p.InstanceID)
-		}
-		rows, err := t.query(claimQueries[shape], args...)
-		if err != nil {
-			return err
-		}
-		claimed, err := scanClaimed(rows)
-		if err != nil {
-			return err
-		}
-		if len(claimed) == 0 {
-			return nil
-		}
-		// RETURNING order is unspecified: restore the claim order.
-		slices.SortFunc(claimed, func(a, b claimedRow) int {
-			if a.priority != b.priority {
-				return b.priority - a.priority
-			}
-			if a.runAfter != b.runAfter {
-				if a.runAfter < b.runAfter {
-					return -1
-				}
-				return 1
-			}
-			return int(a.StepID - b.StepID)
-		})
-		ids := make([]string, 0, len(claimed))
-		out = make([]storage.ClaimedStep, len(claimed))
-		for i, c := range claimed {
-			out[i] = c.ClaimedStep
-			t.event(c.InstanceID, c.Step, storage.EventStepStarted, c.Attempt, p.WorkerID)
-			if !slices.Contains(ids, c.InstanceID) {
-				ids = append(ids, c.InstanceID)
-			}
-		}
-		return t.startInstances(ids)
+		var err error
+		out, err = t.claim(p)
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// claim claims inside the transaction: one UPDATE ... RETURNING picks and
+// takes the steps, then the instances they start move to running.
+func (t *txn) claim(p storage.ClaimParams) ([]storage.ClaimedStep, error) {
+	limit := max(p.Limit, 1)
+	now := us(t.now)
+	shape := [2]int{min(len(p.Queues), 2), 0}
+	var queueArg any
+	switch len(p.Queues) {
+	case 0:
+	case 1:
+		queueArg = p.Queues[0]
+	default:
+		b, err := json.Marshal(p.Queues)
+		if err != nil {
+			return nil, err
+		}
+		queueArg = string(b)
+	}
+	if p.InstanceID != "" {
+		shape[1] = 1
+	}
+	args := []any{now, us(t.now.Add(p.Lease)), p.WorkerID, limit}
+	if queueArg != nil || p.InstanceID != "" {
+		args = append(args, queueArg)
+	}
+	if p.InstanceID != "" {
+		args = append(args, p.InstanceID)
+	}
+	rows, err := t.query(claimQueries[shape], args...)
+	if err != nil {
+		return nil, err
+	}
+	claimed, err := scanClaimed(rows)
+	if err != nil {
+		return nil, err
+	}
+	if len(claimed) == 0 {
+		return nil, nil
+	}
+	// RETURNING order is unspecified: restore the claim order.
+	slices.SortFunc(claimed, func(a, b claimedRow) int {
+		if a.priority != b.priority {
+			return b.priority - a.priority
+		}
+		if a.runAfter != b.runAfter {
+			if a.runAfter < b.runAfter {
+				return -1
+			}
+			return 1
+		}
+		return int(a.StepID - b.StepID)
+	})
+	ids := make([]string, 0, len(claimed))
+	out := make([]storage.ClaimedStep, len(claimed))
+	for i, c := range claimed {
+		out[i] = c.ClaimedStep
+		t.event(c.InstanceID, c.Step, storage.EventStepStarted, c.Attempt, p.WorkerID)
+		if !slices.Contains(ids, c.InstanceID) {
+			ids = append(ids, c.InstanceID)
+		}
+	}
+	return out, t.startInstances(ids)
 }
 
 func scanClaimed(rows *sql.Rows) ([]claimedRow, error) {

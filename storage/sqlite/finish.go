@@ -16,17 +16,35 @@ import (
 // FinishSteps implements storage.Store: every result, then one plan per
 // touched instance, in one transaction (group commit).
 func (s *Store) FinishSteps(ctx context.Context, results []storage.StepResult, plan storage.PlanFunc) ([]storage.FinishResult, error) {
-	if plan == nil {
-		return nil, errors.New("sqlite: finish steps: nil PlanFunc")
+	out, _, err := s.finishSteps(ctx, results, plan, nil)
+	return out, err
+}
+
+// FinishAndClaim implements storage.FinishClaimer: FinishSteps, then a claim
+// with p, in the same transaction.
+func (s *Store) FinishAndClaim(ctx context.Context, results []storage.StepResult, plan storage.PlanFunc, p storage.ClaimParams) ([]storage.FinishResult, []storage.ClaimedStep, error) {
+	if p.Lease <= 0 {
+		return nil, nil, errors.New("sqlite: finish and claim: lease must be positive")
 	}
-	if len(results) == 0 {
-		return nil, nil
+	return s.finishSteps(ctx, results, plan, &p)
+}
+
+func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, plan storage.PlanFunc, claim *storage.ClaimParams) ([]storage.FinishResult, []storage.ClaimedStep, error) {
+	if plan == nil {
+		return nil, nil, errors.New("sqlite: finish steps: nil PlanFunc")
+	}
+	if len(results) == 0 && claim == nil {
+		return nil, nil, nil
 	}
 	out := make([]storage.FinishResult, len(results))
-	var ready bool
+	var (
+		ready   bool
+		claimed []storage.ClaimedStep
+	)
 	err := s.write(ctx, "finish steps", func(t *txn) error {
 		clear(out)
 		ready = false
+		claimed = nil
 		var touched []string // instances to plan, in first-touched order
 		completedIn, err := t.completeMany(results)
 		if err != nil {
@@ -64,15 +82,20 @@ func (s *Store) FinishSteps(ctx context.Context, results []storage.StepResult, p
 			return err
 		}
 		ready = ready || len(touched) > 0
+		if claim != nil {
+			var err error
+			claimed, err = t.claim(*claim)
+			return err
+		}
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if ready {
 		s.notify()
 	}
-	return out, nil
+	return out, claimed, nil
 }
 
 // completeManyQuery completes the steps listed in ?2, a JSON array of

@@ -16,7 +16,10 @@ import (
 	"github.com/dagrun/dagrun/storage"
 )
 
-var _ storage.Store = (*Store)(nil)
+var (
+	_ storage.Store         = (*Store)(nil)
+	_ storage.FinishClaimer = (*Store)(nil)
+)
 
 // Defaults of Config.
 const (

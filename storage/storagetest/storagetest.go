@@ -59,6 +59,7 @@ func Run(t *testing.T, h Harness) {
 		{"Prune", pruneTests},
 		{"CallerTx", txTests},
 		{"Subscribe", subscribeTests},
+		{"FinishAndClaim", eagerTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
