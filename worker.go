@@ -91,12 +91,24 @@ type Worker struct {
 
 	results   chan finished
 	slotFreed chan struct{}
+
+	// Set by Run: the context handlers run under, and the count of running
+	// handlers that shutdown waits for. stopping (under mu) turns away
+	// steps claimed after the claim loop ended.
+	handlerCtx context.Context
+	running    sync.WaitGroup
+	stopping   bool
+	// due wakes the claim loop when a step this worker retried or snoozed
+	// becomes ready before the next poll, so a 10ms backoff waits 10ms
+	// rather than a poll interval.
+	due chan struct{}
 }
 
 // attempt is one claimed step whose handler runs or whose result awaits
 // its commit.
 type attempt struct {
 	step   storage.ClaimedStep
+	ctx    context.Context
 	cancel context.CancelCauseFunc
 }
 
@@ -131,6 +143,7 @@ func (e *Engine) NewWorker(config *WorkerConfig) (*Worker, error) {
 		inflight:  map[int64]*attempt{},
 		results:   make(chan finished, config.Concurrency),
 		slotFreed: make(chan struct{}, 1),
+		due:       make(chan struct{}, 1),
 	}, nil
 }
 
@@ -147,6 +160,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	// Handlers outlive ctx by up to the shutdown grace.
 	handlerCtx, cancelHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancelHandlers(errShutdown)
+	w.handlerCtx = handlerCtx
 
 	flushDone := make(chan struct{})
 	go func() { defer close(flushDone); w.flushLoop() }()
@@ -154,10 +168,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	heartbeatDone := make(chan struct{})
 	go func() { defer close(heartbeatDone); w.heartbeatLoop(heartbeatCtx) }()
 
-	var handlersRunning sync.WaitGroup
-	w.claimLoop(ctx, handlerCtx, wake, &handlersRunning)
+	w.claimLoop(ctx, wake)
+	w.mu.Lock()
+	w.stopping = true
+	w.mu.Unlock()
 
-	w.drain(handlersRunning.Wait, cancelHandlers)
+	w.drain(w.running.Wait, cancelHandlers)
 	close(w.results)
 	<-flushDone
 	stopHeartbeat()
@@ -166,7 +182,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	return nil
 }
 
-func (w *Worker) claimLoop(ctx, handlerCtx context.Context, wake <-chan struct{}, running *sync.WaitGroup) {
+func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) {
 	poll := time.NewTicker(w.config.Poll)
 	defer poll.Stop()
 	recoverEvery := time.NewTicker(max(w.config.Lease/2, 5*time.Millisecond))
@@ -176,13 +192,7 @@ func (w *Worker) claimLoop(ctx, handlerCtx context.Context, wake <-chan struct{}
 		var slotFreed <-chan struct{}
 		free := w.config.Concurrency - w.busy()
 		if free > 0 {
-			steps, err := w.engine.store.ClaimSteps(ctx, storage.ClaimParams{
-				WorkerID:   w.config.ID,
-				Queues:     w.config.Queues,
-				InstanceID: w.config.InstanceID,
-				Limit:      free,
-				Lease:      w.config.Lease,
-			})
+			steps, err := w.engine.store.ClaimSteps(ctx, w.claimParams(free))
 			if err != nil {
 				if ctx.Err() != nil {
 					return
@@ -193,9 +203,7 @@ func (w *Worker) claimLoop(ctx, handlerCtx context.Context, wake <-chan struct{}
 				continue
 			}
 			errorDelay = 0
-			for _, step := range steps {
-				w.launch(handlerCtx, step, running)
-			}
+			w.start(steps, nil)
 			if len(steps) > 0 {
 				w.engine.notifyChanged()
 			}
@@ -211,6 +219,7 @@ func (w *Worker) claimLoop(ctx, handlerCtx context.Context, wake <-chan struct{}
 		case <-ctx.Done():
 		case <-wake:
 		case <-slotFreed:
+		case <-w.due:
 		case <-poll.C:
 		case <-recoverEvery.C:
 			w.recoverExpired(ctx)
@@ -224,33 +233,55 @@ func (w *Worker) busy() int {
 	return len(w.inflight)
 }
 
-func (w *Worker) launch(handlerCtx context.Context, step storage.ClaimedStep, running *sync.WaitGroup) {
-	ctx, cancel := context.WithCancelCause(handlerCtx)
+// start registers claimed steps and runs their handlers, after dropping
+// the finished attempts whose slots they take, all under one lock so the
+// worker never holds more than its concurrency. Once the worker stopped
+// claiming it starts nothing and reports false.
+func (w *Worker) start(steps []storage.ClaimedStep, done []finished) bool {
+	attempts := make([]*attempt, len(steps))
 	w.mu.Lock()
-	w.inflight[step.StepID] = &attempt{step: step, cancel: cancel}
+	for _, f := range done {
+		delete(w.inflight, f.step.StepID)
+	}
+	if w.stopping && len(steps) > 0 {
+		w.mu.Unlock()
+		return false
+	}
+	for i, step := range steps {
+		ctx, cancel := context.WithCancelCause(w.handlerCtx)
+		attempts[i] = &attempt{step: step, ctx: ctx, cancel: cancel}
+		w.inflight[step.StepID] = attempts[i]
+	}
+	w.running.Add(len(steps))
 	w.mu.Unlock()
-	running.Add(1)
-	go func() {
-		defer running.Done()
-		began := time.Now()
-		result, ok := w.engine.runAttempt(ctx, w.logger, step)
-		ran := time.Since(began)
-		cause := context.Cause(ctx)
-		cancel(nil)
-		if !ok || errors.Is(cause, errLeaseLost) || errors.Is(cause, errShutdown) {
-			// Not ours to record: the claim is stale, or the step is being
-			// released at shutdown.
-			if !errors.Is(cause, errShutdown) {
-				w.forget(step.StepID)
-			}
-			return
+	for _, a := range attempts {
+		go w.execute(a)
+	}
+	return true
+}
+
+// execute runs one attempt's handler and hands its result to the flusher.
+func (w *Worker) execute(a *attempt) {
+	defer w.running.Done()
+	ctx, step := a.ctx, a.step
+	began := time.Now()
+	result, ok := w.engine.runAttempt(ctx, w.logger, step)
+	ran := time.Since(began)
+	cause := context.Cause(ctx)
+	a.cancel(nil)
+	if !ok || errors.Is(cause, errLeaseLost) || errors.Is(cause, errShutdown) {
+		// Not ours to record: the claim is stale, or the step is being
+		// released at shutdown.
+		if !errors.Is(cause, errShutdown) {
+			w.forget(step.StepID)
 		}
-		var wait time.Duration
-		if !step.ReadyAt.IsZero() {
-			wait = max(began.Sub(step.ReadyAt), 0)
-		}
-		w.results <- finished{result: result, step: step, duration: ran, queueWait: wait}
-	}()
+		return
+	}
+	var wait time.Duration
+	if !step.ReadyAt.IsZero() {
+		wait = max(began.Sub(step.ReadyAt), 0)
+	}
+	w.results <- finished{result: result, step: step, duration: ran, queueWait: wait}
 }
 
 // forget drops an attempt and frees its slot.
@@ -294,9 +325,14 @@ func (w *Worker) commit(batch []finished) {
 	}
 	ctx := context.Background()
 	delay := 50 * time.Millisecond
+	var claimed []storage.ClaimedStep
 	for {
 		rec := w.engine.newFinishRecorder()
-		outcomes, err := w.engine.store.FinishSteps(ctx, results, rec.plan)
+		var (
+			outcomes []storage.FinishResult
+			err      error
+		)
+		outcomes, claimed, err = w.finish(ctx, results, rec.plan, len(batch))
 		if err == nil {
 			for i, o := range outcomes {
 				f := batch[i]
@@ -305,6 +341,9 @@ func (w *Worker) commit(batch []finished) {
 						slog.String("instance", f.step.InstanceID), slog.String("step", f.step.Step),
 						slog.Int("attempt", f.step.Attempt))
 					continue
+				}
+				if o := f.result.Outcome; o == storage.OutcomeRetry || o == storage.OutcomeSnooze {
+					w.wakeAt(f.result.RunAfter)
 				}
 				w.engine.observer.AttemptFinished(AttemptReport{
 					Workflow: f.step.Workflow, Step: f.step.Step, Handler: f.step.Handler, Queue: f.step.Queue,
@@ -325,10 +364,68 @@ func (w *Worker) commit(batch []finished) {
 		time.Sleep(delay)
 		delay = min(2*delay, 5*time.Second)
 	}
-	for _, f := range batch {
-		w.forget(f.step.StepID)
+	if !w.start(claimed, batch) {
+		w.release(claimed)
+	}
+	select {
+	case w.slotFreed <- struct{}{}:
+	default:
 	}
 	w.engine.notifyChanged()
+}
+
+// finish records results and, while the worker is claiming and its store
+// can, claims new steps for the slots the results free in the same
+// transaction: a chain's next step then starts without another commit or a
+// wake-up round trip.
+func (w *Worker) finish(ctx context.Context, results []storage.StepResult, plan storage.PlanFunc, slots int) ([]storage.FinishResult, []storage.ClaimedStep, error) {
+	fc, eager := w.engine.store.(storage.FinishClaimer)
+	w.mu.Lock()
+	eager = eager && !w.stopping
+	w.mu.Unlock()
+	if !eager {
+		outcomes, err := w.engine.store.FinishSteps(ctx, results, plan)
+		return outcomes, nil, err
+	}
+	return fc.FinishAndClaim(ctx, results, plan, w.claimParams(slots))
+}
+
+func (w *Worker) claimParams(limit int) storage.ClaimParams {
+	return storage.ClaimParams{
+		WorkerID:   w.config.ID,
+		Queues:     w.config.Queues,
+		InstanceID: w.config.InstanceID,
+		Limit:      limit,
+		Lease:      w.config.Lease,
+	}
+}
+
+// release returns steps claimed after shutdown began.
+func (w *Worker) release(steps []storage.ClaimedStep) {
+	claims := make([]storage.Claim, len(steps))
+	for i, s := range steps {
+		claims[i] = s.Claim
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.engine.store.ReleaseSteps(ctx, claims); err != nil {
+		w.logger.Error("dagrun: release steps claimed during shutdown; they run again when their lease expires", slog.Any("error", err))
+	}
+}
+
+// wakeAt makes the claim loop look for work at t, when t comes before the
+// next poll would.
+func (w *Worker) wakeAt(t time.Time) {
+	d := time.Until(t) + time.Millisecond // the store compares run_after <= now
+	if d >= w.config.Poll {
+		return
+	}
+	time.AfterFunc(max(d, 0), func() {
+		select {
+		case w.due <- struct{}{}:
+		default:
+		}
+	})
 }
 
 func (w *Worker) holdsAny(batch []finished) bool {
