@@ -344,9 +344,29 @@ type ListParams struct {
 	BeforeID string
 }
 
-// Stats summarises the store per workflow.
+// Stats summarises the store per workflow and per queue.
 type Stats struct {
+	// Workflows holds one entry per workflow with instances in the store,
+	// sorted by workflow name.
 	Workflows []WorkflowStats
+	// Queues holds one entry per queue with at least one ready or running
+	// step, sorted by queue name. Queues whose steps are all blocked,
+	// pending but not yet due, or finished are absent.
+	Queues []QueueStats
+}
+
+// QueueStats is the summary of one queue's unfinished steps, what a worker
+// pool serving that queue has to do and is doing.
+type QueueStats struct {
+	Queue string
+	// Ready counts pending steps whose run_after has passed (claimable, as
+	// far as the step goes). Pending steps not yet due are not counted.
+	Ready int
+	// Running counts running steps (claimed), stuck ones included.
+	Running int
+	// Stuck counts running steps whose lease has expired, a subset of
+	// Running.
+	Stuck int
 }
 
 // WorkflowStats is the summary of one workflow's instances and steps.
@@ -354,7 +374,10 @@ type WorkflowStats struct {
 	Workflow string
 	// Instances counts instances per status.
 	Instances map[InstanceStatus]int
-	// StuckSteps counts running steps whose lease has expired.
+	// RunningSteps counts running steps (claimed), stuck ones included.
+	RunningSteps int
+	// StuckSteps counts running steps whose lease has expired, a subset of
+	// RunningSteps.
 	StuckSteps int
 	// ReadySteps counts pending steps whose run_after has passed.
 	ReadySteps int
@@ -428,7 +451,8 @@ type Store interface {
 	// first.
 	ListInstances(ctx context.Context, p ListParams) ([]Instance, error)
 
-	// Stats summarises instances and steps per workflow.
+	// Stats summarises instances and steps per workflow, and unfinished
+	// steps per queue, as of the store's clock.
 	Stats(ctx context.Context) (*Stats, error)
 
 	// Prune deletes finished instances that finished before olderThan, with

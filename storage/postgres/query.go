@@ -168,9 +168,10 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 }
 
 // Stats implements storage.Store: four aggregate queries in one round trip
-// over one snapshot. Stuck and ready counts read only the partial indexes of
-// running and pending steps; the percentiles read every completed step still
-// stored, which pruning keeps bounded.
+// over one snapshot. Running, stuck and ready counts read only the partial
+// indexes of running and pending steps, grouped by workflow and queue at
+// once; the percentiles read every completed step still stored, which
+// pruning keeps bounded.
 func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 	now := s.now()
 	by := map[string]*storage.WorkflowStats{}
@@ -182,11 +183,22 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 		}
 		return w
 	}
+	queues := map[string]*storage.QueueStats{}
+	getQueue := func(q string) *storage.QueueStats {
+		qs := queues[q]
+		if qs == nil {
+			qs = &storage.QueueStats{Queue: q}
+			queues[q] = qs
+		}
+		return qs
+	}
 	err := s.read(ctx, func(tx pgx.Tx) error {
 		clear(by)
+		clear(queues)
 		var (
 			b  pgx.Batch
 			wf string
+			q  string
 			n  int
 		)
 		b.Queue(s.q(`SELECT workflow, status, count(*) FROM {s}instances GROUP BY workflow, status`)).Query(func(rows pgx.Rows) error {
@@ -197,20 +209,27 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			})
 			return err
 		})
-		b.Queue(s.q(`SELECT workflow, count(*) FROM {s}steps
-			WHERE status = 'running' AND lease_until < $1 GROUP BY workflow`), now).Query(func(rows pgx.Rows) error {
-			_, err := pgx.ForEachRow(rows, []any{&wf, &n}, func() error {
-				get(wf).StuckSteps = n
+		b.Queue(s.q(`SELECT workflow, queue, count(*), count(*) FILTER (WHERE lease_until < $1)
+			FROM {s}steps WHERE status = 'running' GROUP BY workflow, queue`), now).Query(func(rows pgx.Rows) error {
+			var stuck int
+			_, err := pgx.ForEachRow(rows, []any{&wf, &q, &n, &stuck}, func() error {
+				w, qs := get(wf), getQueue(q)
+				w.RunningSteps += n
+				w.StuckSteps += stuck
+				qs.Running += n
+				qs.Stuck += stuck
 				return nil
 			})
 			return err
 		})
-		b.Queue(s.q(`SELECT workflow, count(*), min(run_after) FROM {s}steps
-			WHERE status = 'pending' AND run_after <= $1 GROUP BY workflow`), now).Query(func(rows pgx.Rows) error {
+		b.Queue(s.q(`SELECT workflow, queue, count(*), min(run_after) FROM {s}steps
+			WHERE status = 'pending' AND run_after <= $1 GROUP BY workflow, queue`), now).Query(func(rows pgx.Rows) error {
 			var oldest time.Time
-			_, err := pgx.ForEachRow(rows, []any{&wf, &n, &oldest}, func() error {
+			_, err := pgx.ForEachRow(rows, []any{&wf, &q, &n, &oldest}, func() error {
 				w := get(wf)
-				w.ReadySteps, w.OldestReady = n, now.Sub(oldest)
+				w.ReadySteps += n
+				w.OldestReady = max(w.OldestReady, now.Sub(oldest))
+				getQueue(q).Ready += n
 				return nil
 			})
 			return err
@@ -239,6 +258,11 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 		st.Workflows = append(st.Workflows, *w)
 	}
 	slices.SortFunc(st.Workflows, func(a, b storage.WorkflowStats) int { return strings.Compare(a.Workflow, b.Workflow) })
+	st.Queues = make([]storage.QueueStats, 0, len(queues))
+	for _, q := range queues {
+		st.Queues = append(st.Queues, *q)
+	}
+	slices.SortFunc(st.Queues, func(a, b storage.QueueStats) int { return strings.Compare(a.Queue, b.Queue) })
 	return st, nil
 }
 

@@ -194,8 +194,10 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 	return out, nil
 }
 
-// Stats implements storage.Store. The percentiles read every completed step
-// still stored; pruning keeps that bounded.
+// Stats implements storage.Store. Running, stuck and ready counts read only
+// the partial indexes of running and pending steps, grouped by workflow and
+// queue at once; the percentiles read every completed step still stored;
+// pruning keeps that bounded.
 func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 	now := us(s.now())
 	by := map[string]*storage.WorkflowStats{}
@@ -207,8 +209,18 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 		}
 		return w
 	}
+	queues := map[string]*storage.QueueStats{}
+	getQueue := func(q string) *storage.QueueStats {
+		qs := queues[q]
+		if qs == nil {
+			qs = &storage.QueueStats{Queue: q}
+			queues[q] = qs
+		}
+		return qs
+	}
 	err := s.read(ctx, "stats", func(tx *sql.Tx) error {
 		clear(by)
+		clear(queues)
 		rows, err := tx.QueryContext(ctx, `SELECT workflow, status, count(*) FROM instances GROUP BY workflow, status`)
 		if err != nil {
 			return err
@@ -227,36 +239,42 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 		}); err != nil {
 			return err
 		}
-		rows, err = tx.QueryContext(ctx, `SELECT workflow, count(*) FROM steps
-			WHERE status = 'running' AND lease_until < ? GROUP BY workflow`, now)
+		rows, err = tx.QueryContext(ctx, `SELECT workflow, queue, count(*), count(*) FILTER (WHERE lease_until < ?)
+			FROM steps WHERE status = 'running' GROUP BY workflow, queue`, now)
 		if err != nil {
 			return err
 		}
 		if err := eachRow(rows, func(sc scanner) error {
-			var wf string
-			var n int
-			if err := sc.Scan(&wf, &n); err != nil {
+			var wf, q string
+			var n, stuck int
+			if err := sc.Scan(&wf, &q, &n, &stuck); err != nil {
 				return err
 			}
-			get(wf).StuckSteps = n
+			w, qs := get(wf), getQueue(q)
+			w.RunningSteps += n
+			w.StuckSteps += stuck
+			qs.Running += n
+			qs.Stuck += stuck
 			return nil
 		}); err != nil {
 			return err
 		}
-		rows, err = tx.QueryContext(ctx, `SELECT workflow, count(*), min(run_after) FROM steps
-			WHERE status = 'pending' AND run_after <= ? GROUP BY workflow`, now)
+		rows, err = tx.QueryContext(ctx, `SELECT workflow, queue, count(*), min(run_after) FROM steps
+			WHERE status = 'pending' AND run_after <= ? GROUP BY workflow, queue`, now)
 		if err != nil {
 			return err
 		}
 		if err := eachRow(rows, func(sc scanner) error {
-			var wf string
+			var wf, q string
 			var n int
 			var oldest int64
-			if err := sc.Scan(&wf, &n, &oldest); err != nil {
+			if err := sc.Scan(&wf, &q, &n, &oldest); err != nil {
 				return err
 			}
 			w := get(wf)
-			w.ReadySteps, w.OldestReady = n, time.Duration(now-oldest)*time.Microsecond
+			w.ReadySteps += n
+			w.OldestReady = max(w.OldestReady, time.Duration(now-oldest)*time.Microsecond)
+			getQueue(q).Ready += n
 			return nil
 		}); err != nil {
 			return err
@@ -303,6 +321,11 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 		st.Workflows = append(st.Workflows, *w)
 	}
 	slices.SortFunc(st.Workflows, func(a, b storage.WorkflowStats) int { return strings.Compare(a.Workflow, b.Workflow) })
+	st.Queues = make([]storage.QueueStats, 0, len(queues))
+	for _, q := range queues {
+		st.Queues = append(st.Queues, *q)
+	}
+	slices.SortFunc(st.Queues, func(a, b storage.QueueStats) int { return strings.Compare(a.Queue, b.Queue) })
 	return st, nil
 }
 

@@ -167,6 +167,7 @@ var statsTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, 1, wf.Instances[storage.InstanceRunning])
 		require.Equal(t, 3, wf.Instances[storage.InstancePending])
 		require.Zero(t, wf.Instances[storage.InstanceFailed])
+		require.Equal(t, 1, wf.RunningSteps, "the stuck step still counts as running")
 		require.Equal(t, 1, wf.StuckSteps)
 		require.Equal(t, 2, wf.ReadySteps)
 		require.Equal(t, 5*time.Second, wf.OldestReady)
@@ -176,8 +177,88 @@ var statsTests = map[string]func(*testing.T, *Harness){
 		o := byName["other"]
 		require.Equal(t, 1, o.Instances[storage.InstanceCancelled])
 		require.Zero(t, o.ReadySteps)
+		require.Zero(t, o.RunningSteps)
 		require.Zero(t, o.OldestReady)
 		require.Zero(t, o.StepP50)
+
+		// Every step ran on q.a: the delayed one is not ready, the completed
+		// and cancelled ones count nowhere.
+		require.Equal(t, []storage.QueueStats{{Queue: "q.a", Ready: 2, Running: 1, Stuck: 1}}, st.Queues)
+	},
+
+	"PerQueue": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		on := func(queue, name string, deps ...string) storage.StepSpec {
+			s := spec(name, deps...)
+			s.Queue = queue
+			return s
+		}
+		claimOn := func(id, queue string) storage.ClaimedStep {
+			t.Helper()
+			got := b.claim(storage.ClaimParams{InstanceID: id, Queues: []string{queue}})
+			require.Len(t, got, 1)
+			return got[0]
+		}
+		// On "busy": a completed step (not counted), a step stuck past its
+		// 30s lease, a step running within its lease, a ready step of
+		// workflow wf and one of workflow other, and one due in an hour.
+		done := b.createOne(on("busy", "a"))
+		b.finish(completed(claimOn(done, "busy").Claim, `1`))
+		stuck := b.createOne(on("busy", "a"))
+		claimOn(stuck, "busy")
+		b.createOne(on("busy", "a"))
+		b.clock.Advance(31 * time.Second)
+		running := b.createOne(on("busy", "a"))
+		claimOn(running, "busy")
+		other := params(on("busy", "a"))
+		other.Workflow = "other"
+		b.create(other)
+		delayed := params(on("busy", "a"))
+		delayed.RunAfter = b.now().Add(time.Hour)
+		b.create(delayed)
+		// On "first" a ready step whose successor waits, blocked, on
+		// "blocked"; on "later" only a step due in a minute.
+		b.createOne(on("first", "x"), on("blocked", "y", "x"))
+		later := params(on("later", "a"))
+		later.RunAfter = b.now().Add(time.Minute)
+		b.create(later)
+
+		stats := func() (map[string]storage.WorkflowStats, []storage.QueueStats) {
+			t.Helper()
+			st, err := b.store.Stats(b.ctx)
+			require.NoError(t, err)
+			byName := map[string]storage.WorkflowStats{}
+			for _, w := range st.Workflows {
+				byName[w.Workflow] = w
+			}
+			return byName, st.Queues
+		}
+		wfs, queues := stats()
+		require.Equal(t, []storage.QueueStats{
+			{Queue: "busy", Ready: 2, Running: 2, Stuck: 1},
+			{Queue: "first", Ready: 1},
+		}, queues, "blocked and not-yet-due steps are not ready; idle queues are absent")
+		require.Equal(t, 2, wfs["wf"].RunningSteps)
+		require.Equal(t, 1, wfs["wf"].StuckSteps)
+		require.Equal(t, 2, wfs["wf"].ReadySteps, "one on busy, one on first")
+		require.Equal(t, 31*time.Second, wfs["wf"].OldestReady)
+		require.Equal(t, 1, wfs["other"].ReadySteps)
+		require.Zero(t, wfs["other"].RunningSteps)
+		require.Zero(t, wfs["other"].StuckSteps)
+
+		// A minute on, the second lease has expired too and the step on
+		// "later" is due (run_after == now counts as ready).
+		b.clock.Advance(time.Minute)
+		wfs, queues = stats()
+		require.Equal(t, []storage.QueueStats{
+			{Queue: "busy", Ready: 2, Running: 2, Stuck: 2},
+			{Queue: "first", Ready: 1},
+			{Queue: "later", Ready: 1},
+		}, queues)
+		require.Equal(t, 2, wfs["wf"].RunningSteps)
+		require.Equal(t, 2, wfs["wf"].StuckSteps)
+		require.Equal(t, 3, wfs["wf"].ReadySteps)
+		require.Equal(t, 91*time.Second, wfs["wf"].OldestReady, "the oldest across queues")
 	},
 
 	"Empty": func(t *testing.T, h *Harness) {
@@ -185,6 +266,7 @@ var statsTests = map[string]func(*testing.T, *Harness){
 		st, err := b.store.Stats(b.ctx)
 		require.NoError(t, err)
 		require.Empty(t, st.Workflows)
+		require.Empty(t, st.Queues)
 	},
 }
 

@@ -189,31 +189,44 @@ func (c *cli) statsCommand() *cobra.Command {
 
 type statsJSON struct {
 	Workflows []workflowStatsJSON `json:"workflows"`
+	Queues    []queueStatsJSON    `json:"queues"`
 }
 
 type workflowStatsJSON struct {
 	Workflow      string         `json:"workflow"`
 	Instances     map[string]int `json:"instances"`
 	ReadySteps    int            `json:"readySteps"`
+	RunningSteps  int            `json:"runningSteps"`
 	StuckSteps    int            `json:"stuckSteps"`
 	OldestReadyMs float64        `json:"oldestReadyMs"`
 	StepP50Ms     float64        `json:"stepP50Ms"`
 	StepP95Ms     float64        `json:"stepP95Ms"`
 }
 
+type queueStatsJSON struct {
+	Queue   string `json:"queue"`
+	Ready   int    `json:"ready"`
+	Running int    `json:"running"`
+	Stuck   int    `json:"stuck"`
+}
+
 func newStatsJSON(s *storage.Stats) statsJSON {
-	out := statsJSON{Workflows: []workflowStatsJSON{}}
+	out := statsJSON{Workflows: []workflowStatsJSON{}, Queues: []queueStatsJSON{}}
 	for _, w := range s.Workflows {
 		counts := map[string]int{}
 		for _, st := range []storage.InstanceStatus{storage.InstancePending, storage.InstanceRunning, storage.InstanceCompleted, storage.InstanceFailed, storage.InstanceCancelled} {
 			counts[string(st)] = w.Instances[st]
 		}
 		out.Workflows = append(out.Workflows, workflowStatsJSON{
-			Workflow: w.Workflow, Instances: counts, ReadySteps: w.ReadySteps, StuckSteps: w.StuckSteps,
+			Workflow: w.Workflow, Instances: counts, ReadySteps: w.ReadySteps, RunningSteps: w.RunningSteps, StuckSteps: w.StuckSteps,
 			OldestReadyMs: ms(w.OldestReady), StepP50Ms: ms(w.StepP50), StepP95Ms: ms(w.StepP95),
 		})
 	}
 	sort.Slice(out.Workflows, func(i, j int) bool { return out.Workflows[i].Workflow < out.Workflows[j].Workflow })
+	for _, q := range s.Queues {
+		out.Queues = append(out.Queues, queueStatsJSON{Queue: q.Queue, Ready: q.Ready, Running: q.Running, Stuck: q.Stuck})
+	}
+	sort.Slice(out.Queues, func(i, j int) bool { return out.Queues[i].Queue < out.Queues[j].Queue })
 	return out
 }
 

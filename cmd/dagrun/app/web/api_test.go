@@ -682,6 +682,7 @@ func TestMetrics(t *testing.T) {
 			`dagrun_instances{status="completed",workflow="greet"} 1`,
 			`dagrun_instances{status="failed",workflow="flaky"} 1`,
 			`dagrun_steps_ready{workflow="greet"} 0`,
+			`dagrun_steps_running{workflow="greet"} 0`,
 			`dagrun_steps_stuck{workflow="greet"} 0`,
 			`dagrun_oldest_ready_step_age_seconds{workflow="greet"} 0`,
 			"go_goroutines ",
@@ -689,6 +690,9 @@ func TestMetrics(t *testing.T) {
 		} {
 			require.Contains(t, text, want)
 		}
+		// Every step finished, so no queue has a series (see
+		// TestMetricsQueueGauges for queues with work).
+		require.NotContains(t, text, "dagrun_queue_steps_")
 		// Every metric of our own carries the dagrun_ prefix.
 		for _, line := range strings.Split(text, "\n") {
 			if strings.HasPrefix(line, "# HELP ") {
@@ -704,6 +708,61 @@ func TestMetrics(t *testing.T) {
 		r = b.do(t, http.MethodGet, "/metrics", "")
 		require.Equal(t, http.StatusOK, r.status)
 		require.Contains(t, string(r.body), "dagrun_store_up 0")
+	})
+}
+
+// TestMetricsQueueGauges checks the per-queue step gauges, with no worker
+// running so that steps stay where the test puts them: ready, then claimed
+// (running), then past their lease (stuck).
+func TestMetricsQueueGauges(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b := setup(t, open, nil)
+		scrape := func() string {
+			t.Helper()
+			r := b.do(t, http.MethodGet, "/metrics", "")
+			require.Equal(t, http.StatusOK, r.status)
+			return string(r.body)
+		}
+		requireAll := func(text string, want ...string) {
+			t.Helper()
+			for _, w := range want {
+				require.Contains(t, text, w)
+			}
+		}
+		// Two instances: each one's first step is ready on the default queue.
+		b.start(t, "greet", `{"input": {"name": "a"}}`)
+		b.start(t, "greet", `{"input": {"name": "b"}}`)
+		requireAll(scrape(),
+			`dagrun_queue_steps_ready{queue="default"} 2`,
+			`dagrun_queue_steps_running{queue="default"} 0`,
+			`dagrun_queue_steps_stuck{queue="default"} 0`,
+			`dagrun_steps_ready{workflow="greet"} 2`,
+			`dagrun_steps_running{workflow="greet"} 0`,
+		)
+
+		// Claim one for a minute and one for a millisecond: both run, and the
+		// second is soon stuck.
+		claim := func(lease time.Duration) {
+			t.Helper()
+			got, err := b.store.ClaimSteps(t.Context(), storage.ClaimParams{WorkerID: "test", Limit: 1, Lease: lease})
+			require.NoError(t, err)
+			require.Len(t, got, 1)
+		}
+		claim(time.Minute)
+		claim(time.Millisecond)
+		require.Eventually(t, func() bool {
+			return strings.Contains(scrape(), `dagrun_queue_steps_stuck{queue="default"} 1`)
+		}, 5*time.Second, 10*time.Millisecond)
+		requireAll(scrape(),
+			`dagrun_queue_steps_ready{queue="default"} 0`,
+			`dagrun_queue_steps_running{queue="default"} 2`,
+			`dagrun_queue_steps_stuck{queue="default"} 1`,
+			`dagrun_steps_ready{workflow="greet"} 0`,
+			`dagrun_steps_running{workflow="greet"} 2`,
+			`dagrun_steps_stuck{workflow="greet"} 1`,
+			"# TYPE dagrun_queue_steps_ready gauge",
+		)
 	})
 }
 

@@ -145,9 +145,11 @@ func (m *Metrics) handler(logger *slog.Logger) http.Handler {
 	})
 }
 
-// storeCollector reads storage.Stats at scrape time. The store summarises
-// per workflow, so these gauges are per workflow; per-queue ready and
-// running counts would need a store query that does not exist yet.
+// storeCollector reads storage.Stats at scrape time: gauges per workflow
+// (dagrun_instances, dagrun_steps_*) and per queue (dagrun_queue_steps_*).
+// The per-queue gauges have names of their own because one metric name
+// carries one label set; a queue appears while it has a ready or running
+// step.
 type storeCollector struct {
 	store storage.Store
 }
@@ -159,14 +161,23 @@ var (
 		"Instances in the store by workflow and status.", []string{"workflow", "status"}, nil)
 	descReady = prometheus.NewDesc("dagrun_steps_ready",
 		"Steps ready to run (pending, due) and not yet claimed, by workflow.", []string{"workflow"}, nil)
+	descRunning = prometheus.NewDesc("dagrun_steps_running",
+		"Steps claimed by a worker and running (stuck ones included), by workflow.", []string{"workflow"}, nil)
 	descStuck = prometheus.NewDesc("dagrun_steps_stuck",
 		"Running steps whose lease expired (their worker stopped heartbeating), by workflow.", []string{"workflow"}, nil)
 	descOldestReady = prometheus.NewDesc("dagrun_oldest_ready_step_age_seconds",
 		"Age of the oldest ready step, by workflow; 0 when none waits. A growing value means workers cannot keep up.", []string{"workflow"}, nil)
+	descQueueReady = prometheus.NewDesc("dagrun_queue_steps_ready",
+		"Steps ready to run (pending, due) and not yet claimed, by queue.", []string{"queue"}, nil)
+	descQueueRunning = prometheus.NewDesc("dagrun_queue_steps_running",
+		"Steps claimed by a worker and running (stuck ones included), by queue.", []string{"queue"}, nil)
+	descQueueStuck = prometheus.NewDesc("dagrun_queue_steps_stuck",
+		"Running steps whose lease expired (their worker stopped heartbeating), by queue.", []string{"queue"}, nil)
 )
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStoreUp, descInstances, descReady, descStuck, descOldestReady} {
+	for _, d := range []*prometheus.Desc{descStoreUp, descInstances, descReady, descRunning, descStuck, descOldestReady,
+		descQueueReady, descQueueRunning, descQueueStuck} {
 		ch <- d
 	}
 }
@@ -185,7 +196,13 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descInstances, prometheus.GaugeValue, float64(w.Instances[s]), w.Workflow, string(s))
 		}
 		ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, float64(w.ReadySteps), w.Workflow)
+		ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, float64(w.RunningSteps), w.Workflow)
 		ch <- prometheus.MustNewConstMetric(descStuck, prometheus.GaugeValue, float64(w.StuckSteps), w.Workflow)
 		ch <- prometheus.MustNewConstMetric(descOldestReady, prometheus.GaugeValue, w.OldestReady.Seconds(), w.Workflow)
+	}
+	for _, q := range stats.Queues {
+		ch <- prometheus.MustNewConstMetric(descQueueReady, prometheus.GaugeValue, float64(q.Ready), q.Queue)
+		ch <- prometheus.MustNewConstMetric(descQueueRunning, prometheus.GaugeValue, float64(q.Running), q.Queue)
+		ch <- prometheus.MustNewConstMetric(descQueueStuck, prometheus.GaugeValue, float64(q.Stuck), q.Queue)
 	}
 }
