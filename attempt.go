@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"time"
+	"unicode/utf8"
 
 	"github.com/dagrun/dagrun/handlers"
 	"github.com/dagrun/dagrun/storage"
@@ -90,6 +91,11 @@ func (e *Engine) checkOutput(out json.RawMessage) (json.RawMessage, error) {
 	}
 	if !json.Valid(out) {
 		return nil, errors.New("handler output is not valid JSON")
+	}
+	if !utf8.Valid(out) {
+		// PostgreSQL refuses it, and a commit that can never succeed would
+		// be retried for as long as the lease holds.
+		return nil, errors.New("handler output is not valid JSON: it is not valid UTF-8")
 	}
 	return out, nil
 }

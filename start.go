@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -145,12 +147,17 @@ func (e *Engine) decodeInput(w *dag.Workflow, raw json.RawMessage) (json.RawMess
 		raw = json.RawMessage("{}")
 	}
 	if len(raw) > e.config.MaxInputBytes {
-		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input is %d bytes, over the limit of %d bytes", len(raw), e.config.MaxInputBytes)}
+		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input is %d bytes, over the limit of %d bytes; store large data elsewhere and pass a reference", len(raw), e.config.MaxInputBytes)}
+	}
+	if !utf8.Valid(raw) {
+		// JSON text is UTF-8 (RFC 8259 §8.1); encoding/json would accept
+		// it, but PostgreSQL's json type refuses it.
+		return nil, &InputError{Workflow: w.Name, Err: errors.New("input is not valid JSON: it is not valid UTF-8")}
 	}
 	var value any
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if err := dec.Decode(&value); err != nil {
-		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input is not valid JSON: %v", err)}
+		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input is not valid JSON: %w", err)}
 	}
 	if dec.More() {
 		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input is not valid JSON: more than one value")}
