@@ -61,7 +61,7 @@ func TestBuiltInDefaults(t *testing.T) {
 	t.Parallel()
 	w := mustParse(t, "name: t\nsteps:\n  - name: a\n    handler: echo\n")
 	a := w.Step("a")
-	require.Equal(t, RetryPolicy{MaxAttempts: 1, Backoff: time.Second, MaxBackoff: time.Minute}, a.Retry)
+	require.Equal(t, RetryPolicy{MaxAttempts: 3, Backoff: time.Second, MaxBackoff: time.Minute}, a.Retry)
 	require.Zero(t, a.Timeout)
 	require.Equal(t, "default", a.Queue)
 	require.False(t, a.ContinueOnError)

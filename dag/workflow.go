@@ -26,14 +26,18 @@ type Workflow struct {
 // RetryPolicy says how often and how fast a failed step is tried again:
 // delay = min(MaxBackoff, Backoff·2^(attempt-1)), with jitter.
 type RetryPolicy struct {
-	MaxAttempts         int // ≥ 1, counts the first try; default 1 (no retry)
+	MaxAttempts         int // ≥ 1, counts the first try; default 3
 	Backoff, MaxBackoff time.Duration
 }
 
 // Built-in defaults, used when neither the step nor the workflow's defaults
-// set a field.
+// set a field. Steps retry by default, as River and Temporal jobs do: a
+// worker that dies mid-step costs its step an attempt (the lease expires),
+// so with a single attempt a crash would fail the instance instead of
+// moving the step to a live worker. Set maxAttempts: 1 for a step that must
+// never run twice.
 const (
-	DefaultMaxAttempts = 1
+	DefaultMaxAttempts = 3
 	DefaultBackoff     = time.Second
 	DefaultMaxBackoff  = time.Minute
 	DefaultQueue       = "default"
