@@ -1,8 +1,10 @@
 package dagrun
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"strconv"
 
 	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/storage"
@@ -161,7 +163,7 @@ func (p *planner) env(refs []string) (*dag.Env, error) {
 	if !p.decoded {
 		p.decoded = true
 		if len(p.state.Input) > 0 {
-			if err := json.Unmarshal(p.state.Input, &p.input); err != nil {
+			if err := decodeValue(p.state.Input, &p.input); err != nil {
 				return nil, fmt.Errorf("decode instance input: %w", err)
 			}
 		}
@@ -183,7 +185,7 @@ func (p *planner) env(refs []string) (*dag.Env, error) {
 		out, done := p.outputs[name]
 		if !done {
 			if raw := p.state.Steps[i].Output; len(raw) > 0 {
-				if err := json.Unmarshal(raw, &out); err != nil {
+				if err := decodeValue(raw, &out); err != nil {
 					return nil, fmt.Errorf("decode output of step %s: %w", name, err)
 				}
 			}
@@ -194,4 +196,39 @@ func (p *planner) env(refs []string) (*dag.Env, error) {
 		env.Steps[name] = se
 	}
 	return env, nil
+}
+
+// decodeValue decodes JSON for expressions. Whole numbers that fit in an
+// int become int, so a value passed through a step keeps every digit: a
+// plain json.Unmarshal makes every number a float64, which silently rounds
+// integers past 2^53 (IDs, amounts in minor units). Other numbers are
+// float64, as before.
+func decodeValue(raw []byte, v *any) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	*v = fromNumbers(*v)
+	return nil
+}
+
+func fromNumbers(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		if i, err := strconv.ParseInt(string(x), 10, 0); err == nil {
+			return int(i)
+		}
+		f, _ := x.Float64() // the decoder accepted it as a number
+		return f
+	case []any:
+		for i, e := range x {
+			x[i] = fromNumbers(e)
+		}
+	case map[string]any:
+		for k, e := range x {
+			x[k] = fromNumbers(e)
+		}
+	}
+	return v
 }

@@ -254,16 +254,18 @@ func (w *Worker) start(steps []storage.ClaimedStep, done []finished) bool {
 	}
 	w.running.Add(len(steps))
 	w.mu.Unlock()
-	for _, a := range attempts {
-		go w.execute(a)
+	for i, a := range attempts {
+		// execute gets its own copy of the step: the heartbeat updates
+		// a.step.LeaseUntil under w.mu while the handler runs.
+		go w.execute(a, steps[i])
 	}
 	return true
 }
 
 // execute runs one attempt's handler and hands its result to the flusher.
-func (w *Worker) execute(a *attempt) {
+func (w *Worker) execute(a *attempt, step storage.ClaimedStep) {
 	defer w.running.Done()
-	ctx, step := a.ctx, a.step
+	ctx := a.ctx
 	began := time.Now()
 	result, ok := w.engine.runAttempt(ctx, w.logger, step)
 	ran := time.Since(began)
