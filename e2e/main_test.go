@@ -71,7 +71,7 @@ func backends(t *testing.T) []backend {
 		return filepath.Join(t.TempDir(), "dagrun.db")
 	}}}
 	if os.Getenv("DAGRUN_TEST_POSTGRES") != "" {
-		list = append(list, backend{name: "postgres", newDB: newPostgresDB})
+		list = append(list, backend{name: "postgres", newDB: func(t *testing.T) string { return newPostgresDB(t) }})
 	} else if os.Getenv("CI") == "true" {
 		t.Fatal("DAGRUN_TEST_POSTGRES is not set; Postgres e2e tests are required under CI=true")
 	}
@@ -81,7 +81,7 @@ func backends(t *testing.T) []backend {
 var dbSeq atomic.Int64
 
 // newPostgresDB creates a database for one test and drops it afterwards.
-func newPostgresDB(t *testing.T) string {
+func newPostgresDB(t testing.TB) string {
 	t.Helper()
 	dsn := os.Getenv("DAGRUN_TEST_POSTGRES")
 	ctx := context.Background()
@@ -152,12 +152,15 @@ func (e *env) command(ctx context.Context, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, binary, args...)
 	cmd.Dir = e.dir
 	cmd.Env = append(os.Environ(), "DAGRUN_DB="+e.db, "DAGRUN_WORKFLOWS="+e.workflows)
+	// The race runtime sleeps a second at exit by default (atexit_sleep_ms)
+	// for reports to flush; over hundreds of runs that dominates the suite.
+	cmd.Env = append(cmd.Env, "GORACE=atexit_sleep_ms=0 "+os.Getenv("GORACE"))
 	cmd.Env = append(cmd.Env, e.extraEnv...)
 	return cmd
 }
 
 // run runs dagrun to completion (at most a minute) with stdin.
-func (e *env) runStdin(t *testing.T, stdin string, args ...string) result {
+func (e *env) runStdin(t testing.TB, stdin string, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -167,6 +170,7 @@ func (e *env) runStdin(t *testing.T, stdin string, args ...string) result {
 	cmd.Stdin = strings.NewReader(stdin)
 	err := cmd.Run()
 	res := result{stdout: stdout.String(), stderr: stderr.String()}
+	require.NotContains(t, res.stderr, "WARNING: DATA RACE", "dagrun %v", args)
 	if err != nil {
 		exitErr, ok := err.(*exec.ExitError)
 		require.True(t, ok, "run dagrun %v: %v\n%s", args, err, stderr.String())
@@ -175,13 +179,13 @@ func (e *env) runStdin(t *testing.T, stdin string, args ...string) result {
 	return res
 }
 
-func (e *env) run(t *testing.T, args ...string) result {
+func (e *env) run(t testing.TB, args ...string) result {
 	t.Helper()
 	return e.runStdin(t, "", args...)
 }
 
 // mustRun runs dagrun and requires exit code 0.
-func (e *env) mustRun(t *testing.T, args ...string) result {
+func (e *env) mustRun(t testing.TB, args ...string) result {
 	t.Helper()
 	res := e.run(t, args...)
 	require.Equal(t, 0, res.code, "dagrun %v\nstdout:\n%s\nstderr:\n%s", args, res.stdout, res.stderr)
@@ -190,20 +194,22 @@ func (e *env) mustRun(t *testing.T, args ...string) result {
 
 // instance is the part of the instance object the tests read.
 type instance struct {
-	ID       string          `json:"id"`
-	Workflow string          `json:"workflow"`
-	Status   string          `json:"status"`
-	Input    json.RawMessage `json:"input"`
-	Output   json.RawMessage `json:"output"`
-	Error    *string         `json:"error"`
-	Steps    []struct {
-		Name     string          `json:"name"`
-		Handler  string          `json:"handler"`
-		Status   string          `json:"status"`
-		Attempts int             `json:"attempts"`
-		Input    json.RawMessage `json:"input"`
-		Output   json.RawMessage `json:"output"`
-		Error    *string         `json:"error"`
+	ID        string          `json:"id"`
+	CreatedAt string          `json:"createdAt"`
+	Workflow  string          `json:"workflow"`
+	Status    string          `json:"status"`
+	Input     json.RawMessage `json:"input"`
+	Output    json.RawMessage `json:"output"`
+	Error     *string         `json:"error"`
+	Steps     []struct {
+		Name      string          `json:"name"`
+		Handler   string          `json:"handler"`
+		Status    string          `json:"status"`
+		Attempts  int             `json:"attempts"`
+		Input     json.RawMessage `json:"input"`
+		Output    json.RawMessage `json:"output"`
+		Error     *string         `json:"error"`
+		StartedAt *string         `json:"startedAt"`
 	} `json:"steps"`
 	Events []struct {
 		Type    string `json:"type"`
@@ -213,7 +219,7 @@ type instance struct {
 	} `json:"events"`
 }
 
-func (e *env) status(t *testing.T, id string) instance {
+func (e *env) status(t testing.TB, id string) instance {
 	t.Helper()
 	res := e.mustRun(t, "status", id, "--json")
 	var inst instance

@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -165,7 +166,14 @@ func (c *cli) rootCommand() *cobra.Command {
 // flagError makes a flag parsing error a usage error that says where to
 // look for the valid flags.
 func flagError(cmd *cobra.Command, err error) error {
-	return usageError(fmt.Errorf("%v (see %s --help)", err, cmd.CommandPath()))
+	msg := err.Error()
+	var num *strconv.NumError
+	if errors.As(err, &num) {
+		// "strconv.ParseInt: parsing "high": invalid syntax" means nothing
+		// to a user.
+		msg = strings.Replace(msg, num.Error(), "want a whole number", 1)
+	}
+	return usageError(fmt.Errorf("%s (see %s --help)", msg, cmd.CommandPath()))
 }
 
 func (c *cli) env(name, fallback string) string {

@@ -1,14 +1,26 @@
 package app
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/dagrun/dagrun"
 	"github.com/dagrun/dagrun/storage"
 )
+
+// conflictError explains why an instance cannot take a verb by naming its
+// current status, instead of the store's wrapped conflict error.
+func conflictError(ctx context.Context, engine *dagrun.Engine, id, prefix, rule string, err error) error {
+	inst, getErr := engine.Get(ctx, id)
+	if getErr != nil {
+		return usageError(err)
+	}
+	return usageError(fmt.Errorf("instance %s is %s%s; %s", id, prefix, inst.Status, rule))
+}
 
 func (c *cli) cancelCommand() *cobra.Command {
 	return &cobra.Command{
@@ -23,7 +35,7 @@ func (c *cli) cancelCommand() *cobra.Command {
 			}
 			if err := engine.Cancel(ctx, args[0]); err != nil {
 				if errors.Is(err, storage.ErrConflict) {
-					return usageError(err)
+					return conflictError(ctx, engine, args[0], "already ", "only a pending or running instance can be cancelled", err)
 				}
 				return instanceError(args[0], err)
 			}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -104,7 +105,7 @@ func (c *cli) findWorkflow(name string) (*dag.Workflow, error) {
 		if _, err := os.Stat(path); err == nil {
 			w, err := dag.ParseFile(path, opts)
 			if err != nil {
-				return nil, usageError(fmt.Errorf("workflow %s is invalid (run dagrun validate %s):\n%v", name, path, err))
+				return nil, usageError(invalidWorkflowError(name, path, err))
 			}
 			return w, nil
 		}
@@ -115,7 +116,22 @@ func (c *cli) findWorkflow(name string) (*dag.Workflow, error) {
 		names[i] = w.Name
 	}
 	if len(names) == 0 {
-		return nil, usageError(fmt.Errorf("unknown workflow %q: no workflows in %s", name, c.workflowsDir))
+		return nil, usageError(fmt.Errorf("unknown workflow %q: no valid workflows in %s (check them with: dagrun validate)", name, c.workflowsDir))
 	}
-	return nil, usageError(fmt.Errorf("unknown workflow %q (available: %v)", name, names))
+	return nil, usageError(fmt.Errorf("unknown workflow %q (available: %s)", name, strings.Join(names, ", ")))
+}
+
+// invalidWorkflowError sums up a workflow file's validation errors on one
+// line: the first error, how many more, and the command that lists them.
+func invalidWorkflowError(name, path string, err error) error {
+	first, more := err.Error(), 0
+	var list dag.ErrorList
+	if errors.As(err, &list) && len(list) > 0 {
+		first, more = list[0].Error(), len(list)-1
+	}
+	msg := fmt.Sprintf("workflow %s is invalid: %s", name, oneLineString(first))
+	if more > 0 {
+		msg += fmt.Sprintf(" (and %d more)", more)
+	}
+	return fmt.Errorf("%s; list every error with: dagrun validate %s", msg, path)
 }

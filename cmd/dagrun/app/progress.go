@@ -3,73 +3,119 @@ package app
 import (
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/dagrun/dagrun/storage"
 )
 
-// progress prints one line on stderr per step transition it observes.
+// progress prints one line on stderr per step transition. The lines come
+// from the instance's event history rather than from comparing snapshots,
+// so a transition that comes and goes between two looks (a 10ms retry
+// backoff, say) still gets its line.
 type progress struct {
-	w        io.Writer
-	seen     map[string]stepMark
-	instance storage.InstanceStatus
+	w       io.Writer
+	skip    skipMode
+	first   bool
+	seen    map[int64]bool
+	started map[string]time.Time // step -> when its latest attempt started
 }
 
-type stepMark struct {
-	status   storage.StepStatus
-	attempts int
-}
+// skipMode says which events already in the history on the first look are
+// not news to the user.
+type skipMode int
 
-func newProgress(w io.Writer) *progress {
-	return &progress{w: w, seen: map[string]stepMark{}}
+const (
+	skipNone         skipMode = iota // a new instance: print its whole history
+	skipUntilRetried                 // a retry: the history up to the retry is old news
+	skipExisting                     // following an instance that was already there
+)
+
+func newProgress(w io.Writer, skip skipMode) *progress {
+	return &progress{w: w, skip: skip, first: true, seen: map[int64]bool{}, started: map[string]time.Time{}}
 }
 
 func (p *progress) observe(inst *storage.Instance) {
-	for _, s := range inst.Steps {
-		mark := stepMark{status: s.Status, attempts: s.Attempts}
-		prev, known := p.seen[s.Name]
-		if known && prev == mark {
-			continue
+	events := inst.Events
+	if p.first {
+		p.first = false
+		cut := 0
+		switch p.skip {
+		case skipExisting:
+			cut = len(events)
+		case skipUntilRetried:
+			for i, ev := range events {
+				if ev.Type == storage.EventInstanceRetried {
+					cut = i + 1
+				}
+			}
 		}
-		p.seen[s.Name] = mark
-		if !known && s.Status == storage.StepBlocked {
-			continue
+		for _, ev := range events[:cut] {
+			p.seen[ev.ID] = true
+			if ev.Type == storage.EventStepStarted {
+				p.started[ev.Step] = ev.At
+			}
 		}
-		fmt.Fprintln(p.w, stepLine(s))
 	}
-	if inst.Status != p.instance && inst.Status.Finished() {
-		line := fmt.Sprintf("instance %s %s", inst.ID, inst.Status)
+	// Events are in ID order; tracking IDs rather than a count keeps this
+	// right if a concurrent transaction's event becomes visible late.
+	for _, ev := range events {
+		if p.seen[ev.ID] {
+			continue
+		}
+		p.seen[ev.ID] = true
+		if line := p.line(inst, ev); line != "" {
+			fmt.Fprintln(p.w, line)
+		}
+	}
+}
+
+func (p *progress) line(inst *storage.Instance, ev storage.Event) string {
+	name := fmt.Sprintf("%-12s", ev.Step)
+	msg := oneLineString(ev.Message)
+	switch ev.Type {
+	case storage.EventStepReady:
+		return name + " ready"
+	case storage.EventStepStarted:
+		p.started[ev.Step] = ev.At
+		return fmt.Sprintf("%s running (attempt %d)", name, ev.Attempt)
+	case storage.EventStepCompleted:
+		if began, ok := p.started[ev.Step]; ok && !ev.At.Before(began) {
+			return name + " completed in " + roundDuration(ev.At.Sub(began))
+		}
+		return name + " completed"
+	case storage.EventStepRetrying:
+		return fmt.Sprintf("%s retrying after attempt %d failed: %s", name, ev.Attempt, msg)
+	case storage.EventStepSnoozed:
+		if t, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(ev.Message, "until ")); err == nil {
+			return name + " waiting until " + t.Local().Format(time.TimeOnly)
+		}
+		return name + " waiting " + msg
+	case storage.EventStepFailed:
+		if ev.Attempt > 0 {
+			return fmt.Sprintf("%s failed after %d attempt(s): %s", name, ev.Attempt, msg)
+		}
+		return name + " failed: " + msg
+	case storage.EventStepSkipped:
+		return name + " skipped"
+	case storage.EventStepCancelled:
+		return name + " cancelled"
+	case storage.EventStepReleased:
+		return name + " released by a stopping worker; waiting for another"
+	case storage.EventStepLeaseExpired:
+		line := fmt.Sprintf("%s attempt %d lost its worker (lease expired)", name, ev.Attempt)
+		if msg != "" {
+			line += ": " + msg
+		}
+		return line
+	case storage.EventInstanceCompleted, storage.EventInstanceFailed, storage.EventInstanceCancelled:
+		line := fmt.Sprintf("instance %s %s", inst.ID, strings.TrimPrefix(string(ev.Type), "instance."))
 		if inst.FinishedAt != nil {
 			line += " in " + roundDuration(inst.FinishedAt.Sub(inst.CreatedAt))
 		}
-		fmt.Fprintln(p.w, line)
+		return line
 	}
-	p.instance = inst.Status
-}
-
-func stepLine(s storage.Step) string {
-	switch s.Status {
-	case storage.StepRunning:
-		return fmt.Sprintf("%-12s running (attempt %d)", s.Name, s.Attempts)
-	case storage.StepCompleted:
-		return fmt.Sprintf("%-12s completed%s", s.Name, durationSuffix(s))
-	case storage.StepPending:
-		if s.Error != "" {
-			return fmt.Sprintf("%-12s retrying at %s after attempt %d failed: %s", s.Name, s.RunAfter.Local().Format(time.TimeOnly), s.Attempts, oneLineString(s.Error))
-		}
-		return fmt.Sprintf("%-12s ready", s.Name)
-	case storage.StepFailed:
-		return fmt.Sprintf("%-12s failed after %d attempt(s): %s", s.Name, s.Attempts, oneLineString(s.Error))
-	default:
-		return fmt.Sprintf("%-12s %s", s.Name, s.Status)
-	}
-}
-
-func durationSuffix(s storage.Step) string {
-	if s.StartedAt == nil || s.FinishedAt == nil {
-		return ""
-	}
-	return " in " + roundDuration(s.FinishedAt.Sub(*s.StartedAt))
+	return "" // instance.created, .started, .retried: no news to a follower
 }
 
 func roundDuration(d time.Duration) string {

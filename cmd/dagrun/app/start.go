@@ -49,6 +49,19 @@ func (c *cli) startCommand() *cobra.Command {
 			}
 			res, err := engine.Start(ctx, args[0], raw, &opts)
 			if err != nil {
+				var syntaxErr *json.SyntaxError
+				if errors.As(err, &syntaxErr) {
+					// Mostly a shell ate the quotes, or keys were left unquoted.
+					return usageError(fmt.Errorf("%v (write JSON with double-quoted keys and strings, in single quotes for the shell: --input '{\"key\": \"value\"}')", err))
+				}
+				var unknown *dagrun.UnknownWorkflowError
+				if errors.As(err, &unknown) {
+					// The file may be there but invalid: say so rather
+					// than "unknown workflow".
+					if _, findErr := c.findWorkflow(args[0]); findErr != nil {
+						return findErr
+					}
+				}
 				return err
 			}
 			if detach {
@@ -58,7 +71,11 @@ func (c *cli) startCommand() *cobra.Command {
 			if res.Existed {
 				fmt.Fprintf(c.io.Stderr, "instance %s already exists for key %q; following it\n", res.ID, opts.Key)
 			}
-			return c.follow(ctx, engine, res.ID, jsonOut)
+			skip := skipNone
+			if res.Existed {
+				skip = skipExisting
+			}
+			return c.follow(ctx, engine, res.ID, jsonOut, skip)
 		},
 	}
 	f := cmd.Flags()
@@ -84,13 +101,16 @@ func (c *cli) retryCommand() *cobra.Command {
 				return err
 			}
 			if err := engine.Retry(ctx, args[0]); err != nil {
+				if errors.Is(err, storage.ErrConflict) {
+					return conflictError(ctx, engine, args[0], "", "only a failed or cancelled instance can be retried", err)
+				}
 				return instanceError(args[0], err)
 			}
 			if detach {
 				fmt.Fprintln(c.io.Stdout, args[0])
 				return nil
 			}
-			return c.follow(ctx, engine, args[0], jsonOut)
+			return c.follow(ctx, engine, args[0], jsonOut, skipUntilRetried)
 		},
 	}
 	cmd.Flags().BoolVar(&detach, "detach", false, "return at once; workers run the re-armed steps")
@@ -110,7 +130,11 @@ func (c *cli) readInput(spec string) (json.RawMessage, error) {
 	case strings.HasPrefix(spec, "@"):
 		data, err := os.ReadFile(spec[1:])
 		if err != nil {
-			return nil, fmt.Errorf("read --input file: %v", err)
+			var pathErr *os.PathError
+			if errors.As(err, &pathErr) {
+				err = pathErr.Err
+			}
+			return nil, fmt.Errorf("cannot read --input file %q: %v", spec[1:], err)
 		}
 		return data, nil
 	default:
@@ -118,10 +142,15 @@ func (c *cli) readInput(spec string) (json.RawMessage, error) {
 	}
 }
 
+// followLease is the claim lease of a following start's in-process worker.
+const followLease = 10 * time.Second
+
 // follow runs an in-process worker for one instance and reports its
 // progress until it finishes. Other workers may run its steps too.
-func (c *cli) follow(ctx context.Context, engine *dagrun.Engine, id string, jsonOut bool) error {
-	worker, err := engine.NewWorker(&dagrun.WorkerConfig{InstanceID: id})
+func (c *cli) follow(ctx context.Context, engine *dagrun.Engine, id string, jsonOut bool, skip skipMode) error {
+	// A shorter lease than a long-lived worker's: if this process is killed
+	// while following, another worker takes the step over within seconds.
+	worker, err := engine.NewWorker(&dagrun.WorkerConfig{InstanceID: id, Lease: followLease})
 	if err != nil {
 		return err
 	}
@@ -133,7 +162,7 @@ func (c *cli) follow(ctx context.Context, engine *dagrun.Engine, id string, json
 		<-workerDone
 	}()
 
-	progress := newProgress(c.io.Stderr)
+	progress := newProgress(c.io.Stderr, skip)
 	inst, err := engine.Follow(ctx, id, progress.observe)
 	if err != nil {
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {

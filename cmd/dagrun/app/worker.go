@@ -3,6 +3,7 @@ package app
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -11,8 +12,9 @@ import (
 
 func (c *cli) workerCommand() *cobra.Command {
 	var (
-		config dagrun.WorkerConfig
-		queues string
+		config             dagrun.WorkerConfig
+		queues             string
+		lease, poll, grace string
 	)
 	cmd := &cobra.Command{
 		Use:   "worker",
@@ -22,8 +24,15 @@ func (c *cli) workerCommand() *cobra.Command {
 			if config.Concurrency < 1 {
 				return usageError(fmt.Errorf("invalid --concurrency %d: must be at least 1", config.Concurrency))
 			}
-			if config.Lease <= 0 || config.Poll <= 0 || config.ShutdownGrace < 0 {
-				return usageError(fmt.Errorf("--lease and --poll must be positive durations and --grace not negative"))
+			var err error
+			if config.Lease, err = parseDurationFlag("lease", lease, false); err != nil {
+				return err
+			}
+			if config.Poll, err = parseDurationFlag("poll", poll, false); err != nil {
+				return err
+			}
+			if config.ShutdownGrace, err = parseDurationFlag("grace", grace, true); err != nil {
+				return err
 			}
 			if queues != "" {
 				for _, q := range strings.Split(queues, ",") {
@@ -50,10 +59,23 @@ func (c *cli) workerCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.IntVar(&config.Concurrency, "concurrency", dagrun.DefaultConcurrency, "steps run at once")
 	f.StringVar(&queues, "queues", "", "comma-separated queues to take steps from (default all)")
-	f.DurationVar(&config.Lease, "lease", dagrun.DefaultLease, "claim lease; the worker heartbeats every third of it")
-	f.DurationVar(&config.Poll, "poll", dagrun.DefaultPoll, "fallback polling interval")
-	f.DurationVar(&config.ShutdownGrace, "grace", dagrun.DefaultShutdownGrace, "how long running steps may finish after SIGINT/SIGTERM")
+	f.StringVar(&lease, "lease", dagrun.DefaultLease.String(), "claim lease; the worker heartbeats every third of it")
+	f.StringVar(&poll, "poll", dagrun.DefaultPoll.String(), "fallback polling interval")
+	f.StringVar(&grace, "grace", dagrun.DefaultShutdownGrace.String(), "how long running steps may finish after SIGINT/SIGTERM")
 	return cmd
+}
+
+// parseDurationFlag parses a duration flag into a usage error that says what
+// a valid value looks like. Zero is allowed only when zeroOK.
+func parseDurationFlag(name, value string, zeroOK bool) (time.Duration, error) {
+	d, err := time.ParseDuration(value)
+	switch {
+	case err != nil:
+		return 0, usageError(fmt.Errorf("invalid --%s %q: use a duration such as 500ms, 30s or 5m", name, value))
+	case d < 0 || (d == 0 && !zeroOK):
+		return 0, usageError(fmt.Errorf("invalid --%s %q: must be a positive duration such as 500ms, 30s or 5m", name, value))
+	}
+	return d, nil
 }
 
 // redactDSN hides a password in a postgres URL before it is logged.

@@ -1,0 +1,282 @@
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/cmd/dagrun/app"
+	"github.com/dagrun/dagrun/handlers"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// testBundle is one user's working folder: a SQLite file and the test
+// workflows, driven through app.Run in process.
+type testBundle struct {
+	dir      string
+	registry *handlers.Registry
+	env      map[string]string
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	registry := handlers.NewRegistry()
+	handlers.RegisterBuiltins(registry)
+	registry.Register("test.decline", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+		return nil, errors.New("card declined: insufficient funds")
+	})
+	dir := t.TempDir()
+	workflows, err := filepath.Abs("testdata/workflows")
+	require.NoError(t, err)
+	return &testBundle{
+		dir:      dir,
+		registry: registry,
+		env: map[string]string{
+			"DAGRUN_DB":        filepath.Join(dir, "dagrun.db"),
+			"DAGRUN_WORKFLOWS": workflows,
+		},
+	}
+}
+
+type runResult struct {
+	code           int
+	stdout, stderr string
+}
+
+func (b *testBundle) run(t *testing.T, stdin string, args ...string) runResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := app.Run(ctx, args, &app.IO{
+		Stdin:  strings.NewReader(stdin),
+		Stdout: &stdout,
+		Stderr: &stderr,
+		Getenv: func(name string) string { return b.env[name] },
+	}, b.registry)
+	return runResult{code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+// golden compares got with testdata/NAME.golden, rewriting it with -update.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
+		return
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err, "missing golden file; run go test ./cmd/dagrun/app -update")
+	require.Equal(t, string(want), got)
+}
+
+var (
+	maskUUID     = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+	maskTime     = regexp.MustCompile(`\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})`)
+	maskClock    = regexp.MustCompile(`\b\d{2}:\d{2}:\d{2}\b`)
+	maskDuration = regexp.MustCompile(`\b\d+(\.\d+)?(ns|µs|ms|s)\b…?`)
+	columnGap    = regexp.MustCompile(`\S  +`)
+)
+
+// mask hides what changes from run to run, then re-aligns table columns,
+// since a masked duration may be narrower or wider than the real one.
+func mask(s string) string {
+	s = maskUUID.ReplaceAllString(s, "<ID>")
+	s = maskTime.ReplaceAllString(s, "<TIME>")
+	s = maskClock.ReplaceAllString(s, "<CLOCK>")
+	s = maskDuration.ReplaceAllString(s, "<DUR>")
+	var out strings.Builder
+	tw := tabwriter.NewWriter(&out, 0, 4, 2, ' ', 0)
+	for _, line := range strings.SplitAfter(s, "\n") {
+		if line == "" {
+			continue
+		}
+		// Two or more spaces after a non-space separate columns.
+		line = columnGap.ReplaceAllStringFunc(line, func(m string) string { return m[:1] + "\t" })
+		fmt.Fprint(tw, line)
+		if line == "\n" {
+			_ = tw.Flush()
+		}
+	}
+	_ = tw.Flush()
+	return out.String()
+}
+
+func TestStatusTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.run(t, "", "start", "checkout", "--input", `{"orderId": "A-7"}`)
+	require.Equal(t, app.ExitFailed, res.code, res.stderr)
+	require.Empty(t, res.stdout)
+	// One progress line per transition (from the event history, so none is
+	// missed however fast the retries), then the error.
+	golden(t, "start-failed", mask(res.stderr))
+
+	id := maskUUID.FindString(res.stderr)
+	require.NotEmpty(t, id)
+	res = b.run(t, "", "status", id)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.Empty(t, res.stderr)
+	golden(t, "status-failed", mask(res.stdout))
+
+	res = b.run(t, "", "start", "greet", "--input", `{"name": "Ada"}`)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.Equal(t, "\"hello, Ada\"\n", res.stdout)
+	id = maskUUID.FindString(res.stderr)
+	res = b.run(t, "", "status", id)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	golden(t, "status-completed", mask(res.stdout))
+
+	res = b.run(t, "", "list")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	golden(t, "list", mask(res.stdout))
+}
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.run(t, "", "validate")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.Equal(t, "ok checkout (4 steps)\nok greet (1 steps)\n", res.stdout)
+
+	res = b.run(t, "", "validate", "testdata/invalid/typos.yaml", "testdata/workflows/greet.yaml", "testdata/invalid/not-yaml.yaml")
+	require.Equal(t, app.ExitUsage, res.code)
+	require.Equal(t, "ok greet (1 steps)\n", res.stdout)
+	for _, line := range strings.Split(strings.TrimSpace(res.stderr), "\n") {
+		require.Regexp(t, `^testdata/invalid/[a-z-]+\.yaml:\d+:\d+: `, line)
+	}
+	golden(t, "validate-invalid", res.stderr)
+}
+
+// TestErrorLines records the one-line errors of common mistakes in one
+// golden file, so a change to any wording shows up in review.
+func TestErrorLines(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cases := []struct {
+		args  []string
+		stdin string
+		code  int
+	}{
+		{args: []string{"start", "checkout", "--input", `{orderId: "A-7"}`}, code: app.ExitUsage},
+		{args: []string{"start", "checkout", "--input", `{"orderId": 7}`}, code: app.ExitUsage},
+		{args: []string{"start", "checkout"}, code: app.ExitUsage},
+		{args: []string{"start", "checkout", "--input", "-"}, stdin: `"A-7"`, code: app.ExitUsage},
+		{args: []string{"start", "checkout", "--input", "@nope.json"}, code: app.ExitUsage},
+		{args: []string{"start", "chekout"}, code: app.ExitUsage},
+		{args: []string{"start", "checkout", "--delay", "tomorrow"}, code: app.ExitUsage},
+		{args: []string{"start", "checkout", "--priority", "1.5"}, code: app.ExitUsage},
+		{args: []string{"start"}, code: app.ExitUsage},
+		{args: []string{"status"}, code: app.ExitUsage},
+		{args: []string{"status", "no-such-id"}, code: app.ExitUsage},
+		{args: []string{"cancel", "no-such-id"}, code: app.ExitUsage},
+		{args: []string{"retry", "no-such-id"}, code: app.ExitUsage},
+		{args: []string{"list", "--status", "done"}, code: app.ExitUsage},
+		{args: []string{"list", "--limit", "-1"}, code: app.ExitUsage},
+		{args: []string{"worker", "--concurrency", "0"}, code: app.ExitUsage},
+		{args: []string{"worker", "--lease", "30"}, code: app.ExitUsage},
+		{args: []string{"worker", "--grace", "-1s"}, code: app.ExitUsage},
+		{args: []string{"prune", "--older-than", "1 week"}, code: app.ExitUsage},
+		{args: []string{"graph", "nope"}, code: app.ExitUsage},
+		{args: []string{"graph", "greet", "--format", "svg"}, code: app.ExitUsage},
+		{args: []string{"lsit"}, code: app.ExitUsage},
+		{args: []string{"list", "--all"}, code: app.ExitUsage},
+		{args: []string{"--log-level", "loud", "list"}, code: app.ExitUsage},
+		{args: []string{"--db", "mysql://localhost/x", "list"}, code: app.ExitUsage},
+		{args: []string{"--db", "sqlite:", "list"}, code: app.ExitUsage},
+		{args: []string{"--db", "", "list"}, code: app.ExitUsage},
+	}
+	var report strings.Builder
+	for _, c := range cases {
+		res := b.run(t, c.stdin, c.args...)
+		require.Equal(t, c.code, res.code, "dagrun %q\n%s", c.args, res.stderr)
+		require.Empty(t, res.stdout, "dagrun %q", c.args)
+		require.Equal(t, 1, strings.Count(res.stderr, "\n"), "one line for dagrun %q:\n%s", c.args, res.stderr)
+		require.True(t, strings.HasPrefix(res.stderr, "dagrun: "), res.stderr)
+		fmt.Fprintf(&report, "$ dagrun %s\n%s(exit %d)\n\n", strings.Join(quoteArgs(c.args), " "), res.stderr, res.code)
+	}
+	golden(t, "errors", report.String())
+
+	// Nothing was started by any of them.
+	res := b.run(t, "", "list", "--json")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.Equal(t, "[]\n", res.stdout)
+}
+
+func quoteArgs(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if a == "" || strings.ContainsAny(a, " \"{}@") {
+			a = "'" + a + "'"
+		}
+		out[i] = a
+	}
+	return out
+}
+
+// TestStdoutIsClean checks that logs never reach stdout, even at debug.
+func TestStdoutIsClean(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.run(t, "", "--log-level", "debug", "--log-format", "json", "start", "greet", "--input", `{"name": "Bo"}`)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.Equal(t, "\"hello, Bo\"\n", res.stdout)
+}
+
+// TestStartJSONOnFailure: --json prints the whole instance object whatever
+// the outcome, and the exit code still tells the outcome.
+func TestStartJSONOnFailure(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.run(t, "", "start", "checkout", "--input", `{"orderId": "A-8", "email": "a@example.com"}`, "--json")
+	require.Equal(t, app.ExitFailed, res.code, res.stderr)
+	var inst struct {
+		Status string  `json:"status"`
+		Error  *string `json:"error"`
+		Steps  []struct {
+			Name     string `json:"name"`
+			Status   string `json:"status"`
+			Attempts int    `json:"attempts"`
+		} `json:"steps"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &inst), res.stdout)
+	require.Equal(t, "failed", inst.Status)
+	require.Equal(t, "step charge failed: card declined: insufficient funds", *inst.Error)
+	got := map[string]string{}
+	for _, s := range inst.Steps {
+		got[s.Name] = fmt.Sprintf("%s/%d", s.Status, s.Attempts)
+	}
+	require.Equal(t, map[string]string{"reserve": "completed/1", "charge": "failed/3", "receipt": "completed/1", "ship": "cancelled/0"}, got)
+}
+
+// TestInvalidWorkflowFile: starting or drawing a workflow whose file is
+// there but invalid names the file's first error, not "unknown workflow".
+func TestInvalidWorkflowFile(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.env["DAGRUN_WORKFLOWS"] = "testdata/invalid"
+	var report strings.Builder
+	for _, args := range [][]string{{"start", "typos"}, {"graph", "typos"}, {"start", "greet"}} {
+		res := b.run(t, "", args...)
+		require.Equal(t, app.ExitUsage, res.code, res.stderr)
+		require.Empty(t, res.stdout)
+		lines := strings.Split(strings.TrimSuffix(res.stderr, "\n"), "\n")
+		last := lines[len(lines)-1]
+		require.True(t, strings.HasPrefix(last, "dagrun: "), res.stderr)
+		fmt.Fprintf(&report, "$ dagrun %s\n%s\n\n", strings.Join(args, " "), last)
+	}
+	golden(t, "invalid-workflow", report.String())
+}

@@ -1,0 +1,153 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// badCase is one mistake a user makes on the command line. Each must fail
+// with one clear line on stderr (compared with testdata/badinput-NAME.golden
+// after masking), the documented exit code, nothing on stdout, and nothing
+// written to the database.
+type badCase struct {
+	name  string
+	args  []string
+	stdin string
+	code  int
+}
+
+// validOrder satisfies order-processing's input schema.
+const validOrder = `{"orderId": "A-1", "items": [{"sku": "pen"}], "totalAmount": 1}`
+
+func badInputCases() []badCase {
+	unknownID := "01234567-89ab-cdef-0123-456789abcdef"
+	return []badCase{
+		// The input.
+		{name: "input-not-json", args: []string{"start", "order-processing", "--input", "{orderId: A-1}"}, code: 2},
+		{name: "input-not-object", args: []string{"start", "order-processing", "--input", `["A-1"]`}, code: 2},
+		{name: "input-missing-required", args: []string{"start", "order-processing", "--input", `{"orderId": "A-1"}`}, code: 2},
+		{name: "input-min-items", args: []string{"start", "order-processing", "--input", `{"orderId": "A-1", "items": [], "totalAmount": 1}`}, code: 2},
+		{name: "input-wrong-type", args: []string{"start", "order-processing", "--input", `{"orderId": 7, "items": [1], "totalAmount": -1}`}, code: 2},
+		{name: "input-two-values", args: []string{"start", "order-processing", "--input", validOrder + " {}"}, code: 2},
+		{name: "input-too-large", args: []string{"start", "order-processing", "--input", "@big.json"}, code: 2},
+		{name: "input-missing-file", args: []string{"start", "order-processing", "--input", "@missing.json"}, code: 2},
+		{name: "input-stdin-not-json", args: []string{"start", "order-processing", "--input", "-", "--detach"}, stdin: "orderId=A-1\n", code: 2},
+		{name: "input-stdin-empty", args: []string{"start", "order-processing", "--input", "-", "--detach"}, code: 2},
+		// Names and IDs.
+		{name: "unknown-workflow", args: []string{"start", "order-procesing", "--input", validOrder}, code: 2},
+		{name: "status-unknown-id", args: []string{"status", unknownID}, code: 2},
+		{name: "cancel-unknown-id", args: []string{"cancel", unknownID}, code: 2},
+		{name: "retry-unknown-id", args: []string{"retry", unknownID}, code: 2},
+		// Flags.
+		{name: "delay-malformed", args: []string{"start", "order-processing", "--input", validOrder, "--delay", "5x"}, code: 2},
+		{name: "priority-not-number", args: []string{"start", "order-processing", "--input", validOrder, "--priority", "high"}, code: 2},
+		{name: "worker-lease-malformed", args: []string{"worker", "--lease", "abc"}, code: 2},
+		{name: "worker-poll-zero", args: []string{"worker", "--poll", "0s"}, code: 2},
+		{name: "worker-concurrency-zero", args: []string{"worker", "--concurrency", "0"}, code: 2},
+		{name: "prune-older-than-malformed", args: []string{"prune", "--older-than", "yesterday"}, code: 2},
+		{name: "prune-without-bound", args: []string{"prune"}, code: 2},
+		{name: "list-bad-status", args: []string{"list", "--status", "done"}, code: 2},
+		{name: "list-bad-limit", args: []string{"list", "--limit", "0"}, code: 2},
+		{name: "unknown-flag", args: []string{"start", "order-processing", "--inptu", validOrder}, code: 2},
+		{name: "flag-missing-value", args: []string{"start", "order-processing", "--input"}, code: 2},
+		{name: "missing-argument", args: []string{"start", "--input", validOrder}, code: 2},
+		{name: "extra-argument", args: []string{"status", unknownID, "extra"}, code: 2},
+		{name: "unknown-command", args: []string{"stat", unknownID}, code: 2},
+		{name: "bad-log-format", args: []string{"list", "--log-format", "xml"}, code: 2},
+	}
+}
+
+var (
+	maskTempDir = regexp.MustCompile(`/[^\s"']*/(dagrun-e2e|Test)[^\s"']*`)
+	maskID      = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+)
+
+// mask replaces what changes between runs in an error line.
+func mask(s string) string {
+	s = maskTempDir.ReplaceAllString(s, "TMPDIR")
+	return maskID.ReplaceAllString(s, "ID")
+}
+
+// requireEmpty checks that nothing was written: no instance exists.
+func (e *env) requireEmpty(t *testing.T, after string) {
+	t.Helper()
+	require.Equal(t, "[]\n", e.mustRun(t, "list", "--json").stdout, "nothing is written after %s", after)
+}
+
+func TestBadInput(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, db string) {
+		e := newEnv(t, db, nil)
+		// 1.1 MiB of otherwise valid input.
+		pad := strings.Repeat("x", 11<<20/10)
+		big := `{"orderId": "A-1", "items": [1], "totalAmount": 1, "pad": "` + pad + `"}`
+		require.NoError(t, os.WriteFile(filepath.Join(e.dir, "big.json"), []byte(big), 0o644))
+		e.mustRun(t, "list") // the database exists and is empty
+
+		for _, c := range badInputCases() {
+			res := e.runStdin(t, c.stdin, c.args...)
+			require.Equal(t, c.code, res.code, "%s: dagrun %v\nstderr: %s", c.name, c.args, res.stderr)
+			require.Empty(t, res.stdout, c.name)
+			line := requireOneLine(t, res.stderr)
+			golden(t, "badinput-"+c.name, mask(line)+"\n")
+			e.requireEmpty(t, c.name)
+		}
+
+		// The same input through standard input works.
+		res := e.runStdin(t, validOrder, "start", "order-processing", "--input", "-", "--detach")
+		require.Equal(t, 0, res.code, res.stderr)
+		require.Regexp(t, idPattern, strings.TrimSpace(res.stdout))
+		require.Len(t, e.listJSON(t), 1)
+		res = e.runStdin(t, validOrder, "start", "order-processing", "--input", "-")
+		require.Equal(t, 0, res.code, res.stderr)
+		require.Contains(t, res.stdout, "paymentId")
+	})
+}
+
+// TestBadDatabase covers --db values that name no usable database. They
+// fail before any backend is reached, so they run once.
+func TestBadDatabase(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "unused.db", nil)
+	garbage := []byte("this is not a SQLite database\x00\x01\x02\xff and never was; it only looks like a file\n")
+	require.NoError(t, os.WriteFile(filepath.Join(e.dir, "garbage.db"), garbage, 0o644))
+
+	cases := []struct {
+		name string
+		db   string
+		code int
+	}{
+		{"db-unknown-scheme", "mysql://x", 2},
+		{"db-not-sqlite", "garbage.db", 3},
+		{"db-not-sqlite-prefixed", "sqlite:garbage.db", 3},
+		{"db-missing-folder", "no/such/folder/dagrun.db", 3},
+		{"db-postgres-unreachable", "postgres://postgres@127.0.0.1:1/x?connect_timeout=2", 3},
+	}
+	for _, c := range cases {
+		for _, args := range [][]string{
+			{"list"},
+			{"start", "order-processing", "--input", validOrder},
+		} {
+			res := e.run(t, append([]string{"--db", c.db}, args...)...)
+			require.Equal(t, c.code, res.code, "%s: %v\n%s", c.name, args, res.stderr)
+			require.Empty(t, res.stdout)
+			line := requireOneLine(t, res.stderr)
+			golden(t, "badinput-"+c.name, mask(line)+"\n")
+		}
+	}
+	data, err := os.ReadFile(filepath.Join(e.dir, "garbage.db"))
+	require.NoError(t, err)
+	require.Equal(t, garbage, data, "a file that is not a database is left untouched")
+	_, err = os.Stat(filepath.Join(e.dir, "no"))
+	require.ErrorIs(t, err, os.ErrNotExist, "no folder is created for a mistyped path")
+
+	// DAGRUN_DB works like --db.
+	e.extraEnv = []string{"DAGRUN_DB=mysql://x"}
+	res := e.run(t, "list")
+	require.Equal(t, 2, res.code)
+	golden(t, "badinput-db-unknown-scheme", mask(requireOneLine(t, res.stderr))+"\n")
+}
