@@ -79,13 +79,18 @@ func (l *listener) stop() {
 // its own, not the pool's: it stays busy for the store's life and must not
 // take a slot from transactions. When it dies, listen reconnects with
 // exponential backoff, and then signals every subscriber once, since
-// notifications sent while it was down are lost.
+// notifications sent while it was down are lost. The backoff grows only
+// while attempts keep failing to LISTEN: a connection that got that far
+// resets it, so each outage starts again from ListenerRetryMin.
 func (s *Store) listen(ctx context.Context, l *listener) {
 	backoff := s.cfg.ListenerRetryMin
 	for attempt := 0; ; attempt++ {
-		err := s.listenOnce(ctx, l, attempt > 0)
+		listened, err := s.listenOnce(ctx, l, attempt > 0)
 		if ctx.Err() != nil {
 			return
+		}
+		if listened {
+			backoff = s.cfg.ListenerRetryMin
 		}
 		if err != nil {
 			s.cfg.Logger.Warn("postgres: listener connection lost; reconnecting",
@@ -97,15 +102,13 @@ func (s *Store) listen(ctx context.Context, l *listener) {
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, s.cfg.ListenerRetryMax)
-		if err == nil {
-			backoff = s.cfg.ListenerRetryMin
-		}
 	}
 }
 
 // listenOnce connects, LISTENs and relays notifications until the
-// connection fails or ctx ends.
-func (s *Store) listenOnce(ctx context.Context, l *listener, reconnect bool) error {
+// connection fails or ctx ends. listened reports whether it got as far as
+// LISTENing.
+func (s *Store) listenOnce(ctx context.Context, l *listener, reconnect bool) (listened bool, err error) {
 	cc := s.pool.Config().ConnConfig
 	if cc.RuntimeParams == nil {
 		cc.RuntimeParams = map[string]string{}
@@ -114,7 +117,7 @@ func (s *Store) listenOnce(ctx context.Context, l *listener, reconnect bool) err
 	cc.RuntimeParams["application_name"] = cmp.Or(cc.RuntimeParams["application_name"], s.cfg.ApplicationName) + " listener"
 	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer func() {
 		l.pid.Store(0)
@@ -123,7 +126,7 @@ func (s *Store) listenOnce(ctx context.Context, l *listener, reconnect bool) err
 		_ = conn.Close(closeCtx)
 	}()
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
-		return err
+		return false, err
 	}
 	l.pid.Store(conn.PgConn().PID())
 	if reconnect {
@@ -132,7 +135,7 @@ func (s *Store) listenOnce(ctx context.Context, l *listener, reconnect bool) err
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
-			return err
+			return true, err
 		}
 		if n.Channel == s.channel {
 			s.broadcast()

@@ -28,6 +28,12 @@ func (s *Store) migrate(ctx context.Context) error {
 		return err
 	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// A migration may legitimately run long (an index on a big
+		// table): Config.StatementTimeout is for the store's own
+		// statements, not for this one transaction.
+		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = 0"); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", migrateLockClass, "dagrun:"+s.cfg.Schema); err != nil {
 			return err
 		}

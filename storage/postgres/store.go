@@ -28,6 +28,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -46,8 +47,9 @@ var (
 
 // Defaults of Config fields left zero.
 const (
-	DefaultMaxConns        = 10
-	DefaultApplicationName = "dagrun"
+	DefaultMaxConns         = 10
+	DefaultApplicationName  = "dagrun"
+	DefaultStatementTimeout = 30 * time.Second
 	// DefaultChannel is the NOTIFY channel when Config.Schema is empty; with
 	// a schema the channel is DefaultChannel + "." + schema (or a hash of a
 	// long schema name), so stores in different schemas of one database do
@@ -72,6 +74,17 @@ type Config struct {
 	// and the listener make, unless the URL sets application_name.
 	// Default "dagrun".
 	ApplicationName string
+
+	// StatementTimeout bounds every statement on the connections Open
+	// makes (the pool's and the listener's), as their statement_timeout
+	// runtime parameter: a statement blocked longer, say on a lock an
+	// abandoned session holds, fails with SQLSTATE 57014 ("canceling
+	// statement due to statement timeout") instead of hanging its worker.
+	// Default 30s (DefaultStatementTimeout); negative disables it
+	// (statement_timeout 0). Set explicitly, it overrides a
+	// statement_timeout in the URL; left zero, the URL's wins. Migrations
+	// at construction run without it. New uses the pool as configured.
+	StatementTimeout time.Duration
 
 	// Now returns the current time: every timestamp the store writes or
 	// compares comes from it, never from the database server's clock (see
@@ -100,6 +113,7 @@ func (c *Config) withDefaults() *Config {
 		Schema:           c.Schema,
 		MaxConns:         cmp.Or(c.MaxConns, DefaultMaxConns),
 		ApplicationName:  cmp.Or(c.ApplicationName, DefaultApplicationName),
+		StatementTimeout: cmp.Or(c.StatementTimeout, DefaultStatementTimeout),
 		Now:              now,
 		Logger:           cmp.Or(c.Logger, slog.Default()),
 		ListenerRetryMin: cmp.Or(c.ListenerRetryMin, min(100*time.Millisecond, cmp.Or(c.ListenerRetryMax, time.Hour))),
@@ -150,6 +164,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 // An unreachable server, unknown database or failed authentication returns
 // an error wrapping storage.ErrUnavailable. Close closes the pool.
 func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
+	explicitTimeout := cfg != nil && cfg.StatementTimeout != 0
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -166,6 +181,14 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 	pcfg.MaxConns = cfg.MaxConns
 	if _, ok := pcfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		pcfg.ConnConfig.RuntimeParams["application_name"] = cfg.ApplicationName
+	}
+	if _, ok := pcfg.ConnConfig.RuntimeParams["statement_timeout"]; explicitTimeout || !ok {
+		// In milliseconds, PostgreSQL's unit for a bare number; 0 disables.
+		ms := max(cfg.StatementTimeout.Milliseconds(), 0)
+		if cfg.StatementTimeout > 0 {
+			ms = max(ms, 1) // a sub-millisecond timeout must not disable it
+		}
+		pcfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(ms, 10)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {

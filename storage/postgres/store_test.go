@@ -452,6 +452,7 @@ func TestConfigDefaults(t *testing.T) {
 	require.NoError(t, c.validate())
 	require.EqualValues(t, 10, c.MaxConns)
 	require.Equal(t, "dagrun", c.ApplicationName)
+	require.Equal(t, 30*time.Second, c.StatementTimeout)
 	require.NotNil(t, c.Now)
 	require.NotNil(t, c.Logger)
 	require.Error(t, (&Config{MaxConns: -1}).withDefaults().validate())

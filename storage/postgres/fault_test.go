@@ -1,0 +1,130 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/storagetest"
+)
+
+// showStatementTimeout returns statement_timeout as a connection of s's pool
+// sees it.
+func showStatementTimeout(t *testing.T, s *Store) string {
+	t.Helper()
+	var v string
+	require.NoError(t, s.Pool().QueryRow(t.Context(), "SHOW statement_timeout").Scan(&v))
+	return v
+}
+
+// TestFaultStatementTimeoutConfig: Open sets statement_timeout on its
+// connections: 30s by default, the URL's when Config leaves it zero,
+// Config's when set, none when negative.
+func TestFaultStatementTimeoutConfig(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	withParam := func(v string) string {
+		u, err := url.Parse(testURL(t))
+		require.NoError(t, err)
+		q := u.Query()
+		q.Set("statement_timeout", v)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	cases := []struct {
+		name    string
+		url     string
+		timeout time.Duration
+		want    string
+	}{
+		{"default", testURL(t), 0, "30s"},
+		{"config", testURL(t), 1500 * time.Millisecond, "1500ms"},
+		{"url", withParam("5000"), 0, "5s"},
+		{"config over url", withParam("5000"), 2 * time.Second, "2s"},
+		{"disabled", withParam("5000"), -1, "0"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := Open(t.Context(), c.url, &Config{Schema: schema, MaxConns: 1, StatementTimeout: c.timeout})
+			require.NoError(t, err)
+			defer s.Close()
+			require.Equal(t, c.want, showStatementTimeout(t, s))
+		})
+	}
+}
+
+// TestFaultStatementTimeout: a store write blocked on a lock another session
+// holds fails promptly with a statement-timeout error instead of hanging,
+// and once the lock is gone the same write succeeds.
+func TestFaultStatementTimeout(t *testing.T) {
+	t.Parallel()
+	const timeout = 200 * time.Millisecond
+	s := openInSchema(t, newSchema(t), &Config{StatementTimeout: timeout, MaxConns: 2})
+	ctx := t.Context()
+	p := params(spec("a"), spec("b", "a"))
+	_, err := s.CreateInstances(ctx, nil, []storage.CreateParams{p}, storagetest.Plan)
+	require.NoError(t, err)
+	claimed, err := s.ClaimSteps(ctx, storage.ClaimParams{WorkerID: "w", Limit: 1, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	done := []storage.StepResult{{Claim: claimed[0].Claim, Outcome: storage.OutcomeCompleted, Output: []byte(`{}`)}}
+
+	// Another session (not bound by the store's timeout) locks the
+	// instance row, as a stuck administrator's transaction might.
+	blocker, err := sharedPool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = blocker.Exec(ctx, "SELECT 1 FROM "+pgx.Identifier{s.cfg.Schema, "instances"}.Sanitize()+" WHERE id = $1 FOR UPDATE", p.ID)
+	require.NoError(t, err)
+
+	began := time.Now()
+	_, err = s.FinishSteps(ctx, done, storagetest.Plan)
+	took := time.Since(began)
+	t.Logf("blocked finish failed after %s: %v", took.Round(time.Millisecond), err)
+	require.Error(t, err)
+	var pe *pgconn.PgError
+	require.True(t, errors.As(err, &pe), "%v", err)
+	require.Equal(t, "57014", pe.Code)
+	require.ErrorContains(t, err, "statement timeout")
+	require.NotErrorIs(t, err, storage.ErrUnavailable)
+	require.Less(t, took, 5*time.Second, "the statement timeout did not end the wait")
+	require.GreaterOrEqual(t, took, timeout)
+
+	// Nothing of the failed transaction stuck, and the store works again
+	// once the lock is released.
+	require.NoError(t, blocker.Rollback(ctx))
+	out, claimedNext, err := s.FinishAndClaim(ctx, done, storagetest.Plan, storage.ClaimParams{WorkerID: "w", Limit: 1, Lease: time.Minute})
+	require.NoError(t, err)
+	require.True(t, out[0].Accepted)
+	require.Len(t, claimedNext, 1)
+	require.Equal(t, "b", claimedNext[0].Step)
+}
+
+// TestFaultListenerBackoffResets: the reconnect backoff grows only across
+// failed attempts. A listener killed again and again, each time after it
+// got back to LISTENing, reconnects within about ListenerRetryMin every
+// time, not after a delay doubled at every kill.
+func TestFaultListenerBackoffResets(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, &Config{ListenerRetryMin: 10 * time.Millisecond, ListenerRetryMax: 10 * time.Second})
+	ch, cancel := s.Subscribe()
+	defer cancel()
+	pid := awaitListener(t, s, 0)
+	for kill := range 9 {
+		drain(ch)
+		var killed bool
+		require.NoError(t, sharedPool(t).QueryRow(t.Context(), "SELECT pg_terminate_backend($1)", int32(pid)).Scan(&killed))
+		require.True(t, killed)
+		// Doubling from 10ms, the ninth reconnect would wait 2.56s.
+		took := awaitSignal(t, ch, time.Second, "the listener was killed")
+		t.Logf("kill %d: reconnected in %s", kill+1, took.Round(time.Millisecond))
+		pid = awaitListener(t, s, pid)
+	}
+}
