@@ -232,7 +232,7 @@ func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
 		// Bad files do not stop the others from being used; say so once.
 		c.logger.Warn("some workflow files have errors; run `dagrun validate` for details", slog.Int("errors", len(list)))
 	}
-	store, err := openStore(ctx, c.db)
+	store, err := openStore(ctx, c.db, c.logger)
 	if err != nil {
 		return nil, err
 	}
