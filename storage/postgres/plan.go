@@ -109,6 +109,10 @@ func (s *Store) definitionLoader(ctx context.Context, tx pgx.Tx, hash string) fu
 
 // applyStepChangesSQL moves blocked steps to pending (runnable no earlier
 // than their instance's run_after), skipped or failed, with one event each.
+// The instance's run_after is read per row by primary key rather than by
+// joining instances: with statistics not yet gathered on a young database
+// the planner chose a hash join over a sequential scan of every instance,
+// which made each start cost O(instances).
 const applyStepChangesSQL = `
 WITH c AS (
 	SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::json[], $6::text[])
@@ -119,10 +123,12 @@ u AS (
 		status = c.status,
 		input = CASE WHEN c.status = 'failed' THEN s.input ELSE c.input END,
 		error = CASE WHEN c.status = 'failed' THEN c.error ELSE s.error END,
-		run_after = CASE WHEN c.status = 'pending' THEN greatest($1::timestamptz, i.run_after) ELSE s.run_after END,
+		run_after = CASE WHEN c.status = 'pending'
+			THEN greatest($1::timestamptz, (SELECT i.run_after FROM {s}instances i WHERE i.id = s.instance_id))
+			ELSE s.run_after END,
 		ready_at = CASE WHEN c.status = 'pending' THEN $1::timestamptz ELSE s.ready_at END,
 		finished_at = CASE WHEN c.status = 'pending' THEN NULL ELSE $1::timestamptz END
-	FROM c JOIN {s}instances i ON i.id = c.instance_id
+	FROM c
 	WHERE s.instance_id = c.instance_id AND s.name = c.name AND s.status = 'blocked'
 	RETURNING s.instance_id, s.name, s.status, s.error, c.ord
 )

@@ -190,6 +190,16 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 		}
 		pcfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(ms, 10)
 	}
+	if _, ok := pcfg.ConnConfig.RuntimeParams["enable_seqscan"]; !ok {
+		// Every statement of the store reaches its rows through an index.
+		// A young database has no statistics yet (or statistics from when
+		// it was empty), and the planner then believed steps held one row
+		// and scanned all of them for every start and every finish, which
+		// made a burst of N starts cost O(N²) until autovacuum's first
+		// ANALYZE. Discouraging sequential scans keeps the index paths;
+		// a query with no index path still runs, as a scan.
+		pcfg.ConnConfig.RuntimeParams["enable_seqscan"] = "off"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, interpretError(err)
