@@ -284,10 +284,11 @@ func (b *bench) latency(ctx context.Context, n int) error {
 // benchObserver counts finished instances so the bench knows when a run is
 // done without polling the database.
 type benchObserver struct {
-	count  atomic.Int64
-	failed atomic.Int64
-	mu     sync.Mutex
-	wake   chan struct{}
+	count    atomic.Int64
+	failed   atomic.Int64
+	attempts atomic.Int64
+	mu       sync.Mutex
+	wake     chan struct{}
 }
 
 func (o *benchObserver) InstanceStarted(string) {}
@@ -305,9 +306,16 @@ func (o *benchObserver) InstanceFinished(_ string, status storage.InstanceStatus
 	o.mu.Unlock()
 }
 
-func (o *benchObserver) AttemptFinished(dagrun.AttemptReport) {}
+func (o *benchObserver) AttemptFinished(dagrun.AttemptReport) { o.attempts.Add(1) }
 
+// waitFor waits until target instances have finished. Ready steps run in
+// the order they became ready, so with a large backlog every first step
+// runs before any instance finishes: the watchdog watches attempts, not
+// finished instances.
 func (o *benchObserver) waitFor(ctx context.Context, target int64) error {
+	stalled := time.NewTicker(30 * time.Second)
+	defer stalled.Stop()
+	lastAttempts := o.attempts.Load()
 	for {
 		o.mu.Lock()
 		if o.count.Load() >= target {
@@ -323,8 +331,12 @@ func (o *benchObserver) waitFor(ctx context.Context, target int64) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-wake:
-		case <-time.After(30 * time.Second):
-			return fmt.Errorf("bench: no instance finished for 30s (%d of %d done)", o.count.Load(), target)
+		case <-stalled.C:
+			n := o.attempts.Load()
+			if n == lastAttempts {
+				return fmt.Errorf("bench: no step finished for 30s (%d of %d instances done)", o.count.Load(), target)
+			}
+			lastAttempts = n
 		}
 	}
 }
