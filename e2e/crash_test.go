@@ -34,31 +34,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// relBuffer collects a process's output; safe to read while it writes.
-type relBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *relBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *relBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // relProc is a dagrun process the reliability tests start, kill, pause and
 // resume.
 type relProc struct {
 	args   []string
 	cmd    *exec.Cmd
-	stdout relBuffer
-	stderr relBuffer
+	stdout syncBuffer
+	stderr syncBuffer
 	done   chan struct{}
 	code   int
 }

@@ -3,14 +3,9 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
-	"fmt"
-	"net/url"
-	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -20,6 +15,7 @@ import (
 	"github.com/dagrun/dagrun/examples/outbox"
 	"github.com/dagrun/dagrun/handlers"
 	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/backendtest"
 	"github.com/dagrun/dagrun/storage/postgres"
 	"github.com/dagrun/dagrun/storage/sqlite"
 )
@@ -82,27 +78,11 @@ func TestOutboxSQLite(t *testing.T) {
 
 func TestOutboxPostgres(t *testing.T) {
 	t.Parallel()
-	dsn := os.Getenv("DAGRUN_TEST_POSTGRES")
-	if dsn == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("DAGRUN_TEST_POSTGRES is not set; Postgres tests are required under CI=true")
-		}
+	if !backendtest.PostgresAvailable(t) {
 		t.Skip("DAGRUN_TEST_POSTGRES is not set")
 	}
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, dsn)
-	require.NoError(t, err)
-	name := fmt.Sprintf("dagrun_outbox_%d", time.Now().UnixNano())
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.WithoutCancel(ctx), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-		_ = admin.Close(context.WithoutCancel(ctx))
-	})
-	u, err := url.Parse(dsn)
-	require.NoError(t, err)
-	u.Path = "/" + name
-	pool, err := pgxpool.New(ctx, u.String())
+	pool, err := pgxpool.New(ctx, backendtest.PostgresURL(t))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	_, err = pool.Exec(ctx, outbox.SchemaSQL)

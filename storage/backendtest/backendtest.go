@@ -1,0 +1,117 @@
+// Package backendtest opens fresh stores of every backend for tests that
+// run above the storage layer (the engine's, the HTTP API's, the examples'),
+// so each of them tests one behaviour on SQLite and PostgreSQL alike.
+//
+// SQLite always runs, on a file in the test's temporary folder. PostgreSQL
+// runs when DAGRUN_TEST_POSTGRES names a server (a URL such as
+// postgres://postgres@127.0.0.1:5432/test?sslmode=disable); each test gets
+// a database of its own, dropped when it ends. Under CI=true a missing
+// DAGRUN_TEST_POSTGRES fails the test instead of quietly testing less.
+//
+// It is a test helper: it imports both backends, which only the CLI and
+// test code may do.
+package backendtest
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/postgres"
+	"github.com/dagrun/dagrun/storage/sqlite"
+)
+
+// Backend opens a fresh, empty store of one kind; the store is closed when
+// the test ends.
+type Backend struct {
+	Name string
+	Open func(t testing.TB) storage.Store
+}
+
+// All returns SQLite, and PostgreSQL when DAGRUN_TEST_POSTGRES is set.
+func All(t testing.TB) []Backend {
+	t.Helper()
+	list := []Backend{{Name: "sqlite", Open: OpenSQLite}}
+	if PostgresAvailable(t) {
+		list = append(list, Backend{Name: "postgres", Open: OpenPostgres})
+	}
+	return list
+}
+
+// Each runs test once per backend, as parallel subtests.
+func Each(t *testing.T, test func(t *testing.T, open func(testing.TB) storage.Store)) {
+	t.Helper()
+	for _, b := range All(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			test(t, b.Open)
+		})
+	}
+}
+
+// PostgresAvailable reports whether DAGRUN_TEST_POSTGRES is set, failing
+// the test under CI=true when it is not.
+func PostgresAvailable(t testing.TB) bool {
+	t.Helper()
+	if os.Getenv("DAGRUN_TEST_POSTGRES") != "" {
+		return true
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("DAGRUN_TEST_POSTGRES is not set; PostgreSQL tests are required under CI=true")
+	}
+	return false
+}
+
+// OpenSQLite opens a store on a new file in the test's temporary folder.
+func OpenSQLite(t testing.TB) storage.Store {
+	t.Helper()
+	store, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "dagrun.db"), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+	return store
+}
+
+// OpenPostgres opens a store on a database of the test's own.
+func OpenPostgres(t testing.TB) storage.Store {
+	t.Helper()
+	store, err := postgres.Open(context.Background(), PostgresURL(t), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+	return store
+}
+
+var seq atomic.Int64
+
+// PostgresURL creates an empty database for the test on the server of
+// DAGRUN_TEST_POSTGRES, drops it when the test ends, and returns its URL.
+func PostgresURL(t testing.TB) string {
+	t.Helper()
+	dsn := os.Getenv("DAGRUN_TEST_POSTGRES")
+	if dsn == "" {
+		t.Fatal("backendtest: DAGRUN_TEST_POSTGRES is not set")
+	}
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	name := fmt.Sprintf("dagrun_test_%d_%d", time.Now().UnixNano(), seq.Add(1))
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx := context.WithoutCancel(ctx)
+		_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+		_ = admin.Close(ctx)
+	})
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	u.Path = "/" + name
+	return u.String()
+}
