@@ -2,8 +2,9 @@
 // ./cmd/dagrun once, then runs it in temporary folders against SQLite files
 // and, when DAGRUN_TEST_POSTGRES is set, fresh PostgreSQL databases.
 //
-// It imports only the standard library, testify and pgx (to create and drop
-// test databases); never dagrun's own packages.
+// It imports the standard library, testify, pgx (to create and drop test
+// databases and to inspect rows), the SQLite driver (integrity checks) and
+// chromedp (the browser test); never dagrun's own packages.
 package e2e
 
 import (
