@@ -86,3 +86,9 @@ func BenchmarkChain4(b *testing.B) {
 		b.ReportMetric(float64(chains*4)/time.Since(start).Seconds(), "steps/s")
 	}
 }
+
+// BenchmarkHotPaths runs the shared claim and complete-and-unblock
+// benchmarks: DAGRUN_TEST_POSTGRES=... go test -run '^$' -bench HotPaths -benchmem ./storage/postgres
+func BenchmarkHotPaths(b *testing.B) {
+	storagetest.Benchmark(b, func(b *testing.B) storage.Store { return openTestStore(b, nil) })
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dagrun/dagrun/storage"
 	"github.com/dagrun/dagrun/storage/sqlite"
+	"github.com/dagrun/dagrun/storage/storagetest"
 )
 
 // chainPlan promotes the next step of a chain and completes the instance
@@ -66,4 +67,15 @@ func BenchmarkChains(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(steps)/b.Elapsed().Seconds(), "steps/s")
+}
+
+// BenchmarkHotPaths runs the shared claim and complete-and-unblock
+// benchmarks: go test -run '^$' -bench HotPaths -benchmem ./storage/sqlite
+func BenchmarkHotPaths(b *testing.B) {
+	storagetest.Benchmark(b, func(b *testing.B) storage.Store {
+		s, err := sqlite.Open(b.Context(), filepath.Join(b.TempDir(), "bench.db"), nil)
+		require.NoError(b, err)
+		b.Cleanup(func() { _ = s.Close() })
+		return s
+	})
 }

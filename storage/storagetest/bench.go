@@ -1,0 +1,83 @@
+package storagetest
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// Benchmark runs the hot-path benchmarks against a backend: claiming
+// ready steps, and finishing attempts with the downstream step made ready
+// in the same transaction. Run them with -benchmem; each op is one step.
+func Benchmark(b *testing.B, newStore func(b *testing.B) storage.Store) {
+	b.Run("Claim", func(b *testing.B) { benchClaim(b, newStore(b)) })
+	b.Run("CompleteAndUnblock", func(b *testing.B) { benchComplete(b, newStore(b)) })
+}
+
+// benchBatch is how many steps one claim or one group commit carries, as a
+// worker at its default concurrency would.
+const benchBatch = 100
+
+func benchInstances(b *testing.B, s storage.Store, n int) {
+	b.Helper()
+	for done := 0; done < n; done += 1000 {
+		ps := make([]storage.CreateParams, min(1000, n-done))
+		for i := range ps {
+			ps[i] = params(spec("s1"), spec("s2", "s1"))
+		}
+		_, err := s.CreateInstances(b.Context(), nil, ps, Plan)
+		require.NoError(b, err)
+	}
+}
+
+func benchClaimParams() storage.ClaimParams {
+	return storage.ClaimParams{WorkerID: "bench", Limit: benchBatch, Lease: time.Minute}
+}
+
+// benchClaim measures claiming ready steps, benchBatch per call.
+func benchClaim(b *testing.B, s storage.Store) {
+	benchInstances(b, s, b.N+benchBatch)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for claimed := 0; claimed < b.N; {
+		got, err := s.ClaimSteps(b.Context(), benchClaimParams())
+		require.NoError(b, err)
+		require.NotEmpty(b, got)
+		claimed += len(got)
+	}
+}
+
+// benchComplete measures completing claimed first steps, benchBatch per
+// group commit, each making its instance's second step ready.
+func benchComplete(b *testing.B, s storage.Store) {
+	benchInstances(b, s, b.N+benchBatch)
+	var claimed []storage.ClaimedStep
+	for len(claimed) < b.N {
+		got, err := s.ClaimSteps(b.Context(), storage.ClaimParams{WorkerID: "bench", Limit: 1000, Queues: []string{"q.s1"}, Lease: time.Hour})
+		require.NoError(b, err)
+		require.NotEmpty(b, got)
+		claimed = append(claimed, got...)
+	}
+	output := json.RawMessage(`{"ok":true}`)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i += benchBatch {
+		batch := claimed[i:min(i+benchBatch, b.N)]
+		results := make([]storage.StepResult, len(batch))
+		for j, c := range batch {
+			results[j] = storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeCompleted, Output: output}
+		}
+		res, err := s.FinishSteps(b.Context(), results, Plan)
+		require.NoError(b, err)
+		for _, r := range res {
+			if !r.Accepted {
+				b.Fatal(fmt.Sprintf("result of step %d rejected", batch[0].StepID))
+			}
+		}
+	}
+}
