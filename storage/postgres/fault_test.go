@@ -128,3 +128,37 @@ func TestFaultListenerBackoffResets(t *testing.T) {
 		pid = awaitListener(t, s, pid)
 	}
 }
+
+// TestPoolSizeFromURL: the URL's pool_max_conns sizes the pool Open builds
+// (that is how --db sizes a worker's pool), Config.MaxConns wins over it,
+// and without either the pool has DefaultMaxConns connections.
+func TestPoolSizeFromURL(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	withSize := func(v string) string {
+		u, err := url.Parse(testURL(t))
+		require.NoError(t, err)
+		q := u.Query()
+		q.Set("pool_max_conns", v)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	cases := []struct {
+		name   string
+		url    string
+		config int32
+		want   int32
+	}{
+		{"default", testURL(t), 0, DefaultMaxConns},
+		{"url", withSize("3"), 0, 3},
+		{"config over url", withSize("3"), 5, 5},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := Open(t.Context(), c.url, &Config{Schema: schema, MaxConns: c.config})
+			require.NoError(t, err)
+			defer s.Close()
+			require.Equal(t, c.want, s.Pool().Config().MaxConns)
+		})
+	}
+}

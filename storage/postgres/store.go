@@ -66,8 +66,9 @@ type Config struct {
 	// transaction given to CreateInstances need not set search_path.
 	Schema string
 
-	// MaxConns is the size of the pool Open builds. Default 10. New uses the
-	// pool as configured.
+	// MaxConns is the size of the pool Open builds. Default 10, or the
+	// URL's pool_max_conns when it has one; set here, it wins over the URL.
+	// New uses the pool as configured.
 	MaxConns int32
 
 	// ApplicationName is reported in pg_stat_activity for connections Open
@@ -165,6 +166,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 // an error wrapping storage.ErrUnavailable. Close closes the pool.
 func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 	explicitTimeout := cfg != nil && cfg.StatementTimeout != 0
+	explicitMaxConns := cfg != nil && cfg.MaxConns != 0
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -178,7 +180,11 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 		}
 		return nil, fmt.Errorf("postgres: invalid database URL: %v", firstLine(err.Error()))
 	}
-	pcfg.MaxConns = cfg.MaxConns
+	// pgxpool reads pool_max_conns from the URL, which is how the CLI's
+	// --db sizes a worker's pool.
+	if explicitMaxConns || !strings.Contains(url, "pool_max_conns") {
+		pcfg.MaxConns = cfg.MaxConns
+	}
 	if _, ok := pcfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		pcfg.ConnConfig.RuntimeParams["application_name"] = cfg.ApplicationName
 	}
