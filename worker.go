@@ -98,6 +98,9 @@ type Worker struct {
 	handlerCtx context.Context
 	running    sync.WaitGroup
 	stopping   bool
+	// reserved (under mu) counts free slots a group commit is claiming
+	// for, so the claim loop does not claim them too.
+	reserved int
 	// due wakes the claim loop when a step this worker retried or snoozed
 	// becomes ready before the next poll, so a 10ms backoff waits 10ms
 	// rather than a poll interval.
@@ -230,7 +233,7 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) {
 func (w *Worker) busy() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.inflight)
+	return len(w.inflight) + w.reserved
 }
 
 // start registers claimed steps and runs their handlers, after dropping
@@ -328,13 +331,20 @@ func (w *Worker) commit(batch []finished) {
 	ctx := context.Background()
 	delay := 50 * time.Millisecond
 	var claimed []storage.ClaimedStep
+	// The eager claim may fill every free slot, not only the batch's: a
+	// claim that comes back short then proves nothing else is ready, and
+	// the store need not wake this process's claim loop for an empty claim.
+	w.mu.Lock()
+	extra := max(w.config.Concurrency-len(w.inflight)-w.reserved, 0)
+	w.reserved += extra
+	w.mu.Unlock()
 	for {
 		rec := w.engine.newFinishRecorder()
 		var (
 			outcomes []storage.FinishResult
 			err      error
 		)
-		outcomes, claimed, err = w.finish(ctx, results, rec.plan, len(batch))
+		outcomes, claimed, err = w.finish(ctx, results, rec.plan, len(batch)+extra)
 		if err == nil {
 			for i, o := range outcomes {
 				f := batch[i]
@@ -366,6 +376,9 @@ func (w *Worker) commit(batch []finished) {
 		time.Sleep(delay)
 		delay = min(2*delay, 5*time.Second)
 	}
+	w.mu.Lock()
+	w.reserved -= extra
+	w.mu.Unlock()
 	if !w.start(claimed, batch) {
 		w.release(claimed)
 	}

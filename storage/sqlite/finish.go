@@ -92,10 +92,19 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 	if err != nil {
 		return nil, nil, err
 	}
-	if ready {
+	if ready && !claimedAll(claim, claimed) {
 		s.notify()
 	}
 	return out, claimed, nil
+}
+
+// claimedAll reports whether an eager claim took every step that could be
+// ready: it asked for any queue and any instance and got fewer than its
+// limit. Waking the other workers of this process would then only make
+// each run an empty claim, a write transaction that holds up the next
+// commit on SQLite's single writer.
+func claimedAll(claim *storage.ClaimParams, claimed []storage.ClaimedStep) bool {
+	return claim != nil && len(claim.Queues) == 0 && claim.InstanceID == "" && len(claimed) < max(claim.Limit, 1)
 }
 
 // completeManyQuery completes the steps listed in ?2, a JSON array of
