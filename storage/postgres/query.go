@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -174,27 +173,9 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 // pruning keeps bounded.
 func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 	now := s.now()
-	by := map[string]*storage.WorkflowStats{}
-	get := func(wf string) *storage.WorkflowStats {
-		w := by[wf]
-		if w == nil {
-			w = &storage.WorkflowStats{Workflow: wf, Instances: map[storage.InstanceStatus]int{}}
-			by[wf] = w
-		}
-		return w
-	}
-	queues := map[string]*storage.QueueStats{}
-	getQueue := func(q string) *storage.QueueStats {
-		qs := queues[q]
-		if qs == nil {
-			qs = &storage.QueueStats{Queue: q}
-			queues[q] = qs
-		}
-		return qs
-	}
+	var sb storage.StatsBuilder
 	err := s.read(ctx, func(tx pgx.Tx) error {
-		clear(by)
-		clear(queues)
+		sb.Reset()
 		var (
 			b  pgx.Batch
 			wf string
@@ -204,7 +185,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 		b.Queue(s.q(`SELECT workflow, status, count(*) FROM {s}instances GROUP BY workflow, status`)).Query(func(rows pgx.Rows) error {
 			var status storage.InstanceStatus
 			_, err := pgx.ForEachRow(rows, []any{&wf, &status, &n}, func() error {
-				get(wf).Instances[status] = n
+				sb.Instances(wf, status, n)
 				return nil
 			})
 			return err
@@ -213,11 +194,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			FROM {s}steps WHERE status = 'running' GROUP BY workflow, queue`), now).Query(func(rows pgx.Rows) error {
 			var stuck int
 			_, err := pgx.ForEachRow(rows, []any{&wf, &q, &n, &stuck}, func() error {
-				w, qs := get(wf), getQueue(q)
-				w.RunningSteps += n
-				w.StuckSteps += stuck
-				qs.Running += n
-				qs.Stuck += stuck
+				sb.Running(wf, q, n, stuck)
 				return nil
 			})
 			return err
@@ -226,10 +203,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			WHERE status = 'pending' AND run_after <= $1 GROUP BY workflow, queue`), now).Query(func(rows pgx.Rows) error {
 			var oldest time.Time
 			_, err := pgx.ForEachRow(rows, []any{&wf, &q, &n, &oldest}, func() error {
-				w := get(wf)
-				w.ReadySteps += n
-				w.OldestReady = max(w.OldestReady, now.Sub(oldest))
-				getQueue(q).Ready += n
+				sb.Ready(wf, q, n, now.Sub(oldest))
 				return nil
 			})
 			return err
@@ -242,8 +216,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			GROUP BY workflow`)).Query(func(rows pgx.Rows) error {
 			var p50, p95 int64
 			_, err := pgx.ForEachRow(rows, []any{&wf, &p50, &p95}, func() error {
-				w := get(wf)
-				w.StepP50, w.StepP95 = time.Duration(p50)*time.Microsecond, time.Duration(p95)*time.Microsecond
+				sb.Durations(wf, time.Duration(p50)*time.Microsecond, time.Duration(p95)*time.Microsecond)
 				return nil
 			})
 			return err
@@ -253,17 +226,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 	if err != nil {
 		return nil, s.fail("stats", err)
 	}
-	st := &storage.Stats{Workflows: make([]storage.WorkflowStats, 0, len(by))}
-	for _, w := range by {
-		st.Workflows = append(st.Workflows, *w)
-	}
-	slices.SortFunc(st.Workflows, func(a, b storage.WorkflowStats) int { return strings.Compare(a.Workflow, b.Workflow) })
-	st.Queues = make([]storage.QueueStats, 0, len(queues))
-	for _, q := range queues {
-		st.Queues = append(st.Queues, *q)
-	}
-	slices.SortFunc(st.Queues, func(a, b storage.QueueStats) int { return strings.Compare(a.Queue, b.Queue) })
-	return st, nil
+	return sb.Stats(), nil
 }
 
 // pruneBatch bounds how many instances one prune transaction deletes, so

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -200,27 +199,9 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 // pruning keeps that bounded.
 func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 	now := us(s.now())
-	by := map[string]*storage.WorkflowStats{}
-	get := func(wf string) *storage.WorkflowStats {
-		w := by[wf]
-		if w == nil {
-			w = &storage.WorkflowStats{Workflow: wf, Instances: map[storage.InstanceStatus]int{}}
-			by[wf] = w
-		}
-		return w
-	}
-	queues := map[string]*storage.QueueStats{}
-	getQueue := func(q string) *storage.QueueStats {
-		qs := queues[q]
-		if qs == nil {
-			qs = &storage.QueueStats{Queue: q}
-			queues[q] = qs
-		}
-		return qs
-	}
+	var sb storage.StatsBuilder
 	err := s.read(ctx, "stats", func(tx *sql.Tx) error {
-		clear(by)
-		clear(queues)
+		sb.Reset()
 		rows, err := tx.QueryContext(ctx, `SELECT workflow, status, count(*) FROM instances GROUP BY workflow, status`)
 		if err != nil {
 			return err
@@ -234,7 +215,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			if err := sc.Scan(&wf, &status, &n); err != nil {
 				return err
 			}
-			get(wf).Instances[status] = n
+			sb.Instances(wf, status, n)
 			return nil
 		}); err != nil {
 			return err
@@ -250,11 +231,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			if err := sc.Scan(&wf, &q, &n, &stuck); err != nil {
 				return err
 			}
-			w, qs := get(wf), getQueue(q)
-			w.RunningSteps += n
-			w.StuckSteps += stuck
-			qs.Running += n
-			qs.Stuck += stuck
+			sb.Running(wf, q, n, stuck)
 			return nil
 		}); err != nil {
 			return err
@@ -271,10 +248,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			if err := sc.Scan(&wf, &q, &n, &oldest); err != nil {
 				return err
 			}
-			w := get(wf)
-			w.ReadySteps += n
-			w.OldestReady = max(w.OldestReady, time.Duration(now-oldest)*time.Microsecond)
-			getQueue(q).Ready += n
+			sb.Ready(wf, q, n, time.Duration(now-oldest)*time.Microsecond)
 			return nil
 		}); err != nil {
 			return err
@@ -290,8 +264,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 		)
 		flush := func() {
 			if len(ds) > 0 {
-				w := get(cur)
-				w.StepP50, w.StepP95 = percentile(ds, 50), percentile(ds, 95)
+				sb.Durations(cur, percentile(ds, 50), percentile(ds, 95))
 			}
 			ds = ds[:0]
 		}
@@ -316,17 +289,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &storage.Stats{Workflows: make([]storage.WorkflowStats, 0, len(by))}
-	for _, w := range by {
-		st.Workflows = append(st.Workflows, *w)
-	}
-	slices.SortFunc(st.Workflows, func(a, b storage.WorkflowStats) int { return strings.Compare(a.Workflow, b.Workflow) })
-	st.Queues = make([]storage.QueueStats, 0, len(queues))
-	for _, q := range queues {
-		st.Queues = append(st.Queues, *q)
-	}
-	slices.SortFunc(st.Queues, func(a, b storage.QueueStats) int { return strings.Compare(a.Queue, b.Queue) })
-	return st, nil
+	return sb.Stats(), nil
 }
 
 // percentile is the nearest-rank percentile p of sorted microseconds.
