@@ -11,6 +11,7 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dagrun/dagrun"
@@ -279,10 +280,8 @@ func decodeBody(r *http.Request, v any) error {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil
 	}
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-			return &requestError{status: http.StatusUnsupportedMediaType, msg: fmt.Sprintf("request body must be JSON (Content-Type: application/json), got %q", ct)}
-		}
+	if ct := r.Header.Get("Content-Type"); ct != "" && !jsonContentType(ct) {
+		return &requestError{status: http.StatusUnsupportedMediaType, msg: fmt.Sprintf("request body must be JSON (Content-Type: application/json), got %q", ct)}
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -293,6 +292,25 @@ func decodeBody(r *http.Request, v any) error {
 		return &requestError{status: http.StatusBadRequest, msg: "invalid request body: more than one JSON value"}
 	}
 	return nil
+}
+
+// jsonContentType reports whether a body of this type is read as JSON:
+// application/json and +json types, and the types curl -d and other plain
+// clients send by default (form-urlencoded, text/plain), whose body is then
+// parsed as JSON like any other. Cross-site requests of those types are
+// refused by the server's cross-origin protection, not by their type.
+func jsonContentType(ct string) bool {
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return false
+	}
+	switch {
+	case mt == "application/json", strings.HasSuffix(mt, "+json"):
+		return true
+	case mt == "application/x-www-form-urlencoded", mt == "text/plain":
+		return true
+	}
+	return false
 }
 
 // requestError is a client error found before the engine was called.

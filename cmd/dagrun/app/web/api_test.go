@@ -366,7 +366,8 @@ func TestStartErrors(t *testing.T) {
 			{"two values", "/api/workflows/greet/instances", `{} {}`, nil, http.StatusBadRequest, "more than one JSON value"},
 			{"bad delay", "/api/workflows/greet/instances", `{"input": {"name": "x"}, "delay": "soon"}`, nil, http.StatusBadRequest, `invalid delay "soon"`},
 			{"negative delay", "/api/workflows/greet/instances", `{"input": {"name": "x"}, "delay": "-1s"}`, nil, http.StatusBadRequest, "invalid delay"},
-			{"not JSON", "/api/workflows/greet/instances", `name=x`, []string{"Content-Type", "application/x-www-form-urlencoded"}, http.StatusUnsupportedMediaType, "must be JSON"},
+			{"form body that is not JSON", "/api/workflows/greet/instances", `name=x`, []string{"Content-Type", "application/x-www-form-urlencoded"}, http.StatusBadRequest, "invalid request body"},
+			{"not JSON", "/api/workflows/greet/instances", `<order/>`, []string{"Content-Type", "application/xml"}, http.StatusUnsupportedMediaType, "must be JSON"},
 			{"body too large", "/api/workflows/greet/instances", `{"input": {"name": "` + strings.Repeat("x", 5<<10) + `"}}`, nil, http.StatusRequestEntityTooLarge, "over the limit of 4096 bytes"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
@@ -817,4 +818,14 @@ func mustMarshal(t *testing.T, v any) []byte {
 	data, err := json.Marshal(v)
 	require.NoError(t, err)
 	return data
+}
+
+// TestStartWithCurlDefaults: `curl -d '{...}'` sends JSON labelled as a
+// form; the API reads it as JSON rather than refusing it.
+func TestStartWithCurlDefaults(t *testing.T) {
+	t.Parallel()
+	b := setup(t, openSQLite, nil)
+	r := b.do(t, http.MethodPost, "/api/workflows/greet/instances", `{"input": {"name": "curl"}}`,
+		"Content-Type", "application/x-www-form-urlencoded")
+	require.Equal(t, http.StatusCreated, r.status, string(r.body))
 }

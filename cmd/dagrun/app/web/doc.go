@@ -7,11 +7,13 @@
 //
 // # Routes
 //
-// All bodies are JSON (Content-Type: application/json). Errors are
+// All bodies are JSON (Content-Type: application/json; a JSON body sent
+// as curl -d sends it, labelled form-urlencoded or text/plain, is read as
+// JSON too). Errors are
 // {"error": "message"} with 400 (bad request or input), 401 (missing or
 // wrong token), 404 (unknown workflow, instance or route), 405, 409 (the
 // instance's state does not allow it, e.g. cancelling a finished one), 413
-// (body over Config.MaxBodyBytes), 415 (a body that is not JSON), 503
+// (body over Config.MaxBodyBytes), 415 (a body of another media type), 503
 // (storage unavailable) or 500.
 //
 //	GET  /api/workflows
