@@ -169,8 +169,8 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 // Stats implements storage.Store: four aggregate queries in one round trip
 // over one snapshot. Running, stuck and ready counts read only the partial
 // indexes of running and pending steps, grouped by workflow and queue at
-// once; the percentiles read every completed step still stored, which
-// pruning keeps bounded.
+// once; the percentiles read only the steps of the storage.StatsWindow most
+// recently finished instances, however much history is kept.
 func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 	now := s.now()
 	var sb storage.StatsBuilder
@@ -212,8 +212,10 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 				percentile_disc(0.5) WITHIN GROUP (ORDER BY d),
 				percentile_disc(0.95) WITHIN GROUP (ORDER BY d)
 			FROM (SELECT workflow, (extract(epoch FROM finished_at - started_at) * 1000000)::bigint AS d
-				FROM {s}steps WHERE status = 'completed' AND started_at IS NOT NULL) c
-			GROUP BY workflow`)).Query(func(rows pgx.Rows) error {
+				FROM {s}steps WHERE instance_id IN (SELECT id FROM {s}instances
+					WHERE finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT $1)
+				AND status = 'completed' AND started_at IS NOT NULL) c
+			GROUP BY workflow`), storage.StatsWindow).Query(func(rows pgx.Rows) error {
 			var p50, p95 int64
 			_, err := pgx.ForEachRow(rows, []any{&wf, &p50, &p95}, func() error {
 				sb.Durations(wf, time.Duration(p50)*time.Microsecond, time.Duration(p95)*time.Microsecond)

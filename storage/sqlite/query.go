@@ -195,8 +195,9 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 
 // Stats implements storage.Store. Running, stuck and ready counts read only
 // the partial indexes of running and pending steps, grouped by workflow and
-// queue at once; the percentiles read every completed step still stored;
-// pruning keeps that bounded.
+// queue at once; the percentiles read only the steps of the
+// storage.StatsWindow most recently finished instances, however much
+// history is kept.
 func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 	now := us(s.now())
 	var sb storage.StatsBuilder
@@ -254,7 +255,9 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			return err
 		}
 		rows, err = tx.QueryContext(ctx, `SELECT workflow, finished_at - started_at AS d FROM steps
-			WHERE status = 'completed' AND started_at IS NOT NULL ORDER BY workflow, d`)
+			WHERE instance_id IN (SELECT id FROM instances WHERE finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT ?)
+				AND status = 'completed' AND started_at IS NOT NULL
+			ORDER BY workflow, d`, storage.StatsWindow)
 		if err != nil {
 			return err
 		}

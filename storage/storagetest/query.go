@@ -129,6 +129,7 @@ func reorderStart(types []storage.EventType) []storage.EventType {
 }
 
 var statsTests = map[string]func(*testing.T, *Harness){
+	"DurationsOverRecentInstances": statsDurationsOverRecentInstances,
 	"Figures": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		// Twenty completed steps taking 1s, 2s, ... 20s.
@@ -310,4 +311,40 @@ var pruneTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, 1, n)
 		b.get(unfinished)
 	},
+}
+
+// statsDurationsOverRecentInstances: percentiles cover only the
+// storage.StatsWindow most recently finished instances.
+func statsDurationsOverRecentInstances(t *testing.T, h *Harness) {
+	b := h.setup(t)
+	// A hundred old instances whose steps took an hour, then a window's
+	// worth whose steps took a second. Over all of them the p95 would be an
+	// hour (the old ones are 9% of the steps); over the window it is a
+	// second.
+	finishAll := func(n int, took time.Duration) {
+		ps := make([]storage.CreateParams, n)
+		for i := range ps {
+			ps[i] = params(spec("a"))
+		}
+		b.create(ps...)
+		claimed := b.claim(storage.ClaimParams{Limit: n})
+		require.Len(t, claimed, n)
+		b.clock.Advance(took)
+		rs := make([]storage.StepResult, len(claimed))
+		for i, c := range claimed {
+			rs[i] = completed(c.Claim, `1`)
+		}
+		b.finish(rs...)
+	}
+	finishAll(100, time.Hour)
+	st, err := b.store.Stats(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, time.Hour, st.Workflows[0].StepP95)
+
+	b.clock.Advance(time.Minute)
+	finishAll(storage.StatsWindow, time.Second)
+	st, err = b.store.Stats(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, storage.StatsWindow+100, st.Workflows[0].Instances[storage.InstanceCompleted])
+	require.Equal(t, time.Second, st.Workflows[0].StepP95, "only the most recent instances count")
 }
