@@ -20,12 +20,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -34,106 +31,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// relProc is a dagrun process the reliability tests start, kill, pause and
-// resume.
-type relProc struct {
-	args   []string
-	cmd    *exec.Cmd
-	stdout syncBuffer
-	stderr syncBuffer
-	done   chan struct{}
-	code   int
-}
-
-// spawn starts the e2e binary in the background.
-func (e *env) spawn(t *testing.T, args ...string) *relProc {
-	t.Helper()
-	return e.spawnBinary(t, binary, args...)
-}
-
-// spawnBinary starts bin (the race-enabled e2e binary or the plain one) in
-// the background. It is killed at the end of the test if it still runs,
-// and its stderr must show no data race.
-func (e *env) spawnBinary(t *testing.T, bin string, args ...string) *relProc {
-	t.Helper()
-	p := &relProc{args: args, done: make(chan struct{})}
-	p.cmd = e.command(context.Background(), args...)
-	p.cmd.Path, p.cmd.Args[0] = bin, bin
-	// A race-enabled binary otherwise sleeps a second before exiting.
-	p.cmd.Env = append(p.cmd.Env, "GORACE=atexit_sleep_ms=0 "+os.Getenv("GORACE"))
-	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
-	require.NoError(t, p.cmd.Start())
-	go func() {
-		defer close(p.done)
-		err := p.cmd.Wait()
-		if exitErr, ok := err.(*exec.ExitError); ok {
-			p.code = exitErr.ExitCode()
-		} else if err != nil {
-			p.code = -1
-		}
-	}()
-	t.Cleanup(func() {
-		if p.running() {
-			_ = p.cmd.Process.Signal(syscall.SIGCONT)
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-		if strings.Contains(p.stderr.String(), "WARNING: DATA RACE") {
-			t.Errorf("data race in dagrun %v:\n%s", p.args, p.stderr.String())
-		}
-	})
-	return p
-}
-
-func (p *relProc) pid() int { return p.cmd.Process.Pid }
-
-func (p *relProc) running() bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
-
-// kill sends SIGKILL and waits until the process is gone.
-func (p *relProc) kill(t *testing.T) {
-	t.Helper()
-	require.True(t, p.running(), "dagrun %v exited before it could be killed (code %d):\n%s", p.args, p.code, p.stderr.String())
-	require.NoError(t, p.cmd.Process.Kill())
-	<-p.done
-}
-
-func (p *relProc) signal(t *testing.T, sig syscall.Signal) {
-	t.Helper()
-	require.NoError(t, p.cmd.Process.Signal(sig))
-}
-
-// stop sends SIGTERM, as a service manager does, and requires a clean exit.
-func (p *relProc) stop(t *testing.T) {
-	t.Helper()
-	p.signal(t, syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("dagrun %v did not stop within 30s of SIGTERM:\n%s", p.args, p.stderr.String())
-	}
-	require.Equal(t, 0, p.code, "dagrun %v exit code; stderr:\n%s", p.args, p.stderr.String())
-}
-
-// peakRSSKiB is the process's peak resident set size, once it has exited.
-func (p *relProc) peakRSSKiB() int64 {
-	if usage, ok := p.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		return usage.Maxrss // KiB on Linux
-	}
-	return 0
-}
-
 var serveListening = regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+)/`)
 
 // serveAPI starts `dagrun serve` (no worker) on a free loopback port and
 // returns the process and its base URL.
-func (e *env) serveAPI(t *testing.T, bin string) (*relProc, string) {
+func (e *env) serveAPI(t *testing.T, bin string) (*process, string) {
 	t.Helper()
 	p := e.spawnBinary(t, bin, "serve", "--addr", "127.0.0.1:0")
 	var base string
@@ -416,7 +318,7 @@ func TestCrashWorkersKilledMidStep(t *testing.T) {
 		e := newEnv(t, db, map[string]string{"crash.yaml": probeWorkflow("crash", diamond...)})
 		e.mustRun(t, "validate")
 		workerArgs := []string{"worker", "--concurrency", fmt.Sprint(concurrency), "--lease", "1s", "--poll", "100ms"}
-		var workers []*relProc
+		var workers []*process
 		for range 3 {
 			workers = append(workers, e.spawn(t, workerArgs...))
 		}

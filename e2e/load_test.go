@@ -138,7 +138,7 @@ steps:
 `})
 	e.mustRun(t, "list") // creates the schema before the processes start
 
-	var procs []*relProc
+	var procs []*process
 	for range workers {
 		procs = append(procs, e.spawnBinary(t, bin, "worker", "--concurrency", strconv.Itoa(concurrency), "--poll", "200ms"))
 	}

@@ -82,7 +82,7 @@ func TestPGFaultConnectionsKilled(t *testing.T) {
 		return n
 	}
 
-	workers := []*relProc{
+	workers := []*process{
 		e.spawn(t, "worker", "--concurrency", fmt.Sprint(concurrency), "--lease", "2s", "--poll", "100ms"),
 		e.spawn(t, "worker", "--concurrency", fmt.Sprint(concurrency), "--lease", "2s", "--poll", "100ms"),
 	}

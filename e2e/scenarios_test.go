@@ -2,19 +2,16 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,81 +22,6 @@ import (
 const quickstartInput = `{"orderId": "A-1001", "items": [{"sku": "book", "qty": 2}], "totalAmount": 42.5}`
 
 var idPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
-
-// syncBuffer is a bytes.Buffer safe to read while a process writes to it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// bgProcess is a dagrun process running in the background (a worker, or a
-// start that follows its instance).
-type bgProcess struct {
-	cmd    *exec.Cmd
-	stdout syncBuffer
-	stderr syncBuffer
-	done   chan struct{}
-	code   int
-}
-
-// background starts dagrun without waiting for it. It is killed at the end
-// of the test if it still runs.
-func (e *env) background(t *testing.T, args ...string) *bgProcess {
-	t.Helper()
-	p := &bgProcess{done: make(chan struct{})}
-	p.cmd = e.command(context.Background(), args...)
-	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
-	require.NoError(t, p.cmd.Start())
-	go func() {
-		defer close(p.done)
-		err := p.cmd.Wait()
-		if exitErr, ok := err.(*exec.ExitError); ok {
-			p.code = exitErr.ExitCode()
-		} else if err != nil {
-			p.code = -1
-		}
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-	})
-	return p
-}
-
-// wait waits for the process to exit by itself and returns its exit code.
-func (p *bgProcess) wait(t *testing.T, timeout time.Duration) int {
-	t.Helper()
-	select {
-	case <-p.done:
-	case <-time.After(timeout):
-		t.Fatalf("dagrun %v still running after %s\nstderr:\n%s", p.cmd.Args[1:], timeout, p.stderr.String())
-	}
-	require.NotContains(t, p.stderr.String(), "WARNING: DATA RACE")
-	return p.code
-}
-
-// stop sends SIGTERM, as a service manager does, and returns the exit code.
-func (p *bgProcess) stop(t *testing.T) int {
-	t.Helper()
-	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
-	return p.wait(t, 30*time.Second)
-}
 
 // startDetached starts an instance with --detach and returns its ID.
 func (e *env) startDetached(t *testing.T, workflow, input string, extra ...string) string {
@@ -260,11 +182,11 @@ func TestQuickstart(t *testing.T) {
 		// --detach prints only the ID; a separate worker process runs it.
 		id := e.startDetached(t, "order-processing", quickstartInput)
 		require.Equal(t, "pending", e.status(t, id).Status)
-		worker := e.background(t, "worker", "--poll", "50ms")
+		worker := e.spawn(t, "worker", "--poll", "50ms")
 		waitFor(t, 30*time.Second, "the worker to complete the detached instance", func() bool {
 			return e.status(t, id).Status == "completed"
 		})
-		require.Equal(t, 0, worker.stop(t), "worker exits 0 on SIGTERM\n%s", worker.stderr.String())
+		worker.stop(t)
 		require.Contains(t, worker.stderr.String(), "dagrun worker stopped")
 		require.Empty(t, worker.stdout.String(), "the worker logs on stderr only")
 
@@ -558,7 +480,7 @@ func TestCancel(t *testing.T) {
 		e := newEnv(t, db, map[string]string{"nap.yaml": napWorkflow})
 
 		// A following start of an hour-long sleep, cancelled from elsewhere.
-		follower := e.background(t, "start", "nap", "--input", `{"duration": "1h"}`)
+		follower := e.spawn(t, "start", "nap", "--input", `{"duration": "1h"}`)
 		var id string
 		waitFor(t, 30*time.Second, "the nap step to snooze", func() bool {
 			list := e.listJSON(t)
@@ -596,9 +518,9 @@ func TestCancel(t *testing.T) {
 		require.Equal(t, pending+"\n", res.stdout)
 		require.Equal(t, "running", e.status(t, pending).Status)
 		e.mustRun(t, "cancel", pending)
-		worker := e.background(t, "worker", "--poll", "50ms")
+		worker := e.spawn(t, "worker", "--poll", "50ms")
 		waitFor(t, 30*time.Second, "the 0s nap to complete", func() bool { return e.status(t, done).Status == "completed" })
-		require.Equal(t, 0, worker.stop(t))
+		worker.stop(t)
 		res = e.run(t, "cancel", done)
 		require.Equal(t, 2, res.code)
 		require.Equal(t, "dagrun: instance "+done+" is already completed; only a pending or running instance can be cancelled\n", res.stderr)
@@ -636,9 +558,9 @@ func TestThreeWorkersOneDatabase(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, db string) {
 		e := newEnv(t, db, map[string]string{"pipeline.yaml": pipelineWorkflow})
 		e.mustRun(t, "list") // create the schema before three processes race to
-		workers := make([]*bgProcess, 3)
+		workers := make([]*process, 3)
 		for i := range workers {
-			workers[i] = e.background(t, "worker", "--poll", "50ms", "--concurrency", "4")
+			workers[i] = e.spawn(t, "worker", "--poll", "50ms", "--concurrency", "4")
 		}
 
 		began := time.Now()
@@ -668,7 +590,7 @@ func TestThreeWorkersOneDatabase(t *testing.T) {
 		})
 		t.Logf("all %d completed %s after the first start", instances, time.Since(began).Round(time.Millisecond))
 		for i, w := range workers {
-			require.Equal(t, 0, w.stop(t), "worker %d\n%s", i, w.stderr.String())
+			w.stop(t)
 			stderr := w.stderr.String()
 			require.NotContains(t, stderr, "database is locked", "worker %d", i)
 			require.NotContains(t, stderr, "level=ERROR", "worker %d", i)
@@ -722,21 +644,21 @@ func TestSleepSurvivesWorkerRestart(t *testing.T) {
 		e := newEnv(t, db, map[string]string{"nap.yaml": napWorkflow})
 		id := e.startDetached(t, "nap", `{"duration": "2s"}`)
 
-		first := e.background(t, "worker", "--poll", "50ms")
+		first := e.spawn(t, "worker", "--poll", "50ms")
 		waitFor(t, 30*time.Second, "the nap step to snooze", func() bool {
 			return e.status(t, id).countEvents("step.snoozed", "nap") == 1
 		})
-		require.Equal(t, 0, first.stop(t), first.stderr.String())
+		first.stop(t)
 		inst := e.status(t, id)
 		require.Equal(t, "running", inst.Status)
 		nap := inst.Steps[inst.step(t, "nap")]
 		require.Equal(t, "pending", nap.Status, "a snoozed step waits as pending, holding no worker")
 
-		second := e.background(t, "worker", "--poll", "50ms")
+		second := e.spawn(t, "worker", "--poll", "50ms")
 		waitFor(t, 30*time.Second, "the instance to complete after the restart", func() bool {
 			return e.status(t, id).Status == "completed"
 		})
-		require.Equal(t, 0, second.stop(t), second.stderr.String())
+		second.stop(t)
 
 		inst = e.status(t, id)
 		nap = inst.Steps[inst.step(t, "nap")]
