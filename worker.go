@@ -334,9 +334,12 @@ func (w *Worker) commit(batch []finished) {
 	// The eager claim may fill every free slot, not only the batch's: a
 	// claim that comes back short then proves nothing else is ready, and
 	// the store need not wake this process's claim loop for an empty claim.
+	extra := 0
 	w.mu.Lock()
-	extra := max(w.config.Concurrency-len(w.inflight)-w.reserved, 0)
-	w.reserved += extra
+	if _, eager := w.engine.store.(storage.FinishClaimer); eager && !w.stopping {
+		extra = max(w.config.Concurrency-len(w.inflight)-w.reserved, 0)
+		w.reserved += extra
+	}
 	w.mu.Unlock()
 	for {
 		rec := w.engine.newFinishRecorder()
