@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,12 +15,13 @@ import (
 	"github.com/dagrun/dagrun/storage"
 )
 
-// createSQL inserts definitions, instances, their steps (all blocked) and
-// the instance.created events in one statement: steps and events join the
-// instances the INSERT actually returned, so an instance skipped for its
-// idempotency key gets nothing. Foreign keys are checked at the end of the
-// statement, after all the CTEs ran. depends_on travels as one JSON array
-// per step, since unnest cannot take an array of arrays.
+// createSQL inserts definitions, instances, their steps and their creation
+// events in one statement, every row in its initial state (the plans ran
+// in memory first). Steps and events join the instances the INSERT
+// actually returned, so an instance skipped for its idempotency key (a
+// concurrent start won the key) gets nothing. Foreign keys are checked at
+// the end of the statement, after all the CTEs ran. depends_on travels as
+// one array literal per step, since unnest cannot take an array of arrays.
 const createSQL = `
 WITH d AS (
 	INSERT INTO {s}definitions (hash, workflow, source)
@@ -27,29 +29,37 @@ WITH d AS (
 	ON CONFLICT (hash) DO NOTHING
 ),
 ins AS (
-	INSERT INTO {s}instances (id, workflow, definition_hash, status, input, idempotency_key, priority, run_after, created_at)
-	SELECT r.id, r.workflow, r.hash, 'pending', r.input, r.key, r.priority, greatest($1::timestamptz, r.run_after), $1::timestamptz
-	FROM unnest($5::text[], $6::text[], $7::text[], $8::json[], $9::text[], $10::int[], $11::timestamptz[])
-		WITH ORDINALITY AS r(id, workflow, hash, input, key, priority, run_after, ord)
+	INSERT INTO {s}instances (id, workflow, definition_hash, status, input, output, error, idempotency_key, priority,
+		run_after, created_at, finished_at)
+	SELECT r.id, r.workflow, r.hash, r.status, r.input, r.output, r.error, r.key, r.priority,
+		r.run_after, $1::timestamptz, CASE WHEN r.status <> 'pending' THEN $1::timestamptz END
+	FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::json[], $10::json[], $11::text[], $12::text[],
+			$13::int[], $14::timestamptz[])
+		WITH ORDINALITY AS r(id, workflow, hash, status, input, output, error, key, priority, run_after, ord)
 	ORDER BY r.ord
 	ON CONFLICT (workflow, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-	RETURNING id, workflow, priority
+	RETURNING id
 ),
 st AS (
 	INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, depends_on, status,
-		max_attempts, backoff_us, max_backoff_us, timeout_us, priority)
-	SELECT x.instance_id, x.position, x.name, x.handler, x.queue, ins.workflow,
-		ARRAY(SELECT json_array_elements_text(x.depends_on)), 'blocked',
-		x.max_attempts, x.backoff_us, x.max_backoff_us, x.timeout_us, ins.priority
-	FROM unnest($12::text[], $13::int[], $14::text[], $15::text[], $16::text[], $17::json[],
-			$18::int[], $19::bigint[], $20::bigint[], $21::bigint[])
-		AS x(instance_id, position, name, handler, queue, depends_on, max_attempts, backoff_us, max_backoff_us, timeout_us)
+		max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after, ready_at, finished_at)
+	SELECT x.instance_id, x.position, x.name, x.handler, x.queue, x.workflow, x.depends_on::text[], x.status,
+		x.max_attempts, x.backoff_us, x.max_backoff_us, x.timeout_us, x.priority, x.input, x.error, x.run_after,
+		CASE WHEN x.status = 'pending' THEN $1::timestamptz END,
+		CASE WHEN x.status NOT IN ('pending', 'blocked') THEN $1::timestamptz END
+	FROM unnest($15::text[], $16::int[], $17::text[], $18::text[], $19::text[], $20::text[], $21::text[], $22::text[],
+			$23::int[], $24::bigint[], $25::bigint[], $26::bigint[], $27::int[], $28::json[], $29::text[], $30::timestamptz[])
+		AS x(instance_id, position, name, handler, queue, workflow, depends_on, status,
+			max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after)
 	JOIN ins ON ins.id = x.instance_id
 	ORDER BY x.instance_id, x.position
 ),
 ev AS (
-	INSERT INTO {s}events (instance_id, type, at)
-	SELECT ins.id, 'instance.created', $1::timestamptz FROM ins ORDER BY ins.id
+	INSERT INTO {s}events (instance_id, step, type, message, at)
+	SELECT e.instance_id, e.step, e.type, e.message, $1::timestamptz
+	FROM unnest($31::text[], $32::text[], $33::text[], $34::text[]) WITH ORDINALITY AS e(instance_id, step, type, message, ord)
+	JOIN ins ON ins.id = e.instance_id
+	ORDER BY e.ord
 )
 SELECT id FROM ins`
 
@@ -107,80 +117,54 @@ func validateCreate(params []storage.CreateParams) error {
 }
 
 func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now time.Time, params []storage.CreateParams, plan storage.PlanFunc) ([]storage.CreateResult, error) {
-	var (
-		defHashes, defWorkflows []string
-		defSources              [][]byte
-		seenDef                 = make(map[string]bool)
-
-		ids, workflows, hashes []string
-		keys                   []*string
-		inputs                 []json.RawMessage
-		priorities             []int32
-		runAfters              []*time.Time
-
-		stInst, stNames, stHandlers, stQueues []string
-		stPos, stMax                          []int32
-		stDeps                                []json.RawMessage
-		stBackoff, stMaxBackoff, stTimeout    []int64
-	)
-	for _, p := range params {
-		if !seenDef[p.DefinitionHash] {
-			seenDef[p.DefinitionHash] = true
-			defHashes = append(defHashes, p.DefinitionHash)
-			defWorkflows = append(defWorkflows, p.Workflow)
-			src := p.Definition
-			if src == nil {
-				src = []byte{}
-			}
-			defSources = append(defSources, src)
-		}
-		ids = append(ids, p.ID)
-		workflows = append(workflows, p.Workflow)
-		hashes = append(hashes, p.DefinitionHash)
-		inputs = append(inputs, jsonOrNil(p.Input))
-		if p.Key != "" {
-			key := p.Key
-			keys = append(keys, &key)
-		} else {
-			keys = append(keys, nil)
-		}
-		priorities = append(priorities, int32(p.Priority))
-		if p.RunAfter.IsZero() {
-			runAfters = append(runAfters, nil)
-		} else {
-			runAfter := p.RunAfter
-			runAfters = append(runAfters, &runAfter)
-		}
-		for i, sp := range p.Steps {
-			dependsOn := sp.DependsOn
-			if dependsOn == nil {
-				dependsOn = []string{}
-			}
-			deps, err := json.Marshal(dependsOn)
-			if err != nil {
-				return nil, err
-			}
-			stInst = append(stInst, p.ID)
-			stPos = append(stPos, int32(i))
-			stNames = append(stNames, sp.Name)
-			stHandlers = append(stHandlers, sp.Handler)
-			stQueues = append(stQueues, queueOf(sp))
-			stDeps = append(stDeps, deps)
-			stMax = append(stMax, int32(max(1, sp.Retry.MaxAttempts)))
-			stBackoff = append(stBackoff, sp.Retry.Backoff.Microseconds())
-			stMaxBackoff = append(stMaxBackoff, sp.Retry.MaxBackoff.Microseconds())
-			stTimeout = append(stTimeout, sp.Timeout.Microseconds())
-		}
-	}
-
-	rows, err := tx.Query(ctx, s.q(createSQL), now,
-		defHashes, defWorkflows, defSources,
-		ids, workflows, hashes, inputs, keys, priorities, runAfters,
-		stInst, stPos, stNames, stHandlers, stQueues, stDeps, stMax, stBackoff, stMaxBackoff, stTimeout)
+	results := make([]storage.CreateResult, len(params))
+	owners, err := s.keyOwners(ctx, tx, params)
 	if err != nil {
 		return nil, err
 	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	var (
+		rows        createRows
+		seenDef     = make(map[string]bool)
+		createdKeys = make(map[[2]string]string) // (workflow, key) -> ID created by this call
+	)
+	for i := range params {
+		p := &params[i]
+		if p.Key != "" {
+			k := [2]string{p.Workflow, p.Key}
+			if id, ok := owners[k]; ok {
+				results[i] = storage.CreateResult{ID: id, Existed: true}
+				continue
+			}
+			if id, ok := createdKeys[k]; ok {
+				results[i] = storage.CreateResult{ID: id, Existed: true}
+				continue
+			}
+			createdKeys[k] = p.ID
+		}
+		if !seenDef[p.DefinitionHash] {
+			seenDef[p.DefinitionHash] = true
+			rows.definition(p)
+		}
+		n, err := storage.PlanNew(p, plan, s.newDefinitionLoader(ctx, tx, p))
+		if err != nil {
+			return nil, err
+		}
+		rows.instance(st, n, now)
+	}
+	if len(rows.ids) == 0 {
+		return results, nil
+	}
+
+	dbRows, err := tx.Query(ctx, s.q(createSQL), now,
+		rows.defHashes, rows.defWorkflows, rows.defSources,
+		rows.ids, rows.workflows, rows.hashes, rows.statuses, rows.inputs, rows.outputs, rows.errors, rows.keys, rows.priorities, rows.runAfters,
+		rows.stInst, rows.stPos, rows.stNames, rows.stHandlers, rows.stQueues, rows.stWorkflows, rows.stDeps, rows.stStatuses,
+		rows.stMax, rows.stBackoff, rows.stMaxBackoff, rows.stTimeout, rows.stPriorities, rows.stInputs, rows.stErrors, rows.stRunAfters,
+		rows.evInst, rows.evSteps, rows.evTypes, rows.evMessages)
+	if err != nil {
+		return nil, err
+	}
+	inserted, err := pgx.CollectRows(dbRows, pgx.RowTo[string])
 	if err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "instances_pkey" {
@@ -193,11 +177,13 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now time.Tim
 		created[id] = true
 	}
 
-	// Params not inserted lost to an idempotency key: an earlier instance,
-	// committed or made by an earlier params of this same call.
-	results := make([]storage.CreateResult, len(params))
-	var lookW, lookK []string
+	// A planned instance that was not inserted lost its idempotency key to
+	// a start committed since keyOwners looked.
+	var late []storage.CreateParams
 	for i, p := range params {
+		if results[i].ID != "" {
+			continue
+		}
 		if created[p.ID] {
 			results[i] = storage.CreateResult{ID: p.ID}
 			delete(created, p.ID) // a repeated ID is created once
@@ -206,62 +192,168 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now time.Tim
 		if p.Key == "" {
 			return nil, fmt.Errorf("%w: instance %s was not created", storage.ErrConflict, p.ID)
 		}
-		lookW, lookK = append(lookW, p.Workflow), append(lookK, p.Key)
+		late = append(late, p)
 	}
-	if len(lookW) > 0 {
-		rows, err := tx.Query(ctx, s.q(existingSQL), lookW, lookK)
+	if len(late) > 0 {
+		owners, err := s.keyOwners(ctx, tx, late)
 		if err != nil {
-			return nil, err
-		}
-		owner := make(map[[2]string]string)
-		var id, w, k string
-		if _, err := pgx.ForEachRow(rows, []any{&id, &w, &k}, func() error {
-			owner[[2]string{w, k}] = id
-			return nil
-		}); err != nil {
 			return nil, err
 		}
 		for i, p := range params {
 			if results[i].ID != "" {
 				continue
 			}
-			id, ok := owner[[2]string{p.Workflow, p.Key}]
+			id, ok := owners[[2]string{p.Workflow, p.Key}]
 			if !ok {
 				return nil, fmt.Errorf("postgres: instance with key %q of %s neither created nor found", p.Key, p.Workflow)
 			}
 			results[i] = storage.CreateResult{ID: id, Existed: true}
 		}
 	}
+	return results, nil
+}
 
-	// The state of a new instance is known without reading it back.
-	var ls []*loaded
-	for i, p := range params {
-		if results[i].Existed || results[i].ID != p.ID {
-			continue
+// keyOwners finds the instances that already own the idempotency keys of
+// params, as (workflow, key) -> instance ID.
+func (s *Store) keyOwners(ctx context.Context, tx pgx.Tx, params []storage.CreateParams) (map[[2]string]string, error) {
+	var workflows, keys []string
+	for _, p := range params {
+		if p.Key != "" {
+			workflows, keys = append(workflows, p.Workflow), append(keys, p.Key)
 		}
-		l := &loaded{
-			state: storage.InstanceState{
-				ID:             p.ID,
-				Workflow:       p.Workflow,
-				DefinitionHash: p.DefinitionHash,
-				Status:         storage.InstancePending,
-				Input:          jsonOrNil(p.Input),
-				Steps:          make([]storage.StepState, len(p.Steps)),
-				// The first snapshot of a hash wins: read what is stored.
-				LoadDefinition: s.definitionLoader(ctx, tx, p.DefinitionHash),
-			},
-			queues: make([]string, len(p.Steps)),
-		}
-		for j, sp := range p.Steps {
-			l.state.Steps[j] = storage.StepState{Name: sp.Name, DependsOn: sp.DependsOn, Status: storage.StepBlocked}
-			l.queues[j] = queueOf(sp)
-		}
-		ls = append(ls, l)
 	}
-	if err := s.planAndApply(st, now, ls, plan); err != nil {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	rows, err := tx.Query(ctx, s.q(existingSQL), workflows, keys)
+	if err != nil {
 		return nil, err
 	}
-	return results, nil
+	owners := make(map[[2]string]string)
+	var id, w, k string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &w, &k}, func() error {
+		owners[[2]string{w, k}] = id
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	return owners, nil
+}
+
+// newDefinitionLoader loads a new instance's definition: one stored by this
+// very call is not in the table yet.
+func (s *Store) newDefinitionLoader(ctx context.Context, tx pgx.Tx, p *storage.CreateParams) func() ([]byte, error) {
+	if len(p.Definition) > 0 {
+		return func() ([]byte, error) { return p.Definition, nil }
+	}
+	return s.definitionLoader(ctx, tx, p.DefinitionHash)
+}
+
+// createRows holds the rows of createSQL as parallel arrays for unnest.
+type createRows struct {
+	defHashes, defWorkflows []string
+	defSources              [][]byte
+
+	ids, workflows, hashes, statuses, errors []string
+	inputs, outputs                          []json.RawMessage
+	keys                                     []*string
+	priorities                               []int32
+	runAfters                                []time.Time
+
+	stInst, stNames, stHandlers, stQueues, stWorkflows, stDeps, stStatuses, stErrors []string
+	stPos, stMax, stPriorities                                                       []int32
+	stBackoff, stMaxBackoff, stTimeout                                               []int64
+	stInputs                                                                         []json.RawMessage
+	stRunAfters                                                                      []*time.Time
+
+	evInst, evSteps, evTypes, evMessages []string
+}
+
+func (r *createRows) definition(p *storage.CreateParams) {
+	src := p.Definition
+	if src == nil {
+		src = []byte{}
+	}
+	r.defHashes = append(r.defHashes, p.DefinitionHash)
+	r.defWorkflows = append(r.defWorkflows, p.Workflow)
+	r.defSources = append(r.defSources, src)
+}
+
+func (r *createRows) instance(st *txState, n *storage.NewInstance, now time.Time) {
+	p := n.Params
+	runAfter := now
+	if p.RunAfter.After(now) {
+		runAfter = p.RunAfter
+	}
+	var key *string
+	if p.Key != "" {
+		key = &p.Key
+	}
+	r.ids = append(r.ids, p.ID)
+	r.workflows = append(r.workflows, p.Workflow)
+	r.hashes = append(r.hashes, p.DefinitionHash)
+	r.statuses = append(r.statuses, string(n.Status))
+	r.inputs = append(r.inputs, jsonOrNil(p.Input))
+	r.outputs = append(r.outputs, jsonOrNil(n.Output))
+	r.errors = append(r.errors, n.Error)
+	r.keys = append(r.keys, key)
+	r.priorities = append(r.priorities, int32(p.Priority))
+	r.runAfters = append(r.runAfters, runAfter)
+	for i, ns := range n.Steps {
+		sp := &p.Steps[i]
+		var stepRunAfter *time.Time
+		if ns.Status == storage.StepPending {
+			stepRunAfter = &runAfter
+			st.ready(queueOf(*sp))
+		}
+		r.stInst = append(r.stInst, p.ID)
+		r.stPos = append(r.stPos, int32(i))
+		r.stNames = append(r.stNames, sp.Name)
+		r.stHandlers = append(r.stHandlers, sp.Handler)
+		r.stQueues = append(r.stQueues, queueOf(*sp))
+		r.stWorkflows = append(r.stWorkflows, p.Workflow)
+		r.stDeps = append(r.stDeps, arrayLiteral(sp.DependsOn))
+		r.stStatuses = append(r.stStatuses, string(ns.Status))
+		r.stMax = append(r.stMax, int32(max(1, sp.Retry.MaxAttempts)))
+		r.stBackoff = append(r.stBackoff, sp.Retry.Backoff.Microseconds())
+		r.stMaxBackoff = append(r.stMaxBackoff, sp.Retry.MaxBackoff.Microseconds())
+		r.stTimeout = append(r.stTimeout, sp.Timeout.Microseconds())
+		r.stPriorities = append(r.stPriorities, int32(p.Priority))
+		r.stInputs = append(r.stInputs, jsonOrNil(ns.Input))
+		r.stErrors = append(r.stErrors, ns.Error)
+		r.stRunAfters = append(r.stRunAfters, stepRunAfter)
+	}
+	for _, e := range n.Events {
+		r.evInst = append(r.evInst, p.ID)
+		r.evSteps = append(r.evSteps, e.Step)
+		r.evTypes = append(r.evTypes, string(e.Type))
+		r.evMessages = append(r.evMessages, e.Message)
+	}
+}
+
+// arrayLiteral spells names as a PostgreSQL text[] literal, every element
+// quoted so that any name survives.
+func arrayLiteral(names []string) string {
+	if len(names) == 0 {
+		return "{}"
+	}
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, n := range names {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		for _, c := range []byte(n) {
+			if c == '"' || c == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(c)
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
 }
 
 // queueOf is a step's queue; "default" when unset.

@@ -26,9 +26,8 @@ type loaded struct {
 // their leases takes this lock first, always in the same order, so
 // concurrent finishers of sibling steps serialize (under READ COMMITTED
 // each would otherwise miss the other's completion, and a fan-in join would
-// never be promoted) and cannot deadlock one another. NO KEY UPDATE leaves
-// alone the key-share locks that foreign-key checks take when events are
-// inserted.
+// never be promoted) and cannot deadlock one another. NO KEY UPDATE is the
+// weakest row lock that conflicts with itself.
 const lockInstancesSQL = `
 SELECT id, workflow, definition_hash, status, input
 FROM {s}instances WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`

@@ -236,7 +236,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 const pruneBatch = 500
 
 // Prune implements storage.Store. It deletes in batches, each its own
-// transaction; foreign keys cascade to steps and events. Definition
+// transaction that takes the instances with their steps and events. Definition
 // snapshots are kept: they are small and may be shared with live instances.
 func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (int, error) {
 	if dryRun {
@@ -250,9 +250,16 @@ func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (in
 	}
 	total := 0
 	for {
-		tag, err := s.pool.Exec(ctx, s.q(`DELETE FROM {s}instances WHERE id IN (
-			SELECT id FROM {s}instances WHERE finished_at IS NOT NULL AND finished_at < $1
-			ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)`), olderThan, pruneBatch)
+		// No foreign keys cascade (migration 2): the statement deletes
+		// the steps and events itself.
+		tag, err := s.pool.Exec(ctx, s.q(`
+			WITH doomed AS (
+				SELECT id FROM {s}instances WHERE finished_at IS NOT NULL AND finished_at < $1
+				ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED
+			),
+			s AS (DELETE FROM {s}steps WHERE instance_id IN (SELECT id FROM doomed)),
+			e AS (DELETE FROM {s}events WHERE instance_id IN (SELECT id FROM doomed))
+			DELETE FROM {s}instances WHERE id IN (SELECT id FROM doomed)`), olderThan, pruneBatch)
 		if err != nil {
 			return total, s.fail("prune", err)
 		}

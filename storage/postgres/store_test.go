@@ -457,3 +457,47 @@ func TestConfigDefaults(t *testing.T) {
 	require.NotNil(t, c.Logger)
 	require.Error(t, (&Config{MaxConns: -1}).withDefaults().validate())
 }
+
+// TestPruneTakesStepsAndEvents: with no foreign keys to cascade (migration
+// 2), prune itself must delete a pruned instance's steps and events.
+func TestPruneTakesStepsAndEvents(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	ctx := t.Context()
+	res, err := s.CreateInstances(ctx, nil, []storage.CreateParams{params(spec("a"), spec("b", "a")), params(spec("a"))}, storagetest.Plan)
+	require.NoError(t, err)
+	require.NoError(t, s.CancelInstance(ctx, res[0].ID, "done with it"))
+
+	n, err := s.Prune(ctx, time.Now().Add(time.Minute), false)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	var steps, events, kept int
+	require.NoError(t, s.pool.QueryRow(ctx, s.q(`SELECT
+		(SELECT count(*) FROM {s}steps WHERE instance_id = $1),
+		(SELECT count(*) FROM {s}events WHERE instance_id = $1),
+		(SELECT count(*) FROM {s}steps WHERE instance_id = $2)`), res[0].ID, res[1].ID).Scan(&steps, &events, &kept))
+	require.Zero(t, steps, "steps of the pruned instance")
+	require.Zero(t, events, "events of the pruned instance")
+	require.Equal(t, 1, kept, "the unfinished instance keeps its step")
+}
+
+// TestArrayLiteral: dependsOn names travel as text[] literals; any name
+// must come back as it went in.
+func TestArrayLiteral(t *testing.T) {
+	t.Parallel()
+	pool := sharedPool(t)
+	for _, names := range [][]string{
+		nil,
+		{"a"},
+		{"fetch-user", "b.c_d"},
+		{`quote"d`, `back\slash`, "comma,brace}{", "", "NULL", " spaced "},
+	} {
+		var got []string
+		require.NoError(t, pool.QueryRow(t.Context(), "SELECT $1::text::text[]", arrayLiteral(names)).Scan(&got))
+		if len(names) == 0 {
+			require.Empty(t, got)
+			continue
+		}
+		require.Equal(t, names, got)
+	}
+}

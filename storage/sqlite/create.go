@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -69,43 +70,15 @@ func validateCreate(p *storage.CreateParams) error {
 	return nil
 }
 
-// newStep is one step row to insert, in its initial state.
-type newStep struct {
-	instanceID string
-	position   int
-	spec       *storage.StepSpec
-	dependsOn  string
-	status     storage.StepStatus
-	input      json.RawMessage
-	errText    string
-	runAfter   int64
-	readyAt    any
-	finishedAt any
-}
-
-// newInstance is one instance row to insert.
-type newInstance struct {
-	p          *storage.CreateParams
-	status     storage.InstanceStatus
-	output     json.RawMessage
-	errText    string
-	runAfter   int64
-	finishedAt any
-}
-
 // createMany creates the instances of one call with a handful of
-// set-based statements whatever their number: the plan runs on the state
-// built in memory (every step blocked), so each step row is inserted
-// directly in its initial state instead of being inserted and updated.
+// multi-row statements whatever their number: each instance is planned in
+// memory (every step blocked, then the plan applied), so each row is
+// inserted once in its initial state instead of being inserted and updated.
 func (t *txn) createMany(params []storage.CreateParams, plan storage.PlanFunc) ([]storage.CreateResult, error) {
 	results := make([]storage.CreateResult, len(params))
-	now := us(t.now)
 	keys := map[[2]string]string{} // (workflow, key) -> ID created in this call
 	definitions := map[string]*storage.CreateParams{}
-	var (
-		instances []newInstance
-		steps     []newStep
-	)
+	var instances []*storage.NewInstance
 	for i := range params {
 		p := &params[i]
 		if p.Key != "" {
@@ -127,12 +100,11 @@ func (t *txn) createMany(params []storage.CreateParams, plan storage.PlanFunc) (
 		if definitions[p.DefinitionHash] == nil {
 			definitions[p.DefinitionHash] = p
 		}
-		inst, rows, err := t.initialState(p, plan, now)
+		n, err := storage.PlanNew(p, plan, t.newDefinition(p))
 		if err != nil {
 			return nil, err
 		}
-		instances = append(instances, inst)
-		steps = append(steps, rows...)
+		instances = append(instances, n)
 		results[i] = storage.CreateResult{ID: p.ID}
 	}
 	for hash, p := range definitions {
@@ -142,153 +114,79 @@ func (t *txn) createMany(params []storage.CreateParams, plan storage.PlanFunc) (
 			return nil, err
 		}
 	}
-	if err := t.insertInstances(instances, now); err != nil {
-		return nil, err
-	}
-	if err := t.insertSteps(steps); err != nil {
+	if err := t.insertInstances(instances); err != nil {
 		return nil, err
 	}
 	return results, nil
 }
 
-// initialState plans a new instance in memory and returns its rows.
-func (t *txn) initialState(p *storage.CreateParams, plan storage.PlanFunc, now int64) (newInstance, []newStep, error) {
-	runAfter := max(now, us(p.RunAfter))
-	inst := newInstance{p: p, status: storage.InstancePending, runAfter: runAfter}
-	rows := make([]newStep, len(p.Steps))
-	state := storage.InstanceState{
-		ID:             p.ID,
-		Workflow:       p.Workflow,
-		DefinitionHash: p.DefinitionHash,
-		Status:         storage.InstancePending,
-		Input:          p.Input,
-		Steps:          make([]storage.StepState, len(p.Steps)),
-	}
-	// A definition stored by this very call is not in the table yet.
-	state.LoadDefinition = func() ([]byte, error) {
+// newDefinition loads the definition of a new instance: one stored by
+// this very call is not in the table yet.
+func (t *txn) newDefinition(p *storage.CreateParams) func() ([]byte, error) {
+	return func() ([]byte, error) {
 		if len(p.Definition) > 0 {
 			return p.Definition, nil
 		}
 		return t.definition(p.DefinitionHash)()
 	}
-	index := make(map[string]int, len(p.Steps))
-	for i := range p.Steps {
-		st := &p.Steps[i]
-		deps := "[]"
-		if len(st.DependsOn) > 0 {
-			b, err := json.Marshal(st.DependsOn)
-			if err != nil {
-				return inst, nil, err
-			}
-			deps = string(b)
-		}
-		rows[i] = newStep{instanceID: p.ID, position: i, spec: st, dependsOn: deps, status: storage.StepBlocked}
-		state.Steps[i] = storage.StepState{Name: st.Name, DependsOn: st.DependsOn, Status: storage.StepBlocked}
-		index[st.Name] = i
-	}
-	t.event(p.ID, "", storage.EventInstanceCreated, 0, "")
-	pl, err := plan(&state)
-	if err != nil {
-		return inst, nil, fmt.Errorf("plan instance %s: %w", p.ID, err)
-	}
-	if pl == nil {
-		return inst, rows, nil
-	}
-	for _, c := range pl.Steps {
-		i, ok := index[c.Name]
-		if !ok {
-			return inst, nil, fmt.Errorf("plan for instance %s names unknown step %q", p.ID, c.Name)
-		}
-		r := &rows[i]
-		if r.status != storage.StepBlocked {
-			return inst, nil, fmt.Errorf("plan for instance %s moves step %q to %s, but it is %s, not blocked", p.ID, c.Name, c.Status, r.status)
-		}
-		switch c.Status {
-		case storage.StepPending:
-			r.input, r.runAfter, r.readyAt = c.Input, runAfter, now
-			t.event(p.ID, c.Name, storage.EventStepReady, 0, "")
-		case storage.StepSkipped:
-			r.input, r.finishedAt = c.Input, now
-			t.event(p.ID, c.Name, storage.EventStepSkipped, 0, "")
-		case storage.StepFailed:
-			r.errText, r.finishedAt = c.Error, now
-			t.event(p.ID, c.Name, storage.EventStepFailed, 0, c.Error)
-		default:
-			return inst, nil, fmt.Errorf("plan for instance %s moves step %q to %q: only pending, skipped or failed are allowed", p.ID, c.Name, c.Status)
-		}
-		r.status = c.Status
-	}
-	if ic := pl.Instance; ic != nil {
-		if !ic.Status.Finished() {
-			return inst, nil, fmt.Errorf("plan for instance %s sets status %q: only completed, failed or cancelled are allowed", p.ID, ic.Status)
-		}
-		inst.status, inst.output, inst.errText, inst.finishedAt = ic.Status, ic.Output, ic.Error, now
-		for i := range rows {
-			if r := &rows[i]; r.status == storage.StepBlocked || r.status == storage.StepPending {
-				r.status, r.finishedAt = storage.StepCancelled, now
-				t.event(p.ID, r.spec.Name, storage.EventStepCancelled, 0, ic.Error)
-			}
-		}
-		t.event(p.ID, "", instanceEvent[ic.Status], 0, ic.Error)
-	}
-	return inst, rows, nil
 }
 
-// insertInstances inserts instance rows with one statement; the rows travel
-// as one JSON array so the statement text stays constant and prepared.
-func (t *txn) insertInstances(instances []newInstance, now int64) error {
+const (
+	insertInstancesSQL = `INSERT INTO instances (id, workflow, definition_hash, status, input, idem_key, priority,
+		run_after, created_at, output, error, finished_at) VALUES `
+	insertStepsSQL = `INSERT INTO steps (instance_id, position, name, handler, queue, workflow, priority, depends_on,
+		status, max_attempts, backoff_us, max_backoff_us, timeout_us, input, error, run_after, ready_at, finished_at) VALUES `
+)
+
+// insertInstances inserts the instance rows, their step rows and their
+// creation events.
+func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 	if len(instances) == 0 {
 		return nil
 	}
-	rows := make([][]any, len(instances))
-	for i, in := range instances {
-		var key any
-		if in.p.Key != "" {
-			key = in.p.Key
+	now := us(t.now)
+	rows := make([]any, 0, 12*len(instances))
+	var steps []any
+	for _, n := range instances {
+		p := n.Params
+		runAfter := max(now, us(p.RunAfter))
+		var key, finishedAt any
+		if p.Key != "" {
+			key = p.Key
 		}
-		rows[i] = []any{in.p.ID, in.p.Workflow, in.p.DefinitionHash, string(in.status), jsonArg(in.p.Input), key,
-			in.p.Priority, in.runAfter, jsonArg(in.output), in.errText, in.finishedAt}
+		if n.Status.Finished() {
+			finishedAt = now
+		}
+		rows = append(rows, p.ID, p.Workflow, p.DefinitionHash, string(n.Status), jsonArg(p.Input), key, p.Priority,
+			runAfter, now, jsonArg(n.Output), n.Error, finishedAt)
+		for i, st := range n.Steps {
+			spec := &p.Steps[i]
+			deps := "[]"
+			if len(spec.DependsOn) > 0 {
+				b, err := json.Marshal(spec.DependsOn)
+				if err != nil {
+					return err
+				}
+				deps = string(b)
+			}
+			var stepRunAfter, readyAt, finishedAt any = 0, nil, nil
+			if st.Status == storage.StepPending {
+				stepRunAfter, readyAt = runAfter, now
+			} else if st.Finished() {
+				finishedAt = now
+			}
+			steps = append(steps, p.ID, i, spec.Name, spec.Handler, cmp.Or(spec.Queue, "default"), p.Workflow, p.Priority, deps,
+				string(st.Status), max(spec.Retry.MaxAttempts, 1), spec.Retry.Backoff.Microseconds(), spec.Retry.MaxBackoff.Microseconds(),
+				spec.Timeout.Microseconds(), jsonArg(st.Input), st.Error, stepRunAfter, readyAt, finishedAt)
+		}
+		for _, e := range n.Events {
+			t.event(p.ID, e.Step, e.Type, 0, e.Message)
+		}
 	}
-	b, err := json.Marshal(rows)
-	if err != nil {
-		return err
-	}
-	_, err = t.exec(`INSERT INTO instances (id, workflow, definition_hash, status, input, idem_key, priority, run_after,
-			created_at, output, error, finished_at)
-		SELECT r.value->>0, r.value->>1, r.value->>2, r.value->>3, r.value->>4, r.value->>5, r.value->>6, r.value->>7,
-			?1, r.value->>8, r.value->>9, r.value->>10
-		FROM json_each(?2) AS r`, now, string(b))
-	if err != nil {
+	if err := t.insertRows(insertInstancesSQL, 12, rows); err != nil {
 		return fmt.Errorf("insert instances: %w", err)
 	}
-	return nil
-}
-
-// insertSteps inserts step rows with one statement.
-func (t *txn) insertSteps(steps []newStep) error {
-	if len(steps) == 0 {
-		return nil
-	}
-	rows := make([][]any, len(steps))
-	for i, s := range steps {
-		queue := s.spec.Queue
-		if queue == "" {
-			queue = "default"
-		}
-		rows[i] = []any{s.instanceID, s.position, s.spec.Name, s.spec.Handler, queue, s.dependsOn, string(s.status),
-			max(s.spec.Retry.MaxAttempts, 1), s.spec.Retry.Backoff.Microseconds(), s.spec.Retry.MaxBackoff.Microseconds(),
-			s.spec.Timeout.Microseconds(), jsonArg(s.input), s.errText, s.runAfter, s.readyAt, s.finishedAt}
-	}
-	b, err := json.Marshal(rows)
-	if err != nil {
-		return err
-	}
-	_, err = t.exec(`INSERT INTO steps (instance_id, position, name, handler, queue, workflow, priority, depends_on, status,
-			max_attempts, backoff_us, max_backoff_us, timeout_us, input, error, run_after, ready_at, finished_at)
-		SELECT r.value->>0, r.value->>1, r.value->>2, r.value->>3, r.value->>4, i.workflow, i.priority, r.value->>5, r.value->>6,
-			r.value->>7, r.value->>8, r.value->>9, r.value->>10, r.value->>11, r.value->>12, r.value->>13, r.value->>14, r.value->>15
-		FROM json_each(?1) AS r JOIN instances i ON i.id = r.value->>0`, string(b))
-	if err != nil {
+	if err := t.insertRows(insertStepsSQL, 18, steps); err != nil {
 		return fmt.Errorf("insert steps: %w", err)
 	}
 	return nil

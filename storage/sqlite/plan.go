@@ -177,7 +177,7 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 			}
 		} else {
 			b.completed = append(b.completed, [3]any{id, string(ic.Status), jsonArg(ic.Output)})
-			t.event(id, "", instanceEvent[ic.Status], 0, "")
+			t.event(id, "", storage.InstanceEventOf(ic.Status), 0, "")
 		}
 		l.state.Status = ic.Status
 	}
@@ -219,12 +219,6 @@ func (l *loaded) index(name string) int {
 	return -1
 }
 
-var instanceEvent = map[storage.InstanceStatus]storage.EventType{
-	storage.InstanceCompleted: storage.EventInstanceCompleted,
-	storage.InstanceFailed:    storage.EventInstanceFailed,
-	storage.InstanceCancelled: storage.EventInstanceCancelled,
-}
-
 // finishInstance finishes the instance; with unstarted it cancels the
 // steps that have not started (the caller knows when there are none, the
 // common case of a completed instance), and with running also the running
@@ -236,7 +230,7 @@ func (t *txn) finishInstance(id string, status storage.InstanceStatus, output js
 		return err
 	}
 	if !unstarted && !running {
-		t.event(id, "", instanceEvent[status], 0, msg)
+		t.event(id, "", storage.InstanceEventOf(status), 0, msg)
 		return nil
 	}
 	cancel := `UPDATE steps SET status = 'cancelled', finished_at = ?, lease_until = NULL
@@ -263,7 +257,7 @@ func (t *txn) finishInstance(id string, status storage.InstanceStatus, output js
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	t.event(id, "", instanceEvent[status], 0, msg)
+	t.event(id, "", storage.InstanceEventOf(status), 0, msg)
 	return nil
 }
 

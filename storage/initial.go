@@ -1,0 +1,139 @@
+package storage
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// NewInstance is an instance as its creation writes it: every step starts
+// blocked, then the PlanFunc's answer is applied in memory, so that a store
+// inserts each row once, in its final state, instead of inserting the steps
+// and updating the ready ones in a second statement.
+type NewInstance struct {
+	Params *CreateParams
+	// Status is pending, or finished when the plan finished the instance at
+	// once (every step skipped, say); Output and Error go with a finish.
+	Status InstanceStatus
+	Output json.RawMessage
+	Error  string
+	// Steps is parallel to Params.Steps.
+	Steps []NewStep
+	// Events is the creation's history in order, instance.created first.
+	Events []NewEvent
+}
+
+// NewStep is one step's state at creation.
+type NewStep struct {
+	Status StepStatus
+	// Input is the resolved input of a pending or skipped step.
+	Input json.RawMessage
+	Error string
+}
+
+// Finished reports whether the step ends with its creation (skipped, failed
+// or cancelled), so its finished_at is the creation time.
+func (s NewStep) Finished() bool { return s.Status != StepBlocked && s.Status != StepPending }
+
+// NewEvent is one history entry of a creation.
+type NewEvent struct {
+	Step    string
+	Type    EventType
+	Message string
+}
+
+// PlanNew asks plan about a new instance whose steps are all blocked and
+// returns the instance with the answer applied, after checking it the way a
+// store checks any Plan. loadDefinition serves the state's LoadDefinition.
+func PlanNew(p *CreateParams, plan PlanFunc, loadDefinition func() ([]byte, error)) (*NewInstance, error) {
+	n := &NewInstance{
+		Params: p,
+		Status: InstancePending,
+		Steps:  make([]NewStep, len(p.Steps)),
+		Events: []NewEvent{{Type: EventInstanceCreated}},
+	}
+	state := InstanceState{
+		ID:             p.ID,
+		Workflow:       p.Workflow,
+		DefinitionHash: p.DefinitionHash,
+		Status:         InstancePending,
+		Input:          p.Input,
+		Steps:          make([]StepState, len(p.Steps)),
+		LoadDefinition: loadDefinition,
+	}
+	for i := range p.Steps {
+		n.Steps[i].Status = StepBlocked
+		state.Steps[i] = StepState{Name: p.Steps[i].Name, DependsOn: p.Steps[i].DependsOn, Status: StepBlocked}
+	}
+	pl, err := plan(&state)
+	if err != nil {
+		return nil, fmt.Errorf("plan instance %s: %w", p.ID, err)
+	}
+	if pl == nil {
+		return n, nil
+	}
+	for _, c := range pl.Steps {
+		i := stepIndex(p.Steps, c.Name)
+		if i < 0 {
+			return nil, fmt.Errorf("plan for instance %s names unknown step %q", p.ID, c.Name)
+		}
+		s := &n.Steps[i]
+		if s.Status != StepBlocked {
+			return nil, fmt.Errorf("plan for instance %s moves step %q to %s, but it is %s, not blocked", p.ID, c.Name, c.Status, s.Status)
+		}
+		switch c.Status {
+		case StepPending:
+			s.Input = c.Input
+			n.event(c.Name, EventStepReady, "")
+		case StepSkipped:
+			s.Input = c.Input
+			n.event(c.Name, EventStepSkipped, "")
+		case StepFailed:
+			s.Error = c.Error
+			n.event(c.Name, EventStepFailed, c.Error)
+		default:
+			return nil, fmt.Errorf("plan for instance %s moves step %q to %q: only pending, skipped or failed are allowed", p.ID, c.Name, c.Status)
+		}
+		s.Status = c.Status
+	}
+	if ic := pl.Instance; ic != nil {
+		if !ic.Status.Finished() {
+			return nil, fmt.Errorf("plan for instance %s sets status %q: only completed, failed or cancelled are allowed", p.ID, ic.Status)
+		}
+		n.Status, n.Output, n.Error = ic.Status, ic.Output, ic.Error
+		for i := range n.Steps {
+			if s := &n.Steps[i]; !s.Finished() {
+				s.Status = StepCancelled
+				n.event(p.Steps[i].Name, EventStepCancelled, ic.Error)
+			}
+		}
+		n.event("", InstanceEventOf(ic.Status), ic.Error)
+	}
+	return n, nil
+}
+
+func (n *NewInstance) event(step string, typ EventType, msg string) {
+	n.Events = append(n.Events, NewEvent{Step: step, Type: typ, Message: msg})
+}
+
+func stepIndex(steps []StepSpec, name string) int {
+	for i := range steps {
+		if steps[i].Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// InstanceEventOf is the event recording an instance's move to a finished
+// status.
+func InstanceEventOf(status InstanceStatus) EventType {
+	switch status {
+	case InstanceCompleted:
+		return EventInstanceCompleted
+	case InstanceFailed:
+		return EventInstanceFailed
+	case InstanceCancelled:
+		return EventInstanceCancelled
+	}
+	return ""
+}
