@@ -98,8 +98,7 @@ func TestPrune(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(old), &oldInst))
 		require.Equal(t, "completed", oldInst.Status)
 		oldDone := time.Now()
-		time.Sleep(1500 * time.Millisecond)
-		recentStart := time.Now()
+		time.Sleep(3 * time.Second)
 		var recent []string
 		for _, wf := range []string{"quick", "quick", "broken"} {
 			res := e.run(t, "start", wf, "--json")
@@ -118,17 +117,21 @@ func TestPrune(t *testing.T) {
 		require.Equal(t, 2, steps)
 		require.Positive(t, events)
 
-		// A bound halfway between the old instance's finish and the recent
-		// ones' start: only the old one is older.
-		bound := time.Since(oldDone.Add(recentStart.Sub(oldDone) / 2)).Round(time.Millisecond)
+		// A bound just younger than the old instance, taken right before
+		// each command: the old one is older, and the recent ones stay
+		// younger as long as the command starts within the gap between
+		// them (slow under -race on a loaded machine, hence a wide gap).
+		bound := func() time.Duration { return time.Since(oldDone).Truncate(time.Millisecond) }
 		prune := func(args ...string) string {
 			return strings.TrimSpace(e.mustRun(t, append([]string{"prune"}, args...)...).stdout)
 		}
 		require.Equal(t, "would prune 0 finished instances older than 1h0m0s", prune("--older-than", "1h", "--dry-run"))
 		require.Equal(t, "pruned 0 finished instances older than 1h0m0s", prune("--older-than", "1h"))
-		require.Equal(t, fmt.Sprintf("would prune 1 finished instances older than %s", bound), prune("--older-than", bound.String(), "--dry-run"))
+		b := bound()
+		require.Equal(t, fmt.Sprintf("would prune 1 finished instances older than %s", b), prune("--older-than", b.String(), "--dry-run"))
 		require.Equal(t, "completed", e.status(t, oldInst.ID).Status, "--dry-run deletes nothing")
-		require.Equal(t, fmt.Sprintf("pruned 1 finished instances older than %s", bound), prune("--older-than", bound.String()))
+		b = bound()
+		require.Equal(t, fmt.Sprintf("pruned 1 finished instances older than %s", b), prune("--older-than", b.String()))
 
 		res := e.run(t, "status", oldInst.ID)
 		require.Equal(t, 2, res.code, "a pruned instance is gone: %s", res.stderr)
