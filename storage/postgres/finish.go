@@ -167,6 +167,9 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		st.tail.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 			var err error
 			claimed, err = pgx.CollectRows(rows, scanClaimed)
+			// A claim over every queue and instance that came back short
+			// took all that was ready, the steps this commit readied too.
+			st.quiet = len(claim.Queues) == 0 && claim.InstanceID == "" && len(claimed) < max(claim.Limit, 1)
 			return err
 		})
 		return nil

@@ -3,6 +3,7 @@ package postgres
 import (
 	"cmp"
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -137,7 +138,8 @@ func (s *Store) listenOnce(ctx context.Context, l *listener, reconnect bool) (li
 		if err != nil {
 			return true, err
 		}
-		if n.Channel == s.channel {
+		// The store signalled its own subscribers when it committed.
+		if origin, _, _ := strings.Cut(n.Payload, ":"); n.Channel == s.channel && origin != s.origin {
 			s.broadcast()
 		}
 	}

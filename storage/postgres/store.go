@@ -143,6 +143,10 @@ type Store struct {
 	// prefix qualifies table names ("" or `"schema".`).
 	prefix  string
 	channel string
+	// origin marks this store's own notifications: its listener skips
+	// them, since the store signals its subscribers itself after each
+	// commit (see inTx).
+	origin string
 
 	subsMu sync.Mutex
 	subs   map[*subscriber]struct{}
@@ -232,6 +236,7 @@ func newStore(ctx context.Context, pool *pgxpool.Pool, owns bool, cfg *Config) (
 		ownsPool: owns,
 		cfg:      cfg,
 		channel:  DefaultChannel,
+		origin:   newOrigin(),
 		subs:     make(map[*subscriber]struct{}),
 	}
 	if cfg.Schema != "" {
@@ -286,6 +291,10 @@ type txState struct {
 	tail pgx.Batch
 	// readyQueues are the queues of steps made pending.
 	readyQueues map[string]struct{}
+	// quiet is set when the transaction's own eager claim took every step
+	// it could see: none is left for this process's other claimers, so
+	// its subscribers need no signal.
+	quiet bool
 }
 
 func (st *txState) ready(queue string) {
@@ -296,24 +305,31 @@ func (st *txState) ready(queue string) {
 }
 
 // finish sends the tail and, when steps were made pending, one NOTIFY
-// whatever their number: the payload lists their queues.
-func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel string) error {
+// whatever their number. The payload is "ORIGIN:QUEUES": the notifying
+// store's origin (empty for a caller's transaction, whose commit this
+// store's own subscribers must hear about too) and the queues of the steps.
+func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel, origin string) error {
 	if len(st.readyQueues) > 0 {
 		queues := make([]string, 0, len(st.readyQueues))
 		for q := range st.readyQueues {
 			queues = append(queues, q)
 		}
 		slices.Sort(queues)
-		payload := strings.Join(queues, ",")
-		if len(payload) > 7000 { // payloads must stay under 8000 bytes
-			payload = ""
+		list := strings.Join(queues, ",")
+		if len(list) > 7000 { // payloads must stay under 8000 bytes
+			list = ""
 		}
-		st.tail.Queue("SELECT pg_notify($1, $2)", channel, payload)
+		st.tail.Queue("SELECT pg_notify($1, $2)", channel, origin+":"+list)
 	}
 	if st.tail.Len() == 0 {
 		return nil
 	}
 	return tx.SendBatch(ctx, &st.tail).Close()
+}
+
+// newOrigin returns a random tag for a store's notifications.
+func newOrigin() string {
+	return strconv.FormatUint(rand.Uint64(), 36)
 }
 
 // maxTxAttempts bounds how often a transaction is retried on serialization
@@ -328,7 +344,8 @@ var txOptions = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 // inTx runs fn in a transaction of the store's own, retrying it when
 // PostgreSQL aborts it with a serialization failure or a deadlock; fn must
 // therefore be safe to run again. When it made steps pending, one NOTIFY
-// goes out with the commit and local subscribers are signalled after it.
+// goes out with the commit for other processes, and this store's
+// subscribers are signalled directly after it (unless st.quiet).
 func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx, st *txState) error) error {
 	return s.retry(ctx, func() error {
 		st := &txState{}
@@ -336,9 +353,9 @@ func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx, st *txState) error)
 			if err := fn(tx, st); err != nil {
 				return err
 			}
-			return st.finish(ctx, tx, s.channel)
+			return st.finish(ctx, tx, s.channel, s.origin)
 		})
-		if err == nil && len(st.readyQueues) > 0 {
+		if err == nil && len(st.readyQueues) > 0 && !st.quiet {
 			s.broadcast()
 		}
 		return err
@@ -380,7 +397,7 @@ func (s *Store) inCallerTx(ctx context.Context, caller any, fn func(tx pgx.Tx, s
 		if err := fn(tx, st); err != nil {
 			return err
 		}
-		return st.finish(ctx, tx, s.channel)
+		return st.finish(ctx, tx, s.channel, "")
 	})
 	if err != nil {
 		return interpretError(err)

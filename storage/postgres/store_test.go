@@ -145,7 +145,7 @@ func TestNotifyDebounced(t *testing.T) {
 	n, err := conn.WaitForNotification(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, s.channel, n.Channel)
-	require.Equal(t, "default", n.Payload)
+	require.Equal(t, s.origin+":default", n.Payload)
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
 	_, err = conn.WaitForNotification(ctx)
@@ -499,5 +499,26 @@ func TestArrayLiteral(t *testing.T) {
 			continue
 		}
 		require.Equal(t, names, got)
+	}
+}
+
+// TestOwnNotificationsNotRelayed: a store signals its own subscribers
+// directly after a commit; its listener skips the NOTIFY the same commit
+// sent, which would only wake an idle worker for an empty claim.
+func TestOwnNotificationsNotRelayed(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	ch, cancel := s.Subscribe()
+	defer cancel()
+	awaitListener(t, s, 0)
+	drain(ch)
+
+	_, err := s.CreateInstances(t.Context(), nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
+	require.NoError(t, err)
+	awaitSignal(t, ch, 2*time.Second, "the store's own create")
+	select {
+	case <-ch:
+		require.FailNow(t, "signalled again: the listener relayed the store's own NOTIFY")
+	case <-time.After(300 * time.Millisecond):
 	}
 }
