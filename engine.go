@@ -80,6 +80,8 @@ type Engine struct {
 	definitions sync.Map // hash -> *dag.Workflow
 
 	changes changes
+	// local are the running workers of this engine, for eager starts.
+	local localWorkers
 }
 
 // New returns an Engine over store, running handlers from registry.

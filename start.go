@@ -122,7 +122,13 @@ func (e *Engine) start(ctx context.Context, tx any, reqs []StartRequest) ([]Star
 		params[i] = p
 	}
 	rec := e.newFinishRecorder()
-	created, err := e.store.CreateInstances(ctx, tx, params, rec.plan)
+	var created []storage.CreateResult
+	var err error
+	if tx == nil {
+		created, err = e.createEagerly(ctx, params, rec.plan)
+	} else {
+		created, err = e.store.CreateInstances(ctx, tx, params, rec.plan)
+	}
 	if err != nil {
 		return nil, err
 	}

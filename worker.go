@@ -171,7 +171,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	heartbeatDone := make(chan struct{})
 	go func() { defer close(heartbeatDone); w.heartbeatLoop(heartbeatCtx) }()
 
+	w.engine.addWorker(w)
 	w.claimLoop(ctx, wake)
+	w.engine.removeWorker(w)
 	w.mu.Lock()
 	w.stopping = true
 	w.mu.Unlock()
@@ -415,6 +417,44 @@ func (w *Worker) claimParams(limit int) storage.ClaimParams {
 		InstanceID: w.config.InstanceID,
 		Limit:      limit,
 		Lease:      w.config.Lease,
+	}
+}
+
+// reserveEager reserves up to n free slots for the steps a start in this
+// process claims for the worker in its creating transaction, and returns
+// how many it reserved. A worker bound to one instance takes none: a new
+// instance is never its own.
+func (w *Worker) reserveEager(n int) int {
+	if w.config.InstanceID != "" {
+		return 0
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopping {
+		return 0
+	}
+	n = min(n, w.config.Concurrency-len(w.inflight)-w.reserved)
+	if n <= 0 {
+		return 0
+	}
+	w.reserved += n
+	return n
+}
+
+// adoptEager runs the steps a start claimed for the worker and gives back
+// the reservation; slots the claim left unused go back to the claim loop.
+func (w *Worker) adoptEager(reserved int, steps []storage.ClaimedStep) {
+	w.mu.Lock()
+	w.reserved -= reserved
+	w.mu.Unlock()
+	if !w.start(steps, nil) {
+		w.release(steps)
+	}
+	if len(steps) < reserved {
+		select {
+		case w.slotFreed <- struct{}{}:
+		default:
+		}
 	}
 }
 

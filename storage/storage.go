@@ -484,6 +484,16 @@ type FinishClaimer interface {
 	FinishAndClaim(ctx context.Context, results []StepResult, plan PlanFunc, p ClaimParams) ([]FinishResult, []ClaimedStep, error)
 }
 
+// CreateClaimer is implemented by stores that can claim in the same
+// transaction that creates instances: an idle worker of the starting
+// process then takes a new instance's first steps without a claim
+// transaction of its own or a wake-up (Temporal's eager workflow start).
+type CreateClaimer interface {
+	// CreateAndClaim is CreateInstances (in the store's own transaction)
+	// followed by ClaimSteps(p), atomically.
+	CreateAndClaim(ctx context.Context, params []CreateParams, plan PlanFunc, p ClaimParams) ([]CreateResult, []ClaimedStep, error)
+}
+
 // Delay returns the backoff before attempt+1 after attempt failed:
 // min(MaxBackoff, Backoff·2^(attempt-1)), with up to 20% jitter subtracted
 // so that many failing steps do not retry in lockstep. jitter is a value in

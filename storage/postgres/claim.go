@@ -115,6 +115,20 @@ func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storag
 	return out, nil
 }
 
+// queueClaim queues a claim on the transaction's tail; into receives the
+// claimed steps when the tail runs. A claim over every queue and instance
+// that comes back short took all that was ready, the steps this commit
+// readied too, so the transaction need not signal this store's claimers.
+func (s *Store) queueClaim(st *txState, p storage.ClaimParams, now time.Time, into *[]storage.ClaimedStep) {
+	sql, args := s.claimStatement(p, now)
+	st.tail.Queue(sql, args...).Query(func(rows pgx.Rows) error {
+		claimed, err := pgx.CollectRows(rows, scanClaimed)
+		*into = claimed
+		st.quiet = len(p.Queues) == 0 && p.InstanceID == "" && len(claimed) < max(p.Limit, 1)
+		return err
+	})
+}
+
 // claimStatement returns the claim statement for p's filter shape and its
 // arguments.
 func (s *Store) claimStatement(p storage.ClaimParams, now time.Time) (string, []any) {

@@ -73,10 +73,7 @@ FROM {s}instances i JOIN unnest($1::text[], $2::text[]) AS k(workflow, key)
 // multi-row statement; tx, when non-nil, must be a pgx.Tx (a *pgxpool.Tx
 // is one), and the store writes inside a savepoint of it.
 func (s *Store) CreateInstances(ctx context.Context, tx any, params []storage.CreateParams, plan storage.PlanFunc) ([]storage.CreateResult, error) {
-	if plan == nil {
-		return nil, errors.New("postgres: create instances: nil PlanFunc")
-	}
-	if err := validateCreate(params); err != nil {
+	if err := checkCreate(params, plan); err != nil {
 		return nil, err
 	}
 	if len(params) == 0 {
@@ -98,6 +95,41 @@ func (s *Store) CreateInstances(ctx context.Context, tx any, params []storage.Cr
 		return nil, err
 	}
 	return results, nil
+}
+
+// CreateAndClaim implements storage.CreateClaimer: the claim goes on the
+// transaction's tail, after the creating statement.
+func (s *Store) CreateAndClaim(ctx context.Context, params []storage.CreateParams, plan storage.PlanFunc, p storage.ClaimParams) ([]storage.CreateResult, []storage.ClaimedStep, error) {
+	if err := checkCreate(params, plan); err != nil {
+		return nil, nil, err
+	}
+	if p.Lease <= 0 {
+		return nil, nil, errors.New("postgres: create and claim: lease must be positive")
+	}
+	var (
+		results []storage.CreateResult
+		claimed []storage.ClaimedStep
+	)
+	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		now := s.now()
+		var err error
+		if results, err = s.create(ctx, tx, st, now, params, plan); err != nil {
+			return err
+		}
+		s.queueClaim(st, p, now, &claimed)
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return results, claimed, nil
+}
+
+func checkCreate(params []storage.CreateParams, plan storage.PlanFunc) error {
+	if plan == nil {
+		return errors.New("postgres: create instances: nil PlanFunc")
+	}
+	return validateCreate(params)
 }
 
 func validateCreate(params []storage.CreateParams) error {

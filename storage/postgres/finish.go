@@ -163,15 +163,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 			return nil
 		}
 		// The claim goes last on the tail, after the plans it may claim from.
-		sql, args := s.claimStatement(*claim, now)
-		st.tail.Queue(sql, args...).Query(func(rows pgx.Rows) error {
-			var err error
-			claimed, err = pgx.CollectRows(rows, scanClaimed)
-			// A claim over every queue and instance that came back short
-			// took all that was ready, the steps this commit readied too.
-			st.quiet = len(claim.Queues) == 0 && claim.InstanceID == "" && len(claimed) < max(claim.Limit, 1)
-			return err
-		})
+		s.queueClaim(st, *claim, now, &claimed)
 		return nil
 	})
 	if err != nil {

@@ -43,6 +43,7 @@ import (
 var (
 	_ storage.Store         = (*Store)(nil)
 	_ storage.FinishClaimer = (*Store)(nil)
+	_ storage.CreateClaimer = (*Store)(nil)
 )
 
 // Defaults of Config fields left zero.

@@ -7,6 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+
+	"github.com/mattn/go-sqlite3"
 
 	"github.com/dagrun/dagrun/storage"
 )
@@ -14,41 +17,74 @@ import (
 // CreateInstances implements storage.Store. tx is nil or the caller's
 // *sql.Tx, begun on a pool opened with DSN (so it is BEGIN IMMEDIATE).
 func (s *Store) CreateInstances(ctx context.Context, tx any, params []storage.CreateParams, plan storage.PlanFunc) ([]storage.CreateResult, error) {
+	if err := checkCreate(params, plan); err != nil {
+		return nil, err
+	}
+	if tx == nil {
+		results, _, err := s.createAndClaim(ctx, params, plan, nil)
+		return results, err
+	}
+	stx, ok := tx.(*sql.Tx)
+	if !ok || stx == nil {
+		return nil, fmt.Errorf("sqlite: create instances: caller transaction is %T, want a non-nil *sql.Tx", tx)
+	}
+	t := &txn{ctx: ctx, tx: stx, now: s.now()}
+	results, err := t.createMany(params, plan)
+	if err == nil {
+		err = t.flushEvents()
+	}
+	if err != nil {
+		return nil, s.fail("create instances", err)
+	}
+	// The caller has not committed yet; a worker woken now may find
+	// nothing, and then its polling finds the steps after the commit.
+	s.notify()
+	return results, nil
+}
+
+// CreateAndClaim implements storage.CreateClaimer.
+func (s *Store) CreateAndClaim(ctx context.Context, params []storage.CreateParams, plan storage.PlanFunc, p storage.ClaimParams) ([]storage.CreateResult, []storage.ClaimedStep, error) {
+	if err := checkCreate(params, plan); err != nil {
+		return nil, nil, err
+	}
+	if p.Lease <= 0 {
+		return nil, nil, errors.New("sqlite: create and claim: lease must be positive")
+	}
+	return s.createAndClaim(ctx, params, plan, &p)
+}
+
+func (s *Store) createAndClaim(ctx context.Context, params []storage.CreateParams, plan storage.PlanFunc, claim *storage.ClaimParams) ([]storage.CreateResult, []storage.ClaimedStep, error) {
+	var (
+		results []storage.CreateResult
+		claimed []storage.ClaimedStep
+	)
+	err := s.write(ctx, "create instances", func(t *txn) error {
+		var err error
+		if results, err = t.createMany(params, plan); err != nil || claim == nil {
+			return err
+		}
+		claimed, err = t.claim(*claim)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if !claimedAll(claim, claimed) {
+		s.notify()
+	}
+	return results, claimed, nil
+}
+
+func checkCreate(params []storage.CreateParams, plan storage.PlanFunc) error {
 	if plan == nil {
-		return nil, errors.New("sqlite: create instances: nil PlanFunc")
+		return errors.New("sqlite: create instances: nil PlanFunc")
 	}
 	for i := range params {
 		if err := validateCreate(&params[i]); err != nil {
-			return nil, fmt.Errorf("sqlite: create instances: %w", err)
+			return fmt.Errorf("sqlite: create instances: %w", err)
 		}
 	}
-	var results []storage.CreateResult
-	run := func(t *txn) error {
-		var err error
-		results, err = t.createMany(params, plan)
-		return err
-	}
-	if tx == nil {
-		if err := s.write(ctx, "create instances", run); err != nil {
-			return nil, err
-		}
-	} else {
-		stx, ok := tx.(*sql.Tx)
-		if !ok || stx == nil {
-			return nil, fmt.Errorf("sqlite: create instances: caller transaction is %T, want a non-nil *sql.Tx", tx)
-		}
-		t := &txn{ctx: ctx, tx: stx, now: s.now()}
-		if err := run(t); err != nil {
-			return nil, s.fail("create instances", err)
-		}
-		if err := t.flushEvents(); err != nil {
-			return nil, s.fail("create instances", err)
-		}
-		// The caller has not committed yet; a worker woken now may find
-		// nothing, and then its polling finds the steps after the commit.
-	}
-	s.notify()
-	return results, nil
+	return nil
 }
 
 func validateCreate(p *storage.CreateParams) error {
@@ -184,6 +220,10 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 		}
 	}
 	if err := t.insertRows(insertInstancesSQL, 12, rows); err != nil {
+		var se sqlite3.Error
+		if errors.As(err, &se) && se.Code == sqlite3.ErrConstraint && strings.Contains(se.Error(), "instances.id") {
+			return fmt.Errorf("%w: an instance with this ID already exists (%v)", storage.ErrConflict, err)
+		}
 		return fmt.Errorf("insert instances: %w", err)
 	}
 	if err := t.insertRows(insertStepsSQL, 18, steps); err != nil {

@@ -13,7 +13,7 @@ import (
 var eagerTests = map[string]func(*testing.T, *Harness){
 	"ClaimsWhatTheFinishMadeReady": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
-		fc := b.finishClaimer()
+		fc := implements[storage.FinishClaimer](b)
 		id := b.createOne(spec("a"), spec("b", "a"))
 		a := b.claimStep(id, "a")
 		res, claimed, err := fc.FinishAndClaim(b.ctx, []storage.StepResult{completed(a.Claim, `1`)}, Plan,
@@ -35,7 +35,7 @@ var eagerTests = map[string]func(*testing.T, *Harness){
 
 	"StaleResultStillClaims": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
-		fc := b.finishClaimer()
+		fc := implements[storage.FinishClaimer](b)
 		first := b.createOne(spec("a"))
 		stale := b.claimStep(first, "a")
 		b.clock.Advance(time.Hour)
@@ -53,7 +53,7 @@ var eagerTests = map[string]func(*testing.T, *Harness){
 
 	"NothingReadyClaimsNothing": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
-		fc := b.finishClaimer()
+		fc := implements[storage.FinishClaimer](b)
 		id := b.createOne(spec("a"))
 		a := b.claimStep(id, "a")
 		res, claimed, err := fc.FinishAndClaim(b.ctx, []storage.StepResult{completed(a.Claim, `1`)}, Plan,
@@ -65,12 +65,73 @@ var eagerTests = map[string]func(*testing.T, *Harness){
 	},
 }
 
-// finishClaimer skips the test when the store does not claim eagerly.
-func (b *bundle) finishClaimer() storage.FinishClaimer {
+// eagerStartTests cover storage.CreateClaimer, for stores that implement it.
+var eagerStartTests = map[string]func(*testing.T, *Harness){
+	"ClaimsTheNewRoots": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		cc := implements[storage.CreateClaimer](b)
+		p := params(spec("a"), spec("b", "a"))
+		res, claimed, err := cc.CreateAndClaim(b.ctx, []storage.CreateParams{p}, Plan,
+			storage.ClaimParams{WorkerID: "eager", Limit: 5, Lease: time.Minute})
+		require.NoError(t, err)
+		require.Equal(t, []storage.CreateResult{{ID: p.ID}}, res)
+		require.Len(t, claimed, 1, "the root is claimed in the creating transaction")
+		require.Equal(t, p.ID, claimed[0].InstanceID)
+		require.Equal(t, "a", claimed[0].Step)
+		require.Equal(t, 1, claimed[0].Attempt)
+		require.True(t, claimed[0].LeaseUntil.Equal(b.now().Add(time.Minute)))
+
+		in := b.get(p.ID)
+		require.Equal(t, storage.InstanceRunning, in.Status)
+		require.Equal(t, storage.StepRunning, step(t, in, "a").Status)
+		require.Equal(t, storage.StepBlocked, step(t, in, "b").Status)
+		started := events(in, "a", storage.EventStepStarted)
+		require.Len(t, started, 1)
+		require.Equal(t, "eager", started[0].Message)
+	},
+
+	"KeepsToLimitAndQueues": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		cc := implements[storage.CreateClaimer](b)
+		ps := []storage.CreateParams{params(spec("a"), spec("x")), params(spec("a"), spec("x")), params(spec("a"), spec("x"))}
+		_, claimed, err := cc.CreateAndClaim(b.ctx, ps, Plan,
+			storage.ClaimParams{WorkerID: "eager", Queues: []string{"q.a"}, Limit: 2, Lease: time.Minute})
+		require.NoError(t, err)
+		require.Len(t, claimed, 2)
+		for i, c := range claimed {
+			require.Equal(t, "a", c.Step)
+			require.Equal(t, ps[i].ID, c.InstanceID, "claimed in creation order")
+		}
+		require.Equal(t, storage.StepPending, b.status(ps[2].ID, "a"), "over the limit")
+		for _, p := range ps {
+			require.Equal(t, storage.StepPending, b.status(p.ID, "x"), "another queue")
+		}
+	},
+
+	"FailedCreateClaimsNothing": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		cc := implements[storage.CreateClaimer](b)
+		waiting := b.createOne(spec("a"))
+		taken := params(spec("a"))
+		b.create(taken)
+		again := params(spec("a"))
+		again.ID = taken.ID
+		_, claimed, err := cc.CreateAndClaim(b.ctx, []storage.CreateParams{params(spec("a")), again}, Plan,
+			storage.ClaimParams{WorkerID: "eager", Limit: 5, Lease: time.Minute})
+		require.ErrorIs(t, err, storage.ErrConflict)
+		require.Empty(t, claimed)
+		require.Equal(t, storage.StepPending, b.status(waiting, "a"), "the claim rolled back with the create")
+		require.Equal(t, storage.StepPending, b.status(taken.ID, "a"))
+	},
+}
+
+// implements returns the store as the optional interface I, skipping the
+// test when the store does not implement it.
+func implements[I any](b *bundle) I {
 	b.t.Helper()
-	fc, ok := b.store.(storage.FinishClaimer)
+	v, ok := b.store.(I)
 	if !ok {
-		b.t.Skip("the store does not implement storage.FinishClaimer")
+		b.t.Skipf("the store does not implement %T", (*I)(nil))
 	}
-	return fc
+	return v
 }

@@ -60,6 +60,7 @@ func Run(t *testing.T, h Harness) {
 		{"CallerTx", txTests},
 		{"Subscribe", subscribeTests},
 		{"FinishAndClaim", eagerTests},
+		{"CreateAndClaim", eagerStartTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
