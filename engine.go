@@ -78,6 +78,7 @@ type Engine struct {
 	// definitions caches parsed definition snapshots by content hash; an
 	// instance always runs under the snapshot it was started with.
 	definitions sync.Map // hash -> *dag.Workflow
+	specs       sync.Map // hash -> []storage.StepSpec, see stepSpecs
 
 	changes changes
 	// local are the running workers of this engine, for eager starts.

@@ -114,7 +114,7 @@ func (e *Engine) start(ctx context.Context, tx any, reqs []StartRequest) ([]Star
 			Input:          input,
 			Key:            req.Options.Key,
 			Priority:       req.Options.Priority,
-			Steps:          stepSpecs(w),
+			Steps:          e.stepSpecs(w),
 		}
 		if req.Options.Delay > 0 {
 			p.RunAfter = now.Add(req.Options.Delay)
@@ -149,8 +149,8 @@ func (e *Engine) start(ctx context.Context, tx any, reqs []StartRequest) ([]Star
 // satisfies the workflow's schema, and returns it compacted.
 func (e *Engine) decodeInput(w *dag.Workflow, raw json.RawMessage) (json.RawMessage, error) {
 	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 {
-		raw = json.RawMessage("{}")
+	if len(raw) == 0 || (string(raw) == "{}" && len(w.InputSchema) == 0) {
+		return json.RawMessage("{}"), nil // the common empty input, valid as it is
 	}
 	if len(raw) > e.config.MaxInputBytes {
 		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input is %d bytes, over the limit of %d bytes; store large data elsewhere and pass a reference", len(raw), e.config.MaxInputBytes)}
@@ -178,7 +178,18 @@ func (e *Engine) decodeInput(w *dag.Workflow, raw json.RawMessage) (json.RawMess
 	return compact.Bytes(), nil
 }
 
-func stepSpecs(w *dag.Workflow) []storage.StepSpec {
+// stepSpecs returns the storage form of w's steps, built once per
+// definition and shared by every instance started from it (stores only
+// read CreateParams).
+func (e *Engine) stepSpecs(w *dag.Workflow) []storage.StepSpec {
+	if specs, ok := e.specs.Load(w.Hash); ok {
+		return specs.([]storage.StepSpec)
+	}
+	specs, _ := e.specs.LoadOrStore(w.Hash, buildStepSpecs(w))
+	return specs.([]storage.StepSpec)
+}
+
+func buildStepSpecs(w *dag.Workflow) []storage.StepSpec {
 	specs := make([]storage.StepSpec, len(w.Steps))
 	for i, s := range w.Steps {
 		specs[i] = storage.StepSpec{

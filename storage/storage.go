@@ -110,6 +110,7 @@ type CreateParams struct {
 	RunAfter time.Time
 	// Steps in definition order. All are created blocked; the PlanFunc passed
 	// to CreateInstances promotes the ready ones in the same transaction.
+	// Many CreateParams may share one slice: stores must not modify it.
 	Steps []StepSpec
 }
 
