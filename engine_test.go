@@ -147,7 +147,7 @@ func TestStartRejectsBadInputAndWritesNothing(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
 		b := setup(t, open, nil, chainWorkflow)
-		for _, input := range []string{`{"n": "seven"}`, `{`, `[1,2]`, `{} {}`} {
+		for _, input := range []string{`{"n": "seven"}`, `{`, `[1,2]`, `{} {}`, ``, `{}`, `  {}  `} {
 			_, err := b.engine.Start(context.Background(), "chain", json.RawMessage(input), nil)
 			var inputErr *dagrun.InputError
 			require.ErrorAs(t, err, &inputErr, "input %s", input)

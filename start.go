@@ -149,8 +149,11 @@ func (e *Engine) start(ctx context.Context, tx any, reqs []StartRequest) ([]Star
 // satisfies the workflow's schema, and returns it compacted.
 func (e *Engine) decodeInput(w *dag.Workflow, raw json.RawMessage) (json.RawMessage, error) {
 	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || (string(raw) == "{}" && len(w.InputSchema) == 0) {
-		return json.RawMessage("{}"), nil // the common empty input, valid as it is
+	if len(raw) == 0 {
+		raw = json.RawMessage("{}")
+	}
+	if string(raw) == "{}" && len(w.InputSchema) == 0 {
+		return raw, nil // the common empty input with nothing to check it against
 	}
 	if len(raw) > e.config.MaxInputBytes {
 		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input is %d bytes, over the limit of %d bytes; store large data elsewhere and pass a reference", len(raw), e.config.MaxInputBytes)}
