@@ -26,4 +26,4 @@ import "C"
 // package's initialisation runs before any code that imports it can open
 // one. If a connection was opened earlier (the call then fails with
 // SQLITE_MISUSE), SQLite keeps its default and only speed is lost.
-func init() { C.dagrun_pagecache_no_bulk() }
+var pageCacheNoBulk = C.dagrun_pagecache_no_bulk() == 0 // SQLITE_OK
