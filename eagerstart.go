@@ -69,7 +69,10 @@ func (e *Engine) createEagerly(ctx context.Context, params []storage.CreateParam
 			}
 		}
 	}
-	w, reserved := e.reserveEager(roots)
+	// One slot more than the roots: a claim that comes back short then
+	// proves nothing else was ready, so the store wakes no claim loop of
+	// this process for an empty claim.
+	w, reserved := e.reserveEager(roots + 1)
 	if w == nil {
 		return e.store.CreateInstances(ctx, nil, params, plan)
 	}
