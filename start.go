@@ -152,11 +152,11 @@ func (e *Engine) decodeInput(w *dag.Workflow, raw json.RawMessage) (json.RawMess
 	if len(raw) == 0 {
 		raw = json.RawMessage("{}")
 	}
-	if string(raw) == "{}" && len(w.InputSchema) == 0 {
-		return raw, nil // the common empty input with nothing to check it against
-	}
 	if len(raw) > e.config.MaxInputBytes {
 		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input is %d bytes, over the limit of %d bytes; store large data elsewhere and pass a reference", len(raw), e.config.MaxInputBytes)}
+	}
+	if string(raw) == "{}" && len(w.InputSchema) == 0 {
+		return raw, nil // the common empty input with nothing to check it against
 	}
 	if !utf8.Valid(raw) {
 		// JSON text is UTF-8 (RFC 8259 §8.1); encoding/json would accept

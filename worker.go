@@ -442,15 +442,17 @@ func (w *Worker) reserveEager(n int) int {
 }
 
 // adoptEager runs the steps a start claimed for the worker and gives back
-// the reservation; slots the claim left unused go back to the claim loop.
+// the reservation. When the reservation filled the worker, the claim loop
+// may be waiting for a slot: the ones the claim left unused are free again.
 func (w *Worker) adoptEager(reserved int, steps []storage.ClaimedStep) {
 	w.mu.Lock()
+	filled := len(w.inflight)+w.reserved >= w.config.Concurrency
 	w.reserved -= reserved
 	w.mu.Unlock()
 	if !w.start(steps, nil) {
 		w.release(steps)
 	}
-	if len(steps) < reserved {
+	if filled && len(steps) < reserved {
 		select {
 		case w.slotFreed <- struct{}{}:
 		default:
