@@ -43,8 +43,14 @@ type NewEvent struct {
 
 // PlanNew asks plan about a new instance whose steps are all blocked and
 // returns the instance with the answer applied, after checking it the way a
-// store checks any Plan. loadDefinition serves the state's LoadDefinition.
-func PlanNew(p *CreateParams, plan PlanFunc, loadDefinition func() ([]byte, error)) (*NewInstance, error) {
+// store checks any Plan. The state's LoadDefinition returns p.Definition
+// (a definition stored by the same call is not in the table yet), or calls
+// loadStored when p has none.
+func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) (*NewInstance, error) {
+	loadDefinition := loadStored
+	if len(p.Definition) > 0 {
+		loadDefinition = func() ([]byte, error) { return p.Definition, nil }
+	}
 	n := &NewInstance{
 		Params: p,
 		Status: InstancePending,

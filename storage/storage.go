@@ -136,6 +136,15 @@ type ClaimParams struct {
 	Lease time.Duration
 }
 
+// TookAll reports whether a claim with these parameters that returned
+// claimed steps took every step that was ready: it asked for any queue and
+// any instance and got fewer than its limit. A store that claimed eagerly
+// in a transaction need then not wake this process's other claimers, which
+// would only run empty claims.
+func (p ClaimParams) TookAll(claimed int) bool {
+	return len(p.Queues) == 0 && p.InstanceID == "" && claimed < max(p.Limit, 1)
+}
+
 // Claim identifies one claimed attempt. Fence increases on every claim of a
 // step, so a finish or heartbeat carrying an older fence is rejected.
 type Claim struct {

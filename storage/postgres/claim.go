@@ -116,15 +116,15 @@ func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storag
 }
 
 // queueClaim queues a claim on the transaction's tail; into receives the
-// claimed steps when the tail runs. A claim over every queue and instance
-// that comes back short took all that was ready, the steps this commit
-// readied too, so the transaction need not signal this store's claimers.
+// claimed steps when the tail runs. A claim that took every ready step
+// (the ones this commit readied too) leaves nothing for this store's other
+// claimers, so the transaction signals none.
 func (s *Store) queueClaim(st *txState, p storage.ClaimParams, now time.Time, into *[]storage.ClaimedStep) {
 	sql, args := s.claimStatement(p, now)
 	st.tail.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 		claimed, err := pgx.CollectRows(rows, scanClaimed)
 		*into = claimed
-		st.quiet = len(p.Queues) == 0 && p.InstanceID == "" && len(claimed) < max(p.Limit, 1)
+		st.quiet = p.TookAll(len(claimed))
 		return err
 	})
 }

@@ -177,7 +177,7 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now time.Tim
 			seenDef[p.DefinitionHash] = true
 			rows.definition(p)
 		}
-		n, err := storage.PlanNew(p, plan, s.newDefinitionLoader(ctx, tx, p))
+		n, err := storage.PlanNew(p, plan, s.definitionLoader(ctx, tx, p.DefinitionHash))
 		if err != nil {
 			return nil, err
 		}
@@ -270,15 +270,6 @@ func (s *Store) keyOwners(ctx context.Context, tx pgx.Tx, params []storage.Creat
 		return nil, err
 	}
 	return owners, nil
-}
-
-// newDefinitionLoader loads a new instance's definition: one stored by this
-// very call is not in the table yet.
-func (s *Store) newDefinitionLoader(ctx context.Context, tx pgx.Tx, p *storage.CreateParams) func() ([]byte, error) {
-	if len(p.Definition) > 0 {
-		return func() ([]byte, error) { return p.Definition, nil }
-	}
-	return s.definitionLoader(ctx, tx, p.DefinitionHash)
 }
 
 // createRows holds the rows of createSQL as parallel arrays for unnest.

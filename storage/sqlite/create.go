@@ -136,7 +136,7 @@ func (t *txn) createMany(params []storage.CreateParams, plan storage.PlanFunc) (
 		if definitions[p.DefinitionHash] == nil {
 			definitions[p.DefinitionHash] = p
 		}
-		n, err := storage.PlanNew(p, plan, t.newDefinition(p))
+		n, err := storage.PlanNew(p, plan, t.definition(p.DefinitionHash))
 		if err != nil {
 			return nil, err
 		}
@@ -154,17 +154,6 @@ func (t *txn) createMany(params []storage.CreateParams, plan storage.PlanFunc) (
 		return nil, err
 	}
 	return results, nil
-}
-
-// newDefinition loads the definition of a new instance: one stored by
-// this very call is not in the table yet.
-func (t *txn) newDefinition(p *storage.CreateParams) func() ([]byte, error) {
-	return func() ([]byte, error) {
-		if len(p.Definition) > 0 {
-			return p.Definition, nil
-		}
-		return t.definition(p.DefinitionHash)()
-	}
 }
 
 const (

@@ -98,13 +98,12 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 	return out, claimed, nil
 }
 
-// claimedAll reports whether an eager claim took every step that could be
-// ready: it asked for any queue and any instance and got fewer than its
-// limit. Waking the other workers of this process would then only make
-// each run an empty claim, a write transaction that holds up the next
-// commit on SQLite's single writer.
+// claimedAll reports whether an eager claim, if any, took every ready
+// step (see storage.ClaimParams.TookAll). An empty claim woken for nothing
+// is a write transaction that holds up the next commit on SQLite's single
+// writer.
 func claimedAll(claim *storage.ClaimParams, claimed []storage.ClaimedStep) bool {
-	return claim != nil && len(claim.Queues) == 0 && claim.InstanceID == "" && len(claimed) < max(claim.Limit, 1)
+	return claim != nil && claim.TookAll(len(claimed))
 }
 
 // completeManyQuery completes the steps listed in ?2, a JSON array of
