@@ -104,4 +104,45 @@ var subscribeTests = map[string]func(*testing.T, *Harness){
 		default:
 		}
 	},
+
+	// An eager claim that took every ready step leaves nothing for the
+	// store's other claimers: waking them would only run empty claims.
+	// The store signals its own subscribers when it commits, so the
+	// absence of a signal right after the call is the behaviour.
+	"NoSignalWhenAnEagerClaimTookAll": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		ch, cancel := b.store.Subscribe()
+		defer cancel()
+		signalled := func() bool {
+			select {
+			case <-ch:
+				return true
+			default:
+				return false
+			}
+		}
+		all := storage.ClaimParams{WorkerID: "eager", Limit: 5, Lease: time.Minute}
+
+		if cc, ok := b.store.(storage.CreateClaimer); ok {
+			_, claimed, err := cc.CreateAndClaim(b.ctx, []storage.CreateParams{params(spec("a"))}, Plan, all)
+			require.NoError(t, err)
+			require.Len(t, claimed, 1)
+			require.False(t, signalled(), "a create whose claim took every ready step")
+			_, _, err = cc.CreateAndClaim(b.ctx, []storage.CreateParams{params(spec("a"))}, Plan,
+				storage.ClaimParams{WorkerID: "eager", Queues: []string{"elsewhere"}, Limit: 5, Lease: time.Minute})
+			require.NoError(t, err)
+			require.True(t, signalled(), "a create whose claim looked at one queue only")
+		}
+		if fc, ok := b.store.(storage.FinishClaimer); ok {
+			b.claim(storage.ClaimParams{}) // what the creates above left
+			id := b.createOne(spec("a"), spec("b", "a"))
+			c := b.claimStep(id, "a")
+			for signalled() {
+			}
+			_, claimed, err := fc.FinishAndClaim(b.ctx, []storage.StepResult{completed(c.Claim, `1`)}, Plan, all)
+			require.NoError(t, err)
+			require.Len(t, claimed, 1)
+			require.False(t, signalled(), "a finish whose claim took every ready step")
+		}
+	},
 }
