@@ -229,9 +229,10 @@ type StepState struct {
 type Plan struct {
 	Steps []StepChange
 	// Instance, when non-nil, finishes the instance. Finishing it also
-	// cancels its pending and blocked steps (a completed instance normally
-	// has none left), so a pending step always belongs to an unfinished
-	// instance; running steps keep running and may still finish.
+	// cancels its unfinished steps, running ones included (a completed
+	// instance has none left): their claims become stale, so the workers
+	// running them stop the handlers at their next heartbeat, and a step
+	// that is not finished always belongs to an unfinished instance.
 	Instance *InstanceChange
 }
 
@@ -262,9 +263,14 @@ type PlanFunc func(*InstanceState) (*Plan, error)
 
 // FinishResult tells what became of one StepResult.
 type FinishResult struct {
-	// Accepted is false when the claim was stale (lease lost to another
-	// worker, or the step was cancelled); nothing was written for it.
+	// Accepted is false when the claim no longer held; nothing was
+	// written for it.
 	Accepted bool
+	// Cancelled tells, for a result not accepted, that the step was
+	// cancelled under this very claim (its instance was cancelled or
+	// failed) rather than taken over by a newer attempt: an expected end,
+	// not a sign of a lost lease.
+	Cancelled bool
 }
 
 // Instance is an instance with its steps and, from GetInstance, its events.
@@ -438,10 +444,10 @@ type Store interface {
 	// commit). A result whose claim is stale is not applied. For each
 	// unfinished instance touched by a completion or terminal failure, plan
 	// is called once, after all of that instance's results were applied, and
-	// its Plan applied. (A step of an already finished instance may still
-	// complete; its instance is not planned again. A retry or snooze of such
-	// a step, like a release or a lease recovery, cancels it instead of
-	// queueing it again.)
+	// its Plan applied. A plan that fails the instance cancels its running
+	// steps too; their results are then refused with Cancelled set. (A
+	// retry or snooze of a step whose instance finished, like a release or
+	// a lease recovery, cancels it instead of queueing it again.)
 	FinishSteps(ctx context.Context, results []StepResult, plan PlanFunc) ([]FinishResult, error)
 
 	// RecoverExpired takes back up to limit running steps whose lease ended
@@ -507,17 +513,25 @@ type CreateClaimer interface {
 // Delay returns the backoff before attempt+1 after attempt failed:
 // min(MaxBackoff, Backoff·2^(attempt-1)), with up to 20% jitter subtracted
 // so that many failing steps do not retry in lockstep. jitter is a value in
-// [0,1), normally rand.Float64().
+// [0,1), normally rand.Float64(). A zero MaxBackoff means no cap of the
+// policy's own, but no delay ever exceeds MaxDelay, however high the
+// attempt number: doubling stops there rather than overflowing.
 func (p RetryPolicy) Delay(attempt int, jitter float64) time.Duration {
 	if p.Backoff <= 0 {
 		return 0
 	}
-	d := p.Backoff
-	for i := 1; i < attempt && (p.MaxBackoff <= 0 || d < p.MaxBackoff); i++ {
-		d *= 2
+	limit := MaxDelay
+	if p.MaxBackoff > 0 && p.MaxBackoff < limit {
+		limit = p.MaxBackoff
 	}
-	if p.MaxBackoff > 0 && d > p.MaxBackoff {
-		d = p.MaxBackoff
+	d := min(p.Backoff, limit)
+	for i := 1; i < attempt && d < limit; i++ {
+		d = min(2*d, limit) // d <= MaxDelay, so 2*d cannot overflow
 	}
+	jitter = min(max(jitter, 0), 1)
 	return d - time.Duration(float64(d)*0.2*jitter)
 }
+
+// MaxDelay bounds every retry delay: a step is never put off for more than
+// a year, whatever its policy and attempt number.
+const MaxDelay = 365 * 24 * time.Hour

@@ -51,7 +51,7 @@ func (s *Store) CancelInstance(ctx context.Context, id, reason string) error {
 		}
 		st.tail.Queue(s.q(lockUnfinishedStepsSQL), id)
 		st.tail.Queue(s.q(finishInstancesSQL), s.now(),
-			[]string{id}, []string{string(storage.InstanceCancelled)}, []*string{nil}, []string{reason}, cancelOnCancel)
+			[]string{id}, []string{string(storage.InstanceCancelled)}, []*string{nil}, []string{reason})
 		return nil
 	})
 	if err != nil {

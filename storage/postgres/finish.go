@@ -156,6 +156,9 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
 			return err
 		}
+		if err := s.markCancelled(ctx, tx, out, stepIDs, fences); err != nil {
+			return err
+		}
 		if err := s.planAndApply(st, now, touched, plan); err != nil {
 			return err
 		}
@@ -170,6 +173,34 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		return nil, nil, s.fail("finish steps", err)
 	}
 	return out, claimed, nil
+}
+
+// markCancelled sets Cancelled on the results that were refused because
+// their step was cancelled under the same claim, telling an expected
+// cancellation from a claim another attempt took over. Refusals are rare,
+// so this costs a round trip only when there is one.
+func (s *Store) markCancelled(ctx context.Context, tx pgx.Tx, out []storage.FinishResult, stepIDs, fences []int64) error {
+	var ids, fs []int64
+	var at []int
+	for i := range out {
+		if !out[i].Accepted {
+			ids, fs, at = append(ids, stepIDs[i]), append(fs, fences[i]), append(at, i)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, s.q(`SELECT r.ord FROM unnest($1::bigint[], $2::bigint[]) WITH ORDINALITY AS r(id, fence, ord)
+		JOIN {s}steps st ON st.id = r.id AND st.fence = r.fence AND st.status = 'cancelled'`), ids, fs)
+	if err != nil {
+		return err
+	}
+	var ord int64
+	_, err = pgx.ForEachRow(rows, []any{&ord}, func() error {
+		out[at[ord-1]].Cancelled = true
+		return nil
+	})
+	return err
 }
 
 // expiredSQL finds running steps whose lease ended, oldest first. It locks

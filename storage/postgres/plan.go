@@ -137,10 +137,9 @@ SELECT u.instance_id, u.name,
 	0, u.error, $1::timestamptz
 FROM u ORDER BY u.ord`
 
-// finishInstancesSQL finishes unfinished instances and cancels their steps
-// in the statuses $6 (pending and blocked; running too for a cancel, which
-// makes the running claims stale), with the events of both, the steps'
-// first. It returns the finished instances.
+// finishInstancesSQL finishes unfinished instances and cancels their
+// unfinished steps (running ones too: their claims go stale), with the
+// events of both, the steps' first. It returns the finished instances.
 const finishInstancesSQL = `
 WITH x AS (
 	SELECT * FROM unnest($2::text[], $3::text[], $4::json[], $5::text[]) AS x(id, status, output, error)
@@ -154,7 +153,7 @@ i AS (
 c AS (
 	UPDATE {s}steps s SET status = 'cancelled', finished_at = $1::timestamptz, lease_until = NULL
 	FROM i
-	WHERE s.instance_id = i.id AND s.status = ANY($6::text[])
+	WHERE s.instance_id = i.id AND s.status IN ('blocked', 'pending', 'running')
 	RETURNING s.instance_id, s.name, s.attempts, s.position, i.error
 ),
 ev AS (
@@ -169,13 +168,6 @@ e AS (
 	FROM ev ORDER BY ev.instance_id, ev.ord, ev.position
 )
 SELECT id FROM i`
-
-// cancelOnFinish are the step statuses cancelled when a plan finishes an
-// instance; a cancel also takes the running ones.
-var (
-	cancelOnFinish = []string{string(storage.StepBlocked), string(storage.StepPending)}
-	cancelOnCancel = []string{string(storage.StepBlocked), string(storage.StepPending), string(storage.StepRunning)}
-)
 
 // planAndApply asks plan once about each unfinished instance (locked, with
 // its steps loaded), in id order, checks the answers against the states,
@@ -219,7 +211,7 @@ func (s *Store) planAndApply(st *txState, now time.Time, ls []*loaded, plan stor
 		})
 	}
 	if len(ic.ids) > 0 {
-		st.tail.Queue(s.q(finishInstancesSQL), now, ic.ids, ic.statuses, ic.outputs, ic.errors, cancelOnFinish)
+		st.tail.Queue(s.q(finishInstancesSQL), now, ic.ids, ic.statuses, ic.outputs, ic.errors)
 	}
 	return nil
 }

@@ -18,7 +18,7 @@ func (s *Store) CancelInstance(ctx context.Context, id, reason string) error {
 		if status.Finished() {
 			return fmt.Errorf("instance %s is already %s: %w", id, status, storage.ErrConflict)
 		}
-		return t.finishInstance(id, storage.InstanceCancelled, nil, reason, true, true)
+		return t.finishInstance(id, storage.InstanceCancelled, nil, reason, true)
 	})
 }
 

@@ -66,6 +66,9 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				return err
 			}
 			if instanceID == "" {
+				if out[i].Cancelled, err = t.cancelledUnder(r.Claim); err != nil {
+					return err
+				}
 				continue
 			}
 			out[i].Accepted = true
@@ -159,6 +162,14 @@ func (t *txn) completeMany(results []storage.StepResult) (map[int64]string, erro
 		return nil, err
 	}
 	return done, nil
+}
+
+// cancelledUnder reports whether the step was cancelled while claim held
+// it, which tells a refused result of a cancellation from a stale one.
+func (t *txn) cancelledUnder(c storage.Claim) (bool, error) {
+	var n int
+	err := t.queryRow(`SELECT count(*) FROM steps WHERE id = ? AND fence = ? AND status = 'cancelled'`, c.StepID, c.Fence).Scan(&n)
+	return n > 0, err
 }
 
 // finish applies one result if its claim still holds, and reports the

@@ -167,12 +167,12 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 		if !ic.Status.Finished() {
 			return fmt.Errorf("plan for instance %s sets status %q: only completed, failed or cancelled are allowed", id, ic.Status)
 		}
-		unstarted := false
+		unfinished := false
 		for _, st := range l.state.Steps {
-			unstarted = unstarted || st.Status == storage.StepBlocked || st.Status == storage.StepPending
+			unfinished = unfinished || !st.Status.Finished()
 		}
-		if unstarted || ic.Error != "" {
-			if err := t.finishInstance(id, ic.Status, ic.Output, ic.Error, unstarted, false); err != nil {
+		if unfinished || ic.Error != "" {
+			if err := t.finishInstance(id, ic.Status, ic.Output, ic.Error, unfinished); err != nil {
 				return err
 			}
 		} else {
@@ -219,26 +219,22 @@ func (l *loaded) index(name string) int {
 	return -1
 }
 
-// finishInstance finishes the instance; with unstarted it cancels the
-// steps that have not started (the caller knows when there are none, the
-// common case of a completed instance), and with running also the running
-// ones (their claims go stale).
-func (t *txn) finishInstance(id string, status storage.InstanceStatus, output json.RawMessage, msg string, unstarted, running bool) error {
+// finishInstance finishes the instance and, with cancelSteps, cancels
+// every step not yet finished, running ones included (their claims go
+// stale). The caller knows when there are none, the common case of a
+// completed instance.
+func (t *txn) finishInstance(id string, status storage.InstanceStatus, output json.RawMessage, msg string, cancelSteps bool) error {
 	now := us(t.now)
 	if _, err := t.exec(`UPDATE instances SET status = ?, output = ?, error = ?, finished_at = ? WHERE id = ?`,
 		status, jsonArg(output), msg, now, id); err != nil {
 		return err
 	}
-	if !unstarted && !running {
+	if !cancelSteps {
 		t.event(id, "", storage.InstanceEventOf(status), 0, msg)
 		return nil
 	}
-	cancel := `UPDATE steps SET status = 'cancelled', finished_at = ?, lease_until = NULL
-		WHERE instance_id = ? AND status IN ('blocked', 'pending') RETURNING name, attempts`
-	if running {
-		cancel = `UPDATE steps SET status = 'cancelled', finished_at = ?, lease_until = NULL
+	const cancel = `UPDATE steps SET status = 'cancelled', finished_at = ?, lease_until = NULL
 		WHERE instance_id = ? AND status IN ('blocked', 'pending', 'running') RETURNING name, attempts`
-	}
 	rows, err := t.query(cancel, now, id)
 	if err != nil {
 		return err

@@ -62,7 +62,7 @@ var cancelTests = map[string]func(*testing.T, *Harness){
 		lost, err := b.store.ExtendLeases(b.ctx, []storage.Claim{c.Claim}, time.Minute)
 		require.NoError(t, err)
 		require.Equal(t, []storage.Claim{c.Claim}, lost, "the running step's claim is stale")
-		require.Equal(t, []storage.FinishResult{{}}, b.finish(completed(c.Claim, `1`)))
+		require.Equal(t, []storage.FinishResult{{Cancelled: true}}, b.finish(completed(c.Claim, `1`)))
 		require.Equal(t, storage.StepCancelled, b.status(id, "run"))
 		require.Empty(t, b.claim(storage.ClaimParams{}))
 	},

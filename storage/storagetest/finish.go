@@ -168,7 +168,8 @@ var finishTests = map[string]func(*testing.T, *Harness){
 		failed := events(in, "a", storage.EventStepFailed)
 		require.Len(t, failed, 1)
 		require.Equal(t, "card declined", failed[0].Message)
-		require.Equal(t, storage.StepRunning, step(t, in, "b").Status, "running steps finish their attempt")
+		require.Equal(t, storage.StepCancelled, step(t, in, "b").Status, "running siblings are cancelled with the instance")
+		require.Len(t, events(in, "b", storage.EventStepCancelled), 1)
 		require.Equal(t, storage.StepCancelled, step(t, in, "c").Status)
 		require.Equal(t, storage.StepCancelled, step(t, in, "d").Status)
 		require.Len(t, events(in, "d", storage.EventStepCancelled), 1)
@@ -177,10 +178,11 @@ var finishTests = map[string]func(*testing.T, *Harness){
 
 		lost, err := b.store.ExtendLeases(b.ctx, []storage.Claim{cb.Claim}, time.Minute)
 		require.NoError(t, err)
-		require.Empty(t, lost, "the running sibling still holds its claim")
-		require.Equal(t, []storage.FinishResult{{Accepted: true}}, b.finish(completed(cb.Claim, `"late"`)))
+		require.Equal(t, []storage.Claim{cb.Claim}, lost, "the running sibling's claim is gone, so its worker stops the handler")
+		require.Equal(t, []storage.FinishResult{{Cancelled: true}}, b.finish(completed(cb.Claim, `"late"`)),
+			"a late result of a cancelled step is refused as a cancellation, not as a stale claim")
 		in = b.get(id)
-		require.Equal(t, storage.StepCompleted, step(t, in, "b").Status)
+		require.Equal(t, storage.StepCancelled, step(t, in, "b").Status)
 		require.Equal(t, storage.InstanceFailed, in.Status)
 	},
 
@@ -193,9 +195,32 @@ var finishTests = map[string]func(*testing.T, *Harness){
 		cb := b.claimStep(id, "b")
 		b.finish(storage.StepResult{Claim: ca.Claim, Outcome: storage.OutcomeFailed, Error: "x"})
 		res := b.finish(storage.StepResult{Claim: cb.Claim, Outcome: storage.OutcomeRetry, Error: "y", RunAfter: b.now()})
-		require.Equal(t, []storage.FinishResult{{Accepted: true}}, res)
+		require.Equal(t, []storage.FinishResult{{Cancelled: true}}, res)
 		require.Equal(t, storage.StepCancelled, b.status(id, "b"))
 		require.Empty(t, b.claim(storage.ClaimParams{}))
+	},
+
+	"RejectionsSayWhy": func(t *testing.T, h *Harness) {
+		// In one group commit: a result whose claim another attempt took
+		// over is stale; one whose instance was cancelled is a cancellation;
+		// the worker logs only the first as a warning.
+		b := h.setup(t)
+		stale := b.createOne(spec("a"))
+		first := b.claimStep(stale, "a")
+		b.clock.Advance(time.Hour)
+		n, err := b.store.RecoverExpired(b.ctx, 10, Plan)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		b.clock.Advance(time.Hour)
+		second := b.claimStep(stale, "a")
+		require.Greater(t, second.Fence, first.Fence)
+
+		cancelled := b.createOne(spec("a"))
+		c := b.claimStep(cancelled, "a")
+		require.NoError(t, b.store.CancelInstance(b.ctx, cancelled, "by test"))
+
+		res := b.finish(completed(first.Claim, `1`), completed(c.Claim, `2`), completed(second.Claim, `3`))
+		require.Equal(t, []storage.FinishResult{{}, {Cancelled: true}, {Accepted: true}}, res)
 	},
 
 	"GroupCommit": func(t *testing.T, h *Harness) {
