@@ -7,12 +7,212 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/dagrun/dagrun/handlers"
 	"github.com/dagrun/dagrun/storage"
 )
+
+// attemptKey identifies one attempt: a claim of a step, told apart from
+// every other claim of it by its fence.
+type attemptKey struct{ stepID, fence int64 }
+
+// attempt is one claimed step: its handler runs, or its result awaits its
+// commit. Fields other than step's Claim are guarded by the worker's mu.
+type attempt struct {
+	step   storage.ClaimedStep
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	began  time.Time
+	// stopped: the worker cancelled it (lease lost, step cancelled, a
+	// newer claim of the step); its result is not recorded and its lease
+	// not renewed.
+	stopped bool
+	// handlerDone: the handler returned, or the worker stopped waiting
+	// for it. sent: its result went to the recorder.
+	handlerDone bool
+	sent        bool
+	// overrun fires when the handler outlives its timeout, or its
+	// cancellation, by the grace.
+	overrun *time.Timer
+}
+
+func (a *attempt) key() attemptKey { return attemptKey{a.step.StepID, a.step.Fence} }
+
+func (a *attempt) stopTimer() {
+	if a.overrun != nil {
+		a.overrun.Stop()
+	}
+}
+
+// finished is an attempt's result on its way to the recorder.
+type finished struct {
+	attempt *attempt
+	// step is a copy of the attempt's step: the heartbeat updates the
+	// attempt's own under the worker's mu.
+	step      storage.ClaimedStep
+	result    storage.StepResult
+	duration  time.Duration
+	queueWait time.Duration
+}
+
+// Causes a handler's context is cancelled with; with any of them its
+// result is not recorded.
+var (
+	errLeaseLost  = errors.New("its lease was taken over by another worker")
+	errCancelled  = errors.New("the step was cancelled: its instance was cancelled or failed")
+	errSuperseded = errors.New("the step was claimed again; a newer attempt runs it")
+	errShutdown   = errors.New("worker is shutting down")
+)
+
+// newAttempt prepares an attempt of a claimed step; the caller holds mu.
+func (w *Worker) newAttempt(step storage.ClaimedStep) *attempt {
+	ctx, cancel := context.WithCancelCause(w.handlerCtx)
+	a := &attempt{step: step, ctx: ctx, cancel: cancel, began: time.Now()}
+	if step.Timeout > 0 {
+		// A handler that ignores its context would otherwise hold the step
+		// for ever: its heartbeat renews the lease as long as it runs.
+		a.overrun = time.AfterFunc(step.Timeout+w.config.ShutdownGrace, func() { w.overran(a) })
+	}
+	return a
+}
+
+// execute runs one attempt's handler and hands its result to the recorder.
+func (w *Worker) execute(a *attempt) {
+	w.mu.Lock()
+	step := a.step // the heartbeat updates a.step.LeaseUntil under mu
+	w.mu.Unlock()
+	result, ok := w.engine.runAttempt(a.ctx, w.logger, step)
+	ran := time.Since(a.began)
+	cause := context.Cause(a.ctx)
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	a.stopTimer()
+	if a.handlerDone {
+		// The worker gave up on this handler long ago and has dealt with
+		// its step.
+		w.logger.Warn("dagrun: handler returned after the worker stopped waiting for it",
+			slog.String("instance", step.InstanceID), slog.String("step", step.Step), slog.Duration("ran", ran))
+		return
+	}
+	w.handlerReturnedLocked(a)
+	if errors.Is(cause, errShutdown) && !a.stopped {
+		// Released with the other unfinished steps when Run ends.
+		return
+	}
+	if !ok || a.stopped {
+		w.settleLocked(a)
+		return
+	}
+	var wait time.Duration
+	if !step.ReadyAt.IsZero() {
+		wait = max(a.began.Sub(step.ReadyAt), 0)
+	}
+	w.sendLocked(finished{attempt: a, result: result, duration: ran, queueWait: wait})
+}
+
+// handlerReturnedLocked marks the handler as no longer waited for.
+func (w *Worker) handlerReturnedLocked(a *attempt) {
+	a.handlerDone = true
+	w.waiting--
+	select {
+	case w.handlerExit <- struct{}{}:
+	default:
+	}
+}
+
+// sendLocked queues a result for the recorder.
+func (w *Worker) sendLocked(f finished) {
+	f.attempt.sent = true
+	f.step = f.attempt.step
+	w.queue = append(w.queue, f)
+	select {
+	case w.queued <- struct{}{}:
+	default:
+	}
+}
+
+// settleLocked forgets an attempt whose handler is done and whose result
+// is recorded or dropped, and frees its slot.
+func (w *Worker) settleLocked(a *attempt) {
+	w.forgetLocked(a)
+	w.slots.give(1)
+}
+
+// forgetLocked drops an attempt from the registry, leaving its slot to the
+// caller.
+func (w *Worker) forgetLocked(a *attempt) {
+	key := a.key()
+	if w.attempts[key] != a {
+		return
+	}
+	delete(w.attempts, key)
+	if w.newest[key.stepID] == key {
+		delete(w.newest, key.stepID)
+	}
+}
+
+// stopLocked cancels an attempt's handler with cause: its result will not
+// be recorded and its lease is no longer renewed. A handler that does not
+// return within the grace is given up on.
+func (w *Worker) stopLocked(a *attempt, cause error) {
+	if a.stopped || a.sent {
+		return
+	}
+	a.stopped = true
+	a.cancel(cause)
+	level := slog.LevelInfo
+	if errors.Is(cause, errLeaseLost) {
+		level = slog.LevelWarn
+	}
+	w.logger.Log(context.Background(), level, "dagrun: stopping handler", slog.String("instance", a.step.InstanceID),
+		slog.String("step", a.step.Step), slog.Int("attempt", a.step.Attempt), slog.String("reason", cause.Error()))
+	a.stopTimer()
+	a.overrun = time.AfterFunc(w.config.ShutdownGrace, func() { w.overran(a) })
+}
+
+// overran deals with a handler that outlived its timeout, or its
+// cancellation, by the grace: the worker stops waiting for it. A timed-out
+// attempt is recorded as failed (and retried as its policy says); the
+// goroutine is left running, since Go cannot stop it, and its eventual
+// result is ignored.
+func (w *Worker) overran(a *attempt) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if a.handlerDone || w.closing || w.attempts[a.key()] != a {
+		return
+	}
+	w.handlerReturnedLocked(a)
+	a.cancel(errOverran)
+	if a.stopped {
+		w.logger.Error("dagrun: handler ignored its cancelled context; its slot is freed and its goroutine left running",
+			slog.String("instance", a.step.InstanceID), slog.String("step", a.step.Step), slog.String("handler", a.step.Handler))
+		w.settleLocked(a)
+		return
+	}
+	err := fmt.Errorf("attempt timed out after %s and its handler did not return within %s of being cancelled: it ignores its context (its goroutine is left running)",
+		a.step.Timeout, w.config.ShutdownGrace)
+	w.logger.Error("dagrun: handler overran its timeout", slog.String("instance", a.step.InstanceID),
+		slog.String("step", a.step.Step), slog.String("handler", a.step.Handler), slog.Any("error", err))
+	w.sendLocked(finished{attempt: a, result: w.engine.failure(a.step, err, time.Now()), duration: time.Since(a.began)})
+}
+
+var errOverran = errors.New("the handler overran its timeout and the worker stopped waiting for it")
+
+// stopInstanceLocked stops this worker's attempts of an instance that was
+// cancelled or failed.
+func (w *Worker) stopInstance(instanceID string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, a := range w.attempts {
+		if a.step.InstanceID == instanceID {
+			w.stopLocked(a, errCancelled)
+		}
+	}
+}
 
 // runAttempt runs one claimed step's handler and turns what it returned
 // into a StepResult. ok is false when the result must not be recorded
@@ -78,6 +278,21 @@ func callHandler(ctx context.Context, h handlers.Handler, input json.RawMessage)
 		}
 	}()
 	return h(ctx, input)
+}
+
+// maxErrorBytes bounds the error text stored for one attempt: a handler
+// may fail with a whole response body.
+const maxErrorBytes = 16 << 10
+
+// storableText makes an error text safe to store: PostgreSQL refuses NUL
+// bytes and invalid UTF-8 in text, and a commit that can never succeed
+// must not be tried at all. Long texts keep their start.
+func storableText(s string) string {
+	if len(s) > maxErrorBytes {
+		s = s[:maxErrorBytes] + fmt.Sprintf("… (%d bytes cut)", len(s)-maxErrorBytes)
+	}
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return strings.ReplaceAll(s, "\x00", "\uFFFD")
 }
 
 // checkOutput makes sure a handler's output can be stored: valid JSON and

@@ -37,6 +37,17 @@ func (e *Engine) removeWorker(w *Worker) {
 	}
 }
 
+// stopLocalAttempts stops the running handlers of an instance that was
+// cancelled or failed, in every worker of this engine.
+func (e *Engine) stopLocalAttempts(instanceID string) {
+	e.local.mu.Lock()
+	workers := append([]*Worker(nil), e.local.list...)
+	e.local.mu.Unlock()
+	for _, w := range workers {
+		w.stopInstance(instanceID)
+	}
+}
+
 // reserveEager finds a local worker with free slots for up to n steps and
 // reserves them; it returns nil when no worker can take any.
 func (e *Engine) reserveEager(n int) (*Worker, int) {

@@ -178,11 +178,25 @@ func (e *Engine) definition(hash string, load func() ([]byte, error)) (*dag.Work
 	}
 	w, err := dag.Parse("", src, nil)
 	if err != nil {
-		return nil, fmt.Errorf("parse definition snapshot %s: %w", hash, err)
+		return nil, &unparsableSnapshotError{hash: hash, err: err}
 	}
 	e.definitions.Store(hash, w)
 	return w, nil
 }
+
+// unparsableSnapshotError reports a definition snapshot this binary cannot
+// parse, such as one written by a newer version with fields it does not
+// know. Unlike a failure to load it, trying again cannot help.
+type unparsableSnapshotError struct {
+	hash string
+	err  error
+}
+
+func (e *unparsableSnapshotError) Error() string {
+	return fmt.Sprintf("definition snapshot %s cannot be parsed by this version of dagrun (%v): run its instances with a version that can parse it, then retry them", e.hash, e.err)
+}
+
+func (e *unparsableSnapshotError) Unwrap() error { return e.err }
 
 // Definition returns the workflow definition an instance runs under.
 func (e *Engine) Definition(inst *storage.Instance) (*dag.Workflow, error) {
@@ -205,7 +219,8 @@ func (e *Engine) List(ctx context.Context, p storage.ListParams) ([]storage.Inst
 }
 
 // Cancel cancels an unfinished instance. Running handlers see their context
-// cancelled at their worker's next heartbeat.
+// cancelled at once in this process, and at their worker's next heartbeat
+// in others.
 func (e *Engine) Cancel(ctx context.Context, id string) error {
 	if err := e.store.CancelInstance(ctx, id, "cancelled by request"); err != nil {
 		if errors.Is(err, storage.ErrConflict) {
@@ -213,6 +228,7 @@ func (e *Engine) Cancel(ctx context.Context, id string) error {
 		}
 		return err
 	}
+	e.stopLocalAttempts(id)
 	e.notifyChanged()
 	if inst, err := e.store.GetInstance(ctx, id); err == nil {
 		e.observer.InstanceFinished(inst.Workflow, storage.InstanceCancelled)

@@ -85,12 +85,17 @@ func (r *finishRecorder) plan(state *storage.InstanceState) (*storage.Plan, erro
 }
 
 // report tells the observer about the instances finished by the committed
-// transaction.
+// transaction, and stops this process's handlers of the ones that failed.
 func (r *finishRecorder) report() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, f := range r.ended {
+	for id, f := range r.ended {
 		r.engine.observer.InstanceFinished(f.workflow, f.status)
+		if f.status != storage.InstanceCompleted {
+			// Its running steps were cancelled with it: stop this
+			// process's handlers now rather than at their next heartbeat.
+			r.engine.stopLocalAttempts(id)
+		}
 	}
 	r.ended = nil
 }

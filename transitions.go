@@ -3,6 +3,7 @@ package dagrun
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -23,6 +24,14 @@ func (e *Engine) plan(state *storage.InstanceState) (*storage.Plan, error) {
 		return &storage.Plan{}, nil
 	}
 	w, err := e.definition(state.DefinitionHash, state.LoadDefinition)
+	var unparsable *unparsableSnapshotError
+	if errors.As(err, &unparsable) {
+		// An error would roll back every commit and every lease-recovery
+		// batch that touches this instance, again and again, and hold up
+		// the other results in them; failing the instance ends it, and a
+		// version that can parse it can retry it.
+		return &storage.Plan{Instance: &storage.InstanceChange{Status: storage.InstanceFailed, Error: err.Error()}}, nil
+	}
 	if err != nil {
 		return nil, err
 	}

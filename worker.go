@@ -3,7 +3,6 @@ package dagrun
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -26,9 +25,6 @@ const (
 	DefaultShutdownGrace = 10 * time.Second
 )
 
-// maxFinishBatch bounds how many finished attempts one group commit writes.
-const maxFinishBatch = 256
-
 // WorkerConfig configures a Worker. The zero value is usable.
 type WorkerConfig struct {
 	// ID names the worker in the event history. Default: host-pid-random.
@@ -47,8 +43,10 @@ type WorkerConfig struct {
 	// Default: DefaultPoll (1s).
 	Poll time.Duration
 	// ShutdownGrace is how long running steps may finish after Run's
-	// context ends before they are cancelled and released. Default:
-	// DefaultShutdownGrace (10s).
+	// context ends before they are cancelled and released. It is also how
+	// long a handler may run on after its context was cancelled (its
+	// step timed out, was cancelled, or its lease was lost) before the
+	// worker stops waiting for it. Default: DefaultShutdownGrace (10s).
 	ShutdownGrace time.Duration
 }
 
@@ -81,54 +79,42 @@ func (c *WorkerConfig) validate() error {
 
 // Worker claims ready steps and runs their handlers. Create it with
 // Engine.NewWorker and run it with Run.
+//
+// A worker tracks each attempt by its claim (step and fence), never by the
+// step alone: the same step can be claimed again by the same worker (an
+// instance cancelled and retried within one heartbeat), and then the older
+// attempt is stopped while the newer one runs and heartbeats on its own.
 type Worker struct {
 	engine *Engine
 	config *WorkerConfig
 	logger *slog.Logger
+	slots  *slots
 
-	mu       sync.Mutex
-	inflight map[int64]*attempt // by step ID
+	mu sync.Mutex
+	// attempts holds every attempt not yet settled, by claim; newest is the
+	// latest claim of each step, so a newer claim can stop an older one.
+	attempts map[attemptKey]*attempt
+	newest   map[int64]attemptKey
+	// waiting counts handlers the worker still waits for at shutdown.
+	waiting int
+	// stopping turns away steps claimed after the claim loop ended;
+	// closing stops late timers once the worker is being torn down.
+	stopping bool
+	closing  bool
+	// queue holds finished attempts on their way to the recorder.
+	queue []finished
 
-	results   chan finished
-	slotFreed chan struct{}
-
-	// Set by Run: the context handlers run under, and the count of running
-	// handlers that shutdown waits for. stopping (under mu) turns away
-	// steps claimed after the claim loop ended.
-	handlerCtx context.Context
-	running    sync.WaitGroup
-	stopping   bool
-	// reserved (under mu) counts free slots a group commit is claiming
-	// for, so the claim loop does not claim them too.
-	reserved int
+	queued      chan struct{} // a result was queued
+	handlerExit chan struct{} // a handler returned or was given up on
 	// due wakes the claim loop when a step this worker retried or snoozed
 	// becomes ready before the next poll, so a 10ms backoff waits 10ms
 	// rather than a poll interval.
 	due chan struct{}
-}
 
-// attempt is one claimed step whose handler runs or whose result awaits
-// its commit.
-type attempt struct {
-	step   storage.ClaimedStep
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	// handlerCtx is the context handlers run under, set by Run; it
+	// outlives Run's context by the shutdown grace.
+	handlerCtx context.Context
 }
-
-// finished is an attempt's result on its way to the group commit.
-type finished struct {
-	result    storage.StepResult
-	step      storage.ClaimedStep
-	duration  time.Duration
-	queueWait time.Duration
-}
-
-// errLeaseLost and errShutdown are the causes a handler's context is
-// cancelled with; either way its result is not recorded.
-var (
-	errLeaseLost = errors.New("step was cancelled or its lease was taken over by another worker")
-	errShutdown  = errors.New("worker is shutting down")
-)
 
 // NewWorker returns a worker of this engine.
 func (e *Engine) NewWorker(config *WorkerConfig) (*Worker, error) {
@@ -140,13 +126,15 @@ func (e *Engine) NewWorker(config *WorkerConfig) (*Worker, error) {
 		return nil, err
 	}
 	return &Worker{
-		engine:    e,
-		config:    config,
-		logger:    e.logger.With(slog.String("worker", config.ID)),
-		inflight:  map[int64]*attempt{},
-		results:   make(chan finished, config.Concurrency),
-		slotFreed: make(chan struct{}, 1),
-		due:       make(chan struct{}, 1),
+		engine:      e,
+		config:      config,
+		logger:      e.logger.With(slog.String("worker", config.ID)),
+		slots:       newSlots(config.Concurrency),
+		attempts:    map[attemptKey]*attempt{},
+		newest:      map[int64]attemptKey{},
+		queued:      make(chan struct{}, 1),
+		handlerExit: make(chan struct{}, 1),
+		due:         make(chan struct{}, 1),
 	}, nil
 }
 
@@ -155,32 +143,35 @@ func (w *Worker) ID() string { return w.config.ID }
 
 // Run claims and runs steps until ctx ends, then shuts down gracefully: it
 // stops claiming, lets running steps finish within the shutdown grace,
-// cancels and releases the rest, and returns once every result is recorded.
+// cancels the rest, records every result it has, and releases the claims
+// of steps that did not finish. A handler that ignores its cancelled
+// context does not keep Run from returning: it is left running, and its
+// step is released.
 func (w *Worker) Run(ctx context.Context) error {
 	wake, unsubscribe := w.engine.store.Subscribe()
 	defer unsubscribe()
 
-	// Handlers outlive ctx by up to the shutdown grace.
 	handlerCtx, cancelHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancelHandlers(errShutdown)
 	w.handlerCtx = handlerCtx
 
-	flushDone := make(chan struct{})
-	go func() { defer close(flushDone); w.flushLoop() }()
+	recorderCtx, stopRecorder := context.WithCancel(context.WithoutCancel(ctx))
+	recorderDone := make(chan struct{})
+	go func() { defer close(recorderDone); w.recordLoop(recorderCtx) }()
 	heartbeatCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
 	heartbeatDone := make(chan struct{})
 	go func() { defer close(heartbeatDone); w.heartbeatLoop(heartbeatCtx) }()
 
 	w.engine.addWorker(w)
+	defer w.engine.removeWorker(w)
 	w.claimLoop(ctx, wake)
-	w.engine.removeWorker(w)
 	w.mu.Lock()
 	w.stopping = true
 	w.mu.Unlock()
 
-	w.drain(w.running.Wait, cancelHandlers)
-	close(w.results)
-	<-flushDone
+	w.drain(cancelHandlers)
+	stopRecorder()
+	<-recorderDone
 	stopHeartbeat()
 	<-heartbeatDone
 	w.releaseUnfinished()
@@ -195,10 +186,10 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) {
 	errorDelay := time.Duration(0)
 	for ctx.Err() == nil {
 		var slotFreed <-chan struct{}
-		free := w.config.Concurrency - w.busy()
-		if free > 0 {
+		if free := w.slots.take(w.config.Concurrency); free > 0 {
 			steps, err := w.engine.store.ClaimSteps(ctx, w.claimParams(free))
 			if err != nil {
+				w.slots.give(free)
 				if ctx.Err() != nil {
 					return
 				}
@@ -208,17 +199,17 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) {
 				continue
 			}
 			errorDelay = 0
-			w.start(steps, nil)
+			w.adopt(free, steps)
 			if len(steps) > 0 {
 				w.engine.notifyChanged()
 			}
 			if len(steps) == free {
 				// There may be more ready work: claim again as soon as a
 				// slot frees up.
-				slotFreed = w.slotFreed
+				slotFreed = w.slots.freed
 			}
 		} else {
-			slotFreed = w.slotFreed
+			slotFreed = w.slots.freed
 		}
 		select {
 		case <-ctx.Done():
@@ -232,184 +223,6 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) {
 	}
 }
 
-func (w *Worker) busy() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.inflight) + w.reserved
-}
-
-// start registers claimed steps and runs their handlers, after dropping
-// the finished attempts whose slots they take, all under one lock so the
-// worker never holds more than its concurrency. Once the worker stopped
-// claiming it starts nothing and reports false.
-func (w *Worker) start(steps []storage.ClaimedStep, done []finished) bool {
-	attempts := make([]*attempt, len(steps))
-	w.mu.Lock()
-	for _, f := range done {
-		delete(w.inflight, f.step.StepID)
-	}
-	if w.stopping && len(steps) > 0 {
-		w.mu.Unlock()
-		return false
-	}
-	for i, step := range steps {
-		ctx, cancel := context.WithCancelCause(w.handlerCtx)
-		attempts[i] = &attempt{step: step, ctx: ctx, cancel: cancel}
-		w.inflight[step.StepID] = attempts[i]
-	}
-	w.running.Add(len(steps))
-	w.mu.Unlock()
-	for i, a := range attempts {
-		// execute gets its own copy of the step: the heartbeat updates
-		// a.step.LeaseUntil under w.mu while the handler runs.
-		go w.execute(a, steps[i])
-	}
-	return true
-}
-
-// execute runs one attempt's handler and hands its result to the flusher.
-func (w *Worker) execute(a *attempt, step storage.ClaimedStep) {
-	defer w.running.Done()
-	ctx := a.ctx
-	began := time.Now()
-	result, ok := w.engine.runAttempt(ctx, w.logger, step)
-	ran := time.Since(began)
-	cause := context.Cause(ctx)
-	a.cancel(nil)
-	if !ok || errors.Is(cause, errLeaseLost) || errors.Is(cause, errShutdown) {
-		// Not ours to record: the claim is stale, or the step is being
-		// released at shutdown.
-		if !errors.Is(cause, errShutdown) {
-			w.forget(step.StepID)
-		}
-		return
-	}
-	var wait time.Duration
-	if !step.ReadyAt.IsZero() {
-		wait = max(began.Sub(step.ReadyAt), 0)
-	}
-	w.results <- finished{result: result, step: step, duration: ran, queueWait: wait}
-}
-
-// forget drops an attempt and frees its slot.
-func (w *Worker) forget(stepID int64) {
-	w.mu.Lock()
-	delete(w.inflight, stepID)
-	w.mu.Unlock()
-	select {
-	case w.slotFreed <- struct{}{}:
-	default:
-	}
-}
-
-// flushLoop group-commits finished attempts: it takes whatever results are
-// waiting and records them in one store transaction, so under load many
-// completions share one commit while a lone completion is written at once.
-func (w *Worker) flushLoop() {
-	batch := make([]finished, 0, maxFinishBatch)
-	for first := range w.results {
-		batch = append(batch[:0], first)
-	drain:
-		for len(batch) < maxFinishBatch {
-			select {
-			case f, ok := <-w.results:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, f)
-			default:
-				break drain
-			}
-		}
-		w.commit(batch)
-	}
-}
-
-func (w *Worker) commit(batch []finished) {
-	results := make([]storage.StepResult, len(batch))
-	for i, f := range batch {
-		results[i] = f.result
-	}
-	ctx := context.Background()
-	delay := 50 * time.Millisecond
-	var claimed []storage.ClaimedStep
-	// The eager claim may fill every free slot, not only the batch's: a
-	// claim that comes back short then proves nothing else is ready, and
-	// the store need not wake this process's claim loop for an empty claim.
-	extra := 0
-	w.mu.Lock()
-	if _, eager := w.engine.store.(storage.FinishClaimer); eager && !w.stopping {
-		extra = max(w.config.Concurrency-len(w.inflight)-w.reserved, 0)
-		w.reserved += extra
-	}
-	w.mu.Unlock()
-	for {
-		rec := w.engine.newFinishRecorder()
-		var (
-			outcomes []storage.FinishResult
-			err      error
-		)
-		outcomes, claimed, err = w.finish(ctx, results, rec.plan, len(batch)+extra)
-		if err == nil {
-			for i, o := range outcomes {
-				f := batch[i]
-				if !o.Accepted {
-					w.logger.Warn("dagrun: stale result rejected; a newer attempt owns the step",
-						slog.String("instance", f.step.InstanceID), slog.String("step", f.step.Step),
-						slog.Int("attempt", f.step.Attempt))
-					continue
-				}
-				if o := f.result.Outcome; o == storage.OutcomeRetry || o == storage.OutcomeSnooze {
-					w.wakeAt(f.result.RunAfter)
-				}
-				w.engine.observer.AttemptFinished(AttemptReport{
-					Workflow: f.step.Workflow, Step: f.step.Step, Handler: f.step.Handler, Queue: f.step.Queue,
-					Outcome: outcomeName(f.result.Outcome), Duration: f.duration, QueueWait: f.queueWait,
-				})
-			}
-			rec.report()
-			break
-		}
-		// Until the result is recorded the claim is still ours and the
-		// heartbeat keeps it; if the store stays down the lease expires and
-		// another worker runs the step again (at least once).
-		if !w.holdsAny(batch) {
-			w.logger.Error("dagrun: finish steps: giving up, leases lost", slog.Any("error", err))
-			break
-		}
-		w.logger.Error("dagrun: finish steps", slog.Any("error", err), slog.Duration("retry_in", delay))
-		time.Sleep(delay)
-		delay = min(2*delay, 5*time.Second)
-	}
-	w.mu.Lock()
-	w.reserved -= extra
-	w.mu.Unlock()
-	if !w.start(claimed, batch) {
-		w.release(claimed)
-	}
-	select {
-	case w.slotFreed <- struct{}{}:
-	default:
-	}
-	w.engine.notifyChanged()
-}
-
-// finish records results and, while the worker is claiming and its store
-// can, claims new steps for the slots the results free in the same
-// transaction: a chain's next step then starts without another commit or a
-// wake-up round trip.
-func (w *Worker) finish(ctx context.Context, results []storage.StepResult, plan storage.PlanFunc, slots int) ([]storage.FinishResult, []storage.ClaimedStep, error) {
-	fc, eager := w.engine.store.(storage.FinishClaimer)
-	w.mu.Lock()
-	eager = eager && !w.stopping
-	w.mu.Unlock()
-	if !eager {
-		outcomes, err := w.engine.store.FinishSteps(ctx, results, plan)
-		return outcomes, nil, err
-	}
-	return fc.FinishAndClaim(ctx, results, plan, w.claimParams(slots))
-}
-
 func (w *Worker) claimParams(limit int) storage.ClaimParams {
 	return storage.ClaimParams{
 		WorkerID:   w.config.ID,
@@ -420,47 +233,76 @@ func (w *Worker) claimParams(limit int) storage.ClaimParams {
 	}
 }
 
-// reserveEager reserves up to n free slots for the steps a start in this
+// adopt runs the steps a claim that had taken slots got, and gives back
+// the slots it did not fill. Once the worker stopped claiming, it runs
+// nothing and releases the steps instead.
+func (w *Worker) adopt(taken int, steps []storage.ClaimedStep) {
+	started := w.start(steps)
+	w.slots.give(taken - started)
+	if started < len(steps) {
+		w.release(steps)
+	}
+}
+
+// start registers claimed steps and runs their handlers, each on a slot
+// the caller took, and returns how many it started: all of them, or none
+// once the worker stopped claiming. A step claimed again while an older
+// attempt of it still runs here stops that older attempt.
+func (w *Worker) start(steps []storage.ClaimedStep) int {
+	if len(steps) == 0 {
+		return 0
+	}
+	attempts := make([]*attempt, len(steps))
+	w.mu.Lock()
+	if w.stopping {
+		w.mu.Unlock()
+		return 0
+	}
+	for i, step := range steps {
+		a := w.newAttempt(step)
+		key := a.key()
+		if prev, ok := w.newest[step.StepID]; ok && prev.fence < key.fence {
+			if old := w.attempts[prev]; old != nil {
+				w.stopLocked(old, errSuperseded)
+			}
+		}
+		w.newest[step.StepID] = key
+		w.attempts[key] = a
+		w.waiting++
+		attempts[i] = a
+	}
+	w.mu.Unlock()
+	for _, a := range attempts {
+		go w.execute(a)
+	}
+	return len(steps)
+}
+
+// reserveEager takes up to n free slots for the steps a start in this
 // process claims for the worker in its creating transaction, and returns
-// how many it reserved. A worker bound to one instance takes none: a new
+// how many it took. A worker bound to one instance takes none: a new
 // instance is never its own.
 func (w *Worker) reserveEager(n int) int {
 	if w.config.InstanceID != "" {
 		return 0
 	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.stopping {
-		return 0
-	}
-	n = min(n, w.config.Concurrency-len(w.inflight)-w.reserved)
-	if n <= 0 {
-		return 0
-	}
-	w.reserved += n
-	return n
-}
-
-// adoptEager runs the steps a start claimed for the worker and gives back
-// the reservation. When the reservation filled the worker, the claim loop
-// may be waiting for a slot: the ones the claim left unused are free again.
-func (w *Worker) adoptEager(reserved int, steps []storage.ClaimedStep) {
-	w.mu.Lock()
-	filled := len(w.inflight)+w.reserved >= w.config.Concurrency
-	w.reserved -= reserved
+	stopping := w.stopping
 	w.mu.Unlock()
-	if !w.start(steps, nil) {
-		w.release(steps)
+	if stopping {
+		return 0
 	}
-	if filled && len(steps) < reserved {
-		select {
-		case w.slotFreed <- struct{}{}:
-		default:
-		}
-	}
+	return w.slots.take(n)
 }
 
-// release returns steps claimed after shutdown began.
+// adoptEager runs the steps a start claimed for the worker on the slots
+// reserveEager took.
+func (w *Worker) adoptEager(reserved int, steps []storage.ClaimedStep) {
+	w.adopt(reserved, steps)
+}
+
+// release returns claimed steps the worker will not run to pending,
+// without counting the attempt.
 func (w *Worker) release(steps []storage.ClaimedStep) {
 	claims := make([]storage.Claim, len(steps))
 	for i, s := range steps {
@@ -488,105 +330,69 @@ func (w *Worker) wakeAt(t time.Time) {
 	})
 }
 
-func (w *Worker) holdsAny(batch []finished) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, f := range batch {
-		if a, ok := w.inflight[f.step.StepID]; ok && a.step.LeaseUntil.After(time.Now()) {
-			return true
-		}
-	}
-	return false
-}
-
-// heartbeatLoop renews the leases of every held claim each third of the
-// lease, and stops the handlers of claims that are no longer held.
-func (w *Worker) heartbeatLoop(ctx context.Context) {
-	tick := time.NewTicker(max(w.config.Lease/3, time.Millisecond))
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		w.mu.Lock()
-		claims := make([]storage.Claim, 0, len(w.inflight))
-		for _, a := range w.inflight {
-			claims = append(claims, a.step.Claim)
-		}
-		w.mu.Unlock()
-		if len(claims) == 0 {
-			continue
-		}
-		lost, err := w.engine.store.ExtendLeases(ctx, claims, w.config.Lease)
-		if err != nil {
-			if ctx.Err() == nil {
-				w.logger.Error("dagrun: heartbeat", slog.Any("error", err))
-			}
-			continue
-		}
-		until := time.Now().Add(w.config.Lease)
-		lostSet := make(map[int64]bool, len(lost))
-		for _, c := range lost {
-			lostSet[c.StepID] = true
-		}
-		w.mu.Lock()
-		for id, a := range w.inflight {
-			if lostSet[id] {
-				w.logger.Info("dagrun: stopping handler", slog.String("instance", a.step.InstanceID),
-					slog.String("step", a.step.Step), slog.String("reason", errLeaseLost.Error()))
-				a.cancel(errLeaseLost)
-			} else {
-				a.step.LeaseUntil = until
-			}
-		}
-		w.mu.Unlock()
-	}
-}
-
-func (w *Worker) recoverExpired(ctx context.Context) {
-	rec := w.engine.newFinishRecorder()
-	n, err := w.engine.store.RecoverExpired(ctx, 100, rec.plan)
-	if err != nil {
-		if ctx.Err() == nil {
-			w.logger.Error("dagrun: recover expired leases", slog.Any("error", err))
-		}
-		return
-	}
-	rec.report()
-	if n > 0 {
-		w.logger.Info("dagrun: recovered steps whose worker stopped heartbeating", slog.Int("steps", n))
-		w.engine.notifyChanged()
-	}
-}
-
 // drain waits for running handlers up to the shutdown grace, then cancels
-// the stragglers.
-func (w *Worker) drain(wait func(), cancelHandlers context.CancelCauseFunc) {
-	done := make(chan struct{})
-	go func() { wait(); close(done) }()
+// the stragglers and waits a last moment for them to return. One that
+// still does not is left behind: its step is released like the others, and
+// the log says which it was.
+func (w *Worker) drain(cancelHandlers context.CancelCauseFunc) {
 	grace := time.NewTimer(w.config.ShutdownGrace)
 	defer grace.Stop()
-	select {
-	case <-done:
+	if w.waitHandlers(grace.C) {
 		return
-	case <-grace.C:
 	}
-	w.logger.Warn("dagrun: shutdown grace over; cancelling running steps and releasing them", slog.Int("steps", w.busy()))
+	w.logger.Warn("dagrun: shutdown grace over; cancelling running steps and releasing them", slog.Int("steps", w.handlersRunning()))
 	cancelHandlers(errShutdown)
-	<-done
+	last := time.NewTimer(min(w.config.ShutdownGrace, time.Second) + 100*time.Millisecond)
+	defer last.Stop()
+	if w.waitHandlers(last.C) {
+		return
+	}
+	w.mu.Lock()
+	w.closing = true
+	for _, a := range w.attempts {
+		if !a.handlerDone {
+			w.logger.Error("dagrun: handler ignored its cancelled context; exiting without it and releasing its step",
+				slog.String("instance", a.step.InstanceID), slog.String("step", a.step.Step),
+				slog.String("handler", a.step.Handler), slog.Int("attempt", a.step.Attempt))
+		}
+	}
+	w.mu.Unlock()
 }
 
-// releaseUnfinished returns the claims of handlers cancelled at shutdown to
+// waitHandlers waits until no handler runs or until deadline fires, and
+// reports whether none runs.
+func (w *Worker) waitHandlers(deadline <-chan time.Time) bool {
+	for w.handlersRunning() > 0 {
+		select {
+		case <-w.handlerExit:
+		case <-deadline:
+			return w.handlersRunning() == 0
+		}
+	}
+	return true
+}
+
+func (w *Worker) handlersRunning() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.waiting
+}
+
+// releaseUnfinished returns the claims of attempts whose result was never
+// recorded (cancelled at shutdown, or whose handler never returned) to
 // pending, so another worker picks them up without waiting for the lease.
 func (w *Worker) releaseUnfinished() {
 	w.mu.Lock()
-	claims := make([]storage.Claim, 0, len(w.inflight))
-	for _, a := range w.inflight {
-		claims = append(claims, a.step.Claim)
+	w.closing = true
+	claims := make([]storage.Claim, 0, len(w.attempts))
+	for key, a := range w.attempts {
+		a.stopTimer()
+		if !a.stopped {
+			claims = append(claims, a.step.Claim)
+		}
+		delete(w.attempts, key)
 	}
-	w.inflight = map[int64]*attempt{}
+	clear(w.newest)
 	w.mu.Unlock()
 	if len(claims) == 0 {
 		return

@@ -1,0 +1,92 @@
+package dagrun
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// heartbeatLoop renews the leases of every claim the worker holds each
+// third of the lease, and stops the handlers of claims it no longer holds.
+// A stopped attempt, or one whose handler the worker gave up on, is not
+// renewed: its step goes to whoever claims it next.
+func (w *Worker) heartbeatLoop(ctx context.Context) {
+	tick := time.NewTicker(max(w.config.Lease/3, time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		w.mu.Lock()
+		claims := make([]storage.Claim, 0, len(w.attempts))
+		for _, a := range w.attempts {
+			if !a.stopped {
+				claims = append(claims, a.step.Claim)
+			}
+		}
+		w.mu.Unlock()
+		if len(claims) == 0 {
+			continue
+		}
+		lost, err := w.engine.store.ExtendLeases(ctx, claims, w.config.Lease)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.logger.Error("dagrun: heartbeat", slog.Any("error", err))
+			}
+			continue
+		}
+		until := time.Now().Add(w.config.Lease)
+		lostSet := make(map[attemptKey]bool, len(lost))
+		for _, c := range lost {
+			lostSet[attemptKey{c.StepID, c.Fence}] = true
+		}
+		w.mu.Lock()
+		for _, c := range claims {
+			a := w.attempts[attemptKey{c.StepID, c.Fence}]
+			switch {
+			case a == nil:
+			case lostSet[a.key()] && a.sent:
+				// Its result is on the way; the store will refuse it.
+			case lostSet[a.key()]:
+				w.stopLocked(a, errLeaseLost)
+			default:
+				a.step.LeaseUntil = until
+			}
+		}
+		w.mu.Unlock()
+	}
+}
+
+// holdsAny reports whether the worker still holds the lease of any of the
+// batch's attempts.
+func (w *Worker) holdsAny(batch []finished) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := time.Now()
+	for _, f := range batch {
+		if a := w.attempts[f.attempt.key()]; a == f.attempt && a.step.LeaseUntil.After(now) {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *Worker) recoverExpired(ctx context.Context) {
+	rec := w.engine.newFinishRecorder()
+	n, err := w.engine.store.RecoverExpired(ctx, 100, rec.plan)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.logger.Error("dagrun: recover expired leases", slog.Any("error", err))
+		}
+		return
+	}
+	rec.report()
+	if n > 0 {
+		w.logger.Info("dagrun: recovered steps whose worker stopped heartbeating", slog.Int("steps", n))
+		w.engine.notifyChanged()
+	}
+}

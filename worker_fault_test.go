@@ -1,0 +1,402 @@
+package dagrun_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/handlers"
+	"github.com/dagrun/dagrun/storage"
+)
+
+// A step cancelled and retried within one heartbeat is claimed again by
+// the same worker while its first handler still runs. The first attempt
+// must be stopped, and the second must keep its own lease: tracking
+// attempts by step alone let the first one's end delete the second's
+// entry, which then stopped heartbeating and was lost.
+func TestReclaimBySameWorkerStopsTheOlderAttempt(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		const lease = 900 * time.Millisecond
+		var calls atomic.Int32
+		firstStarted := make(chan struct{})
+		firstCause := make(chan error, 1)
+		registry := handlers.NewRegistry()
+		registry.Register("slow", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			switch calls.Add(1) {
+			case 1:
+				close(firstStarted)
+				select {
+				case <-ctx.Done():
+					firstCause <- context.Cause(ctx)
+				case <-time.After(2 * lease):
+					firstCause <- errors.New("never cancelled")
+				}
+				return nil, errors.New("first attempt ended")
+			default:
+				// Outlive the lease: only heartbeats keep this attempt.
+				select {
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				case <-time.After(3 * lease):
+				}
+				return json.RawMessage(`"second"`), nil
+			}
+		})
+		b := setup(t, open, registry, `
+name: slow
+steps:
+  - {name: s, handler: slow}
+`)
+		b.runWorker(t, &dagrun.WorkerConfig{Lease: lease})
+		id := b.start(t, "slow", ``)
+		<-firstStarted
+		// Cancel in the store, as another process would: this worker only
+		// learns of it at its next heartbeat, after the retry.
+		ctx := context.Background()
+		require.NoError(t, b.store.CancelInstance(ctx, id, "by test"))
+		require.NoError(t, b.engine.Retry(ctx, id))
+
+		require.NotEqual(t, "never cancelled", (<-firstCause).Error(), "the older attempt's handler must see its context cancelled")
+		inst := b.wait(t, id)
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		s := step(t, inst, "s")
+		require.Equal(t, 1, s.Attempts, "the second attempt kept its lease")
+		require.Empty(t, lifecycle(inst, storage.EventStepLeaseExpired))
+		require.EqualValues(t, 2, calls.Load())
+	})
+}
+
+// Concurrency is one count that the claim loop, a commit's eager claim and
+// an eager start all draw from, so it holds under any race between them.
+func TestConcurrencyHoldsUnderEveryClaimPath(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		const limit = 2
+		var running, peak atomic.Int32
+		registry := handlers.NewRegistry()
+		registry.Register("count", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			n := running.Add(1)
+			for {
+				p := peak.Load()
+				if n <= p || peak.CompareAndSwap(p, n) {
+					break
+				}
+			}
+			time.Sleep(2 * time.Millisecond)
+			running.Add(-1)
+			return nil, nil
+		})
+		b := setup(t, open, registry, `
+name: fan
+steps:
+  - {name: a, handler: count}
+  - {name: b, handler: count}
+  - {name: c, handler: count, dependsOn: [a, b]}
+  - {name: d, handler: count, dependsOn: [c]}
+`)
+		b.runWorker(t, &dagrun.WorkerConfig{Concurrency: limit, Poll: time.Millisecond})
+		var (
+			wg  sync.WaitGroup
+			mu  sync.Mutex
+			ids []string
+		)
+		for range 4 {
+			wg.Go(func() {
+				for range 10 {
+					id := b.start(t, "fan", ``)
+					mu.Lock()
+					ids = append(ids, id)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		for _, id := range ids {
+			require.Equal(t, storage.InstanceCompleted, b.wait(t, id).Status)
+		}
+		require.LessOrEqual(t, peak.Load(), int32(limit), "handlers running at once")
+	})
+}
+
+// refusingStore refuses every commit that carries a result marked poison,
+// as PostgreSQL refuses a value it cannot store: not an outage, so
+// retrying the same batch can never succeed.
+type refusingStore struct {
+	storage.Store
+	refused atomic.Int32
+}
+
+const poison = "poison"
+
+func (s *refusingStore) check(results []storage.StepResult) error {
+	for _, r := range results {
+		if r.Error == poison {
+			s.refused.Add(1)
+			return errors.New("invalid byte sequence for encoding")
+		}
+	}
+	return nil
+}
+
+func (s *refusingStore) FinishSteps(ctx context.Context, rs []storage.StepResult, plan storage.PlanFunc) ([]storage.FinishResult, error) {
+	if err := s.check(rs); err != nil {
+		return nil, err
+	}
+	return s.Store.FinishSteps(ctx, rs, plan)
+}
+
+func (s *refusingStore) FinishAndClaim(ctx context.Context, rs []storage.StepResult, plan storage.PlanFunc, p storage.ClaimParams) ([]storage.FinishResult, []storage.ClaimedStep, error) {
+	if err := s.check(rs); err != nil {
+		return nil, nil, err
+	}
+	return s.Store.(storage.FinishClaimer).FinishAndClaim(ctx, rs, plan, p)
+}
+
+// A result the store refuses must not stop the worker: the rest of its
+// batch is recorded, the refused attempt is recorded as failed with the
+// reason, the worker keeps claiming with its one slot, and Run returns when
+// asked.
+func TestRefusedResultDoesNotStopTheWorker(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		registry := handlers.NewRegistry()
+		registry.Register("poison", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			return nil, errors.New(poison)
+		})
+		store := &refusingStore{Store: open(t)}
+		b := setup(t, func(*testing.T) storage.Store { return store }, registry, `
+name: poisoned
+steps:
+  - {name: p, handler: poison, retry: {maxAttempts: 2, backoff: 1ms}}
+`, `
+name: healthy
+steps:
+  - {name: a, handler: echo, input: 1}
+  - {name: b, handler: echo, dependsOn: [a], input: 2}
+`)
+		worker, err := b.engine.NewWorker(&dagrun.WorkerConfig{Concurrency: 1, Poll: 5 * time.Millisecond})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- worker.Run(ctx) }()
+
+		bad := b.start(t, "poisoned", ``)
+		var good []string
+		for range 5 {
+			good = append(good, b.start(t, "healthy", ``))
+		}
+		inst := b.wait(t, bad)
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		p := step(t, inst, "p")
+		require.Equal(t, 2, p.Attempts, "each refused attempt still counts")
+		require.Contains(t, p.Error, "the attempt's result could not be recorded: invalid byte sequence")
+		for _, id := range good {
+			require.Equal(t, storage.InstanceCompleted, b.wait(t, id).Status)
+		}
+		require.Positive(t, store.refused.Load())
+
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run did not return after its context ended")
+		}
+	})
+}
+
+// An error text PostgreSQL cannot store (a NUL byte, invalid UTF-8, as in
+// a 5xx body) is cleaned before it is recorded, on every backend.
+func TestUnstorableErrorTextIsCleaned(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		registry := handlers.NewRegistry()
+		registry.Register("garbled", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			return nil, handlers.Permanent(errors.New("upstream said \x00\xff" + strings.Repeat("x", 100_000)))
+		})
+		b := setup(t, open, registry, `
+name: garbled
+steps:
+  - {name: g, handler: garbled}
+`)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "garbled", ``))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		g := step(t, inst, "g")
+		require.True(t, strings.HasPrefix(g.Error, "upstream said \uFFFD\uFFFD"), g.Error[:40])
+		require.Less(t, len(g.Error), 20_000, "long error texts are cut")
+		require.Contains(t, g.Error, "bytes cut")
+	})
+}
+
+// A handler that ignores its context would hold its step for ever: the
+// heartbeat renewed it as long as the handler ran, and shutdown waited for
+// it without end. Past its timeout plus the grace the attempt is recorded
+// as failed, and Run returns after its grace all the same.
+func TestHandlerIgnoringItsContext(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		release := make(chan struct{})
+		t.Cleanup(func() { close(release) })
+		started := make(chan struct{}, 10)
+		registry := handlers.NewRegistry()
+		registry.Register("deaf", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			started <- struct{}{}
+			<-release
+			return nil, nil
+		})
+		b := setup(t, open, registry, `
+name: deaf
+steps:
+  - {name: timed, handler: deaf, timeout: 100ms, retry: {maxAttempts: 1}}
+`, `
+name: forever
+steps:
+  - {name: untimed, handler: deaf}
+`)
+		var logs syncBuffer
+		logger := slog.New(slog.NewTextHandler(&logs, nil))
+		engine, err := dagrun.New(b.store, registry, &dagrun.Config{Workflows: b.engine.Workflows(), Logger: logger})
+		require.NoError(t, err)
+		b.engine = engine
+		worker, err := engine.NewWorker(&dagrun.WorkerConfig{ShutdownGrace: 200 * time.Millisecond, Poll: 5 * time.Millisecond})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- worker.Run(ctx) }()
+
+		inst := b.wait(t, b.start(t, "deaf", ``))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Contains(t, step(t, inst, "timed").Error, "attempt timed out after 100ms and its handler did not return within 200ms")
+
+		untimed := b.start(t, "forever", ``)
+		<-started
+		<-started
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run waited for a handler that ignores its context")
+		}
+		got, err := engine.Get(context.Background(), untimed)
+		require.NoError(t, err)
+		require.Equal(t, storage.StepPending, step(t, got, "untimed").Status, "released for another worker")
+		require.Contains(t, logs.String(), "handler ignored its cancelled context")
+	})
+}
+
+// When a step's terminal failure fails the instance, its running siblings
+// are cancelled with it: their handlers see their context cancelled at
+// once, they end cancelled, and the worker does not warn of stale results.
+func TestFailedInstanceStopsRunningSiblings(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		siblingStarted := make(chan struct{})
+		siblingCause := make(chan error, 1)
+		registry := handlers.NewRegistry()
+		registry.Register("slow", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			close(siblingStarted)
+			select {
+			case <-ctx.Done():
+				siblingCause <- context.Cause(ctx)
+				return nil, ctx.Err()
+			case <-time.After(20 * time.Second):
+				siblingCause <- errors.New("ran on")
+				return json.RawMessage(`"late"`), nil
+			}
+		})
+		registry.Register("fail", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			<-siblingStarted
+			return nil, handlers.Permanent(errors.New("card declined"))
+		})
+		b := setup(t, open, registry, `
+name: siblings
+steps:
+  - {name: slow, handler: slow}
+  - {name: fail, handler: fail}
+`)
+		var logs syncBuffer
+		engine, err := dagrun.New(b.store, registry, &dagrun.Config{Workflows: b.engine.Workflows(), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		require.NoError(t, err)
+		b.engine = engine
+		b.runWorker(t, nil) // a 30s lease: only the local stop can be this quick
+		id := b.start(t, "siblings", ``)
+		select {
+		case cause := <-siblingCause:
+			require.NotEqual(t, "ran on", cause.Error())
+		case <-time.After(10 * time.Second):
+			t.Fatal("the running sibling was not stopped")
+		}
+		inst := b.wait(t, id)
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, storage.StepCancelled, step(t, inst, "slow").Status)
+		require.NotContains(t, logs.String(), "stale result")
+	})
+}
+
+// A definition snapshot this binary cannot parse (written by a newer
+// version, say) fails its instance with a clear error instead of failing
+// every commit and every lease-recovery batch that touches it.
+func TestUnparsableSnapshotFailsTheInstance(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil)
+		ctx := context.Background()
+		retry := storage.RetryPolicy{MaxAttempts: 1}
+		_, err := b.store.CreateInstances(ctx, nil, []storage.CreateParams{{
+			ID: "future-1", Workflow: "future", DefinitionHash: "future-hash",
+			Definition: []byte("name: future\nsteps:\n  - {name: a, handler: echo, fromTheFuture: true}\n"),
+			Input:      json.RawMessage(`{}`),
+			Steps:      []storage.StepSpec{{Name: "a", Handler: "echo", Queue: "default", Retry: retry}},
+		}}, func(st *storage.InstanceState) (*storage.Plan, error) {
+			return &storage.Plan{Steps: []storage.StepChange{{Name: "a", Status: storage.StepPending, Input: json.RawMessage(`1`)}}}, nil
+		})
+		require.NoError(t, err)
+		b.runWorker(t, nil)
+		inst := b.wait(t, "future-1")
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Contains(t, inst.Error, "cannot be parsed by this version of dagrun")
+		require.Equal(t, storage.StepCompleted, step(t, inst, "a").Status)
+	})
+}
+
+// lifecycle returns the events of one type.
+func lifecycle(inst *storage.Instance, typ storage.EventType) []storage.Event {
+	var out []storage.Event
+	for _, e := range inst.Events {
+		if e.Type == typ {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
