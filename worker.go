@@ -157,6 +157,7 @@ func (w *Worker) ID() string { return w.config.ID }
 // stops claiming, lets running steps finish within the shutdown grace,
 // cancels and releases the rest, and returns once every result is recorded.
 func (w *Worker) Run(ctx context.Context) error {
+	defer w.watchClock(ctx)()
 	wake, unsubscribe := w.engine.store.Subscribe()
 	defer unsubscribe()
 
