@@ -6,8 +6,8 @@
 // instance row (in sorted id order), so two siblings finishing at once in
 // separate transactions serialize and a fan-in join is promoted exactly once.
 // Commits that make steps ready send one pg_notify on the store's channel,
-// which a single listener connection per Store turns into Subscribe signals
-// for idle workers; polling stays the fallback.
+// which a single listener connection per Store (kept by pgxlisten) turns
+// into Subscribe signals for idle workers; polling stays the fallback.
 //
 // Every lease, run-after, ready time and event time comes from the
 // database server's clock, read inside the statement that writes it, so
@@ -25,8 +25,8 @@
 // once; a database laid out by an older dagrun, with its tables in public,
 // is moved into the schema then.
 //
-// It may import only storage, storage/internal/migrate, the standard library
-// and pgx.
+// It may import only storage, storage/internal/migrate, the standard library,
+// pgx and pgxlisten.
 package postgres
 
 import (
