@@ -13,7 +13,8 @@
 // Leases, run-after, ready and event times need one clock that every
 // process agrees on. PostgreSQL, shared by machines whose clocks may
 // disagree, takes them from the database server's clock, inside the
-// statements that write them, and implements Clock so that a worker can
+// statements that write them (a lease from the moment its step is taken),
+// and implements Clock so that a worker can
 // check its own clock against it. SQLite is shared only by processes on one
 // machine, so its backend reads that machine's clock in Go. Either backend
 // takes a Now func in its Config instead, which the conformance suite in

@@ -26,6 +26,9 @@ import (
 // starts it) and CancelInstance (which cancels it), and waiting for them
 // would let a claim, which locks steps first, deadlock with a cancel, which
 // locks the instance first.
+//
+// The lease counts from {clock}, as each step is taken: a claim on the
+// tail of a transaction that waited for locks still gets a full lease.
 func claimSQL(queues int, byInstance bool) string {
 	var b strings.Builder
 	b.WriteString(`
@@ -49,7 +52,7 @@ WITH cand AS (
 u AS (
 	UPDATE {s}steps s SET status = 'running', attempts = s.attempts + 1, fence = s.fence + 1,
 		started_at = {now}, first_started_at = coalesce(s.first_started_at, {now}),
-		lease_until = {now} + $2::bigint * interval '1 microsecond', worker_id = $3
+		lease_until = {clock} + $2::bigint * interval '1 microsecond', worker_id = $3
 	FROM cand WHERE s.id = cand.id
 	RETURNING s.id, s.instance_id, s.name, s.workflow, s.handler, s.queue, s.input, s.attempts, s.fence,
 		s.max_attempts, s.backoff_us, s.max_backoff_us, s.timeout_us, s.first_started_at, s.ready_at,
@@ -171,9 +174,8 @@ func scanClaimed(row pgx.CollectableRow) (storage.ClaimedStep, error) {
 // extendSQL renews the leases of the claims still held. The rows are
 // locked in id order, as every multi-step writer locks them, so two
 // heartbeats, or a heartbeat and a finish, cannot deadlock. The new lease
-// counts from clock_timestamp(), read after those locks were taken, not
-// from the statement's start: a heartbeat that waited for a finishing
-// transaction's locks still gets a full lease.
+// counts from {clock}, read after those locks were taken: a heartbeat that
+// waited for a finishing transaction's locks still gets a full lease.
 const extendSQL = `
 WITH w AS (
 	SELECT * FROM unnest($2::bigint[], $3::bigint[]) AS w(id, fence)
@@ -184,7 +186,7 @@ l AS MATERIALIZED (
 	ORDER BY s.id
 	FOR NO KEY UPDATE OF s
 )
-UPDATE {s}steps s SET lease_until = coalesce($1::timestamptz, clock_timestamp()) + $4::bigint * interval '1 microsecond'
+UPDATE {s}steps s SET lease_until = {clock} + $4::bigint * interval '1 microsecond'
 FROM l WHERE s.id = l.id
 RETURNING s.id, s.fence`
 

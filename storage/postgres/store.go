@@ -10,7 +10,7 @@
 // into Subscribe signals for idle workers; polling stays the fallback.
 //
 // Every lease, run-after, ready time and event time comes from the
-// database server's clock, read inside the statement that writes it, so
+// database server's clock, read inside the statements that write them, so
 // that workers on machines whose clocks disagree still agree on when a
 // lease ends (Config.Now replaces it in tests). Store.Now reads that clock,
 // for a worker to compare with its own.
@@ -275,7 +275,7 @@ func newStore(ctx context.Context, pool *pgxpool.Pool, owns bool, cfg *Config) (
 		_, _ = h.Write([]byte(cfg.Schema))
 		s.channel = fmt.Sprintf("%s.%x", ChannelPrefix, h.Sum64())
 	}
-	s.markers = strings.NewReplacer("{s}", s.prefix, "{now}", nowSQL)
+	s.markers = strings.NewReplacer("{s}", s.prefix, "{now}", nowSQL, "{clock}", clockSQL)
 	if err := s.migrate(ctx); err != nil {
 		return nil, err
 	}
@@ -303,20 +303,24 @@ func (s *Store) Close() error {
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // q expands the markers of a statement: {s} qualifies a table name
-// ("{s}steps") with the store's schema, and {now} is the statement's time
-// (see now).
+// ("{s}steps") with the store's schema, {now} is the transaction's time and
+// {clock} the time a lease starts (see nowSQL).
 func (s *Store) q(sql string) string {
 	return s.markers.Replace(sql)
 }
 
-// nowSQL is the time of a statement: its $1, or the server's clock when
-// $1 is NULL. statement_timestamp() is when the statement began, which in
-// a transaction's pipeline is after the statements before it, and their
-// waits for locks, ended: a claim queued after a finish that waited for
-// its instances' locks gets a lease counted from when it took the steps.
-// A statement that itself waits for row locks before setting a lease reads
-// clock_timestamp() instead (see extendSQL).
-const nowSQL = `coalesce($1::timestamptz, statement_timestamp())`
+// nowSQL and clockSQL are the times of a statement: its $1, or the
+// server's clock when $1 is NULL. Every row and event a transaction writes
+// carries one time, its start (now()), as with SQLite or a test's clock.
+// A lease is the exception: it counts from clock_timestamp(), read as the
+// statement takes the step, since the transaction may have waited for
+// locks since it began (a claim queued after a finish that waited for its
+// instances' locks, a heartbeat that waited for a finishing transaction's
+// row locks), and a lease counted from before the wait would end early.
+const (
+	nowSQL   = `coalesce($1::timestamptz, now())`
+	clockSQL = `coalesce($1::timestamptz, clock_timestamp())`
+)
 
 // now is the $1 of every statement that reads or writes a time: nil, so
 // that the server's clock decides, unless Config.Now is set.
