@@ -48,19 +48,21 @@ func (s *Store) migrate(ctx context.Context) error {
 		if err := s.adoptLegacy(ctx, tx); err != nil {
 			return err
 		}
-		// search_path is local to this transaction: the migration files
-		// use unqualified names.
+		// The migration files use unqualified names: search_path names
+		// the schema for this transaction only (SET LOCAL, which a
+		// transaction-pooling proxy keeps), and the store's own statements
+		// never rely on it.
 		if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+ident); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		if _, err := tx.Exec(ctx, s.q(`CREATE TABLE IF NOT EXISTS {s}schema_migrations (
 			version    integer PRIMARY KEY,
 			name       text NOT NULL,
 			applied_at timestamptz NOT NULL DEFAULT now()
-		)`); err != nil {
+		)`)); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, "SELECT version FROM schema_migrations")
+		rows, err := tx.Query(ctx, s.q("SELECT version FROM {s}schema_migrations"))
 		if err != nil {
 			return err
 		}
@@ -79,7 +81,7 @@ func (s *Store) migrate(ctx context.Context) error {
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
 				return fmt.Errorf("migration %s: %w", m.Name, err)
 			}
-			if _, err := tx.Exec(ctx, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+			if _, err := tx.Exec(ctx, s.q("INSERT INTO {s}schema_migrations (version, name) VALUES ($1, $2)"), m.Version, m.Name); err != nil {
 				return err
 			}
 		}
