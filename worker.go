@@ -148,6 +148,7 @@ func (w *Worker) ID() string { return w.config.ID }
 // context does not keep Run from returning: it is left running, and its
 // step is released.
 func (w *Worker) Run(ctx context.Context) error {
+	defer w.watchClock(ctx)()
 	wake, unsubscribe := w.engine.store.Subscribe()
 	defer unsubscribe()
 

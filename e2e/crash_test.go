@@ -545,6 +545,9 @@ func dbInt(t *testing.T, db, query string) int {
 	conn, err := pgx.Connect(ctx, db)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
+	// dagrun's tables live in their own schema.
+	_, err = conn.Exec(ctx, "SET search_path TO dagrun")
+	require.NoError(t, err)
 	var n int
 	require.NoError(t, conn.QueryRow(ctx, query).Scan(&n), query)
 	return n

@@ -91,7 +91,7 @@ func lockSteps(t *testing.T, db string) (unlock func()) {
 		require.NoError(t, err)
 		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
-		_, err = tx.Exec(ctx, "LOCK TABLE steps IN EXCLUSIVE MODE")
+		_, err = tx.Exec(ctx, "LOCK TABLE dagrun.steps IN EXCLUSIVE MODE")
 		require.NoError(t, err)
 		return func() {
 			require.NoError(t, tx.Rollback(ctx))

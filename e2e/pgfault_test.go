@@ -78,7 +78,7 @@ func TestPGFaultConnectionsKilled(t *testing.T) {
 	listening := func() int {
 		var n int
 		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = $1 AND application_name = 'dagrun listener' AND query LIKE 'LISTEN %'`, dbName).Scan(&n))
+			WHERE datname = $1 AND application_name = 'dagrun listener' AND query ILIKE 'LISTEN %'`, dbName).Scan(&n))
 		return n
 	}
 

@@ -10,9 +10,17 @@
 // then applies the returned Plan in that same transaction. The store itself
 // knows nothing about workflow definitions.
 //
-// Backends read the current time from Go (a Now func in their Config,
-// time.Now by default), never from the database server's clock, so that the
-// conformance suite in storage/storagetest can drive time deterministically.
+// Leases, run-after, ready and event times need one clock that every
+// process agrees on. PostgreSQL, shared by machines whose clocks may
+// disagree, takes them from the database server's clock, inside the
+// statements that write them (a lease from the moment its step is taken),
+// and implements Clock so that a worker can
+// check its own clock against it. SQLite is shared only by processes on one
+// machine, so its backend reads that machine's clock in Go. Either backend
+// takes a Now func in its Config instead, which the conformance suite in
+// storage/storagetest uses to drive time deterministically. Times the
+// caller passes in (CreateParams.RunAfter, StepResult.RunAfter, Prune's
+// cut-off) are absolute: they come from the caller's clock.
 //
 // It may import only the standard library.
 package storage
@@ -508,6 +516,15 @@ type CreateClaimer interface {
 	// CreateAndClaim is CreateInstances (in the store's own transaction)
 	// followed by ClaimSteps(p), atomically.
 	CreateAndClaim(ctx context.Context, params []CreateParams, plan PlanFunc, p ClaimParams) ([]CreateResult, []ClaimedStep, error)
+}
+
+// Clock is implemented by stores whose times come from a database server's
+// clock rather than the calling process's (see the package doc), so that a
+// worker can warn when its own clock disagrees.
+type Clock interface {
+	// Now returns the current time by the clock the store stamps its rows
+	// with.
+	Now(ctx context.Context) (time.Time, error)
 }
 
 // Delay returns the backoff before attempt+1 after attempt failed:

@@ -26,12 +26,15 @@ import (
 // starts it) and CancelInstance (which cancels it), and waiting for them
 // would let a claim, which locks steps first, deadlock with a cancel, which
 // locks the instance first.
+//
+// The lease counts from {clock}, as each step is taken: a claim on the
+// tail of a transaction that waited for locks still gets a full lease.
 func claimSQL(queues int, byInstance bool) string {
 	var b strings.Builder
 	b.WriteString(`
 WITH cand AS (
 	SELECT id FROM {s}steps
-	WHERE status = 'pending' AND run_after <= $1::timestamptz`)
+	WHERE status = 'pending' AND run_after <= {now}`)
 	switch {
 	case queues == 1:
 		b.WriteString(` AND queue = $5`)
@@ -48,15 +51,15 @@ WITH cand AS (
 ),
 u AS (
 	UPDATE {s}steps s SET status = 'running', attempts = s.attempts + 1, fence = s.fence + 1,
-		started_at = $1::timestamptz, first_started_at = coalesce(s.first_started_at, $1::timestamptz),
-		lease_until = $2::timestamptz, worker_id = $3
+		started_at = {now}, first_started_at = coalesce(s.first_started_at, {now}),
+		lease_until = {clock} + $2::bigint * interval '1 microsecond', worker_id = $3
 	FROM cand WHERE s.id = cand.id
 	RETURNING s.id, s.instance_id, s.name, s.workflow, s.handler, s.queue, s.input, s.attempts, s.fence,
 		s.max_attempts, s.backoff_us, s.max_backoff_us, s.timeout_us, s.first_started_at, s.ready_at,
 		s.lease_until, s.priority, s.run_after
 ),
 started AS (
-	UPDATE {s}instances i SET status = 'running', started_at = $1::timestamptz
+	UPDATE {s}instances i SET status = 'running', started_at = {now}
 	WHERE i.id IN (
 		SELECT l.id FROM {s}instances l
 		WHERE l.id IN (SELECT instance_id FROM u) AND l.status = 'pending'
@@ -66,7 +69,7 @@ started AS (
 ),
 ev AS (
 	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
-	SELECT e.instance_id, e.step, e.type, e.attempt, $3, $1::timestamptz FROM (
+	SELECT e.instance_id, e.step, e.type, e.attempt, $3, {now} FROM (
 		SELECT u.instance_id, u.name AS step, 'step.started' AS type, u.attempts AS attempt,
 			0 AS ord, -u.priority AS k1, u.run_after AS k2, u.id AS k3
 		FROM u
@@ -119,7 +122,7 @@ func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storag
 // claimed steps when the tail runs. A claim that took every ready step
 // (the ones this commit readied too) leaves nothing for this store's other
 // claimers, so the transaction signals none.
-func (s *Store) queueClaim(st *txState, p storage.ClaimParams, now time.Time, into *[]storage.ClaimedStep) {
+func (s *Store) queueClaim(st *txState, p storage.ClaimParams, now *time.Time, into *[]storage.ClaimedStep) {
 	sql, args := s.claimStatement(p, now)
 	st.tail.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 		claimed, err := pgx.CollectRows(rows, scanClaimed)
@@ -131,9 +134,9 @@ func (s *Store) queueClaim(st *txState, p storage.ClaimParams, now time.Time, in
 
 // claimStatement returns the claim statement for p's filter shape and its
 // arguments.
-func (s *Store) claimStatement(p storage.ClaimParams, now time.Time) (string, []any) {
+func (s *Store) claimStatement(p storage.ClaimParams, now *time.Time) (string, []any) {
 	shape := [2]int{min(len(p.Queues), 2), 0}
-	args := []any{now, now.Add(p.Lease), p.WorkerID, max(p.Limit, 1)}
+	args := []any{now, p.Lease.Microseconds(), p.WorkerID, max(p.Limit, 1)}
 	switch len(p.Queues) {
 	case 0:
 	case 1:
@@ -170,7 +173,9 @@ func scanClaimed(row pgx.CollectableRow) (storage.ClaimedStep, error) {
 
 // extendSQL renews the leases of the claims still held. The rows are
 // locked in id order, as every multi-step writer locks them, so two
-// heartbeats, or a heartbeat and a finish, cannot deadlock.
+// heartbeats, or a heartbeat and a finish, cannot deadlock. The new lease
+// counts from {clock}, read after those locks were taken: a heartbeat that
+// waited for a finishing transaction's locks still gets a full lease.
 const extendSQL = `
 WITH w AS (
 	SELECT * FROM unnest($2::bigint[], $3::bigint[]) AS w(id, fence)
@@ -181,7 +186,8 @@ l AS MATERIALIZED (
 	ORDER BY s.id
 	FOR NO KEY UPDATE OF s
 )
-UPDATE {s}steps s SET lease_until = $1::timestamptz FROM l WHERE s.id = l.id
+UPDATE {s}steps s SET lease_until = {clock} + $4::bigint * interval '1 microsecond'
+FROM l WHERE s.id = l.id
 RETURNING s.id, s.fence`
 
 // ExtendLeases implements storage.Store.
@@ -195,7 +201,7 @@ func (s *Store) ExtendLeases(ctx context.Context, claims []storage.Claim, lease 
 	ids, fences := claimArrays(claims)
 	var lost []storage.Claim
 	err := s.retry(ctx, func() error {
-		rows, err := s.pool.Query(ctx, s.q(extendSQL), s.now().Add(lease), ids, fences)
+		rows, err := s.pool.Query(ctx, s.q(extendSQL), s.now(), ids, fences, lease.Microseconds())
 		if err != nil {
 			return err
 		}
@@ -228,7 +234,7 @@ func (s *Store) ExtendLeases(ctx context.Context, claims []storage.Claim, lease 
 // instance lock, so the instance cannot finish concurrently.
 const (
 	requeueStatus     = `CASE WHEN i.finished_at IS NULL THEN 'pending' ELSE 'cancelled' END`
-	requeueFinishedAt = `CASE WHEN i.finished_at IS NULL THEN NULL ELSE $1::timestamptz END`
+	requeueFinishedAt = `CASE WHEN i.finished_at IS NULL THEN NULL ELSE {now} END`
 )
 
 // releaseSQL puts held claims back in the queue without counting the
@@ -245,7 +251,7 @@ l AS MATERIALIZED (
 ),
 u AS (
 	UPDATE {s}steps s SET status = ` + requeueStatus + `, finished_at = ` + requeueFinishedAt + `,
-		attempts = s.attempts - 1, run_after = $1::timestamptz, ready_at = $1::timestamptz,
+		attempts = s.attempts - 1, run_after = {now}, ready_at = {now},
 		lease_until = NULL, worker_id = ''
 	FROM l, {s}instances i
 	WHERE s.id = l.id AND i.id = s.instance_id
@@ -254,7 +260,7 @@ u AS (
 ev AS (
 	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
 	SELECT instance_id, name, CASE status WHEN 'cancelled' THEN 'step.cancelled' ELSE 'step.released' END,
-		attempts, CASE status WHEN 'cancelled' THEN 'instance already finished' ELSE '' END, $1::timestamptz
+		attempts, CASE status WHEN 'cancelled' THEN 'instance already finished' ELSE '' END, {now}
 	FROM u ORDER BY ord
 )
 SELECT queue FROM u WHERE status = 'pending'`

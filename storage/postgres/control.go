@@ -72,10 +72,10 @@ WITH st AS (
 ),
 i AS (
 	UPDATE {s}instances SET status = 'running', output = NULL, error = '', finished_at = NULL,
-		started_at = coalesce(started_at, $1::timestamptz)
+		started_at = coalesce(started_at, {now})
 	WHERE id = $2
 )
-INSERT INTO {s}events (instance_id, type, at) VALUES ($2, 'instance.retried', $1::timestamptz)`
+INSERT INTO {s}events (instance_id, type, at) VALUES ($2, 'instance.retried', {now})`
 
 // RetryInstance implements storage.Store.
 func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanFunc) error {

@@ -22,6 +22,8 @@ import (
 // concurrent start won the key) gets nothing. Foreign keys are checked at
 // the end of the statement, after all the CTEs ran. depends_on travels as
 // one array literal per step, since unnest cannot take an array of arrays.
+// run_after is the time the caller asked for, NULL for none; the store
+// makes it no earlier than {now}, which greatest does as it ignores NULL.
 const createSQL = `
 WITH d AS (
 	INSERT INTO {s}definitions (hash, workflow, source)
@@ -32,7 +34,7 @@ ins AS (
 	INSERT INTO {s}instances (id, workflow, definition_hash, status, input, output, error, idempotency_key, priority,
 		run_after, created_at, finished_at)
 	SELECT r.id, r.workflow, r.hash, r.status, r.input, r.output, r.error, r.key, r.priority,
-		r.run_after, $1::timestamptz, CASE WHEN r.status <> 'pending' THEN $1::timestamptz END
+		greatest({now}, r.run_after), {now}, CASE WHEN r.status <> 'pending' THEN {now} END
 	FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::json[], $10::json[], $11::text[], $12::text[],
 			$13::int[], $14::timestamptz[])
 		WITH ORDINALITY AS r(id, workflow, hash, status, input, output, error, key, priority, run_after, ord)
@@ -44,9 +46,10 @@ st AS (
 	INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, depends_on, status,
 		max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after, ready_at, finished_at)
 	SELECT x.instance_id, x.position, x.name, x.handler, x.queue, x.workflow, x.depends_on::text[], x.status,
-		x.max_attempts, x.backoff_us, x.max_backoff_us, x.timeout_us, x.priority, x.input, x.error, x.run_after,
-		CASE WHEN x.status = 'pending' THEN $1::timestamptz END,
-		CASE WHEN x.status NOT IN ('pending', 'blocked') THEN $1::timestamptz END
+		x.max_attempts, x.backoff_us, x.max_backoff_us, x.timeout_us, x.priority, x.input, x.error,
+		CASE WHEN x.status = 'pending' THEN greatest({now}, x.run_after) END,
+		CASE WHEN x.status = 'pending' THEN {now} END,
+		CASE WHEN x.status NOT IN ('pending', 'blocked') THEN {now} END
 	FROM unnest($15::text[], $16::int[], $17::text[], $18::text[], $19::text[], $20::text[], $21::text[], $22::text[],
 			$23::int[], $24::bigint[], $25::bigint[], $26::bigint[], $27::int[], $28::json[], $29::text[], $30::timestamptz[])
 		AS x(instance_id, position, name, handler, queue, workflow, depends_on, status,
@@ -56,7 +59,7 @@ st AS (
 ),
 ev AS (
 	INSERT INTO {s}events (instance_id, step, type, message, at)
-	SELECT e.instance_id, e.step, e.type, e.message, $1::timestamptz
+	SELECT e.instance_id, e.step, e.type, e.message, {now}
 	FROM unnest($31::text[], $32::text[], $33::text[], $34::text[]) WITH ORDINALITY AS e(instance_id, step, type, message, ord)
 	JOIN ins ON ins.id = e.instance_id
 	ORDER BY e.ord
@@ -148,7 +151,7 @@ func validateCreate(params []storage.CreateParams) error {
 	return nil
 }
 
-func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now time.Time, params []storage.CreateParams, plan storage.PlanFunc) ([]storage.CreateResult, error) {
+func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Time, params []storage.CreateParams, plan storage.PlanFunc) ([]storage.CreateResult, error) {
 	results := make([]storage.CreateResult, len(params))
 	owners, err := s.keyOwners(ctx, tx, params)
 	if err != nil {
@@ -181,7 +184,7 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now time.Tim
 		if err != nil {
 			return nil, err
 		}
-		rows.instance(st, n, now)
+		rows.instance(st, n)
 	}
 	if len(rows.ids) == 0 {
 		return results, nil
@@ -281,7 +284,7 @@ type createRows struct {
 	inputs, outputs                          []json.RawMessage
 	keys                                     []*string
 	priorities                               []int32
-	runAfters                                []time.Time
+	runAfters                                []*time.Time
 
 	stInst, stNames, stHandlers, stQueues, stWorkflows, stDeps, stStatuses, stErrors []string
 	stPos, stMax, stPriorities                                                       []int32
@@ -302,11 +305,11 @@ func (r *createRows) definition(p *storage.CreateParams) {
 	r.defSources = append(r.defSources, src)
 }
 
-func (r *createRows) instance(st *txState, n *storage.NewInstance, now time.Time) {
+func (r *createRows) instance(st *txState, n *storage.NewInstance) {
 	p := n.Params
-	runAfter := now
-	if p.RunAfter.After(now) {
-		runAfter = p.RunAfter
+	var runAfter *time.Time
+	if !p.RunAfter.IsZero() {
+		runAfter = &p.RunAfter
 	}
 	var key *string
 	if p.Key != "" {
@@ -324,9 +327,7 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance, now time.Time
 	r.runAfters = append(r.runAfters, runAfter)
 	for i, ns := range n.Steps {
 		sp := &p.Steps[i]
-		var stepRunAfter *time.Time
 		if ns.Status == storage.StepPending {
-			stepRunAfter = &runAfter
 			st.ready(queueOf(*sp))
 		}
 		r.stInst = append(r.stInst, p.ID)
@@ -344,7 +345,7 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance, now time.Time
 		r.stPriorities = append(r.stPriorities, int32(p.Priority))
 		r.stInputs = append(r.stInputs, jsonOrNil(ns.Input))
 		r.stErrors = append(r.stErrors, ns.Error)
-		r.stRunAfters = append(r.stRunAfters, stepRunAfter)
+		r.stRunAfters = append(r.stRunAfters, runAfter)
 	}
 	for _, e := range n.Events {
 		r.evInst = append(r.evInst, p.ID)

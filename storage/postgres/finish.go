@@ -35,15 +35,15 @@ u AS (
 		output = CASE WHEN r.outcome = 1 THEN r.output ELSE s.output END,
 		error = CASE r.outcome WHEN 1 THEN '' WHEN 4 THEN s.error ELSE r.error END,
 		attempts = CASE WHEN r.outcome = 4 THEN s.attempts - 1 ELSE s.attempts END,
-		run_after = CASE WHEN r.outcome IN (2, 4) THEN greatest($1::timestamptz, r.run_after) ELSE s.run_after END,
-		ready_at = CASE WHEN r.outcome IN (2, 4) THEN $1::timestamptz ELSE s.ready_at END,
-		finished_at = CASE WHEN r.outcome IN (1, 3) THEN $1::timestamptz ELSE ` + requeueFinishedAt + ` END,
+		run_after = CASE WHEN r.outcome IN (2, 4) THEN greatest({now}, r.run_after) ELSE s.run_after END,
+		ready_at = CASE WHEN r.outcome IN (2, 4) THEN {now} ELSE s.ready_at END,
+		finished_at = CASE WHEN r.outcome IN (1, 3) THEN {now} ELSE ` + requeueFinishedAt + ` END,
 		lease_until = NULL,
 		worker_id = CASE WHEN r.outcome IN (2, 4) THEN '' ELSE s.worker_id END
 	FROM r, l, {s}instances i
 	WHERE s.id = l.id AND s.id = r.step_id AND s.fence = r.fence AND s.instance_id = r.instance_id
 		AND s.status = 'running' AND i.id = s.instance_id
-	RETURNING r.ord, s.instance_id, s.name, s.status, s.attempts, s.queue, r.outcome, r.message
+	RETURNING r.ord, s.instance_id, s.name, s.status, s.attempts, s.queue, s.run_after, r.outcome, r.message
 ),
 ev AS (
 	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
@@ -51,11 +51,19 @@ ev AS (
 		CASE WHEN status = 'cancelled' THEN 'step.cancelled'
 			ELSE (ARRAY['step.completed', 'step.retrying', 'step.failed', 'step.snoozed'])[outcome] END,
 		CASE WHEN outcome = 4 THEN attempts + 1 ELSE attempts END,
-		CASE WHEN status = 'cancelled' THEN 'instance already finished' ELSE message END,
-		$1::timestamptz
+		CASE WHEN status = 'cancelled' THEN 'instance already finished'
+			WHEN outcome = 4 THEN ` + snoozedUntilSQL + `
+			ELSE message END,
+		{now}
 	FROM u ORDER BY ord
 )
 SELECT ord, instance_id, status, queue FROM u`
+
+// snoozedUntilSQL is a snooze event's message: the time its step is
+// pending again, which only the statement knows, formatted as Go's
+// time.RFC3339Nano does in UTC, as SQLite's events have it
+// ("until 2026-01-02T15:04:05.5Z").
+const snoozedUntilSQL = `'until ' || regexp_replace(to_char(run_after AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'), '\.?0+$', '') || 'Z'`
 
 // FinishSteps implements storage.Store: every result, then one plan per
 // touched unfinished instance, in one transaction (group commit) of four
@@ -107,6 +115,9 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		outcomes[i] = int32(r.Outcome)
 		outputs[i] = jsonOrNil(r.Output)
 		errs[i] = r.Error
+		if r.Outcome != storage.OutcomeCompleted {
+			messages[i] = r.Error
+		}
 		if !r.RunAfter.IsZero() {
 			runAfters[i] = &results[i].RunAfter
 		}
@@ -115,16 +126,6 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		clear(out)
 		claimed = nil
 		now := s.now()
-		for i, r := range results {
-			switch r.Outcome {
-			case storage.OutcomeCompleted:
-				messages[i] = ""
-			case storage.OutcomeSnooze:
-				messages[i] = "until " + later(now, r.RunAfter).Format(time.RFC3339Nano)
-			default:
-				messages[i] = r.Error
-			}
-		}
 		// One round trip: lock the instances, apply the results, and load
 		// the instances' steps as they are after the results (a few of
 		// those may turn out not to need a plan).
@@ -208,16 +209,17 @@ func (s *Store) markCancelled(ctx context.Context, tx pgx.Tx, out []storage.Fini
 // step under its row lock, so concurrent recoverers take each step once.
 const expiredSQL = `
 SELECT id, instance_id, fence, attempts, max_attempts, backoff_us, max_backoff_us, worker_id
-FROM {s}steps WHERE status = 'running' AND lease_until < $1::timestamptz
+FROM {s}steps WHERE status = 'running' AND lease_until < {now}
 ORDER BY lease_until, id LIMIT $2`
 
 // recoverSQL takes back expired steps: failed for good ($5 terminal), or
-// pending again at their retry time (cancelled if their instance already
-// finished), each with a step.lease_expired event and then the outcome's.
+// pending again after their retry delay ($6, in microseconds) (cancelled if
+// their instance already finished), each with a step.lease_expired event
+// and then the outcome's.
 const recoverSQL = `
 WITH r AS (
-	SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bool[], $6::timestamptz[])
-		WITH ORDINALITY AS r(step_id, fence, message, terminal, run_after, ord)
+	SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::bool[], $6::bigint[])
+		WITH ORDINALITY AS r(step_id, fence, message, terminal, delay_us, ord)
 ),
 l AS MATERIALIZED (
 	SELECT s.id FROM {s}steps s
@@ -229,19 +231,19 @@ u AS (
 	UPDATE {s}steps s SET
 		status = CASE WHEN r.terminal THEN 'failed' ELSE ` + requeueStatus + ` END,
 		error = r.message,
-		run_after = CASE WHEN r.terminal THEN s.run_after ELSE r.run_after END,
-		ready_at = CASE WHEN r.terminal THEN s.ready_at ELSE $1::timestamptz END,
-		finished_at = CASE WHEN r.terminal THEN $1::timestamptz ELSE ` + requeueFinishedAt + ` END,
+		run_after = CASE WHEN r.terminal THEN s.run_after ELSE {now} + r.delay_us * interval '1 microsecond' END,
+		ready_at = CASE WHEN r.terminal THEN s.ready_at ELSE {now} END,
+		finished_at = CASE WHEN r.terminal THEN {now} ELSE ` + requeueFinishedAt + ` END,
 		lease_until = NULL,
 		worker_id = CASE WHEN r.terminal THEN s.worker_id ELSE '' END
 	FROM r, l, {s}instances i
 	WHERE s.id = l.id AND s.id = r.step_id AND s.fence = r.fence AND s.status = 'running'
-		AND s.lease_until < $1::timestamptz AND i.id = s.instance_id
+		AND s.lease_until < {now} AND i.id = s.instance_id
 	RETURNING r.ord, s.instance_id, s.name, s.status, s.attempts, s.queue, r.message
 ),
 ev AS (
 	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
-	SELECT e.instance_id, e.name, e.type, e.attempts, e.message, $1::timestamptz FROM (
+	SELECT e.instance_id, e.name, e.type, e.attempts, e.message, {now} FROM (
 		SELECT u.instance_id, u.name, 'step.lease_expired' AS type, u.attempts, u.message, u.ord, 0 AS sub FROM u
 		UNION ALL
 		SELECT u.instance_id, u.name,
@@ -271,7 +273,7 @@ func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.Plan
 			ids, fences         []int64
 			instanceIDs, msgs   []string
 			terminal            []bool
-			runAfters           []time.Time
+			delays              []int64
 			id, fence           int64
 			instanceID, worker  string
 			attempts, maxAtt    int
@@ -286,7 +288,7 @@ func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.Plan
 			ids, fences, instanceIDs = append(ids, id), append(fences, fence), append(instanceIDs, instanceID)
 			msgs = append(msgs, fmt.Sprintf("lease expired on attempt %d: worker %q presumed lost", attempts, worker))
 			terminal = append(terminal, attempts >= maxAtt)
-			runAfters = append(runAfters, now.Add(policy.Delay(attempts, rand.Float64())))
+			delays = append(delays, policy.Delay(attempts, rand.Float64()).Microseconds())
 			return nil
 		})
 		if err != nil || len(ids) == 0 {
@@ -296,7 +298,7 @@ func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.Plan
 		var touched []*loaded
 		var b pgx.Batch
 		s.queueLock(&b, instanceIDs, locked)
-		b.Queue(s.q(recoverSQL), now, ids, fences, msgs, terminal, runAfters).Query(func(rows pgx.Rows) error {
+		b.Queue(s.q(recoverSQL), now, ids, fences, msgs, terminal, delays).Query(func(rows pgx.Rows) error {
 			var (
 				status storage.StepStatus
 				queue  string
@@ -325,11 +327,4 @@ func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.Plan
 		return 0, s.fail("recover expired", err)
 	}
 	return recovered, nil
-}
-
-func later(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
 }

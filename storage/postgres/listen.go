@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgxlisten"
 )
 
 // subscriber is one Subscribe call's channel, buffered so that signals
@@ -76,73 +78,83 @@ func (l *listener) stop() {
 	<-l.done
 }
 
-// listen keeps one connection LISTENing until ctx ends. The connection is
-// its own, not the pool's: it stays busy for the store's life and must not
-// take a slot from transactions. When it dies, listen reconnects with
-// exponential backoff, and then signals every subscriber once, since
-// notifications sent while it was down are lost. The backoff grows only
-// while attempts keep failing to LISTEN: a connection that got that far
-// resets it, so each outage starts again from ListenerRetryMin.
+// listen keeps one connection LISTENing until ctx ends, with pgxlisten.
+// The connection is its own, not the pool's: it stays busy for the store's
+// life and must not take a slot from transactions. When it dies, listen
+// reconnects with exponential backoff, and then signals every subscriber
+// once, since notifications sent while it was down are lost. The backoff
+// grows only while attempts keep failing to LISTEN: a connection that got
+// that far resets it, so each outage starts again from ListenerRetryMin.
 func (s *Store) listen(ctx context.Context, l *listener) {
-	backoff := s.cfg.ListenerRetryMin
-	for attempt := 0; ; attempt++ {
-		listened, err := s.listenOnce(ctx, l, attempt > 0)
-		if ctx.Err() != nil {
-			return
-		}
-		if listened {
-			backoff = s.cfg.ListenerRetryMin
-		}
-		if err != nil {
-			s.cfg.Logger.Warn("postgres: listener connection lost; reconnecting",
-				"channel", s.channel, "retry_in", backoff, "error", firstLine(interpretError(err).Error()))
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, s.cfg.ListenerRetryMax)
+	r := &relay{store: s, listener: l, backoff: s.cfg.ListenerRetryMin}
+	pl := &pgxlisten.Listener{
+		Connect:  r.connect,
+		LogError: r.logError,
+		// pgxlisten waits a fixed delay between attempts; connect waits
+		// the backoff instead.
+		ReconnectDelay: -1,
 	}
+	pl.Handle(s.channel, r)
+	_ = pl.Listen(ctx) // returns only when ctx ends
 }
 
-// listenOnce connects, LISTENs and relays notifications until the
-// connection fails or ctx ends. listened reports whether it got as far as
-// LISTENing.
-func (s *Store) listenOnce(ctx context.Context, l *listener, reconnect bool) (listened bool, err error) {
-	cc := s.pool.Config().ConnConfig
+// relay connects the listener and turns notifications on the store's
+// channel into signals for its subscribers. pgxlisten calls all its
+// methods from its one goroutine.
+type relay struct {
+	store    *Store
+	listener *listener
+	backoff  time.Duration
+	connects int
+}
+
+func (r *relay) connect(ctx context.Context) (*pgx.Conn, error) {
+	r.listener.pid.Store(0)
+	if r.connects > 0 {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(r.backoff):
+		}
+		r.backoff = min(r.backoff*2, r.store.cfg.ListenerRetryMax)
+	}
+	r.connects++
+	cc := r.store.pool.Config().ConnConfig
 	if cc.RuntimeParams == nil {
 		cc.RuntimeParams = map[string]string{}
 	}
 	// Named apart from the pool's connections in pg_stat_activity.
-	cc.RuntimeParams["application_name"] = cmp.Or(cc.RuntimeParams["application_name"], s.cfg.ApplicationName) + " listener"
-	conn, err := pgx.ConnectConfig(ctx, cc)
-	if err != nil {
-		return false, err
+	cc.RuntimeParams["application_name"] = cmp.Or(cc.RuntimeParams["application_name"], r.store.cfg.ApplicationName) + " listener"
+	return pgx.ConnectConfig(ctx, cc)
+}
+
+func (r *relay) logError(ctx context.Context, err error) {
+	if ctx.Err() != nil {
+		return // closing
 	}
-	defer func() {
-		l.pid.Store(0)
-		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		_ = conn.Close(closeCtx)
-	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
-		return false, err
+	r.store.cfg.Logger.Warn("postgres: listener connection lost; reconnecting",
+		"channel", r.store.channel, "retry_in", r.backoff, "error", firstLine(interpretError(err).Error()))
+}
+
+// HandleBacklog runs once LISTEN succeeded. It resets the backoff and,
+// after a reconnect, signals every subscriber, since notifications sent
+// while the connection was down are lost.
+func (r *relay) HandleBacklog(_ context.Context, _ string, conn *pgx.Conn) error {
+	r.listener.pid.Store(conn.PgConn().PID())
+	r.backoff = r.store.cfg.ListenerRetryMin
+	if r.connects > 1 {
+		r.store.broadcast()
 	}
-	l.pid.Store(conn.PgConn().PID())
-	if reconnect {
-		s.broadcast()
+	return nil
+}
+
+// HandleNotification skips the store's own notifications: it signalled its
+// own subscribers when it committed.
+func (r *relay) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
+	if origin, _, _ := strings.Cut(n.Payload, ":"); origin != r.store.origin {
+		r.store.broadcast()
 	}
-	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			return true, err
-		}
-		// The store signalled its own subscribers when it committed.
-		if origin, _, _ := strings.Cut(n.Payload, ":"); n.Channel == s.channel && origin != s.origin {
-			s.broadcast()
-		}
-	}
+	return nil
 }
 
 // listenerPID returns the backend PID of the listener connection, 0 when

@@ -3,7 +3,9 @@ package postgres
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -37,22 +39,30 @@ func (s *Store) migrate(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", migrateLockClass, "dagrun:"+s.cfg.Schema); err != nil {
 			return err
 		}
-		if s.cfg.Schema != "" {
-			ident := pgx.Identifier{s.cfg.Schema}.Sanitize()
-			// search_path is local to this transaction: the migration files
-			// use unqualified names.
-			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+ident+"; SET LOCAL search_path TO "+ident); err != nil {
-				return err
-			}
+		ident := pgx.Identifier{s.cfg.Schema}.Sanitize()
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+ident); err != nil {
+			return err
 		}
-		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		// Before search_path changes: it finds the tables older versions
+		// made.
+		if err := s.adoptLegacy(ctx, tx); err != nil {
+			return err
+		}
+		// The migration files use unqualified names: search_path names
+		// the schema for this transaction only (SET LOCAL, which a
+		// transaction-pooling proxy keeps), and the store's own statements
+		// never rely on it.
+		if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+ident); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, s.q(`CREATE TABLE IF NOT EXISTS {s}schema_migrations (
 			version    integer PRIMARY KEY,
 			name       text NOT NULL,
 			applied_at timestamptz NOT NULL DEFAULT now()
-		)`); err != nil {
+		)`)); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, "SELECT version FROM schema_migrations")
+		rows, err := tx.Query(ctx, s.q("SELECT version FROM {s}schema_migrations"))
 		if err != nil {
 			return err
 		}
@@ -71,7 +81,7 @@ func (s *Store) migrate(ctx context.Context) error {
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
 				return fmt.Errorf("migration %s: %w", m.Name, err)
 			}
-			if _, err := tx.Exec(ctx, "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+			if _, err := tx.Exec(ctx, s.q("INSERT INTO {s}schema_migrations (version, name) VALUES ($1, $2)"), m.Version, m.Name); err != nil {
 				return err
 			}
 		}
@@ -81,4 +91,114 @@ func (s *Store) migrate(ctx context.Context) error {
 		return fmt.Errorf("postgres: migrating schema: %w", interpretError(err))
 	}
 	return nil
+}
+
+// legacyTables are the tables dagrun made before it had a schema of its
+// own, each with a column that tells dagrun's apart from an application's
+// table of the same name.
+var legacyTables = []struct{ name, column string }{
+	{"schema_migrations", "applied_at"},
+	{"definitions", "workflow"},
+	{"instances", "definition_hash"},
+	{"steps", "lease_until"},
+	{"events", "instance_id"},
+}
+
+// legacyLockKey is the advisory lock older versions took to migrate their
+// tables where search_path put them: taking it too keeps an older process
+// from migrating them while they move, and two stores of different schemas
+// from both taking them.
+const legacyLockKey = "dagrun:"
+
+// adoptLegacy moves the tables of a database laid out by an older dagrun
+// (in the schema an unqualified schema_migrations resolves to, normally
+// public) into the store's schema, once: when the store's schema has no
+// schema_migrations yet and those tables are dagrun's. The caller holds
+// the schema's migration lock; the move is part of its transaction, so a
+// concurrent store waits for it and then finds the tables in place.
+// Indexes, constraints and identity sequences move with their tables.
+func (s *Store) adoptLegacy(ctx context.Context, tx pgx.Tx) error {
+	from, err := s.legacySchema(ctx, tx)
+	if from == "" || err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", migrateLockClass, legacyLockKey); err != nil {
+		return err
+	}
+	// Another store may have moved them while this one waited.
+	if from, err = s.legacySchema(ctx, tx); from == "" || err != nil {
+		return err
+	}
+	for _, t := range legacyTables {
+		if _, err := tx.Exec(ctx, "ALTER TABLE "+pgx.Identifier{from, t.name}.Sanitize()+" SET SCHEMA "+pgx.Identifier{s.cfg.Schema}.Sanitize()); err != nil {
+			return fmt.Errorf("moving dagrun's table %s from schema %s to %s: %w", t.name, from, s.cfg.Schema, err)
+		}
+	}
+	s.cfg.Logger.Info("postgres: moved the tables of an older dagrun into their own schema",
+		"from", from, "to", s.cfg.Schema)
+	return nil
+}
+
+// legacySchemaSQL finds, when the store's schema ($1) has no
+// schema_migrations yet, the schema of the schema_migrations older
+// versions would use (through search_path), and which of legacyTables
+// ($2 names, $3 telling columns) it holds with their telling column, and
+// whether that schema_migrations has all of dagrun's columns. Only
+// catalogs are read, so an application's tables of the same names cannot
+// make it fail.
+const legacySchemaSQL = `
+WITH old AS (
+	SELECT n.nspname AS schema FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+	WHERE c.oid = to_regclass('schema_migrations') AND n.nspname <> $1
+		AND to_regclass(quote_ident($1) || '.schema_migrations') IS NULL
+)
+SELECT old.schema, array_agg(t.name ORDER BY t.name) FILTER (WHERE a.attname IS NOT NULL),
+	(SELECT count(*) = 3 FROM pg_attribute m
+	WHERE m.attrelid = to_regclass(quote_ident(old.schema) || '.schema_migrations')
+		AND m.attname IN ('version', 'name', 'applied_at') AND NOT m.attisdropped)
+FROM old
+CROSS JOIN unnest($2::text[], $3::text[]) AS t(name, col)
+LEFT JOIN pg_attribute a ON a.attrelid = to_regclass(quote_ident(old.schema) || '.' || quote_ident(t.name))
+	AND a.attname = t.col AND NOT a.attisdropped
+GROUP BY old.schema`
+
+// legacySchema returns the schema holding an older dagrun's tables, or ""
+// when there is none to adopt: no schema_migrations outside the store's
+// schema, or one that is not dagrun's (its columns, and migration 1 under
+// dagrun's name, tell).
+func (s *Store) legacySchema(ctx context.Context, tx pgx.Tx) (string, error) {
+	names := make([]string, len(legacyTables))
+	columns := make([]string, len(legacyTables))
+	for i, t := range legacyTables {
+		names[i], columns[i] = t.name, t.column
+	}
+	var (
+		schema       string
+		found        []string
+		migrationsOK bool
+	)
+	err := tx.QueryRow(ctx, legacySchemaSQL, s.cfg.Schema, names, columns).Scan(&schema, &found, &migrationsOK)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil || !migrationsOK {
+		return "", err
+	}
+	ms, err := migrate.Read(migrationFS, "migrations")
+	if err != nil {
+		return "", err
+	}
+	// Compared as text, whatever the columns' types, so that an error
+	// cannot abort the transaction.
+	var ours bool
+	if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+pgx.Identifier{schema, "schema_migrations"}.Sanitize()+
+		" WHERE version::text = '1' AND name::text = $1)", ms[0].Name).Scan(&ours); err != nil || !ours {
+		return "", err
+	}
+	if len(found) < len(legacyTables) {
+		return "", fmt.Errorf("schema %s holds dagrun's schema_migrations but only %d of its %d tables (%s): "+
+			"restore the others, or drop %s.schema_migrations if this database no longer serves dagrun",
+			schema, len(found), len(legacyTables), strings.Join(found, ", "), schema)
+	}
+	return schema, nil
 }

@@ -123,10 +123,10 @@ u AS (
 		input = CASE WHEN c.status = 'failed' THEN s.input ELSE c.input END,
 		error = CASE WHEN c.status = 'failed' THEN c.error ELSE s.error END,
 		run_after = CASE WHEN c.status = 'pending'
-			THEN greatest($1::timestamptz, (SELECT i.run_after FROM {s}instances i WHERE i.id = s.instance_id))
+			THEN greatest({now}, (SELECT i.run_after FROM {s}instances i WHERE i.id = s.instance_id))
 			ELSE s.run_after END,
-		ready_at = CASE WHEN c.status = 'pending' THEN $1::timestamptz ELSE s.ready_at END,
-		finished_at = CASE WHEN c.status = 'pending' THEN NULL ELSE $1::timestamptz END
+		ready_at = CASE WHEN c.status = 'pending' THEN {now} ELSE s.ready_at END,
+		finished_at = CASE WHEN c.status = 'pending' THEN NULL ELSE {now} END
 	FROM c
 	WHERE s.instance_id = c.instance_id AND s.name = c.name AND s.status = 'blocked'
 	RETURNING s.instance_id, s.name, s.status, s.error, c.ord
@@ -134,7 +134,7 @@ u AS (
 INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
 SELECT u.instance_id, u.name,
 	CASE u.status WHEN 'pending' THEN 'step.ready' WHEN 'skipped' THEN 'step.skipped' ELSE 'step.failed' END,
-	0, u.error, $1::timestamptz
+	0, u.error, {now}
 FROM u ORDER BY u.ord`
 
 // finishInstancesSQL finishes unfinished instances and cancels their
@@ -145,13 +145,13 @@ WITH x AS (
 	SELECT * FROM unnest($2::text[], $3::text[], $4::json[], $5::text[]) AS x(id, status, output, error)
 ),
 i AS (
-	UPDATE {s}instances i SET status = x.status, output = x.output, error = x.error, finished_at = $1::timestamptz
+	UPDATE {s}instances i SET status = x.status, output = x.output, error = x.error, finished_at = {now}
 	FROM x
 	WHERE i.id = x.id AND i.finished_at IS NULL
 	RETURNING i.id, i.status, i.error
 ),
 c AS (
-	UPDATE {s}steps s SET status = 'cancelled', finished_at = $1::timestamptz, lease_until = NULL
+	UPDATE {s}steps s SET status = 'cancelled', finished_at = {now}, lease_until = NULL
 	FROM i
 	WHERE s.instance_id = i.id AND s.status IN ('blocked', 'pending', 'running')
 	RETURNING s.instance_id, s.name, s.attempts, s.position, i.error
@@ -164,7 +164,7 @@ ev AS (
 ),
 e AS (
 	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
-	SELECT ev.instance_id, ev.step, ev.type, ev.attempt, ev.message, $1::timestamptz
+	SELECT ev.instance_id, ev.step, ev.type, ev.attempt, ev.message, {now}
 	FROM ev ORDER BY ev.instance_id, ev.ord, ev.position
 )
 SELECT id FROM i`
@@ -174,7 +174,7 @@ SELECT id FROM i`
 // and queues their application on the transaction's tail. A Plan already
 // holds the cascade (a skipped step unblocking its dependents), so plan is
 // not asked again.
-func (s *Store) planAndApply(st *txState, now time.Time, ls []*loaded, plan storage.PlanFunc) error {
+func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan storage.PlanFunc) error {
 	slices.SortFunc(ls, func(a, b *loaded) int { return strings.Compare(a.state.ID, b.state.ID) })
 	var (
 		sc stepChanges

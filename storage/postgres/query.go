@@ -190,7 +190,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			})
 			return err
 		})
-		b.Queue(s.q(`SELECT workflow, queue, count(*), count(*) FILTER (WHERE lease_until < $1)
+		b.Queue(s.q(`SELECT workflow, queue, count(*), count(*) FILTER (WHERE lease_until < {now})
 			FROM {s}steps WHERE status = 'running' GROUP BY workflow, queue`), now).Query(func(rows pgx.Rows) error {
 			var stuck int
 			_, err := pgx.ForEachRow(rows, []any{&wf, &q, &n, &stuck}, func() error {
@@ -199,11 +199,11 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			})
 			return err
 		})
-		b.Queue(s.q(`SELECT workflow, queue, count(*), min(run_after) FROM {s}steps
-			WHERE status = 'pending' AND run_after <= $1 GROUP BY workflow, queue`), now).Query(func(rows pgx.Rows) error {
-			var oldest time.Time
-			_, err := pgx.ForEachRow(rows, []any{&wf, &q, &n, &oldest}, func() error {
-				sb.Ready(wf, q, n, now.Sub(oldest))
+		b.Queue(s.q(`SELECT workflow, queue, count(*), (extract(epoch FROM {now} - min(run_after)) * 1000000)::bigint
+			FROM {s}steps WHERE status = 'pending' AND run_after <= {now} GROUP BY workflow, queue`), now).Query(func(rows pgx.Rows) error {
+			var waitedUS int64
+			_, err := pgx.ForEachRow(rows, []any{&wf, &q, &n, &waitedUS}, func() error {
+				sb.Ready(wf, q, n, time.Duration(waitedUS)*time.Microsecond)
 				return nil
 			})
 			return err

@@ -6,17 +6,27 @@
 // instance row (in sorted id order), so two siblings finishing at once in
 // separate transactions serialize and a fan-in join is promoted exactly once.
 // Commits that make steps ready send one pg_notify on the store's channel,
-// which a single listener connection per Store turns into Subscribe signals
-// for idle workers; polling stays the fallback.
+// which a single listener connection per Store (kept by pgxlisten) turns
+// into Subscribe signals for idle workers; polling stays the fallback.
 //
-// Like every backend, it takes the time from Config.Now, not from the
-// server's clock. The schema is versioned (migrations/NNNN_name.sql,
-// embedded) and migrated at construction under an advisory lock, so
-// concurrent processes migrate once. Config.Schema puts the tables in a
-// schema of their own.
+// Every lease, run-after, ready time and event time comes from the
+// database server's clock, read inside the statements that write them, so
+// that workers on machines whose clocks disagree still agree on when a
+// lease ends (Config.Now replaces it in tests). Store.Now reads that clock,
+// for a worker to compare with its own.
 //
-// It may import only storage, storage/internal/migrate, the standard library
-// and pgx.
+// dagrun's tables live in a schema of their own, "dagrun" unless
+// Config.Schema or the URL's dagrun_schema parameter names another, so they
+// never meet an application's tables of the same names. Every statement
+// names the schema, so no connection needs a search_path (which
+// transaction-pooling proxies such as pgbouncer would not keep). The schema
+// is versioned (migrations/NNNN_name.sql, embedded) and migrated at
+// construction under an advisory lock, so concurrent processes migrate
+// once; a database laid out by an older dagrun, with its tables in public,
+// is moved into the schema then.
+//
+// It may import only storage, storage/internal/migrate, the standard library,
+// pgx and pgxlisten.
 package postgres
 
 import (
@@ -32,6 +42,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -44,6 +55,7 @@ var (
 	_ storage.Store         = (*Store)(nil)
 	_ storage.FinishClaimer = (*Store)(nil)
 	_ storage.CreateClaimer = (*Store)(nil)
+	_ storage.Clock         = (*Store)(nil)
 )
 
 // Defaults of Config fields left zero.
@@ -51,20 +63,26 @@ const (
 	DefaultMaxConns         = 10
 	DefaultApplicationName  = "dagrun"
 	DefaultStatementTimeout = 30 * time.Second
-	// DefaultChannel is the NOTIFY channel when Config.Schema is empty; with
-	// a schema the channel is DefaultChannel + "." + schema (or a hash of a
-	// long schema name), so stores in different schemas of one database do
-	// not wake each other.
-	DefaultChannel = "dagrun_ready"
+	// DefaultSchema holds dagrun's tables when neither Config.Schema nor
+	// the URL names a schema.
+	DefaultSchema = "dagrun"
+	// ChannelPrefix begins the NOTIFY channel of a schema: the channel is
+	// ChannelPrefix + "." + schema (or a hash of a long schema name), so
+	// stores in different schemas of one database do not wake each other.
+	ChannelPrefix = "dagrun_ready"
+	// SchemaParam is the URL query parameter (or DSN keyword) that names
+	// the schema. Open removes it before connecting: the server never
+	// sees it.
+	SchemaParam = "dagrun_schema"
 )
 
 // Config configures a Store. The zero value (or a nil *Config) is valid.
 type Config struct {
 	// Schema is the schema holding dagrun's tables, created at migration if
-	// missing. Default "": unqualified names, resolved through each
-	// connection's search_path (normally "public"). With a schema every
-	// statement names it explicitly, so the pool given to New and a caller's
-	// transaction given to CreateInstances need not set search_path.
+	// missing. Every statement names it explicitly, so the pool given to
+	// New and a caller's transaction given to CreateInstances need no
+	// search_path. Default "dagrun" (DefaultSchema), or the URL's
+	// dagrun_schema parameter; set here, it wins over the URL.
 	Schema string
 
 	// MaxConns is the size of the pool Open builds. Default 10, or the
@@ -88,9 +106,9 @@ type Config struct {
 	// at construction run without it. New uses the pool as configured.
 	StatementTimeout time.Duration
 
-	// Now returns the current time: every timestamp the store writes or
-	// compares comes from it, never from the database server's clock (see
-	// package storage). Default time.Now; tests inject a fake clock.
+	// Now, when set, replaces the database server's clock: every
+	// timestamp the store writes or compares comes from it. Default nil:
+	// the server's clock. Tests set it to drive time.
 	Now func() time.Time
 
 	// Logger receives listener reconnects and similar background events.
@@ -107,16 +125,12 @@ func (c *Config) withDefaults() *Config {
 	if c == nil {
 		c = &Config{}
 	}
-	now := c.Now
-	if now == nil {
-		now = time.Now
-	}
 	return &Config{
-		Schema:           c.Schema,
+		Schema:           cmp.Or(c.Schema, DefaultSchema),
 		MaxConns:         cmp.Or(c.MaxConns, DefaultMaxConns),
 		ApplicationName:  cmp.Or(c.ApplicationName, DefaultApplicationName),
 		StatementTimeout: cmp.Or(c.StatementTimeout, DefaultStatementTimeout),
-		Now:              now,
+		Now:              c.Now,
 		Logger:           cmp.Or(c.Logger, slog.Default()),
 		ListenerRetryMin: cmp.Or(c.ListenerRetryMin, min(100*time.Millisecond, cmp.Or(c.ListenerRetryMax, time.Hour))),
 		ListenerRetryMax: cmp.Or(c.ListenerRetryMax, max(5*time.Second, c.ListenerRetryMin)),
@@ -130,8 +144,8 @@ func (c *Config) validate() error {
 	if c.ListenerRetryMin <= 0 || c.ListenerRetryMin > c.ListenerRetryMax {
 		return fmt.Errorf("postgres: ListenerRetryMin %v exceeds ListenerRetryMax %v", c.ListenerRetryMin, c.ListenerRetryMax)
 	}
-	if strings.ContainsRune(c.Schema, 0) || len(c.Schema) > 63 {
-		return fmt.Errorf("postgres: invalid schema name %q", c.Schema)
+	if c.Schema == "" || strings.ContainsRune(c.Schema, 0) || !utf8.ValidString(c.Schema) || len(c.Schema) > 63 || strings.HasPrefix(c.Schema, "pg_") {
+		return fmt.Errorf("postgres: invalid schema name %q: use 1 to 63 bytes of UTF-8, not starting with pg_", c.Schema)
 	}
 	return nil
 }
@@ -141,8 +155,10 @@ type Store struct {
 	pool     *pgxpool.Pool
 	ownsPool bool
 	cfg      *Config
-	// prefix qualifies table names ("" or `"schema".`).
-	prefix  string
+	// prefix qualifies table names (`"schema".`).
+	prefix string
+	// markers expands the markers of statements (see q).
+	markers *strings.Replacer
 	channel string
 	// origin marks this store's own notifications: its listener skips
 	// them, since the store signals its subscribers itself after each
@@ -172,10 +188,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 	explicitTimeout := cfg != nil && cfg.StatementTimeout != 0
 	explicitMaxConns := cfg != nil && cfg.MaxConns != 0
-	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
+	explicitSchema := cfg != nil && cfg.Schema != ""
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		// The parse error may quote the URL; say only what is wrong with it.
@@ -184,6 +197,22 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 			err = pe.Unwrap()
 		}
 		return nil, fmt.Errorf("postgres: invalid database URL: %v", firstLine(err.Error()))
+	}
+	// pgconn keeps settings it does not know as runtime parameters to send
+	// to the server, which would refuse this one.
+	urlSchema := pcfg.ConnConfig.RuntimeParams[SchemaParam]
+	delete(pcfg.ConnConfig.RuntimeParams, SchemaParam)
+	if !explicitSchema && urlSchema != "" {
+		c := Config{}
+		if cfg != nil {
+			c = *cfg
+		}
+		c.Schema = urlSchema
+		cfg = &c
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	// pgxpool reads pool_max_conns from the URL, which is how the CLI's
 	// --db sizes a worker's pool.
@@ -236,19 +265,17 @@ func newStore(ctx context.Context, pool *pgxpool.Pool, owns bool, cfg *Config) (
 		pool:     pool,
 		ownsPool: owns,
 		cfg:      cfg,
-		channel:  DefaultChannel,
+		prefix:   pgx.Identifier{cfg.Schema}.Sanitize() + ".",
+		channel:  ChannelPrefix + "." + cfg.Schema,
 		origin:   newOrigin(),
 		subs:     make(map[*subscriber]struct{}),
 	}
-	if cfg.Schema != "" {
-		s.prefix = pgx.Identifier{cfg.Schema}.Sanitize() + "."
-		s.channel = DefaultChannel + "." + cfg.Schema
-		if len(s.channel) > 63 { // PostgreSQL's limit on channel names
-			h := fnv.New64a()
-			_, _ = h.Write([]byte(cfg.Schema))
-			s.channel = fmt.Sprintf("%s.%x", DefaultChannel, h.Sum64())
-		}
+	if len(s.channel) > 63 { // PostgreSQL's limit on channel names
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(cfg.Schema))
+		s.channel = fmt.Sprintf("%s.%x", ChannelPrefix, h.Sum64())
 	}
+	s.markers = strings.NewReplacer("{s}", s.prefix, "{now}", nowSQL, "{clock}", clockSQL)
 	if err := s.migrate(ctx); err != nil {
 		return nil, err
 	}
@@ -275,15 +302,48 @@ func (s *Store) Close() error {
 // Pool returns the pool the store uses.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
-// q qualifies the table names of a statement written with the {s} marker
-// ("{s}steps") with the configured schema.
+// q expands the markers of a statement: {s} qualifies a table name
+// ("{s}steps") with the store's schema, {now} is the transaction's time and
+// {clock} the time a lease starts (see nowSQL).
 func (s *Store) q(sql string) string {
-	return strings.ReplaceAll(sql, "{s}", s.prefix)
+	return s.markers.Replace(sql)
 }
 
-// now is the time of one transaction: every row and event it writes gets
-// the same one.
-func (s *Store) now() time.Time { return s.cfg.Now() }
+// nowSQL and clockSQL are the times of a statement: its $1, or the
+// server's clock when $1 is NULL. Every row and event a transaction writes
+// carries one time, its start (now()), as with SQLite or a test's clock.
+// A lease is the exception: it counts from clock_timestamp(), read as the
+// statement takes the step, since the transaction may have waited for
+// locks since it began (a claim queued after a finish that waited for its
+// instances' locks, a heartbeat that waited for a finishing transaction's
+// row locks), and a lease counted from before the wait would end early.
+const (
+	nowSQL   = `coalesce($1::timestamptz, now())`
+	clockSQL = `coalesce($1::timestamptz, clock_timestamp())`
+)
+
+// now is the $1 of every statement that reads or writes a time: nil, so
+// that the server's clock decides, unless Config.Now is set.
+func (s *Store) now() *time.Time {
+	if s.cfg.Now == nil {
+		return nil
+	}
+	t := s.cfg.Now()
+	return &t
+}
+
+// Now implements storage.Clock: the time the store stamps its rows with,
+// read from the server's clock (or Config.Now).
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	if s.cfg.Now != nil {
+		return s.cfg.Now(), nil
+	}
+	var t time.Time
+	if err := s.pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&t); err != nil {
+		return time.Time{}, s.fail("read the database clock", err)
+	}
+	return t.UTC(), nil
+}
 
 // txState collects, during one transaction attempt, what to do at its end.
 type txState struct {

@@ -245,7 +245,7 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 				if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = "+mode); err != nil {
 					return err
 				}
-				args := append([]any{time.Now(), time.Now().Add(time.Minute), "w", 10}, c.args...)
+				args := append([]any{nil, time.Minute.Microseconds(), "w", 10}, c.args...)
 				rows, err := tx.Query(ctx, "EXPLAIN "+s.q(claimQueries[c.shape]), args...)
 				if err != nil {
 					return err
@@ -385,53 +385,6 @@ func TestOpenUnavailable(t *testing.T) {
 	})
 }
 
-// TestDefaultSchema: with a zero Config the tables live in the connection's
-// search_path; here a database of its own, dropped afterwards.
-func TestDefaultSchema(t *testing.T) {
-	t.Parallel()
-	admin := sharedPool(t)
-	ctx := t.Context()
-	db := strings.ReplaceAll(newSchema(t), "dagrun_test_", "dagrun_testdb_")
-	_, err := admin.Exec(ctx, "CREATE DATABASE "+db)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 30*time.Second)
-		defer cancel()
-		_, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)")
-		require.NoError(t, err)
-	})
-	u, err := url.Parse(testURL(t))
-	require.NoError(t, err)
-	u.Path = "/" + db
-
-	s, err := Open(ctx, u.String(), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, s.Close()) })
-	var app string
-	require.NoError(t, s.pool.QueryRow(ctx, "SHOW application_name").Scan(&app))
-	require.Equal(t, "dagrun", app)
-	require.EqualValues(t, DefaultMaxConns, s.pool.Config().MaxConns)
-
-	res, err := s.CreateInstances(ctx, nil, []storage.CreateParams{params(spec("a"), spec("b", "a"))}, storagetest.Plan)
-	require.NoError(t, err)
-	cs, err := s.ClaimSteps(ctx, storage.ClaimParams{Limit: 1, Lease: time.Minute})
-	require.NoError(t, err)
-	require.Len(t, cs, 1)
-	_, err = s.FinishSteps(ctx, []storage.StepResult{{Claim: cs[0].Claim, Outcome: storage.OutcomeCompleted}}, storagetest.Plan)
-	require.NoError(t, err)
-	in, err := s.GetInstance(ctx, res[0].ID)
-	require.NoError(t, err)
-	require.Equal(t, storage.StepPending, in.Steps[1].Status)
-	var n int
-	require.NoError(t, s.pool.QueryRow(ctx, "SELECT count(*) FROM public.steps").Scan(&n))
-	require.Equal(t, 2, n)
-
-	// Migrating again is a no-op.
-	s2, err := Open(ctx, u.String(), &Config{MaxConns: 1})
-	require.NoError(t, err)
-	require.NoError(t, s2.Close())
-}
-
 // TestCallerTxType: a caller's transaction must be a pgx.Tx.
 func TestCallerTxType(t *testing.T) {
 	t.Parallel()
@@ -453,7 +406,8 @@ func TestConfigDefaults(t *testing.T) {
 	require.EqualValues(t, 10, c.MaxConns)
 	require.Equal(t, "dagrun", c.ApplicationName)
 	require.Equal(t, 30*time.Second, c.StatementTimeout)
-	require.NotNil(t, c.Now)
+	require.Equal(t, "dagrun", c.Schema)
+	require.Nil(t, c.Now, "the server's clock")
 	require.NotNil(t, c.Logger)
 	require.Error(t, (&Config{MaxConns: -1}).withDefaults().validate())
 }

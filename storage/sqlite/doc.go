@@ -17,6 +17,13 @@
 // Readiness is broadcast in-process by Subscribe after commits; other
 // processes on the same file see new work through the worker's polling.
 //
+// Leases, run-after, ready and event times come from this machine's clock,
+// read in Go (Config.Now, time.Now by default). Every process sharing the
+// file runs on this one machine (SQLite's locking does not hold across a
+// network file system), so they all share that clock and agree on when a
+// lease ends; there is no other clock to prefer, unlike PostgreSQL's
+// server's.
+//
 // It may import only storage, storage/internal, the standard library and
 // the mattn/go-sqlite3 driver.
 package sqlite

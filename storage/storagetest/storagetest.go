@@ -1,9 +1,9 @@
 // Package storagetest is the conformance suite every storage backend passes:
 // one exported Run that a backend's own test calls with a Harness.
 //
-// The suite drives time through a fake clock it hands to the backend (stores
-// read "now" from their Config, never from the database), so lease expiry,
-// delays and statistics are tested without sleeping. Behaviour that needs a
+// The suite drives time through a fake clock it hands to the backend, which
+// takes it in place of its usual clock (the server's, for PostgreSQL), so
+// lease expiry, delays and statistics are tested without sleeping. Behaviour that needs a
 // backend-specific value, such as a caller's own transaction, comes in
 // through optional Harness hooks; the suite never asks which backend it runs.
 //

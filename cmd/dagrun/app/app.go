@@ -99,6 +99,7 @@ type cli struct {
 	registry *handlers.Registry
 
 	db           string
+	dbSchema     string
 	workflowsDir string
 	logFormat    string
 	logLevel     string
@@ -137,6 +138,7 @@ func (c *cli) rootCommand() *cobra.Command {
 	root.SuggestionsMinimumDistance = 2
 	flags := root.PersistentFlags()
 	flags.StringVar(&c.db, "db", c.env("DAGRUN_DB", "dagrun.db"), "database: a SQLite path, sqlite:PATH, or postgres://... (env DAGRUN_DB)")
+	flags.StringVar(&c.dbSchema, "db-schema", c.env("DAGRUN_DB_SCHEMA", ""), "PostgreSQL schema of dagrun's tables (env DAGRUN_DB_SCHEMA; default the URL's dagrun_schema, else dagrun)")
 	flags.StringVar(&c.workflowsDir, "workflows", c.env("DAGRUN_WORKFLOWS", "./workflows"), "folder of workflow YAML files (env DAGRUN_WORKFLOWS)")
 	flags.StringVar(&c.logFormat, "log-format", "text", "log format on stderr: text or json")
 	flags.StringVar(&c.logLevel, "log-level", "", "log level: debug, info, warn or error (default info for worker and serve, warn otherwise)")
@@ -232,7 +234,7 @@ func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
 		// Bad files do not stop the others from being used; say so once.
 		c.logger.Warn("some workflow files have errors; run `dagrun validate` for details", slog.Int("errors", len(list)))
 	}
-	store, err := openStore(ctx, c.db, c.logger)
+	store, err := openStore(ctx, c.db, c.dbSchema, c.logger)
 	if err != nil {
 		return nil, err
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/dagrun/dagrun/cmd/dagrun/app"
 	"github.com/dagrun/dagrun/handlers"
+	"github.com/dagrun/dagrun/storage/backendtest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -198,6 +199,7 @@ func TestErrorLines(t *testing.T) {
 		{args: []string{"--db", "mysql://localhost/x", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "sqlite:", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "", "list"}, code: app.ExitUsage},
+		{args: []string{"--db-schema", "tenant", "list"}, code: app.ExitUsage},
 	}
 	var report strings.Builder
 	for _, c := range cases {
@@ -279,4 +281,33 @@ func TestInvalidWorkflowFile(t *testing.T) {
 		fmt.Fprintf(&report, "$ dagrun %s\n%s\n\n", strings.Join(args, " "), last)
 	}
 	golden(t, "invalid-workflow", report.String())
+}
+
+// TestDBSchema: --db-schema, or the URL's dagrun_schema, picks the
+// PostgreSQL schema of dagrun's tables; without either it is "dagrun".
+func TestDBSchema(t *testing.T) {
+	t.Parallel()
+	if !backendtest.PostgresAvailable(t) {
+		t.Skip("set DAGRUN_TEST_POSTGRES to run the PostgreSQL CLI tests")
+	}
+	b := setup(t)
+	db := backendtest.PostgresURL(t)
+	res := b.run(t, "", "--db", db, "--db-schema", "tenant_x", "start", "greet", "--input", `{"name": "Bo"}`)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+
+	count := func(args ...string) int {
+		t.Helper()
+		res := b.run(t, "", append(args, "list", "--json")...)
+		require.Equal(t, app.ExitOK, res.code, res.stderr)
+		var list []json.RawMessage
+		require.NoError(t, json.Unmarshal([]byte(res.stdout), &list), res.stdout)
+		return len(list)
+	}
+	sep := "?"
+	if strings.Contains(db, "?") {
+		sep = "&"
+	}
+	require.Equal(t, 1, count("--db", db, "--db-schema", "tenant_x"))
+	require.Equal(t, 1, count("--db", db+sep+"dagrun_schema=tenant_x"))
+	require.Equal(t, 0, count("--db", db), "the default schema")
 }

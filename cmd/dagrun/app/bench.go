@@ -149,7 +149,7 @@ func (c *cli) newBench(ctx context.Context, db string, concurrency int) (*bench,
 		}
 		workflows = append(workflows, w)
 	}
-	store, err := openStore(ctx, db, c.logger)
+	store, err := openStore(ctx, db, c.dbSchema, c.logger)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,263 @@
+package postgres
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/storagetest"
+)
+
+// newDatabase creates an empty database, dropped in the test's cleanup, and
+// returns its URL: the tests of where dagrun puts its tables need a public
+// schema of their own.
+func newDatabase(t *testing.T) string {
+	t.Helper()
+	admin := sharedPool(t)
+	db := strings.ReplaceAll(newSchema(t), "dagrun_test_", "dagrun_testdb_")
+	_, err := admin.Exec(t.Context(), "CREATE DATABASE "+db)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 30*time.Second)
+		defer cancel()
+		_, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)")
+		require.NoError(t, err)
+	})
+	u, err := url.Parse(testURL(t))
+	require.NoError(t, err)
+	u.Path = "/" + db
+	return u.String()
+}
+
+// withQuery returns rawURL with one more query parameter.
+func withQuery(t *testing.T, rawURL, key, value string) string {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set(key, value)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// openURL opens a store and closes it in the test's cleanup.
+func openURL(t *testing.T, rawURL string, cfg *Config) *Store {
+	t.Helper()
+	s, err := Open(t.Context(), rawURL, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	return s
+}
+
+// tablesIn lists the ordinary tables of a schema.
+func tablesIn(t *testing.T, s *Store, schema string) []string {
+	t.Helper()
+	rows, err := s.pool.Query(t.Context(), `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relkind = 'r' ORDER BY c.relname`, schema)
+	require.NoError(t, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return names
+}
+
+var dagrunTables = []string{"definitions", "events", "instances", "schema_migrations", "steps"}
+
+// runOneStep creates a two-step chain, claims and completes its first step,
+// and returns the instance's ID.
+func runOneStep(t *testing.T, s *Store) string {
+	t.Helper()
+	ctx := t.Context()
+	res, err := s.CreateInstances(ctx, nil, []storage.CreateParams{params(spec("a"), spec("b", "a"))}, storagetest.Plan)
+	require.NoError(t, err)
+	cs, err := s.ClaimSteps(ctx, storage.ClaimParams{Limit: 1, Lease: time.Minute, InstanceID: res[0].ID})
+	require.NoError(t, err)
+	require.Len(t, cs, 1)
+	fr, err := s.FinishSteps(ctx, []storage.StepResult{{Claim: cs[0].Claim, Outcome: storage.OutcomeCompleted}}, storagetest.Plan)
+	require.NoError(t, err)
+	require.True(t, fr[0].Accepted)
+	in, err := s.GetInstance(ctx, res[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, storage.StepPending, in.Steps[1].Status)
+	return res[0].ID
+}
+
+// TestDefaultSchema: with a zero Config the tables live in the schema
+// "dagrun", whatever the connection's search_path, and public stays empty.
+func TestDefaultSchema(t *testing.T) {
+	t.Parallel()
+	dbURL := newDatabase(t)
+	s := openURL(t, dbURL, nil)
+	var app string
+	require.NoError(t, s.pool.QueryRow(t.Context(), "SHOW application_name").Scan(&app))
+	require.Equal(t, "dagrun", app)
+	require.EqualValues(t, DefaultMaxConns, s.pool.Config().MaxConns)
+	require.Equal(t, "dagrun_ready.dagrun", s.channel)
+
+	runOneStep(t, s)
+	require.Equal(t, dagrunTables, tablesIn(t, s, "dagrun"))
+	require.Empty(t, tablesIn(t, s, "public"))
+
+	// Migrating again is a no-op.
+	s2, err := Open(t.Context(), dbURL, &Config{MaxConns: 1})
+	require.NoError(t, err)
+	require.NoError(t, s2.Close())
+}
+
+// TestSchemaFromURL: the URL's dagrun_schema names the schema, never
+// reaches the server (which would refuse an unknown parameter), and
+// Config.Schema wins over it; invalid names are refused before anything is
+// written.
+func TestSchemaFromURL(t *testing.T) {
+	t.Parallel()
+	dbURL := newDatabase(t)
+	cases := []struct {
+		name, param, config, want string
+	}{
+		{"url", "tenant_a", "", "tenant_a"},
+		{"config over url", "tenant_a", "tenant_b", "tenant_b"},
+		{"quoted name", `Tenant-"C"`, "", `Tenant-"C"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := openURL(t, withQuery(t, dbURL, SchemaParam, c.param), &Config{Schema: c.config, MaxConns: 2})
+			require.Equal(t, c.want, s.cfg.Schema)
+			runOneStep(t, s)
+			require.Equal(t, dagrunTables, tablesIn(t, s, c.want))
+		})
+	}
+	for _, bad := range []string{"pg_dagrun", strings.Repeat("x", 64)} {
+		_, err := Open(t.Context(), withQuery(t, dbURL, SchemaParam, bad), nil)
+		require.ErrorContains(t, err, "invalid schema name")
+	}
+	s := openURL(t, dbURL, &Config{MaxConns: 1})
+	require.Empty(t, tablesIn(t, s, "pg_dagrun"))
+}
+
+// TestApplicationTablesInPublic: an application's own events table and a
+// golang-migrate schema_migrations in public neither stop dagrun nor are
+// touched by it.
+func TestApplicationTablesInPublic(t *testing.T) {
+	t.Parallel()
+	dbURL := newDatabase(t)
+	ctx := t.Context()
+	app, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer app.Close(context.WithoutCancel(ctx))
+	_, err = app.Exec(ctx, `
+		CREATE TABLE public.events (id bigserial PRIMARY KEY, kind text NOT NULL, payload jsonb);
+		INSERT INTO public.events (kind, payload) VALUES ('signup', '{"user": 1}');
+		CREATE TABLE public.schema_migrations (version bigint PRIMARY KEY, dirty boolean NOT NULL);
+		INSERT INTO public.schema_migrations VALUES (20240101120000, false);`)
+	require.NoError(t, err)
+
+	s := openURL(t, dbURL, nil)
+	runOneStep(t, s)
+	require.Equal(t, dagrunTables, tablesIn(t, s, "dagrun"))
+	require.Equal(t, []string{"events", "schema_migrations"}, tablesIn(t, s, "public"))
+	var (
+		kind    string
+		version int64
+		dirty   bool
+	)
+	require.NoError(t, app.QueryRow(ctx, "SELECT kind FROM public.events").Scan(&kind))
+	require.Equal(t, "signup", kind)
+	require.NoError(t, app.QueryRow(ctx, "SELECT version, dirty FROM public.schema_migrations").Scan(&version, &dirty))
+	require.EqualValues(t, 20240101120000, version)
+	require.False(t, dirty)
+}
+
+// TestLegacyLayoutMoved: a database laid out by an older dagrun, its tables
+// in public, is moved into the dagrun schema with its instances intact, by
+// whichever of several processes opening at once gets there first; a claim
+// taken before the move still finishes after it.
+func TestLegacyLayoutMoved(t *testing.T) {
+	t.Parallel()
+	dbURL := newDatabase(t)
+	ctx := t.Context()
+
+	// Older versions used unqualified names, which search_path resolved
+	// to public: a store on schema public lays the tables out the same.
+	old, err := Open(ctx, dbURL, &Config{Schema: "public", MaxConns: 2})
+	require.NoError(t, err)
+	done := runOneStep(t, old)
+	res, err := old.CreateInstances(ctx, nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
+	require.NoError(t, err)
+	held, err := old.ClaimSteps(ctx, storage.ClaimParams{Limit: 1, Lease: time.Hour, InstanceID: res[0].ID})
+	require.NoError(t, err)
+	require.Len(t, held, 1)
+	before, err := old.GetInstance(ctx, done)
+	require.NoError(t, err)
+	require.Equal(t, dagrunTables, tablesIn(t, old, "public"))
+	require.NoError(t, old.Close())
+
+	const n = 4
+	stores := make([]*Store, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { stores[i], errs[i] = Open(ctx, dbURL, &Config{MaxConns: 2}) })
+	}
+	wg.Wait()
+	for i := range n {
+		require.NoError(t, errs[i])
+		t.Cleanup(func() { require.NoError(t, stores[i].Close()) })
+	}
+	s := stores[0]
+	require.Empty(t, tablesIn(t, s, "public"))
+	require.Equal(t, dagrunTables, tablesIn(t, s, "dagrun"))
+
+	after, err := s.GetInstance(ctx, done)
+	require.NoError(t, err)
+	require.Equal(t, before, after)
+	fr, err := stores[1].FinishSteps(ctx, []storage.StepResult{{Claim: held[0].Claim, Outcome: storage.OutcomeCompleted}}, storagetest.Plan)
+	require.NoError(t, err)
+	require.True(t, fr[0].Accepted, "the claim taken before the move")
+	in, err := s.GetInstance(ctx, res[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, storage.InstanceCompleted, in.Status)
+	// New rows continue the identity sequences that moved with the tables.
+	runOneStep(t, s)
+}
+
+// TestSchemasIsolated: two schemas in one database share neither instances
+// nor notifications.
+func TestSchemasIsolated(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	a := openTestStore(t, nil)
+	b := openTestStore(t, nil)
+	bOther := openInSchema(t, b.cfg.Schema, nil)
+	require.NotEqual(t, a.channel, b.channel)
+
+	// Notifications reach listeners in commit order: if a's reached b's
+	// channel, it would come before the one b's other store sends next.
+	conn, err := pgx.Connect(ctx, testURL(t))
+	require.NoError(t, err)
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{b.channel}.Sanitize())
+	require.NoError(t, err)
+
+	id := runOneStep(t, a)
+	_, err = bOther.CreateInstances(ctx, nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
+	require.NoError(t, err)
+	note, err := conn.WaitForNotification(ctx)
+	require.NoError(t, err)
+	require.Equal(t, bOther.origin+":default", note.Payload, "the first notification on b's channel")
+
+	_, err = b.GetInstance(ctx, id)
+	require.ErrorIs(t, err, storage.ErrNotFound)
+	list, err := b.ListInstances(ctx, storage.ListParams{})
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	cs, err := b.ClaimSteps(ctx, storage.ClaimParams{Limit: 10, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, cs, 1)
+	require.Equal(t, list[0].ID, cs[0].InstanceID)
+}
