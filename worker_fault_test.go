@@ -1,7 +1,6 @@
 package dagrun_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -381,22 +380,4 @@ func lifecycle(inst *storage.Instance, typ storage.EventType) []storage.Event {
 		}
 	}
 	return out
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
