@@ -197,7 +197,7 @@ func (w *Worker) overran(a *attempt) {
 		a.step.Timeout, w.config.ShutdownGrace)
 	w.logger.Error("dagrun: handler overran its timeout", slog.String("instance", a.step.InstanceID),
 		slog.String("step", a.step.Step), slog.String("handler", a.step.Handler), slog.Any("error", err))
-	w.sendLocked(finished{attempt: a, result: w.engine.failure(a.step, err, time.Now()), duration: time.Since(a.began)})
+	w.sendLocked(finished{attempt: a, result: w.engine.failure(a.step, err), duration: time.Since(a.began)})
 }
 
 var errOverran = errors.New("the handler overran its timeout and the worker stopped waiting for it")
@@ -226,7 +226,7 @@ func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, step stora
 		// is an ordinary failed attempt rather than a permanent failure.
 		err := fmt.Errorf("handler %q is not registered in this worker (registered: %v)", step.Handler, e.registry.Names())
 		logger.Error("dagrun: unknown handler", slog.Any("error", err))
-		return e.failure(step, err, time.Now()), true
+		return e.failure(step, err), true
 	}
 
 	attemptCtx := handlers.WithInfo(ctx, handlers.StepInfo{
@@ -249,7 +249,6 @@ func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, step stora
 		// decides its fate.
 		return storage.StepResult{}, false
 	}
-	now := time.Now()
 	if err == nil {
 		output, err = e.checkOutput(output)
 		if err != nil {
@@ -266,7 +265,7 @@ func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, step stora
 		return storage.StepResult{Claim: step.Claim, Outcome: storage.OutcomeSnooze, RunAfter: snooze.Until}, true
 	}
 	logger.Info("dagrun: attempt failed", slog.Any("error", err))
-	return e.failure(step, err, now), true
+	return e.failure(step, err), true
 }
 
 // callHandler runs a handler, turning a panic into an error that carries the

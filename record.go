@@ -154,7 +154,7 @@ func (w *Worker) storeRefused(f finished, err error) storage.FinishResult {
 	step := f.step
 	log := w.logger.With(slog.String("instance", step.InstanceID), slog.String("step", step.Step), slog.Int("attempt", step.Attempt))
 	log.Error("dagrun: the store refuses this attempt's result; recording a failed attempt instead", slog.Any("error", err))
-	failed := w.engine.failure(step, fmt.Errorf("the attempt's result could not be recorded: %w", err), time.Now())
+	failed := w.engine.failure(step, fmt.Errorf("the attempt's result could not be recorded: %w", err))
 	rec := w.engine.newFinishRecorder()
 	out, err := w.engine.store.FinishSteps(context.Background(), []storage.StepResult{failed}, rec.plan)
 	if err == nil {
@@ -182,7 +182,7 @@ func (w *Worker) settle(batch []finished, outcomes []storage.FinishResult, extra
 		switch {
 		case o.Accepted:
 			if out := f.result.Outcome; out == storage.OutcomeRetry || out == storage.OutcomeSnooze {
-				w.wakeAt(f.result.RunAfter)
+				w.wakeAt(later(f.result.RunAfter, time.Now().Add(f.result.Delay)))
 			}
 			w.engine.observer.AttemptFinished(AttemptReport{
 				Workflow: step.Workflow, Step: step.Step, Handler: step.Handler, Queue: step.Queue,
@@ -203,4 +203,11 @@ func (w *Worker) settle(batch []finished, outcomes []storage.FinishResult, extra
 	w.mu.Unlock()
 	// The batch's slots and the extra ones carry over to the claimed steps.
 	w.adopt(len(batch)+extra, claimed)
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

@@ -2,7 +2,6 @@ package dagrun
 
 import (
 	"math/rand/v2"
-	"time"
 
 	"github.com/dagrun/dagrun/handlers"
 	"github.com/dagrun/dagrun/storage"
@@ -11,13 +10,14 @@ import (
 // failure decides what a failed attempt leads to: another attempt after the
 // step's backoff, or a terminal failure when the error is permanent or the
 // attempts are used up.
-func (e *Engine) failure(step storage.ClaimedStep, err error, now time.Time) storage.StepResult {
+func (e *Engine) failure(step storage.ClaimedStep, err error) storage.StepResult {
 	res := storage.StepResult{Claim: step.Claim, Error: storableText(err.Error())}
 	if handlers.IsPermanent(err) || step.Attempt >= step.Retry.MaxAttempts {
 		res.Outcome = storage.OutcomeFailed
 		return res
 	}
 	res.Outcome = storage.OutcomeRetry
-	res.RunAfter = now.Add(step.Retry.Delay(step.Attempt, rand.Float64()))
+	// A delay, not a time: the store counts it from its own clock.
+	res.Delay = step.Retry.Delay(step.Attempt, rand.Float64())
 	return res
 }

@@ -199,11 +199,16 @@ const (
 
 // StepResult is one finished attempt, reported by the worker that held Claim.
 type StepResult struct {
-	Claim    Claim
-	Outcome  Outcome
-	Output   json.RawMessage
-	Error    string
+	Claim   Claim
+	Outcome Outcome
+	Output  json.RawMessage
+	Error   string
+	// RunAfter is when a retried or snoozed step is due again, at the
+	// earliest. Delay puts it off by that long after the store's own now,
+	// so that a retry's backoff does not depend on the worker's clock; the
+	// later of the two applies.
 	RunAfter time.Time
+	Delay    time.Duration
 }
 
 // InstanceState is what a PlanFunc sees: the instance and all its steps as

@@ -20,8 +20,8 @@ import (
 // or snoozed step whose instance already finished is cancelled instead.
 const finishSQL = `
 WITH r AS (
-	SELECT * FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::int[], $6::json[], $7::text[], $8::text[], $9::timestamptz[])
-		WITH ORDINALITY AS r(step_id, instance_id, fence, outcome, output, error, message, run_after, ord)
+	SELECT * FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::int[], $6::json[], $7::text[], $8::text[], $9::timestamptz[], $10::bigint[])
+		WITH ORDINALITY AS r(step_id, instance_id, fence, outcome, output, error, message, run_after, delay_us, ord)
 ),
 l AS MATERIALIZED (
 	SELECT s.id FROM {s}steps s
@@ -35,7 +35,7 @@ u AS (
 		output = CASE WHEN r.outcome = 1 THEN r.output ELSE s.output END,
 		error = CASE r.outcome WHEN 1 THEN '' WHEN 4 THEN s.error ELSE r.error END,
 		attempts = CASE WHEN r.outcome = 4 THEN s.attempts - 1 ELSE s.attempts END,
-		run_after = CASE WHEN r.outcome IN (2, 4) THEN greatest({now}, r.run_after) ELSE s.run_after END,
+		run_after = CASE WHEN r.outcome IN (2, 4) THEN greatest({now} + r.delay_us * interval '1 microsecond', r.run_after) ELSE s.run_after END,
 		ready_at = CASE WHEN r.outcome IN (2, 4) THEN {now} ELSE s.ready_at END,
 		finished_at = CASE WHEN r.outcome IN (1, 3) THEN {now} ELSE ` + requeueFinishedAt + ` END,
 		lease_until = NULL,
@@ -103,6 +103,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		outputs         = make([]json.RawMessage, n)
 		errs, messages  = make([]string, n), make([]string, n)
 		runAfters       = make([]*time.Time, n)
+		delays          = make([]int64, n)
 		out             = make([]storage.FinishResult, n)
 	)
 	for i, r := range results {
@@ -118,6 +119,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		if r.Outcome != storage.OutcomeCompleted {
 			messages[i] = r.Error
 		}
+		delays[i] = r.Delay.Microseconds()
 		if !r.RunAfter.IsZero() {
 			runAfters[i] = &results[i].RunAfter
 		}
@@ -133,7 +135,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		var touched []*loaded
 		var b pgx.Batch
 		s.queueLock(&b, instanceIDs, locked)
-		b.Queue(s.q(finishSQL), now, stepIDs, instanceIDs, fences, outcomes, outputs, errs, messages, runAfters).Query(func(rows pgx.Rows) error {
+		b.Queue(s.q(finishSQL), now, stepIDs, instanceIDs, fences, outcomes, outputs, errs, messages, runAfters, delays).Query(func(rows pgx.Rows) error {
 			var (
 				ord               int64
 				instanceID, queue string

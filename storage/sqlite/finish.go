@@ -196,13 +196,13 @@ func (t *txn) finish(r *storage.StepResult) (string, storage.StepStatus, error) 
 		typ = storage.EventStepRetrying
 		row = t.queryRow(`UPDATE steps SET status = `+requeueStatus+`, finished_at = `+requeueFinishedAt+`,
 			error = ?4, run_after = ?5, ready_at = ?1, lease_until = NULL, worker_id = '' `+held,
-			now, c.StepID, c.Fence, r.Error, max(now, us(r.RunAfter)))
+			now, c.StepID, c.Fence, r.Error, max(now+r.Delay.Microseconds(), us(r.RunAfter)))
 	case storage.OutcomeSnooze:
 		typ = storage.EventStepSnoozed
 		msg = "until " + later(t.now, r.RunAfter).Format(time.RFC3339Nano)
 		row = t.queryRow(`UPDATE steps SET status = `+requeueStatus+`, finished_at = `+requeueFinishedAt+`,
 			attempts = attempts - 1, run_after = ?4, ready_at = ?1, lease_until = NULL, worker_id = '' `+held,
-			now, c.StepID, c.Fence, max(now, us(r.RunAfter)))
+			now, c.StepID, c.Fence, max(now+r.Delay.Microseconds(), us(r.RunAfter)))
 	default:
 		return "", "", fmt.Errorf("step %d: unknown outcome %d", c.StepID, r.Outcome)
 	}

@@ -129,6 +129,24 @@ var finishTests = map[string]func(*testing.T, *Harness){
 		require.Empty(t, a.Error, "completion clears the error of earlier attempts")
 	},
 
+	"RetryDelayIsOnTheStoreClock": func(t *testing.T, h *Harness) {
+		// A worker whose clock is off still gets its backoff: the delay
+		// counts from the store's now, and a RunAfter in the past is
+		// ignored.
+		b := h.setup(t)
+		id := b.createOne(spec("a"))
+		c := b.claimStep(id, "a")
+		b.clock.Advance(time.Second)
+		res := b.finish(storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeRetry, Error: "busy",
+			RunAfter: b.now().Add(-time.Hour), Delay: 3 * time.Second})
+		require.Equal(t, []storage.FinishResult{{Accepted: true}}, res)
+		a := step(t, b.get(id), "a")
+		require.True(t, a.RunAfter.Equal(b.now().Add(3*time.Second)), "run after %v, now %v", a.RunAfter, b.now())
+		require.Empty(t, b.claim(storage.ClaimParams{}))
+		b.clock.Advance(3 * time.Second)
+		require.Len(t, b.claim(storage.ClaimParams{}), 1)
+	},
+
 	"SnoozeDoesNotCountAttempt": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		id := b.createOne(spec("a"))
