@@ -607,8 +607,9 @@
       } catch (err) { showError(err); }
     }
 
+    let stepsByName = new Map();
     function stepInfo(name) {
-      const s = inst.steps.find((x) => x.name === name);
+      const s = stepsByName.get(name);
       if (!s) return { status: "blocked", label: "unknown" };
       const parts = [];
       if (s.attempts > 0) parts.push(s.attempts === 1 ? "1 attempt" : s.attempts + " attempts");
@@ -620,6 +621,7 @@
     function render() {
       const { steps, events, graph: _, ...instance } = inst;
       const counts = countSteps(steps);
+      stepsByName = new Map(steps.map((st) => [st.name, st]));
       head(JSON.stringify([inst.status, inst.workflow]), renderHead);
       meta(JSON.stringify([instance, counts]), renderMeta);
       io(JSON.stringify([inst.input, inst.output]), renderIO);
@@ -777,8 +779,9 @@
       graph.set(wf.graph, stepInfo, selected);
       renderSide();
     }
+    let stepsByName = new Map();
     function stepInfo(n) {
-      const s = wf.steps.find((x) => x.name === n);
+      const s = stepsByName.get(n);
       return { status: "definition", label: s ? s.handler : "", detail: s && s.when ? "when " + s.when : (s && s.queue !== "default" ? "queue " + s.queue : "") };
     }
     function renderSide() {
@@ -834,6 +837,7 @@
     async function refresh(gen) {
       wf = await api("GET", "workflows/" + encodeURIComponent(name));
       if (gen !== generation) return false;
+      stepsByName = new Map(wf.steps.map((st) => [st.name, st]));
       document.title = wf.name + " · dagrun";
       clear(body);
       const source = el("pre", { class: "source", id: "source" }, wf.source.replace(/\n$/, "").split("\n").map((line) => el("span", {}, line || " ")));
