@@ -313,13 +313,21 @@ func TestBrowserLivePage(t *testing.T) {
 	// 3. A small graph needs no scrollbar, in a narrow window or a wide one.
 	browserRequireTrue(t, ctx, "the small graph fits its frame at 1280 px", browserGraphFits)
 
-	// 2. Open the instance's input and a step's panel; they stay open when
-	// the step finishes and the page redraws.
-	browserDo(t, ctx, console, "open the input and the step",
+	// 2. Open the instance's input and a step's panel, zoom into the graph
+	// and scroll it; all of that stays when the step finishes and the page
+	// redraws.
+	browserDo(t, ctx, console, "open the input and the step, zoom and scroll",
 		chromedp.Click(chromedp.CSS("#instance-input summary")),
 		chromedp.Click(chromedp.CSS(`#graph g.node[data-step="wait"]`)),
 		chromedp.WaitVisible(chromedp.CSS("#step-name")),
+		chromedp.Click(chromedp.CSS("#zoom-in")),
 	)
+	zoom, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(() => {
+		document.querySelector("#graph").scrollLeft = 40;
+		return document.querySelector("#zoom-level").textContent + " " + document.querySelector("#graph").scrollLeft;
+	})()`))
+	require.NoError(t, err)
+	require.NotEqual(t, "100% 0", zoom, "the graph did not zoom in and scroll")
 	browserScreenshot(t, ctx, "browser-live-1280.png")
 	releaseOnce.Do(func() { close(release) })
 	browserDo(t, ctx, console, "watch the instance complete",
@@ -328,9 +336,12 @@ func TestBrowserLivePage(t *testing.T) {
 	)
 	browserRequireTrue(t, ctx, "the input stays open", `document.querySelector("#instance-input").open`)
 	browserRequireTrue(t, ctx, "the step's panel stays open", `document.querySelector("#step-name").textContent === "wait"`)
+	browserRequireTrue(t, ctx, "the graph keeps its zoom and scroll position",
+		`document.querySelector("#zoom-level").textContent + " " + document.querySelector("#graph").scrollLeft === `+browserJS(zoom))
 	browserDo(t, ctx, console, "see the same page at 2400 px",
 		chromedp.EmulateViewport(2400, 1200),
-		// Fitted again to the wider frame, and not enlarged.
+		chromedp.Click(chromedp.CSS("#zoom-fit")),
+		// Fitted to the wider frame, and not enlarged.
 		chromedp.Poll[chromedp.Void](`document.querySelector("#graph").clientWidth > 1500 && document.querySelector("#zoom-level").textContent === "100%"`,
 			chromedp.WithPollingTimeout(5*time.Second)),
 	)
