@@ -132,15 +132,7 @@ func TestBrowserRetryFlow(t *testing.T) {
 	console := browserWatchConsole(ctx)
 
 	row := fmt.Sprintf(`a[href="#/instances/%s"]`, started.ID)
-	browserDo(t, ctx, console, "sign in",
-		chromedp.EmulateViewport(1440, 1000),
-		chromedp.Navigate(base),
-		// The server has a token: the UI asks for it.
-		chromedp.WaitVisible(chromedp.CSS("#login #token")),
-		chromedp.SendKeys(chromedp.CSS("#token"), token),
-		chromedp.Click(chromedp.CSS(`#login-form button[type="submit"]`)),
-		chromedp.WaitNotPresent(chromedp.CSS("dialog#login[open]")),
-	)
+	browserSignIn(t, ctx, console, base, token, 1440, 1000)
 	browserDo(t, ctx, console, "open the failed instance from the list",
 		chromedp.WaitVisible(chromedp.CSS(row)),
 		chromedp.Click(chromedp.CSS(row)),
@@ -205,15 +197,242 @@ func TestBrowserRetryFlow(t *testing.T) {
 	require.Equal(t, 34, nodes)
 	browserScreenshot(t, ctx, "browser-workflow-large.png")
 
-	// A 401 before signing in is expected; exceptions and CSP violations
-	// are bugs.
-	var problems []string
-	for _, m := range console.messages() {
-		if m.IsException() || strings.Contains(m.Text, "Content Security Policy") {
-			problems = append(problems, m.String())
+	browserRequireNoErrors(t, console)
+}
+
+// browserSlow runs its wait step until the test's upstream server answers;
+// the other steps are there to be counted. Its five columns are wider than
+// the graph's frame in a 1,280 px window.
+const browserSlow = `name: slow
+steps:
+  - name: wait
+    handler: http
+    retry: {maxAttempts: 1}
+    input:
+      url: ${{ input.url }}
+      timeout: 2m
+  - name: after
+    handler: echo
+    dependsOn: [wait]
+    input: {done: true}
+  - {name: report, handler: noop, dependsOn: [after]}
+  - {name: notify, handler: noop, dependsOn: [report]}
+  - {name: archive, handler: noop, dependsOn: [notify]}
+  - name: quick
+    handler: noop
+`
+
+// browserWide is a chain of 60 steps with names of 41 characters: a graph
+// far wider than any window.
+func browserWide() string {
+	var b strings.Builder
+	b.WriteString("name: wide\nsteps:\n")
+	for i := range 60 {
+		fmt.Fprintf(&b, "  - {name: %s, handler: noop", browserWideName(i))
+		if i > 0 {
+			fmt.Fprintf(&b, ", dependsOn: [%s]", browserWideName(i-1))
 		}
+		b.WriteString("}\n")
 	}
-	require.Empty(t, problems, "the page logged errors")
+	return b.String()
+}
+
+func browserWideName(i int) string {
+	return fmt.Sprintf("stage-%02d-normalise-and-validate-records", i)
+}
+
+// TestBrowserLivePage checks what a user sees while an instance runs and
+// on big graphs, in headless Chromium at 1,280 and 2,400 pixels wide: a
+// running step's duration ticks without new data, an opened panel stays
+// open when the page redraws, a small graph has no scrollbar, a big one
+// fits the window with zoom controls and shows whole names, and cancelled
+// steps are counted apart from completed ones.
+func TestBrowserLivePage(t *testing.T) {
+	chromium := browserChromium(t)
+	dir := t.TempDir()
+	workflows := filepath.Join(dir, "workflows")
+	require.NoError(t, os.MkdirAll(workflows, 0o755))
+	for name, src := range map[string]string{"slow.yaml": browserSlow, "wide.yaml": browserWide(), "pipeline.yaml": browserPipeline()} {
+		require.NoError(t, os.WriteFile(filepath.Join(workflows, name), []byte(src), 0o644))
+	}
+	// /release answers once the test says so; anything else never answers
+	// (until its step is cancelled).
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gate := release
+		if r.URL.Path != "/release" {
+			gate = nil
+		}
+		select {
+		case <-gate:
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"ok": true}`)
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(upstream.Close)
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+
+	const token = "browser-test-token"
+	base := browserServe(t, binary, dir, workflows, token)
+	apiClient := &browserAPI{base: base, token: token}
+	startSlow := func(path string) string {
+		var started struct {
+			ID string `json:"id"`
+		}
+		apiClient.call(t, http.MethodPost, "/api/workflows/slow/instances", `{"input": {"url": "`+upstream.URL+path+`"}}`, http.StatusCreated, &started)
+		require.Eventually(t, func() bool { return apiClient.stepStatus(t, started.ID, "wait") == "running" }, 15*time.Second, 50*time.Millisecond)
+		return started.ID
+	}
+	running := startSlow("/release")
+
+	ctx := browserContext(t, chromium)
+	console := browserWatchConsole(ctx)
+	browserSignIn(t, ctx, console, base, token, 1280, 900)
+
+	// 1. The running step's duration moves on its own: the data does not
+	// change meanwhile, so a page that only redraws on new data freezes it.
+	waitDuration := `document.querySelector('#graph g.node[data-step="wait"] text.sub').textContent`
+	before := apiClient.instanceJSON(t, running)
+	browserDo(t, ctx, console, "open the running instance",
+		chromedp.Navigate(base+"#/instances/"+running),
+		chromedp.WaitVisible(chromedp.CSS(`#graph g.node[data-step="wait"].s-running`)),
+		chromedp.Poll[chromedp.Void](waitDuration+` !== ""`),
+	)
+	first, err := chromedp.Run(ctx, chromedp.Evaluate[string](waitDuration))
+	require.NoError(t, err)
+	browserDo(t, ctx, console, "see the running duration tick",
+		chromedp.Poll[chromedp.Void](waitDuration+" !== "+browserJS(first), chromedp.WithPollingTimeout(5*time.Second)),
+	)
+	second, err := chromedp.Run(ctx, chromedp.Evaluate[string](waitDuration))
+	require.NoError(t, err)
+	require.Equal(t, before, apiClient.instanceJSON(t, running), "the instance changed while the duration was read")
+	t.Logf("running step shown as %q, then %q", first, second)
+
+	// 3. A small graph needs no scrollbar, in a narrow window or a wide one.
+	browserRequireTrue(t, ctx, "the small graph fits its frame at 1280 px", browserGraphFits)
+
+	// 2. Open the instance's input and a step's panel, zoom into the graph
+	// and scroll it; all of that stays when the step finishes and the page
+	// redraws.
+	browserDo(t, ctx, console, "open the input and the step, zoom and scroll",
+		chromedp.Click(chromedp.CSS("#instance-input summary")),
+		chromedp.Click(chromedp.CSS(`#graph g.node[data-step="wait"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#step-name")),
+		chromedp.Click(chromedp.CSS("#zoom-in")),
+	)
+	zoom, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(() => {
+		document.querySelector("#graph").scrollLeft = 40;
+		return document.querySelector("#zoom-level").textContent + " " + document.querySelector("#graph").scrollLeft;
+	})()`))
+	require.NoError(t, err)
+	require.NotEqual(t, "100% 0", zoom, "the graph did not zoom in and scroll")
+	browserScreenshot(t, ctx, "browser-live-1280.png")
+	releaseOnce.Do(func() { close(release) })
+	browserDo(t, ctx, console, "watch the instance complete",
+		chromedp.WaitVisible(chromedp.CSS(`#graph g.node[data-step="archive"].s-completed`)),
+		chromedp.WaitVisible(chromedp.CSS("h1 .badge.s-completed")),
+	)
+	browserRequireTrue(t, ctx, "the input stays open", `document.querySelector("#instance-input").open`)
+	browserRequireTrue(t, ctx, "the step's panel stays open", `document.querySelector("#step-name").textContent === "wait"`)
+	browserRequireTrue(t, ctx, "the graph keeps its zoom and scroll position",
+		`document.querySelector("#zoom-level").textContent + " " + document.querySelector("#graph").scrollLeft === `+browserJS(zoom))
+	browserDo(t, ctx, console, "see the same page at 2400 px",
+		chromedp.EmulateViewport(2400, 1200),
+		chromedp.Click(chromedp.CSS("#zoom-fit")),
+		// Fitted to the wider frame, and not enlarged.
+		chromedp.Poll[chromedp.Void](`document.querySelector("#graph").clientWidth > 1500 && document.querySelector("#zoom-level").textContent === "100%"`,
+			chromedp.WithPollingTimeout(5*time.Second)),
+	)
+	browserRequireTrue(t, ctx, "the small graph fits its frame at 2400 px", browserGraphFits)
+	browserScreenshot(t, ctx, "browser-live-2400.png")
+
+	// 4. Cancelled steps are counted apart from completed ones, in the list
+	// and on the instance page.
+	cancelled := startSlow("/never")
+	apiClient.call(t, http.MethodPost, "/api/instances/"+cancelled+"/cancel", "", http.StatusOK, nil)
+	require.Eventually(t, func() bool { return apiClient.stepStatus(t, cancelled, "wait") == "cancelled" }, 15*time.Second, 50*time.Millisecond)
+	row := fmt.Sprintf(`tr[data-id="%s"]`, cancelled)
+	browserDo(t, ctx, console, "find the cancelled instance in the list",
+		chromedp.EmulateViewport(1280, 900),
+		chromedp.Navigate(base+"#/"),
+		chromedp.WaitVisible(chromedp.CSS(row+` .strip-label [data-status="cancelled"]`)),
+	)
+	label, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(row+" .strip-label")))
+	require.NoError(t, err)
+	require.Contains(t, label, "/6 completed")
+	require.Contains(t, label, "5 cancelled")
+	require.NotContains(t, label, "6/6")
+	browserScreenshot(t, ctx, "browser-list-cancelled.png")
+	browserDo(t, ctx, console, "open the cancelled instance",
+		chromedp.Navigate(base+"#/instances/"+cancelled),
+		chromedp.WaitVisible(chromedp.CSS(`#step-counts [data-status="cancelled"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`.legend [data-status="cancelled"]`)),
+	)
+	counts, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS("#step-counts")))
+	require.NoError(t, err)
+	require.NotContains(t, counts, "6/6", "cancelled steps are not completed")
+
+	// 3. A graph far wider than the window fits it, zooms in to full size
+	// (where the frame scrolls), and fits again; whole names everywhere.
+	browserDo(t, ctx, console, "open the wide workflow at 2400 px",
+		chromedp.EmulateViewport(2400, 1200),
+		chromedp.Navigate(base+"#/workflows/wide"),
+		chromedp.WaitVisible(chromedp.CSS(`#graph g.node[data-step="`+browserWideName(59)+`"]`)),
+	)
+	browserRequireTrue(t, ctx, "the wide graph fits the window", browserGraphFits)
+	browserRequireTrue(t, ctx, "the wide graph is scaled down", `parseInt(document.querySelector("#zoom-level").textContent) < 100`)
+	browserRequireTrue(t, ctx, "every name is shown whole", browserNamesWhole)
+	browserScreenshot(t, ctx, "browser-wide-fit-2400.png")
+	browserDo(t, ctx, console, "zoom to full size",
+		chromedp.Click(chromedp.CSS("#zoom-actual")),
+		chromedp.Poll[chromedp.Void](`document.querySelector("#zoom-level").textContent === "100%"`),
+	)
+	browserRequireTrue(t, ctx, "the zoomed graph scrolls", "!("+browserGraphFits+")")
+	browserScreenshot(t, ctx, "browser-wide-100-2400.png")
+	browserDo(t, ctx, console, "fit again",
+		chromedp.Click(chromedp.CSS("#zoom-fit")),
+		chromedp.Poll[chromedp.Void](browserGraphFits),
+	)
+
+	for _, width := range []int64{1280, 2400} {
+		browserDo(t, ctx, console, fmt.Sprintf("open the 34-step workflow at %d px", width),
+			chromedp.EmulateViewport(width, 1000),
+			chromedp.Navigate(base+"#/workflows/pipeline"),
+			chromedp.WaitVisible(chromedp.CSS(`#graph g.node[data-step="cleanup"]`)),
+		)
+		browserRequireTrue(t, ctx, "the 34-step graph fits", browserGraphFits)
+		browserRequireTrue(t, ctx, "every name is shown whole", browserNamesWhole)
+		browserScreenshot(t, ctx, fmt.Sprintf("browser-pipeline-%d.png", width))
+	}
+
+	browserRequireNoErrors(t, console)
+}
+
+// browserGraphFits is true when the graph's frame has no horizontal
+// scrollbar.
+const browserGraphFits = `(() => { const g = document.querySelector("#graph"); return g.scrollWidth <= g.clientWidth; })()`
+
+// browserNamesWhole is true when every node shows its whole name, within
+// its box.
+const browserNamesWhole = `[...document.querySelectorAll("#graph g.node")].every((g) => {
+	const name = g.querySelector("text.name");
+	return name.textContent === g.dataset.step && name.getComputedTextLength() <= g.querySelector("rect.box").width.baseVal.value - 14;
+})`
+
+// browserRequireTrue evaluates a JavaScript condition in the page.
+func browserRequireTrue(t *testing.T, ctx context.Context, what, condition string) {
+	t.Helper()
+	ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](condition))
+	require.NoError(t, err, what)
+	require.True(t, ok, what)
+}
+
+// browserJS is s as a JavaScript string literal.
+func browserJS(s string) string {
+	data, _ := json.Marshal(s)
+	return string(data)
 }
 
 // TestServeRefusesPublicBindWithoutToken checks that `dagrun serve` will
@@ -242,6 +461,34 @@ func TestServeRefusesPublicBindWithoutToken(t *testing.T) {
 		require.Contains(t, msg, "refusing to serve on "+addr+" without a token")
 		require.Contains(t, msg, "--token")
 	}
+}
+
+// browserSignIn opens the UI in a window of that size and gives it the
+// server's token when it asks.
+func browserSignIn(t *testing.T, ctx context.Context, console *browserConsole, base, token string, width, height int64) {
+	t.Helper()
+	browserDo(t, ctx, console, "sign in",
+		chromedp.EmulateViewport(width, height),
+		chromedp.Navigate(base),
+		// The server has a token: the UI asks for it.
+		chromedp.WaitVisible(chromedp.CSS("#login #token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), token),
+		chromedp.Click(chromedp.CSS(`#login-form button[type="submit"]`)),
+		chromedp.WaitNotPresent(chromedp.CSS("dialog#login[open]")),
+	)
+}
+
+// browserRequireNoErrors fails the test if the page threw or broke its
+// Content Security Policy; a 401 before signing in is expected.
+func browserRequireNoErrors(t *testing.T, console *browserConsole) {
+	t.Helper()
+	var problems []string
+	for _, m := range console.messages() {
+		if m.IsException() || strings.Contains(m.Text, "Content Security Policy") {
+			problems = append(problems, m.String())
+		}
+	}
+	require.Empty(t, problems, "the page logged errors")
 }
 
 // browserDo runs one user step in the page; on failure it reports what the
@@ -389,7 +636,7 @@ func browserServe(t *testing.T, bin, dir, workflows, token string) string {
 // browserContext starts headless Chromium with a throwaway profile.
 func browserContext(t *testing.T, chromium string) context.Context {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx,
 		chromedp.ExecPath(chromium),
@@ -438,6 +685,30 @@ func (a *browserAPI) call(t *testing.T, method, path, body string, wantStatus in
 	if out != nil {
 		require.NoError(t, json.Unmarshal(data, out))
 	}
+}
+
+func (a *browserAPI) instanceJSON(t *testing.T, id string) string {
+	t.Helper()
+	var inst json.RawMessage
+	a.call(t, http.MethodGet, "/api/instances/"+id, "", http.StatusOK, &inst)
+	return string(inst)
+}
+
+func (a *browserAPI) stepStatus(t *testing.T, id, step string) string {
+	t.Helper()
+	var inst struct {
+		Steps []struct {
+			Name   string `json:"name"`
+			Status string `json:"status"`
+		} `json:"steps"`
+	}
+	a.call(t, http.MethodGet, "/api/instances/"+id, "", http.StatusOK, &inst)
+	for _, s := range inst.Steps {
+		if s.Name == step {
+			return s.Status
+		}
+	}
+	return ""
 }
 
 func (a *browserAPI) status(t *testing.T, id string) string {

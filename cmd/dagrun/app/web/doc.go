@@ -44,9 +44,11 @@
 //
 // Durations in definitions are Go duration strings ("1m30s"); times are
 // RFC 3339 in UTC. Graph is {"nodes": [{"id", "layer", "order", "x", "y",
-// "width", "height"}], "edges": [{"from", "to", "points": [{"x", "y"}]}],
-// "width", "height"}, a layered (Sugiyama-style) layout computed here so the
-// UI only draws it.
+// "width", "height"}], "edges": [{"from", "to", "points": [{"x", "y"}],
+// "direct"}], "width", "height"}, a layered (Sugiyama-style) layout computed
+// here so the UI only draws it. Its size is proportional to steps plus
+// edges: an edge that skips columns is routed through them within a budget
+// of that size, and one left over is "direct": true (two points).
 //
 // # Security
 //

@@ -3,18 +3,28 @@ package web
 import (
 	"slices"
 	"sort"
+	"unicode/utf8"
 )
 
 // Layout sizes, in SVG user units (CSS pixels). Layers are columns, laid out
 // left to right, because step names are wide and screens are wider than
 // tall; a long chain scrolls sideways, a wide fan-out scrolls down.
 const (
-	nodeWidth   = 184
-	nodeHeight  = 60
-	layerGap    = 64 // horizontal space between two columns, where edges bend
-	nodeGap     = 22 // vertical space between two nodes of a column
-	dummyHeight = 10 // vertical room a long edge takes where it passes a column
-	margin      = 24
+	minNodeWidth = 184
+	// maxNodeWidth bounds a column for a very long name; the UI shortens
+	// such a name with an ellipsis and shows it whole in a tooltip.
+	maxNodeWidth = 440
+	// nameCharWidth and namePadding estimate the room a name takes in the
+	// UI's bold 13px label (the widest common fonts, DejaVu Sans Bold
+	// among them, average under 8.4px per lowercase letter or digit),
+	// plus the node's left and right padding.
+	nameCharWidth = 8.4
+	namePadding   = 28
+	nodeHeight    = 60
+	layerGap      = 64 // horizontal space between two columns, where edges bend
+	nodeGap       = 22 // vertical space between two nodes of a column
+	dummyHeight   = 10 // vertical room a long edge takes where it passes a column
+	margin        = 24
 
 	// orderSweeps bounds the barycenter iterations; crossing counts settle
 	// within a handful of sweeps on workflows of realistic size.
@@ -48,11 +58,16 @@ type GraphNode struct {
 // GraphEdge is one dependency, From must finish before To. Points is the
 // polyline from the right side of From to the left side of To; an edge that
 // spans several layers passes each column in between through its own lane,
-// so it never runs across a node.
+// so it never runs across a node. Such lanes cost room and layout time in
+// every column crossed, so a graph gets only as many of them as it has
+// steps and edges: the shortest long edges are routed first, and an edge
+// left over is Direct, two points joined straight across the columns
+// between (the UI draws it faintly).
 type GraphEdge struct {
 	From   string  `json:"from"`
 	To     string  `json:"to"`
 	Points []Point `json:"points"`
+	Direct bool    `json:"direct,omitempty"`
 }
 
 // Point is a position in the graph's coordinates.
@@ -81,12 +96,16 @@ type vertex struct {
 
 // layoutGraph lays steps out Sugiyama-style: each step's layer is the length
 // of the longest dependency path leading to it; edges that skip layers get a
-// dummy vertex per skipped layer; the order within each layer comes from
-// barycenter sweeps (plus adjacent swaps), keeping the ordering with the
-// fewest crossings; then vertical positions are balanced towards neighbours
-// without overlapping. Deterministic: the same steps give the same picture.
-// Dependencies on unknown steps are ignored, and a cycle (which validation
-// rejects) cannot loop: steps left over by the topological pass go last.
+// dummy vertex per skipped layer (within a budget proportional to the graph,
+// see GraphEdge); the order within each layer comes from barycenter sweeps
+// (plus adjacent swaps), keeping the ordering with the fewest crossings;
+// then vertical positions are balanced towards neighbours without
+// overlapping. Each column is as wide as its longest name needs, within
+// bounds. Time and output grow with steps plus edges (times a logarithm),
+// never with their product. Deterministic: the same steps give the same
+// picture. Dependencies on unknown steps are ignored, and a cycle (which
+// validation rejects) cannot loop: steps left over by the topological pass
+// go last.
 func layoutGraph(steps []graphStep) *Graph {
 	return layout(steps, orderSweeps)
 }
@@ -99,44 +118,66 @@ func layout(steps []graphStep, sweeps int) *Graph {
 		index[s.Name] = i
 	}
 	// deps[i] are the indexes of step i's dependencies, deduplicated, in
-	// the order written.
+	// the order written. seenBy[j] == i+1 marks j as already a dependency
+	// of i, so a step with many dependencies costs no more than their
+	// number.
 	deps := make([][]int, len(steps))
+	seenBy := make([]int, len(steps))
+	nEdges := 0
 	for i, s := range steps {
 		for _, d := range s.DependsOn {
-			if j, ok := index[d]; ok && j != i && !slices.Contains(deps[i], j) {
+			if j, ok := index[d]; ok && j != i && seenBy[j] != i+1 {
+				seenBy[j] = i + 1
 				deps[i] = append(deps[i], j)
+				nEdges++
 			}
 		}
 	}
 	layer := longestPathLayers(deps)
 
-	// Build the layered graph with dummies.
-	var vs []*vertex
+	// Build the layered graph, with dummies for the long edges that fit
+	// the budget, shortest first.
+	vs := make([]*vertex, len(steps))
 	for i := range steps {
-		vs = append(vs, &vertex{step: i, layer: layer[i], h: nodeHeight})
+		vs[i] = &vertex{step: i, layer: layer[i], h: nodeHeight}
 	}
 	type longEdge struct {
 		from, to int
 		chain    []int
+		direct   bool
 	}
 	var edges []longEdge
 	for to := range steps {
 		for _, from := range deps[to] {
-			if layer[from] >= layer[to] {
-				continue // only possible on a cycle
+			if layer[from] < layer[to] { // else only possible on a cycle
+				edges = append(edges, longEdge{from: from, to: to})
 			}
-			e := longEdge{from: from, to: to}
-			prev := from
-			for l := layer[from] + 1; l < layer[to]; l++ {
-				d := len(vs)
-				vs = append(vs, &vertex{step: -1, layer: l, h: dummyHeight})
-				e.chain = append(e.chain, d)
-				link(vs, prev, d)
-				prev = d
-			}
-			link(vs, prev, to)
-			edges = append(edges, e)
 		}
+	}
+	span := func(e *longEdge) int { return layer[e.to] - layer[e.from] }
+	byLength := make([]int, len(edges))
+	for i := range byLength {
+		byLength[i] = i
+	}
+	slices.SortStableFunc(byLength, func(a, b int) int { return span(&edges[a]) - span(&edges[b]) })
+	budget := len(steps) + nEdges
+	for _, i := range byLength {
+		e := &edges[i]
+		dummies := span(e) - 1
+		if dummies > budget {
+			e.direct = true
+			continue
+		}
+		budget -= dummies
+		prev := e.from
+		for l := layer[e.from] + 1; l < layer[e.to]; l++ {
+			d := len(vs)
+			vs = append(vs, &vertex{step: -1, layer: l, h: dummyHeight})
+			e.chain = append(e.chain, d)
+			link(vs, prev, d)
+			prev = d
+		}
+		link(vs, prev, e.to)
 	}
 	nLayers := 0
 	for _, v := range vs {
@@ -149,30 +190,49 @@ func layout(steps []graphStep, sweeps int) *Graph {
 	orderLayers(vs, layers, sweeps)
 	height := placeVertically(vs, layers)
 
-	g := &Graph{Nodes: make([]GraphNode, len(steps)), Edges: []GraphEdge{}}
-	layerX := func(l int) int { return margin + l*(nodeWidth+layerGap) }
+	// Columns: as wide as their widest name; x is the left of each.
+	colWidth := make([]int, nLayers)
+	for i, s := range steps {
+		colWidth[layer[i]] = max(colWidth[layer[i]], nodeWidth(s.Name))
+	}
+	colX := make([]int, nLayers+1)
+	colX[0] = margin
+	for l, w := range colWidth {
+		colX[l+1] = colX[l] + w + layerGap
+	}
+
+	g := &Graph{Nodes: make([]GraphNode, len(steps)), Edges: make([]GraphEdge, 0, len(edges))}
 	for i, s := range steps {
 		v := vs[i]
-		g.Nodes[i] = GraphNode{ID: s.Name, Layer: v.layer, Order: v.pos, X: layerX(v.layer), Y: int(v.y + 0.5), Width: nodeWidth, Height: nodeHeight}
+		g.Nodes[i] = GraphNode{ID: s.Name, Layer: v.layer, Order: v.pos, X: colX[v.layer], Y: int(v.y + 0.5), Width: colWidth[v.layer], Height: nodeHeight}
 	}
 	center := func(v *vertex) int { return int(v.y + v.h/2 + 0.5) }
 	for _, e := range edges {
 		from, to := vs[e.from], vs[e.to]
-		pts := []Point{{X: layerX(from.layer) + nodeWidth, Y: center(from)}}
+		pts := make([]Point, 0, 2+2*len(e.chain))
+		pts = append(pts, Point{X: colX[from.layer] + colWidth[from.layer], Y: center(from)})
 		for _, d := range e.chain {
 			dv := vs[d]
 			// Run straight through the column, so the edge never crosses
 			// the nodes stacked in it.
-			pts = append(pts, Point{X: layerX(dv.layer), Y: center(dv)}, Point{X: layerX(dv.layer) + nodeWidth, Y: center(dv)})
+			pts = append(pts, Point{X: colX[dv.layer], Y: center(dv)}, Point{X: colX[dv.layer] + colWidth[dv.layer], Y: center(dv)})
 		}
-		pts = append(pts, Point{X: layerX(to.layer), Y: center(to)})
-		g.Edges = append(g.Edges, GraphEdge{From: steps[e.from].Name, To: steps[e.to].Name, Points: pts})
+		pts = append(pts, Point{X: colX[to.layer], Y: center(to)})
+		g.Edges = append(g.Edges, GraphEdge{From: steps[e.from].Name, To: steps[e.to].Name, Points: pts, Direct: e.direct})
 	}
 	if nLayers > 0 {
-		g.Width = layerX(nLayers-1) + nodeWidth + margin
+		g.Width = colX[nLayers] - layerGap + margin
 		g.Height = int(height+0.5) + margin
 	}
 	return g
+}
+
+// nodeWidth is the width of a node whose name is shown whole, within
+// [minNodeWidth, maxNodeWidth]. Step names are lowercase ASCII letters,
+// digits and ".-_", so a width per character is a fair estimate.
+func nodeWidth(name string) int {
+	w := int(float64(utf8.RuneCountInString(name))*nameCharWidth+0.5) + namePadding
+	return min(max(w, minNodeWidth), maxNodeWidth)
 }
 
 func link(vs []*vertex, from, to int) {
@@ -294,12 +354,15 @@ func sortByBarycenter(vs []*vertex, layer []int, neighbours func(*vertex) []int)
 // transpose swaps adjacent vertices of a layer while that lowers the
 // crossings with both neighbouring layers.
 func transpose(vs []*vertex, layers [][]int) {
+	var c crossCounter
 	for improved, rounds := true, 0; improved && rounds < 4; rounds++ {
 		improved = false
 		for _, layer := range layers {
 			for i := 0; i+1 < len(layer); i++ {
 				u, w := vs[layer[i]], vs[layer[i+1]]
-				if pairCrossings(vs, w, u) < pairCrossings(vs, u, w) {
+				predsAsIs, predsSwapped := c.pair(vs, u.preds, w.preds)
+				succsAsIs, succsSwapped := c.pair(vs, u.succs, w.succs)
+				if predsSwapped+succsSwapped < predsAsIs+succsAsIs {
 					layer[i], layer[i+1] = layer[i+1], layer[i]
 					u.pos, w.pos = i+1, i
 					improved = true
@@ -309,43 +372,84 @@ func transpose(vs []*vertex, layers [][]int) {
 	}
 }
 
-// pairCrossings counts crossings between the edges of u and w (both in one
-// layer) when u is placed above w.
-func pairCrossings(vs []*vertex, u, w *vertex) int {
-	c := 0
-	for _, side := range [2]func(*vertex) []int{func(v *vertex) []int { return v.preds }, func(v *vertex) []int { return v.succs }} {
-		for _, a := range side(u) {
-			for _, b := range side(w) {
-				if vs[a].pos > vs[b].pos {
-					c++
-				}
-			}
-		}
+// crossCounter counts crossings, reusing its buffers between calls.
+type crossCounter struct {
+	a, b []int
+	tree []int // Fenwick tree over positions in the lower layer
+}
+
+// pair counts the crossings between the edges from u to us and from w to
+// ws (neighbours in one adjacent layer) with u placed above w (asIs) and
+// with w above u (swapped), in time linear in the neighbours (after
+// sorting them) rather than their product.
+func (c *crossCounter) pair(vs []*vertex, us, ws []int) (asIs, swapped int) {
+	if len(us) == 0 || len(ws) == 0 {
+		return 0, 0
 	}
-	return c
+	c.a, c.b = positions(vs, us, c.a), positions(vs, ws, c.b)
+	below, belowOrEqual := 0, 0 // how many of b are < and <= the current a
+	for _, pa := range c.a {
+		for below < len(c.b) && c.b[below] < pa {
+			below++
+		}
+		for belowOrEqual < len(c.b) && c.b[belowOrEqual] <= pa {
+			belowOrEqual++
+		}
+		asIs += below
+		swapped += len(c.b) - belowOrEqual
+	}
+	return asIs, swapped
+}
+
+func positions(vs []*vertex, of []int, buf []int) []int {
+	buf = buf[:0]
+	for _, v := range of {
+		buf = append(buf, vs[v].pos)
+	}
+	slices.Sort(buf)
+	return buf
 }
 
 // totalCrossings counts edge crossings between every pair of adjacent
-// layers: two edges cross when their ends are in opposite orders.
+// layers: two edges cross when their ends are in opposite orders. Taking
+// the upper ends in order, an edge crosses every earlier one (with an upper
+// end strictly above) whose lower end lies strictly below its own, which a
+// Fenwick tree over lower positions counts in logarithmic time.
 func totalCrossings(vs []*vertex, layers [][]int) int {
-	c := 0
+	var c crossCounter
+	total := 0
 	for l := 0; l+1 < len(layers); l++ {
-		type seg struct{ a, b int }
-		var segs []seg
+		c.tree = slices.Grow(c.tree[:0], len(layers[l+1])+1)[:len(layers[l+1])+1]
+		clear(c.tree)
+		inserted := 0
 		for _, v := range layers[l] {
+			// Edges sharing their upper end never cross each other: count
+			// them all against the earlier ones before adding any.
 			for _, s := range vs[v].succs {
-				segs = append(segs, seg{vs[v].pos, vs[s].pos})
+				total += inserted - c.countUpTo(vs[s].pos)
 			}
-		}
-		for i := range segs {
-			for j := i + 1; j < len(segs); j++ {
-				if (segs[i].a-segs[j].a)*(segs[i].b-segs[j].b) < 0 {
-					c++
-				}
+			for _, s := range vs[v].succs {
+				c.add(vs[s].pos)
+				inserted++
 			}
 		}
 	}
-	return c
+	return total
+}
+
+// countUpTo is how many added positions are <= pos.
+func (c *crossCounter) countUpTo(pos int) int {
+	n := 0
+	for i := pos + 1; i > 0; i -= i & -i {
+		n += c.tree[i]
+	}
+	return n
+}
+
+func (c *crossCounter) add(pos int) {
+	for i := pos + 1; i < len(c.tree); i += i & -i {
+		c.tree[i]++
+	}
 }
 
 // placeVertically gives every vertex a top coordinate: first stacked in
@@ -374,16 +478,19 @@ func placeVertically(vs []*vertex, layers [][]int) float64 {
 			layer := layers[l]
 			want := make([]float64, len(layer))
 			for i, v := range layer {
-				ns := append(slices.Clone(vs[v].preds), vs[v].succs...)
-				if len(ns) == 0 {
+				preds, succs := vs[v].preds, vs[v].succs
+				if len(preds)+len(succs) == 0 {
 					want[i] = vs[v].y
 					continue
 				}
 				sum := 0.0
-				for _, n := range ns {
+				for _, n := range preds {
 					sum += centre(vs[n])
 				}
-				want[i] = sum/float64(len(ns)) - vs[v].h/2
+				for _, n := range succs {
+					sum += centre(vs[n])
+				}
+				want[i] = sum/float64(len(preds)+len(succs)) - vs[v].h/2
 			}
 			packLayer(vs, layer, want)
 		}

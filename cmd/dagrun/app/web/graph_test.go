@@ -1,11 +1,15 @@
 package web
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/dag"
 )
 
 func chain(names ...string) []graphStep {
@@ -214,4 +218,225 @@ func TestLayoutTolerantInput(t *testing.T) {
 // baseline for crossing counts.
 func layoutWithoutOrdering(steps []graphStep) *Graph {
 	return layout(steps, 0)
+}
+
+func TestLayoutWidensColumnsForLongNames(t *testing.T) {
+	t.Parallel()
+	long := "verify-publication-and-notify-downstream-teams" // 46 characters
+	huge := strings.Repeat("x", 200)
+	steps := []graphStep{
+		{Name: "a"},
+		{Name: "b", DependsOn: []string{"a"}},
+		{Name: long, DependsOn: []string{"a"}},
+		{Name: huge, DependsOn: []string{"b"}},
+	}
+	g := layoutGraph(steps)
+	requireSane(t, steps, g)
+	n := nodesByID(g)
+	require.Equal(t, minNodeWidth, n["a"].Width, "a short name keeps the usual width")
+	require.GreaterOrEqual(t, n[long].Width, len(long)*8+namePadding, "room for every character of the name")
+	require.Equal(t, n[long].Width, n["b"].Width, "a column is as wide as its widest node")
+	require.Equal(t, maxNodeWidth, n[huge].Width, "a very long name is shortened by the UI, not the layout")
+}
+
+// TestLayoutLongEdgesWithinBudget is a chain where every step also depends
+// on the first: the edges from the first step skip 1, 2, ... n-2 columns,
+// so routing each through every column it passes would take n²/2 lanes.
+// The shortest are routed, the rest drawn direct, and the output stays
+// proportional to steps plus edges.
+func TestLayoutLongEdgesWithinBudget(t *testing.T) {
+	t.Parallel()
+	steps := chainWithRoot(200)
+	g := layoutGraph(steps)
+	requireSane(t, steps, g)
+	edges := 2*200 - 3
+	require.Len(t, g.Edges, edges)
+	points, direct := 0, 0
+	for _, e := range g.Edges {
+		points += len(e.Points)
+		if e.Direct {
+			direct++
+			require.Len(t, e.Points, 2)
+		}
+	}
+	require.LessOrEqual(t, points, 2*edges+2*(len(steps)+edges))
+	require.Positive(t, direct)
+	n := nodesByID(g)
+	for _, e := range g.Edges {
+		if n[e.To].Layer-n[e.From].Layer <= 10 {
+			require.False(t, e.Direct, "%s -> %s is short enough to route", e.From, e.To)
+		}
+	}
+}
+
+// TestCrossingCounts checks the fast crossing counts against counting
+// every pair of edges.
+func TestCrossingCounts(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 50 {
+		var vs []*vertex
+		layers := make([][]int, 2+rng.IntN(3))
+		for l := range layers {
+			for range 1 + rng.IntN(8) {
+				layers[l] = append(layers[l], len(vs))
+				vs = append(vs, &vertex{layer: l})
+			}
+		}
+		for l := 0; l+1 < len(layers); l++ {
+			for _, u := range layers[l] {
+				for _, w := range layers[l+1] {
+					if rng.IntN(3) == 0 {
+						link(vs, u, w)
+					}
+				}
+			}
+		}
+		setPositions(vs, layers)
+		brute := 0
+		for l := 0; l+1 < len(layers); l++ {
+			for _, u := range layers[l] {
+				for _, w := range layers[l] {
+					for _, a := range vs[u].succs {
+						for _, b := range vs[w].succs {
+							if vs[u].pos < vs[w].pos && vs[a].pos > vs[b].pos {
+								brute++
+							}
+						}
+					}
+				}
+			}
+		}
+		require.Equal(t, brute, totalCrossings(vs, layers))
+
+		var c crossCounter
+		layer := layers[0]
+		for i := 0; i+1 < len(layer); i++ {
+			u, w := vs[layer[i]], vs[layer[i+1]]
+			asIs, swapped := c.pair(vs, u.succs, w.succs)
+			wantAsIs, wantSwapped := 0, 0
+			for _, a := range u.succs {
+				for _, b := range w.succs {
+					if vs[a].pos > vs[b].pos {
+						wantAsIs++
+					}
+					if vs[a].pos < vs[b].pos {
+						wantSwapped++
+					}
+				}
+			}
+			require.Equal(t, [2]int{wantAsIs, wantSwapped}, [2]int{asIs, swapped})
+		}
+	}
+}
+
+// TestWorkflowDetailSizeIsLinear checks that GET /api/workflows/NAME stays
+// proportional to the workflow: a 1,500-step chain whose steps all also
+// depend on the first once came to 50 MB, an edge drawn through every
+// column it passed.
+func TestWorkflowDetailSizeIsLinear(t *testing.T) {
+	t.Parallel()
+	shapes := map[string]func(n int) []graphStep{
+		"chain":           func(n int) []graphStep { return chain(stepNames(n)...) },
+		"fan-out and in":  fanOutIn,
+		"chain with root": chainWithRoot,
+	}
+	for name, shape := range shapes {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			size := map[int]int{}
+			for _, n := range []int{750, 1500} {
+				steps := shape(n)
+				data, err := json.Marshal(newWorkflowDetail(workflowOf(steps)))
+				require.NoError(t, err)
+				size[n] = len(data)
+				edges := 0
+				for _, s := range steps {
+					edges += len(s.DependsOn)
+				}
+				require.LessOrEqual(t, len(data)/(n+edges), 400, "%d steps and %d edges: %d bytes", n, edges, len(data))
+			}
+			require.Less(t, float64(size[1500])/float64(size[750]), 2.2, "twice the steps, about twice the bytes: %v", size)
+			t.Logf("1500 steps: %d bytes", size[1500])
+		})
+	}
+}
+
+// BenchmarkLayoutLarge lays out 1,500-step graphs of the shapes above.
+func BenchmarkLayoutLarge(b *testing.B) {
+	for _, bc := range []struct {
+		name  string
+		steps []graphStep
+	}{
+		{"chain", chain(stepNames(1500)...)},
+		{"fan-out and in", fanOutIn(1500)},
+		{"chain with root", chainWithRoot(1500)},
+		{"random", randomDAG(1500)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				layoutGraph(bc.steps)
+			}
+		})
+	}
+}
+
+func stepNames(n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("step-%04d", i)
+	}
+	return names
+}
+
+func chainWithRoot(n int) []graphStep {
+	steps := chain(stepNames(n)...)
+	for i := 2; i < n; i++ {
+		steps[i].DependsOn = append(steps[i].DependsOn, steps[0].Name)
+	}
+	return steps
+}
+
+func fanOutIn(n int) []graphStep {
+	names := stepNames(n)
+	steps := make([]graphStep, n)
+	for i, name := range names {
+		steps[i].Name = name
+		switch {
+		case i == n-1:
+			steps[i].DependsOn = names[1 : n-1]
+		case i > 0:
+			steps[i].DependsOn = []string{names[0]}
+		}
+	}
+	return steps
+}
+
+// randomDAG gives each step a few dependencies among the 50 steps before it.
+func randomDAG(n int) []graphStep {
+	rng := rand.New(rand.NewPCG(5, 6))
+	names := stepNames(n)
+	steps := make([]graphStep, n)
+	for i, name := range names {
+		steps[i].Name = name
+		for range min(i, rng.IntN(4)) {
+			steps[i].DependsOn = append(steps[i].DependsOn, names[i-1-rng.IntN(min(i, 50))])
+		}
+	}
+	return steps
+}
+
+// workflowOf is a definition of steps with the source text a file of them
+// would have.
+func workflowOf(steps []graphStep) *dag.Workflow {
+	wf := &dag.Workflow{Name: "big"}
+	var src strings.Builder
+	src.WriteString("name: big\nsteps:\n")
+	for _, s := range steps {
+		fmt.Fprintf(&src, "  - {name: %s, handler: noop, dependsOn: [%s]}\n", s.Name, strings.Join(s.DependsOn, ", "))
+		wf.Steps = append(wf.Steps, &dag.Step{Name: s.Name, Handler: "noop", Queue: dag.DefaultQueue, DependsOn: s.DependsOn,
+			Retry: dag.RetryPolicy{MaxAttempts: dag.DefaultMaxAttempts, Backoff: dag.DefaultBackoff, MaxBackoff: dag.DefaultMaxBackoff}})
+	}
+	wf.Source = []byte(src.String())
+	return wf
 }

@@ -107,8 +107,107 @@
   function shortID(id) {
     return id.length > 13 ? id.slice(0, 8) + "…" + id.slice(-4) : id;
   }
-  function truncate(s, n) {
-    return s.length > n ? s.slice(0, n - 1) + "…" : s;
+
+  // ---- Live values: durations that tick without a refetch ----
+
+  // An element with data-since shows prefix + the time from then until now,
+  // and one with data-ago how long ago it was; tick() redraws just these
+  // texts every second, so a running step's duration moves while the data
+  // (and the rest of the page) stays as it is.
+  function setSince(node, since, prefix) {
+    if (since) {
+      node.dataset.since = since;
+      node.dataset.prefix = prefix || "";
+    } else {
+      delete node.dataset.since;
+    }
+    setText(node, since ? sinceText(node) : prefix || "");
+    return node;
+  }
+  function sinceText(node) {
+    return node.dataset.prefix + fmtDuration(Date.now() - Date.parse(node.dataset.since)) + "\u2026";
+  }
+  function setAgo(node, iso) {
+    node.dataset.ago = iso;
+    setText(node, ago(iso));
+    return node;
+  }
+  function tick() {
+    for (const n of main.querySelectorAll("[data-since]")) setText(n, sinceText(n));
+    for (const n of main.querySelectorAll("[data-ago]")) setText(n, ago(n.dataset.ago));
+  }
+  setInterval(tick, 1000);
+
+  // A duration from start to finish, or a ticking one while unfinished.
+  function duration(start, finish) {
+    if (!start) return el("span", {}, "\u2013");
+    if (finish) return el("span", {}, fmtDuration(between(start, finish)));
+    return setSince(el("span", { class: "ticking" }), start);
+  }
+
+  // setText and setAttr touch the DOM only for a real change, so an update
+  // that changes nothing leaves selections, focus and animations alone.
+  function setText(node, text) {
+    if (node.textContent !== text) node.textContent = text;
+  }
+  function setAttr(node, name, value) {
+    if (node.getAttribute(name) !== value) node.setAttribute(name, value);
+  }
+
+  // section(node) returns update(key, build): build() replaces the
+  // node's content only when key differs from last time, and what the user
+  // opened or scrolled survives it: the node's own scroll position, and
+  // the open state and scroll position of every element marked
+  // data-keep="name" (matched by name in the new content).
+  function section(node) {
+    let last = null;
+    return (key, build) => {
+      if (key === last) return;
+      last = key;
+      const marked = () => [node, ...node.querySelectorAll("[data-keep]")];
+      const kept = new Map();
+      for (const n of marked()) kept.set(n === node ? "" : n.dataset.keep, { open: n.open, top: n.scrollTop, left: n.scrollLeft });
+      clear(node);
+      append(node, build());
+      for (const n of marked()) {
+        const k = kept.get(n === node ? "" : n.dataset.keep);
+        if (!k) continue;
+        if (n.tagName === "DETAILS") n.open = k.open;
+        n.scrollTop = k.top;
+        n.scrollLeft = k.left;
+      }
+    };
+  }
+
+  // Step counts, each status apart: cancelled steps are not "done".
+  const STEP_STATUSES = ["blocked", "pending", "running", "completed", "failed", "skipped", "cancelled"];
+  function countSteps(steps) {
+    const c = {};
+    for (const s of steps) c[s.status] = (c[s.status] || 0) + 1;
+    return c;
+  }
+  function progress(steps) {
+    const c = countSteps(steps);
+    const parts = [el("span", { class: "count s-completed" }, (c.completed || 0) + "/" + steps.length + " completed")];
+    for (const st of ["running", "failed", "cancelled", "skipped"]) {
+      if (c[st]) parts.push(" \u00B7 ", el("span", { class: "count s-" + st, "data-status": st }, c[st] + " " + st));
+    }
+    return parts;
+  }
+
+  // fitText shortens text with an ellipsis to fit width pixels in font
+  // (the full text stays in the node's tooltip).
+  const measure = document.createElement("canvas").getContext("2d");
+  function fitText(text, width, font) {
+    measure.font = font;
+    if (measure.measureText(text).width <= width) return text;
+    let lo = 0, hi = text.length;
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >> 1;
+      if (measure.measureText(text.slice(0, mid) + "\u2026").width <= width) lo = mid;
+      else hi = mid - 1;
+    }
+    return text.slice(0, lo) + "\u2026";
   }
 
   // ---- API ----
@@ -238,6 +337,7 @@
     statusSel.value = params.get("status") || "";
     const count = el("span", { class: "count" });
     const tbody = el("tbody");
+    const rows = section(tbody);
     const more = el("button", { type: "button", hidden: true }, "Load more");
     let pages = 1;
     let next = "";
@@ -285,94 +385,164 @@
       next = data.next;
       more.hidden = !next || pages * 50 >= 500;
       count.textContent = data.instances.length + (next ? "+" : "") + " shown";
-      clear(tbody);
-      if (data.instances.length === 0) {
-        tbody.appendChild(el("tr", {}, el("td", { colspan: 6, class: "empty" }, "No instances yet. Start one with dagrun start WORKFLOW or from a workflow's page.")));
-      }
-      for (const inst of data.instances) {
-        const done = inst.steps.filter((s) => ["completed", "failed", "skipped", "cancelled"].includes(s.status)).length;
-        const row = el("tr", { class: "clickable", "data-id": inst.id },
-          el("td", { class: "mono", title: inst.id }, link("/instances/" + encodeURIComponent(inst.id), shortID(inst.id))),
-          el("td", {}, link("/workflows/" + encodeURIComponent(inst.workflow), inst.workflow)),
-          el("td", {}, badge(inst.status)),
-          el("td", {},
-            el("div", { class: "strip", title: inst.steps.map((s) => s.name + ": " + s.status).join("\n") },
-              inst.steps.map((s) => el("span", { class: "s-" + s.status }))),
-            el("div", { class: "strip-label" }, done + "/" + inst.steps.length + " done")),
-          el("td", { title: fmtTime(inst.createdAt) }, ago(inst.createdAt)),
-          el("td", { class: "num" }, fmtDuration(between(inst.createdAt, inst.finishedAt)) + (inst.finishedAt ? "" : "…")));
-        row.addEventListener("click", (ev) => {
-          if (ev.target.closest("a")) return;
-          location.hash = "#/instances/" + encodeURIComponent(inst.id);
+      rows(JSON.stringify(data.instances), () => {
+        if (data.instances.length === 0) {
+          return el("tr", {}, el("td", { colspan: 6, class: "empty" }, "No instances yet. Start one with dagrun start WORKFLOW or from a workflow's page."));
+        }
+        return data.instances.map((inst) => {
+          const row = el("tr", { class: "clickable", "data-id": inst.id },
+            el("td", { class: "mono", title: inst.id }, link("/instances/" + encodeURIComponent(inst.id), shortID(inst.id))),
+            el("td", {}, link("/workflows/" + encodeURIComponent(inst.workflow), inst.workflow)),
+            el("td", {}, badge(inst.status)),
+            el("td", {},
+              el("div", { class: "strip", title: inst.steps.map((s) => s.name + ": " + s.status).join("\n") },
+                inst.steps.map((s) => el("span", { class: "s-" + s.status }))),
+              el("div", { class: "strip-label" }, progress(inst.steps))),
+            setAgo(el("td", { title: fmtTime(inst.createdAt) }), inst.createdAt),
+            el("td", { class: "num" }, duration(inst.createdAt, inst.finishedAt)));
+          row.addEventListener("click", (ev) => {
+            if (ev.target.closest("a")) return;
+            location.hash = "#/instances/" + encodeURIComponent(inst.id);
+          });
+          return row;
         });
-        tbody.appendChild(row);
-      }
+      });
     }
     return { refresh };
   }
 
   // ---- Graph drawing (layout comes from the server) ----
 
-  // drawGraph returns an <svg> of graph; stepInfo(name) gives the status
-  // class, the status word and the detail line of a node; onSelect(name) is
-  // called on click or Enter.
-  function drawGraph(graph, stepInfo, selected, onSelect) {
-    const root = svg("svg", {
-      width: graph.width, height: graph.height, viewBox: "0 0 " + graph.width + " " + graph.height,
-      role: "img", "aria-label": "workflow graph",
-    });
-    root.appendChild(svg("defs", {},
-      svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" },
-        svg("path", { d: "M 0 0 L 10 5 L 0 10 z", class: "arrow" }))));
-    const byName = {};
-    for (const n of graph.nodes) byName[n.id] = n;
-    const edges = svg("g", {});
-    for (const e of graph.edges) {
-      const info = stepInfo(e.from);
-      const hot = selected && (e.from === selected || e.to === selected);
-      edges.appendChild(svg("path", {
-        d: edgePath(e.points),
-        class: "edge" + (info.status === "completed" ? " done" : "") + (hot ? " hot" : ""),
-        "marker-end": "url(#arrow)",
-      }, svg("title", {}, e.from + " \u2192 " + e.to)));
-    }
-    root.appendChild(edges);
-    for (const n of graph.nodes) {
-      const info = stepInfo(n.id);
-      const g = svg("g", {
-        class: "node s-" + info.status + (n.id === selected ? " selected" : ""),
-        transform: "translate(" + n.x + "," + n.y + ")",
-        tabindex: 0, role: "button", "data-step": n.id,
-        "aria-label": n.id + ": " + info.label,
-      },
-        svg("title", {}, n.id + "\n" + info.label + (info.detail ? "\n" + info.detail : "")),
-        svg("rect", { class: "box", width: n.width, height: n.height, rx: 8 }),
-        svg("rect", { class: "bar", width: 5, height: n.height - 2, x: 1, y: 1, rx: 2 }),
-        svg("text", { class: "name", x: 14, y: 20 }, truncate(n.id, 21)),
-        svg("text", { class: "state", x: 14, y: 37 }, ((ICONS[info.status] || "") + " " + info.label).trim()),
-        svg("text", { class: "sub", x: 14, y: 52 }, truncate(info.detail || "", 28)));
-      g.addEventListener("click", () => onSelect(n.id));
-      g.addEventListener("keydown", (ev) => {
-        if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); onSelect(n.id); }
-      });
-      root.appendChild(g);
-    }
-    return root;
-  }
+  const NAME_FONT = '650 13px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
+  const SUB_FONT = '11px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
+  const MIN_ZOOM = 0.02, MAX_ZOOM = 3, ZOOM_STEP = 1.25;
 
-  // showGraph puts a drawn graph into its scrollable frame. A graph a little
-  // wider than the frame is scaled down to fit; a big one (30+ steps) keeps
-  // its natural size, so labels stay readable, and scrolls.
-  function showGraph(wrap, root, graph) {
-    const scroll = [wrap.scrollLeft, wrap.scrollTop];
-    clear(wrap);
-    wrap.appendChild(root);
-    const avail = wrap.clientWidth - 2;
-    if (graph.width > avail && avail / graph.width >= 0.75) {
-      root.setAttribute("width", String(avail));
-      root.setAttribute("height", String(Math.round(graph.height * avail / graph.width)));
+  // graphView is a zoomable frame for a laid-out graph. By default the
+  // graph fits the frame's width (never enlarged past 100%), so there is no
+  // scrollbar when it fits and a big graph shows whole; the zoom buttons
+  // (or Ctrl + wheel) zoom around the view's centre (or the pointer), and
+  // the frame scrolls to pan. set(graph, stepInfo, selected) draws the
+  // graph once per layout and afterwards only updates what changed in its
+  // nodes and edges, so zoom, scroll and focus survive every refresh.
+  // stepInfo(name) gives {status, label, detail, since}: a node shows
+  // detail, followed by a ticking duration when since is set.
+  function graphView(onSelect) {
+    const wrap = el("div", { class: "graph-wrap", id: "graph" });
+    const level = el("span", { class: "zoom-level", id: "zoom-level" });
+    const tool = (id, label, title, action) => el("button", { type: "button", class: "tool", id, title, "aria-label": title, onclick: action }, label);
+    const tools = el("div", { class: "graph-tools", role: "toolbar", "aria-label": "zoom" },
+      tool("zoom-out", "\u2212", "Zoom out", () => zoomAround(scale / ZOOM_STEP)),
+      level,
+      tool("zoom-in", "+", "Zoom in", () => zoomAround(scale * ZOOM_STEP)),
+      tool("zoom-fit", "Fit", "Fit the width of the frame", () => fitWidth()),
+      tool("zoom-actual", "1:1", "Actual size (100%)", () => zoomAround(1)));
+    let graph = null, layoutKey = null, root = null;
+    let scale = 1, fitting = true;
+    let nodes = new Map(); // name -> {g, state, sub, title}
+    let edges = [];        // [{edge, path}]
+
+    function build() {
+      root = svg("svg", { viewBox: "0 0 " + graph.width + " " + graph.height, role: "img", "aria-label": "workflow graph" });
+      root.appendChild(svg("defs", {},
+        svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" },
+          svg("path", { d: "M 0 0 L 10 5 L 0 10 z", class: "arrow" }))));
+      const edgeLayer = svg("g", {});
+      edges = graph.edges.map((e) => {
+        const path = svg("path", { d: edgePath(e.points), "marker-end": "url(#arrow)" }, svg("title", {}, e.from + " \u2192 " + e.to));
+        edgeLayer.appendChild(path);
+        return { edge: e, path };
+      });
+      root.appendChild(edgeLayer);
+      nodes = new Map();
+      for (const n of graph.nodes) {
+        const title = svg("title", {});
+        const state = svg("text", { class: "state", x: 14, y: 37 });
+        const sub = svg("text", { class: "sub", x: 14, y: 52 });
+        const g = svg("g", { transform: "translate(" + n.x + "," + n.y + ")", tabindex: 0, role: "button", "data-step": n.id },
+          title,
+          svg("rect", { class: "box", width: n.width, height: n.height, rx: 8 }),
+          svg("rect", { class: "bar", width: 5, height: n.height - 2, x: 1, y: 1, rx: 2 }),
+          svg("text", { class: "name", x: 14, y: 20 }, fitText(n.id, n.width - 24, NAME_FONT)),
+          state, sub);
+        g.addEventListener("click", () => onSelect(n.id));
+        g.addEventListener("keydown", (ev) => {
+          if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); onSelect(n.id); }
+        });
+        root.appendChild(g);
+        nodes.set(n.id, { node: n, g, state, sub, title });
+      }
+      clear(wrap);
+      wrap.appendChild(root);
     }
-    [wrap.scrollLeft, wrap.scrollTop] = scroll;
+
+    function update(stepInfo, selected) {
+      const status = {};
+      for (const [name, v] of nodes) {
+        const info = stepInfo(name);
+        status[name] = info.status;
+        setAttr(v.g, "class", "node s-" + info.status + (name === selected ? " selected" : ""));
+        setAttr(v.g, "aria-label", name + ": " + info.label);
+        setText(v.title, name + "\n" + info.label + (info.detail ? "\n" + info.detail : ""));
+        setText(v.state, ((ICONS[info.status] || "") + " " + info.label).trim());
+        const detail = fitText(info.detail || "", v.node.width - 24 - (info.since ? 60 : 0), SUB_FONT);
+        setSince(v.sub, info.since, info.since && detail ? detail + " \u00B7 " : detail);
+      }
+      for (const { edge, path } of edges) {
+        const hot = selected && (edge.from === selected || edge.to === selected);
+        setAttr(path, "class", "edge" + (status[edge.from] === "completed" ? " done" : "") + (edge.direct ? " direct" : "") + (hot ? " hot" : ""));
+      }
+    }
+
+    // The drawn size is the layout's times the zoom, rounded down, so a
+    // graph fitted to the frame is never a pixel wider than it.
+    function applyScale() {
+      setAttr(root, "width", String(Math.max(1, Math.floor(graph.width * scale))));
+      setAttr(root, "height", String(Math.max(1, Math.floor(graph.height * scale))));
+      setText(level, Math.round(scale * 100) + "%");
+      wrap.classList.toggle("fitted", fitting);
+    }
+    function fitWidth() {
+      fitting = true;
+      // Twice: drawing it may add or remove the frame's vertical
+      // scrollbar, which changes the width there is.
+      for (let i = 0; i < 2; i++) {
+        scale = Math.max(MIN_ZOOM, Math.min(1, wrap.clientWidth / graph.width));
+        applyScale();
+      }
+    }
+    // zoomAround zooms keeping the point at (x, y) of the frame in place,
+    // by default its centre.
+    function zoomAround(to, x, y) {
+      if (x === undefined) { x = wrap.clientWidth / 2; y = wrap.clientHeight / 2; }
+      const gx = (wrap.scrollLeft + x) / scale, gy = (wrap.scrollTop + y) / scale;
+      fitting = false;
+      scale = Math.max(MIN_ZOOM, Math.min(MAX_ZOOM, to));
+      applyScale();
+      wrap.scrollLeft = gx * scale - x;
+      wrap.scrollTop = gy * scale - y;
+    }
+    wrap.addEventListener("wheel", (ev) => {
+      if (!ev.ctrlKey || !root) return;
+      ev.preventDefault();
+      const box = wrap.getBoundingClientRect();
+      zoomAround(scale * (ev.deltaY < 0 ? 1.1 : 1 / 1.1), ev.clientX - box.left, ev.clientY - box.top);
+    }, { passive: false });
+    window.addEventListener("resize", () => {
+      if (root && fitting && wrap.isConnected) fitWidth();
+    });
+
+    function set(g, stepInfo, selected) {
+      const key = JSON.stringify(g);
+      if (key !== layoutKey) {
+        const first = layoutKey === null;
+        layoutKey = key;
+        graph = g;
+        build();
+        if (first || fitting) fitWidth(); else applyScale();
+      }
+      update(stepInfo, selected);
+    }
+    return { tools, wrap, set };
   }
 
   // edgePath draws straight runs through columns and an S-curve between
@@ -388,26 +558,36 @@
     return d;
   }
 
-  function legend(statuses) {
-    return el("div", { class: "legend" }, statuses.map(badge));
+  // legend shows each status with its number of steps, when counts is set.
+  function legend(counts) {
+    return el("div", { class: "legend" }, STEP_STATUSES.map((st) =>
+      el("span", { class: "badge s-" + st, "data-status": st }, (ICONS[st] || "") + " " + st + (counts ? " " + (counts[st] || 0) : ""))));
   }
 
   // ---- Instance page ----
 
+  // The page is made of sections that each redraw only when their own
+  // data changed (see section), and a graph that updates in place, so a
+  // refresh keeps open panels, scroll positions and the graph's zoom.
   function instancePage(id) {
     let selected = null;
     let inst = null;
     let lastJSON = "";
-    const head = el("div");
-    const graphWrap = el("div", { class: "graph-wrap", id: "graph" });
+    const headNode = el("div");
+    const metaNode = el("div");
+    const ioNode = el("div");
+    const legendNode = el("div");
     const side = el("div", { class: "card side", id: "details" });
     const timeline = el("ol", { class: "timeline", id: "timeline" });
+    const graph = graphView(select);
+    const head = section(headNode), meta = section(metaNode), io = section(ioNode);
+    const legendSection = section(legendNode), sideSection = section(side), timelineSection = section(timeline);
     append(main, [
-      head,
+      headNode,
+      el("div", { class: "card" }, metaNode, ioNode),
       el("div", { class: "layout" },
         el("div", {},
-          el("div", { class: "card" }, el("h2", {}, "Graph"), graphWrap,
-            legend(["blocked", "pending", "running", "completed", "failed", "skipped", "cancelled"])),
+          el("div", { class: "card" }, el("div", { class: "card-head" }, el("h2", {}, "Graph"), graph.tools), graph.wrap, legendNode),
           el("div", { class: "card" }, el("h2", {}, "History"), timeline)),
         side),
     ]);
@@ -427,70 +607,88 @@
       } catch (err) { showError(err); }
     }
 
+    let stepsByName = new Map();
     function stepInfo(name) {
-      const s = inst.steps.find((x) => x.name === name);
+      const s = stepsByName.get(name);
       if (!s) return { status: "blocked", label: "unknown" };
       const parts = [];
       if (s.attempts > 0) parts.push(s.attempts === 1 ? "1 attempt" : s.attempts + " attempts");
-      if (s.startedAt) parts.push(fmtDuration(between(s.startedAt, s.finishedAt)) + (s.finishedAt ? "" : "…"));
-      if (!parts.length) parts.push(s.handler);
-      return { status: s.status, label: s.status, detail: parts.join(" · ") };
+      if (s.startedAt && s.finishedAt) parts.push(fmtDuration(between(s.startedAt, s.finishedAt)));
+      if (!parts.length && !s.startedAt) parts.push(s.handler);
+      return { status: s.status, label: s.status, detail: parts.join(" \u00B7 "), since: s.startedAt && !s.finishedAt ? s.startedAt : null };
     }
 
     function render() {
-      renderHead();
-      showGraph(graphWrap, drawGraph(inst.graph, stepInfo, selected, select), inst.graph);
-      renderSide();
-      renderTimeline();
+      const { steps, events, graph: _, ...instance } = inst;
+      const counts = countSteps(steps);
+      stepsByName = new Map(steps.map((st) => [st.name, st]));
+      head(JSON.stringify([inst.status, inst.workflow]), renderHead);
+      meta(JSON.stringify([instance, counts]), renderMeta);
+      io(JSON.stringify([inst.input, inst.output]), renderIO);
+      graph.set(inst.graph, stepInfo, selected);
+      legendSection(JSON.stringify(counts), () => legend(counts));
+      const s = selected && steps.find((x) => x.name === selected);
+      sideSection(s ? JSON.stringify([s, (events || []).filter((e) => e.step === s.name)])
+        : JSON.stringify(steps.map((st) => [st.name, st.status, st.startedAt, st.finishedAt])), renderSide);
+      timelineSection(JSON.stringify([inst.createdAt, events]), renderTimeline);
     }
 
     function renderHead() {
-      clear(head);
       const finished = ["completed", "failed", "cancelled"].includes(inst.status);
-      const cancel = el("button", { type: "button", class: "danger", id: "cancel", disabled: finished, onclick: () => act("cancel") }, "Cancel");
-      const retry = el("button", { type: "button", class: "primary", id: "retry", disabled: !(inst.status === "failed" || inst.status === "cancelled"), onclick: () => act("retry") }, "Retry");
+      return [
+        el("div", { class: "crumbs" }, link("/", "Instances"), " / ", shortID(inst.id)),
+        el("div", { class: "page-head" },
+          el("h1", {}, inst.workflow, badge(inst.status)),
+          el("span", { class: "spacer" }),
+          el("button", { type: "button", class: "danger", id: "cancel", disabled: finished, onclick: () => act("cancel") }, "Cancel"),
+          el("button", { type: "button", class: "primary", id: "retry", disabled: !(inst.status === "failed" || inst.status === "cancelled"), onclick: () => act("retry") }, "Retry")),
+      ];
+    }
+
+    function renderMeta() {
       const rows = [
         ["Instance", el("span", { class: "mono value" }, inst.id)],
         ["Workflow", link("/workflows/" + encodeURIComponent(inst.workflow), inst.workflow)],
         ["Created", fmtTime(inst.createdAt)],
         ["Started", fmtTime(inst.startedAt)],
         ["Finished", fmtTime(inst.finishedAt)],
-        ["Duration", fmtDuration(between(inst.createdAt, inst.finishedAt)) + (inst.finishedAt ? "" : "…")],
+        ["Duration", duration(inst.createdAt, inst.finishedAt)],
+        ["Steps", el("span", { class: "value", id: "step-counts" }, progress(inst.steps))],
         ["Priority", String(inst.priority)],
       ];
       if (inst.key !== null) rows.push(["Key", el("span", { class: "mono value" }, inst.key)]);
-      append(head, [
-        el("div", { class: "crumbs" }, link("/", "Instances"), " / ", shortID(inst.id)),
-        el("div", { class: "page-head" },
-          el("h1", {}, inst.workflow, badge(inst.status)),
-          el("span", { class: "spacer" }), cancel, retry),
-        el("div", { class: "card" },
-          el("div", { class: "meta" }, rows.map(([k, v]) => el("div", {}, el("span", {}, k), v instanceof Node ? v : el("span", { class: "value" }, v)))),
-          inst.error !== null ? el("div", { class: "error-box", id: "instance-error" }, inst.error) : null,
-          el("details", {}, el("summary", {}, "Instance input"), jsonBlock(inst.input)),
-          inst.output !== null ? el("details", { open: inst.status === "completed" }, el("summary", {}, "Instance output"), jsonBlock(inst.output)) : null),
-      ]);
+      return [
+        el("div", { class: "meta" }, rows.map(([k, v]) => el("div", {}, el("span", {}, k), v instanceof Node ? v : el("span", { class: "value" }, v)))),
+        inst.error !== null ? el("div", { class: "error-box", id: "instance-error" }, inst.error) : null,
+      ];
+    }
+
+    function renderIO() {
+      return [
+        el("details", { "data-keep": "input", id: "instance-input" }, el("summary", {}, "Instance input"),
+          el("pre", { class: "json mono", "data-keep": "input-json" }, pretty(inst.input))),
+        inst.output !== null ? el("details", { "data-keep": "output", id: "instance-output", open: inst.status === "completed" },
+          el("summary", {}, "Instance output"), el("pre", { class: "json mono", "data-keep": "output-json" }, pretty(inst.output))) : null,
+      ];
     }
 
     function renderSide() {
-      clear(side);
       const s = selected && inst.steps.find((x) => x.name === selected);
       if (!s) {
-        append(side, [
+        return [
           el("h2", {}, "Steps"),
           el("p", { class: "muted" }, "Click a step in the graph to see its attempts, inputs, outputs and errors."),
           el("table", {}, el("tbody", {}, inst.steps.map((st) => {
-            const row = el("tr", { class: "clickable" },
+            const row = el("tr", { class: "clickable", "data-step": st.name },
               el("td", {}, st.name), el("td", {}, badge(st.status)),
-              el("td", { class: "num muted" }, st.startedAt ? fmtDuration(between(st.startedAt, st.finishedAt)) : ""));
+              el("td", { class: "num muted" }, st.startedAt ? duration(st.startedAt, st.finishedAt) : ""));
             row.addEventListener("click", () => select(st.name));
             return row;
           }))),
-        ]);
-        return;
+        ];
       }
       const events = (inst.events || []).filter((e) => e.step === s.name);
-      append(side, [
+      return [
         el("div", { class: "page-head" }, el("h2", { id: "step-name" }, s.name), badge(s.status),
           el("span", { class: "spacer" }), el("button", { type: "button", onclick: () => select(null) }, "Close")),
         el("div", { class: "kv" },
@@ -499,13 +697,13 @@
           el("span", {}, "Attempts"), el("span", {}, String(s.attempts)),
           el("span", {}, "Started"), el("span", {}, fmtTime(s.startedAt)),
           el("span", {}, "Finished"), el("span", {}, fmtTime(s.finishedAt)),
-          el("span", {}, "Duration"), el("span", {}, s.startedAt ? fmtDuration(between(s.startedAt, s.finishedAt)) + (s.finishedAt ? "" : "…") : "–"),
-          el("span", {}, "Depends on"), el("span", {}, s.dependsOn.length ? s.dependsOn.map((d, i) => [i ? ", " : "", el("a", { href: "#", onclick: (ev) => { ev.preventDefault(); select(d); } }, d)]) : "–")),
-        s.error !== null ? [el("h3", {}, "Error"), el("div", { class: "error-box", id: "step-error" }, s.error)] : null,
-        el("h3", {}, "Input (resolved)"), el("pre", { class: "json mono", id: "step-input" }, pretty(s.input)),
-        el("h3", {}, "Output"), el("pre", { class: "json mono", id: "step-output" }, pretty(s.output)),
-        events.length ? [el("h3", {}, "Attempts and events"), el("ol", { class: "timeline" }, events.map((e) => eventItem(e, false)))] : null,
-      ]);
+          el("span", {}, "Duration"), el("span", { id: "step-duration" }, duration(s.startedAt, s.finishedAt)),
+          el("span", {}, "Depends on"), el("span", {}, s.dependsOn.length ? s.dependsOn.map((d, i) => [i ? ", " : "", el("a", { href: "#", onclick: (ev) => { ev.preventDefault(); select(d); } }, d)]) : "\u2013")),
+        s.error !== null ? [el("h3", {}, "Error"), el("div", { class: "error-box", id: "step-error", "data-keep": "error" }, s.error)] : null,
+        el("h3", {}, "Input (resolved)"), el("pre", { class: "json mono", id: "step-input", "data-keep": "step-input" }, pretty(s.input)),
+        el("h3", {}, "Output"), el("pre", { class: "json mono", id: "step-output", "data-keep": "step-output" }, pretty(s.output)),
+        events.length ? [el("h3", {}, "Attempts and events"), el("ol", { class: "timeline", "data-keep": "step-events" }, events.map((e) => eventItem(e, false)))] : null,
+      ];
     }
 
     function eventItem(e, withStep) {
@@ -521,17 +719,16 @@
     }
 
     function renderTimeline() {
-      clear(timeline);
       const events = inst.events || [];
-      if (!events.length) timeline.appendChild(el("li", { class: "muted" }, "No events yet."));
-      append(timeline, events.map((e) => eventItem(e, true)));
+      if (!events.length) return el("li", { class: "muted" }, "No events yet.");
+      return events.map((e) => eventItem(e, true));
     }
 
     async function refresh(gen) {
       const data = await api("GET", "instances/" + encodeURIComponent(id));
       if (gen !== generation) return;
       const text = JSON.stringify(data);
-      if (text === lastJSON) return; // nothing changed: keep the DOM (and any text selection) as it is
+      if (text === lastJSON) return; // nothing changed; running durations tick on their own
       lastJSON = text;
       inst = data;
       document.title = inst.workflow + " " + shortID(inst.id) + " · " + inst.status + " · dagrun";
@@ -572,18 +769,19 @@
   function workflowPage(name) {
     let wf = null;
     let selected = null;
-    const graphWrap = el("div", { class: "graph-wrap", id: "graph" });
+    const graph = graphView(select);
     const side = el("div", { class: "card side" });
     const body = el("div");
     append(main, body);
 
     function select(n) {
       selected = selected === n ? null : n;
-      showGraph(graphWrap, drawGraph(wf.graph, stepInfo, selected, select), wf.graph);
+      graph.set(wf.graph, stepInfo, selected);
       renderSide();
     }
+    let stepsByName = new Map();
     function stepInfo(n) {
-      const s = wf.steps.find((x) => x.name === n);
+      const s = stepsByName.get(n);
       return { status: "definition", label: s ? s.handler : "", detail: s && s.when ? "when " + s.when : (s && s.queue !== "default" ? "queue " + s.queue : "") };
     }
     function renderSide() {
@@ -639,6 +837,7 @@
     async function refresh(gen) {
       wf = await api("GET", "workflows/" + encodeURIComponent(name));
       if (gen !== generation) return false;
+      stepsByName = new Map(wf.steps.map((st) => [st.name, st]));
       document.title = wf.name + " · dagrun";
       clear(body);
       const source = el("pre", { class: "source", id: "source" }, wf.source.replace(/\n$/, "").split("\n").map((line) => el("span", {}, line || " ")));
@@ -649,13 +848,13 @@
         wf.description ? el("p", { class: "muted" }, wf.description) : null,
         el("div", { class: "layout" },
           el("div", {},
-            el("div", { class: "card" }, el("h2", {}, "Graph (" + wf.steps.length + " steps)"), graphWrap),
+            el("div", { class: "card" }, el("div", { class: "card-head" }, el("h2", {}, "Graph (" + wf.steps.length + " steps)"), graph.tools), graph.wrap),
             el("div", { class: "card" }, el("h2", {}, "Definition"), source,
               el("details", {}, el("summary", {}, "Mermaid"), el("pre", { class: "json mono" }, wf.graph.mermaid || "")),
               el("details", {}, el("summary", {}, "Definition hash"), el("span", { class: "mono" }, wf.hash)))),
           side),
       ]);
-      showGraph(graphWrap, drawGraph(wf.graph, stepInfo, selected, select), wf.graph);
+      graph.set(wf.graph, stepInfo, selected);
       renderSide();
       return false; // a definition does not change while the server runs
     }
