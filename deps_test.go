@@ -8,8 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestDependencyDirection keeps the package graph one-way, as DESIGN.md
-// lays it out: cmd/dagrun/app → dagrun → dag, handlers, storage; backends
+// TestDependencyDirection keeps the package graph one-way, as the README's
+// Layout section describes it: cmd/dagrun/app → dagrun → dag, handlers, storage; backends
 // implement storage; only the CLI, examples and test helpers import a
 // backend.
 func TestDependencyDirection(t *testing.T) {

@@ -68,9 +68,9 @@ steps:
 `
 
 // fuzzStartSeeds are the seed corpus of FuzzStartInput. They run as
-// ordinary tests with go test; the root package may have no testdata folder
-// (DESIGN.md fixes the top level), so they live here rather than under
-// testdata/fuzz.
+// ordinary tests with go test; the top level of the repository holds only
+// the folders the README's Layout section lists, so they live here rather
+// than under testdata/fuzz.
 var fuzzStartSeeds = []string{
 	``, ` `, `null`, `{}`, `[]`, `0`, `"x"`, `true`,
 	`{"id":"A-1","items":[{"sku":"b","qty":1}]}`,

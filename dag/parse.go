@@ -155,6 +155,31 @@ func (r *rawRetry) fields() []field {
 	return []field{{"maxAttempts", &r.MaxAttempts}, {"backoff", &r.Backoff}, {"maxBackoff", &r.MaxBackoff}}
 }
 
+// Keys lists the keys a workflow file may use in each of its mappings.
+type Keys struct {
+	Workflow, Defaults, Step, Retry []string
+}
+
+// AcceptedKeys returns the keys the parser accepts, in the order its
+// messages list them, so that documentation can be checked against the
+// parser rather than against a copy of its list.
+func AcceptedKeys() Keys {
+	return Keys{
+		Workflow: keysOf((&rawWorkflow{}).fields()),
+		Defaults: keysOf((&rawDefaults{}).fields()),
+		Step:     keysOf((&rawStep{}).fields()),
+		Retry:    keysOf((&rawRetry{}).fields()),
+	}
+}
+
+func keysOf(fields []field) []string {
+	keys := make([]string, len(fields))
+	for i, f := range fields {
+		keys[i] = f.key
+	}
+	return keys
+}
+
 // parser holds the state of one Parse call.
 type parser struct {
 	c          *collector
@@ -315,10 +340,7 @@ func (p *parser) pairs(m *yaml.Node, depth int) []pair {
 // misspelt is not reported on top of the did-you-mean.
 func (p *parser) mapping(m *yaml.Node, where string, fields []field) (suggested map[string]bool) {
 	suggested = map[string]bool{}
-	keys := make([]string, len(fields))
-	for i, f := range fields {
-		keys[i] = f.key
-	}
+	keys := keysOf(fields)
 	seen := map[string]*yaml.Node{}
 	for _, kv := range p.pairs(m, 0) {
 		k := kv.key

@@ -2,7 +2,7 @@ package e2e
 
 // Crash tests: dagrun processes are SIGKILLed in the middle of steps and of
 // writes, as a power cut, an OOM kill or `kill -9` would do, and the tests
-// check what DESIGN.md promises: every instance still completes, every step
+// check what the README's Guarantees section promises: every instance still completes, every step
 // is completed exactly once in storage, handlers run again only for the
 // steps the dead process held, and a SQLite file stays sound.
 //

@@ -35,7 +35,7 @@ import (
 	"github.com/dagrun/dagrun/storage"
 )
 
-// Exit codes, as documented in DESIGN.md.
+// Exit codes, as the README's Command line section documents them.
 const (
 	ExitOK          = 0
 	ExitFailed      = 1 // the instance failed or was cancelled
