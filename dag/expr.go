@@ -3,7 +3,9 @@ package dag
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/expr-lang/expr"
@@ -255,6 +257,7 @@ type refCollector struct {
 	parent   map[ast.Node]*ast.MemberNode
 	callees  map[ast.Node]bool
 	declared map[string]bool
+	minus    []*ast.BinaryNode
 }
 
 func (r *refCollector) Visit(n *ast.Node) {
@@ -267,7 +270,69 @@ func (r *refCollector) Visit(n *ast.Node) {
 		r.callees[x.Callee] = true
 	case *ast.VariableDeclaratorNode:
 		r.declared[x.Name] = true
+	case *ast.BinaryNode:
+		if x.Operator == "-" {
+			r.minus = append(r.minus, x)
+		}
 	}
+}
+
+// dashedRef recognises steps.echo-it.output, which expr reads as
+// steps.echo minus it.output, and returns the step name meant ("echo-it"),
+// what followed it (".output") and the identifiers the subtraction consumed.
+func dashedRef(b *ast.BinaryNode) (name, rest string, consumed []ast.Node, ok bool) {
+	var rights []ast.Node
+	var cur ast.Node = b
+	for {
+		m, isMinus := cur.(*ast.BinaryNode)
+		if !isMinus || m.Operator != "-" {
+			break
+		}
+		rights = append([]ast.Node{m.Right}, rights...)
+		cur = m.Left
+	}
+	left, isMember := cur.(*ast.MemberNode)
+	if !isMember {
+		return "", "", nil, false
+	}
+	root, isIdent := left.Node.(*ast.IdentifierNode)
+	first, named := memberName(left)
+	if !isIdent || root.Value != "steps" || !named {
+		return "", "", nil, false
+	}
+	parts := []string{first}
+	consumed = []ast.Node{root}
+	for i, r := range rights {
+		var path []string
+		if i == len(rights)-1 {
+			// The last part carries the rest of the access: it.output.x.
+			for {
+				m, isMember := r.(*ast.MemberNode)
+				if !isMember {
+					break
+				}
+				field, named := memberName(m)
+				if !named {
+					return "", "", nil, false
+				}
+				path = append([]string{field}, path...)
+				r = m.Node
+			}
+		}
+		switch x := r.(type) {
+		case *ast.IdentifierNode:
+			parts = append(parts, x.Value)
+			consumed = append(consumed, x)
+		case *ast.IntegerNode:
+			parts = append(parts, strconv.Itoa(x.Value))
+		default:
+			return "", "", nil, false
+		}
+		for _, f := range path {
+			rest += "." + f
+		}
+	}
+	return strings.Join(parts, "-"), rest, consumed, true
 }
 
 // memberName is the property of a member access when written literally
@@ -283,15 +348,50 @@ func memberName(m *ast.MemberNode) (string, bool) {
 	return s.Value, true
 }
 
+var plainIdentifier = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// stepRef is how an expression reads a step: steps.charge, but
+// steps["echo-it"] for a name that is not an identifier ("-" would read as a
+// subtraction, "." as a field, a leading digit as a number).
+func stepRef(name string) string {
+	if plainIdentifier.MatchString(name) {
+		return "steps." + name
+	}
+	return fmt.Sprintf("steps[%q]", name)
+}
+
 // checkReferences validates the variables an expression reads: only input,
 // steps.NAME.output|status of allowed steps and workflow.id|name.
 func checkReferences(tree *exprparser.Tree, sc *scope) (refs []string, problems []string) {
 	r := &refCollector{parent: map[ast.Node]*ast.MemberNode{}, callees: map[ast.Node]bool{}, declared: map[string]bool{}}
 	ast.Walk(&tree.Node, r)
 	seenRef := map[string]bool{}
+	skip := map[ast.Node]bool{}
+	// Post-order walk: the outermost subtraction of a name comes last.
+	for i := len(r.minus) - 1; i >= 0; i-- {
+		b := r.minus[i]
+		if skip[b] {
+			continue
+		}
+		name, rest, consumed, ok := dashedRef(b)
+		if !ok || !sc.allSet[name] {
+			continue
+		}
+		for _, n := range consumed {
+			skip[n] = true
+		}
+		for l, isMinus := b.Left.(*ast.BinaryNode); isMinus; l, isMinus = l.Left.(*ast.BinaryNode) {
+			skip[l] = true // an inner part of the same name
+		}
+		dotted := "steps." + name + rest
+		if rest == "" {
+			rest = ".output"
+		}
+		problems = append(problems, fmt.Sprintf(`%s reads as a subtraction, because of the "-" in the step name: write %s%s`, dotted, stepRef(name), rest))
+	}
 	for _, id := range r.idents {
 		name := id.Value
-		if r.declared[name] {
+		if r.declared[name] || skip[id] {
 			continue
 		}
 		if r.callees[id] {
@@ -338,20 +438,20 @@ func checkReferences(tree *exprparser.Tree, sc *scope) (refs []string, problems 
 				}
 				continue
 			case step == sc.self:
-				problems = append(problems, fmt.Sprintf("a step cannot read its own output or status (steps.%s)", step))
+				problems = append(problems, fmt.Sprintf("a step cannot read its own output or status (%s)", stepRef(step)))
 				continue
 			case sc.allowed != nil && !sc.allowed[step]:
-				problems = append(problems, fmt.Sprintf("%s does not depend on %q, so it cannot read steps.%s: add %q to its dependsOn (directly or through another step)", sc.subject(), step, step, step))
+				problems = append(problems, fmt.Sprintf("%s does not depend on %q, so it cannot read %s: add %q to its dependsOn (directly or through another step)", sc.subject(), step, stepRef(step), step))
 				continue
 			}
 			m2 := r.parent[m]
 			field, ok := memberName(m2)
 			switch {
 			case m2 == nil || !ok:
-				problems = append(problems, fmt.Sprintf("steps.%s must be followed by .output or .status, e.g. steps.%s.output", step, step))
+				problems = append(problems, fmt.Sprintf("%s must be followed by .output or .status, e.g. %s.output", stepRef(step), stepRef(step)))
 				continue
 			case field != "output" && field != "status":
-				problems = append(problems, fmt.Sprintf("steps.%s has no field %q: use steps.%s.output or steps.%s.status", step, field, step, step))
+				problems = append(problems, fmt.Sprintf("%s has no field %q: use %s.output or %s.status", stepRef(step), field, stepRef(step), stepRef(step)))
 				continue
 			}
 			if !seenRef[step] {

@@ -265,3 +265,36 @@ steps:
 	require.Error(t, hand.ValidateInput(1))
 	require.NoError(t, (&Workflow{}).ValidateInput(map[string]any{"anything": true}))
 }
+
+// A step whose name holds "-" is read as steps["echo-it"]: the form the
+// validation error recommends must pass the ancestor check and evaluate.
+func TestBracketStepReference(t *testing.T) {
+	t.Parallel()
+	w := mustParse(t, `name: t
+steps:
+  - name: echo-it
+    handler: echo
+  - name: next.step
+    handler: echo
+    dependsOn: [echo-it]
+  - name: shout
+    handler: echo
+    dependsOn: [next.step]
+    when: ${{ steps["echo-it"].status == "completed" }}
+    input:
+      text: ${{ steps["echo-it"].output.text }}
+      line: 'said ${{ steps["echo-it"].output.text }} then ${{ steps["next.step"].output }}'
+`)
+	shout := w.Step("shout")
+	require.Equal(t, []string{"echo-it", "next.step"}, shout.Input.References())
+	env := &Env{Steps: map[string]StepEnv{
+		"echo-it":   {Status: "completed", Output: map[string]any{"text": "hi"}},
+		"next.step": {Status: "completed", Output: "done"},
+	}}
+	ok, err := shout.When.Bool(env)
+	require.NoError(t, err)
+	require.True(t, ok)
+	got, err := shout.Input.Eval(env)
+	require.NoError(t, err)
+	require.Equal(t, `{"line":"said hi then done","text":"hi"}`, jsonOf(t, got))
+}
