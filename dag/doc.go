@@ -29,6 +29,9 @@
 //     only point inside the schema, never to a file or URL.
 //   - YAML anchors, aliases and merge keys (<<: *anchor) work, within limits
 //     that stop alias bombs; a file holds exactly one YAML document.
+//   - retry.maxAttempts is 1 to MaxAttemptsLimit and every duration is
+//     MinDuration to MaxDuration, so that each value is stored alike by
+//     both backends instead of being cut to 32 bits or to 0 µs.
 //   - YAML timestamps (2024-01-02) in templates stay text; .inf and .nan are
 //     errors, as JSON cannot hold them.
 package dag

@@ -1,6 +1,7 @@
 package dag
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -232,14 +233,17 @@ func (p *parser) retry(n *yaml.Node, label, where string) partialRetry {
 	p.mapping(n, where, raw.fields())
 	if raw.MaxAttempts != nil {
 		n := raw.MaxAttempts
-		v, err := strconv.Atoi(n.Value)
+		v, err := strconv.ParseInt(n.Value, 10, 64)
 		switch {
-		case n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || err != nil:
-			p.c.at(n, "%sretry.maxAttempts must be a whole number of at least 1 (it counts the first try), got %s", prefix(label), describe(n))
+		case n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || (err != nil && !errors.Is(err, strconv.ErrRange)):
+			p.c.at(n, "%sretry.maxAttempts must be a whole number from 1 to %d (it counts the first try), got %s", prefix(label), MaxAttemptsLimit, describe(n))
 		case v < 1:
-			p.c.at(n, "%sretry.maxAttempts must be at least 1 (it counts the first try), got %d", prefix(label), v)
+			p.c.at(n, "%sretry.maxAttempts must be at least 1 (it counts the first try), got %s", prefix(label), n.Value)
+		case err != nil || v > MaxAttemptsLimit:
+			p.c.at(n, "%sretry.maxAttempts must be at most %d, got %s", prefix(label), MaxAttemptsLimit, n.Value)
 		default:
-			pr.maxAttempts = &v
+			attempts := int(v)
+			pr.maxAttempts = &attempts
 		}
 	}
 	if raw.Backoff != nil {
@@ -255,6 +259,9 @@ func (p *parser) retry(n *yaml.Node, label, where string) partialRetry {
 	return pr
 }
 
+// durationSyntax matches what time.ParseDuration accepts, whatever the size.
+var durationSyntax = regexp.MustCompile(`^\+?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$`)
+
 // duration reads a Go duration (time.ParseDuration) that must be > 0.
 func (p *parser) duration(n *yaml.Node, label, what string) (time.Duration, bool) {
 	const how = "use a Go duration such as 30s, 5m or 1h30m"
@@ -267,16 +274,30 @@ func (p *parser) duration(n *yaml.Node, label, what string) (time.Duration, bool
 		return 0, false
 	}
 	d, err := time.ParseDuration(n.Value)
-	if err != nil {
+	switch {
+	case err != nil && strings.HasPrefix(strings.TrimLeft(n.Value, "+"), "-"):
+		p.c.at(n, "%s%s must be greater than 0, got %q", prefix(label), what, n.Value)
+		return 0, false
+	case err != nil && durationSyntax.MatchString(n.Value):
+		// Well formed, yet refused: time.ParseDuration says only "invalid"
+		// when the value overflows.
+		p.c.at(n, "%s%s %q is too long: at most %s", prefix(label), what, n.Value, fmtDuration(MaxDuration))
+		return 0, false
+	case err != nil:
 		p.c.at(n, "%sinvalid %s %q: %s", prefix(label), what, n.Value, how)
 		return 0, false
-	}
-	if d <= 0 {
+	case d <= 0:
 		hint := ""
 		if what == "timeout" {
 			hint = " (leave timeout out for no timeout)"
 		}
 		p.c.at(n, "%s%s must be greater than 0, got %q%s", prefix(label), what, n.Value, hint)
+		return 0, false
+	case d < MinDuration:
+		p.c.at(n, "%s%s %q is too short: at least %s", prefix(label), what, n.Value, fmtDuration(MinDuration))
+		return 0, false
+	case d > MaxDuration:
+		p.c.at(n, "%s%s %q is too long: at most %s", prefix(label), what, n.Value, fmtDuration(MaxDuration))
 		return 0, false
 	}
 	return d, true
