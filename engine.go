@@ -28,10 +28,13 @@ type Config struct {
 	Workflows []*dag.Workflow
 	// Logger receives the engine's logs. Default: discard.
 	Logger *slog.Logger
-	// MaxInputBytes bounds a start input. Default: DefaultMaxInputBytes (1 MiB).
+	// MaxInputBytes bounds a start input, and a step's input once its
+	// expressions are resolved (a larger one fails the step for good).
+	// Default: DefaultMaxInputBytes (1 MiB).
 	MaxInputBytes int
-	// MaxOutputBytes bounds one handler output; a larger output fails the
-	// attempt permanently. Default: DefaultMaxOutputBytes (1 MiB).
+	// MaxOutputBytes bounds one handler output (a larger output fails the
+	// attempt permanently) and the workflow's output (a larger one fails
+	// the instance). Default: DefaultMaxOutputBytes (1 MiB).
 	MaxOutputBytes int
 	// Observer receives starts, finishes and attempts, for metrics.
 	// Default: none.

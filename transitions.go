@@ -26,7 +26,7 @@ func (e *Engine) plan(state *storage.InstanceState) (*storage.Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := planner{w: w, state: state, status: make(map[string]storage.StepStatus, len(state.Steps)), index: make(map[string]int, len(state.Steps))}
+	p := planner{w: w, state: state, config: e.config, status: make(map[string]storage.StepStatus, len(state.Steps)), index: make(map[string]int, len(state.Steps))}
 	for i, s := range state.Steps {
 		p.status[s.Name] = s.Status
 		p.index[s.Name] = i
@@ -37,12 +37,14 @@ func (e *Engine) plan(state *storage.InstanceState) (*storage.Plan, error) {
 type planner struct {
 	w      *dag.Workflow
 	state  *storage.InstanceState
+	config *Config // the size limits
 	status map[string]storage.StepStatus
 	index  map[string]int
 
 	input   any
 	decoded bool
 	outputs map[string]any
+	errors  map[string]string // of the steps this plan fails
 }
 
 func (p *planner) run() (*storage.Plan, error) {
@@ -54,6 +56,12 @@ func (p *planner) run() (*storage.Plan, error) {
 		}
 		change := p.resolve(step)
 		p.status[step.Name] = change.Status
+		if change.Error != "" {
+			if p.errors == nil {
+				p.errors = map[string]string{}
+			}
+			p.errors[step.Name] = change.Error
+		}
 		plan.Steps = append(plan.Steps, change)
 	}
 	plan.Instance = p.outcome()
@@ -109,6 +117,11 @@ func (p *planner) resolve(step *dag.Step) storage.StepChange {
 		if input, err = json.Marshal(value); err != nil {
 			return storage.StepChange{Name: step.Name, Status: storage.StepFailed, Error: fmt.Sprintf("input: encode resolved value: %v", err)}
 		}
+		// The same bound as a start input: the handler gets no more than a
+		// caller could have sent.
+		if len(input) > p.config.MaxInputBytes {
+			return storage.StepChange{Name: step.Name, Status: storage.StepFailed, Error: fmt.Sprintf("input: the resolved input is %d bytes, over the limit of %d bytes; pass a reference to large data instead", len(input), p.config.MaxInputBytes)}
+		}
 	}
 	return storage.StepChange{Name: step.Name, Status: storage.StepPending, Input: input}
 }
@@ -145,11 +158,17 @@ func (p *planner) outcome() *storage.InstanceChange {
 		if output, err = json.Marshal(value); err != nil {
 			return &storage.InstanceChange{Status: storage.InstanceFailed, Error: fmt.Sprintf("output: encode: %v", err)}
 		}
+		if len(output) > p.config.MaxOutputBytes {
+			return &storage.InstanceChange{Status: storage.InstanceFailed, Error: fmt.Sprintf("output: the workflow output is %d bytes, over the limit of %d bytes; return a reference to large data instead", len(output), p.config.MaxOutputBytes)}
+		}
 	}
 	return &storage.InstanceChange{Status: storage.InstanceCompleted, Output: output}
 }
 
 func (p *planner) errorOf(name string) string {
+	if msg, ok := p.errors[name]; ok {
+		return msg
+	}
 	if i, ok := p.index[name]; ok {
 		return p.state.Steps[i].Error
 	}

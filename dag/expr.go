@@ -25,6 +25,14 @@ type Env struct {
 	Workflow WorkflowEnv        `expr:"workflow"` // the running instance
 }
 
+// evalEnv is Env as compiled expressions see it, with the evaluation's meter.
+type evalEnv struct {
+	Input    any                `expr:"input"`
+	Steps    map[string]StepEnv `expr:"steps"`
+	Workflow WorkflowEnv        `expr:"workflow"`
+	Meter    *meter             `expr:"$meter"`
+}
+
 // StepEnv is one step as expressions see it.
 type StepEnv struct {
 	Status string `expr:"status"`
@@ -69,7 +77,7 @@ func (e *Expr) Bool(env *Env) (bool, error) {
 	if e == nil {
 		return true, nil
 	}
-	v, err := e.run(env)
+	v, err := e.run(env, newMeter())
 	if err != nil {
 		return false, err
 	}
@@ -81,37 +89,44 @@ func (e *Expr) Bool(env *Env) (bool, error) {
 }
 
 // eval evaluates the expression to a JSON-ready value.
-func (e *Expr) eval(env *Env) (any, error) {
-	v, err := e.run(env)
+func (e *Expr) eval(env *Env, m *meter) (any, error) {
+	v, err := e.run(env, m)
 	if err != nil {
 		return nil, err
 	}
-	out, err := normalize(v, 0)
+	out, err := normalize(v, 0, m)
 	if err != nil {
 		return nil, fmt.Errorf("expression %q: %w", e.src, err)
 	}
 	return out, nil
 }
 
-func (e *Expr) run(env *Env) (out any, err error) {
+func (e *Expr) run(env *Env, m *meter) (out any, err error) {
 	if env == nil {
 		env = &Env{}
 	}
-	if env.Steps == nil {
+	steps := env.Steps
+	if steps == nil {
 		// A missing step then reads as the zero StepEnv whether or not the
 		// map exists: status "" and output nil.
-		e2 := *env
-		e2.Steps = map[string]StepEnv{}
-		env = &e2
+		steps = map[string]StepEnv{}
 	}
-	// expr.Run recovers the VM's panics; this guards the rest.
+	// expr's VM recovers its panics; this guards the rest.
 	defer func() {
 		if r := recover(); r != nil {
 			out, err = nil, fmt.Errorf("expression %q: %v", e.src, r)
 		}
 	}()
-	v, err := expr.Run(e.prog, env)
+	machine := vm.VM{MemoryBudget: m.vmBudget()}
+	v, err := machine.Run(e.prog, &evalEnv{Input: env.Input, Steps: steps, Workflow: env.Workflow, Meter: m})
 	if err != nil {
+		var limit *limitError
+		switch {
+		case errors.As(err, &limit):
+			return nil, fmt.Errorf("expression %q: %w", e.src, limit)
+		case exprMessage(err) == "memory budget exceeded": // expr's own count of list elements
+			return nil, fmt.Errorf("expression %q: %w", e.src, errMemoryLimit)
+		}
 		return nil, fmt.Errorf("expression %q: %s", e.src, exprMessage(err))
 	}
 	return v, nil
@@ -206,7 +221,7 @@ func (p *parser) compileExpr(src string, node *yaml.Node, sc *scope, asBool bool
 	if len(problems) > 0 {
 		return nil
 	}
-	opts := []expr.Option{expr.Env(Env{}), expr.Patch(nilSafe{})}
+	opts := append([]expr.Option{expr.Env(evalEnv{}), expr.Patch(nilSafe{}), expr.Patch(meterPatch{})}, meterOptions()...)
 	if asBool {
 		// Compiled once with AsBool only to reject, at load, conditions whose
 		// type is known not to be bool ("1 + 1"). The program kept is the

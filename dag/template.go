@@ -33,7 +33,7 @@ func (t *Template) Eval(env *Env) (any, error) {
 	if env == nil {
 		env = &Env{}
 	}
-	return t.root.eval(env)
+	return t.root.eval(env, newMeter())
 }
 
 // References lists the step names referenced via steps.NAME (sorted, unique),
@@ -46,18 +46,18 @@ func (t *Template) References() []string {
 }
 
 type tnode interface {
-	eval(env *Env) (any, error)
+	eval(env *Env, m *meter) (any, error)
 }
 
 // tLiteral is a scalar without expressions.
 type tLiteral struct{ v any }
 
-func (l tLiteral) eval(*Env) (any, error) { return l.v, nil }
+func (l tLiteral) eval(*Env, *meter) (any, error) { return l.v, nil }
 
 // tExpr is a string that is exactly one ${{ }}: it keeps the value's type.
 type tExpr struct{ e *Expr }
 
-func (x tExpr) eval(env *Env) (any, error) { return x.e.eval(env) }
+func (x tExpr) eval(env *Env, m *meter) (any, error) { return x.e.eval(env, m) }
 
 // tInterp is text with ${{ }} inside: the values are formatted as text.
 type tInterp struct{ parts []tpart }
@@ -67,19 +67,22 @@ type tpart struct {
 	e    *Expr // nil for literal text
 }
 
-func (x tInterp) eval(env *Env) (any, error) {
+func (x tInterp) eval(env *Env, m *meter) (any, error) {
 	var b strings.Builder
 	for _, part := range x.parts {
 		if part.e == nil {
 			b.WriteString(part.text)
 			continue
 		}
-		v, err := part.e.eval(env)
+		v, err := part.e.eval(env, m)
 		if err != nil {
 			return nil, err
 		}
 		s, err := toText(v)
 		if err != nil {
+			return nil, fmt.Errorf("expression %q: %w", part.e.src, err)
+		}
+		if err := m.alloc(int64(len(s))); err != nil {
 			return nil, fmt.Errorf("expression %q: %w", part.e.src, err)
 		}
 		b.WriteString(s)
@@ -89,10 +92,10 @@ func (x tInterp) eval(env *Env) (any, error) {
 
 type tList []tnode
 
-func (l tList) eval(env *Env) (any, error) {
+func (l tList) eval(env *Env, m *meter) (any, error) {
 	out := make([]any, len(l))
 	for i, n := range l {
-		v, err := n.eval(env)
+		v, err := n.eval(env, m)
 		if err != nil {
 			return nil, err
 		}
@@ -106,10 +109,10 @@ type tMap struct {
 	vals []tnode
 }
 
-func (m tMap) eval(env *Env) (any, error) {
-	out := make(map[string]any, len(m.keys))
-	for i, k := range m.keys {
-		v, err := m.vals[i].eval(env)
+func (t tMap) eval(env *Env, m *meter) (any, error) {
+	out := make(map[string]any, len(t.keys))
+	for i, k := range t.keys {
+		v, err := t.vals[i].eval(env, m)
 		if err != nil {
 			return nil, err
 		}
@@ -359,9 +362,14 @@ const maxValueDepth = 1000
 // normalize turns whatever an expression returned into JSON-ready values
 // (map[string]any, []any, string, int/float64, bool, nil), copying
 // containers so the result never aliases the environment.
-func normalize(v any, depth int) (any, error) {
+func normalize(v any, depth int, m *meter) (any, error) {
 	if depth > maxValueDepth {
 		return nil, fmt.Errorf("the result is nested more than %d levels deep", maxValueDepth)
+	}
+	// The copy is charged as it is made: a result such as map(1..1000,
+	// input) shares one value a thousand times and would copy it as often.
+	if err := m.built(v, false); err != nil {
+		return nil, err
 	}
 	switch x := v.(type) {
 	case nil, bool, string, int, int64:
@@ -374,7 +382,7 @@ func normalize(v any, depth int) (any, error) {
 		}
 		return x, nil
 	case float32:
-		return normalize(float64(x), depth)
+		return normalize(float64(x), depth, m)
 	case int8:
 		return int(x), nil
 	case int16:
@@ -398,7 +406,7 @@ func normalize(v any, depth int) (any, error) {
 	case []any:
 		out := make([]any, len(x))
 		for i, e := range x {
-			n, err := normalize(e, depth+1)
+			n, err := normalize(e, depth+1, m)
 			if err != nil {
 				return nil, err
 			}
@@ -408,7 +416,7 @@ func normalize(v any, depth int) (any, error) {
 	case map[string]any:
 		out := make(map[string]any, len(x))
 		for k, e := range x {
-			n, err := normalize(e, depth+1)
+			n, err := normalize(e, depth+1, m)
 			if err != nil {
 				return nil, err
 			}
@@ -422,14 +430,14 @@ func normalize(v any, depth int) (any, error) {
 		if rv.IsNil() {
 			return nil, nil
 		}
-		return normalize(rv.Elem().Interface(), depth+1)
+		return normalize(rv.Elem().Interface(), depth+1, m)
 	case reflect.Slice, reflect.Array:
 		if rv.Kind() == reflect.Slice && rv.IsNil() {
 			return nil, nil
 		}
 		out := make([]any, rv.Len())
 		for i := range out {
-			n, err := normalize(rv.Index(i).Interface(), depth+1)
+			n, err := normalize(rv.Index(i).Interface(), depth+1, m)
 			if err != nil {
 				return nil, err
 			}
@@ -443,7 +451,7 @@ func normalize(v any, depth int) (any, error) {
 		out := make(map[string]any, rv.Len())
 		iter := rv.MapRange()
 		for iter.Next() {
-			n, err := normalize(iter.Value().Interface(), depth+1)
+			n, err := normalize(iter.Value().Interface(), depth+1, m)
 			if err != nil {
 				return nil, err
 			}
@@ -457,7 +465,7 @@ func normalize(v any, depth int) (any, error) {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		return rv.Int(), nil
 	case reflect.Float32, reflect.Float64:
-		return normalize(rv.Float(), depth)
+		return normalize(rv.Float(), depth, m)
 	case reflect.Func, reflect.Chan, reflect.UnsafePointer, reflect.Complex64, reflect.Complex128:
 		return nil, fmt.Errorf("the result is a %T, which JSON cannot hold", v)
 	}

@@ -1,0 +1,84 @@
+package dagrun_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+const hostileWorkflow = `
+name: hostile
+input:
+  type: object
+  properties:
+    s: {type: string}
+    n: {type: integer}
+steps:
+  - name: first
+    handler: echo
+    input: {text: "${{ repeat(input.s, input.n) }}"}
+`
+
+// An expression fed a huge count by the caller, or one that grows without
+// bound on its own, fails its step for good with a message naming the
+// expression and the limit; the process and the other instances carry on.
+// Before the evaluation limits, this start allocated a gigabyte, and a
+// longer s killed the process with out-of-memory.
+func TestExpressionLimitsFailTheStepAndNothingElse(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, hostileWorkflow, `
+name: doubling
+steps:
+  - {name: a, handler: echo, input: {x: 1}}
+  - name: b
+    handler: echo
+    dependsOn: [a]
+    when: "${{ len(reduce(1..40, #acc + #acc, 'x')) > 0 }}"
+`, `
+name: big-input
+input: {type: object, properties: {s: {type: string}, n: {type: integer}}}
+steps:
+  - {name: a, handler: echo, input: "${{ repeat(input.s, input.n) }}"}
+`, `
+name: big-output
+input: {type: object, properties: {s: {type: string}, n: {type: integer}}}
+steps:
+  - {name: a, handler: echo, input: {x: 1}}
+output: ${{ repeat(input.s, input.n) }}
+`, chainWorkflow)
+		b.runWorker(t, nil)
+
+		inst := b.wait(t, b.start(t, "hostile", `{"s": "`+strings.Repeat("a", 1000)+`", "n": 1000000}`))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		s := step(t, inst, "first")
+		require.Equal(t, storage.StepFailed, s.Status)
+		require.Equal(t, 0, s.Attempts, "the handler never ran")
+		require.Equal(t, `input: expression "repeat(input.s, input.n)": repeat would build 953.7 MiB of text, more than the 16 MiB one evaluation may build: simplify the expression or do this work in a handler`, s.Error)
+		require.Equal(t, "step first failed: "+s.Error, inst.Error)
+
+		inst = b.wait(t, b.start(t, "doubling", ``))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, storage.StepCompleted, step(t, inst, "a").Status)
+		s = step(t, inst, "b")
+		require.Equal(t, storage.StepFailed, s.Status)
+		require.Equal(t, `when: expression "len(reduce(1..40, #acc + #acc, 'x')) > 0": it builds more than 16 MiB of values, the limit for one evaluation: simplify the expression or do this work in a handler`, s.Error)
+
+		// Within the evaluation limits but over the size limits.
+		inst = b.wait(t, b.start(t, "big-input", `{"s": "ab", "n": 600000}`))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, "input: the resolved input is 1200002 bytes, over the limit of 1048576 bytes; pass a reference to large data instead", step(t, inst, "a").Error)
+		inst = b.wait(t, b.start(t, "big-output", `{"s": "ab", "n": 600000}`))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, "output: the workflow output is 1200002 bytes, over the limit of 1048576 bytes; return a reference to large data instead", inst.Error)
+		require.Nil(t, inst.Output)
+
+		// Nothing else is broken: the same worker runs the next instance.
+		inst = b.wait(t, b.start(t, "chain", `{"n": 1}`))
+		require.Equal(t, storage.InstanceCompleted, inst.Status)
+		requireJSON(t, `{"result": 4, "label": "n=1"}`, inst.Output)
+	})
+}
