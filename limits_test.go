@@ -1,12 +1,15 @@
 package dagrun_test
 
 import (
+	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/backendtest"
 )
 
 const hostileWorkflow = `
@@ -81,4 +84,31 @@ output: ${{ repeat(input.s, input.n) }}
 		require.Equal(t, storage.InstanceCompleted, inst.Status)
 		requireJSON(t, `{"result": 4, "label": "n=1"}`, inst.Output)
 	})
+}
+
+// wideWorkflow has n independent steps, each with an input expression.
+func wideWorkflow(n int) string {
+	var b strings.Builder
+	b.WriteString("name: wide\nsteps:\n")
+	for i := range n {
+		fmt.Fprintf(&b, "  - {name: s%d, handler: echo, input: \"${{ workflow.id }}\"}\n", i)
+	}
+	return b.String()
+}
+
+// Planning an instance costs in proportion to its steps: it used to build,
+// for every ready step, a map of every step of the instance.
+func TestPlanningIsLinear(t *testing.T) {
+	startBytes := func(n int) uint64 {
+		b := setup(t, func(t *testing.T) storage.Store { return backendtest.OpenSQLite(t) }, nil, wideWorkflow(n))
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		b.start(t, "wide", ``)
+		runtime.ReadMemStats(&after)
+		return after.TotalAlloc - before.TotalAlloc
+	}
+	small, large := startBytes(1000), startBytes(4000)
+	t.Logf("start allocates %d bytes for 1,000 steps, %d for 4,000", small, large)
+	require.Less(t, float64(large)/float64(small), 8.0, "starting 1,000 steps allocates %d bytes, 4,000 steps %d", small, large)
 }

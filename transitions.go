@@ -188,13 +188,13 @@ func (p *planner) env(refs []string) (*dag.Env, error) {
 		}
 		p.outputs = map[string]any{}
 	}
+	// Only the referenced steps: an expression names every step it reads,
+	// and a map of all steps per ready step would make a wide instance's
+	// planning quadratic.
 	env := &dag.Env{
 		Input:    p.input,
-		Steps:    make(map[string]dag.StepEnv, len(p.state.Steps)),
+		Steps:    make(map[string]dag.StepEnv, len(refs)),
 		Workflow: dag.WorkflowEnv{ID: p.state.ID, Name: p.state.Workflow},
-	}
-	for _, s := range p.state.Steps {
-		env.Steps[s.Name] = dag.StepEnv{Status: string(p.status[s.Name])}
 	}
 	for _, name := range refs {
 		i, ok := p.index[name]
@@ -210,9 +210,7 @@ func (p *planner) env(refs []string) (*dag.Env, error) {
 			}
 			p.outputs[name] = out
 		}
-		se := env.Steps[name]
-		se.Output = out
-		env.Steps[name] = se
+		env.Steps[name] = dag.StepEnv{Status: string(p.status[name]), Output: out}
 	}
 	return env, nil
 }

@@ -286,7 +286,9 @@ var checkedBuiltins = map[string]func(m *meter, args []any) error{
 
 var meterType = reflect.TypeOf((*meter)(nil))
 
-// meterOptions declares the functions meterPatch calls.
+// meterOpts declares the functions meterPatch calls.
+var meterOpts = meterOptions()
+
 func meterOptions() []expr.Option {
 	identity := func(charge func(m *meter, v any) error) func(args ...any) (any, error) {
 		return func(args ...any) (any, error) {

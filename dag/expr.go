@@ -158,19 +158,10 @@ func (nilSafe) Visit(n *ast.Node) {
 
 // scope is what an expression may reference.
 type scope struct {
-	where   string          // for messages: `step "x"`, `step #2` or "output"
-	self    string          // the referencing step; "" in output:
-	allowed map[string]bool // steps it may read; nil means any (output:)
-	all     []string        // every valid step name
-	allSet  map[string]bool
-}
-
-func newScope(self string, allowed map[string]bool, all []string) *scope {
-	set := make(map[string]bool, len(all))
-	for _, n := range all {
-		set[n] = true
-	}
-	return &scope{self: self, allowed: allowed, all: all, allSet: set}
+	where   string                 // for messages: `step "x"`, `step #2` or "output"
+	self    string                 // the referencing step; "" in output:
+	canRead func(step string) bool // steps it may read; nil means any (output:)
+	graph   *graphInfo             // every valid step name
 }
 
 // subject names where the expression is, for messages.
@@ -221,7 +212,7 @@ func (p *parser) compileExpr(src string, node *yaml.Node, sc *scope, asBool bool
 	if len(problems) > 0 {
 		return nil
 	}
-	opts := append([]expr.Option{expr.Env(evalEnv{}), expr.Patch(nilSafe{}), expr.Patch(meterPatch{})}, meterOptions()...)
+	opts := append([]expr.Option{expr.Env(evalEnv{}), expr.Patch(nilSafe{}), expr.Patch(meterPatch{})}, meterOpts...)
 	if asBool {
 		// Compiled once with AsBool only to reject, at load, conditions whose
 		// type is known not to be bool ("1 + 1"). The program kept is the
@@ -389,7 +380,7 @@ func checkReferences(tree *exprparser.Tree, sc *scope) (refs []string, problems 
 			continue
 		}
 		name, rest, consumed, ok := dashedRef(b)
-		if !ok || !sc.allSet[name] {
+		if !ok || !sc.graph.set[name] {
 			continue
 		}
 		for _, n := range consumed {
@@ -436,26 +427,20 @@ func checkReferences(tree *exprparser.Tree, sc *scope) (refs []string, problems 
 				continue
 			}
 			switch {
-			case !sc.allSet[step]:
-				others := make([]string, 0, len(sc.all))
-				for _, n := range sc.all {
-					if n != sc.self {
-						others = append(others, n)
-					}
-				}
-				switch s := suggest(step, others); {
+			case !sc.graph.set[step]:
+				switch s, others := suggestExcept(step, sc.graph.names, sc.self), listNames(sc.graph.names, sc.self); {
 				case s != "":
 					problems = append(problems, fmt.Sprintf("unknown step %q (did you mean %q?)", step, s))
-				case len(others) == 0:
+				case others == "":
 					problems = append(problems, fmt.Sprintf("unknown step %q: there is no other step", step))
 				default:
-					problems = append(problems, fmt.Sprintf("unknown step %q (steps: %s)", step, strings.Join(others, ", ")))
+					problems = append(problems, fmt.Sprintf("unknown step %q (steps: %s)", step, others))
 				}
 				continue
 			case step == sc.self:
 				problems = append(problems, fmt.Sprintf("a step cannot read its own output or status (%s)", stepRef(step)))
 				continue
-			case sc.allowed != nil && !sc.allowed[step]:
+			case sc.canRead != nil && !sc.canRead(step):
 				problems = append(problems, fmt.Sprintf("%s does not depend on %q, so it cannot read %s: add %q to its dependsOn (directly or through another step)", sc.subject(), step, stepRef(step), step))
 				continue
 			}

@@ -53,6 +53,15 @@ const (
 	MaxDuration      = 365 * 24 * time.Hour
 )
 
+// Bounds on the size of a workflow, so that validating a file, and planning
+// each of its instances, stays quick and small. Both are far above what a
+// workflow written by hand needs; a larger process is better split into
+// workflows that start one another.
+const (
+	MaxSteps     = 10_000
+	MaxFileBytes = 4 << 20
+)
+
 // Step is one node of the workflow. Retry, Timeout and Queue already include
 // the values inherited from the workflow's defaults.
 type Step struct {
