@@ -179,11 +179,18 @@ func meterCall(fn string, args ...ast.Node) *ast.CallNode {
 	return &ast.CallNode{Callee: &ast.IdentifierNode{Value: fn}, Arguments: append([]ast.Node{meterIdent()}, args...)}
 }
 
-// scalar reports whether a node's type is known to be a number or a bool:
-// operators on those take constant time.
+// scalar reports whether a node's type is known to be a number or a bool,
+// or is a literal or a range: operators on those take constant time, or
+// time bounded by the expression's own size, or are counted by expr (a
+// range, which its optimizer also turns "x in 1..n" into two comparisons).
 func scalar(n ast.Node) bool {
-	if _, isNil := n.(*ast.NilNode); isNil {
+	switch x := n.(type) {
+	case *ast.NilNode, *ast.StringNode, *ast.IntegerNode, *ast.FloatNode, *ast.BoolNode, *ast.ConstantNode:
 		return true
+	case *ast.BinaryNode:
+		if x.Operator == ".." {
+			return true
+		}
 	}
 	t := n.Type()
 	if t == nil {

@@ -105,6 +105,7 @@ func TestLargeButReasonableExpressions(t *testing.T) {
 		{"string work", `${{ len(split(upper(input.text), " ")) }}`},
 		{"repeat", `${{ repeat("ab", 1000000) }}`},
 		{"join", `${{ join(map(input.items, #.sku), ",") }}`},
+		{"membership in a long range", `${{ len(input.items) in 1..100000000 }}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
