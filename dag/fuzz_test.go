@@ -84,6 +84,8 @@ func FuzzTemplate(f *testing.F) {
 		"${{ '}}' }}", "${{ input.a / 0 }}", "${{ steps.a.output.missing.deeper }}", "${{ now() }}",
 		"${{ map(input.list, # * 2) }}", "${{ let x = 1; x + input.a }}", "${{", "${{ }}", "${{ steps }}",
 		"${{ duration('1h') }}", "${{ input.list[9] }}", "${{ toJSON(input) }}", "$${{ workflow.id }}}",
+		"${{ reduce(1..40, #acc + #acc, 'x') }}", "${{ repeat(input.s, 1000000) }}", "${{ map(1..1000, 1..1000) }}",
+		"${{ join(map(1..100000, input.s), ',') }}", "${{ steps.a-b.output }}", "${{ steps['a'].output }}",
 	} {
 		f.Add(s)
 	}
