@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"regexp"
 	"strings"
 
 	"github.com/expr-lang/expr"
@@ -159,6 +160,8 @@ const (
 	fnIterate  = "$iterate"  // charges walking a collection's top level
 	fnOperand  = "$operand"  // charges an operand of + (the result is built from it)
 	fnBuilt    = "$built"    // charges a builtin's fresh result
+	fnScanN    = "$scanN"    // charges reading text once per instruction of a literal pattern
+	fnMatches  = "$matches"  // text matches a pattern known only when run
 	overridden = "$builtin_" // prefix of the builtins replaced by checked versions
 )
 
@@ -215,6 +218,17 @@ func (meterPatch) Visit(n *ast.Node) {
 			return // constant time; .. is counted by expr itself
 		case "+":
 			wrap = fnOperand
+		case "matches":
+			// Go's regexp reads the text once per instruction of the pattern
+			// in the worst case.
+			if pattern, literal := x.Right.(*ast.StringNode); literal {
+				if !scalar(x.Left) {
+					x.Left = meterCall(fnScanN, x.Left, &ast.IntegerNode{Value: len(pattern.Value) + 1})
+				}
+			} else {
+				ast.Patch(n, meterCall(fnMatches, x.Left, x.Right))
+			}
+			return
 		}
 		if !scalar(x.Left) {
 			x.Left = meterCall(wrap, x.Left)
@@ -306,8 +320,8 @@ func meterOptions() []expr.Option {
 		}
 	}
 	sameType := func(args []reflect.Type) (reflect.Type, error) {
-		if len(args) != 2 {
-			return nil, fmt.Errorf("internal: want 2 arguments, got %d", len(args))
+		if len(args) < 2 {
+			return nil, fmt.Errorf("internal: want at least 2 arguments, got %d", len(args))
 		}
 		return args[1], nil
 	}
@@ -319,6 +333,26 @@ func meterOptions() []expr.Option {
 		fnBuilt:   func(m *meter, v any) error { return m.built(v, true) },
 	}
 	var opts []expr.Option
+	scanN := &builtin.Function{Name: fnScanN, Validate: sameType, Func: func(args ...any) (any, error) {
+		m, times := args[0].(*meter), int64(args[2].(int))
+		elements, bytes := measure(args[1], true, EvalStepLimit-m.steps+1)
+		if err := m.work(elements + bytes*times/textPerStep); err != nil {
+			return nil, err
+		}
+		return args[1], nil
+	}}
+	matches := &builtin.Function{Name: fnMatches, Types: []reflect.Type{reflect.TypeOf(func(*meter, string, string) bool { return false })},
+		Func: func(args ...any) (any, error) {
+			m, text, pattern := args[0].(*meter), args[1].(string), args[2].(string)
+			if err := m.alloc(int64(len(pattern)) * elementBytes); err != nil { // the compiled program
+				return nil, err
+			}
+			if err := m.work(1 + int64(len(text))*int64(len(pattern)+1)/textPerStep); err != nil {
+				return nil, err
+			}
+			return regexp.MatchString(pattern, text)
+		}}
+	opts = append(opts, func(c *conf.Config) { c.Functions[fnScanN], c.Functions[fnMatches] = scanN, matches })
 	for name, charge := range fns {
 		f := &builtin.Function{Name: name, Func: identity(charge), Validate: sameType}
 		opts = append(opts, func(c *conf.Config) { c.Functions[f.Name] = f })

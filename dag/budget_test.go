@@ -44,7 +44,7 @@ func TestHostileExpressionsStopAtTheLimit(t *testing.T) {
 	}
 	env := &Env{Input: map[string]any{
 		"s": "x", "kb": strings.Repeat("k", 1000), "big": big, "n": 1_000_000_000_000, "ints": ints,
-		"obj": map[string]any{"text": big},
+		"obj": map[string]any{"text": big}, "pattern": "(x|y)*" + strings.Repeat("(a|b)?", 500),
 	}}
 	const maxAllocated = 3 * EvalMemoryLimit
 	for _, tc := range []struct{ name, input, want string }{
@@ -68,6 +68,8 @@ func TestHostileExpressionsStopAtTheLimit(t *testing.T) {
 		{"membership in a loop", `${{ count(input.ints, count(input.ints, # in input.ints) > 0) }}`, "steps"},
 		{"ranges", `${{ map(1..1000, 1..1000) }}`, "builds more than 16 MiB of values"},
 		{"huge range", `${{ len(1..1000000000) }}`, "builds more than 16 MiB of values"},
+		{"literal pattern over long text", `${{ count(1..1000, input.big matches "^(a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p)+$") }}`, "steps"},
+		{"pattern from the input", `${{ input.big matches input.pattern }}`, "steps"},
 		{"sum in a loop", `${{ count(input.ints, sum(input.ints) > 0) }}`, "steps"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -96,7 +98,7 @@ func TestLargeButReasonableExpressions(t *testing.T) {
 	for i := range allowed {
 		allowed[i] = i * 7
 	}
-	env := &Env{Input: map[string]any{"items": items, "allowed": allowed, "text": strings.Repeat("abc ", 200_000)}}
+	env := &Env{Input: map[string]any{"items": items, "allowed": allowed, "text": strings.Repeat("abc ", 200_000), "pattern": "(abc )+"}}
 	for _, tc := range []struct{ name, input string }{
 		{"whole input", `${{ input }}`},
 		{"map over many items", `${{ map(input.items, #.sku) }}`},
@@ -105,6 +107,8 @@ func TestLargeButReasonableExpressions(t *testing.T) {
 		{"string work", `${{ len(split(upper(input.text), " ")) }}`},
 		{"repeat", `${{ repeat("ab", 1000000) }}`},
 		{"join", `${{ join(map(input.items, #.sku), ",") }}`},
+		{"pattern", `${{ all(input.items, #.sku matches "^sku-x+$") }}`},
+		{"pattern from the input", `${{ input.text matches input.pattern }}`},
 		{"membership in a long range", `${{ len(input.items) in 1..100000000 }}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
