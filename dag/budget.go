@@ -237,7 +237,8 @@ func (meterPatch) Visit(n *ast.Node) {
 			x.Right = meterCall(wrap, x.Right)
 		}
 	case *ast.BuiltinNode:
-		if _, ok := checkedBuiltins[x.Name]; ok {
+		_, replaced := meteredBuiltins[x.Name]
+		if _, checked := checkedBuiltins[x.Name]; checked || replaced {
 			ast.Patch(n, meterCall(overridden+x.Name, x.Arguments...))
 			return
 		}
@@ -305,6 +306,49 @@ var checkedBuiltins = map[string]func(m *meter, args []any) error{
 	},
 }
 
+// meteredBuiltins replace builtins whose work is not proportional to their
+// arguments, with the same result and a charge for each step.
+var meteredBuiltins = map[string]func(m *meter, args []any) (any, error){
+	// expr's uniq compares each element with every one kept so far: 10^5
+	// distinct numbers are 5·10^9 comparisons. Text, the common case, goes
+	// through a set instead (a string only ever equals a string).
+	"uniq": func(m *meter, args []any) (any, error) {
+		if len(args) != 1 {
+			return nil, fmt.Errorf("invalid number of arguments (expected 1, got %d)", len(args))
+		}
+		v := reflect.ValueOf(args[0])
+		if v.Kind() != reflect.Array && v.Kind() != reflect.Slice {
+			return nil, fmt.Errorf("cannot uniq %s", v.Kind())
+		}
+		kept := []any{}
+		texts := map[string]bool{}
+	items:
+		for i := 0; i < v.Len(); i++ {
+			item := v.Index(i).Interface()
+			if err := m.work(1); err != nil {
+				return nil, err
+			}
+			if s, isText := item.(string); isText {
+				if !texts[s] {
+					texts[s] = true
+					kept = append(kept, item)
+				}
+				continue
+			}
+			for _, k := range kept {
+				if err := m.work(1); err != nil {
+					return nil, err
+				}
+				if runtime.Equal(item, k) {
+					continue items
+				}
+			}
+			kept = append(kept, item)
+		}
+		return kept, nil
+	},
+}
+
 var meterType = reflect.TypeOf((*meter)(nil))
 
 // meterOpts declares the functions meterPatch calls.
@@ -367,24 +411,36 @@ func meterOptions() []expr.Option {
 				return out, err
 			}
 		}
-		types := make([]reflect.Type, len(orig.Types))
-		for i, t := range orig.Types {
-			in := []reflect.Type{meterType}
-			for j := 0; j < t.NumIn(); j++ {
-				in = append(in, t.In(j))
-			}
-			out := []reflect.Type{t.Out(0)}
-			types[i] = reflect.FuncOf(in, out, t.IsVariadic())
-		}
-		f := &builtin.Function{Name: overridden + name, Types: types, Func: func(args ...any) (any, error) {
-			if err := check(args[0].(*meter), args[1:]); err != nil {
+		opts = append(opts, overrideBuiltin(orig, func(m *meter, args []any) (any, error) {
+			if err := check(m, args); err != nil {
 				return nil, err
 			}
-			return call(args[1:]...)
-		}}
-		opts = append(opts, func(c *conf.Config) { c.Functions[f.Name] = f })
+			return call(args...)
+		}))
+	}
+	for name, call := range meteredBuiltins {
+		opts = append(opts, overrideBuiltin(builtin.Builtins[builtin.Index[name]], call))
 	}
 	return opts
+}
+
+// overrideBuiltin declares the function meterPatch calls instead of orig:
+// orig's signatures with the meter first.
+func overrideBuiltin(orig *builtin.Function, call func(m *meter, args []any) (any, error)) expr.Option {
+	f := &builtin.Function{Name: overridden + orig.Name, Func: func(args ...any) (any, error) {
+		return call(args[0].(*meter), args[1:])
+	}}
+	if validate := orig.Validate; validate != nil {
+		f.Validate = func(args []reflect.Type) (reflect.Type, error) { return validate(args[1:]) }
+	}
+	for _, t := range orig.Types {
+		in := []reflect.Type{meterType}
+		for j := 0; j < t.NumIn(); j++ {
+			in = append(in, t.In(j))
+		}
+		f.Types = append(f.Types, reflect.FuncOf(in, []reflect.Type{t.Out(0)}, t.IsVariadic()))
+	}
+	return func(c *conf.Config) { c.Functions[f.Name] = f }
 }
 
 // fmtBytes prints a size the way limits are written: 16 MiB, 95.4 MiB.

@@ -70,6 +70,7 @@ func TestHostileExpressionsStopAtTheLimit(t *testing.T) {
 		{"huge range", `${{ len(1..1000000000) }}`, "builds more than 16 MiB of values"},
 		{"literal pattern over long text", `${{ count(1..1000, input.big matches "^(a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p)+$") }}`, "steps"},
 		{"pattern from the input", `${{ input.big matches input.pattern }}`, "steps"},
+		{"uniq of distinct numbers", `${{ uniq(input.ints) }}`, "steps"},
 		{"sum in a loop", `${{ count(input.ints, sum(input.ints) > 0) }}`, "steps"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -109,6 +110,7 @@ func TestLargeButReasonableExpressions(t *testing.T) {
 		{"join", `${{ join(map(input.items, #.sku), ",") }}`},
 		{"pattern", `${{ all(input.items, #.sku matches "^sku-x+$") }}`},
 		{"pattern from the input", `${{ input.text matches input.pattern }}`},
+		{"uniq", `${{ [uniq(map(input.items, #.sku)), uniq([1, 1.0, "1", nil, nil, true, true, [1], [1]])] }}`},
 		{"membership in a long range", `${{ len(input.items) in 1..100000000 }}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -126,4 +128,13 @@ func TestConditionStopsAtTheLimit(t *testing.T) {
 	_, err := w.Step("a").When.Bool(&Env{Input: map[string]any{"s": "ab", "n": 1 << 40}})
 	require.True(t, errors.Is(err, ErrEvalLimit), "got %v", err)
 	require.EqualError(t, err, `expression "len(repeat(input.s, input.n)) > 0": repeat would build 2 TiB of text, more than the 16 MiB one evaluation may build: simplify the expression or do this work in a handler`)
+}
+
+// The metered uniq keeps expr's results: the first of each equal group, in
+// order, numbers equal across int and float.
+func TestMeteredUniqKeepsExprResults(t *testing.T) {
+	t.Parallel()
+	got, err := inputTemplate(t, `${{ [uniq([1, 1.0, "1", nil, nil, true, true, [1], [1], "a", "b", "a"]), uniq([])] }}`).Eval(nil)
+	require.NoError(t, err)
+	require.Equal(t, `[[1,"1",null,true,[1],"a","b"],[]]`, jsonOf(t, got))
 }
