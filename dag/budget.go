@@ -101,14 +101,15 @@ func measure(v any, deep bool, limit int64) (elements, bytes int64) {
 			bytes += int64(len(x))
 		case []any:
 			elements += int64(len(x))
-			if deep {
-				for _, e := range x {
-					walk(e)
-				}
+			for i := 0; deep && i < len(x) && elements+bytes <= limit; i++ {
+				walk(x[i])
 			}
 		case map[string]any:
 			elements += int64(len(x))
 			for k, e := range x {
+				if elements+bytes > limit {
+					break
+				}
 				bytes += int64(len(k))
 				if deep {
 					walk(e)
