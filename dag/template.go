@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -13,6 +14,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 )
+
+var wholeNumber = regexp.MustCompile(`^[-+]?[0-9]+$`)
 
 // Template is a YAML value (scalar, list or mapping, nested at will) whose
 // strings may hold ${{ }} expressions. It is compiled once at load and
@@ -23,7 +26,8 @@ type Template struct {
 }
 
 // Eval builds the value for one instance: maps are map[string]any, lists
-// []any, numbers int or float64, plus string, bool and nil; the result can be
+// []any, numbers int, float64 or (a whole number of the file beyond int64)
+// json.Number, plus string, bool and nil; the result can be
 // passed to json.Marshal as is and is never shared with env or other calls.
 // A failing expression gives an error naming it.
 func (t *Template) Eval(env *Env) (any, error) {
@@ -193,8 +197,12 @@ func (p *parser) tscalar(n *yaml.Node, sc *scope, refs map[string]bool) tnode {
 			p.c.at(n, "%s%s cannot be represented in JSON: quote it to pass it as text", sc.label(), n.Value)
 			return nil
 		}
-		if u, ok := v.(uint64); ok {
-			v = float64(u)
+		// A whole number past 64 bits (YAML makes it a float) or past int64
+		// keeps every digit, as the JSON number it is; as a float64 it would
+		// silently become another number.
+		_, isUint := v.(uint64)
+		if _, isFloat := v.(float64); (isFloat || isUint) && wholeNumber.MatchString(n.Value) {
+			v = json.Number(strings.TrimPrefix(n.Value, "+"))
 		}
 		return tLiteral{v: v}
 	}

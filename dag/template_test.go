@@ -298,3 +298,12 @@ steps:
 	require.NoError(t, err)
 	require.Equal(t, `{"line":"said hi then done","text":"hi"}`, jsonOf(t, got))
 }
+
+// A whole number of the file beyond int64 keeps every digit: as a float64
+// it would become another number.
+func TestBigWholeNumbersKeepTheirDigits(t *testing.T) {
+	t.Parallel()
+	got, err := evalTemplate(t, `{big: 123456789012345678901234567890, u: 18446744073709551615, neg: -99999999999999999999, max: 9223372036854775807, f: 1.5e300}`, nil)
+	require.NoError(t, err)
+	require.Equal(t, `{"big":123456789012345678901234567890,"f":1.5e+300,"max":9223372036854775807,"neg":-99999999999999999999,"u":18446744073709551615}`, jsonOf(t, got))
+}
