@@ -179,7 +179,7 @@ func (e *Engine) definition(hash string, load func() ([]byte, error)) (*dag.Work
 	if err != nil {
 		return nil, fmt.Errorf("load definition %s: %w", hash, err)
 	}
-	w, err := dag.Parse("", src, nil)
+	w, err := dag.Parse("", src, &dag.ParseOptions{Stored: true})
 	if err != nil {
 		return nil, fmt.Errorf("parse definition snapshot %s: %w", hash, err)
 	}

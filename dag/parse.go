@@ -24,6 +24,12 @@ type ParseOptions struct {
 	// only used to make the unregistered-handler message helpful (the list and
 	// a did-you-mean). Without it the message names no alternatives.
 	HandlerNames func() []string
+	// Stored, for a definition snapshot an instance already runs under,
+	// skips the bounds on sizes and numbers (MaxSteps, MaxFileBytes,
+	// MaxAttemptsLimit, MinDuration, MaxDuration): a snapshot written by an
+	// earlier version must still plan, and its steps' retry and timeout
+	// were stored with the instance.
+	Stored bool
 }
 
 // Parse parses and validates one workflow. filename is used in error positions
@@ -35,7 +41,7 @@ func Parse(filename string, src []byte, opts *ParseOptions) (*Workflow, error) {
 		opts = &ParseOptions{}
 	}
 	p := &parser{c: &collector{file: filename}, src: src, opts: opts, filename: filename}
-	if len(src) > MaxFileBytes {
+	if len(src) > MaxFileBytes && !opts.Stored {
 		p.c.atPos(1, 1, "the file is larger than the limit of %s for a workflow file: split it into workflows that start one another", fmtBytes(MaxFileBytes))
 		return nil, p.c.errs
 	}

@@ -211,3 +211,24 @@ func TestValidationIsLinear(t *testing.T) {
 		require.Less(t, ratio, 8.0, "%s: 1,000 steps allocate %d bytes, 4,000 steps %d", name, smallBytes, largeBytes)
 	}
 }
+
+// A snapshot stored by an earlier version, before the bounds on sizes and
+// numbers, still parses when read back as stored.
+func TestStoredSnapshotSkipsTheNewBounds(t *testing.T) {
+	t.Parallel()
+	src := []byte(`name: old
+steps:
+  - name: a
+    handler: echo
+    timeout: 500us
+    retry: {maxAttempts: 4294967297, backoff: 1ns, maxBackoff: 9000h}
+`)
+	_, err := Parse("", src, nil)
+	require.Error(t, err)
+	w, err := Parse("", src, &ParseOptions{Stored: true})
+	require.NoError(t, err)
+	require.Equal(t, 4294967297, w.Step("a").Retry.MaxAttempts)
+
+	_, err = Parse("", chainSource(MaxSteps+1), &ParseOptions{Stored: true})
+	require.NoError(t, err)
+}

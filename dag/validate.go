@@ -69,7 +69,7 @@ func (p *parser) build(raw *rawWorkflow) *Workflow {
 	if raw.Input != nil {
 		w.InputSchema, w.schema = p.inputSchema(raw.Input)
 	}
-	if n := raw.Steps; n != nil && n.Kind == yaml.SequenceNode && len(n.Content) > MaxSteps {
+	if n := raw.Steps; n != nil && n.Kind == yaml.SequenceNode && len(n.Content) > MaxSteps && !p.opts.Stored {
 		p.c.at(n, `"steps" has %d steps, over the limit of %d per workflow: split it into workflows that start one another`, len(n.Content), MaxSteps)
 		return w
 	}
@@ -242,7 +242,7 @@ func (p *parser) retry(n *yaml.Node, label, where string) partialRetry {
 			p.c.at(n, "%sretry.maxAttempts must be a whole number from 1 to %d (it counts the first try), got %s", prefix(label), MaxAttemptsLimit, describe(n))
 		case v < 1:
 			p.c.at(n, "%sretry.maxAttempts must be at least 1 (it counts the first try), got %s", prefix(label), n.Value)
-		case err != nil || v > MaxAttemptsLimit:
+		case (err != nil || v > MaxAttemptsLimit) && !p.opts.Stored:
 			p.c.at(n, "%sretry.maxAttempts must be at most %d, got %s", prefix(label), MaxAttemptsLimit, n.Value)
 		default:
 			attempts := int(v)
@@ -296,6 +296,7 @@ func (p *parser) duration(n *yaml.Node, label, what string) (time.Duration, bool
 		}
 		p.c.at(n, "%s%s must be greater than 0, got %q%s", prefix(label), what, n.Value, hint)
 		return 0, false
+	case p.opts.Stored:
 	case d < MinDuration:
 		p.c.at(n, "%s%s %q is too short: at least %s", prefix(label), what, n.Value, fmtDuration(MinDuration))
 		return 0, false
