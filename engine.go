@@ -18,8 +18,9 @@ import (
 
 // Defaults for Config fields left zero.
 const (
-	DefaultMaxInputBytes  = 1 << 20
-	DefaultMaxOutputBytes = 1 << 20
+	DefaultMaxInputBytes     = 1 << 20
+	DefaultMaxOutputBytes    = 1 << 20
+	DefaultMaxPlanInputBytes = 64 << 20
 )
 
 // Config configures an Engine. The zero value is usable.
@@ -36,6 +37,13 @@ type Config struct {
 	// attempt permanently) and the workflow's output (a larger one fails
 	// the instance). Default: DefaultMaxOutputBytes (1 MiB).
 	MaxOutputBytes int
+	// MaxPlanInputBytes bounds the step inputs one transition of an
+	// instance resolves, in its store transaction: a wide instance whose
+	// steps each receive a large input would otherwise build them all at
+	// once (10,000 steps of 1 MiB are 10 GB). Ready steps past it wait, still
+	// blocked, for the instance's next transition, which the steps made
+	// ready in this one bring. Default: DefaultMaxPlanInputBytes (64 MiB).
+	MaxPlanInputBytes int
 	// Observer receives starts, finishes and attempts, for metrics.
 	// Default: none.
 	Observer Observer
@@ -46,6 +54,7 @@ func (c *Config) withDefaults() *Config {
 	out.Logger = cmp.Or(c.Logger, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	out.MaxInputBytes = cmp.Or(c.MaxInputBytes, DefaultMaxInputBytes)
 	out.MaxOutputBytes = cmp.Or(c.MaxOutputBytes, DefaultMaxOutputBytes)
+	out.MaxPlanInputBytes = cmp.Or(c.MaxPlanInputBytes, DefaultMaxPlanInputBytes)
 	if out.Observer == nil {
 		out.Observer = nopObserver{}
 	}
@@ -53,8 +62,8 @@ func (c *Config) withDefaults() *Config {
 }
 
 func (c *Config) validate() error {
-	if c.MaxInputBytes < 0 || c.MaxOutputBytes < 0 {
-		return errors.New("dagrun: MaxInputBytes and MaxOutputBytes must not be negative")
+	if c.MaxInputBytes < 0 || c.MaxOutputBytes < 0 || c.MaxPlanInputBytes < 0 {
+		return errors.New("dagrun: MaxInputBytes, MaxOutputBytes and MaxPlanInputBytes must not be negative")
 	}
 	seen := map[string]bool{}
 	for _, w := range c.Workflows {

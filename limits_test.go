@@ -1,6 +1,7 @@
 package dagrun_test
 
 import (
+	"context"
 	"fmt"
 	"runtime"
 	"strings"
@@ -8,6 +9,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/dag"
+	"github.com/dagrun/dagrun/handlers"
 	"github.com/dagrun/dagrun/storage"
 	"github.com/dagrun/dagrun/storage/backendtest"
 )
@@ -111,4 +115,42 @@ func TestPlanningIsLinear(t *testing.T) {
 	small, large := startBytes(1000), startBytes(4000)
 	t.Logf("start allocates %d bytes for 1,000 steps, %d for 4,000", small, large)
 	require.Less(t, float64(large)/float64(small), 8.0, "starting 1,000 steps allocates %d bytes, 4,000 steps %d", small, large)
+}
+
+// A transition resolves ready steps' inputs up to MaxPlanInputBytes; the
+// rest wait, blocked, for the next transition, and every step still runs.
+func TestPlanInputBudgetDefersTheRest(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		var src strings.Builder
+		src.WriteString("name: fan\nsteps:\n")
+		for i := range 10 {
+			fmt.Fprintf(&src, "  - {name: s%d, handler: echo, input: \"${{ input.s }}\"}\n", i)
+		}
+		w, err := dag.Parse("", []byte(src.String()), nil)
+		require.NoError(t, err)
+		registry := handlers.NewRegistry()
+		handlers.RegisterBuiltins(registry)
+		store := open(t)
+		engine, err := dagrun.New(store, registry, &dagrun.Config{Workflows: []*dag.Workflow{w}, MaxPlanInputBytes: 5000})
+		require.NoError(t, err)
+		b := &testBundle{engine: engine, store: store, registry: registry}
+
+		id := b.start(t, "fan", `{"s": "`+strings.Repeat("x", 2000)+`"}`)
+		inst, err := engine.Get(context.Background(), id)
+		require.NoError(t, err)
+		counts := map[storage.StepStatus]int{}
+		for _, s := range inst.Steps {
+			counts[s.Status]++
+		}
+		require.Equal(t, map[storage.StepStatus]int{storage.StepPending: 3, storage.StepBlocked: 7}, counts,
+			"3 inputs of 2,002 bytes pass 5,000 bytes; the other 7 wait")
+
+		b.runWorker(t, nil)
+		inst = b.wait(t, id)
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		for _, s := range inst.Steps {
+			require.Equal(t, storage.StepCompleted, s.Status, s.Name)
+		}
+	})
 }

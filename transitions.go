@@ -49,12 +49,19 @@ type planner struct {
 
 func (p *planner) run() (*storage.Plan, error) {
 	plan := &storage.Plan{}
+	resolved := 0 // bytes of the inputs resolved so far
 	// Topological order lets a skip cascade through a chain in one pass.
 	for _, step := range p.w.TopologicalOrder() {
 		if p.status[step.Name] != storage.StepBlocked || !p.ready(step) {
 			continue
 		}
+		if resolved >= p.config.MaxPlanInputBytes {
+			// The rest wait for the next transition, which the pending
+			// steps resolved so far will bring (see MaxPlanInputBytes).
+			break
+		}
 		change := p.resolve(step)
+		resolved += len(change.Input)
 		p.status[step.Name] = change.Status
 		if change.Error != "" {
 			if p.errors == nil {
