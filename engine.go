@@ -21,6 +21,7 @@ const (
 	DefaultMaxInputBytes     = 1 << 20
 	DefaultMaxOutputBytes    = 1 << 20
 	DefaultMaxPlanInputBytes = 64 << 20
+	DefaultMaxPlanExprSteps  = 10 * dag.EvalStepLimit
 )
 
 // Config configures an Engine. The zero value is usable.
@@ -44,6 +45,12 @@ type Config struct {
 	// blocked, for the instance's next transition, which the steps made
 	// ready in this one bring. Default: DefaultMaxPlanInputBytes (64 MiB).
 	MaxPlanInputBytes int
+	// MaxPlanExprSteps bounds, in the same way, the work the expressions of
+	// one transition do (counted as dag.EvalStepLimit counts it), so that a
+	// wide instance whose conditions each loop over a large input holds the
+	// store's write lock for a bounded time. Default:
+	// DefaultMaxPlanExprSteps (ten evaluations at their own limit).
+	MaxPlanExprSteps int
 	// Observer receives starts, finishes and attempts, for metrics.
 	// Default: none.
 	Observer Observer
@@ -55,6 +62,7 @@ func (c *Config) withDefaults() *Config {
 	out.MaxInputBytes = cmp.Or(c.MaxInputBytes, DefaultMaxInputBytes)
 	out.MaxOutputBytes = cmp.Or(c.MaxOutputBytes, DefaultMaxOutputBytes)
 	out.MaxPlanInputBytes = cmp.Or(c.MaxPlanInputBytes, DefaultMaxPlanInputBytes)
+	out.MaxPlanExprSteps = cmp.Or(c.MaxPlanExprSteps, DefaultMaxPlanExprSteps)
 	if out.Observer == nil {
 		out.Observer = nopObserver{}
 	}
@@ -62,8 +70,8 @@ func (c *Config) withDefaults() *Config {
 }
 
 func (c *Config) validate() error {
-	if c.MaxInputBytes < 0 || c.MaxOutputBytes < 0 || c.MaxPlanInputBytes < 0 {
-		return errors.New("dagrun: MaxInputBytes, MaxOutputBytes and MaxPlanInputBytes must not be negative")
+	if min(c.MaxInputBytes, c.MaxOutputBytes, c.MaxPlanInputBytes, c.MaxPlanExprSteps) < 0 {
+		return errors.New("dagrun: MaxInputBytes, MaxOutputBytes, MaxPlanInputBytes and MaxPlanExprSteps must not be negative")
 	}
 	seen := map[string]bool{}
 	for _, w := range c.Workflows {

@@ -117,40 +117,78 @@ func TestPlanningIsLinear(t *testing.T) {
 	require.Less(t, float64(large)/float64(small), 8.0, "starting 1,000 steps allocates %d bytes, 4,000 steps %d", small, large)
 }
 
-// A transition resolves ready steps' inputs up to MaxPlanInputBytes; the
-// rest wait, blocked, for the next transition, and every step still runs.
-func TestPlanInputBudgetDefersTheRest(t *testing.T) {
+// setupConfig is setup with a Config of the test's own.
+func setupConfig(t *testing.T, open func(t *testing.T) storage.Store, config dagrun.Config, source string) *testBundle {
+	t.Helper()
+	w, err := dag.Parse("", []byte(source), nil)
+	require.NoError(t, err)
+	registry := handlers.NewRegistry()
+	handlers.RegisterBuiltins(registry)
+	store := open(t)
+	config.Workflows = []*dag.Workflow{w}
+	engine, err := dagrun.New(store, registry, &config)
+	require.NoError(t, err)
+	return &testBundle{engine: engine, store: store, registry: registry}
+}
+
+// fanOut is a workflow of n independent steps sharing one step body.
+func fanOut(n int, body string) string {
+	var src strings.Builder
+	src.WriteString("name: fan\nsteps:\n")
+	for i := range n {
+		fmt.Fprintf(&src, "  - {name: s%d, handler: echo, %s}\n", i, body)
+	}
+	return src.String()
+}
+
+func stepCounts(t *testing.T, b *testBundle, id string) map[storage.StepStatus]int {
+	t.Helper()
+	inst, err := b.engine.Get(context.Background(), id)
+	require.NoError(t, err)
+	counts := map[storage.StepStatus]int{}
+	for _, s := range inst.Steps {
+		counts[s.Status]++
+	}
+	return counts
+}
+
+// A transition resolves ready steps up to MaxPlanInputBytes of inputs and
+// MaxPlanExprSteps of expression work; the rest wait, blocked, for the next
+// transition, and every step still runs.
+func TestPlanBudgetDefersTheRest(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
-		var src strings.Builder
-		src.WriteString("name: fan\nsteps:\n")
-		for i := range 10 {
-			fmt.Fprintf(&src, "  - {name: s%d, handler: echo, input: \"${{ input.s }}\"}\n", i)
-		}
-		w, err := dag.Parse("", []byte(src.String()), nil)
-		require.NoError(t, err)
-		registry := handlers.NewRegistry()
-		handlers.RegisterBuiltins(registry)
-		store := open(t)
-		engine, err := dagrun.New(store, registry, &dagrun.Config{Workflows: []*dag.Workflow{w}, MaxPlanInputBytes: 5000})
-		require.NoError(t, err)
-		b := &testBundle{engine: engine, store: store, registry: registry}
+		for _, tc := range []struct {
+			name   string
+			config dagrun.Config
+			body   string
+			input  string
+		}{
+			// 3 inputs of 2,002 bytes pass 5,000 bytes.
+			{"input bytes", dagrun.Config{MaxPlanInputBytes: 5000}, `input: "${{ input.s }}"`, `{"s": "` + strings.Repeat("x", 2000) + `"}`},
+			// 2 conditions of about 600 steps pass 1,000 steps.
+			{"expression steps", dagrun.Config{MaxPlanExprSteps: 1000}, `when: "${{ count(1..600, # > 0) > 0 }}"`, `{}`},
+		} {
+			b := setupConfig(t, open, tc.config, fanOut(10, tc.body))
+			id := b.start(t, "fan", tc.input)
+			want := map[storage.StepStatus]int{storage.StepPending: 3, storage.StepBlocked: 7}
+			if tc.name == "expression steps" {
+				want = map[storage.StepStatus]int{storage.StepPending: 2, storage.StepBlocked: 8}
+			}
+			require.Equal(t, want, stepCounts(t, b, id), tc.name)
 
-		id := b.start(t, "fan", `{"s": "`+strings.Repeat("x", 2000)+`"}`)
-		inst, err := engine.Get(context.Background(), id)
-		require.NoError(t, err)
-		counts := map[storage.StepStatus]int{}
-		for _, s := range inst.Steps {
-			counts[s.Status]++
+			b.runWorker(t, nil)
+			inst := b.wait(t, id)
+			require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+			for _, s := range inst.Steps {
+				require.Equal(t, storage.StepCompleted, s.Status, s.Name)
+			}
 		}
-		require.Equal(t, map[storage.StepStatus]int{storage.StepPending: 3, storage.StepBlocked: 7}, counts,
-			"3 inputs of 2,002 bytes pass 5,000 bytes; the other 7 wait")
 
-		b.runWorker(t, nil)
-		inst = b.wait(t, id)
-		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
-		for _, s := range inst.Steps {
-			require.Equal(t, storage.StepCompleted, s.Status, s.Name)
-		}
+		// Skipped steps bring no later transition: nothing may wait for one.
+		b := setupConfig(t, open, dagrun.Config{MaxPlanExprSteps: 1000}, fanOut(10, `when: "${{ count(1..600, # > 0) < 0 }}"`))
+		inst, err := b.engine.Get(context.Background(), b.start(t, "fan", `{}`))
+		require.NoError(t, err)
+		require.Equal(t, storage.InstanceCompleted, inst.Status)
 	})
 }

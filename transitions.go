@@ -45,23 +45,29 @@ type planner struct {
 	decoded bool
 	outputs map[string]any
 	errors  map[string]string // of the steps this plan fails
+	usage   dag.Usage         // of the expressions evaluated so far
 }
 
 func (p *planner) run() (*storage.Plan, error) {
 	plan := &storage.Plan{}
 	resolved := 0 // bytes of the inputs resolved so far
+	// A pending or running step will bring another transition; only then
+	// may ready steps be left for it (see MaxPlanInputBytes).
+	later := false
+	for _, s := range p.state.Steps {
+		later = later || s.Status == storage.StepPending || s.Status == storage.StepRunning
+	}
 	// Topological order lets a skip cascade through a chain in one pass.
 	for _, step := range p.w.TopologicalOrder() {
 		if p.status[step.Name] != storage.StepBlocked || !p.ready(step) {
 			continue
 		}
-		if resolved >= p.config.MaxPlanInputBytes {
-			// The rest wait for the next transition, which the pending
-			// steps resolved so far will bring (see MaxPlanInputBytes).
+		if later && (resolved >= p.config.MaxPlanInputBytes || p.usage.Steps >= int64(p.config.MaxPlanExprSteps)) {
 			break
 		}
 		change := p.resolve(step)
 		resolved += len(change.Input)
+		later = later || change.Status == storage.StepPending
 		p.status[step.Name] = change.Status
 		if change.Error != "" {
 			if p.errors == nil {
@@ -202,6 +208,7 @@ func (p *planner) env(refs []string) (*dag.Env, error) {
 		Input:    p.input,
 		Steps:    make(map[string]dag.StepEnv, len(refs)),
 		Workflow: dag.WorkflowEnv{ID: p.state.ID, Name: p.state.Workflow},
+		Usage:    &p.usage,
 	}
 	for _, name := range refs {
 		i, ok := p.index[name]

@@ -64,6 +64,14 @@ type meter struct {
 
 func newMeter() *meter { return &meter{} }
 
+// report adds the evaluation's cost to env.Usage.
+func (m *meter) report(env *Env) {
+	if env != nil && env.Usage != nil {
+		env.Usage.Memory += m.memory
+		env.Usage.Steps += m.steps
+	}
+}
+
 func (m *meter) alloc(bytes int64) error {
 	m.memory += bytes
 	if m.memory > EvalMemoryLimit {

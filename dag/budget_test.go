@@ -138,3 +138,23 @@ func TestMeteredUniqKeepsExprResults(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, `[[1,"1",null,true,[1],"a","b"],[]]`, jsonOf(t, got))
 }
+
+// Env.Usage adds up what each evaluation cost, failed ones included.
+func TestUsageAddsUpEvaluations(t *testing.T) {
+	t.Parallel()
+	w := mustParse(t, "name: t\nsteps:\n  - name: a\n    handler: echo\n    when: \"${{ count(1..100, # > 0) > 0 }}\"\n    input: \"${{ repeat('ab', 1000) }}\"\n")
+	usage := &Usage{}
+	env := &Env{Usage: usage}
+	_, err := w.Step("a").When.Bool(env)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, usage.Steps, int64(100), "a step per element of the range")
+	_, err = w.Step("a").Input.Eval(env)
+	require.NoError(t, err)
+	require.Greater(t, usage.Memory, int64(2000), "the repeated text, then its copy")
+
+	env.Input = map[string]any{"n": 1 << 40}
+	before := usage.Memory
+	_, err = inputTemplate(t, `${{ reduce(1..40, #acc + #acc, 'x') }}`).Eval(env)
+	require.ErrorIs(t, err, ErrEvalLimit)
+	require.Greater(t, usage.Memory-before, int64(EvalMemoryLimit))
+}

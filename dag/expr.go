@@ -23,6 +23,15 @@ type Env struct {
 	Input    any                `expr:"input"`    // the instance input (decoded JSON)
 	Steps    map[string]StepEnv `expr:"steps"`    // by step name
 	Workflow WorkflowEnv        `expr:"workflow"` // the running instance
+	// Usage, when set, receives what each evaluation with this Env cost,
+	// for a caller that bounds a series of them.
+	Usage *Usage `expr:"-"`
+}
+
+// Usage is what evaluations cost, in the units of EvalMemoryLimit and
+// EvalStepLimit.
+type Usage struct {
+	Memory, Steps int64
 }
 
 // evalEnv is Env as compiled expressions see it, with the evaluation's meter.
@@ -77,7 +86,9 @@ func (e *Expr) Bool(env *Env) (bool, error) {
 	if e == nil {
 		return true, nil
 	}
-	v, err := e.run(env, newMeter())
+	m := newMeter()
+	defer m.report(env)
+	v, err := e.run(env, m)
 	if err != nil {
 		return false, err
 	}

@@ -37,7 +37,9 @@ func (t *Template) Eval(env *Env) (any, error) {
 	if env == nil {
 		env = &Env{}
 	}
-	return t.root.eval(env, newMeter())
+	m := newMeter()
+	defer m.report(env)
+	return t.root.eval(env, m)
 }
 
 // References lists the step names referenced via steps.NAME (sorted, unique),
