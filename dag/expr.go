@@ -489,7 +489,7 @@ func (p *parser) when(n *yaml.Node, sc *scope, label string) *Expr {
 		p.c.at(n, `%s: "when" must be one expression, e.g. when: ${{ input.x != nil }}, got %s`, label, describe(n))
 		return nil
 	}
-	segs, problem := splitTemplate(n.Value)
+	segs, problem := p.splitScalar(n)
 	if problem != "" {
 		p.c.at(n, "%s: %s", label, problem)
 		return nil

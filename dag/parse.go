@@ -182,8 +182,9 @@ type parser struct {
 	src        []byte
 	opts       *ParseOptions
 	filename   string
-	budget     int  // nodes left to visit; bounds alias expansion ("billion laughs")
-	overBudget bool // the budget error was reported
+	lineStarts []int // byte offset of each line of src, see sourceLine
+	budget     int   // nodes left to visit; bounds alias expansion ("billion laughs")
+	overBudget bool  // the budget error was reported
 }
 
 // maxNodes bounds how many YAML nodes one file may expand to (aliases

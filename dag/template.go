@@ -214,7 +214,7 @@ func (p *parser) tscalar(n *yaml.Node, sc *scope, refs map[string]bool) tnode {
 	if !strings.Contains(n.Value, "${{") {
 		return tLiteral{v: n.Value}
 	}
-	segs, problem := splitTemplate(n.Value)
+	segs, problem := p.splitScalar(n)
 	if problem != "" {
 		p.c.at(n, "%s%s", sc.label(), problem)
 		return nil
@@ -251,6 +251,42 @@ func (p *parser) tscalar(n *yaml.Node, sc *scope, refs map[string]bool) tnode {
 		return nil
 	}
 	return out
+}
+
+// splitScalar is splitTemplate for a YAML scalar. An unterminated ${{ in an
+// unquoted value is most often cut by YAML itself, which reads " #" (as in
+// ${{ any(xs, # > 1) }}) as the start of a comment: the message says so.
+func (p *parser) splitScalar(n *yaml.Node) ([]segment, string) {
+	segs, problem := splitTemplate(n.Value)
+	if problem == "" || n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) != 0 {
+		return segs, problem
+	}
+	line := p.sourceLine(n.Line)
+	if at := max(0, n.Column-1); at < len(line) && strings.Contains(line[at:], " #") {
+		problem += `; YAML reads " #" as the start of a comment: put the whole value in quotes, e.g. "${{ any(input.xs, # > 1) }}"`
+	}
+	return segs, problem
+}
+
+// sourceLine returns line n (from 1) of the file, "" past its end. The
+// line starts are found once per file, as a file may have many errors.
+func (p *parser) sourceLine(n int) string {
+	if p.lineStarts == nil {
+		p.lineStarts = []int{0}
+		for i, c := range p.src {
+			if c == '\n' {
+				p.lineStarts = append(p.lineStarts, i+1)
+			}
+		}
+	}
+	if n < 1 || n > len(p.lineStarts) {
+		return ""
+	}
+	line := p.src[p.lineStarts[n-1]:]
+	if end := bytes.IndexByte(line, '\n'); end >= 0 {
+		line = line[:end]
+	}
+	return string(line)
 }
 
 // segment is literal text or the inside of one ${{ }}.
