@@ -18,8 +18,10 @@ import (
 
 // Defaults for Config fields left zero.
 const (
-	DefaultMaxInputBytes  = 1 << 20
-	DefaultMaxOutputBytes = 1 << 20
+	DefaultMaxInputBytes     = 1 << 20
+	DefaultMaxOutputBytes    = 1 << 20
+	DefaultMaxPlanInputBytes = 64 << 20
+	DefaultMaxPlanExprSteps  = 10 * dag.EvalStepLimit
 )
 
 // Config configures an Engine. The zero value is usable.
@@ -28,11 +30,27 @@ type Config struct {
 	Workflows []*dag.Workflow
 	// Logger receives the engine's logs. Default: discard.
 	Logger *slog.Logger
-	// MaxInputBytes bounds a start input. Default: DefaultMaxInputBytes (1 MiB).
+	// MaxInputBytes bounds a start input, and a step's input once its
+	// expressions are resolved (a larger one fails the step for good).
+	// Default: DefaultMaxInputBytes (1 MiB).
 	MaxInputBytes int
-	// MaxOutputBytes bounds one handler output; a larger output fails the
-	// attempt permanently. Default: DefaultMaxOutputBytes (1 MiB).
+	// MaxOutputBytes bounds one handler output (a larger output fails the
+	// attempt permanently) and the workflow's output (a larger one fails
+	// the instance). Default: DefaultMaxOutputBytes (1 MiB).
 	MaxOutputBytes int
+	// MaxPlanInputBytes bounds the step inputs one transition of an
+	// instance resolves, in its store transaction: a wide instance whose
+	// steps each receive a large input would otherwise build them all at
+	// once (10,000 steps of 1 MiB are 10 GB). Ready steps past it wait, still
+	// blocked, for the instance's next transition, which the steps made
+	// ready in this one bring. Default: DefaultMaxPlanInputBytes (64 MiB).
+	MaxPlanInputBytes int
+	// MaxPlanExprSteps bounds, in the same way, the work the expressions of
+	// one transition do (counted as dag.EvalStepLimit counts it), so that a
+	// wide instance whose conditions each loop over a large input holds the
+	// store's write lock for a bounded time. Default:
+	// DefaultMaxPlanExprSteps (ten evaluations at their own limit).
+	MaxPlanExprSteps int
 	// Observer receives starts, finishes and attempts, for metrics.
 	// Default: none.
 	Observer Observer
@@ -43,6 +61,8 @@ func (c *Config) withDefaults() *Config {
 	out.Logger = cmp.Or(c.Logger, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	out.MaxInputBytes = cmp.Or(c.MaxInputBytes, DefaultMaxInputBytes)
 	out.MaxOutputBytes = cmp.Or(c.MaxOutputBytes, DefaultMaxOutputBytes)
+	out.MaxPlanInputBytes = cmp.Or(c.MaxPlanInputBytes, DefaultMaxPlanInputBytes)
+	out.MaxPlanExprSteps = cmp.Or(c.MaxPlanExprSteps, DefaultMaxPlanExprSteps)
 	if out.Observer == nil {
 		out.Observer = nopObserver{}
 	}
@@ -50,8 +70,8 @@ func (c *Config) withDefaults() *Config {
 }
 
 func (c *Config) validate() error {
-	if c.MaxInputBytes < 0 || c.MaxOutputBytes < 0 {
-		return errors.New("dagrun: MaxInputBytes and MaxOutputBytes must not be negative")
+	if min(c.MaxInputBytes, c.MaxOutputBytes, c.MaxPlanInputBytes, c.MaxPlanExprSteps) < 0 {
+		return errors.New("dagrun: MaxInputBytes, MaxOutputBytes, MaxPlanInputBytes and MaxPlanExprSteps must not be negative")
 	}
 	seen := map[string]bool{}
 	for _, w := range c.Workflows {
@@ -176,7 +196,7 @@ func (e *Engine) definition(hash string, load func() ([]byte, error)) (*dag.Work
 	if err != nil {
 		return nil, fmt.Errorf("load definition %s: %w", hash, err)
 	}
-	w, err := dag.Parse("", src, nil)
+	w, err := dag.Parse("", src, &dag.ParseOptions{Stored: true})
 	if err != nil {
 		return nil, &unparsableSnapshotError{hash: hash, err: err}
 	}

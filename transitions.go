@@ -35,7 +35,7 @@ func (e *Engine) plan(state *storage.InstanceState) (*storage.Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := planner{w: w, state: state, status: make(map[string]storage.StepStatus, len(state.Steps)), index: make(map[string]int, len(state.Steps))}
+	p := planner{w: w, state: state, config: e.config, status: make(map[string]storage.StepStatus, len(state.Steps)), index: make(map[string]int, len(state.Steps))}
 	for i, s := range state.Steps {
 		p.status[s.Name] = s.Status
 		p.index[s.Name] = i
@@ -46,23 +46,44 @@ func (e *Engine) plan(state *storage.InstanceState) (*storage.Plan, error) {
 type planner struct {
 	w      *dag.Workflow
 	state  *storage.InstanceState
+	config *Config // the size limits
 	status map[string]storage.StepStatus
 	index  map[string]int
 
 	input   any
 	decoded bool
 	outputs map[string]any
+	errors  map[string]string // of the steps this plan fails
+	usage   dag.Usage         // of the expressions evaluated so far
 }
 
 func (p *planner) run() (*storage.Plan, error) {
 	plan := &storage.Plan{}
+	resolved := 0 // bytes of the inputs resolved so far
+	// A pending or running step will bring another transition; only then
+	// may ready steps be left for it (see MaxPlanInputBytes).
+	later := false
+	for _, s := range p.state.Steps {
+		later = later || s.Status == storage.StepPending || s.Status == storage.StepRunning
+	}
 	// Topological order lets a skip cascade through a chain in one pass.
 	for _, step := range p.w.TopologicalOrder() {
 		if p.status[step.Name] != storage.StepBlocked || !p.ready(step) {
 			continue
 		}
+		if later && (resolved >= p.config.MaxPlanInputBytes || p.usage.Steps >= int64(p.config.MaxPlanExprSteps)) {
+			break
+		}
 		change := p.resolve(step)
+		resolved += len(change.Input)
+		later = later || change.Status == storage.StepPending
 		p.status[step.Name] = change.Status
+		if change.Error != "" {
+			if p.errors == nil {
+				p.errors = map[string]string{}
+			}
+			p.errors[step.Name] = change.Error
+		}
 		plan.Steps = append(plan.Steps, change)
 	}
 	plan.Instance = p.outcome()
@@ -118,6 +139,11 @@ func (p *planner) resolve(step *dag.Step) storage.StepChange {
 		if input, err = json.Marshal(value); err != nil {
 			return storage.StepChange{Name: step.Name, Status: storage.StepFailed, Error: fmt.Sprintf("input: encode resolved value: %v", err)}
 		}
+		// The same bound as a start input: the handler gets no more than a
+		// caller could have sent.
+		if len(input) > p.config.MaxInputBytes {
+			return storage.StepChange{Name: step.Name, Status: storage.StepFailed, Error: fmt.Sprintf("input: the resolved input is %d bytes, over the limit of %d bytes; pass a reference to large data instead", len(input), p.config.MaxInputBytes)}
+		}
 	}
 	return storage.StepChange{Name: step.Name, Status: storage.StepPending, Input: input}
 }
@@ -154,11 +180,17 @@ func (p *planner) outcome() *storage.InstanceChange {
 		if output, err = json.Marshal(value); err != nil {
 			return &storage.InstanceChange{Status: storage.InstanceFailed, Error: fmt.Sprintf("output: encode: %v", err)}
 		}
+		if len(output) > p.config.MaxOutputBytes {
+			return &storage.InstanceChange{Status: storage.InstanceFailed, Error: fmt.Sprintf("output: the workflow output is %d bytes, over the limit of %d bytes; return a reference to large data instead", len(output), p.config.MaxOutputBytes)}
+		}
 	}
 	return &storage.InstanceChange{Status: storage.InstanceCompleted, Output: output}
 }
 
 func (p *planner) errorOf(name string) string {
+	if msg, ok := p.errors[name]; ok {
+		return msg
+	}
 	if i, ok := p.index[name]; ok {
 		return p.state.Steps[i].Error
 	}
@@ -178,13 +210,14 @@ func (p *planner) env(refs []string) (*dag.Env, error) {
 		}
 		p.outputs = map[string]any{}
 	}
+	// Only the referenced steps: an expression names every step it reads,
+	// and a map of all steps per ready step would make a wide instance's
+	// planning quadratic.
 	env := &dag.Env{
 		Input:    p.input,
-		Steps:    make(map[string]dag.StepEnv, len(p.state.Steps)),
+		Steps:    make(map[string]dag.StepEnv, len(refs)),
 		Workflow: dag.WorkflowEnv{ID: p.state.ID, Name: p.state.Workflow},
-	}
-	for _, s := range p.state.Steps {
-		env.Steps[s.Name] = dag.StepEnv{Status: string(p.status[s.Name])}
+		Usage:    &p.usage,
 	}
 	for _, name := range refs {
 		i, ok := p.index[name]
@@ -200,9 +233,7 @@ func (p *planner) env(refs []string) (*dag.Env, error) {
 			}
 			p.outputs[name] = out
 		}
-		se := env.Steps[name]
-		se.Output = out
-		env.Steps[name] = se
+		env.Steps[name] = dag.StepEnv{Status: string(p.status[name]), Output: out}
 	}
 	return env, nil
 }

@@ -8,6 +8,16 @@
 // engine's business and this package stays a leaf. Expressions are compiled
 // here and evaluated by the engine through Template.Eval and Expr.Bool.
 //
+// # Evaluation limits
+//
+// Expressions run inside the store's write transaction, so each evaluation
+// is bounded (EvalMemoryLimit, EvalStepLimit): the compiled program is
+// patched to charge a meter for loop steps, compared or concatenated
+// operands and builtin arguments and results, and repeat, join and replace
+// check the size of their result before building it. The meter counts, it
+// does not time: the same evaluation always stops at the same place.
+// Validation is linear in the size of the workflow (MaxSteps, MaxFileBytes).
+//
 // # Validation
 //
 // Parse reports every error of a file, not just the first, each as
@@ -29,6 +39,9 @@
 //     only point inside the schema, never to a file or URL.
 //   - YAML anchors, aliases and merge keys (<<: *anchor) work, within limits
 //     that stop alias bombs; a file holds exactly one YAML document.
+//   - retry.maxAttempts is 1 to MaxAttemptsLimit and every duration is
+//     MinDuration to MaxDuration, so that each value is stored alike by
+//     both backends instead of being cut to 32 bits or to 0 µs.
 //   - YAML timestamps (2024-01-02) in templates stay text; .inf and .nan are
 //     errors, as JSON cannot hold them.
 package dag

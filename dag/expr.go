@@ -3,7 +3,9 @@ package dag
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/expr-lang/expr"
@@ -21,6 +23,23 @@ type Env struct {
 	Input    any                `expr:"input"`    // the instance input (decoded JSON)
 	Steps    map[string]StepEnv `expr:"steps"`    // by step name
 	Workflow WorkflowEnv        `expr:"workflow"` // the running instance
+	// Usage, when set, receives what each evaluation with this Env cost,
+	// for a caller that bounds a series of them.
+	Usage *Usage `expr:"-"`
+}
+
+// Usage is what evaluations cost, in the units of EvalMemoryLimit and
+// EvalStepLimit.
+type Usage struct {
+	Memory, Steps int64
+}
+
+// evalEnv is Env as compiled expressions see it, with the evaluation's meter.
+type evalEnv struct {
+	Input    any                `expr:"input"`
+	Steps    map[string]StepEnv `expr:"steps"`
+	Workflow WorkflowEnv        `expr:"workflow"`
+	Meter    *meter             `expr:"$meter"`
 }
 
 // StepEnv is one step as expressions see it.
@@ -67,7 +86,9 @@ func (e *Expr) Bool(env *Env) (bool, error) {
 	if e == nil {
 		return true, nil
 	}
-	v, err := e.run(env)
+	m := newMeter()
+	defer m.report(env)
+	v, err := e.run(env, m)
 	if err != nil {
 		return false, err
 	}
@@ -79,37 +100,44 @@ func (e *Expr) Bool(env *Env) (bool, error) {
 }
 
 // eval evaluates the expression to a JSON-ready value.
-func (e *Expr) eval(env *Env) (any, error) {
-	v, err := e.run(env)
+func (e *Expr) eval(env *Env, m *meter) (any, error) {
+	v, err := e.run(env, m)
 	if err != nil {
 		return nil, err
 	}
-	out, err := normalize(v, 0)
+	out, err := normalize(v, 0, m)
 	if err != nil {
 		return nil, fmt.Errorf("expression %q: %w", e.src, err)
 	}
 	return out, nil
 }
 
-func (e *Expr) run(env *Env) (out any, err error) {
+func (e *Expr) run(env *Env, m *meter) (out any, err error) {
 	if env == nil {
 		env = &Env{}
 	}
-	if env.Steps == nil {
+	steps := env.Steps
+	if steps == nil {
 		// A missing step then reads as the zero StepEnv whether or not the
 		// map exists: status "" and output nil.
-		e2 := *env
-		e2.Steps = map[string]StepEnv{}
-		env = &e2
+		steps = map[string]StepEnv{}
 	}
-	// expr.Run recovers the VM's panics; this guards the rest.
+	// expr's VM recovers its panics; this guards the rest.
 	defer func() {
 		if r := recover(); r != nil {
 			out, err = nil, fmt.Errorf("expression %q: %v", e.src, r)
 		}
 	}()
-	v, err := expr.Run(e.prog, env)
+	machine := vm.VM{MemoryBudget: m.vmBudget()}
+	v, err := machine.Run(e.prog, &evalEnv{Input: env.Input, Steps: steps, Workflow: env.Workflow, Meter: m})
 	if err != nil {
+		var limit *limitError
+		switch {
+		case errors.As(err, &limit):
+			return nil, fmt.Errorf("expression %q: %w", e.src, limit)
+		case exprMessage(err) == "memory budget exceeded": // expr's own count of list elements
+			return nil, fmt.Errorf("expression %q: %w", e.src, errMemoryLimit)
+		}
 		return nil, fmt.Errorf("expression %q: %s", e.src, exprMessage(err))
 	}
 	return v, nil
@@ -141,19 +169,10 @@ func (nilSafe) Visit(n *ast.Node) {
 
 // scope is what an expression may reference.
 type scope struct {
-	where   string          // for messages: `step "x"`, `step #2` or "output"
-	self    string          // the referencing step; "" in output:
-	allowed map[string]bool // steps it may read; nil means any (output:)
-	all     []string        // every valid step name
-	allSet  map[string]bool
-}
-
-func newScope(self string, allowed map[string]bool, all []string) *scope {
-	set := make(map[string]bool, len(all))
-	for _, n := range all {
-		set[n] = true
-	}
-	return &scope{self: self, allowed: allowed, all: all, allSet: set}
+	where   string                 // for messages: `step "x"`, `step #2` or "output"
+	self    string                 // the referencing step; "" in output:
+	canRead func(step string) bool // steps it may read; nil means any (output:)
+	graph   *graphInfo             // every valid step name
 }
 
 // subject names where the expression is, for messages.
@@ -204,7 +223,7 @@ func (p *parser) compileExpr(src string, node *yaml.Node, sc *scope, asBool bool
 	if len(problems) > 0 {
 		return nil
 	}
-	opts := []expr.Option{expr.Env(Env{}), expr.Patch(nilSafe{})}
+	opts := append([]expr.Option{expr.Env(evalEnv{}), expr.Patch(nilSafe{}), expr.Patch(meterPatch{})}, meterOpts...)
 	if asBool {
 		// Compiled once with AsBool only to reject, at load, conditions whose
 		// type is known not to be bool ("1 + 1"). The program kept is the
@@ -255,6 +274,7 @@ type refCollector struct {
 	parent   map[ast.Node]*ast.MemberNode
 	callees  map[ast.Node]bool
 	declared map[string]bool
+	minus    []*ast.BinaryNode
 }
 
 func (r *refCollector) Visit(n *ast.Node) {
@@ -267,7 +287,69 @@ func (r *refCollector) Visit(n *ast.Node) {
 		r.callees[x.Callee] = true
 	case *ast.VariableDeclaratorNode:
 		r.declared[x.Name] = true
+	case *ast.BinaryNode:
+		if x.Operator == "-" {
+			r.minus = append(r.minus, x)
+		}
 	}
+}
+
+// dashedRef recognises steps.echo-it.output, which expr reads as
+// steps.echo minus it.output, and returns the step name meant ("echo-it"),
+// what followed it (".output") and the identifiers the subtraction consumed.
+func dashedRef(b *ast.BinaryNode) (name, rest string, consumed []ast.Node, ok bool) {
+	var rights []ast.Node
+	var cur ast.Node = b
+	for {
+		m, isMinus := cur.(*ast.BinaryNode)
+		if !isMinus || m.Operator != "-" {
+			break
+		}
+		rights = append([]ast.Node{m.Right}, rights...)
+		cur = m.Left
+	}
+	left, isMember := cur.(*ast.MemberNode)
+	if !isMember {
+		return "", "", nil, false
+	}
+	root, isIdent := left.Node.(*ast.IdentifierNode)
+	first, named := memberName(left)
+	if !isIdent || root.Value != "steps" || !named {
+		return "", "", nil, false
+	}
+	parts := []string{first}
+	consumed = []ast.Node{root}
+	for i, r := range rights {
+		var path []string
+		if i == len(rights)-1 {
+			// The last part carries the rest of the access: it.output.x.
+			for {
+				m, isMember := r.(*ast.MemberNode)
+				if !isMember {
+					break
+				}
+				field, named := memberName(m)
+				if !named {
+					return "", "", nil, false
+				}
+				path = append([]string{field}, path...)
+				r = m.Node
+			}
+		}
+		switch x := r.(type) {
+		case *ast.IdentifierNode:
+			parts = append(parts, x.Value)
+			consumed = append(consumed, x)
+		case *ast.IntegerNode:
+			parts = append(parts, strconv.Itoa(x.Value))
+		default:
+			return "", "", nil, false
+		}
+		for _, f := range path {
+			rest += "." + f
+		}
+	}
+	return strings.Join(parts, "-"), rest, consumed, true
 }
 
 // memberName is the property of a member access when written literally
@@ -283,15 +365,50 @@ func memberName(m *ast.MemberNode) (string, bool) {
 	return s.Value, true
 }
 
+var plainIdentifier = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// stepRef is how an expression reads a step: steps.charge, but
+// steps["echo-it"] for a name that is not an identifier ("-" would read as a
+// subtraction, "." as a field, a leading digit as a number).
+func stepRef(name string) string {
+	if plainIdentifier.MatchString(name) {
+		return "steps." + name
+	}
+	return fmt.Sprintf("steps[%q]", name)
+}
+
 // checkReferences validates the variables an expression reads: only input,
 // steps.NAME.output|status of allowed steps and workflow.id|name.
 func checkReferences(tree *exprparser.Tree, sc *scope) (refs []string, problems []string) {
 	r := &refCollector{parent: map[ast.Node]*ast.MemberNode{}, callees: map[ast.Node]bool{}, declared: map[string]bool{}}
 	ast.Walk(&tree.Node, r)
 	seenRef := map[string]bool{}
+	skip := map[ast.Node]bool{}
+	// Post-order walk: the outermost subtraction of a name comes last.
+	for i := len(r.minus) - 1; i >= 0; i-- {
+		b := r.minus[i]
+		if skip[b] {
+			continue
+		}
+		name, rest, consumed, ok := dashedRef(b)
+		if !ok || !sc.graph.set[name] {
+			continue
+		}
+		for _, n := range consumed {
+			skip[n] = true
+		}
+		for l, isMinus := b.Left.(*ast.BinaryNode); isMinus; l, isMinus = l.Left.(*ast.BinaryNode) {
+			skip[l] = true // an inner part of the same name
+		}
+		dotted := "steps." + name + rest
+		if rest == "" {
+			rest = ".output"
+		}
+		problems = append(problems, fmt.Sprintf(`%s reads as a subtraction, because of the "-" in the step name: write %s%s`, dotted, stepRef(name), rest))
+	}
 	for _, id := range r.idents {
 		name := id.Value
-		if r.declared[name] {
+		if r.declared[name] || skip[id] {
 			continue
 		}
 		if r.callees[id] {
@@ -321,37 +438,31 @@ func checkReferences(tree *exprparser.Tree, sc *scope) (refs []string, problems 
 				continue
 			}
 			switch {
-			case !sc.allSet[step]:
-				others := make([]string, 0, len(sc.all))
-				for _, n := range sc.all {
-					if n != sc.self {
-						others = append(others, n)
-					}
-				}
-				switch s := suggest(step, others); {
+			case !sc.graph.set[step]:
+				switch s, others := suggestExcept(step, sc.graph.names, sc.self), listNames(sc.graph.names, sc.self); {
 				case s != "":
 					problems = append(problems, fmt.Sprintf("unknown step %q (did you mean %q?)", step, s))
-				case len(others) == 0:
+				case others == "":
 					problems = append(problems, fmt.Sprintf("unknown step %q: there is no other step", step))
 				default:
-					problems = append(problems, fmt.Sprintf("unknown step %q (steps: %s)", step, strings.Join(others, ", ")))
+					problems = append(problems, fmt.Sprintf("unknown step %q (steps: %s)", step, others))
 				}
 				continue
 			case step == sc.self:
-				problems = append(problems, fmt.Sprintf("a step cannot read its own output or status (steps.%s)", step))
+				problems = append(problems, fmt.Sprintf("a step cannot read its own output or status (%s)", stepRef(step)))
 				continue
-			case sc.allowed != nil && !sc.allowed[step]:
-				problems = append(problems, fmt.Sprintf("%s does not depend on %q, so it cannot read steps.%s: add %q to its dependsOn (directly or through another step)", sc.subject(), step, step, step))
+			case sc.canRead != nil && !sc.canRead(step):
+				problems = append(problems, fmt.Sprintf("%s does not depend on %q, so it cannot read %s: add %q to its dependsOn (directly or through another step)", sc.subject(), step, stepRef(step), step))
 				continue
 			}
 			m2 := r.parent[m]
 			field, ok := memberName(m2)
 			switch {
 			case m2 == nil || !ok:
-				problems = append(problems, fmt.Sprintf("steps.%s must be followed by .output or .status, e.g. steps.%s.output", step, step))
+				problems = append(problems, fmt.Sprintf("%s must be followed by .output or .status, e.g. %s.output", stepRef(step), stepRef(step)))
 				continue
 			case field != "output" && field != "status":
-				problems = append(problems, fmt.Sprintf("steps.%s has no field %q: use steps.%s.output or steps.%s.status", step, field, step, step))
+				problems = append(problems, fmt.Sprintf("%s has no field %q: use %s.output or %s.status", stepRef(step), field, stepRef(step), stepRef(step)))
 				continue
 			}
 			if !seenRef[step] {
@@ -378,7 +489,7 @@ func (p *parser) when(n *yaml.Node, sc *scope, label string) *Expr {
 		p.c.at(n, `%s: "when" must be one expression, e.g. when: ${{ input.x != nil }}, got %s`, label, describe(n))
 		return nil
 	}
-	segs, problem := splitTemplate(n.Value)
+	segs, problem := p.splitScalar(n)
 	if problem != "" {
 		p.c.at(n, "%s: %s", label, problem)
 		return nil

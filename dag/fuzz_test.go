@@ -84,6 +84,8 @@ func FuzzTemplate(f *testing.F) {
 		"${{ '}}' }}", "${{ input.a / 0 }}", "${{ steps.a.output.missing.deeper }}", "${{ now() }}",
 		"${{ map(input.list, # * 2) }}", "${{ let x = 1; x + input.a }}", "${{", "${{ }}", "${{ steps }}",
 		"${{ duration('1h') }}", "${{ input.list[9] }}", "${{ toJSON(input) }}", "$${{ workflow.id }}}",
+		"${{ reduce(1..40, #acc + #acc, 'x') }}", "${{ repeat(input.s, 1000000) }}", "${{ map(1..1000, 1..1000) }}",
+		"${{ join(map(1..100000, input.s), ',') }}", "${{ steps.a-b.output }}", "${{ steps['a'].output }}",
 	} {
 		f.Add(s)
 	}
@@ -91,15 +93,21 @@ func FuzzTemplate(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		p := &parser{c: &collector{}, opts: &ParseOptions{}, budget: maxNodes}
 		node := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s, Line: 1, Column: 1}
-		tpl := p.template(node, newScope("b", map[string]bool{"a": true}, []string{"a", "b"}))
+		tpl := p.template(node, fuzzScope())
 		if len(p.c.errs) > 0 {
 			return
 		}
 		checkEval(t, tpl, env)
-		if e := p.when(node, newScope("b", map[string]bool{"a": true}, []string{"a", "b"}), "step"); e != nil {
+		if e := p.when(node, fuzzScope(), "step"); e != nil {
 			_, _ = e.Bool(env)
 		}
 	})
+}
+
+// fuzzScope is step "b" of a workflow of steps a and b, b depending on a.
+func fuzzScope() *scope {
+	g := &graphInfo{names: []string{"a", "b"}, set: map[string]bool{"a": true, "b": true}}
+	return &scope{self: "b", graph: g, canRead: func(name string) bool { return name == "a" }}
 }
 
 func fuzzEnv() *Env {

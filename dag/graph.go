@@ -1,6 +1,7 @@
 package dag
 
 import (
+	"container/heap"
 	"fmt"
 	"regexp"
 	"strings"
@@ -26,31 +27,45 @@ func topoOrder(steps []*Step) []*Step {
 			}
 		}
 	}
+	ready := &indexHeap{}
+	for i := range steps {
+		if waiting[i] == 0 {
+			heap.Push(ready, i)
+		}
+	}
 	done := make([]bool, len(steps))
 	out := make([]*Step, 0, len(steps))
-	for len(out) < len(steps) {
-		next := -1
-		for i := range steps {
-			if !done[i] && waiting[i] == 0 {
-				next = i
-				break
-			}
-		}
-		if next < 0 {
-			for i := range steps {
-				if !done[i] {
-					out = append(out, steps[i])
-				}
-			}
-			break
-		}
+	for ready.Len() > 0 {
+		next := heap.Pop(ready).(int)
 		done[next] = true
 		out = append(out, steps[next])
 		for _, d := range dependents[next] {
-			waiting[d]--
+			if waiting[d]--; waiting[d] == 0 {
+				heap.Push(ready, d)
+			}
+		}
+	}
+	for i := range steps {
+		if !done[i] {
+			out = append(out, steps[i])
 		}
 	}
 	return out
+}
+
+// indexHeap is a min-heap of step indexes: the earliest-defined ready step
+// comes out first.
+type indexHeap []int
+
+func (h indexHeap) Len() int           { return len(h) }
+func (h indexHeap) Less(i, j int) bool { return h[i] < h[j] }
+func (h indexHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *indexHeap) Push(x any)        { *h = append(*h, x.(int)) }
+func (h *indexHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 // TopologicalOrder returns the steps so that each comes after all its

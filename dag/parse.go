@@ -24,6 +24,12 @@ type ParseOptions struct {
 	// only used to make the unregistered-handler message helpful (the list and
 	// a did-you-mean). Without it the message names no alternatives.
 	HandlerNames func() []string
+	// Stored, for a definition snapshot an instance already runs under,
+	// skips the bounds on sizes and numbers (MaxSteps, MaxFileBytes,
+	// MaxAttemptsLimit, MinDuration, MaxDuration): a snapshot written by an
+	// earlier version must still plan, and its steps' retry and timeout
+	// were stored with the instance.
+	Stored bool
 }
 
 // Parse parses and validates one workflow. filename is used in error positions
@@ -35,6 +41,10 @@ func Parse(filename string, src []byte, opts *ParseOptions) (*Workflow, error) {
 		opts = &ParseOptions{}
 	}
 	p := &parser{c: &collector{file: filename}, src: src, opts: opts, filename: filename}
+	if len(src) > MaxFileBytes && !opts.Stored {
+		p.c.atPos(1, 1, "the file is larger than the limit of %s for a workflow file: split it into workflows that start one another", fmtBytes(MaxFileBytes))
+		return nil, p.c.errs
+	}
 	w := p.parse()
 	if len(p.c.errs) > 0 {
 		sortErrors(p.c.errs)
@@ -46,11 +56,22 @@ func Parse(filename string, src []byte, opts *ParseOptions) (*Workflow, error) {
 // ParseFile reads and parses one workflow file. A file that cannot be read
 // gives the os error (so errors.Is(err, fs.ErrNotExist) works), not an ErrorList.
 func ParseFile(path string, opts *ParseOptions) (*Workflow, error) {
-	src, err := os.ReadFile(path)
+	src, err := readWorkflowFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read workflow: %w", err)
 	}
 	return Parse(path, src, opts)
+}
+
+// readWorkflowFile reads a file, or MaxFileBytes+1 of it: enough for Parse
+// to refuse it without holding a huge file in memory.
+func readWorkflowFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
 }
 
 // LoadDir parses every *.yaml / *.yml file in dir (non-recursive; names
@@ -76,7 +97,7 @@ func LoadDir(dir string, opts *ParseOptions) ([]*Workflow, error) {
 			continue
 		}
 		path := filepath.Join(dir, name)
-		src, err := os.ReadFile(path)
+		src, err := readWorkflowFile(path)
 		if err != nil {
 			errs = append(errs, &Error{File: path, Msg: fmt.Sprintf("cannot read the file: %v", err)})
 			continue
@@ -186,8 +207,9 @@ type parser struct {
 	src        []byte
 	opts       *ParseOptions
 	filename   string
-	budget     int  // nodes left to visit; bounds alias expansion ("billion laughs")
-	overBudget bool // the budget error was reported
+	lineStarts []int // byte offset of each line of src, see sourceLine
+	budget     int   // nodes left to visit; bounds alias expansion ("billion laughs")
+	overBudget bool  // the budget error was reported
 }
 
 // maxNodes bounds how many YAML nodes one file may expand to (aliases

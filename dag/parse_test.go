@@ -177,3 +177,58 @@ func TestParseFileAndLoadDir(t *testing.T) {
 	_, err = LoadDir(filepath.Join(dir, "nope"), nil)
 	require.True(t, errors.Is(err, fs.ErrNotExist))
 }
+
+func TestSizeLimits(t *testing.T) {
+	t.Parallel()
+	_, err := Parse("chain.yaml", chainSource(MaxSteps), nil)
+	require.NoError(t, err, "a workflow at the limit is valid")
+
+	_, err = Parse("chain.yaml", chainSource(MaxSteps+1), nil)
+	require.EqualError(t, err, `chain.yaml:3:3: "steps" has 10001 steps, over the limit of 10000 per workflow: split it into workflows that start one another`)
+
+	big := append([]byte("name: big\nsteps:\n  - {name: a, handler: echo}\n# "), make([]byte, MaxFileBytes)...)
+	_, err = Parse("big.yaml", big, nil)
+	require.EqualError(t, err, `big.yaml:1:1: the file is larger than the limit of 4 MiB for a workflow file: split it into workflows that start one another`)
+
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "big.yaml"), big, 0o600))
+	_, err = ParseFile(filepath.Join(dir, "big.yaml"), nil)
+	require.ErrorContains(t, err, "larger than the limit of 4 MiB")
+}
+
+// Validation is linear in the size of the workflow: four times the steps
+// cost about four times the memory. It was quadratic (a copy of every name
+// and of every ancestor set per step): 9 GB for a 10,000-step chain.
+func TestValidationIsLinear(t *testing.T) {
+	for name, source := range map[string]func(int) []byte{"chain": chainSource, "independent": independentSource} {
+		small, large := source(1000), source(4000)
+		var err1, err2 error
+		smallBytes := allocated(func() { _, err1 = Parse("", small, nil) })
+		largeBytes := allocated(func() { _, err2 = Parse("", large, nil) })
+		require.NoError(t, err1)
+		require.NoError(t, err2)
+		ratio := float64(largeBytes) / float64(smallBytes)
+		require.Less(t, ratio, 8.0, "%s: 1,000 steps allocate %d bytes, 4,000 steps %d", name, smallBytes, largeBytes)
+	}
+}
+
+// A snapshot stored by an earlier version, before the bounds on sizes and
+// numbers, still parses when read back as stored.
+func TestStoredSnapshotSkipsTheNewBounds(t *testing.T) {
+	t.Parallel()
+	src := []byte(`name: old
+steps:
+  - name: a
+    handler: echo
+    timeout: 500us
+    retry: {maxAttempts: 4294967297, backoff: 1ns, maxBackoff: 9000h}
+`)
+	_, err := Parse("", src, nil)
+	require.Error(t, err)
+	w, err := Parse("", src, &ParseOptions{Stored: true})
+	require.NoError(t, err)
+	require.Equal(t, 4294967297, w.Step("a").Retry.MaxAttempts)
+
+	_, err = Parse("", chainSource(MaxSteps+1), &ParseOptions{Stored: true})
+	require.NoError(t, err)
+}

@@ -11,9 +11,17 @@ import (
 // none is close enough to be a plausible typo. A case-insensitive match always
 // wins, so "dependson" suggests "dependsOn".
 func suggest(s string, candidates []string) string {
+	return suggestExcept(s, candidates, "")
+}
+
+// suggestExcept is suggest ignoring one candidate (the step asking).
+func suggestExcept(s string, candidates []string, except string) string {
 	best, bestDist := "", -1
 	ls := strings.ToLower(s)
 	for _, c := range candidates {
+		if c == except && except != "" {
+			continue
+		}
 		if strings.ToLower(c) == ls {
 			return c
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -13,6 +14,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 )
+
+var wholeNumber = regexp.MustCompile(`^[-+]?[0-9]+$`)
 
 // Template is a YAML value (scalar, list or mapping, nested at will) whose
 // strings may hold ${{ }} expressions. It is compiled once at load and
@@ -23,7 +26,8 @@ type Template struct {
 }
 
 // Eval builds the value for one instance: maps are map[string]any, lists
-// []any, numbers int or float64, plus string, bool and nil; the result can be
+// []any, numbers int, float64 or (a whole number of the file beyond int64)
+// json.Number, plus string, bool and nil; the result can be
 // passed to json.Marshal as is and is never shared with env or other calls.
 // A failing expression gives an error naming it.
 func (t *Template) Eval(env *Env) (any, error) {
@@ -33,7 +37,9 @@ func (t *Template) Eval(env *Env) (any, error) {
 	if env == nil {
 		env = &Env{}
 	}
-	return t.root.eval(env)
+	m := newMeter()
+	defer m.report(env)
+	return t.root.eval(env, m)
 }
 
 // References lists the step names referenced via steps.NAME (sorted, unique),
@@ -46,18 +52,18 @@ func (t *Template) References() []string {
 }
 
 type tnode interface {
-	eval(env *Env) (any, error)
+	eval(env *Env, m *meter) (any, error)
 }
 
 // tLiteral is a scalar without expressions.
 type tLiteral struct{ v any }
 
-func (l tLiteral) eval(*Env) (any, error) { return l.v, nil }
+func (l tLiteral) eval(*Env, *meter) (any, error) { return l.v, nil }
 
 // tExpr is a string that is exactly one ${{ }}: it keeps the value's type.
 type tExpr struct{ e *Expr }
 
-func (x tExpr) eval(env *Env) (any, error) { return x.e.eval(env) }
+func (x tExpr) eval(env *Env, m *meter) (any, error) { return x.e.eval(env, m) }
 
 // tInterp is text with ${{ }} inside: the values are formatted as text.
 type tInterp struct{ parts []tpart }
@@ -67,19 +73,22 @@ type tpart struct {
 	e    *Expr // nil for literal text
 }
 
-func (x tInterp) eval(env *Env) (any, error) {
+func (x tInterp) eval(env *Env, m *meter) (any, error) {
 	var b strings.Builder
 	for _, part := range x.parts {
 		if part.e == nil {
 			b.WriteString(part.text)
 			continue
 		}
-		v, err := part.e.eval(env)
+		v, err := part.e.eval(env, m)
 		if err != nil {
 			return nil, err
 		}
 		s, err := toText(v)
 		if err != nil {
+			return nil, fmt.Errorf("expression %q: %w", part.e.src, err)
+		}
+		if err := m.alloc(int64(len(s))); err != nil {
 			return nil, fmt.Errorf("expression %q: %w", part.e.src, err)
 		}
 		b.WriteString(s)
@@ -89,10 +98,10 @@ func (x tInterp) eval(env *Env) (any, error) {
 
 type tList []tnode
 
-func (l tList) eval(env *Env) (any, error) {
+func (l tList) eval(env *Env, m *meter) (any, error) {
 	out := make([]any, len(l))
 	for i, n := range l {
-		v, err := n.eval(env)
+		v, err := n.eval(env, m)
 		if err != nil {
 			return nil, err
 		}
@@ -106,10 +115,10 @@ type tMap struct {
 	vals []tnode
 }
 
-func (m tMap) eval(env *Env) (any, error) {
-	out := make(map[string]any, len(m.keys))
-	for i, k := range m.keys {
-		v, err := m.vals[i].eval(env)
+func (t tMap) eval(env *Env, m *meter) (any, error) {
+	out := make(map[string]any, len(t.keys))
+	for i, k := range t.keys {
+		v, err := t.vals[i].eval(env, m)
 		if err != nil {
 			return nil, err
 		}
@@ -190,8 +199,12 @@ func (p *parser) tscalar(n *yaml.Node, sc *scope, refs map[string]bool) tnode {
 			p.c.at(n, "%s%s cannot be represented in JSON: quote it to pass it as text", sc.label(), n.Value)
 			return nil
 		}
-		if u, ok := v.(uint64); ok {
-			v = float64(u)
+		// A whole number past 64 bits (YAML makes it a float) or past int64
+		// keeps every digit, as the JSON number it is; as a float64 it would
+		// silently become another number.
+		_, isUint := v.(uint64)
+		if _, isFloat := v.(float64); (isFloat || isUint) && wholeNumber.MatchString(n.Value) {
+			v = json.Number(strings.TrimPrefix(n.Value, "+"))
 		}
 		return tLiteral{v: v}
 	}
@@ -201,7 +214,7 @@ func (p *parser) tscalar(n *yaml.Node, sc *scope, refs map[string]bool) tnode {
 	if !strings.Contains(n.Value, "${{") {
 		return tLiteral{v: n.Value}
 	}
-	segs, problem := splitTemplate(n.Value)
+	segs, problem := p.splitScalar(n)
 	if problem != "" {
 		p.c.at(n, "%s%s", sc.label(), problem)
 		return nil
@@ -238,6 +251,42 @@ func (p *parser) tscalar(n *yaml.Node, sc *scope, refs map[string]bool) tnode {
 		return nil
 	}
 	return out
+}
+
+// splitScalar is splitTemplate for a YAML scalar. An unterminated ${{ in an
+// unquoted value is most often cut by YAML itself, which reads " #" (as in
+// ${{ any(xs, # > 1) }}) as the start of a comment: the message says so.
+func (p *parser) splitScalar(n *yaml.Node) ([]segment, string) {
+	segs, problem := splitTemplate(n.Value)
+	if problem == "" || n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) != 0 {
+		return segs, problem
+	}
+	line := p.sourceLine(n.Line)
+	if at := max(0, n.Column-1); at < len(line) && strings.Contains(line[at:], " #") {
+		problem += `; YAML reads " #" as the start of a comment: put the whole value in quotes, e.g. "${{ any(input.xs, # > 1) }}"`
+	}
+	return segs, problem
+}
+
+// sourceLine returns line n (from 1) of the file, "" past its end. The
+// line starts are found once per file, as a file may have many errors.
+func (p *parser) sourceLine(n int) string {
+	if p.lineStarts == nil {
+		p.lineStarts = []int{0}
+		for i, c := range p.src {
+			if c == '\n' {
+				p.lineStarts = append(p.lineStarts, i+1)
+			}
+		}
+	}
+	if n < 1 || n > len(p.lineStarts) {
+		return ""
+	}
+	line := p.src[p.lineStarts[n-1]:]
+	if end := bytes.IndexByte(line, '\n'); end >= 0 {
+		line = line[:end]
+	}
+	return string(line)
 }
 
 // segment is literal text or the inside of one ${{ }}.
@@ -359,9 +408,14 @@ const maxValueDepth = 1000
 // normalize turns whatever an expression returned into JSON-ready values
 // (map[string]any, []any, string, int/float64, bool, nil), copying
 // containers so the result never aliases the environment.
-func normalize(v any, depth int) (any, error) {
+func normalize(v any, depth int, m *meter) (any, error) {
 	if depth > maxValueDepth {
 		return nil, fmt.Errorf("the result is nested more than %d levels deep", maxValueDepth)
+	}
+	// The copy is charged as it is made: a result such as map(1..1000,
+	// input) shares one value a thousand times and would copy it as often.
+	if err := m.built(v, false); err != nil {
+		return nil, err
 	}
 	switch x := v.(type) {
 	case nil, bool, string, int, int64:
@@ -374,7 +428,7 @@ func normalize(v any, depth int) (any, error) {
 		}
 		return x, nil
 	case float32:
-		return normalize(float64(x), depth)
+		return normalize(float64(x), depth, m)
 	case int8:
 		return int(x), nil
 	case int16:
@@ -398,7 +452,7 @@ func normalize(v any, depth int) (any, error) {
 	case []any:
 		out := make([]any, len(x))
 		for i, e := range x {
-			n, err := normalize(e, depth+1)
+			n, err := normalize(e, depth+1, m)
 			if err != nil {
 				return nil, err
 			}
@@ -408,7 +462,7 @@ func normalize(v any, depth int) (any, error) {
 	case map[string]any:
 		out := make(map[string]any, len(x))
 		for k, e := range x {
-			n, err := normalize(e, depth+1)
+			n, err := normalize(e, depth+1, m)
 			if err != nil {
 				return nil, err
 			}
@@ -422,14 +476,14 @@ func normalize(v any, depth int) (any, error) {
 		if rv.IsNil() {
 			return nil, nil
 		}
-		return normalize(rv.Elem().Interface(), depth+1)
+		return normalize(rv.Elem().Interface(), depth+1, m)
 	case reflect.Slice, reflect.Array:
 		if rv.Kind() == reflect.Slice && rv.IsNil() {
 			return nil, nil
 		}
 		out := make([]any, rv.Len())
 		for i := range out {
-			n, err := normalize(rv.Index(i).Interface(), depth+1)
+			n, err := normalize(rv.Index(i).Interface(), depth+1, m)
 			if err != nil {
 				return nil, err
 			}
@@ -443,7 +497,7 @@ func normalize(v any, depth int) (any, error) {
 		out := make(map[string]any, rv.Len())
 		iter := rv.MapRange()
 		for iter.Next() {
-			n, err := normalize(iter.Value().Interface(), depth+1)
+			n, err := normalize(iter.Value().Interface(), depth+1, m)
 			if err != nil {
 				return nil, err
 			}
@@ -457,7 +511,7 @@ func normalize(v any, depth int) (any, error) {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		return rv.Int(), nil
 	case reflect.Float32, reflect.Float64:
-		return normalize(rv.Float(), depth)
+		return normalize(rv.Float(), depth, m)
 	case reflect.Func, reflect.Chan, reflect.UnsafePointer, reflect.Complex64, reflect.Complex128:
 		return nil, fmt.Errorf("the result is a %T, which JSON cannot hold", v)
 	}

@@ -265,3 +265,45 @@ steps:
 	require.Error(t, hand.ValidateInput(1))
 	require.NoError(t, (&Workflow{}).ValidateInput(map[string]any{"anything": true}))
 }
+
+// A step whose name holds "-" is read as steps["echo-it"]: the form the
+// validation error recommends must pass the ancestor check and evaluate.
+func TestBracketStepReference(t *testing.T) {
+	t.Parallel()
+	w := mustParse(t, `name: t
+steps:
+  - name: echo-it
+    handler: echo
+  - name: next.step
+    handler: echo
+    dependsOn: [echo-it]
+  - name: shout
+    handler: echo
+    dependsOn: [next.step]
+    when: ${{ steps["echo-it"].status == "completed" }}
+    input:
+      text: ${{ steps["echo-it"].output.text }}
+      line: 'said ${{ steps["echo-it"].output.text }} then ${{ steps["next.step"].output }}'
+`)
+	shout := w.Step("shout")
+	require.Equal(t, []string{"echo-it", "next.step"}, shout.Input.References())
+	env := &Env{Steps: map[string]StepEnv{
+		"echo-it":   {Status: "completed", Output: map[string]any{"text": "hi"}},
+		"next.step": {Status: "completed", Output: "done"},
+	}}
+	ok, err := shout.When.Bool(env)
+	require.NoError(t, err)
+	require.True(t, ok)
+	got, err := shout.Input.Eval(env)
+	require.NoError(t, err)
+	require.Equal(t, `{"line":"said hi then done","text":"hi"}`, jsonOf(t, got))
+}
+
+// A whole number of the file beyond int64 keeps every digit: as a float64
+// it would become another number.
+func TestBigWholeNumbersKeepTheirDigits(t *testing.T) {
+	t.Parallel()
+	got, err := evalTemplate(t, `{big: 123456789012345678901234567890, u: 18446744073709551615, neg: -99999999999999999999, max: 9223372036854775807, f: 1.5e300}`, nil)
+	require.NoError(t, err)
+	require.Equal(t, `{"big":123456789012345678901234567890,"f":1.5e+300,"max":9223372036854775807,"neg":-99999999999999999999,"u":18446744073709551615}`, jsonOf(t, got))
+}

@@ -1,6 +1,7 @@
 package dag
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -68,6 +69,10 @@ func (p *parser) build(raw *rawWorkflow) *Workflow {
 	if raw.Input != nil {
 		w.InputSchema, w.schema = p.inputSchema(raw.Input)
 	}
+	if n := raw.Steps; n != nil && n.Kind == yaml.SequenceNode && len(n.Content) > MaxSteps && !p.opts.Stored {
+		p.c.at(n, `"steps" has %d steps, over the limit of %d per workflow: split it into workflows that start one another`, len(n.Content), MaxSteps)
+		return w
+	}
 	def := p.defaults(raw.Defaults)
 	builds := p.steps(raw, def)
 	for _, b := range builds {
@@ -84,8 +89,7 @@ func (p *parser) build(raw *rawWorkflow) *Workflow {
 	g := p.checkGraph(builds)
 	p.compileExpressions(builds, g, raw)
 	if raw.Output != nil {
-		sc := newScope("", nil, g.names)
-		sc.where = "output"
+		sc := &scope{where: "output", graph: g}
 		w.Output = p.template(raw.Output, sc)
 	}
 	if nameOK && p.filename != "" {
@@ -232,14 +236,17 @@ func (p *parser) retry(n *yaml.Node, label, where string) partialRetry {
 	p.mapping(n, where, raw.fields())
 	if raw.MaxAttempts != nil {
 		n := raw.MaxAttempts
-		v, err := strconv.Atoi(n.Value)
+		v, err := strconv.ParseInt(n.Value, 10, 64)
 		switch {
-		case n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || err != nil:
-			p.c.at(n, "%sretry.maxAttempts must be a whole number of at least 1 (it counts the first try), got %s", prefix(label), describe(n))
+		case n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || (err != nil && !errors.Is(err, strconv.ErrRange)):
+			p.c.at(n, "%sretry.maxAttempts must be a whole number from 1 to %d (it counts the first try), got %s", prefix(label), MaxAttemptsLimit, describe(n))
 		case v < 1:
-			p.c.at(n, "%sretry.maxAttempts must be at least 1 (it counts the first try), got %d", prefix(label), v)
+			p.c.at(n, "%sretry.maxAttempts must be at least 1 (it counts the first try), got %s", prefix(label), n.Value)
+		case (err != nil || v > MaxAttemptsLimit) && !p.opts.Stored:
+			p.c.at(n, "%sretry.maxAttempts must be at most %d, got %s", prefix(label), MaxAttemptsLimit, n.Value)
 		default:
-			pr.maxAttempts = &v
+			attempts := int(v)
+			pr.maxAttempts = &attempts
 		}
 	}
 	if raw.Backoff != nil {
@@ -255,6 +262,9 @@ func (p *parser) retry(n *yaml.Node, label, where string) partialRetry {
 	return pr
 }
 
+// durationSyntax matches what time.ParseDuration accepts, whatever the size.
+var durationSyntax = regexp.MustCompile(`^\+?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$`)
+
 // duration reads a Go duration (time.ParseDuration) that must be > 0.
 func (p *parser) duration(n *yaml.Node, label, what string) (time.Duration, bool) {
 	const how = "use a Go duration such as 30s, 5m or 1h30m"
@@ -267,16 +277,31 @@ func (p *parser) duration(n *yaml.Node, label, what string) (time.Duration, bool
 		return 0, false
 	}
 	d, err := time.ParseDuration(n.Value)
-	if err != nil {
+	switch {
+	case err != nil && strings.HasPrefix(strings.TrimLeft(n.Value, "+"), "-"):
+		p.c.at(n, "%s%s must be greater than 0, got %q", prefix(label), what, n.Value)
+		return 0, false
+	case err != nil && durationSyntax.MatchString(n.Value):
+		// Well formed, yet refused: time.ParseDuration says only "invalid"
+		// when the value overflows.
+		p.c.at(n, "%s%s %q is too long: at most %s", prefix(label), what, n.Value, fmtDuration(MaxDuration))
+		return 0, false
+	case err != nil:
 		p.c.at(n, "%sinvalid %s %q: %s", prefix(label), what, n.Value, how)
 		return 0, false
-	}
-	if d <= 0 {
+	case d <= 0:
 		hint := ""
 		if what == "timeout" {
 			hint = " (leave timeout out for no timeout)"
 		}
 		p.c.at(n, "%s%s must be greater than 0, got %q%s", prefix(label), what, n.Value, hint)
+		return 0, false
+	case p.opts.Stored:
+	case d < MinDuration:
+		p.c.at(n, "%s%s %q is too short: at least %s", prefix(label), what, n.Value, fmtDuration(MinDuration))
+		return 0, false
+	case d > MaxDuration:
+		p.c.at(n, "%s%s %q is too long: at most %s", prefix(label), what, n.Value, fmtDuration(MaxDuration))
 		return 0, false
 	}
 	return d, true
@@ -431,26 +456,91 @@ func (p *parser) dependsOn(b *stepBuild, n *yaml.Node) {
 	}
 }
 
-// graphInfo is the dependency graph of the valid part of a workflow.
+// graphInfo is the dependency graph of the valid part of a workflow. It is
+// linear in the size of the graph: ancestors are only worked out for the
+// steps whose expressions read other steps, as bitsets, memoised.
 type graphInfo struct {
-	names     []string          // valid step names, definition order
-	ancestors []map[string]bool // per build index
+	names  []string        // valid step names, definition order
+	set    map[string]bool // the same names
+	index  map[string]int  // build index of each valid name
+	deps   [][]int         // build indexes of each step's known dependencies
+	anc    [][]uint64      // ancestor bitsets by build index, filled on demand
+	inWork []bool          // guards ancestors against a cycle
+}
+
+// ancestors returns the bitset of step i's transitive dependencies.
+func (g *graphInfo) ancestors(i int) []uint64 {
+	if g.anc[i] != nil || g.inWork[i] {
+		return g.anc[i] // nil inside a cycle, which is reported elsewhere
+	}
+	g.inWork[i] = true
+	bits := make([]uint64, (len(g.deps)+63)/64)
+	for _, d := range g.deps[i] {
+		bits[d/64] |= 1 << (d % 64)
+		for w, v := range g.ancestors(d) {
+			bits[w] |= v
+		}
+	}
+	g.inWork[i] = false
+	g.anc[i] = bits
+	return bits
+}
+
+// dependsOn reports whether step i depends on the step named name, directly
+// or not.
+func (g *graphInfo) dependsOn(i int, name string) bool {
+	j, ok := g.index[name]
+	if !ok {
+		return false
+	}
+	for _, d := range g.deps[i] {
+		if d == j {
+			return true // the common case, without building a bitset
+		}
+	}
+	return g.ancestors(i)[j/64]&(1<<(j%64)) != 0
+}
+
+// listNames lists the valid step names but except for a message, at most
+// 20 of them.
+func listNames(names []string, except string) string {
+	const most = 20
+	var b strings.Builder
+	n, listed := 0, 0
+	for _, nm := range names {
+		if nm == except {
+			continue
+		}
+		n++
+		if listed < most {
+			if listed > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(nm)
+			listed++
+		}
+	}
+	if n > listed {
+		fmt.Fprintf(&b, ", and %d more", n-listed)
+	}
+	return b.String()
 }
 
 // checkGraph reports duplicate names, unknown or repeated dependencies and
-// cycles, and computes each step's ancestors for the expression checks.
+// cycles.
 func (p *parser) checkGraph(builds []*stepBuild) *graphInfo {
-	index := map[string]int{}
-	g := &graphInfo{}
+	g := &graphInfo{set: map[string]bool{}, index: map[string]int{}, deps: make([][]int, len(builds)),
+		anc: make([][]uint64, len(builds)), inWork: make([]bool, len(builds))}
 	for i, b := range builds {
 		if !b.nameOK {
 			continue
 		}
-		if first, dup := index[b.step.Name]; dup {
+		if first, dup := g.index[b.step.Name]; dup {
 			p.c.at(b.raw.Name, "duplicate step name %q (first defined at line %d): step names must be unique", b.step.Name, builds[first].raw.Name.Line)
 			continue
 		}
-		index[b.step.Name] = i
+		g.index[b.step.Name] = i
+		g.set[b.step.Name] = true
 		g.names = append(g.names, b.step.Name)
 	}
 	// edges[i] lists (dependency index, node of the entry) for step i.
@@ -463,27 +553,23 @@ func (p *parser) checkGraph(builds []*stepBuild) *graphInfo {
 		seen := map[string]bool{}
 		for k, dep := range b.step.DependsOn {
 			n := b.depNodes[k]
-			switch j, ok := index[dep]; {
+			switch j, ok := g.index[dep]; {
 			case seen[dep]:
 				p.c.at(n, "%s lists %q twice in dependsOn: remove one", b.label, dep)
 			case dep == b.step.Name:
 				p.c.at(n, "%s depends on itself: remove %q from its dependsOn", b.label, dep)
 			case !ok:
-				others := make([]string, 0, len(g.names))
-				for _, nm := range g.names {
-					if nm != b.step.Name {
-						others = append(others, nm)
-					}
-				}
-				if s := suggest(dep, others); s != "" {
+				others := listNames(g.names, b.step.Name)
+				if s := suggestExcept(dep, g.names, b.step.Name); s != "" {
 					p.c.at(n, "%s depends on unknown step %q (did you mean %q?)", b.label, dep, s)
-				} else if len(others) > 0 {
-					p.c.at(n, "%s depends on unknown step %q (steps: %s)", b.label, dep, strings.Join(others, ", "))
+				} else if others != "" {
+					p.c.at(n, "%s depends on unknown step %q (steps: %s)", b.label, dep, others)
 				} else {
 					p.c.at(n, "%s depends on unknown step %q: no other step is defined", b.label, dep)
 				}
 			default:
 				edges[i] = append(edges[i], edge{j, n})
+				g.deps[i] = append(g.deps[i], j)
 			}
 			seen[dep] = true
 		}
@@ -557,24 +643,6 @@ func (p *parser) checkGraph(builds []*stepBuild) *graphInfo {
 			visit(i)
 		}
 	}
-
-	g.ancestors = make([]map[string]bool, len(builds))
-	for i := range builds {
-		anc := map[string]bool{}
-		todo := []int{i}
-		for len(todo) > 0 {
-			cur := todo[len(todo)-1]
-			todo = todo[:len(todo)-1]
-			for _, e := range edges[cur] {
-				name := builds[e.to].step.Name
-				if !anc[name] {
-					anc[name] = true
-					todo = append(todo, e.to)
-				}
-			}
-		}
-		g.ancestors[i] = anc
-	}
 	return g
 }
 
@@ -582,8 +650,8 @@ func (p *parser) checkGraph(builds []*stepBuild) *graphInfo {
 // ancestors are known.
 func (p *parser) compileExpressions(builds []*stepBuild, g *graphInfo, raw *rawWorkflow) {
 	for i, b := range builds {
-		sc := newScope(b.step.Name, g.ancestors[i], g.names)
-		sc.where = b.label
+		sc := &scope{where: b.label, self: b.step.Name, graph: g,
+			canRead: func(name string) bool { return g.dependsOn(i, name) }}
 		if !b.nameOK {
 			sc.self = "" // an invalid name matches no reference
 		}

@@ -43,6 +43,25 @@ const (
 	DefaultQueue       = "default"
 )
 
+// Bounds on the numbers of a workflow file, so that every value means the
+// same on both backends: PostgreSQL counts attempts in 32-bit integers and
+// stores durations in whole microseconds (a 500ns timeout would be stored as
+// 0, which means no timeout).
+const (
+	MaxAttemptsLimit = 10_000
+	MinDuration      = time.Millisecond
+	MaxDuration      = 365 * 24 * time.Hour
+)
+
+// Bounds on the size of a workflow, so that validating a file, and planning
+// each of its instances, stays quick and small. Both are far above what a
+// workflow written by hand needs; a larger process is better split into
+// workflows that start one another.
+const (
+	MaxSteps     = 10_000
+	MaxFileBytes = 4 << 20
+)
+
 // Step is one node of the workflow. Retry, Timeout and Queue already include
 // the values inherited from the workflow's defaults.
 type Step struct {
