@@ -150,6 +150,15 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	// Prune relies on foreign keys to delete an instance's steps and events
+	// with it; without them it would leave orphans behind.
+	var foreignKeys bool
+	if err := db.QueryRow(`PRAGMA foreign_keys`).Scan(&foreignKeys); err != nil {
+		return nil, interpretError("database", err)
+	}
+	if !foreignKeys {
+		return nil, errors.New(`sqlite: New: the pool has foreign keys off: open it with sql.Open("sqlite3", sqlite.DSN(path)), or add _foreign_keys=on to its DSN`)
+	}
 	s := &Store{w: db, r: db, name: "database", now: cfg.Now}
 	if err := s.migrate(context.Background()); err != nil {
 		return nil, err
