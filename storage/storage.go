@@ -99,7 +99,8 @@ type CreateParams struct {
 	ID       string
 	Workflow string
 	// DefinitionHash keys the definition snapshot; Definition is its source,
-	// stored once per hash.
+	// stored once per hash. A hash is one workflow's: every instance of a
+	// hash has the same Workflow.
 	DefinitionHash string
 	Definition     []byte
 	Input          json.RawMessage
@@ -472,7 +473,9 @@ type Store interface {
 	Stats(ctx context.Context) (*Stats, error)
 
 	// Prune deletes finished instances that finished before olderThan, with
-	// their steps and events; with dryRun it only counts them.
+	// their steps and events, and the definition snapshots no remaining
+	// instance uses, in the same transaction; with dryRun it only counts
+	// the instances.
 	Prune(ctx context.Context, olderThan time.Time, dryRun bool) (int, error)
 
 	// Subscribe returns a channel that receives a value (coalesced) whenever

@@ -250,21 +250,53 @@ func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (in
 	}
 	total := 0
 	for {
-		// No foreign keys cascade (migration 2): the statement deletes
-		// the steps and events itself.
-		tag, err := s.pool.Exec(ctx, s.q(`
-			WITH doomed AS (
-				SELECT id FROM {s}instances WHERE finished_at IS NOT NULL AND finished_at < $1
-				ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED
-			),
-			s AS (DELETE FROM {s}steps WHERE instance_id IN (SELECT id FROM doomed)),
-			e AS (DELETE FROM {s}events WHERE instance_id IN (SELECT id FROM doomed))
-			DELETE FROM {s}instances WHERE id IN (SELECT id FROM doomed)`), olderThan, pruneBatch)
+		var n int
+		err := s.inTx(ctx, func(tx pgx.Tx, _ *txState) error {
+			// No foreign keys cascade (migration 2): the statement deletes
+			// the steps and events itself.
+			rows, err := tx.Query(ctx, s.q(`
+				WITH doomed AS (
+					SELECT id FROM {s}instances WHERE finished_at IS NOT NULL AND finished_at < $1
+					ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED
+				),
+				s AS (DELETE FROM {s}steps WHERE instance_id IN (SELECT id FROM doomed)),
+				e AS (DELETE FROM {s}events WHERE instance_id IN (SELECT id FROM doomed)),
+				i AS (DELETE FROM {s}instances WHERE id IN (SELECT id FROM doomed) RETURNING workflow, definition_hash)
+				SELECT workflow, definition_hash, count(*) FROM i GROUP BY workflow, definition_hash`), olderThan, pruneBatch)
+			if err != nil {
+				return err
+			}
+			var (
+				workflows, hashes []string
+				workflow, hash    string
+				count             int
+			)
+			n = 0
+			if _, err := pgx.ForEachRow(rows, []any{&workflow, &hash, &count}, func() error {
+				workflows, hashes, n = append(workflows, workflow), append(hashes, hash), n+count
+				return nil
+			}); err != nil {
+				return err
+			}
+			if n == 0 {
+				return nil
+			}
+			// The locks come first, in a statement of their own, so that the
+			// delete's snapshot sees every start that held one. A hash is one
+			// workflow's snapshot, so the workflow's index finds the
+			// instances that may still use it.
+			var b pgx.Batch
+			b.Queue(lockDefinitionsExclusive, hashes)
+			b.Queue(s.q(`DELETE FROM {s}definitions d USING unnest($1::text[], $2::text[]) AS x(workflow, hash)
+				WHERE d.hash = x.hash AND NOT EXISTS (
+					SELECT 1 FROM {s}instances i WHERE i.workflow = x.workflow AND i.definition_hash = x.hash)`), workflows, hashes)
+			return tx.SendBatch(ctx, &b).Close()
+		})
 		if err != nil {
 			return total, s.fail("prune", err)
 		}
-		total += int(tag.RowsAffected())
-		if tag.RowsAffected() < pruneBatch {
+		total += n
+		if n < pruneBatch {
 			return total, nil
 		}
 	}
