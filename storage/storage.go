@@ -135,13 +135,21 @@ type ClaimParams struct {
 	Limit int
 	// Lease is how long the claim holds without a heartbeat.
 	Lease time.Duration
+	// Handlers restricts claims to steps whose handler is one of these: a
+	// worker passes the handlers it registered, so a step that only another
+	// binary can run waits for that binary instead of failing here (mixed
+	// binaries, rolling deploys). Empty means any handler, for claimers
+	// that run every step; a worker never passes it empty.
+	Handlers []string
 }
 
 // TookAll reports whether a claim with these parameters that returned
 // claimed steps took every step that was ready: it asked for any queue and
 // any instance and got fewer than its limit. A store that claimed eagerly
 // in a transaction need then not wake this process's other claimers, which
-// would only run empty claims.
+// would only run empty claims. Handlers does not count: a process's
+// claimers share its registry, so a step none of them can run is no reason
+// to wake them (other processes hear of it as before, or poll).
 func (p ClaimParams) TookAll(claimed int) bool {
 	return len(p.Queues) == 0 && p.InstanceID == "" && claimed < max(p.Limit, 1)
 }

@@ -230,14 +230,18 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 	require.NoError(t, err)
 
 	cases := []struct {
-		shape [2]int
+		shape claimShape
 		args  []any
 		index string
 	}{
-		{[2]int{0, 0}, nil, "steps_ready"},
-		{[2]int{1, 0}, []any{"default"}, "steps_ready_queue"},
-		{[2]int{2, 0}, []any{[]string{"default", "other"}}, "steps_ready"},
-		{[2]int{1, 1}, []any{"default", "x"}, "steps_"},
+		{claimShape{}, nil, "steps_ready"},
+		{claimShape{queues: 1}, []any{"default"}, "steps_ready_queue"},
+		{claimShape{queues: 2}, []any{[]string{"default", "other"}}, "steps_ready"},
+		{claimShape{queues: 1, byInstance: true}, []any{"default", "x"}, "steps_"},
+		{claimShape{byHandler: true}, []any{[]string{"h", "other"}}, "steps_ready"},
+		{claimShape{queues: 1, byHandler: true}, []any{"default", []string{"h"}}, "steps_ready_queue"},
+		{claimShape{queues: 2, byHandler: true}, []any{[]string{"default", "other"}, []string{"h"}}, "steps_ready"},
+		{claimShape{queues: 1, byInstance: true, byHandler: true}, []any{"default", "x", []string{"h"}}, "steps_"},
 	}
 	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 		for _, c := range cases {

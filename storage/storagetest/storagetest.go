@@ -61,6 +61,7 @@ func Run(t *testing.T, h Harness) {
 		{"Subscribe", subscribeTests},
 		{"FinishAndClaim", eagerTests},
 		{"CreateAndClaim", eagerStartTests},
+		{"Handlers", handlerTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
