@@ -363,6 +363,26 @@ type ListParams struct {
 	BeforeID string
 }
 
+// PresenceTTL is how long a worker counts as live after it last announced
+// itself: a running worker renews its announcement every third of it, so
+// one missed renewal does not make it look gone.
+const PresenceTTL = 30 * time.Second
+
+// WorkerInfo is a running worker's announcement of itself (worker
+// presence): which steps it can take, and when it was last heard of.
+type WorkerInfo struct {
+	ID string
+	// Handlers are the handler names the worker registered; it claims no
+	// other step. Empty: it can run nothing.
+	Handlers []string
+	// Queues are the queues it claims from; empty means every queue.
+	Queues []string
+	// StartedAt is when the store first recorded it, LastSeen when it last
+	// announced itself; both from the store's clock, set by the store.
+	StartedAt time.Time
+	LastSeen  time.Time
+}
+
 // StatsWindow is how many of the most recently finished instances the step
 // duration percentiles of Stats are computed over.
 const StatsWindow = 1000
@@ -376,6 +396,21 @@ type Stats struct {
 	// step, sorted by queue name. Queues whose steps are all blocked,
 	// pending but not yet due, or finished are absent.
 	Queues []QueueStats
+	// Unserved holds one entry per handler with ready steps that no live
+	// worker (one seen within PresenceTTL) can claim: none registered the
+	// handler for the step's queue. Sorted by handler; empty when every
+	// ready step has a worker. These steps wait until a binary with the
+	// handler runs a worker.
+	Unserved []HandlerStats
+}
+
+// HandlerStats is the summary of the ready steps of one handler.
+type HandlerStats struct {
+	Handler string
+	// Ready counts pending steps whose run_after has passed.
+	Ready int
+	// OldestReady is the age of the oldest of them.
+	OldestReady time.Duration
 }
 
 // QueueStats is the summary of one queue's unfinished steps, what a worker
@@ -485,6 +520,21 @@ type Store interface {
 	// instance uses, in the same transaction; with dryRun it only counts
 	// the instances.
 	Prune(ctx context.Context, olderThan time.Time, dryRun bool) (int, error)
+
+	// AnnounceWorker records that worker w.ID is alive with w.Handlers and
+	// w.Queues, as of the store's clock: the first call sets StartedAt,
+	// every call LastSeen (a running worker calls it every third of
+	// PresenceTTL). It also deletes the rows of workers not seen for
+	// PresenceTTL, which stopped without saying so.
+	AnnounceWorker(ctx context.Context, w WorkerInfo) error
+
+	// RemoveWorker deletes a worker's announcement when it stops; an
+	// unknown ID is not an error.
+	RemoveWorker(ctx context.Context, id string) error
+
+	// ListWorkers returns the live workers (seen within PresenceTTL),
+	// sorted by ID, with their handlers and queues sorted.
+	ListWorkers(ctx context.Context) ([]WorkerInfo, error)
 
 	// Subscribe returns a channel that receives a value (coalesced) whenever
 	// steps may have become ready, from this process or, where the backend

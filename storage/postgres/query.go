@@ -166,7 +166,7 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 	return out, nil
 }
 
-// Stats implements storage.Store: four aggregate queries in one round trip
+// Stats implements storage.Store: five aggregate queries in one round trip
 // over one snapshot. Running, stuck and ready counts read only the partial
 // indexes of running and pending steps, grouped by workflow and queue at
 // once; the percentiles read only the steps of the storage.StatsWindow most
@@ -208,6 +208,14 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			})
 			return err
 		})
+		b.Queue(s.q(unservedSQL), now, now.Add(-storage.PresenceTTL)).Query(func(rows pgx.Rows) error {
+			var oldest time.Time
+			_, err := pgx.ForEachRow(rows, []any{&wf, &n, &oldest}, func() error {
+				sb.Unserved(wf, n, now.Sub(oldest))
+				return nil
+			})
+			return err
+		})
 		b.Queue(s.q(`SELECT workflow,
 				percentile_disc(0.5) WITHIN GROUP (ORDER BY d),
 				percentile_disc(0.95) WITHIN GROUP (ORDER BY d)
@@ -236,8 +244,10 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 const pruneBatch = 500
 
 // Prune implements storage.Store. It deletes in batches, each its own
-// transaction that takes the instances with their steps and events. Definition
-// snapshots are kept: they are small and may be shared with live instances.
+// transaction that takes the instances with their steps and events, then
+// the definition snapshots those instances used that no remaining instance
+// uses (under lockDefinitionsSQL's exclusive locks, so that a concurrent
+// start keeps the snapshot it uses).
 func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (int, error) {
 	if dryRun {
 		var n int

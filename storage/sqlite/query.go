@@ -254,6 +254,9 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 		}); err != nil {
 			return err
 		}
+		if err := unserved(ctx, tx, &sb, now); err != nil {
+			return err
+		}
 		rows, err = tx.QueryContext(ctx, `SELECT workflow, finished_at - started_at AS d FROM steps
 			WHERE instance_id IN (SELECT id FROM instances WHERE finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT ?)
 				AND status = 'completed' AND started_at IS NOT NULL

@@ -130,6 +130,7 @@ func reorderStart(types []storage.EventType) []storage.EventType {
 
 var statsTests = map[string]func(*testing.T, *Harness){
 	"DurationsOverRecentInstances": statsDurationsOverRecentInstances,
+	"Unserved":                     statsUnserved,
 	"Figures": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		// Twenty completed steps taking 1s, 2s, ... 20s.

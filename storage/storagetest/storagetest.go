@@ -62,6 +62,7 @@ func Run(t *testing.T, h Harness) {
 		{"FinishAndClaim", eagerTests},
 		{"CreateAndClaim", eagerStartTests},
 		{"Handlers", handlerTests},
+		{"Presence", presenceTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
