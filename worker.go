@@ -159,6 +159,7 @@ func (w *Worker) ID() string { return w.config.ID }
 func (w *Worker) Run(ctx context.Context) error {
 	wake, unsubscribe := w.engine.store.Subscribe()
 	defer unsubscribe()
+	defer w.announce(ctx)()
 
 	// Handlers outlive ctx by up to the shutdown grace.
 	handlerCtx, cancelHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -417,6 +418,7 @@ func (w *Worker) claimParams(limit int) storage.ClaimParams {
 		InstanceID: w.config.InstanceID,
 		Limit:      limit,
 		Lease:      w.config.Lease,
+		Handlers:   w.engine.claimHandlers(),
 	}
 }
 
