@@ -41,7 +41,14 @@ func (e *Engine) claimHandlers() []string {
 // worker drains after ctx ends: it is alive until Run returns. A store
 // that cannot record it only costs the stats their view of this worker, so
 // failures are logged, never fatal.
+//
+// A worker bound to one instance (a following start's) does not announce
+// itself: it cannot take other instances' steps, so counting it would hide
+// them from the stats.
 func (w *Worker) announce(ctx context.Context) (stop func()) {
+	if w.config.InstanceID != "" {
+		return func() {}
+	}
 	store := w.engine.store
 	record := func(ctx context.Context) {
 		err := store.AnnounceWorker(ctx, storage.WorkerInfo{

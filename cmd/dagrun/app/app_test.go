@@ -145,6 +145,35 @@ func TestStatusTable(t *testing.T) {
 	golden(t, "list", mask(res.stdout))
 }
 
+// TestStatsUnserved: with no worker running, `stats` lists the ready steps
+// as waiting for a handler no live worker has, as text and as JSON.
+func TestStatsUnserved(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for range 2 {
+		res := b.run(t, "", "start", "greet", "--input", `{"name": "Ada"}`, "--detach")
+		require.Equal(t, app.ExitOK, res.code, res.stderr)
+	}
+	res := b.run(t, "", "stats")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	golden(t, "stats-unserved", mask(res.stdout))
+
+	res = b.run(t, "", "stats", "--json")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	var stats struct {
+		Unserved []struct {
+			Handler       string  `json:"handler"`
+			Ready         int     `json:"ready"`
+			OldestReadyMs float64 `json:"oldestReadyMs"`
+		} `json:"unserved"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &stats), res.stdout)
+	require.Len(t, stats.Unserved, 1)
+	require.Equal(t, "echo", stats.Unserved[0].Handler)
+	require.Equal(t, 2, stats.Unserved[0].Ready)
+	require.Positive(t, stats.Unserved[0].OldestReadyMs)
+}
+
 func TestValidate(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
