@@ -35,8 +35,12 @@ func benchInstances(b *testing.B, s storage.Store, n int) {
 	}
 }
 
+// benchClaimParams claims as a worker of the stock binary would: naming
+// its handlers, about ten, the benchmark steps' among them.
 func benchClaimParams() storage.ClaimParams {
-	return storage.ClaimParams{WorkerID: "bench", Limit: benchBatch, Lease: time.Minute}
+	return storage.ClaimParams{WorkerID: "bench", Limit: benchBatch, Lease: time.Minute, Handlers: []string{
+		"echo", "fail", "h.s1", "h.s2", "http", "noop", "orders.charge", "orders.notify", "orders.ship", "orders.validate", "sleep",
+	}}
 }
 
 // benchClaim measures claiming ready steps, benchBatch per call.
