@@ -140,8 +140,10 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 }
 
 // New returns a Store on db, a pool the caller opened with DSN and keeps
-// owning (Close does not close it), and migrates the schema. For speed, set
-// db.SetMaxOpenConns(1): writers are serialised by SQLite anyway.
+// owning (Close does not close it), and migrates the schema. It refuses a
+// pool with foreign keys off, which would let prune leave steps and events
+// behind. For speed, set db.SetMaxOpenConns(1): writers are serialised by
+// SQLite anyway.
 func New(db *sql.DB, cfg *Config) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlite: New: nil *sql.DB")
