@@ -463,8 +463,9 @@ type Store interface {
 	CreateInstances(ctx context.Context, tx any, params []CreateParams, plan PlanFunc) ([]CreateResult, error)
 
 	// ClaimSteps atomically claims up to p.Limit ready steps (pending,
-	// run_after passed, instance not finished), highest priority first, then
-	// oldest ready; increments their attempts and fences; and takes a lease.
+	// run_after passed, instance not finished; of p.Handlers, p.Queues and
+	// p.InstanceID when given), highest priority first, then oldest ready;
+	// increments their attempts and fences; and takes a lease.
 	// The first claim of an instance's step moves it from pending to
 	// running. A Limit below 1 claims one step; Lease must be positive.
 	ClaimSteps(ctx context.Context, p ClaimParams) ([]ClaimedStep, error)
