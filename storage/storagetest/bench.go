@@ -17,18 +17,22 @@ import (
 func Benchmark(b *testing.B, newStore func(b *testing.B) storage.Store) {
 	b.Run("Claim", func(b *testing.B) { benchClaim(b, newStore(b)) })
 	b.Run("CompleteAndUnblock", func(b *testing.B) { benchComplete(b, newStore(b)) })
+	b.Run("ClaimPastUnserved", func(b *testing.B) { benchClaimPastUnserved(b, newStore(b)) })
 }
 
 // benchBatch is how many steps one claim or one group commit carries, as a
 // worker at its default concurrency would.
 const benchBatch = 100
 
-func benchInstances(b *testing.B, s storage.Store, n int) {
+func benchInstances(b *testing.B, s storage.Store, n int, steps ...storage.StepSpec) {
 	b.Helper()
+	if len(steps) == 0 {
+		steps = []storage.StepSpec{spec("s1"), spec("s2", "s1")}
+	}
 	for done := 0; done < n; done += 1000 {
 		ps := make([]storage.CreateParams, min(1000, n-done))
 		for i := range ps {
-			ps[i] = params(spec("s1"), spec("s2", "s1"))
+			ps[i] = params(steps...)
 		}
 		_, err := s.CreateInstances(b.Context(), nil, ps, Plan)
 		require.NoError(b, err)
@@ -45,6 +49,29 @@ func benchClaimParams() storage.ClaimParams {
 
 // benchClaim measures claiming ready steps, benchBatch per call.
 func benchClaim(b *testing.B, s storage.Store) {
+	benchInstances(b, s, b.N+benchBatch)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for claimed := 0; claimed < b.N; {
+		got, err := s.ClaimSteps(b.Context(), benchClaimParams())
+		require.NoError(b, err)
+		require.NotEmpty(b, got)
+		claimed += len(got)
+	}
+}
+
+// unservedBacklog is how many ready steps of a handler the claimer lacks
+// wait ahead of its own in ClaimPastUnserved.
+const unservedBacklog = 10000
+
+// benchClaimPastUnserved measures claiming as benchClaim does, with
+// unservedBacklog older ready steps of a handler the claimer lacks ahead of
+// its own in claim order (a binary not deployed yet): every claim walks
+// past them.
+func benchClaimPastUnserved(b *testing.B, s storage.Store) {
+	theirs := spec("s1")
+	theirs.Handler = "h.theirs"
+	benchInstances(b, s, unservedBacklog, theirs)
 	benchInstances(b, s, b.N+benchBatch)
 	b.ReportAllocs()
 	b.ResetTimer()
