@@ -72,15 +72,7 @@ func benchClaimPastUnserved(b *testing.B, s storage.Store) {
 	theirs := spec("s1")
 	theirs.Handler = "h.theirs"
 	benchInstances(b, s, unservedBacklog, theirs)
-	benchInstances(b, s, b.N+benchBatch)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for claimed := 0; claimed < b.N; {
-		got, err := s.ClaimSteps(b.Context(), benchClaimParams())
-		require.NoError(b, err)
-		require.NotEmpty(b, got)
-		claimed += len(got)
-	}
+	benchClaim(b, s)
 }
 
 // benchComplete measures completing claimed first steps, benchBatch per
