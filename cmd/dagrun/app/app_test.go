@@ -19,6 +19,8 @@ import (
 
 	"github.com/dagrun/dagrun/cmd/dagrun/app"
 	"github.com/dagrun/dagrun/handlers"
+	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/sqlite"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -172,6 +174,27 @@ func TestStatsUnserved(t *testing.T) {
 	require.Equal(t, "echo", stats.Unserved[0].Handler)
 	require.Equal(t, 2, stats.Unserved[0].Ready)
 	require.Positive(t, stats.Unserved[0].OldestReadyMs)
+}
+
+// TestHandlersWorkers: `handlers --workers` lists the live workers of the
+// database, whatever binary they run, with their queues and handlers.
+func TestHandlersWorkers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.run(t, "", "handlers", "--workers")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	store, err := sqlite.Open(t.Context(), b.env["DAGRUN_DB"], nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, store.Close()) })
+	for _, w := range []storage.WorkerInfo{
+		{ID: "custom-1", Handlers: []string{"greet.hello", "echo"}},
+		{ID: "stock-1", Handlers: []string{"echo", "orders.charge"}, Queues: []string{"payments", "default"}},
+	} {
+		require.NoError(t, store.AnnounceWorker(t.Context(), w))
+	}
+	res = b.run(t, "", "handlers", "--workers")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	golden(t, "handlers-workers", mask(res.stdout))
 }
 
 func TestValidate(t *testing.T) {

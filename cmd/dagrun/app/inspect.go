@@ -258,13 +258,37 @@ func durOrDash(d time.Duration) string {
 }
 
 func (c *cli) handlersCommand() *cobra.Command {
-	return &cobra.Command{
+	var workers bool
+	cmd := &cobra.Command{
 		Use:   "handlers",
-		Short: "List the handler names registered in this binary",
-		Args:  exactArgs(0, "handlers"),
-		RunE: func(*cobra.Command, []string) error {
-			_, err := fmt.Fprintln(c.io.Stdout, strings.Join(c.registry.Names(), "\n"))
-			return err
+		Short: "List the handler names registered in this binary, or with --workers the live workers' handlers",
+		Args:  exactArgs(0, "handlers [--workers]"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !workers {
+				_, err := fmt.Fprintln(c.io.Stdout, strings.Join(c.registry.Names(), "\n"))
+				return err
+			}
+			ctx := cmd.Context()
+			engine, err := c.engine(ctx)
+			if err != nil {
+				return err
+			}
+			live, err := engine.Store().ListWorkers(ctx)
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(c.io.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "WORKER\tQUEUES\tSTARTED\tLAST SEEN\tHANDLERS")
+			for _, w := range live {
+				queues := "all"
+				if len(w.Queues) > 0 {
+					queues = strings.Join(w.Queues, ",")
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", w.ID, queues, view.Time(w.StartedAt), view.Time(w.LastSeen), strings.Join(w.Handlers, ","))
+			}
+			return tw.Flush()
 		},
 	}
+	cmd.Flags().BoolVar(&workers, "workers", false, "list the live workers of the database (any binary) with the handlers each registered")
+	return cmd
 }
