@@ -52,6 +52,17 @@ func TestWorkerClaimsOnlyItsHandlers(t *testing.T) {
 		stopNarrow := runOn(narrow, "narrow")
 		runOn(handlers.NewRegistry(), "empty")
 		ctx := t.Context()
+		var workers []storage.WorkerInfo
+		require.Eventually(t, func() bool {
+			var err error
+			workers, err = b.store.ListWorkers(ctx)
+			require.NoError(t, err)
+			return len(workers) == 2
+		}, 30*time.Second, 10*time.Millisecond, "both workers announce themselves when they start")
+		require.Equal(t, "empty", workers[0].ID)
+		require.Empty(t, workers[0].Handlers)
+		require.Equal(t, "narrow", workers[1].ID)
+		require.Equal(t, []string{"mine"}, workers[1].Handlers)
 
 		id := b.start(t, "mixed", ``)
 		var inst *storage.Instance
@@ -64,13 +75,6 @@ func TestWorkerClaimsOnlyItsHandlers(t *testing.T) {
 		require.Equal(t, storage.StepPending, step(t, inst, "b").Status)
 		require.Zero(t, step(t, inst, "b").Attempts, "no worker without the handler spent an attempt")
 
-		workers, err := b.store.ListWorkers(ctx)
-		require.NoError(t, err)
-		require.Len(t, workers, 2)
-		require.Equal(t, "empty", workers[0].ID)
-		require.Empty(t, workers[0].Handlers)
-		require.Equal(t, "narrow", workers[1].ID)
-		require.Equal(t, []string{"mine"}, workers[1].Handlers)
 		st, err := b.store.Stats(ctx)
 		require.NoError(t, err)
 		require.Len(t, st.Unserved, 1)
