@@ -147,9 +147,10 @@ type ClaimParams struct {
 // claimed steps took every step that was ready: it asked for any queue and
 // any instance and got fewer than its limit. A store that claimed eagerly
 // in a transaction need then not wake this process's other claimers, which
-// would only run empty claims. Handlers does not count: a process's
-// claimers share its registry, so a step none of them can run is no reason
-// to wake them (other processes hear of it as before, or poll).
+// would only run empty claims. Handlers does not count: the claimers of one
+// engine share its registry, so a step none of them can run is no reason
+// to wake them. Other processes hear of it as before; a second engine with
+// other handlers on the same Store value finds it at its next poll.
 func (p ClaimParams) TookAll(claimed int) bool {
 	return len(p.Queues) == 0 && p.InstanceID == "" && claimed < max(p.Limit, 1)
 }
