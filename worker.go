@@ -151,6 +151,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.watchClock(ctx)()
 	wake, unsubscribe := w.engine.store.Subscribe()
 	defer unsubscribe()
+	defer w.announce(ctx)()
 
 	handlerCtx, cancelHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancelHandlers(errShutdown)
@@ -231,6 +232,7 @@ func (w *Worker) claimParams(limit int) storage.ClaimParams {
 		InstanceID: w.config.InstanceID,
 		Limit:      limit,
 		Lease:      w.config.Lease,
+		Handlers:   w.engine.claimHandlers(),
 	}
 }
 

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,12 +19,6 @@ import (
 // README are from DAGRUN_LOAD_INSTANCES=10000.
 const defaultLoadInstances = 2000
 
-var (
-	plainBinaryOnce sync.Once
-	plainBinaryPath string
-	plainBinaryErr  error
-)
-
 // plainBinary returns a dagrun binary built without the race detector, for
 // measurements; it is built on first use, next to the e2e binary.
 func plainBinary(t *testing.T) string {
@@ -34,16 +26,7 @@ func plainBinary(t *testing.T) string {
 	if os.Getenv("DAGRUN_E2E_NORACE") != "" {
 		return binary // TestMain built it without -race already
 	}
-	plainBinaryOnce.Do(func() {
-		plainBinaryPath = filepath.Join(filepath.Dir(binary), "dagrun-norace")
-		build := exec.Command("go", "build", "-o", plainBinaryPath, "../cmd/dagrun")
-		build.Env = append(os.Environ(), "CGO_ENABLED=1")
-		if out, err := build.CombinedOutput(); err != nil {
-			plainBinaryErr = fmt.Errorf("go build ./cmd/dagrun: %v\n%s", err, out)
-		}
-	})
-	require.NoError(t, plainBinaryErr)
-	return plainBinaryPath
+	return buildOnce(t, "dagrun-norace", "../cmd/dagrun", false)
 }
 
 // enqueue starts n instances of workflow through the HTTP API of a

@@ -12,12 +12,14 @@ import (
 type StatsBuilder struct {
 	workflows map[string]*WorkflowStats
 	queues    map[string]*QueueStats
+	unserved  map[string]*HandlerStats
 }
 
 // Reset forgets everything added so far.
 func (b *StatsBuilder) Reset() {
 	clear(b.workflows)
 	clear(b.queues)
+	clear(b.unserved)
 }
 
 func (b *StatsBuilder) workflow(name string) *WorkflowStats {
@@ -67,6 +69,21 @@ func (b *StatsBuilder) Ready(workflow, queue string, ready int, age time.Duratio
 	b.queue(queue).Ready += ready
 }
 
+// Unserved records ready steps of handler that no live worker can claim,
+// the oldest ready for age; rows of one handler (say one per queue) add up.
+func (b *StatsBuilder) Unserved(handler string, ready int, age time.Duration) {
+	if b.unserved == nil {
+		b.unserved = map[string]*HandlerStats{}
+	}
+	h := b.unserved[handler]
+	if h == nil {
+		h = &HandlerStats{Handler: handler}
+		b.unserved[handler] = h
+	}
+	h.Ready += ready
+	h.OldestReady = max(h.OldestReady, age)
+}
+
 // Durations records the completed-attempt percentiles of workflow.
 func (b *StatsBuilder) Durations(workflow string, p50, p95 time.Duration) {
 	w := b.workflow(workflow)
@@ -84,5 +101,9 @@ func (b *StatsBuilder) Stats() *Stats {
 		st.Queues = append(st.Queues, *q)
 	}
 	slices.SortFunc(st.Queues, func(x, y QueueStats) int { return strings.Compare(x.Queue, y.Queue) })
+	for _, h := range b.unserved {
+		st.Unserved = append(st.Unserved, *h)
+	}
+	slices.SortFunc(st.Unserved, func(x, y HandlerStats) int { return strings.Compare(x.Handler, y.Handler) })
 	return st
 }

@@ -107,7 +107,8 @@ type CreateParams struct {
 	ID       string
 	Workflow string
 	// DefinitionHash keys the definition snapshot; Definition is its source,
-	// stored once per hash.
+	// stored once per hash. A hash is one workflow's: every instance of a
+	// hash has the same Workflow.
 	DefinitionHash string
 	Definition     []byte
 	Input          json.RawMessage
@@ -142,13 +143,22 @@ type ClaimParams struct {
 	Limit int
 	// Lease is how long the claim holds without a heartbeat.
 	Lease time.Duration
+	// Handlers restricts claims to steps whose handler is one of these: a
+	// worker passes the handlers it registered, so a step that only another
+	// binary can run waits for that binary instead of failing here (mixed
+	// binaries, rolling deploys). Empty means any handler, for claimers
+	// that run every step; a worker never passes it empty.
+	Handlers []string
 }
 
 // TookAll reports whether a claim with these parameters that returned
 // claimed steps took every step that was ready: it asked for any queue and
 // any instance and got fewer than its limit. A store that claimed eagerly
 // in a transaction need then not wake this process's other claimers, which
-// would only run empty claims.
+// would only run empty claims. Handlers does not count: the claimers of one
+// engine share its registry, so a step none of them can run is no reason
+// to wake them. Other processes hear of it as before; a second engine with
+// other handlers on the same Store value finds it at its next poll.
 func (p ClaimParams) TookAll(claimed int) bool {
 	return len(p.Queues) == 0 && p.InstanceID == "" && claimed < max(p.Limit, 1)
 }
@@ -373,6 +383,26 @@ type ListParams struct {
 	BeforeID string
 }
 
+// PresenceTTL is how long a worker counts as live after it last announced
+// itself: a running worker renews its announcement every third of it, so
+// one missed renewal does not make it look gone.
+const PresenceTTL = 30 * time.Second
+
+// WorkerInfo is a running worker's announcement of itself (worker
+// presence): which steps it can take, and when it was last heard of.
+type WorkerInfo struct {
+	ID string
+	// Handlers are the handler names the worker registered; it claims no
+	// other step. Empty: it can run nothing.
+	Handlers []string
+	// Queues are the queues it claims from; empty means every queue.
+	Queues []string
+	// StartedAt is when the store first recorded it, LastSeen when it last
+	// announced itself; both from the store's clock, set by the store.
+	StartedAt time.Time
+	LastSeen  time.Time
+}
+
 // StatsWindow is how many of the most recently finished instances the step
 // duration percentiles of Stats are computed over.
 const StatsWindow = 1000
@@ -386,6 +416,21 @@ type Stats struct {
 	// step, sorted by queue name. Queues whose steps are all blocked,
 	// pending but not yet due, or finished are absent.
 	Queues []QueueStats
+	// Unserved holds one entry per handler with ready steps that no live
+	// worker (one seen within PresenceTTL) can claim: none registered the
+	// handler for the step's queue. Sorted by handler; empty when every
+	// ready step has a worker. These steps wait until a binary with the
+	// handler runs a worker.
+	Unserved []HandlerStats
+}
+
+// HandlerStats is the summary of the ready steps of one handler.
+type HandlerStats struct {
+	Handler string
+	// Ready counts pending steps whose run_after has passed.
+	Ready int
+	// OldestReady is the age of the oldest of them.
+	OldestReady time.Duration
 }
 
 // QueueStats is the summary of one queue's unfinished steps, what a worker
@@ -438,8 +483,9 @@ type Store interface {
 	CreateInstances(ctx context.Context, tx any, params []CreateParams, plan PlanFunc) ([]CreateResult, error)
 
 	// ClaimSteps atomically claims up to p.Limit ready steps (pending,
-	// run_after passed, instance not finished), highest priority first, then
-	// oldest ready; increments their attempts and fences; and takes a lease.
+	// run_after passed, instance not finished; of p.Handlers, p.Queues and
+	// p.InstanceID when given), highest priority first, then oldest ready;
+	// increments their attempts and fences; and takes a lease.
 	// The first claim of an instance's step moves it from pending to
 	// running. A Limit below 1 claims one step; Lease must be positive.
 	ClaimSteps(ctx context.Context, p ClaimParams) ([]ClaimedStep, error)
@@ -491,8 +537,25 @@ type Store interface {
 	Stats(ctx context.Context) (*Stats, error)
 
 	// Prune deletes finished instances that finished before olderThan, with
-	// their steps and events; with dryRun it only counts them.
+	// their steps and events, and the definition snapshots no remaining
+	// instance uses, in the same transaction; with dryRun it only counts
+	// the instances.
 	Prune(ctx context.Context, olderThan time.Time, dryRun bool) (int, error)
+
+	// AnnounceWorker records that worker w.ID is alive with w.Handlers and
+	// w.Queues, as of the store's clock: the first call sets StartedAt,
+	// every call LastSeen (a running worker calls it every third of
+	// PresenceTTL). It also deletes the rows of workers not seen for
+	// PresenceTTL, which stopped without saying so.
+	AnnounceWorker(ctx context.Context, w WorkerInfo) error
+
+	// RemoveWorker deletes a worker's announcement when it stops; an
+	// unknown ID is not an error.
+	RemoveWorker(ctx context.Context, id string) error
+
+	// ListWorkers returns the live workers (seen within PresenceTTL),
+	// sorted by ID, with their handlers and queues sorted.
+	ListWorkers(ctx context.Context) ([]WorkerInfo, error)
 
 	// Subscribe returns a channel that receives a value (coalesced) whenever
 	// steps may have become ready, from this process or, where the backend

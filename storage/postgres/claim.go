@@ -29,20 +29,30 @@ import (
 //
 // The lease counts from {clock}, as each step is taken: a claim on the
 // tail of a transaction that waited for locks still gets a full lease.
-func claimSQL(queues int, byInstance bool) string {
+//
+// The handler filter is checked on the rows the index walk meets: ready
+// steps of handlers the claimer lacks are passed over, never claimed.
+func claimSQL(c claimShape) string {
 	var b strings.Builder
 	b.WriteString(`
 WITH cand AS (
 	SELECT id FROM {s}steps
 	WHERE status = 'pending' AND run_after <= {now}`)
+	next := 5 // the next parameter number
 	switch {
-	case queues == 1:
+	case c.queues == 1:
 		b.WriteString(` AND queue = $5`)
-	case queues > 1:
+		next++
+	case c.queues > 1:
 		b.WriteString(` AND queue = ANY($5::text[])`)
+		next++
 	}
-	if byInstance {
-		b.WriteString(` AND instance_id = $` + strconv.Itoa(5+min(queues, 1)))
+	if c.byInstance {
+		b.WriteString(` AND instance_id = $` + strconv.Itoa(next))
+		next++
+	}
+	if c.byHandler {
+		b.WriteString(` AND handler = ANY($` + strconv.Itoa(next) + `::text[])`)
 	}
 	b.WriteString(`
 	ORDER BY priority DESC, run_after, id
@@ -84,13 +94,24 @@ FROM u ORDER BY priority DESC, run_after, id`)
 	return b.String()
 }
 
+// claimShape is a claim's filter shape: how many queues (0, 1, several),
+// whether it is bound to one instance, whether it names handlers.
+type claimShape struct {
+	queues     int
+	byInstance bool
+	byHandler  bool
+}
+
 // claimQueries are built once per shape: the statement text stays constant,
 // so pgx's statement cache prepares it once per connection.
-var claimQueries = func() map[[2]int]string {
-	m := map[[2]int]string{}
+var claimQueries = func() map[claimShape]string {
+	m := map[claimShape]string{}
 	for q := 0; q <= 2; q++ {
-		for i := 0; i <= 1; i++ {
-			m[[2]int{q, i}] = claimSQL(q, i == 1)
+		for _, i := range []bool{false, true} {
+			for _, h := range []bool{false, true} {
+				c := claimShape{queues: q, byInstance: i, byHandler: h}
+				m[c] = claimSQL(c)
+			}
 		}
 	}
 	return m
@@ -135,7 +156,7 @@ func (s *Store) queueClaim(st *txState, p storage.ClaimParams, now *time.Time, i
 // claimStatement returns the claim statement for p's filter shape and its
 // arguments.
 func (s *Store) claimStatement(p storage.ClaimParams, now *time.Time) (string, []any) {
-	shape := [2]int{min(len(p.Queues), 2), 0}
+	shape := claimShape{queues: min(len(p.Queues), 2), byInstance: p.InstanceID != "", byHandler: len(p.Handlers) > 0}
 	args := []any{now, p.Lease.Microseconds(), p.WorkerID, max(p.Limit, 1)}
 	switch len(p.Queues) {
 	case 0:
@@ -144,9 +165,11 @@ func (s *Store) claimStatement(p storage.ClaimParams, now *time.Time) (string, [
 	default:
 		args = append(args, p.Queues)
 	}
-	if p.InstanceID != "" {
-		shape[1] = 1
+	if shape.byInstance {
 		args = append(args, p.InstanceID)
+	}
+	if shape.byHandler {
+		args = append(args, p.Handlers)
 	}
 	return s.q(claimQueries[shape]), args
 }

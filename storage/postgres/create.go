@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -65,6 +66,32 @@ ev AS (
 	ORDER BY e.ord
 )
 SELECT id FROM ins`
+
+// definitionLockClass is the first key of the advisory locks that keep
+// Prune from deleting a definition a start is about to use; the second is
+// a hash of the definition's hash.
+const definitionLockClass = 0x64656673 // "defs"
+
+// lockDefinitionsSQL takes lock (pg_advisory_xact_lock_shared or
+// pg_advisory_xact_lock) on each definition hash in $1, in hash order so
+// that no two transactions wait for each other in a cycle. Without foreign
+// keys (migration 2), a start that found a definition row, and has not
+// committed its instances yet, would not stop a concurrent Prune from
+// deleting that row: a start holds the shared lock until it commits, and
+// Prune takes the exclusive one before it looks for instances still using
+// a definition, so it sees the start's instances or the start sees the
+// definition gone and inserts it again. Shared locks do not conflict, so
+// concurrent starts of one workflow do not wait for each other, and
+// advisory locks live in memory only.
+var (
+	lockDefinitionsShared    = lockDefinitionsSQL("pg_advisory_xact_lock_shared")
+	lockDefinitionsExclusive = lockDefinitionsSQL("pg_advisory_xact_lock")
+)
+
+func lockDefinitionsSQL(lock string) string {
+	return `SELECT ` + lock + `(` + strconv.Itoa(definitionLockClass) + `, hashtext(h))
+	FROM (SELECT DISTINCT h FROM unnest($1::text[]) AS u(h) ORDER BY h) l`
+}
 
 // existingSQL finds the instances that own idempotency keys.
 const existingSQL = `
@@ -190,17 +217,24 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 		return results, nil
 	}
 
-	dbRows, err := tx.Query(ctx, s.q(createSQL), now,
+	// The definitions' shared locks go first, in the same round trip: see
+	// lockDefinitionsSQL.
+	var (
+		b        pgx.Batch
+		inserted []string
+	)
+	b.Queue(lockDefinitionsShared, rows.defHashes)
+	b.Queue(s.q(createSQL), now,
 		rows.defHashes, rows.defWorkflows, rows.defSources,
 		rows.ids, rows.workflows, rows.hashes, rows.statuses, rows.inputs, rows.outputs, rows.errors, rows.keys, rows.priorities, rows.runAfters,
 		rows.stInst, rows.stPos, rows.stNames, rows.stHandlers, rows.stQueues, rows.stWorkflows, rows.stDeps, rows.stStatuses,
 		rows.stMax, rows.stBackoff, rows.stMaxBackoff, rows.stTimeout, rows.stPriorities, rows.stInputs, rows.stErrors, rows.stRunAfters,
-		rows.evInst, rows.evSteps, rows.evTypes, rows.evMessages)
-	if err != nil {
-		return nil, err
-	}
-	inserted, err := pgx.CollectRows(dbRows, pgx.RowTo[string])
-	if err != nil {
+		rows.evInst, rows.evSteps, rows.evTypes, rows.evMessages).Query(func(dbRows pgx.Rows) error {
+		var err error
+		inserted, err = pgx.CollectRows(dbRows, pgx.RowTo[string])
+		return err
+	})
+	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "instances_pkey" {
 			return nil, fmt.Errorf("%w: an instance with this ID already exists (%s)", storage.ErrConflict, pe.Detail)

@@ -104,6 +104,12 @@ var legacyTables = []struct{ name, column string }{
 	{"events", "instance_id"},
 }
 
+// laterTables are the tables migrations added after dagrun had a schema
+// of its own. They exist in a legacy layout only when a store ran with
+// Schema "public" explicitly, and move with the rest when it no longer
+// does. A migration that adds a table adds it here.
+var laterTables = []string{"workers"}
+
 // legacyLockKey is the advisory lock older versions took to migrate their
 // tables where search_path put them: taking it too keeps an older process
 // from migrating them while they move, and two stores of different schemas
@@ -132,6 +138,11 @@ func (s *Store) adoptLegacy(ctx context.Context, tx pgx.Tx) error {
 	for _, t := range legacyTables {
 		if _, err := tx.Exec(ctx, "ALTER TABLE "+pgx.Identifier{from, t.name}.Sanitize()+" SET SCHEMA "+pgx.Identifier{s.cfg.Schema}.Sanitize()); err != nil {
 			return fmt.Errorf("moving dagrun's table %s from schema %s to %s: %w", t.name, from, s.cfg.Schema, err)
+		}
+	}
+	for _, name := range laterTables {
+		if _, err := tx.Exec(ctx, "ALTER TABLE IF EXISTS "+pgx.Identifier{from, name}.Sanitize()+" SET SCHEMA "+pgx.Identifier{s.cfg.Schema}.Sanitize()); err != nil {
+			return fmt.Errorf("moving dagrun's table %s from schema %s to %s: %w", name, from, s.cfg.Schema, err)
 		}
 	}
 	s.cfg.Logger.Info("postgres: moved the tables of an older dagrun into their own schema",

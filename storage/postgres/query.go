@@ -166,7 +166,7 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 	return out, nil
 }
 
-// Stats implements storage.Store: four aggregate queries in one round trip
+// Stats implements storage.Store: five aggregate queries in one round trip
 // over one snapshot. Running, stuck and ready counts read only the partial
 // indexes of running and pending steps, grouped by workflow and queue at
 // once; the percentiles read only the steps of the storage.StatsWindow most
@@ -208,6 +208,14 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			})
 			return err
 		})
+		b.Queue(s.q(unservedSQL), now, storage.PresenceTTL.Microseconds()).Query(func(rows pgx.Rows) error {
+			var waitedUS int64
+			_, err := pgx.ForEachRow(rows, []any{&wf, &n, &waitedUS}, func() error {
+				sb.Unserved(wf, n, time.Duration(waitedUS)*time.Microsecond)
+				return nil
+			})
+			return err
+		})
 		b.Queue(s.q(`SELECT workflow,
 				percentile_disc(0.5) WITHIN GROUP (ORDER BY d),
 				percentile_disc(0.95) WITHIN GROUP (ORDER BY d)
@@ -236,8 +244,10 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 const pruneBatch = 500
 
 // Prune implements storage.Store. It deletes in batches, each its own
-// transaction that takes the instances with their steps and events. Definition
-// snapshots are kept: they are small and may be shared with live instances.
+// transaction that takes the instances with their steps and events, then
+// the definition snapshots those instances used that no remaining instance
+// uses (under lockDefinitionsSQL's exclusive locks, so that a concurrent
+// start keeps the snapshot it uses).
 func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (int, error) {
 	if dryRun {
 		var n int
@@ -250,21 +260,53 @@ func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (in
 	}
 	total := 0
 	for {
-		// No foreign keys cascade (migration 2): the statement deletes
-		// the steps and events itself.
-		tag, err := s.pool.Exec(ctx, s.q(`
-			WITH doomed AS (
-				SELECT id FROM {s}instances WHERE finished_at IS NOT NULL AND finished_at < $1
-				ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED
-			),
-			s AS (DELETE FROM {s}steps WHERE instance_id IN (SELECT id FROM doomed)),
-			e AS (DELETE FROM {s}events WHERE instance_id IN (SELECT id FROM doomed))
-			DELETE FROM {s}instances WHERE id IN (SELECT id FROM doomed)`), olderThan, pruneBatch)
+		var n int
+		err := s.inTx(ctx, func(tx pgx.Tx, _ *txState) error {
+			// No foreign keys cascade (migration 2): the statement deletes
+			// the steps and events itself.
+			rows, err := tx.Query(ctx, s.q(`
+				WITH doomed AS (
+					SELECT id FROM {s}instances WHERE finished_at IS NOT NULL AND finished_at < $1
+					ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED
+				),
+				s AS (DELETE FROM {s}steps WHERE instance_id IN (SELECT id FROM doomed)),
+				e AS (DELETE FROM {s}events WHERE instance_id IN (SELECT id FROM doomed)),
+				i AS (DELETE FROM {s}instances WHERE id IN (SELECT id FROM doomed) RETURNING workflow, definition_hash)
+				SELECT workflow, definition_hash, count(*) FROM i GROUP BY workflow, definition_hash`), olderThan, pruneBatch)
+			if err != nil {
+				return err
+			}
+			var (
+				workflows, hashes []string
+				workflow, hash    string
+				count             int
+			)
+			n = 0
+			if _, err := pgx.ForEachRow(rows, []any{&workflow, &hash, &count}, func() error {
+				workflows, hashes, n = append(workflows, workflow), append(hashes, hash), n+count
+				return nil
+			}); err != nil {
+				return err
+			}
+			if n == 0 {
+				return nil
+			}
+			// The locks come first, in a statement of their own, so that the
+			// delete's snapshot sees every start that held one. A hash is one
+			// workflow's snapshot, so the workflow's index finds the
+			// instances that may still use it.
+			var b pgx.Batch
+			b.Queue(lockDefinitionsExclusive, hashes)
+			b.Queue(s.q(`DELETE FROM {s}definitions d USING unnest($1::text[], $2::text[]) AS x(workflow, hash)
+				WHERE d.hash = x.hash AND NOT EXISTS (
+					SELECT 1 FROM {s}instances i WHERE i.workflow = x.workflow AND i.definition_hash = x.hash)`), workflows, hashes)
+			return tx.SendBatch(ctx, &b).Close()
+		})
 		if err != nil {
 			return total, s.fail("prune", err)
 		}
-		total += int(tag.RowsAffected())
-		if tag.RowsAffected() < pruneBatch {
+		total += n
+		if n < pruneBatch {
 			return total, nil
 		}
 	}

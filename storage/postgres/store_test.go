@@ -230,14 +230,18 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 	require.NoError(t, err)
 
 	cases := []struct {
-		shape [2]int
+		shape claimShape
 		args  []any
 		index string
 	}{
-		{[2]int{0, 0}, nil, "steps_ready"},
-		{[2]int{1, 0}, []any{"default"}, "steps_ready_queue"},
-		{[2]int{2, 0}, []any{[]string{"default", "other"}}, "steps_ready"},
-		{[2]int{1, 1}, []any{"default", "x"}, "steps_"},
+		{claimShape{}, nil, "steps_ready"},
+		{claimShape{queues: 1}, []any{"default"}, "steps_ready_queue"},
+		{claimShape{queues: 2}, []any{[]string{"default", "other"}}, "steps_ready"},
+		{claimShape{queues: 1, byInstance: true}, []any{"default", "x"}, "steps_"},
+		{claimShape{byHandler: true}, []any{[]string{"h", "other"}}, "steps_ready"},
+		{claimShape{queues: 1, byHandler: true}, []any{"default", []string{"h"}}, "steps_ready_queue"},
+		{claimShape{queues: 2, byHandler: true}, []any{[]string{"default", "other"}, []string{"h"}}, "steps_ready"},
+		{claimShape{queues: 1, byInstance: true, byHandler: true}, []any{"default", "x", []string{"h"}}, "steps_"},
 	}
 	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 		for _, c := range cases {
@@ -433,6 +437,48 @@ func TestPruneTakesStepsAndEvents(t *testing.T) {
 	require.Zero(t, steps, "steps of the pruned instance")
 	require.Zero(t, events, "events of the pruned instance")
 	require.Equal(t, 1, kept, "the unfinished instance keeps its step")
+}
+
+// TestPruneKeepsDefinitionOfUncommittedStart: a start that uses a
+// definition and has not committed yet makes a prune that would delete the
+// definition wait for it, and then see its instance: the definition stays.
+func TestPruneKeepsDefinitionOfUncommittedStart(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	ctx := t.Context()
+	old := params(spec("a"))
+	old.DefinitionHash = "h-" + s.cfg.Schema
+	_, err := s.CreateInstances(ctx, nil, []storage.CreateParams{old}, storagetest.Plan)
+	require.NoError(t, err)
+	require.NoError(t, s.CancelInstance(ctx, old.ID, "done with it"))
+
+	tx, err := s.pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	start := params(spec("a"))
+	start.DefinitionHash = old.DefinitionHash
+	_, err = s.CreateInstances(ctx, tx, []storage.CreateParams{start}, storagetest.Plan)
+	require.NoError(t, err)
+
+	pruned := make(chan error, 1)
+	go func() {
+		_, err := s.Prune(ctx, time.Now().Add(time.Minute), false)
+		pruned <- err
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			AND classid = $1 AND objid::bigint = hashtext($2)::bigint & 4294967295)`, definitionLockClass, old.DefinitionHash).Scan(&waiting)
+		return err == nil && waiting
+	}, 10*time.Second, 5*time.Millisecond, "prune waits for the start")
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-pruned)
+
+	_, err = s.GetInstance(ctx, old.ID)
+	require.ErrorIs(t, err, storage.ErrNotFound)
+	in, err := s.GetInstance(ctx, start.ID)
+	require.NoError(t, err)
+	require.Equal(t, "name: wf\n", string(in.Definition))
 }
 
 // TestArrayLiteral: dependsOn names travel as text[] literals; any name

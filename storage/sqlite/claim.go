@@ -16,24 +16,56 @@ import (
 const claimReturning = ` RETURNING id, instance_id, name, workflow, handler, queue, input, attempts, fence,
 	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until, priority, run_after`
 
+// claimShape is a claim's filter shape: how many queues (0, 1, several),
+// whether it is bound to one instance, whether it names handlers.
+type claimShape struct {
+	queues     int
+	byInstance bool
+	byHandler  bool
+}
+
+// trim cuts the claim arguments ?1..?7 down to the highest one the
+// shape's statement uses: SQLite counts parameters up to the highest
+// number, and the driver wants exactly that many.
+func (c claimShape) trim(args []any) []any {
+	switch {
+	case c.byHandler:
+		return args[:7]
+	case c.byInstance:
+		return args[:6]
+	case c.queues > 0:
+		return args[:5]
+	}
+	return args[:4]
+}
+
+func shapeOf(p storage.ClaimParams) claimShape {
+	return claimShape{queues: min(len(p.Queues), 2), byInstance: p.InstanceID != "", byHandler: len(p.Handlers) > 0}
+}
+
 // claimQuery returns the claim statement for one filter shape. The inner
 // SELECT walks a partial index of pending steps in claim order
 // (steps_ready, or steps_ready_queue for one queue), so it reads only
 // ready rows however many finished ones the table holds; see
-// TestClaimUsesPartialIndex.
-func claimQuery(queues int, byInstance bool) string {
+// TestClaimUsesPartialIndex. The handler filter is checked on the rows the
+// walk meets: ready steps of handlers no worker of this kind has are
+// skipped, not claimed.
+func claimQuery(c claimShape) string {
 	var b strings.Builder
 	b.WriteString(`UPDATE steps SET status = 'running', attempts = attempts + 1, fence = fence + 1,
 	started_at = ?1, first_started_at = coalesce(first_started_at, ?1), lease_until = ?2, worker_id = ?3
 WHERE id IN (SELECT id FROM steps WHERE status = 'pending' AND run_after <= ?1`)
 	switch {
-	case queues == 1:
+	case c.queues == 1:
 		b.WriteString(` AND queue = ?5`)
-	case queues > 1:
+	case c.queues > 1:
 		b.WriteString(` AND queue IN (SELECT value FROM json_each(?5))`)
 	}
-	if byInstance {
+	if c.byInstance {
 		b.WriteString(` AND instance_id = ?6`)
+	}
+	if c.byHandler {
+		b.WriteString(` AND handler IN (SELECT value FROM json_each(?7))`)
 	}
 	b.WriteString(` ORDER BY priority DESC, run_after, id LIMIT ?4)`)
 	b.WriteString(claimReturning)
@@ -42,11 +74,14 @@ WHERE id IN (SELECT id FROM steps WHERE status = 'pending' AND run_after <= ?1`)
 
 // claimQueries are built once: the statement text must stay constant to
 // stay in the driver's prepared-statement cache.
-var claimQueries = func() map[[2]int]string {
-	m := map[[2]int]string{}
+var claimQueries = func() map[claimShape]string {
+	m := map[claimShape]string{}
 	for q := 0; q <= 2; q++ {
-		for i := 0; i <= 1; i++ {
-			m[[2]int{q, i}] = claimQuery(q, i == 1)
+		for _, i := range []bool{false, true} {
+			for _, h := range []bool{false, true} {
+				c := claimShape{queues: q, byInstance: i, byHandler: h}
+				m[c] = claimQuery(c)
+			}
 		}
 	}
 	return m
@@ -82,29 +117,32 @@ func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storag
 func (t *txn) claim(p storage.ClaimParams) ([]storage.ClaimedStep, error) {
 	limit := max(p.Limit, 1)
 	now := us(t.now)
-	shape := [2]int{min(len(p.Queues), 2), 0}
-	var queueArg any
+	// ?1..?4 always; ?5 queues, ?6 instance, ?7 handlers when the shape has
+	// them.
+	args := []any{now, us(t.now.Add(p.Lease)), p.WorkerID, limit, nil, nil, nil}
 	switch len(p.Queues) {
 	case 0:
 	case 1:
-		queueArg = p.Queues[0]
+		args[4] = p.Queues[0]
 	default:
 		b, err := json.Marshal(p.Queues)
 		if err != nil {
 			return nil, err
 		}
-		queueArg = string(b)
+		args[4] = string(b)
 	}
 	if p.InstanceID != "" {
-		shape[1] = 1
+		args[5] = p.InstanceID
 	}
-	args := []any{now, us(t.now.Add(p.Lease)), p.WorkerID, limit}
-	if queueArg != nil || p.InstanceID != "" {
-		args = append(args, queueArg)
+	if len(p.Handlers) > 0 {
+		b, err := json.Marshal(p.Handlers)
+		if err != nil {
+			return nil, err
+		}
+		args[6] = string(b)
 	}
-	if p.InstanceID != "" {
-		args = append(args, p.InstanceID)
-	}
+	shape := shapeOf(p)
+	args = shape.trim(args)
 	rows, err := t.query(claimQueries[shape], args...)
 	if err != nil {
 		return nil, err

@@ -1,7 +1,6 @@
 package sqlite
 
 import (
-	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -66,21 +65,20 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 	require.NoError(t, err)
 
 	for shape, q := range claimQueries {
-		args := []any{0, 0, "w", 1}
-		switch shape[0] {
+		args := []any{0, 0, "w", 1, nil, nil, nil}
+		switch shape.queues {
 		case 1:
-			args = append(args, "q")
+			args[4] = "q"
 		case 2:
-			b, _ := json.Marshal([]string{"q", "r"})
-			args = append(args, string(b))
-		default:
-			if shape[1] == 1 {
-				args = append(args, nil)
-			}
+			args[4] = `["q","r"]`
 		}
-		if shape[1] == 1 {
-			args = append(args, "i00001")
+		if shape.byInstance {
+			args[5] = "i00001"
 		}
+		if shape.byHandler {
+			args[6] = `["h1","h2"]`
+		}
+		args = shape.trim(args)
 		plan := explain(t, s, q, args...)
 		lines := strings.Split(plan, "\n")
 		t.Logf("shape %v:\n%s", shape, plan)
@@ -90,12 +88,16 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 			}
 		}
 		switch {
-		case shape[1] == 1:
+		case shape.byInstance:
 			require.Regexp(t, `steps_instance|steps_ready`, plan, "shape %v", shape)
-		case shape[0] == 1:
+		case shape.queues == 1:
 			require.Contains(t, plan, "steps_ready_queue", "shape %v", shape)
 		default:
 			require.Contains(t, plan, "steps_ready", "shape %v", shape)
+		}
+		if !shape.byInstance {
+			// The handler is in the index too: picking reads no table row.
+			require.Contains(t, plan, "COVERING INDEX steps_ready", "shape %v", shape)
 		}
 	}
 }

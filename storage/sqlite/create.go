@@ -29,10 +29,14 @@ func (s *Store) CreateInstances(ctx context.Context, tx any, params []storage.Cr
 		return nil, fmt.Errorf("sqlite: create instances: caller transaction is %T, want a non-nil *sql.Tx", tx)
 	}
 	t := &txn{ctx: ctx, tx: stx, now: s.now()}
-	results, err := t.createMany(params, plan)
-	if err == nil {
-		err = t.flushEvents()
-	}
+	var results []storage.CreateResult
+	err := t.savepoint(func() error {
+		var err error
+		if results, err = t.createMany(params, plan); err != nil {
+			return err
+		}
+		return t.flushEvents()
+	})
 	if err != nil {
 		return nil, s.fail("create instances", err)
 	}

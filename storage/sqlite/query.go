@@ -254,6 +254,9 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 		}); err != nil {
 			return err
 		}
+		if err := unserved(ctx, tx, &sb, now); err != nil {
+			return err
+		}
 		rows, err = tx.QueryContext(ctx, `SELECT workflow, finished_at - started_at AS d FROM steps
 			WHERE instance_id IN (SELECT id FROM instances WHERE finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT ?)
 				AND status = 'completed' AND started_at IS NOT NULL
@@ -316,8 +319,10 @@ const pruneBatch = 500
 
 // Prune implements storage.Store. It deletes in batches, each its own
 // transaction, so that workers are not stalled behind one huge delete;
-// foreign keys cascade to steps and events. Definition snapshots are kept:
-// they are small and may be shared with live instances.
+// foreign keys cascade to steps and events (New refuses a pool without
+// them). Each batch also deletes the definition snapshots its instances
+// used that no remaining instance uses; SQLite's single writer means no
+// start can take one of them meanwhile.
 func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (int, error) {
 	bound := us(olderThan)
 	if dryRun {
@@ -330,20 +335,40 @@ func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (in
 	}
 	total := 0
 	for {
-		var n int64
+		n := 0
 		err := s.write(ctx, "prune", func(t *txn) error {
-			res, err := t.exec(`DELETE FROM instances WHERE id IN (SELECT id FROM instances
-				WHERE finished_at IS NOT NULL AND finished_at < ? LIMIT ?)`, bound, pruneBatch)
+			n = 0
+			rows, err := t.query(`DELETE FROM instances WHERE id IN (SELECT id FROM instances
+				WHERE finished_at IS NOT NULL AND finished_at < ? LIMIT ?) RETURNING workflow, definition_hash`, bound, pruneBatch)
 			if err != nil {
 				return err
 			}
-			n, err = res.RowsAffected()
-			return err
+			definitions := map[[2]string]bool{}
+			if err := eachRow(rows, func(sc scanner) error {
+				var workflow, hash string
+				if err := sc.Scan(&workflow, &hash); err != nil {
+					return err
+				}
+				n++
+				definitions[[2]string{workflow, hash}] = true
+				return nil
+			}); err != nil {
+				return err
+			}
+			for d := range definitions {
+				// A hash is one workflow's snapshot, so the workflow's index
+				// finds the instances that may still use it.
+				if _, err := t.exec(`DELETE FROM definitions WHERE hash = ?2 AND NOT EXISTS (
+					SELECT 1 FROM instances WHERE workflow = ?1 AND definition_hash = ?2)`, d[0], d[1]); err != nil {
+					return err
+				}
+			}
+			return nil
 		})
 		if err != nil {
 			return total, err
 		}
-		total += int(n)
+		total += n
 		if n < pruneBatch {
 			return total, nil
 		}

@@ -104,6 +104,27 @@ func TestOpenErrors(t *testing.T) {
 	})
 }
 
+// TestNewRefusesPoolWithoutForeignKeys: prune relies on foreign keys to
+// delete an instance's steps and events, so New refuses a pool opened
+// without them instead of letting prune leave orphans.
+func TestNewRefusesPoolWithoutForeignKeys(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "dagrun.db")
+	for _, dsn := range []string{path, path + "?_foreign_keys=off"} {
+		db, err := sql.Open("sqlite3", dsn)
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, db.Close()) })
+		_, err = sqlite.New(db, nil)
+		require.ErrorContains(t, err, "foreign keys off", dsn)
+		require.ErrorContains(t, err, "sqlite.DSN", dsn)
+	}
+	db, err := sql.Open("sqlite3", sqlite.DSN(path))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	_, err = sqlite.New(db, nil)
+	require.NoError(t, err)
+}
+
 func TestMigrate(t *testing.T) {
 	t.Parallel()
 

@@ -140,8 +140,10 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 }
 
 // New returns a Store on db, a pool the caller opened with DSN and keeps
-// owning (Close does not close it), and migrates the schema. For speed, set
-// db.SetMaxOpenConns(1): writers are serialised by SQLite anyway.
+// owning (Close does not close it), and migrates the schema. It refuses a
+// pool with foreign keys off, which would let prune leave steps and events
+// behind. For speed, set db.SetMaxOpenConns(1): writers are serialised by
+// SQLite anyway.
 func New(db *sql.DB, cfg *Config) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlite: New: nil *sql.DB")
@@ -149,6 +151,15 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
+	}
+	// Prune relies on foreign keys to delete an instance's steps and events
+	// with it; without them it would leave orphans behind.
+	var foreignKeys bool
+	if err := db.QueryRow(`PRAGMA foreign_keys`).Scan(&foreignKeys); err != nil {
+		return nil, interpretError("database", err)
+	}
+	if !foreignKeys {
+		return nil, errors.New(`sqlite: New: the pool has foreign keys off: open it with sql.Open("sqlite3", sqlite.DSN(path)), or add _foreign_keys=on to its DSN`)
 	}
 	s := &Store{w: db, r: db, name: "database", now: cfg.Now}
 	if err := s.migrate(context.Background()); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"math/bits"
 	"strings"
 	"sync"
@@ -90,6 +91,25 @@ func valuesSQL(head string, cols, rows int) string {
 	q := b.String()
 	valuesCache.Store(key, q)
 	return q
+}
+
+// savepoint runs fn inside a savepoint of the transaction, a caller's own:
+// when fn fails half-way, its writes are undone and the caller's earlier
+// writes stay, with the transaction still usable; the store never commits
+// or rolls back a caller's transaction.
+func (t *txn) savepoint(fn func() error) error {
+	if _, err := t.exec(`SAVEPOINT dagrun_create`); err != nil {
+		return err
+	}
+	if err := fn(); err != nil {
+		// Undo even when ctx ended: the caller's transaction must not keep
+		// half an instance.
+		_, undo := t.tx.ExecContext(context.WithoutCancel(t.ctx), `ROLLBACK TO dagrun_create; RELEASE dagrun_create`)
+		t.events = t.events[:0]
+		return errors.Join(err, undo)
+	}
+	_, err := t.exec(`RELEASE dagrun_create`)
+	return err
 }
 
 func (t *txn) exec(query string, args ...any) (sql.Result, error) {

@@ -17,26 +17,34 @@ import (
 func Benchmark(b *testing.B, newStore func(b *testing.B) storage.Store) {
 	b.Run("Claim", func(b *testing.B) { benchClaim(b, newStore(b)) })
 	b.Run("CompleteAndUnblock", func(b *testing.B) { benchComplete(b, newStore(b)) })
+	b.Run("ClaimPastUnserved", func(b *testing.B) { benchClaimPastUnserved(b, newStore(b)) })
 }
 
 // benchBatch is how many steps one claim or one group commit carries, as a
 // worker at its default concurrency would.
 const benchBatch = 100
 
-func benchInstances(b *testing.B, s storage.Store, n int) {
+func benchInstances(b *testing.B, s storage.Store, n int, steps ...storage.StepSpec) {
 	b.Helper()
+	if len(steps) == 0 {
+		steps = []storage.StepSpec{spec("s1"), spec("s2", "s1")}
+	}
 	for done := 0; done < n; done += 1000 {
 		ps := make([]storage.CreateParams, min(1000, n-done))
 		for i := range ps {
-			ps[i] = params(spec("s1"), spec("s2", "s1"))
+			ps[i] = params(steps...)
 		}
 		_, err := s.CreateInstances(b.Context(), nil, ps, Plan)
 		require.NoError(b, err)
 	}
 }
 
+// benchClaimParams claims as a worker of the stock binary would: naming
+// its handlers, about ten, the benchmark steps' among them.
 func benchClaimParams() storage.ClaimParams {
-	return storage.ClaimParams{WorkerID: "bench", Limit: benchBatch, Lease: time.Minute}
+	return storage.ClaimParams{WorkerID: "bench", Limit: benchBatch, Lease: time.Minute, Handlers: []string{
+		"echo", "fail", "h.s1", "h.s2", "http", "noop", "orders.charge", "orders.notify", "orders.ship", "orders.validate", "sleep",
+	}}
 }
 
 // benchClaim measures claiming ready steps, benchBatch per call.
@@ -50,6 +58,21 @@ func benchClaim(b *testing.B, s storage.Store) {
 		require.NotEmpty(b, got)
 		claimed += len(got)
 	}
+}
+
+// unservedBacklog is how many ready steps of a handler the claimer lacks
+// wait ahead of its own in ClaimPastUnserved.
+const unservedBacklog = 10000
+
+// benchClaimPastUnserved measures claiming as benchClaim does, with
+// unservedBacklog older ready steps of a handler the claimer lacks ahead of
+// its own in claim order (a binary not deployed yet): every claim walks
+// past them.
+func benchClaimPastUnserved(b *testing.B, s storage.Store) {
+	theirs := spec("s1")
+	theirs.Handler = "h.theirs"
+	benchInstances(b, s, unservedBacklog, theirs)
+	benchClaim(b, s)
 }
 
 // benchComplete measures completing claimed first steps, benchBatch per

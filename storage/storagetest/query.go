@@ -130,6 +130,7 @@ func reorderStart(types []storage.EventType) []storage.EventType {
 
 var statsTests = map[string]func(*testing.T, *Harness){
 	"DurationsOverRecentInstances": statsDurationsOverRecentInstances,
+	"Unserved":                     statsUnserved,
 	"Figures": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		// Twenty completed steps taking 1s, 2s, ... 20s.
@@ -310,6 +311,34 @@ var pruneTests = map[string]func(*testing.T, *Harness){
 		require.NoError(t, err)
 		require.Equal(t, 1, n)
 		b.get(unfinished)
+	},
+
+	// A definition snapshot goes with the last instance that used it: a
+	// start with the same hash afterwards stores its own source again,
+	// which a kept row would have shadowed (the first snapshot of a hash
+	// wins).
+	"DefinitionsNoInstanceUses": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		withDefinition := func(hash, source string) storage.CreateParams {
+			p := params(spec("a"))
+			p.DefinitionHash, p.Definition = hash, []byte(source)
+			return p
+		}
+		gone, shared, kept := withDefinition("hash-gone", "v1"), withDefinition("hash-shared", "v1"), withDefinition("hash-shared", "v1")
+		b.create(gone, shared, kept)
+		b.complete(gone.ID, "a", `1`)
+		b.complete(shared.ID, "a", `1`)
+		b.clock.Advance(time.Hour)
+
+		n, err := b.store.Prune(b.ctx, b.now(), false)
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+		require.Equal(t, "v1", string(b.get(kept.ID).Definition), "a definition an unfinished instance uses stays")
+
+		again, sharedAgain := withDefinition("hash-gone", "v2"), withDefinition("hash-shared", "v2")
+		b.create(again, sharedAgain)
+		require.Equal(t, "v2", string(b.get(again.ID).Definition), "the pruned instance's definition was deleted")
+		require.Equal(t, "v1", string(b.get(sharedAgain.ID).Definition))
 	},
 }
 

@@ -61,6 +61,8 @@ func Run(t *testing.T, h Harness) {
 		{"Subscribe", subscribeTests},
 		{"FinishAndClaim", eagerTests},
 		{"CreateAndClaim", eagerStartTests},
+		{"Handlers", handlerTests},
+		{"Presence", presenceTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

@@ -50,6 +50,42 @@ var txTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, []storage.CreateResult{{ID: p.ID}}, b.create(p), "the key was released too")
 	},
 
+	// A start that fails half-way inside the caller's transaction leaves
+	// nothing of its instances there, while the caller's earlier writes
+	// (here an instance it created first) stay and can commit: the store
+	// writes inside a savepoint.
+	"FailureHalfWayLeavesNothing": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		if h.BeginTx == nil {
+			t.Skip("Harness.BeginTx not set")
+		}
+		tx, commit, _ := h.BeginTx(t, b.store)
+		first := params(spec("a"))
+		_, err := b.store.CreateInstances(b.ctx, tx, []storage.CreateParams{first}, Plan)
+		require.NoError(t, err)
+
+		// Two new instances, then one whose ID is taken: the store has
+		// written some of the batch when it meets the conflict.
+		batch := []storage.CreateParams{params(spec("a")), params(spec("a"))}
+		batch[0].DefinitionHash, batch[0].Definition = "hash-half-way", []byte("v1")
+		dup := params(spec("a"))
+		dup.ID = first.ID
+		_, err = b.store.CreateInstances(b.ctx, tx, append(batch, dup), Plan)
+		require.ErrorIs(t, err, storage.ErrConflict)
+		require.NoError(t, commit())
+
+		require.Equal(t, storage.StepPending, b.status(first.ID, "a"), "the caller's own writes stay")
+		for _, p := range batch {
+			_, err := b.store.GetInstance(b.ctx, p.ID)
+			require.ErrorIs(t, err, storage.ErrNotFound, "instance %s of the failed start", p.ID)
+		}
+		require.Len(t, b.claim(storage.ClaimParams{}), 1, "only the first instance's step is ready")
+		again := params(spec("a"))
+		again.DefinitionHash, again.Definition = "hash-half-way", []byte("v2")
+		b.create(again)
+		require.Equal(t, "v2", string(b.get(again.ID).Definition), "the failed start's definition was not kept")
+	},
+
 	"WrongTransactionType": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		p := params(spec("a"))

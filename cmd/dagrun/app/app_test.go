@@ -19,7 +19,9 @@ import (
 
 	"github.com/dagrun/dagrun/cmd/dagrun/app"
 	"github.com/dagrun/dagrun/handlers"
+	"github.com/dagrun/dagrun/storage"
 	"github.com/dagrun/dagrun/storage/backendtest"
+	"github.com/dagrun/dagrun/storage/sqlite"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -144,6 +146,56 @@ func TestStatusTable(t *testing.T) {
 	res = b.run(t, "", "list")
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
 	golden(t, "list", mask(res.stdout))
+}
+
+// TestStatsUnserved: with no worker running, `stats` lists the ready steps
+// as waiting for a handler no live worker has, as text and as JSON.
+func TestStatsUnserved(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for range 2 {
+		res := b.run(t, "", "start", "greet", "--input", `{"name": "Ada"}`, "--detach")
+		require.Equal(t, app.ExitOK, res.code, res.stderr)
+	}
+	res := b.run(t, "", "stats")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	golden(t, "stats-unserved", mask(res.stdout))
+
+	res = b.run(t, "", "stats", "--json")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	var stats struct {
+		Unserved []struct {
+			Handler       string  `json:"handler"`
+			Ready         int     `json:"ready"`
+			OldestReadyMs float64 `json:"oldestReadyMs"`
+		} `json:"unserved"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &stats), res.stdout)
+	require.Len(t, stats.Unserved, 1)
+	require.Equal(t, "echo", stats.Unserved[0].Handler)
+	require.Equal(t, 2, stats.Unserved[0].Ready)
+	require.Positive(t, stats.Unserved[0].OldestReadyMs)
+}
+
+// TestHandlersWorkers: `handlers --workers` lists the live workers of the
+// database, whatever binary they run, with their queues and handlers.
+func TestHandlersWorkers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.run(t, "", "handlers", "--workers")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	store, err := sqlite.Open(t.Context(), b.env["DAGRUN_DB"], nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, store.Close()) })
+	for _, w := range []storage.WorkerInfo{
+		{ID: "custom-1", Handlers: []string{"greet.hello", "echo"}},
+		{ID: "stock-1", Handlers: []string{"echo", "orders.charge"}, Queues: []string{"payments", "default"}},
+	} {
+		require.NoError(t, store.AnnounceWorker(t.Context(), w))
+	}
+	res = b.run(t, "", "handlers", "--workers")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	golden(t, "handlers-workers", mask(res.stdout))
 }
 
 func TestValidate(t *testing.T) {

@@ -157,7 +157,7 @@ func (c *cli) statsCommand() *cobra.Command {
 	var jsonOut bool
 	cmd := &cobra.Command{
 		Use:   "stats",
-		Short: "Per workflow: instance counts by status, stuck steps, oldest ready step, step duration p50/p95",
+		Short: "Per workflow: instance counts by status, stuck steps, oldest ready step, step duration p50/p95; ready steps no live worker can run",
 		Args:  exactArgs(0, "stats [--json]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -180,6 +180,13 @@ func (c *cli) statsCommand() *cobra.Command {
 					n[storage.InstancePending], n[storage.InstanceRunning], n[storage.InstanceCompleted], n[storage.InstanceFailed], n[storage.InstanceCancelled],
 					w.ReadySteps, w.StuckSteps, durOrDash(w.OldestReady), durOrDash(w.StepP50), durOrDash(w.StepP95))
 			}
+			if len(stats.Unserved) > 0 {
+				fmt.Fprintln(tw, "\nREADY STEPS NO LIVE WORKER CAN RUN (run a worker of a binary with these handlers)")
+				fmt.Fprintln(tw, "HANDLER\tREADY\tOLDEST READY")
+				for _, h := range stats.Unserved {
+					fmt.Fprintf(tw, "%s\t%d\t%s\n", h.Handler, h.Ready, durOrDash(h.OldestReady))
+				}
+			}
 			return tw.Flush()
 		},
 	}
@@ -190,6 +197,14 @@ func (c *cli) statsCommand() *cobra.Command {
 type statsJSON struct {
 	Workflows []workflowStatsJSON `json:"workflows"`
 	Queues    []queueStatsJSON    `json:"queues"`
+	// Unserved lists, per handler, the ready steps no live worker can run.
+	Unserved []handlerStatsJSON `json:"unserved"`
+}
+
+type handlerStatsJSON struct {
+	Handler       string  `json:"handler"`
+	Ready         int     `json:"ready"`
+	OldestReadyMs float64 `json:"oldestReadyMs"`
 }
 
 type workflowStatsJSON struct {
@@ -211,7 +226,10 @@ type queueStatsJSON struct {
 }
 
 func newStatsJSON(s *storage.Stats) statsJSON {
-	out := statsJSON{Workflows: []workflowStatsJSON{}, Queues: []queueStatsJSON{}}
+	out := statsJSON{Workflows: []workflowStatsJSON{}, Queues: []queueStatsJSON{}, Unserved: []handlerStatsJSON{}}
+	for _, h := range s.Unserved {
+		out.Unserved = append(out.Unserved, handlerStatsJSON{Handler: h.Handler, Ready: h.Ready, OldestReadyMs: ms(h.OldestReady)})
+	}
 	for _, w := range s.Workflows {
 		counts := map[string]int{}
 		for _, st := range []storage.InstanceStatus{storage.InstancePending, storage.InstanceRunning, storage.InstanceCompleted, storage.InstanceFailed, storage.InstanceCancelled} {
@@ -240,13 +258,37 @@ func durOrDash(d time.Duration) string {
 }
 
 func (c *cli) handlersCommand() *cobra.Command {
-	return &cobra.Command{
+	var workers bool
+	cmd := &cobra.Command{
 		Use:   "handlers",
-		Short: "List the handler names registered in this binary",
-		Args:  exactArgs(0, "handlers"),
-		RunE: func(*cobra.Command, []string) error {
-			_, err := fmt.Fprintln(c.io.Stdout, strings.Join(c.registry.Names(), "\n"))
-			return err
+		Short: "List the handler names registered in this binary, or with --workers the live workers' handlers",
+		Args:  exactArgs(0, "handlers [--workers]"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !workers {
+				_, err := fmt.Fprintln(c.io.Stdout, strings.Join(c.registry.Names(), "\n"))
+				return err
+			}
+			ctx := cmd.Context()
+			engine, err := c.engine(ctx)
+			if err != nil {
+				return err
+			}
+			live, err := engine.Store().ListWorkers(ctx)
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(c.io.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "WORKER\tQUEUES\tSTARTED\tLAST SEEN\tHANDLERS")
+			for _, w := range live {
+				queues := "all"
+				if len(w.Queues) > 0 {
+					queues = strings.Join(w.Queues, ",")
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", w.ID, queues, view.Time(w.StartedAt), view.Time(w.LastSeen), strings.Join(w.Handlers, ","))
+			}
+			return tw.Flush()
 		},
 	}
+	cmd.Flags().BoolVar(&workers, "workers", false, "list the live workers of the database (any binary) with the handlers each registered")
+	return cmd
 }

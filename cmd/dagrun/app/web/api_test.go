@@ -713,8 +713,9 @@ func TestMetrics(t *testing.T) {
 }
 
 // TestMetricsQueueGauges checks the per-queue step gauges, with no worker
-// running so that steps stay where the test puts them: ready, then claimed
-// (running), then past their lease (stuck).
+// running so that steps stay where the test puts them: ready (and served
+// by no live worker), then claimed (running), then past their lease
+// (stuck).
 func TestMetricsQueueGauges(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
@@ -740,6 +741,7 @@ func TestMetricsQueueGauges(t *testing.T) {
 			`dagrun_queue_steps_stuck{queue="default"} 0`,
 			`dagrun_steps_ready{workflow="greet"} 2`,
 			`dagrun_steps_running{workflow="greet"} 0`,
+			`dagrun_steps_unserved{handler="echo"} 2`,
 		)
 
 		// Claim one for a minute and one for a millisecond: both run, and the
@@ -764,6 +766,7 @@ func TestMetricsQueueGauges(t *testing.T) {
 			`dagrun_steps_stuck{workflow="greet"} 1`,
 			"# TYPE dagrun_queue_steps_ready gauge",
 		)
+		require.NotContains(t, scrape(), "dagrun_steps_unserved{", "no step is ready any more")
 	})
 }
 

@@ -146,7 +146,8 @@ func (m *Metrics) handler(logger *slog.Logger) http.Handler {
 }
 
 // storeCollector reads storage.Stats at scrape time: gauges per workflow
-// (dagrun_instances, dagrun_steps_*) and per queue (dagrun_queue_steps_*).
+// (dagrun_instances, dagrun_steps_*), per queue (dagrun_queue_steps_*) and
+// per handler no live worker has (dagrun_steps_unserved).
 // The per-queue gauges have names of their own because one metric name
 // carries one label set; a queue appears while it has a ready or running
 // step.
@@ -173,11 +174,15 @@ var (
 		"Steps claimed by a worker and running (stuck ones included), by queue.", []string{"queue"}, nil)
 	descQueueStuck = prometheus.NewDesc("dagrun_queue_steps_stuck",
 		"Running steps whose lease expired (their worker stopped heartbeating), by queue.", []string{"queue"}, nil)
+	descUnserved = prometheus.NewDesc("dagrun_steps_unserved",
+		"Ready steps no live worker can run (none registered their handler for their queue), by handler. They wait for a worker of a binary that has the handler.", []string{"handler"}, nil)
+	descOldestUnserved = prometheus.NewDesc("dagrun_oldest_unserved_step_age_seconds",
+		"Age of the oldest ready step no live worker can run, by handler.", []string{"handler"}, nil)
 )
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descStoreUp, descInstances, descReady, descRunning, descStuck, descOldestReady,
-		descQueueReady, descQueueRunning, descQueueStuck} {
+		descQueueReady, descQueueRunning, descQueueStuck, descUnserved, descOldestUnserved} {
 		ch <- d
 	}
 }
@@ -204,5 +209,9 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descQueueReady, prometheus.GaugeValue, float64(q.Ready), q.Queue)
 		ch <- prometheus.MustNewConstMetric(descQueueRunning, prometheus.GaugeValue, float64(q.Running), q.Queue)
 		ch <- prometheus.MustNewConstMetric(descQueueStuck, prometheus.GaugeValue, float64(q.Stuck), q.Queue)
+	}
+	for _, h := range stats.Unserved {
+		ch <- prometheus.MustNewConstMetric(descUnserved, prometheus.GaugeValue, float64(h.Ready), h.Handler)
+		ch <- prometheus.MustNewConstMetric(descOldestUnserved, prometheus.GaugeValue, h.OldestReady.Seconds(), h.Handler)
 	}
 }
