@@ -121,6 +121,9 @@ func (e *Engine) NewWorker(config *WorkerConfig) (*Worker, error) {
 	if config == nil {
 		config = &WorkerConfig{}
 	}
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
 	config = config.withDefaults()
 	if err := config.validate(); err != nil {
 		return nil, err
