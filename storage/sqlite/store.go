@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mattn/go-sqlite3"
@@ -74,6 +76,15 @@ type Store struct {
 
 	mu   sync.Mutex
 	subs map[chan struct{}]struct{}
+
+	// file is the database file as first opened, to notice when the path
+	// names another file (deleted, or replaced by a copy) while this
+	// process still writes to the old one; nil for an in-memory database.
+	file os.FileInfo
+	path string
+	// lost, once set, is returned by every later call: a database lost
+	// stays lost.
+	lost atomic.Pointer[error]
 }
 
 // DSN returns the data source name for the SQLite file at path with the
@@ -128,6 +139,10 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 		_ = w.Close()
 		return nil, err
 	}
+	if err := s.rememberFile(ctx); err != nil {
+		_ = w.Close()
+		return nil, err
+	}
 	r, err := sql.Open("sqlite3", dsn(path, cfg.BusyTimeout, true))
 	if err != nil {
 		_ = w.Close()
@@ -163,6 +178,9 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	}
 	s := &Store{w: db, r: db, name: "database", now: cfg.Now}
 	if err := s.migrate(context.Background()); err != nil {
+		return nil, err
+	}
+	if err := s.rememberFile(context.Background()); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -209,8 +227,57 @@ func (s *Store) notify() {
 	}
 }
 
+// rememberFile records which file the store opened, as SQLite names it.
+func (s *Store) rememberFile(ctx context.Context) error {
+	var path string
+	if err := s.w.QueryRowContext(ctx, `SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&path); err != nil {
+		return s.fail("open", err)
+	}
+	if path == "" {
+		return nil // in memory: there is no file to lose
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("%w: cannot read SQLite database %q: %v", storage.ErrUnavailable, s.name, err)
+	}
+	s.path, s.file = path, fi
+	return nil
+}
+
+// checkFile reports the database lost when its path no longer names the
+// file this store opened. SQLite does not notice: it keeps writing to the
+// deleted file, which no other process sees, while a new process creates a
+// fresh file at the path; both would run on, each blind to the other.
+func (s *Store) checkFile() error {
+	if lost := s.lost.Load(); lost != nil {
+		return *lost
+	}
+	if s.file == nil {
+		return nil
+	}
+	fi, err := os.Stat(s.path)
+	switch {
+	case err == nil && os.SameFile(fi, s.file):
+		return nil
+	case err == nil || errors.Is(err, os.ErrNotExist):
+		return s.markLost(fmt.Errorf("%w: SQLite database %q was deleted or replaced while this process had it open: "+
+			"stop every dagrun process using it, then restore the file from a backup or start afresh", storage.ErrDatabaseLost, s.name))
+	default:
+		return nil // a passing stat failure proves nothing; SQLite reports its own
+	}
+}
+
+// markLost makes err the answer to every later call and returns it.
+func (s *Store) markLost(err error) error {
+	s.lost.CompareAndSwap(nil, &err)
+	return *s.lost.Load()
+}
+
 // write runs fn in one BEGIN IMMEDIATE transaction on the writer and commits.
 func (s *Store) write(ctx context.Context, op string, fn func(t *txn) error) error {
+	if err := s.checkFile(); err != nil {
+		return err
+	}
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return s.fail(op, err)
@@ -233,6 +300,9 @@ func (s *Store) write(ctx context.Context, op string, fn func(t *txn) error) err
 // read runs fn in one read transaction on the read pool, so its queries see
 // one snapshot.
 func (s *Store) read(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
+	if err := s.checkFile(); err != nil {
+		return err
+	}
 	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return s.fail(op, err)
@@ -245,7 +315,14 @@ func (s *Store) read(ctx context.Context, op string, fn func(tx *sql.Tx) error) 
 }
 
 // fail prefixes err with the operation and translates it at the boundary.
+// Once the store is open, a file that reads as corrupt or as no database at
+// all was damaged under it: the database is lost.
 func (s *Store) fail(op string, err error) error {
+	var se sqlite3.Error
+	if s.file != nil && errors.As(err, &se) && (se.Code == sqlite3.ErrCorrupt || se.Code == sqlite3.ErrNotADB) {
+		return s.markLost(fmt.Errorf("%w: SQLite database %q was truncated, overwritten or corrupted while this process had it open: "+
+			"stop every dagrun process using it, then restore the file from a backup", storage.ErrDatabaseLost, s.name))
+	}
 	err = interpretError(s.name, err)
 	if errors.Is(err, storage.ErrUnavailable) {
 		return err // already one complete line
@@ -274,6 +351,9 @@ func interpretError(name string, err error) error {
 			return fmt.Errorf("%w: SQLite database %q is corrupt: restore it from a backup", storage.ErrUnavailable, name)
 		case sqlite3.ErrFull:
 			return fmt.Errorf("%w: disk full writing SQLite database %q", storage.ErrUnavailable, name)
+		case sqlite3.ErrBusy, sqlite3.ErrLocked:
+			return fmt.Errorf("%w: SQLite database %q is locked: another process held its write lock for longer than the busy timeout; "+
+				"try again, and if it persists find the process holding the file (fuser %s)", storage.ErrUnavailable, name, name)
 		}
 	}
 	return err
