@@ -2,6 +2,7 @@ package dagrun
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/dagrun/dagrun/storage"
@@ -62,7 +63,7 @@ func (o *StartOptions) Validate() error {
 		return &ArgumentError{Name: "priority", Reason: fmt.Sprintf("%d is out of range: use a whole number from %d to %d (higher runs first)", o.Priority, MinPriority, MaxPriority)}
 	}
 	if o.Delay < 0 || o.Delay > MaxDelay {
-		return &ArgumentError{Name: "delay", Reason: fmt.Sprintf("%s is out of range: use a duration from 0s to %s", o.Delay, MaxDelay)}
+		return &ArgumentError{Name: "delay", Reason: fmt.Sprintf("%s is out of range: use a duration from 0s to %s", shortDuration(o.Delay), shortDuration(MaxDelay))}
 	}
 	if err := storage.CheckText(o.Key, MaxKeyBytes); err != nil {
 		return &ArgumentError{Name: "idempotency key", Reason: "it " + err.Error()}
@@ -86,7 +87,7 @@ func (c *WorkerConfig) Validate() error {
 		{"shutdown grace", c.ShutdownGrace, 0, MaxShutdownGrace},
 	} {
 		if d.value != 0 && (d.value < d.lo || d.value > d.hi) {
-			return &ArgumentError{Name: d.name, Reason: fmt.Sprintf("%s is out of range: use a duration from %s to %s", d.value, d.lo, d.hi)}
+			return &ArgumentError{Name: d.name, Reason: fmt.Sprintf("%s is out of range: use a duration from %s to %s", shortDuration(d.value), shortDuration(d.lo), shortDuration(d.hi))}
 		}
 	}
 	for _, q := range c.Queues {
@@ -164,4 +165,16 @@ func inputDepth(raw []byte, limit int) int {
 		}
 	}
 	return deepest
+}
+
+// shortDuration writes d as a person would: 24h rather than 24h0m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }

@@ -164,10 +164,15 @@ type UnknownWorkflowError struct {
 }
 
 func (e *UnknownWorkflowError) Error() string {
-	if len(e.Available) == 0 {
-		return fmt.Sprintf("unknown workflow %q: no workflows are loaded (put WORKFLOW.yaml files in the workflows folder)", e.Name)
+	// A caller's name may be anything, 10 KB included: repeat only its start.
+	name := e.Name
+	if len(name) > 64 {
+		name = name[:64] + "…"
 	}
-	return fmt.Sprintf("unknown workflow %q (available: %s)", e.Name, strings.Join(e.Available, ", "))
+	if len(e.Available) == 0 {
+		return fmt.Sprintf("unknown workflow %q: no workflows are loaded (put WORKFLOW.yaml files in the workflows folder)", name)
+	}
+	return fmt.Sprintf("unknown workflow %q (available: %s)", name, strings.Join(e.Available, ", "))
 }
 
 func (e *Engine) lookupWorkflow(name string) (*dag.Workflow, error) {
