@@ -21,8 +21,8 @@ func (c *cli) workerCommand() *cobra.Command {
 		Short: "Run steps until SIGINT or SIGTERM, then finish running steps within a grace period and release the rest",
 		Args:  exactArgs(0, "worker [--concurrency N] [--queues a,b] [--lease DUR] [--poll DUR]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if config.Concurrency < 1 {
-				return usageError(fmt.Errorf("invalid --concurrency %d: must be at least 1", config.Concurrency))
+			if config.Concurrency < 1 || config.Concurrency > dagrun.MaxConcurrency {
+				return usageError(fmt.Errorf("invalid --concurrency %d: use a number from 1 to %d", config.Concurrency, dagrun.MaxConcurrency))
 			}
 			var err error
 			if config.Lease, err = parseDurationFlag("lease", lease, false); err != nil {
@@ -40,6 +40,10 @@ func (c *cli) workerCommand() *cobra.Command {
 						config.Queues = append(config.Queues, q)
 					}
 				}
+			}
+			// Checked before the database is opened: bad flags touch nothing.
+			if err := config.Validate(); err != nil {
+				return usageError(err)
 			}
 			ctx := cmd.Context()
 			engine, err := c.engine(ctx)
