@@ -24,30 +24,37 @@ func lastLine(s string) string {
 // forever or running on in a file no other process sees.
 func TestSQLiteFileLostUnderWorker(t *testing.T) {
 	t.Parallel()
-	for _, c := range []struct {
+	faults := []struct {
 		name  string
 		fault func(path string) error
 		says  string
 	}{
 		{"truncated", func(path string) error { return os.Truncate(path, 0) }, "was truncated, overwritten or corrupted while this process had it open"},
 		{"deleted", os.Remove, "was deleted or replaced while this process had it open"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			db := filepath.Join(t.TempDir(), "dagrun.db")
-			e := newEnv(t, db, nil)
-			e.mustRun(t, "start", "order-processing", "--input", validOrder)
-			w := e.spawn(t, "worker", "--poll", "50ms")
-			require.Eventually(t, func() bool { return strings.Contains(w.stderr.String(), "dagrun worker started") },
-				30*time.Second, 10*time.Millisecond)
+	}
+	commands := map[string][]string{
+		"worker":       {"worker", "--poll", "50ms"},
+		"serve-worker": {"serve", "--worker", "--addr", "127.0.0.1:0"},
+	}
+	for _, c := range faults {
+		for command, args := range commands {
+			t.Run(c.name+"/"+command, func(t *testing.T) {
+				t.Parallel()
+				db := filepath.Join(t.TempDir(), "dagrun.db")
+				e := newEnv(t, db, nil)
+				e.mustRun(t, "start", "order-processing", "--input", validOrder)
+				w := e.spawn(t, args...)
+				require.Eventually(t, func() bool { return strings.Contains(w.stderr.String(), "dagrun worker started") },
+					30*time.Second, 10*time.Millisecond)
 
-			require.NoError(t, c.fault(db))
-			require.Equal(t, 3, w.wait(t, 30*time.Second), w.stderr.String())
-			line := lastLine(w.stderr.String())
-			require.True(t, strings.HasPrefix(line, "dagrun: storage unavailable: database lost: SQLite database "), line)
-			require.Contains(t, line, c.says)
-			require.Contains(t, line, "stop every dagrun process using it")
-		})
+				require.NoError(t, c.fault(db))
+				require.Equal(t, 3, w.wait(t, 30*time.Second), w.stderr.String())
+				line := lastLine(w.stderr.String())
+				require.True(t, strings.HasPrefix(line, "dagrun: storage unavailable: database lost: SQLite database "), line)
+				require.Contains(t, line, c.says)
+				require.Contains(t, line, "stop every dagrun process using it")
+			})
+		}
 	}
 }
 
