@@ -82,6 +82,9 @@ type Store struct {
 	// process still writes to the old one; nil for an in-memory database.
 	file os.FileInfo
 	path string
+	// hadHeader is set once the file was seen holding a database header;
+	// a file that shrinks below one afterwards was truncated under us.
+	hadHeader atomic.Bool
 	// lost, once set, is returned by every later call: a database lost
 	// stays lost.
 	lost atomic.Pointer[error]
@@ -241,13 +244,22 @@ func (s *Store) rememberFile(ctx context.Context) error {
 		return fmt.Errorf("%w: cannot read SQLite database %q: %v", storage.ErrUnavailable, s.name, err)
 	}
 	s.path, s.file = path, fi
+	s.hadHeader.Store(fi.Size() >= sqliteHeaderBytes)
 	return nil
 }
 
+// sqliteHeaderBytes is the size of the header every SQLite database file
+// starts with once anything was written to it (in WAL mode a new file may
+// be empty until the first checkpoint). No checkpoint or vacuum makes a
+// database file shorter than its header again.
+const sqliteHeaderBytes = 100
+
 // checkFile reports the database lost when its path no longer names the
-// file this store opened. SQLite does not notice: it keeps writing to the
+// file this store opened, or when that file shrank below a database
+// header. SQLite does not notice either at once: it writes on into a
 // deleted file, which no other process sees, while a new process creates a
-// fresh file at the path; both would run on, each blind to the other.
+// fresh file at the path; and its page cache can answer without reading a
+// truncated file.
 func (s *Store) checkFile() error {
 	if lost := s.lost.Load(); lost != nil {
 		return *lost
@@ -257,14 +269,23 @@ func (s *Store) checkFile() error {
 	}
 	fi, err := os.Stat(s.path)
 	switch {
-	case err == nil && os.SameFile(fi, s.file):
-		return nil
-	case err == nil || errors.Is(err, os.ErrNotExist):
+	case errors.Is(err, os.ErrNotExist), err == nil && !os.SameFile(fi, s.file):
 		return s.markLost(fmt.Errorf("%w: SQLite database %q was deleted or replaced while this process had it open: "+
 			"stop every dagrun process using it, then restore the file from a backup or start afresh", storage.ErrDatabaseLost, s.name))
-	default:
+	case err != nil:
 		return nil // a passing stat failure proves nothing; SQLite reports its own
+	case fi.Size() >= sqliteHeaderBytes:
+		s.hadHeader.Store(true)
+	case s.hadHeader.Load():
+		return s.markLost(s.damaged())
 	}
+	return nil
+}
+
+// damaged is the error of a file damaged under the store.
+func (s *Store) damaged() error {
+	return fmt.Errorf("%w: SQLite database %q was truncated, overwritten or corrupted while this process had it open: "+
+		"stop every dagrun process using it, then restore the file from a backup", storage.ErrDatabaseLost, s.name)
 }
 
 // markLost makes err the answer to every later call and returns it.
@@ -320,8 +341,7 @@ func (s *Store) read(ctx context.Context, op string, fn func(tx *sql.Tx) error) 
 func (s *Store) fail(op string, err error) error {
 	var se sqlite3.Error
 	if s.file != nil && errors.As(err, &se) && (se.Code == sqlite3.ErrCorrupt || se.Code == sqlite3.ErrNotADB) {
-		return s.markLost(fmt.Errorf("%w: SQLite database %q was truncated, overwritten or corrupted while this process had it open: "+
-			"stop every dagrun process using it, then restore the file from a backup", storage.ErrDatabaseLost, s.name))
+		return s.markLost(s.damaged())
 	}
 	err = interpretError(s.name, err)
 	if errors.Is(err, storage.ErrUnavailable) {
