@@ -59,6 +59,10 @@ func TestStartRefusesOutOfRangeOptions(t *testing.T) {
 			require.Less(t, len(err.Error()), 200, "%s: the message does not repeat the value", name)
 			_, err = b.engine.StartMany(ctx, []dagrun.StartRequest{{Workflow: "echo-input"}, {Workflow: "echo-input", Options: opts}})
 			require.ErrorAs(t, err, &argErr, name)
+			// Refused before the caller's transaction is touched, so any
+			// value stands in for it.
+			_, err = b.engine.StartTx(ctx, struct{}{}, "echo-input", nil, &opts)
+			require.ErrorAs(t, err, &argErr, name)
 		}
 		list, err := b.engine.List(ctx, storage.ListParams{})
 		require.NoError(t, err)
