@@ -294,6 +294,13 @@ func (e *exitError) Unwrap() error { return e.err }
 
 func usageError(err error) error { return &exitError{code: ExitUsage, err: err} }
 
+// hasExitCode reports whether err already decides the command's exit, as
+// an interruption does: it is returned as it is, not described further.
+func hasExitCode(err error) bool {
+	var exit *exitError
+	return errors.As(err, &exit)
+}
+
 // exitCode maps an error to the documented exit codes.
 func exitCode(err error) int {
 	var (

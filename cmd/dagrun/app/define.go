@@ -30,8 +30,7 @@ func (c *cli) validateCommand() *cobra.Command {
 			bad := 0
 			for _, file := range files {
 				w, err := whileRunning(cmd.Context(), func() (*dag.Workflow, error) { return dag.ParseFile(file, opts) })
-				var exit *exitError
-				if errors.As(err, &exit) {
+				if hasExitCode(err) {
 					return err
 				}
 				if err != nil {
@@ -115,8 +114,7 @@ func (c *cli) findWorkflow(ctx context.Context, name string) (*dag.Workflow, err
 			}
 			path := filepath.Join(c.workflowsDir, e.Name())
 			w, err := whileRunning(ctx, func() (*dag.Workflow, error) { return dag.ParseFile(path, opts) })
-			var exit *exitError
-			if errors.As(err, &exit) {
+			if hasExitCode(err) {
 				return nil, err
 			}
 			if err != nil {
@@ -126,8 +124,7 @@ func (c *cli) findWorkflow(ctx context.Context, name string) (*dag.Workflow, err
 		}
 	}
 	workflows, err := c.loadWorkflows(ctx)
-	var exit *exitError
-	if errors.As(err, &exit) {
+	if hasExitCode(err) {
 		return nil, err
 	}
 	names := make([]string, len(workflows))
