@@ -44,6 +44,8 @@ func TestBadValuesAtTheEdge(t *testing.T) {
 		{"worker", "--poll", "2h"},
 		{"worker", "--queues", "a\xffb"},
 		{"serve", "--worker", "--concurrency", "1000000000"},
+		{"bench", "--concurrency", "1000000000"},
+		{"bench", "--instances", "-1"},
 		{"prune", "--older-than", "1.5d"},
 		{"prune", "--older-than", "-7d"},
 		{"prune", "--older-than", "100000w"},

@@ -54,8 +54,10 @@ func (c *cli) serveCommand() *cobra.Command {
 			if token == "" && !web.IsLoopbackHost(host) {
 				return usageError(fmt.Errorf("refusing to serve on %s without a token: anyone who can reach it could start and cancel workflows; set --token or DAGRUN_TOKEN, or bind a loopback address such as 127.0.0.1:8080", addr))
 			}
-			if withWorker && (concurrency < 1 || concurrency > dagrun.MaxConcurrency) {
-				return usageError(fmt.Errorf("invalid --concurrency %d: use a number from 1 to %d", concurrency, dagrun.MaxConcurrency))
+			if withWorker {
+				if err := checkConcurrency(concurrency); err != nil {
+					return err
+				}
 			}
 			return c.serve(cmd.Context(), addr, token, withWorker, concurrency)
 		},
