@@ -16,17 +16,18 @@ const (
 	// MinPriority and MaxPriority bound StartOptions.Priority.
 	MinPriority = storage.MinPriority
 	MaxPriority = storage.MaxPriority
-	// MaxDelay bounds StartOptions.Delay: a longer delay is almost always
-	// a unit mistake, and its time must stay within what every backend
-	// stores.
-	MaxDelay = 10 * 365 * 24 * time.Hour
+	// MaxDelay bounds StartOptions.Delay as it bounds every retry delay
+	// (storage.MaxDelay, a year): a longer delay is almost always a unit
+	// mistake.
+	MaxDelay = storage.MaxDelay
 	// MaxKeyBytes bounds StartOptions.Key.
 	MaxKeyBytes = storage.MaxKeyBytes
 	// MaxInputDepth bounds how deeply a start input nests arrays and
-	// objects: deeper input cannot be evaluated by expressions or checked
-	// by a schema without deep recursion, so it is refused at start
-	// rather than failing the instance later.
-	MaxInputDepth = 64
+	// objects, as deep as a workflow file may nest: deeper input cannot be
+	// evaluated by expressions or checked by a schema without deep
+	// recursion, so it is refused at start rather than failing the
+	// instance later.
+	MaxInputDepth = 200
 	// MaxListLimit bounds ListParams.Limit.
 	MaxListLimit = 10_000
 	// MaxConcurrency bounds WorkerConfig.Concurrency: a worker keeps a

@@ -26,7 +26,7 @@ type StartOptions struct {
 	// From MinPriority to MaxPriority (-1,000,000 to 1,000,000).
 	Priority int
 	// Delay postpones the instance's first steps. From 0 to MaxDelay
-	// (10 years).
+	// (a year).
 	Delay time.Duration
 }
 

@@ -7,18 +7,15 @@ import (
 	"unicode/utf8"
 )
 
-// Ranges every backend stores exactly. PostgreSQL keeps priorities and
-// attempt counts in 32-bit integers and its claim query negates the
-// priority; SQLite keeps 64-bit integers. Callers check numbers from
-// outside against these bounds before anything is written, so that no
-// value is cut, wrapped, or first noticed by the database.
+// Range of an instance's priority that every backend stores exactly.
+// PostgreSQL keeps priorities in 32-bit integers and its claim query negates
+// them; SQLite keeps 64-bit integers. Callers check a priority from outside
+// against these bounds before anything is written, so that no value is cut,
+// wrapped, or first noticed by the database. They leave room on both sides
+// of int32, so negating or comparing never overflows.
 const (
-	// MinPriority and MaxPriority bound an instance's priority. They leave
-	// room on both sides of int32, so negating or comparing never overflows.
 	MinPriority = -1_000_000
 	MaxPriority = 1_000_000
-	// MaxAttempts bounds a step's retry.maxAttempts, far below int32.
-	MaxAttempts = 1_000_000
 )
 
 // Lengths of the strings callers pass in, in bytes.

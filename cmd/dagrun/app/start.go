@@ -86,7 +86,7 @@ func (c *cli) startCommand() *cobra.Command {
 	f.StringVar(&input, "input", "", "instance input: JSON, @FILE, or - for standard input (default {})")
 	f.StringVar(&opts.Key, "key", "", "idempotency key: a second start with the same workflow and key returns the first instance")
 	f.IntVar(&opts.Priority, "priority", 0, fmt.Sprintf("priority from %d to %d: higher runs first", dagrun.MinPriority, dagrun.MaxPriority))
-	f.StringVar(&delayStr, "delay", "", "delay before the first steps run, e.g. 10m (at most 10 years)")
+	f.StringVar(&delayStr, "delay", "", "delay before the first steps run, e.g. 10m (at most a year)")
 	f.BoolVar(&detach, "detach", false, "print only the instance ID and return; workers run it")
 	f.BoolVar(&jsonOut, "json", false, "print the whole instance object instead of its output, whatever the outcome")
 	return cmd
