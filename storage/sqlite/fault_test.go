@@ -1,6 +1,7 @@
 package sqlite_test
 
 import (
+	"context"
 	"database/sql"
 	"os"
 	"path/filepath"
@@ -100,4 +101,37 @@ func TestHeldWriteLock(t *testing.T) {
 	require.NotErrorIs(t, err, storage.ErrDatabaseLost, "a lock passes")
 	require.ErrorContains(t, err, "is locked")
 	require.NotContains(t, err.Error(), "\n")
+}
+
+// TestSignalEndsAWaitForTheLock: a write waiting for another process's
+// write lock returns as soon as its context ends, instead of sleeping out
+// the busy timeout in SQLite, where nothing interrupts it.
+func TestSignalEndsAWaitForTheLock(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "dagrun.db")
+	s, err := sqlite.Open(t.Context(), path, &sqlite.Config{BusyTimeout: time.Hour})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	holder, err := sql.Open("sqlite3", sqlite.DSN(path))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Close() })
+	tx, err := holder.Begin()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.ClaimSteps(ctx, storage.ClaimParams{WorkerID: "w", Limit: 1, Lease: time.Second})
+		done <- err
+	}()
+	// The claim is waiting for the lock, or about to: either way it must
+	// end with the context, not with the hour of busy timeout.
+	time.AfterFunc(50*time.Millisecond, cancel)
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(30 * time.Second):
+		t.Fatal("a write waiting for the lock ignores its cancelled context")
+	}
 }

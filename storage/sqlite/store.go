@@ -30,6 +30,11 @@ const (
 	ReadConnsDefault   = 4
 )
 
+// busySlice is how long one attempt to take the write lock waits in
+// SQLite's own busy handler, which nothing interrupts; between slices a
+// write checks its context, so a signal ends a wait for the lock at once.
+const busySlice = 200 * time.Millisecond
+
 // Config tunes a Store. The zero value, and a nil *Config, mean defaults.
 type Config struct {
 	// Now returns the current time; every time the store writes comes from
@@ -73,6 +78,9 @@ type Store struct {
 	own  bool    // Close closes w and r
 	name string  // the file, for error messages
 	now  func() time.Time
+	// busy is how long a write waits for the lock in busySlice attempts;
+	// zero for a pool from New, whose own busy timeout applies.
+	busy time.Duration
 
 	mu   sync.Mutex
 	subs map[chan struct{}]struct{}
@@ -127,7 +135,7 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 	if path == "" {
 		return nil, errors.New("sqlite: empty database path")
 	}
-	w, err := sql.Open("sqlite3", dsn(path, cfg.BusyTimeout, false))
+	w, err := sql.Open("sqlite3", dsn(path, min(cfg.BusyTimeout, busySlice), false))
 	if err != nil {
 		return nil, interpretError(path, err)
 	}
@@ -137,7 +145,7 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 	w.SetMaxIdleConns(1)
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
-	s := &Store{w: w, r: w, own: true, name: path, now: cfg.Now}
+	s := &Store{w: w, r: w, own: true, name: path, now: cfg.Now, busy: cfg.BusyTimeout}
 	if err := s.migrate(ctx); err != nil {
 		_ = w.Close()
 		return nil, err
@@ -299,7 +307,7 @@ func (s *Store) write(ctx context.Context, op string, fn func(t *txn) error) err
 	if err := s.checkFile(); err != nil {
 		return err
 	}
-	tx, err := s.w.BeginTx(ctx, nil)
+	tx, err := s.beginWrite(ctx)
 	if err != nil {
 		return s.fail(op, err)
 	}
@@ -316,6 +324,23 @@ func (s *Store) write(ctx context.Context, op string, fn func(t *txn) error) err
 		return s.fail(op, err)
 	}
 	return nil
+}
+
+// beginWrite begins a BEGIN IMMEDIATE transaction, waiting for another
+// process's write lock for up to the busy timeout, one busySlice at a time
+// so that the wait ends as soon as ctx does.
+func (s *Store) beginWrite(ctx context.Context) (*sql.Tx, error) {
+	deadline := time.Now().Add(s.busy)
+	for {
+		tx, err := s.w.BeginTx(ctx, nil)
+		var se sqlite3.Error
+		if err == nil || !errors.As(err, &se) || se.Code != sqlite3.ErrBusy || ctx.Err() != nil || !time.Now().Before(deadline) {
+			if err != nil && ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return tx, err
+		}
+	}
 }
 
 // read runs fn in one read transaction on the read pool, so its queries see

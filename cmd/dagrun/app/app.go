@@ -89,7 +89,11 @@ func Run(ctx context.Context, args []string, streams *IO, registry *handlers.Reg
 		return exit.code
 	}
 	code := exitCode(err)
-	fmt.Fprintln(c.io.Stderr, "dagrun: "+oneLine(err))
+	msg := oneLine(err)
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		msg = fmt.Sprintf("interrupted (%v): %s", context.Cause(ctx), msg)
+	}
+	fmt.Fprintln(c.io.Stderr, "dagrun: "+msg)
 	return code
 }
 

@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dagrun/dagrun/cmd/dagrun/app"
+	"github.com/dagrun/dagrun/storage/sqlite"
 )
 
 // TestBadValuesAtTheEdge records, in one golden file, the one-line error of
@@ -154,4 +156,36 @@ func TestSignalStopsWorkflowLoading(t *testing.T) {
 			require.ErrorIs(t, err, os.ErrNotExist, "no database was opened")
 		})
 	}
+}
+
+// TestSignalEndsAWaitForTheLock: a start waiting for another process's
+// SQLite write lock stops as soon as its context ends (SIGINT, SIGTERM),
+// says it was interrupted, and writes nothing.
+func TestSignalEndsAWaitForTheLock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.run(t, "", "list")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	holder, err := sql.Open("sqlite3", sqlite.DSN(b.env["DAGRUN_DB"]))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Close() })
+	tx, err := holder.Begin() // BEGIN IMMEDIATE: the write lock
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	done := make(chan runResult, 1)
+	go func() { done <- b.runContext(ctx, "start", "greet", "--input", `{"name": "Ada"}`, "--detach") }()
+	select {
+	case res = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a start waiting for the write lock ignores its cancelled context")
+	}
+	require.Equal(t, app.ExitFailed, res.code, res.stderr)
+	require.True(t, strings.HasPrefix(res.stderr, "dagrun: interrupted ("), res.stderr)
+	require.Equal(t, 1, strings.Count(res.stderr, "\n"), res.stderr)
+
+	require.NoError(t, tx.Rollback())
+	res = b.run(t, "", "list", "--json")
+	require.Equal(t, "[]\n", res.stdout, "nothing is written")
 }
