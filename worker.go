@@ -64,20 +64,6 @@ func (c *WorkerConfig) withDefaults() *WorkerConfig {
 	return &out
 }
 
-func (c *WorkerConfig) validate() error {
-	switch {
-	case c.Concurrency < 1:
-		return fmt.Errorf("worker concurrency must be at least 1, got %d", c.Concurrency)
-	case c.Lease < 10*time.Millisecond:
-		return fmt.Errorf("worker lease must be at least 10ms, got %s", c.Lease)
-	case c.Poll < time.Millisecond:
-		return fmt.Errorf("worker poll interval must be at least 1ms, got %s", c.Poll)
-	case c.ShutdownGrace < 0:
-		return fmt.Errorf("worker shutdown grace must not be negative, got %s", c.ShutdownGrace)
-	}
-	return nil
-}
-
 // Worker claims ready steps and runs their handlers. Create it with
 // Engine.NewWorker and run it with Run.
 //
@@ -126,9 +112,6 @@ func (e *Engine) NewWorker(config *WorkerConfig) (*Worker, error) {
 		return nil, err
 	}
 	config = config.withDefaults()
-	if err := config.validate(); err != nil {
-		return nil, err
-	}
 	return &Worker{
 		engine:      e,
 		config:      config,
