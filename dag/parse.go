@@ -135,6 +135,7 @@ type rawWorkflow struct {
 	node                                              *yaml.Node
 	misspelt                                          map[string]bool // keys an unknown key was suggested to be
 	Name, Description, Input, Defaults, Steps, Output *yaml.Node
+	Schedule                                          *yaml.Node
 }
 
 type rawDefaults struct {
@@ -159,7 +160,7 @@ type field struct {
 
 func (r *rawWorkflow) fields() []field {
 	return []field{{"name", &r.Name}, {"description", &r.Description}, {"input", &r.Input},
-		{"defaults", &r.Defaults}, {"steps", &r.Steps}, {"output", &r.Output}}
+		{"defaults", &r.Defaults}, {"steps", &r.Steps}, {"output", &r.Output}, {"schedule", &r.Schedule}}
 }
 
 func (r *rawDefaults) fields() []field {
@@ -178,7 +179,7 @@ func (r *rawRetry) fields() []field {
 
 // Keys lists the keys a workflow file may use in each of its mappings.
 type Keys struct {
-	Workflow, Defaults, Step, Retry []string
+	Workflow, Defaults, Step, Retry, Schedule []string
 }
 
 // AcceptedKeys returns the keys the parser accepts, in the order its
@@ -190,6 +191,7 @@ func AcceptedKeys() Keys {
 		Defaults: keysOf((&rawDefaults{}).fields()),
 		Step:     keysOf((&rawStep{}).fields()),
 		Retry:    keysOf((&rawRetry{}).fields()),
+		Schedule: keysOf((&rawSchedule{}).fields()),
 	}
 }
 

@@ -69,6 +69,9 @@ func (p *parser) build(raw *rawWorkflow) *Workflow {
 	if raw.Input != nil {
 		w.InputSchema, w.schema = p.inputSchema(raw.Input)
 	}
+	if raw.Schedule != nil {
+		p.schedules(raw.Schedule, w)
+	}
 	if n := raw.Steps; n != nil && n.Kind == yaml.SequenceNode && len(n.Content) > MaxSteps && !p.opts.Stored {
 		p.c.at(n, `"steps" has %d steps, over the limit of %d per workflow: split it into workflows that start one another`, len(n.Content), MaxSteps)
 		return w

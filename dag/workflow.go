@@ -14,6 +14,7 @@ type Workflow struct {
 	InputSchema       json.RawMessage // the input JSON Schema as JSON; nil when absent
 	Steps             []*Step         // definition order
 	Output            *Template       // nil when absent
+	Schedules         []*Schedule     // the schedule: list, in order
 	Source            []byte          // the exact file bytes
 	Hash              string          // hex sha256 of Source
 

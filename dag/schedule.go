@@ -1,0 +1,287 @@
+package dag
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+	// Zones are read from the binary, not the machine: a workflow must
+	// validate, and fire at the same instants, on a minimal container
+	// image without /usr/share/zoneinfo as on a laptop.
+	_ "time/tzdata"
+
+	"github.com/robfig/cron/v3"
+	"gopkg.in/yaml.v3"
+)
+
+// Overlap says what a schedule does at a tick while the instance it started
+// last is still unfinished.
+type Overlap string
+
+// Overlap policies.
+const (
+	// OverlapSkip starts nothing at such a tick (the default).
+	OverlapSkip Overlap = "skip"
+	// OverlapAllow starts an instance at every tick regardless.
+	OverlapAllow Overlap = "allow"
+)
+
+// MinEvery is the shortest @every interval: ticks are whole seconds.
+const MinEvery = time.Second
+
+// Schedule is one entry of a workflow's schedule: list. Values returned by
+// Parse are safe for concurrent use.
+type Schedule struct {
+	// Index is the entry's position in the list, from 0.
+	Index int
+	// Cron is the expression as written: five fields, or a descriptor
+	// such as @daily or @every 10m.
+	Cron string
+	// Timezone is the IANA zone the cron's wall-clock times are in; UTC
+	// when absent.
+	Timezone string
+	Location *time.Location
+	// Input is the compact JSON every instance the schedule starts gets;
+	// {} when absent. It satisfies the workflow's input schema.
+	Input   json.RawMessage
+	Overlap Overlap
+	// Catchup is how old a tick missed while no scheduler ran may be and
+	// still start an instance; 0 starts only ticks from now on.
+	Catchup   time.Duration
+	Line, Col int
+
+	spec  *cron.SpecSchedule // nil for @every
+	every time.Duration
+}
+
+// Fingerprint identifies what a schedule starts and when: a hash of its
+// cron, zone and input (not of overlap and catchup, which change neither).
+// An edit that keeps it keeps the schedule's history; one that changes it
+// makes a new schedule that starts from the edit on.
+func (s *Schedule) Fingerprint() string {
+	sum := sha256.Sum256([]byte(s.Cron + "\x00" + s.Timezone + "\x00" + string(s.Input)))
+	return hex.EncodeToString(sum[:8])
+}
+
+// Next returns the first tick strictly after t, or the zero time when the
+// cron never fires again (0 0 30 2 *).
+//
+// @every D ticks at the multiples of D counted from a fixed origin, so
+// that every process computes the same ticks whenever it started. A cron
+// expression names wall-clock times in Location: each such time that
+// exists fires once. On a fall-back transition a time that the clock shows
+// twice fires at its first occurrence only; on a spring-forward transition
+// a time the clock skips does not exist and does not fire.
+func (s *Schedule) Next(t time.Time) time.Time {
+	if s.spec == nil {
+		return t.Truncate(s.every).Add(s.every)
+	}
+	for range 8 { // a repeated wall-clock time is skipped at most once in a row
+		n := s.spec.Next(t)
+		if n.IsZero() || !repeatedWallClock(n.In(s.Location)) {
+			return n.UTC()
+		}
+		t = n
+	}
+	return time.Time{}
+}
+
+// repeatedWallClock reports whether the wall-clock time of t was already
+// shown earlier, at a larger offset, just before a fall-back transition.
+func repeatedWallClock(t time.Time) bool {
+	_, off := t.Zone()
+	for _, back := range []time.Duration{30 * time.Minute, time.Hour, 2 * time.Hour, 3 * time.Hour} {
+		_, before := t.Add(-back).Zone()
+		if before <= off {
+			continue
+		}
+		first := t.Add(-time.Duration(before-off) * time.Second)
+		if _, o := first.Zone(); o == before && first.Format(time.DateTime) == t.Format(time.DateTime) {
+			return true
+		}
+	}
+	return false
+}
+
+// cronParser takes the five standard fields and the descriptors
+// (@hourly, @daily, @every 10m, ...); seconds are not a field.
+var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+// parseCron returns the schedule of a cron expression, or why it is wrong.
+func parseCron(expr string, loc *time.Location) (spec *cron.SpecSchedule, every time.Duration, msg string) {
+	expr = strings.TrimSpace(expr)
+	if strings.HasPrefix(expr, "TZ=") || strings.HasPrefix(expr, "CRON_TZ=") {
+		return nil, 0, fmt.Sprintf("cron %q names a zone: set timezone: instead", expr)
+	}
+	if rest, ok := strings.CutPrefix(expr, "@every "); ok {
+		d, err := time.ParseDuration(strings.TrimSpace(rest))
+		switch {
+		case err != nil:
+			return nil, 0, fmt.Sprintf("invalid cron %q: @every takes a Go duration such as 30s, 10m or 1h", expr)
+		case d < MinEvery || d%time.Second != 0:
+			return nil, 0, fmt.Sprintf("invalid cron %q: @every must be a whole number of seconds, at least %s", expr, MinEvery)
+		case d > MaxDuration:
+			return nil, 0, fmt.Sprintf("invalid cron %q: @every is at most %s", expr, fmtDuration(MaxDuration))
+		}
+		return nil, d, ""
+	}
+	sched, err := cronParser.Parse(expr)
+	if err != nil {
+		return nil, 0, fmt.Sprintf("invalid cron %q: %v; use five fields (minute hour day-of-month month day-of-week) such as \"0 3 * * *\", or @hourly, @daily, @weekly, @monthly, @every 10m", expr, err)
+	}
+	spec, ok := sched.(*cron.SpecSchedule)
+	if !ok {
+		return nil, 0, fmt.Sprintf("invalid cron %q: use five fields or a descriptor such as @daily or @every 10m", expr)
+	}
+	spec.Location = loc
+	return spec, 0, ""
+}
+
+type rawSchedule struct {
+	Cron, Timezone, Input, Overlap, Catchup *yaml.Node
+}
+
+func (r *rawSchedule) fields() []field {
+	return []field{{"cron", &r.Cron}, {"timezone", &r.Timezone}, {"input", &r.Input},
+		{"overlap", &r.Overlap}, {"catchup", &r.Catchup}}
+}
+
+// schedules builds the schedule: list. It runs after the input schema is
+// compiled, so that each schedule's input is checked against it.
+func (p *parser) schedules(n *yaml.Node, w *Workflow) {
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+		return
+	}
+	if n.Kind != yaml.SequenceNode {
+		p.c.at(n, `"schedule" must be a list of schedules (each item starting with "- cron: ..."), got %s`, describe(n))
+		return
+	}
+	seen := map[string]int{}
+	for i, item := range n.Content {
+		item = resolve(item)
+		if item == nil {
+			continue
+		}
+		label := fmt.Sprintf("schedule #%d", i+1)
+		if item.Kind != yaml.MappingNode {
+			p.c.at(item, `%s must be a mapping with at least cron (e.g. - cron: "0 3 * * *"), got %s`, label, describe(item))
+			continue
+		}
+		s, ok := p.schedule(item, label, w)
+		if !ok {
+			continue
+		}
+		s.Index = len(w.Schedules)
+		if first, dup := seen[s.Fingerprint()]; dup {
+			p.c.at(item, "%s has the same cron, timezone and input as schedule #%d: remove one", label, first+1)
+			continue
+		}
+		seen[s.Fingerprint()] = i
+		w.Schedules = append(w.Schedules, s)
+	}
+}
+
+func (p *parser) schedule(item *yaml.Node, label string, w *Workflow) (*Schedule, bool) {
+	var raw rawSchedule
+	misspelt := p.mapping(item, "in "+label, raw.fields())
+	s := &Schedule{Timezone: "UTC", Location: time.UTC, Input: json.RawMessage("{}"), Overlap: OverlapSkip,
+		Line: item.Line, Col: item.Column}
+	ok := true
+	if raw.Timezone != nil {
+		if tz, tok := p.text(raw.Timezone, label, `"timezone"`); !tok {
+			ok = false
+		} else if loc, err := loadZone(tz); err != nil {
+			p.c.at(raw.Timezone, "%s: %s", label, err)
+			ok = false
+		} else {
+			s.Timezone, s.Location = tz, loc
+		}
+	}
+	switch {
+	case raw.Cron == nil:
+		if !misspelt["cron"] {
+			p.c.at(item, `%s: missing required key "cron" (e.g. cron: "0 3 * * *" or cron: "@every 10m")`, label)
+		}
+		ok = false
+	default:
+		expr, tok := p.text(raw.Cron, label, `"cron"`)
+		if !tok {
+			ok = false
+			break
+		}
+		s.Cron = strings.TrimSpace(expr)
+		var msg string
+		if s.spec, s.every, msg = parseCron(s.Cron, s.Location); msg != "" {
+			p.c.at(raw.Cron, "%s: %s", label, msg)
+			ok = false
+		} else if s.spec != nil && s.Next(time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)).IsZero() {
+			p.c.at(raw.Cron, "%s: cron %q never fires (no such date): check the day-of-month and month fields", label, s.Cron)
+			ok = false
+		}
+	}
+	if raw.Input != nil {
+		if in, iok := p.scheduleInput(raw.Input, label, w); iok {
+			s.Input = in
+		} else {
+			ok = false
+		}
+	} else if err := w.ValidateInput(map[string]any{}); err != nil {
+		p.c.at(item, "%s: without input it starts instances with {}, and %v: add input:", label, err)
+		ok = false
+	}
+	if raw.Overlap != nil {
+		if v, tok := p.text(raw.Overlap, label, `"overlap"`); !tok {
+			ok = false
+		} else if o := Overlap(v); o == OverlapSkip || o == OverlapAllow {
+			s.Overlap = o
+		} else {
+			p.c.at(raw.Overlap, "%s: invalid overlap %q: use skip (start nothing while the last instance of this schedule is unfinished) or allow", label, v)
+			ok = false
+		}
+	}
+	if raw.Catchup != nil {
+		if d, dok := p.duration(raw.Catchup, label, "catchup"); dok {
+			s.Catchup = d
+		} else {
+			ok = false
+		}
+	}
+	return s, ok
+}
+
+// loadZone loads an IANA zone; "Local" is refused, since it would mean a
+// different zone on every machine that runs the scheduler.
+func loadZone(name string) (*time.Location, error) {
+	if name == "Local" || strings.EqualFold(name, "local") {
+		return nil, fmt.Errorf(`timezone "Local" depends on the machine: name an IANA zone such as Europe/Berlin or UTC`)
+	}
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, fmt.Errorf("unknown timezone %q: use an IANA zone name such as Europe/Berlin, America/New_York or UTC", name)
+	}
+	return loc, nil
+}
+
+// scheduleInput converts a schedule's input to compact JSON and checks it
+// against the workflow's input schema.
+func (p *parser) scheduleInput(n *yaml.Node, label string, w *Workflow) (json.RawMessage, bool) {
+	v, ok := p.plain(n, "", map[string]*yaml.Node{}, 0)
+	if !ok {
+		return nil, false
+	}
+	if v == nil {
+		v = map[string]any{}
+	}
+	raw, err := json.Marshal(v)
+	if err != nil {
+		p.c.at(n, "%s: input cannot be represented in JSON: %v", label, err)
+		return nil, false
+	}
+	if err := w.ValidateInput(v); err != nil {
+		p.c.at(n, "%s: %v", label, err)
+		return nil, false
+	}
+	return raw, true
+}

@@ -1,0 +1,140 @@
+package dag
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func parseSchedule(t *testing.T, cronExpr, zone string) *Schedule {
+	t.Helper()
+	src := fmt.Sprintf("name: s\nschedule:\n  - cron: %q\n    timezone: %s\nsteps:\n  - name: a\n    handler: echo\n", cronExpr, zone)
+	w, err := Parse("", []byte(src), nil)
+	require.NoError(t, err)
+	require.Len(t, w.Schedules, 1)
+	return w.Schedules[0]
+}
+
+// wallTicks is the oracle Next is checked against, written without any
+// arithmetic on zones: it walks every minute of [from, to) in real time,
+// and keeps each one whose wall-clock time in loc the cron names (asked of
+// the same cron evaluated in UTC, which has no transitions), the first
+// time that wall-clock time is shown.
+func wallTicks(t *testing.T, cronExpr string, loc *time.Location, from, to time.Time) []time.Time {
+	t.Helper()
+	utc, _, msg := parseCron(cronExpr, time.UTC)
+	require.Empty(t, msg)
+	var out []time.Time
+	seen := map[string]bool{}
+	for m := from; m.Before(to); m = m.Add(time.Minute) {
+		wall := m.In(loc)
+		key := wall.Format(time.DateTime)
+		naive := time.Date(wall.Year(), wall.Month(), wall.Day(), wall.Hour(), wall.Minute(), 0, 0, time.UTC)
+		if utc.Next(naive.Add(-time.Second)).Equal(naive) && !seen[key] {
+			out = append(out, m)
+		}
+		seen[key] = true
+	}
+	return out
+}
+
+// TestScheduleNextAcrossDST walks both 2027 transitions of two zones with
+// crons that fall in, before and after the hour that is skipped or shown
+// twice: every wall-clock time the cron names that exists fires exactly
+// once, and nothing else fires.
+func TestScheduleNextAcrossDST(t *testing.T) {
+	t.Parallel()
+	transitions := []struct {
+		zone string
+		day  time.Time // a UTC midnight on the transition's local date
+	}{
+		{"Europe/Berlin", time.Date(2027, 3, 28, 0, 0, 0, 0, time.UTC)},
+		{"Europe/Berlin", time.Date(2027, 10, 31, 0, 0, 0, 0, time.UTC)},
+		{"America/New_York", time.Date(2027, 3, 14, 0, 0, 0, 0, time.UTC)},
+		{"America/New_York", time.Date(2027, 11, 7, 0, 0, 0, 0, time.UTC)},
+	}
+	crons := []string{"30 2 * * *", "0 2 * * *", "59 1 * * *", "0 3 * * *", "30 1 * * *",
+		"0 * * * *", "*/15 * * * *", "0 0 * * *", "@hourly", "@daily", "15 1-3 * * *"}
+	for _, tr := range transitions {
+		for _, expr := range crons {
+			t.Run(tr.zone+"/"+tr.day.Format(time.DateOnly)+"/"+expr, func(t *testing.T) {
+				t.Parallel()
+				s := parseSchedule(t, expr, tr.zone)
+				from, to := tr.day.Add(-36*time.Hour), tr.day.Add(60*time.Hour)
+				want := wallTicks(t, expr, s.Location, from, to)
+				require.NotEmpty(t, want)
+				var got []time.Time
+				for n := s.Next(from.Add(-time.Second)); n.Before(to); n = s.Next(n) {
+					got = append(got, n)
+				}
+				require.Equal(t, want, got)
+			})
+		}
+	}
+}
+
+// TestScheduleNextAtTransitions pins the cases by hand: 02:30 in Berlin is
+// shown twice on 31 October 2027 and fires once, at its first occurrence
+// (CEST); on 28 March 2027 it does not exist and the next tick is the
+// following night's.
+func TestScheduleNextAtTransitions(t *testing.T) {
+	t.Parallel()
+	s := parseSchedule(t, "30 2 * * *", "Europe/Berlin")
+	got := s.Next(time.Date(2027, 10, 30, 12, 0, 0, 0, time.UTC))
+	require.Equal(t, time.Date(2027, 10, 31, 0, 30, 0, 0, time.UTC), got, "02:30 CEST")
+	require.Equal(t, time.Date(2027, 11, 1, 1, 30, 0, 0, time.UTC), s.Next(got), "not 02:30 CET again")
+	require.Equal(t, time.Date(2027, 3, 29, 0, 30, 0, 0, time.UTC), s.Next(time.Date(2027, 3, 27, 12, 0, 0, 0, time.UTC).Add(12*time.Hour)))
+
+	ny := parseSchedule(t, "30 1 * * *", "America/New_York")
+	got = ny.Next(time.Date(2027, 11, 6, 12, 0, 0, 0, time.UTC))
+	require.Equal(t, time.Date(2027, 11, 7, 5, 30, 0, 0, time.UTC), got, "01:30 EDT")
+	require.Equal(t, time.Date(2027, 11, 8, 6, 30, 0, 0, time.UTC), ny.Next(got), "not 01:30 EST again")
+}
+
+func TestScheduleEvery(t *testing.T) {
+	t.Parallel()
+	s := parseSchedule(t, "@every 10m", "Europe/Berlin")
+	at := time.Date(2027, 10, 31, 0, 55, 0, 0, time.UTC)
+	require.Equal(t, time.Date(2027, 10, 31, 1, 0, 0, 0, time.UTC), s.Next(at))
+	require.Equal(t, time.Date(2027, 10, 31, 1, 10, 0, 0, time.UTC), s.Next(s.Next(at)), "real time: the transition changes nothing")
+	one := parseSchedule(t, "@every 1s", "UTC")
+	require.Equal(t, time.Date(2027, 1, 1, 0, 0, 1, 0, time.UTC), one.Next(time.Date(2027, 1, 1, 0, 0, 0, 400, time.UTC)),
+		"every process computes the same ticks, whenever it asks")
+}
+
+func TestScheduleFields(t *testing.T) {
+	t.Parallel()
+	src := `name: nightly
+input:
+  type: object
+  properties:
+    region: {type: string}
+schedule:
+  - cron: "0 3 * * *"
+    timezone: Europe/Berlin
+    input: {region: eu}
+    overlap: allow
+    catchup: 1h
+  - cron: "@every 10m"
+steps:
+  - name: a
+    handler: echo
+`
+	w, err := Parse("", []byte(src), nil)
+	require.NoError(t, err)
+	require.Len(t, w.Schedules, 2)
+	a, b := w.Schedules[0], w.Schedules[1]
+	require.Equal(t, 0, a.Index)
+	require.Equal(t, "Europe/Berlin", a.Timezone)
+	require.JSONEq(t, `{"region":"eu"}`, string(a.Input))
+	require.Equal(t, OverlapAllow, a.Overlap)
+	require.Equal(t, time.Hour, a.Catchup)
+	require.Equal(t, 1, b.Index)
+	require.Equal(t, "UTC", b.Timezone)
+	require.Equal(t, `{}`, string(b.Input))
+	require.Equal(t, OverlapSkip, b.Overlap)
+	require.Zero(t, b.Catchup)
+	require.NotEqual(t, a.Fingerprint(), b.Fingerprint())
+}
