@@ -479,6 +479,8 @@ type WorkflowStats struct {
 // Store is the persistence every backend implements. All methods are safe
 // for concurrent use by many goroutines and many processes.
 type Store interface {
+	ScheduleStore
+
 	// CreateInstances creates instances with their definition snapshots and
 	// step rows, all blocked, then applies plan to each in the same
 	// transaction. A params with a Key already used for its workflow creates

@@ -61,6 +61,7 @@ func Run(t *testing.T, h Harness) {
 		{"Subscribe", subscribeTests},
 		{"FinishAndClaim", eagerTests},
 		{"CreateAndClaim", eagerStartTests},
+		{"Schedules", scheduleTests},
 		{"Handlers", handlerTests},
 		{"Presence", presenceTests},
 	}
