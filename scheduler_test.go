@@ -15,28 +15,17 @@ import (
 	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/handlers"
 	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/storagetest"
 )
 
 // fakeClock is the scheduler's clock in these tests: it moves only when
 // told to.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+type fakeClock struct{ *storagetest.Clock }
 
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
+func newFakeClock(start time.Time) *fakeClock { return &fakeClock{storagetest.NewClock(start)} }
 
-func (c *fakeClock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = t
-}
-
-func (c *fakeClock) Advance(d time.Duration) { c.Set(c.Now().Add(d)) }
+// Set moves the clock to t, which is not before its time.
+func (c *fakeClock) Set(t time.Time) { c.Advance(t.Sub(c.Now())) }
 
 // tickObserver counts what a scheduler reports.
 type tickObserver struct {
@@ -182,7 +171,7 @@ func TestSchedulerAcrossDST(t *testing.T) {
 					items = append(items, fmt.Sprintf("{cron: %q, timezone: %s, overlap: allow}", c.cron, tr.zone))
 				}
 				start, end := tr.day.Add(-30*time.Hour), tr.day.Add(54*time.Hour)
-				clock := &fakeClock{now: start}
+				clock := newFakeClock(start)
 				engine, s := newScheduler(t, store, clock, nil, scheduledWorkflow("dst", items...))
 				runUntil(t, s, clock, end)
 				w, _ := engine.Workflow("dst")
@@ -202,7 +191,7 @@ func TestSchedulersRacingStartEachTickOnce(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
 		store := open(t)
 		start := time.Date(2027, 5, 1, 12, 0, 0, 0, time.UTC)
-		clock := &fakeClock{now: start}
+		clock := newFakeClock(start)
 		src := scheduledWorkflow("racy", `{cron: "@every 1s", overlap: allow}`)
 		var schedulers []*dagrun.Scheduler
 		for range 3 {
@@ -251,7 +240,7 @@ func TestSchedulerCatchup(t *testing.T) {
 				t.Parallel()
 				store := open(t)
 				start := time.Date(2027, 5, 1, 12, 0, 0, 0, time.UTC)
-				clock := &fakeClock{now: start}
+				clock := newFakeClock(start)
 				src := scheduledWorkflow("catchup", fmt.Sprintf(`{cron: "*/10 * * * *", %s overlap: allow}`, tc.catchup))
 				_, first := newScheduler(t, store, clock, nil, src)
 				clock.Set(start.Add(10*time.Minute + time.Second))
@@ -286,7 +275,7 @@ func TestSchedulerLateTickIsNotMissed(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
 		store := open(t)
 		start := time.Date(2027, 5, 1, 12, 0, 0, 0, time.UTC)
-		clock := &fakeClock{now: start}
+		clock := newFakeClock(start)
 		obs := &tickObserver{}
 		engine, s := newScheduler(t, store, clock, obs, scheduledWorkflow("late", `{cron: "@every 1m", overlap: allow}`))
 		clock.Set(start.Add(time.Minute + 20*time.Second))
@@ -303,7 +292,7 @@ func TestSchedulerOverlapSkip(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
 		store := open(t)
 		start := time.Date(2027, 5, 1, 12, 0, 0, 0, time.UTC)
-		clock := &fakeClock{now: start}
+		clock := newFakeClock(start)
 		obs := &tickObserver{}
 		engine, s := newScheduler(t, store, clock, obs, scheduledWorkflow("slow", `{cron: "@every 1m"}`))
 		runUntil(t, s, clock, start.Add(3*time.Minute+time.Second))
@@ -336,7 +325,7 @@ func TestSchedulerEdits(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
 		store := open(t)
 		start := time.Date(2027, 5, 1, 2, 0, 0, 0, time.UTC)
-		clock := &fakeClock{now: start}
+		clock := newFakeClock(start)
 		daily := `{cron: "0 3 * * *", overlap: allow, catchup: 2h}`
 		hourly := `{cron: "0 * * * *", overlap: allow, catchup: 2h}`
 		halfHourly := `{cron: "30 * * * *", overlap: allow, catchup: 2h}`
@@ -372,7 +361,7 @@ func TestSchedulerPause(t *testing.T) {
 		store := open(t)
 		// PauseSchedule reads the real clock: the fake one runs behind it.
 		start := time.Now().UTC().Truncate(time.Minute).Add(-30 * time.Minute)
-		clock := &fakeClock{now: start}
+		clock := newFakeClock(start)
 		src := scheduledWorkflow("paused", `{cron: "@every 1m", overlap: allow, catchup: 1h}`)
 		engine, s := newScheduler(t, store, clock, nil, src)
 		require.NoError(t, engine.PauseSchedule(t.Context(), "paused", 0, true))
