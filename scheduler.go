@@ -117,18 +117,26 @@ func (s *Scheduler) Register(ctx context.Context) error {
 }
 
 // Run registers the schedules, then starts their due ticks until ctx
-// ends. A failing store is logged and tried again; Run returns nil when
-// ctx ends, or the error of the first registration.
+// ends, and returns nil then. A failing store is logged and tried again
+// after Poll, the registration as much as a tick: the database may come
+// up after the process.
 func (s *Scheduler) Run(ctx context.Context) error {
 	if len(s.loaded) == 0 {
 		<-ctx.Done()
 		return nil
 	}
-	if err := s.Register(ctx); err != nil {
+	for {
+		err := s.Register(ctx)
+		if err == nil {
+			break
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		return fmt.Errorf("register schedules: %w", err)
+		s.logger.Warn("scheduler: could not register the schedules; trying again", slog.Any("error", err))
+		if !sleep(ctx, s.config.Poll) {
+			return nil
+		}
 	}
 	s.logger.Info("scheduler started", slog.Int("schedules", len(s.loaded)))
 	for {
@@ -142,13 +150,21 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		} else if d := next.Sub(s.config.Now()); !next.IsZero() && d < wait {
 			wait = max(d, 0)
 		}
-		timer := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
+		if !sleep(ctx, wait) {
 			return nil
-		case <-timer.C:
 		}
+	}
+}
+
+// sleep waits for d, or less when ctx ends first: it then returns false.
+func sleep(ctx context.Context, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
 	}
 }
 
@@ -355,6 +371,26 @@ func (e *Engine) Schedules(ctx context.Context, now time.Time, next int) ([]Sche
 	return out, nil
 }
 
+// UnknownScheduleError reports a schedule index the workflow does not
+// have. It matches storage.ErrNotFound.
+type UnknownScheduleError struct {
+	Workflow string
+	// Index is negative when all the workflow's schedules were asked for.
+	Index int
+	// Count is how many schedules the workflow has.
+	Count int
+}
+
+func (e *UnknownScheduleError) Error() string {
+	if e.Count == 0 {
+		return fmt.Sprintf("workflow %s has no schedule: add a schedule: list to its file", e.Workflow)
+	}
+	return fmt.Sprintf("workflow %s has no schedule %d: its schedules are numbered 0 to %d", e.Workflow, e.Index, e.Count-1)
+}
+
+// Is makes errors.Is(err, storage.ErrNotFound) true.
+func (e *UnknownScheduleError) Is(target error) bool { return target == storage.ErrNotFound }
+
 // PauseSchedule pauses (or, with paused false, resumes) schedule index of
 // workflow, or all its schedules when index is negative. The pause is
 // stored, so it holds for every scheduler and survives restarts; a resumed
@@ -364,11 +400,8 @@ func (e *Engine) PauseSchedule(ctx context.Context, workflow string, index int, 
 	if err != nil {
 		return err
 	}
-	switch {
-	case len(w.Schedules) == 0:
-		return fmt.Errorf("workflow %s has no schedule: add a schedule: list to its file: %w", workflow, storage.ErrNotFound)
-	case index >= len(w.Schedules):
-		return fmt.Errorf("workflow %s has no schedule %d: its schedules are numbered 0 to %d: %w", workflow, index, len(w.Schedules)-1, storage.ErrNotFound)
+	if len(w.Schedules) == 0 || index >= len(w.Schedules) {
+		return &UnknownScheduleError{Workflow: workflow, Index: index, Count: len(w.Schedules)}
 	}
 	now := time.Now()
 	targets := w.Schedules

@@ -162,6 +162,8 @@ func (c *cli) rootCommand() *cobra.Command {
 		c.handlersCommand(),
 		c.benchCommand(),
 		c.serveCommand(),
+		c.schedulesCommand(),
+		c.scheduleCommand(),
 	)
 	for _, cmd := range root.Commands() {
 		cmd.SetFlagErrorFunc(flagError)

@@ -31,6 +31,7 @@ func (c *cli) serveCommand() *cobra.Command {
 		token       string
 		withWorker  bool
 		concurrency int
+		noSchedules bool
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -40,7 +41,7 @@ func (c *cli) serveCommand() *cobra.Command {
 			"single-machine deployment. With a token (--token or DAGRUN_TOKEN) every route but /healthz and the UI's static\n" +
 			"files needs Authorization: Bearer <token>; the UI asks for it once per browser tab. A non-loopback --addr is\n" +
 			"refused without a token. SIGINT or SIGTERM stop serving, then the worker finishes its running steps.",
-		Args: exactArgs(0, "serve [--addr 127.0.0.1:8080] [--token T] [--worker] [--concurrency N]"),
+		Args: exactArgs(0, "serve [--addr 127.0.0.1:8080] [--token T] [--worker] [--concurrency N] [--no-schedules]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// The environment is read here rather than as the flag's
 			// default, so --help never prints the token.
@@ -59,18 +60,19 @@ func (c *cli) serveCommand() *cobra.Command {
 					return err
 				}
 			}
-			return c.serve(cmd.Context(), addr, token, withWorker, concurrency)
+			return c.serve(cmd.Context(), addr, token, withWorker, concurrency, noSchedules)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&addr, "addr", "127.0.0.1:8080", "address to listen on; a non-loopback address needs a token")
 	f.StringVar(&token, "token", "", "bearer token required by the API, the UI and /metrics (env DAGRUN_TOKEN)")
 	f.BoolVar(&withWorker, "worker", false, "also run a worker in this process")
+	f.BoolVar(&noSchedules, "no-schedules", false, "do not run the scheduler, which starts the workflows' scheduled instances")
 	f.IntVar(&concurrency, "concurrency", dagrun.DefaultConcurrency, "steps the embedded worker runs at once (with --worker)")
 	return cmd
 }
 
-func (c *cli) serve(ctx context.Context, addr, token string, withWorker bool, concurrency int) error {
+func (c *cli) serve(ctx context.Context, addr, token string, withWorker bool, concurrency int, noSchedules bool) error {
 	// The engine reports to the metrics, so they must exist before it.
 	metrics := web.NewMetrics()
 	c.observer = metrics
@@ -119,6 +121,8 @@ func (c *cli) serve(ctx context.Context, addr, token string, withWorker bool, co
 		workerDone <- nil
 	}
 
+	stopScheduler := c.startScheduler(ctx, engine, noSchedules)
+	defer stopScheduler()
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- server.Serve(ln) }()
 	c.logger.Info("dagrun serve listening", "url", "http://"+ln.Addr().String()+"/",

@@ -15,11 +15,12 @@ func (c *cli) workerCommand() *cobra.Command {
 		config             dagrun.WorkerConfig
 		queues             string
 		lease, poll, grace string
+		noSchedules        bool
 	)
 	cmd := &cobra.Command{
 		Use:   "worker",
 		Short: "Run steps until SIGINT or SIGTERM, then finish running steps within a grace period and release the rest",
-		Args:  exactArgs(0, "worker [--concurrency N] [--queues a,b] [--lease DUR] [--poll DUR]"),
+		Args:  exactArgs(0, "worker [--concurrency N] [--queues a,b] [--lease DUR] [--poll DUR] [--no-schedules]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkConcurrency(config.Concurrency); err != nil {
 				return err
@@ -55,7 +56,9 @@ func (c *cli) workerCommand() *cobra.Command {
 				return usageError(err)
 			}
 			c.logger.Info("dagrun worker started", "id", worker.ID(), "concurrency", config.Concurrency, "queues", config.Queues, "db", redactDSN(c.db))
+			stopScheduler := c.startScheduler(ctx, engine, noSchedules)
 			err = worker.Run(ctx)
+			stopScheduler()
 			c.logger.Info("dagrun worker stopped", "id", worker.ID())
 			return err
 		},
@@ -65,6 +68,7 @@ func (c *cli) workerCommand() *cobra.Command {
 	f.StringVar(&queues, "queues", "", "comma-separated queues to take steps from (default all)")
 	f.StringVar(&lease, "lease", dagrun.DefaultLease.String(), "claim lease; the worker heartbeats every third of it")
 	f.StringVar(&poll, "poll", dagrun.DefaultPoll.String(), "fallback polling interval")
+	f.BoolVar(&noSchedules, "no-schedules", false, "do not run the scheduler, which starts the workflows' scheduled instances")
 	f.StringVar(&grace, "grace", dagrun.DefaultShutdownGrace.String(), "how long running steps may finish after SIGINT/SIGTERM")
 	return cmd
 }
