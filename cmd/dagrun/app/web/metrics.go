@@ -39,11 +39,18 @@ type Metrics struct {
 	duration  *prometheus.HistogramVec
 	queueWait *prometheus.HistogramVec
 
+	ticksFired   *prometheus.CounterVec
+	ticksSkipped *prometheus.CounterVec
+	tickLag      *prometheus.HistogramVec
+
 	mu    sync.Mutex
 	store storage.Store
 }
 
-var _ dagrun.Observer = (*Metrics)(nil)
+var (
+	_ dagrun.Observer         = (*Metrics)(nil)
+	_ dagrun.ScheduleObserver = (*Metrics)(nil)
+)
 
 // NewMetrics returns metrics registered on a new registry, with the
 // standard Go runtime and process collectors (their usual go_ and process_
@@ -75,8 +82,23 @@ func NewMetrics() *Metrics {
 			// 1ms to about 25 minutes.
 			Buckets: prometheus.ExponentialBuckets(0.001, 3, 14),
 		}, []string{"queue"}),
+		ticksFired: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dagrun_schedule_ticks_fired_total",
+			Help: "Schedule ticks that started an instance, by this process's scheduler.",
+		}, []string{"workflow"}),
+		ticksSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dagrun_schedule_ticks_skipped_total",
+			Help: "Schedule ticks that started nothing because the schedule's last instance was unfinished (overlap: skip), by this process's scheduler.",
+		}, []string{"workflow"}),
+		tickLag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "dagrun_schedule_tick_lag_seconds",
+			Help: "Time from a schedule tick to the creation of its instance; caught-up ticks count their whole age.",
+			// 1ms to about 3 hours.
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 13),
+		}, []string{"workflow"}),
 	}
 	m.registry.MustRegister(m.started, m.finished, m.attempts, m.duration, m.queueWait,
+		m.ticksFired, m.ticksSkipped, m.tickLag,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -116,6 +138,17 @@ func (m *Metrics) AttemptFinished(r dagrun.AttemptReport) {
 		// A snoozed step's wait is its own sleep, not queueing.
 		m.queueWait.WithLabelValues(r.Queue).Observe(r.QueueWait.Seconds())
 	}
+}
+
+// TickFired implements dagrun.ScheduleObserver.
+func (m *Metrics) TickFired(workflow string, lag time.Duration) {
+	m.ticksFired.WithLabelValues(workflow).Inc()
+	m.tickLag.WithLabelValues(workflow).Observe(max(lag, 0).Seconds())
+}
+
+// TickSkipped implements dagrun.ScheduleObserver.
+func (m *Metrics) TickSkipped(workflow string) {
+	m.ticksSkipped.WithLabelValues(workflow).Inc()
 }
 
 // watchStore registers the gauges read from store at scrape time. A

@@ -299,12 +299,14 @@
     const params = new URLSearchParams(query || "");
     const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
     for (const a of document.querySelectorAll("[data-nav]")) {
-      a.classList.toggle("active", a.dataset.nav === (parts[0] === "workflows" ? "workflows" : "instances"));
+      const nav = parts[0] === "workflows" || parts[0] === "schedules" ? parts[0] : "instances";
+      a.classList.toggle("active", a.dataset.nav === nav);
     }
     let page;
     if (parts[0] === "instances" && parts[1]) page = instancePage(parts[1]);
     else if (parts[0] === "workflows" && parts[1]) page = workflowPage(parts[1]);
     else if (parts[0] === "workflows") page = workflowsPage();
+    else if (parts[0] === "schedules") page = schedulesPage();
     else page = instancesPage(params);
     poll(generation, page);
   }
@@ -733,6 +735,63 @@
       inst = data;
       document.title = inst.workflow + " " + shortID(inst.id) + " · " + inst.status + " · dagrun";
       render();
+    }
+    return { refresh };
+  }
+
+  // ---- Schedules ----
+
+  // One row per schedule of the loaded workflows, with its next fire times
+  // in its own zone, its last instance, and a pause/resume button (the
+  // pause is stored: every scheduler obeys it, restarts keep it).
+  function schedulesPage() {
+    const tbody = el("tbody");
+    append(main, [
+      el("div", { class: "page-head" }, el("h1", {}, "Schedules")),
+      el("div", { class: "card" }, el("table", { id: "schedules" },
+        el("thead", {}, el("tr", {}, ["Workflow", "#", "Cron", "Timezone", "Next", "Last instance", "Fired / skipped", ""].map((h) => el("th", {}, h)))),
+        tbody)),
+    ]);
+    function zoned(iso, zone) {
+      try {
+        return new Date(iso).toLocaleString(undefined, { timeZone: zone, dateStyle: "medium", timeStyle: "short" }) + " " + zone;
+      } catch (_) { return fmtTime(iso); }
+    }
+    async function toggle(s, button) {
+      button.disabled = true;
+      try {
+        await api("POST", "schedules/" + encodeURIComponent(s.workflow) + "/" + s.index + "/" + (s.paused ? "resume" : "pause"));
+        showError(null);
+        await refresh(generation);
+      } catch (err) { showError(err); button.disabled = false; }
+    }
+    async function refresh(gen) {
+      const list = await api("GET", "schedules");
+      if (gen !== generation) return false;
+      clear(tbody);
+      if (!list.length) {
+        tbody.appendChild(el("tr", {}, el("td", { colspan: 8, class: "empty" }, "No schedules: add a schedule: list to a workflow file and restart dagrun serve.")));
+      }
+      for (const s of list) {
+        const next = s.paused ? el("span", { class: "muted" }, "paused")
+          : el("span", { title: s.next.map((t) => zoned(t, s.timezone)).join("\n") }, s.next.length ? zoned(s.next[0], s.timezone) : "never");
+        const last = s.lastInstance
+          ? el("span", {}, link("/instances/" + encodeURIComponent(s.lastInstance.id), shortID(s.lastInstance.id)), " ",
+            s.lastInstance.status ? badge(s.lastInstance.status) : el("span", { class: "muted" }, "pruned"))
+          : el("span", { class: "muted" }, "none yet");
+        const button = el("button", { type: "button", class: s.paused ? "primary" : "", "data-schedule": s.workflow + "/" + s.index },
+          s.paused ? "Resume" : "Pause");
+        button.addEventListener("click", () => toggle(s, button));
+        tbody.appendChild(el("tr", { class: s.paused ? "paused" : "" },
+          el("td", {}, link("/workflows/" + encodeURIComponent(s.workflow), s.workflow)),
+          el("td", { class: "num" }, String(s.index)),
+          el("td", { class: "mono" }, s.cron),
+          el("td", {}, s.timezone),
+          el("td", {}, next),
+          el("td", {}, last),
+          el("td", { class: "num" }, s.fired + " / " + s.skipped),
+          el("td", {}, button)));
+      }
     }
     return { refresh };
   }
