@@ -1,0 +1,79 @@
+package e2e
+
+import (
+	"encoding/json"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+const everySecondYAML = `name: every-second
+schedule:
+  - cron: "@every 1s"
+    overlap: allow
+steps:
+  - name: tick
+    handler: echo
+`
+
+// scheduledTicks lists the every-second instances and returns the tick
+// each was started for (from its idempotency key), sorted, duplicates kept.
+func (e *env) scheduledTicks(t *testing.T) []time.Time {
+	t.Helper()
+	res := e.mustRun(t, "list", "--workflow", "every-second", "--limit", "10000", "--json")
+	var list []struct {
+		Key *string `json:"key"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &list), res.stdout)
+	ticks := make([]time.Time, 0, len(list))
+	for _, in := range list {
+		require.NotNil(t, in.Key, "a scheduled instance has the tick as its key")
+		parts := strings.SplitN(*in.Key, ":", 3) // schedule:FINGERPRINT:TICK
+		require.Len(t, parts, 3, *in.Key)
+		tick, err := time.Parse(time.RFC3339, parts[2])
+		require.NoError(t, err, *in.Key)
+		ticks = append(ticks, tick)
+	}
+	sort.Slice(ticks, func(i, j int) bool { return ticks[i].Before(ticks[j]) })
+	return ticks
+}
+
+// TestScheduleOneInstancePerTickAcrossProcesses runs three workers, each
+// with its scheduler, on one database, with a schedule that ticks every
+// second, for about 20 seconds, and SIGKILLs one of them in the middle:
+// every tick from the first to the last started exactly one instance.
+func TestScheduleOneInstancePerTickAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, db string) {
+		e := newEnv(t, db, map[string]string{"every-second.yaml": everySecondYAML})
+		e.mustRun(t, "schedules") // creates and migrates the database once
+		var procs []*process
+		for range 3 {
+			procs = append(procs, e.spawn(t, "worker", "--concurrency", "4"))
+		}
+		for _, p := range procs {
+			waitFor(t, 30*time.Second, "the scheduler to start", func() bool {
+				return strings.Contains(p.stderr.String(), "scheduler started")
+			})
+		}
+		waitFor(t, 30*time.Second, "ten ticks", func() bool { return len(e.scheduledTicks(t)) >= 10 })
+		procs[1].kill(t)
+		killedAt := len(e.scheduledTicks(t))
+		waitFor(t, 30*time.Second, "ten more ticks after the kill", func() bool { return len(e.scheduledTicks(t)) >= killedAt+10 })
+		procs[0].stop(t)
+		procs[2].stop(t)
+
+		ticks := e.scheduledTicks(t)
+		require.GreaterOrEqual(t, len(ticks), 20)
+		for i := 1; i < len(ticks); i++ {
+			require.Equal(t, time.Second, ticks[i].Sub(ticks[i-1]),
+				"ticks %s and %s: one instance per tick, no gap and no duplicate", ticks[i-1].Format(time.TimeOnly), ticks[i].Format(time.TimeOnly))
+		}
+		for _, p := range []*process{procs[0], procs[2]} {
+			require.NotContains(t, p.stderr.String(), "could not start due ticks", "dagrun %v", p.args)
+		}
+	})
+}
