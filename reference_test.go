@@ -38,6 +38,7 @@ func TestWorkflowReferenceIsComplete(t *testing.T) {
 		{"Defaults", keys.Defaults},
 		{"Step fields", keys.Step},
 		{"retry", keys.Retry},
+		{"schedule", keys.Schedule},
 	}
 	for _, tt := range tables {
 		t.Run("Keys/"+tt.heading, func(t *testing.T) {
