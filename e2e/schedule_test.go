@@ -2,11 +2,15 @@ package e2e
 
 import (
 	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 )
 
@@ -76,4 +80,56 @@ func TestScheduleOneInstancePerTickAcrossProcesses(t *testing.T) {
 			require.NotContains(t, p.stderr.String(), "could not start due ticks", "dagrun %v", p.args)
 		}
 	})
+}
+
+const browserNightly = `name: nightly
+schedule:
+  - cron: "0 3 * * *"
+    timezone: Europe/Berlin
+  - cron: "@every 1h"
+steps:
+  - name: report
+    handler: echo
+`
+
+// TestBrowserSchedulesPage opens the Schedules page, pauses a schedule with
+// its button, and checks the pause through the API.
+func TestBrowserSchedulesPage(t *testing.T) {
+	chromium := browserChromium(t)
+	dir := t.TempDir()
+	workflows := filepath.Join(dir, "workflows")
+	require.NoError(t, os.MkdirAll(workflows, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(workflows, "nightly.yaml"), []byte(browserNightly), 0o644))
+	const token = "browser-test-token"
+	base := browserServe(t, binary, dir, workflows, token)
+	apiClient := &browserAPI{base: base, token: token}
+
+	ctx := browserContext(t, chromium)
+	console := browserWatchConsole(ctx)
+	browserSignIn(t, ctx, console, base, token, 1280, 800)
+	button := `button[data-schedule="nightly/0"]`
+	browserDo(t, ctx, console, "open the schedules",
+		chromedp.Navigate(base+"#/schedules"),
+		chromedp.WaitVisible(chromedp.CSS(`#schedules `+button)),
+		chromedp.WaitVisible(chromedp.CSS(`#schedules button[data-schedule="nightly/1"]`)),
+	)
+	text, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#schedules").innerText`))
+	require.NoError(t, err)
+	require.Contains(t, text, "0 3 * * *")
+	require.Contains(t, text, "Europe/Berlin")
+	require.Contains(t, text, "@every 1h")
+	browserDo(t, ctx, console, "pause the nightly schedule",
+		chromedp.Click(chromedp.CSS(`#schedules `+button)),
+		chromedp.WaitVisible(chromedp.CSS(`#schedules tr.paused `+button)),
+	)
+	browserScreenshot(t, ctx, "browser-schedules.png")
+	var list []struct {
+		Index  int  `json:"index"`
+		Paused bool `json:"paused"`
+	}
+	apiClient.call(t, http.MethodGet, "/api/schedules", "", http.StatusOK, &list)
+	require.Len(t, list, 2)
+	require.True(t, list[0].Paused)
+	require.False(t, list[1].Paused)
+	browserRequireNoErrors(t, console)
 }
