@@ -78,7 +78,10 @@ func (s *Schedule) Next(t time.Time) time.Time {
 	if s.spec == nil {
 		return t.Truncate(s.every).Add(s.every)
 	}
-	for range 8 { // a repeated wall-clock time is skipped at most once in a row
+	// A fall-back transition repeats at most a few hours of wall-clock
+	// time, at most 60 ticks an hour: the bound is never reached by a cron
+	// that fires again.
+	for range 1000 {
 		n := s.spec.Next(t)
 		if n.IsZero() || !repeatedWallClock(n.In(s.Location)) {
 			return n.UTC()

@@ -56,7 +56,7 @@ func TestScheduleNextAcrossDST(t *testing.T) {
 		{"America/New_York", time.Date(2027, 11, 7, 0, 0, 0, 0, time.UTC)},
 	}
 	crons := []string{"30 2 * * *", "0 2 * * *", "59 1 * * *", "0 3 * * *", "30 1 * * *",
-		"0 * * * *", "*/15 * * * *", "0 0 * * *", "@hourly", "@daily", "15 1-3 * * *"}
+		"0 * * * *", "*/15 * * * *", "* * * * *", "0 0 * * *", "@hourly", "@daily", "15 1-3 * * *"}
 	for _, tr := range transitions {
 		for _, expr := range crons {
 			t.Run(tr.zone+"/"+tr.day.Format(time.DateOnly)+"/"+expr, func(t *testing.T) {
@@ -67,6 +67,7 @@ func TestScheduleNextAcrossDST(t *testing.T) {
 				require.NotEmpty(t, want)
 				var got []time.Time
 				for n := s.Next(from.Add(-time.Second)); n.Before(to); n = s.Next(n) {
+					require.False(t, n.IsZero(), "the cron stopped firing after %v", got)
 					got = append(got, n)
 				}
 				require.Equal(t, want, got)
@@ -137,4 +138,28 @@ steps:
 	require.Equal(t, OverlapSkip, b.Overlap)
 	require.Zero(t, b.Catchup)
 	require.NotEqual(t, a.Fingerprint(), b.Fingerprint())
+}
+
+// FuzzCron feeds arbitrary cron text to the schedule parser: it must
+// refuse or accept it, never panic, and an accepted cron's next tick is
+// after the time asked about.
+func FuzzCron(f *testing.F) {
+	for _, s := range []string{"0 3 * * *", "*/15 8-18 * * mon-fri", "@every 10m", "@daily", "0 0 30 2 *", "*/0 * * * *", "TZ=", "@every -1s", "60 * * * *", "1-0 * * * *"} {
+		f.Add(s)
+	}
+	at := time.Date(2027, 10, 31, 0, 0, 0, 0, time.UTC)
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, expr string) {
+		spec, every, msg := parseCron(expr, berlin)
+		if msg != "" {
+			return
+		}
+		s := &Schedule{spec: spec, every: every, Location: berlin}
+		if n := s.Next(at); !n.IsZero() && !n.After(at) {
+			t.Fatalf("cron %q: next tick %s is not after %s", expr, n, at)
+		}
+	})
 }

@@ -12,9 +12,8 @@ import (
 )
 
 // registerScheduleSQL creates a schedule's row, or starts it over from $5
-// when its fingerprint changed; an unchanged row is left as it is (and
-// not even rewritten, so that every process's start does not queue on
-// the rows' locks).
+// when its fingerprint changed; an unchanged row is left as it is, not
+// rewritten, so every process's start adds no dead row versions.
 const registerScheduleSQL = `
 INSERT INTO {s}schedules AS s (workflow, position, fingerprint, last_tick, updated_at)
 VALUES ($2, $3, $4, $5, {now})
