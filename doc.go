@@ -16,6 +16,10 @@
 //	worker, _ := engine.NewWorker(&dagrun.WorkerConfig{Concurrency: 8})
 //	_ = worker.Run(ctx) // until ctx is cancelled
 //
+// A Scheduler (engine.NewScheduler) starts the instances of the workflows'
+// schedule: lists; any number of them may run against one database, and
+// each tick still starts one instance.
+//
 // # Guarantees
 //
 // State transitions happen exactly once: every transition is one
