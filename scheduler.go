@@ -189,10 +189,10 @@ func (s *Scheduler) FireDue(ctx context.Context) (time.Time, error) {
 	for _, sch := range s.loaded {
 		w := s.owner[sch]
 		st, ok := byKey[scheduleKey{w.Name, sch.Index}]
-		if !ok || st.Fingerprint != sch.Fingerprint() {
-			// Another process registered another version of the file
-			// since (or the row is new): claim the index back for this
-			// version; the store never moves a last tick backwards.
+		switch {
+		case !ok:
+			// Registered after this scheduler started (the row was
+			// deleted by hand, say): register it now.
 			got, err := s.engine.store.RegisterSchedules(ctx, storage.RegisterSchedulesParams{
 				Specs: []storage.ScheduleSpec{scheduleSpec(w, sch)}, Now: s.config.Now()})
 			if err != nil {
@@ -200,6 +200,11 @@ func (s *Scheduler) FireDue(ctx context.Context) (time.Time, error) {
 				continue
 			}
 			st = got[0]
+		case st.Fingerprint != sch.Fingerprint():
+			// A process started since with another version of the file
+			// registered its own schedule at this index: the last process
+			// to start decides, and this one fires nothing there.
+			continue
 		}
 		n, err := s.fireSchedule(ctx, w, sch, st)
 		if err != nil {

@@ -416,3 +416,35 @@ func TestSchedulerRunStartsInstancesAndStops(t *testing.T) {
 		require.NoError(t, <-done)
 	})
 }
+
+// TestSchedulerMixedVersions runs an old and a new version of a file side
+// by side, as a rolling deploy does: the schedule at index 0 is the one the
+// process started last registered, and the other process fires nothing
+// there, rather than both taking the index back from each other.
+func TestSchedulerMixedVersions(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		store := open(t)
+		start := time.Date(2027, 5, 1, 12, 0, 0, 0, time.UTC)
+		clock := newFakeClock(start)
+		_, old := newScheduler(t, store, clock, nil, scheduledWorkflow("report", `{cron: "@every 1m", overlap: allow}`))
+		clock.Advance(10 * time.Second)
+		engine, current := newScheduler(t, store, clock, nil, scheduledWorkflow("report", `{cron: "@every 2m", overlap: allow}`))
+		for m := 1; m <= 10; m++ {
+			clock.Set(start.Add(time.Duration(m)*time.Minute + time.Second))
+			for _, s := range []*dagrun.Scheduler{old, current} {
+				_, err := s.FireDue(t.Context())
+				require.NoError(t, err)
+			}
+		}
+		w, _ := engine.Workflow("report")
+		var want []time.Time
+		for m := 2; m <= 10; m += 2 {
+			want = append(want, start.Add(time.Duration(m)*time.Minute))
+		}
+		require.Equal(t, want, ticks(t, store, w.Schedules[0]))
+		all, err := store.ListInstances(t.Context(), storage.ListParams{Limit: 100})
+		require.NoError(t, err)
+		require.Len(t, all, len(want), "the old version fired nothing")
+	})
+}
