@@ -325,8 +325,8 @@ type ScheduleInfo struct {
 	Timezone string
 	Overlap  dag.Overlap
 	Catchup  time.Duration
-	// Next are the next fire times (none while paused is still listed:
-	// they are when it would fire).
+	// Next are the next fire times; a paused schedule lists them too, as
+	// the times it would fire.
 	Next   []time.Time
 	Paused bool
 	// LastInstanceID and LastInstanceStatus are the instance the schedule

@@ -72,6 +72,7 @@ func TestScheduleOneInstancePerTickAcrossProcesses(t *testing.T) {
 
 		ticks := e.scheduledTicks(t)
 		require.GreaterOrEqual(t, len(ticks), 20)
+		t.Logf("%d ticks, %s to %s, the kill after the %dth", len(ticks), ticks[0].Format(time.TimeOnly), ticks[len(ticks)-1].Format(time.TimeOnly), killedAt)
 		for i := 1; i < len(ticks); i++ {
 			require.Equal(t, time.Second, ticks[i].Sub(ticks[i-1]),
 				"ticks %s and %s: one instance per tick, no gap and no duplicate", ticks[i-1].Format(time.TimeOnly), ticks[i].Format(time.TimeOnly))
