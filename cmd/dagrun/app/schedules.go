@@ -142,6 +142,7 @@ func (c *cli) scheduleCommand() *cobra.Command {
 // beside it still has steps to run.
 func (c *cli) startScheduler(ctx context.Context, engine *dagrun.Engine, disabled bool) (wait func()) {
 	if disabled {
+		c.logger.Info("dagrun scheduler off (--no-schedules): this process starts no scheduled instances")
 		return func() {}
 	}
 	s, err := engine.NewScheduler(nil)

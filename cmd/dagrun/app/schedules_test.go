@@ -1,9 +1,14 @@
 package app_test
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -114,5 +119,60 @@ func TestScheduleCommandErrors(t *testing.T) {
 	}
 	for _, s := range b.schedules(t) {
 		require.False(t, s.Paused, "a refused command writes nothing")
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe to read while a command writes it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestWorkerRunsTheScheduler runs `dagrun worker` with and without
+// --no-schedules until its log says what it did about the scheduler.
+func TestWorkerRunsTheScheduler(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"worker"}, "scheduler started"},
+		{[]string{"worker", "--no-schedules"}, "dagrun scheduler off (--no-schedules)"},
+		{[]string{"serve", "--addr", "127.0.0.1:0"}, "scheduler started"},
+		{[]string{"serve", "--addr", "127.0.0.1:0", "--no-schedules"}, "dagrun scheduler off (--no-schedules)"},
+	}
+	for _, tc := range cases {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			dir := t.TempDir()
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "nightly.yaml"), []byte(nightlyWorkflow), 0o644))
+			b.env["DAGRUN_WORKFLOWS"] = dir
+			ctx, cancel := context.WithCancel(t.Context())
+			var stderr lockedBuffer
+			done := make(chan int, 1)
+			go func() {
+				done <- app.Run(ctx, tc.args, &app.IO{Stdout: io.Discard, Stderr: &stderr,
+					Getenv: func(name string) string { return b.env[name] }}, b.registry)
+			}()
+			require.Eventually(t, func() bool { return strings.Contains(stderr.String(), tc.want) }, 20*time.Second, 10*time.Millisecond)
+			cancel()
+			require.Equal(t, app.ExitOK, <-done, stderr.String())
+			if strings.Contains(tc.want, "off") {
+				require.NotContains(t, stderr.String(), "scheduler started")
+			}
+		})
 	}
 }
