@@ -21,6 +21,9 @@ type StepInfo struct {
 	// FirstStartedAt is when the step's first attempt started. It is stable
 	// across attempts and snoozes, which is what a durable timer needs.
 	FirstStartedAt time.Time
+	// Item is the index of the item being run for an item of a forEach
+	// step, -1 for a step.
+	Item int
 }
 
 // infoKey is the context key for StepInfo; an unexported type keeps other

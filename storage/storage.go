@@ -99,6 +99,12 @@ type StepSpec struct {
 	Retry     RetryPolicy
 	// Timeout bounds one attempt; zero means no timeout.
 	Timeout time.Duration
+	// ItemConcurrency caps the items of this step running at once per instance; 0 = no cap.
+	ItemConcurrency int
+	// ForEach marks a forEach step (its row never runs a handler itself).
+	ForEach bool
+	// ContinueOnError: an item's terminal failure waits for the other items (output null for it) instead of cancelling them.
+	ContinueOnError bool
 }
 
 // CreateParams describes one instance to create.
@@ -189,6 +195,8 @@ type ClaimedStep struct {
 	// ReadyAt is when the step became ready, for queue-wait metrics.
 	ReadyAt    time.Time
 	LeaseUntil time.Time
+	// Item is the item's index for an item of a forEach step, -1 for a step.
+	Item int
 }
 
 // Outcome is how an attempt ended.
@@ -271,6 +279,12 @@ type StepChange struct {
 	Status StepStatus
 	Input  json.RawMessage
 	Error  string
+	// Items, with Status running, expands the step into one pending item per
+	// resolved input, in index order. A forEach step over an empty list is
+	// completed directly with Output [] instead.
+	Items []json.RawMessage
+	// Output is the output of a step a plan completes directly.
+	Output json.RawMessage
 }
 
 // InstanceChange finishes an instance.
@@ -337,6 +351,35 @@ type Step struct {
 	FinishedAt *time.Time
 	LeaseUntil *time.Time
 	WorkerID   string
+	// Items counts the items of an expanded forEach step; nil for any other step.
+	Items *ItemCounts
+}
+
+// ItemCounts counts the items of a forEach step by status.
+type ItemCounts struct{ Total, Pending, Running, Completed, Failed, Cancelled int }
+
+// Item is one item of a forEach step.
+type Item struct {
+	Index      int
+	Status     StepStatus
+	Attempts   int
+	Input      json.RawMessage
+	Output     json.RawMessage
+	Error      string
+	StartedAt  *time.Time
+	FinishedAt *time.Time
+	WorkerID   string
+}
+
+// ItemsParams pages the items of one step, in index order.
+type ItemsParams struct {
+	InstanceID string
+	Step       string
+	Offset     int
+	// Limit defaults to 100 when zero.
+	Limit int
+	// Status, when set, returns only the items in that status.
+	Status StepStatus
 }
 
 // EventType names one kind of transition in the history.
@@ -531,6 +574,10 @@ type Store interface {
 	// ListInstances returns instances with their steps (no events), newest
 	// first.
 	ListInstances(ctx context.Context, p ListParams) ([]Instance, error)
+
+	// ListItems returns a page of a forEach step's items in index order.
+	// ErrNotFound when the instance or step does not exist.
+	ListItems(ctx context.Context, p ItemsParams) ([]Item, error)
 
 	// Stats summarises instances and steps per workflow, and unfinished
 	// steps per queue, as of the store's clock.
