@@ -168,10 +168,15 @@ type UnknownWorkflowError struct {
 }
 
 func (e *UnknownWorkflowError) Error() string {
-	if len(e.Available) == 0 {
-		return fmt.Sprintf("unknown workflow %q: no workflows are loaded (put WORKFLOW.yaml files in the workflows folder)", e.Name)
+	// A caller's name may be anything, 10 KB included: repeat only its start.
+	name := e.Name
+	if len(name) > 64 {
+		name = name[:64] + "…"
 	}
-	return fmt.Sprintf("unknown workflow %q (available: %s)", e.Name, strings.Join(e.Available, ", "))
+	if len(e.Available) == 0 {
+		return fmt.Sprintf("unknown workflow %q: no workflows are loaded (put WORKFLOW.yaml files in the workflows folder)", name)
+	}
+	return fmt.Sprintf("unknown workflow %q (available: %s)", name, strings.Join(e.Available, ", "))
 }
 
 func (e *Engine) lookupWorkflow(name string) (*dag.Workflow, error) {
@@ -234,11 +239,17 @@ func (e *Engine) Definition(inst *storage.Instance) (*dag.Workflow, error) {
 
 // Get returns an instance with its steps and history.
 func (e *Engine) Get(ctx context.Context, id string) (*storage.Instance, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
 	return e.store.GetInstance(ctx, id)
 }
 
 // List returns instances, newest first.
 func (e *Engine) List(ctx context.Context, p storage.ListParams) ([]storage.Instance, error) {
+	if err := validateList(p); err != nil {
+		return nil, err
+	}
 	return e.store.ListInstances(ctx, p)
 }
 
@@ -246,6 +257,9 @@ func (e *Engine) List(ctx context.Context, p storage.ListParams) ([]storage.Inst
 // cancelled at once in this process, and at their worker's next heartbeat
 // in others.
 func (e *Engine) Cancel(ctx context.Context, id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
 	if err := e.store.CancelInstance(ctx, id, "cancelled by request"); err != nil {
 		if errors.Is(err, storage.ErrConflict) {
 			return fmt.Errorf("instance %s is already finished: %w", id, err)
@@ -263,6 +277,9 @@ func (e *Engine) Cancel(ctx context.Context, id string) error {
 // Retry re-arms a failed or cancelled instance: failed and cancelled steps
 // run again with fresh attempts, completed outputs are kept.
 func (e *Engine) Retry(ctx context.Context, id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
 	rec := e.newFinishRecorder()
 	if err := e.store.RetryInstance(ctx, id, rec.plan); err != nil {
 		if errors.Is(err, storage.ErrConflict) {

@@ -42,6 +42,9 @@ func (e *Engine) notifyChanged() { e.changes.signal() }
 // Follow calls observe with the instance whenever it may have changed, until
 // it is finished or ctx ends, and returns its final state.
 func (e *Engine) Follow(ctx context.Context, id string, observe func(*storage.Instance)) (*storage.Instance, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
 	poll := time.NewTicker(followPoll)
 	defer poll.Stop()
 	for {

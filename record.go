@@ -117,7 +117,7 @@ func (w *Worker) store(batch []finished, lastErr error) []storage.FinishResult {
 			if transientCommitError(lastErr) {
 				limit = maxUnavailableTries
 			}
-			if tries >= limit || !w.holdsAny(batch) {
+			if tries >= limit || !w.holdsAny(batch) || errors.Is(lastErr, storage.ErrDatabaseLost) {
 				break
 			}
 			w.logger.Error("dagrun: finish steps", slog.Any("error", lastErr), slog.Int("results", len(batch)), slog.Duration("retry_in", delay))
@@ -132,6 +132,11 @@ func (w *Worker) store(batch []finished, lastErr error) []storage.FinishResult {
 			return out
 		}
 		lastErr = err
+	}
+	if errors.Is(lastErr, storage.ErrDatabaseLost) {
+		w.logger.Error("dagrun: finish steps: the database is lost; these results are not recorded",
+			slog.Any("error", lastErr), slog.Int("results", len(batch)))
+		return make([]storage.FinishResult, len(batch))
 	}
 	if !w.holdsAny(batch) {
 		w.logger.Error("dagrun: finish steps: giving up, leases lost; their steps run again once recovered",

@@ -20,10 +20,13 @@ import (
 type StartOptions struct {
 	// Key makes the start idempotent: a second start of the same workflow
 	// with the same key returns the first instance instead of a new one.
+	// Valid UTF-8 without NUL bytes, at most MaxKeyBytes (512) bytes.
 	Key string
 	// Priority orders ready steps across instances: higher runs first.
+	// From MinPriority to MaxPriority (-1,000,000 to 1,000,000).
 	Priority int
-	// Delay postpones the instance's first steps.
+	// Delay postpones the instance's first steps. From 0 to MaxDelay
+	// (a year).
 	Delay time.Duration
 }
 
@@ -91,6 +94,9 @@ func (e *Engine) start(ctx context.Context, tx any, reqs []StartRequest) ([]Star
 	params := make([]storage.CreateParams, len(reqs))
 	now := time.Now()
 	for i, req := range reqs {
+		if err := req.Options.Validate(); err != nil {
+			return nil, err
+		}
 		w, err := e.lookupWorkflow(req.Workflow)
 		if err != nil {
 			return nil, err
@@ -98,9 +104,6 @@ func (e *Engine) start(ctx context.Context, tx any, reqs []StartRequest) ([]Star
 		input, err := e.decodeInput(w, req.Input)
 		if err != nil {
 			return nil, err
-		}
-		if req.Options.Delay < 0 {
-			return nil, fmt.Errorf("start %s: negative delay %s", w.Name, req.Options.Delay)
 		}
 		id, err := uuid.NewV7()
 		if err != nil {
@@ -162,6 +165,9 @@ func (e *Engine) decodeInput(w *dag.Workflow, raw json.RawMessage) (json.RawMess
 		// JSON text is UTF-8 (RFC 8259 §8.1); encoding/json would accept
 		// it, but PostgreSQL's json type refuses it.
 		return nil, &InputError{Workflow: w.Name, Err: errors.New("input is not valid JSON: it is not valid UTF-8")}
+	}
+	if depth := inputDepth(raw, MaxInputDepth); depth > MaxInputDepth {
+		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input nests arrays and objects more than %d levels deep; flatten it", MaxInputDepth)}
 	}
 	var value any
 	dec := json.NewDecoder(bytes.NewReader(raw))

@@ -3,6 +3,7 @@ package dagrun
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -63,20 +64,6 @@ func (c *WorkerConfig) withDefaults() *WorkerConfig {
 	return &out
 }
 
-func (c *WorkerConfig) validate() error {
-	switch {
-	case c.Concurrency < 1:
-		return fmt.Errorf("worker concurrency must be at least 1, got %d", c.Concurrency)
-	case c.Lease < 10*time.Millisecond:
-		return fmt.Errorf("worker lease must be at least 10ms, got %s", c.Lease)
-	case c.Poll < time.Millisecond:
-		return fmt.Errorf("worker poll interval must be at least 1ms, got %s", c.Poll)
-	case c.ShutdownGrace < 0:
-		return fmt.Errorf("worker shutdown grace must not be negative, got %s", c.ShutdownGrace)
-	}
-	return nil
-}
-
 // Worker claims ready steps and runs their handlers. Create it with
 // Engine.NewWorker and run it with Run.
 //
@@ -121,10 +108,10 @@ func (e *Engine) NewWorker(config *WorkerConfig) (*Worker, error) {
 	if config == nil {
 		config = &WorkerConfig{}
 	}
-	config = config.withDefaults()
-	if err := config.validate(); err != nil {
+	if err := config.Validate(); err != nil {
 		return nil, err
 	}
+	config = config.withDefaults()
 	return &Worker{
 		engine:      e,
 		config:      config,
@@ -146,7 +133,9 @@ func (w *Worker) ID() string { return w.config.ID }
 // cancels the rest, records every result it has, and releases the claims
 // of steps that did not finish. A handler that ignores its cancelled
 // context does not keep Run from returning: it is left running, and its
-// step is released.
+// step is released. When the store reports its database lost
+// (storage.ErrDatabaseLost), Run cancels its handlers at once and returns
+// that error.
 func (w *Worker) Run(ctx context.Context) error {
 	defer w.watchClock(ctx)()
 	wake, unsubscribe := w.engine.store.Subscribe()
@@ -166,21 +155,28 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	w.engine.addWorker(w)
 	defer w.engine.removeWorker(w)
-	w.claimLoop(ctx, wake)
+	lost := w.claimLoop(ctx, wake)
 	w.mu.Lock()
 	w.stopping = true
 	w.mu.Unlock()
 
+	if lost != nil {
+		// No result can be recorded any more: stop the handlers now.
+		w.logger.Error("dagrun: worker stopping: its database is lost", slog.Any("error", lost))
+		cancelHandlers(errShutdown)
+	}
 	w.drain(cancelHandlers)
 	stopRecorder()
 	<-recorderDone
 	stopHeartbeat()
 	<-heartbeatDone
 	w.releaseUnfinished()
-	return nil
+	return lost
 }
 
-func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) {
+// claimLoop claims until ctx ends, or returns the error when the store
+// reports its database lost.
+func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 	poll := time.NewTicker(w.config.Poll)
 	defer poll.Stop()
 	recoverEvery := time.NewTicker(max(w.config.Lease/2, 5*time.Millisecond))
@@ -193,7 +189,10 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) {
 			if err != nil {
 				w.slots.give(free)
 				if ctx.Err() != nil {
-					return
+					return nil
+				}
+				if errors.Is(err, storage.ErrDatabaseLost) {
+					return err
 				}
 				errorDelay = min(max(2*errorDelay, 50*time.Millisecond), 5*time.Second)
 				w.logger.ErrorContext(ctx, "dagrun: claim steps", slog.Any("error", err), slog.Duration("retry_in", errorDelay))
@@ -223,6 +222,7 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) {
 			w.recoverExpired(ctx)
 		}
 	}
+	return nil
 }
 
 func (w *Worker) claimParams(limit int) storage.ClaimParams {

@@ -15,9 +15,9 @@ import (
 
 // namePattern is shared by workflow, step and queue names: safe in file names,
 // URLs, metrics labels and Mermaid ids without quoting.
-var namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
+var namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
 
-const nameRule = `use lowercase letters, digits, ".", "_" and "-", starting with a letter or digit`
+const nameRule = `use at most 128 lowercase letters, digits, ".", "_" and "-", starting with a letter or digit`
 
 // stepBuild is a step being built, with the nodes later checks point at.
 type stepBuild struct {

@@ -59,6 +59,29 @@ func badInputCases() []badCase {
 		{name: "extra-argument", args: []string{"status", unknownID, "extra"}, code: 2},
 		{name: "unknown-command", args: []string{"stat", unknownID}, code: 2},
 		{name: "bad-log-format", args: []string{"list", "--log-format", "xml"}, code: 2},
+		// Numbers out of what every backend stores.
+		{name: "priority-int32-min", args: []string{"start", "order-processing", "--input", validOrder, "--priority", "-2147483648"}, code: 2},
+		{name: "priority-wraps-to-int32-min", args: []string{"start", "order-processing", "--input", validOrder, "--priority", "2147483648"}, code: 2},
+		{name: "priority-past-int64", args: []string{"start", "order-processing", "--input", validOrder, "--priority", "99999999999999999999"}, code: 2},
+		{name: "delay-negative", args: []string{"start", "order-processing", "--input", validOrder, "--delay", "-5m"}, code: 2},
+		{name: "delay-too-long", args: []string{"start", "order-processing", "--input", validOrder, "--delay", "100000h"}, code: 2},
+		{name: "list-limit-too-large", args: []string{"list", "--limit", "100000"}, code: 2},
+		{name: "worker-concurrency-huge", args: []string{"worker", "--concurrency", "1000000000"}, code: 2},
+		{name: "worker-lease-too-long", args: []string{"worker", "--lease", "1000h"}, code: 2},
+		// Strings no backend can hold.
+		{name: "key-too-long", args: []string{"start", "order-processing", "--input", validOrder, "--key", strings.Repeat("k", 10<<10)}, code: 2},
+		{name: "key-not-utf8", args: []string{"start", "order-processing", "--input", validOrder, "--key", "a\xffb"}, code: 2},
+		{name: "status-id-not-utf8", args: []string{"status", "a\xffb"}, code: 2},
+		{name: "cancel-id-too-long", args: []string{"cancel", strings.Repeat("i", 10<<10)}, code: 2},
+		{name: "retry-id-not-utf8", args: []string{"retry", "a\xffb"}, code: 2},
+		{name: "list-workflow-not-utf8", args: []string{"list", "--workflow", "a\xffb"}, code: 2},
+		{name: "worker-queue-not-utf8", args: []string{"worker", "--queues", "a\xffb"}, code: 2},
+		// Input nested past the documented depth.
+		{name: "input-nested-too-deep", args: []string{"start", "order-processing", "--input", `{"orderId": "A-1", "items": [` + strings.Repeat("[", 5000) + strings.Repeat("]", 5000) + `], "totalAmount": 1}`}, code: 2},
+		// A workflow name is a name, never a path (outside.yaml lies next to
+		// the workflows folder).
+		{name: "graph-name-is-not-a-path", args: []string{"graph", "../outside"}, code: 2},
+		{name: "start-name-is-not-a-path", args: []string{"start", "../outside", "--input", "{}"}, code: 2},
 	}
 }
 
@@ -86,6 +109,7 @@ func TestBadInput(t *testing.T) {
 		pad := strings.Repeat("x", 11<<20/10)
 		big := `{"orderId": "A-1", "items": [1], "totalAmount": 1, "pad": "` + pad + `"}`
 		require.NoError(t, os.WriteFile(filepath.Join(e.dir, "big.json"), []byte(big), 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(e.dir, "outside.yaml"), []byte("name: outside\nsteps:\n  - name: a\n    handler: echo\n"), 0o644))
 		e.mustRun(t, "list") // the database exists and is empty
 
 		for _, c := range badInputCases() {

@@ -125,8 +125,10 @@ func TestPrune(t *testing.T) {
 		prune := func(args ...string) string {
 			return strings.TrimSpace(e.mustRun(t, append([]string{"prune"}, args...)...).stdout)
 		}
-		require.Equal(t, "would prune 0 finished instances older than 1h0m0s", prune("--older-than", "1h", "--dry-run"))
-		require.Equal(t, "pruned 0 finished instances older than 1h0m0s", prune("--older-than", "1h"))
+		require.Equal(t, "would prune 0 finished instances older than 1h", prune("--older-than", "1h", "--dry-run"))
+		require.Equal(t, "pruned 0 finished instances older than 1h", prune("--older-than", "1h"))
+		require.Equal(t, "pruned 0 finished instances older than 7d", prune("--older-than", "7d"))
+		require.Equal(t, "pruned 0 finished instances older than 2w", prune("--older-than", "2w"))
 		b := bound()
 		require.Equal(t, fmt.Sprintf("would prune 1 finished instances older than %s", b), prune("--older-than", b.String(), "--dry-run"))
 		require.Equal(t, "completed", e.status(t, oldInst.ID).Status, "--dry-run deletes nothing")

@@ -29,6 +29,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -41,6 +42,11 @@ var (
 	ErrConflict = errors.New("conflict")
 	// ErrUnavailable wraps errors that mean the database cannot be reached.
 	ErrUnavailable = errors.New("storage unavailable")
+	// ErrDatabaseLost wraps ErrUnavailable for a database that is gone for
+	// good rather than out of reach for a while: its file was deleted,
+	// replaced or corrupted while the store had it open. Retrying cannot
+	// help, so a worker stops on it instead of running on.
+	ErrDatabaseLost = fmt.Errorf("%w: database lost", ErrUnavailable)
 )
 
 // InstanceStatus is the lifecycle state of a workflow instance.

@@ -17,6 +17,14 @@
 // Readiness is broadcast in-process by Subscribe after commits; other
 // processes on the same file see new work through the worker's polling.
 //
+// A write waits for another process's lock up to the busy timeout, in short
+// slices so that its context can end the wait; past the timeout it fails
+// as storage.ErrUnavailable, saying the file is locked. Before each
+// transaction the store checks that its path still names the file it
+// opened, at least a database header long: a file deleted, replaced,
+// truncated or corrupted under it is storage.ErrDatabaseLost from then on,
+// since SQLite itself would write on into a file no other process sees.
+//
 // Leases, run-after, ready and event times come from this machine's clock,
 // read in Go (Config.Now, time.Now by default). Every process sharing the
 // file runs on this one machine (SQLite's locking does not hold across a

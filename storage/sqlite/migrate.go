@@ -20,6 +20,12 @@ func (s *Store) migrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// A file that is up to date needs no write lock: a reader then opens
+	// it even while another process holds the lock.
+	var current int
+	if err := s.w.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM schema_migrations`).Scan(&current); err == nil && current == ms[len(ms)-1].Version {
+		return nil
+	}
 	return s.write(ctx, "migrate", func(t *txn) error {
 		if _, err := t.tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 			version    INTEGER PRIMARY KEY,

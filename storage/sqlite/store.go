@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mattn/go-sqlite3"
@@ -27,6 +29,11 @@ const (
 	BusyTimeoutDefault = 10 * time.Second
 	ReadConnsDefault   = 4
 )
+
+// busySlice is how long one attempt to take the write lock waits in
+// SQLite's own busy handler, which nothing interrupts; between slices a
+// write checks its context, so a signal ends a wait for the lock at once.
+const busySlice = 200 * time.Millisecond
 
 // Config tunes a Store. The zero value, and a nil *Config, mean defaults.
 type Config struct {
@@ -71,9 +78,24 @@ type Store struct {
 	own  bool    // Close closes w and r
 	name string  // the file, for error messages
 	now  func() time.Time
+	// busy is how long a write waits for the lock in busySlice attempts;
+	// zero for a pool from New, whose own busy timeout applies.
+	busy time.Duration
 
 	mu   sync.Mutex
 	subs map[chan struct{}]struct{}
+
+	// file is the database file as first opened, to notice when the path
+	// names another file (deleted, or replaced by a copy) while this
+	// process still writes to the old one; nil for an in-memory database.
+	file os.FileInfo
+	path string
+	// hadHeader is set once the file was seen holding a database header;
+	// a file that shrinks below one afterwards was truncated under us.
+	hadHeader atomic.Bool
+	// lost, once set, is returned by every later call: a database lost
+	// stays lost.
+	lost atomic.Pointer[error]
 }
 
 // DSN returns the data source name for the SQLite file at path with the
@@ -113,7 +135,7 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 	if path == "" {
 		return nil, errors.New("sqlite: empty database path")
 	}
-	w, err := sql.Open("sqlite3", dsn(path, cfg.BusyTimeout, false))
+	w, err := sql.Open("sqlite3", dsn(path, min(cfg.BusyTimeout, busySlice), false))
 	if err != nil {
 		return nil, interpretError(path, err)
 	}
@@ -123,8 +145,12 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 	w.SetMaxIdleConns(1)
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
-	s := &Store{w: w, r: w, own: true, name: path, now: cfg.Now}
+	s := &Store{w: w, r: w, own: true, name: path, now: cfg.Now, busy: cfg.BusyTimeout}
 	if err := s.migrate(ctx); err != nil {
+		_ = w.Close()
+		return nil, err
+	}
+	if err := s.rememberFile(ctx); err != nil {
 		_ = w.Close()
 		return nil, err
 	}
@@ -163,6 +189,9 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	}
 	s := &Store{w: db, r: db, name: "database", now: cfg.Now}
 	if err := s.migrate(context.Background()); err != nil {
+		return nil, err
+	}
+	if err := s.rememberFile(context.Background()); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -209,9 +238,76 @@ func (s *Store) notify() {
 	}
 }
 
+// rememberFile records which file the store opened, as SQLite names it.
+func (s *Store) rememberFile(ctx context.Context) error {
+	var path string
+	if err := s.w.QueryRowContext(ctx, `SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&path); err != nil {
+		return s.fail("open", err)
+	}
+	if path == "" {
+		return nil // in memory: there is no file to lose
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("%w: cannot read SQLite database %q: %v", storage.ErrUnavailable, s.name, err)
+	}
+	s.path, s.file = path, fi
+	s.hadHeader.Store(fi.Size() >= sqliteHeaderBytes)
+	return nil
+}
+
+// sqliteHeaderBytes is the size of the header every SQLite database file
+// starts with once anything was written to it (in WAL mode a new file may
+// be empty until the first checkpoint). No checkpoint or vacuum makes a
+// database file shorter than its header again.
+const sqliteHeaderBytes = 100
+
+// checkFile reports the database lost when its path no longer names the
+// file this store opened, or when that file shrank below a database
+// header. SQLite does not notice either at once: it writes on into a
+// deleted file, which no other process sees, while a new process creates a
+// fresh file at the path; and its page cache can answer without reading a
+// truncated file.
+func (s *Store) checkFile() error {
+	if lost := s.lost.Load(); lost != nil {
+		return *lost
+	}
+	if s.file == nil {
+		return nil
+	}
+	fi, err := os.Stat(s.path)
+	switch {
+	case errors.Is(err, os.ErrNotExist), err == nil && !os.SameFile(fi, s.file):
+		return s.markLost(fmt.Errorf("%w: SQLite database %q was deleted or replaced while this process had it open: "+
+			"stop every dagrun process using it, then restore the file from a backup or start afresh", storage.ErrDatabaseLost, s.name))
+	case err != nil:
+		return nil // a passing stat failure proves nothing; SQLite reports its own
+	case fi.Size() >= sqliteHeaderBytes:
+		s.hadHeader.Store(true)
+	case s.hadHeader.Load():
+		return s.markLost(s.damaged())
+	}
+	return nil
+}
+
+// damaged is the error of a file damaged under the store.
+func (s *Store) damaged() error {
+	return fmt.Errorf("%w: SQLite database %q was truncated, overwritten or corrupted while this process had it open: "+
+		"stop every dagrun process using it, then restore the file from a backup", storage.ErrDatabaseLost, s.name)
+}
+
+// markLost makes err the answer to every later call and returns it.
+func (s *Store) markLost(err error) error {
+	s.lost.CompareAndSwap(nil, &err)
+	return *s.lost.Load()
+}
+
 // write runs fn in one BEGIN IMMEDIATE transaction on the writer and commits.
 func (s *Store) write(ctx context.Context, op string, fn func(t *txn) error) error {
-	tx, err := s.w.BeginTx(ctx, nil)
+	if err := s.checkFile(); err != nil {
+		return err
+	}
+	tx, err := s.beginWrite(ctx)
 	if err != nil {
 		return s.fail(op, err)
 	}
@@ -230,9 +326,29 @@ func (s *Store) write(ctx context.Context, op string, fn func(t *txn) error) err
 	return nil
 }
 
+// beginWrite begins a BEGIN IMMEDIATE transaction, waiting for another
+// process's write lock for up to the busy timeout, one busySlice at a time
+// so that the wait ends as soon as ctx does.
+func (s *Store) beginWrite(ctx context.Context) (*sql.Tx, error) {
+	deadline := time.Now().Add(s.busy)
+	for {
+		tx, err := s.w.BeginTx(ctx, nil)
+		var se sqlite3.Error
+		if err == nil || !errors.As(err, &se) || se.Code != sqlite3.ErrBusy || ctx.Err() != nil || !time.Now().Before(deadline) {
+			if err != nil && ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return tx, err
+		}
+	}
+}
+
 // read runs fn in one read transaction on the read pool, so its queries see
 // one snapshot.
 func (s *Store) read(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
+	if err := s.checkFile(); err != nil {
+		return err
+	}
 	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return s.fail(op, err)
@@ -245,7 +361,13 @@ func (s *Store) read(ctx context.Context, op string, fn func(tx *sql.Tx) error) 
 }
 
 // fail prefixes err with the operation and translates it at the boundary.
+// Once the store is open, a file that reads as corrupt or as no database at
+// all was damaged under it: the database is lost.
 func (s *Store) fail(op string, err error) error {
+	var se sqlite3.Error
+	if s.file != nil && errors.As(err, &se) && (se.Code == sqlite3.ErrCorrupt || se.Code == sqlite3.ErrNotADB) {
+		return s.markLost(s.damaged())
+	}
 	err = interpretError(s.name, err)
 	if errors.Is(err, storage.ErrUnavailable) {
 		return err // already one complete line
@@ -274,6 +396,9 @@ func interpretError(name string, err error) error {
 			return fmt.Errorf("%w: SQLite database %q is corrupt: restore it from a backup", storage.ErrUnavailable, name)
 		case sqlite3.ErrFull:
 			return fmt.Errorf("%w: disk full writing SQLite database %q", storage.ErrUnavailable, name)
+		case sqlite3.ErrBusy, sqlite3.ErrLocked:
+			return fmt.Errorf("%w: SQLite database %q is locked: another process held its write lock for longer than the busy timeout; "+
+				"try again, and if it persists find the process holding the file (fuser %s)", storage.ErrUnavailable, name, name)
 		}
 	}
 	return err

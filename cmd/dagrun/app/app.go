@@ -89,7 +89,11 @@ func Run(ctx context.Context, args []string, streams *IO, registry *handlers.Reg
 		return exit.code
 	}
 	code := exitCode(err)
-	fmt.Fprintln(c.io.Stderr, "dagrun: "+oneLine(err))
+	msg := oneLine(err)
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		msg = fmt.Sprintf("interrupted (%v): %s", context.Cause(ctx), msg)
+	}
+	fmt.Fprintln(c.io.Stderr, "dagrun: "+msg)
 	return code
 }
 
@@ -173,7 +177,11 @@ func flagError(cmd *cobra.Command, err error) error {
 	if errors.As(err, &num) {
 		// "strconv.ParseInt: parsing "high": invalid syntax" means nothing
 		// to a user.
-		msg = strings.Replace(msg, num.Error(), "want a whole number", 1)
+		want := "want a whole number"
+		if errors.Is(num.Err, strconv.ErrRange) {
+			want = "the number is out of range"
+		}
+		msg = strings.Replace(msg, num.Error(), want, 1)
 	}
 	return usageError(fmt.Errorf("%s (see %s --help)", msg, cmd.CommandPath()))
 }
@@ -211,21 +219,52 @@ func (c *cli) setupLogging(cmd *cobra.Command) error {
 
 // loadWorkflows reads the workflows folder, checking handler names against
 // this binary's registry. It returns the good definitions and the errors of
-// the bad files.
-func (c *cli) loadWorkflows() ([]*dag.Workflow, error) {
+// the bad files. A signal stops the wait (see whileRunning).
+func (c *cli) loadWorkflows(ctx context.Context) ([]*dag.Workflow, error) {
 	if _, err := os.Stat(c.workflowsDir); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, nil
 		}
 		return nil, usageError(fmt.Errorf("read workflows folder: %v", err))
 	}
-	return dag.LoadDir(c.workflowsDir, &dag.ParseOptions{HandlerExists: c.registry.Has})
+	return whileRunning(ctx, func() ([]*dag.Workflow, error) {
+		return dag.LoadDir(c.workflowsDir, &dag.ParseOptions{HandlerExists: c.registry.Has})
+	})
+}
+
+// whileRunning runs load, a parse that cannot be interrupted, and returns
+// its result, or an interruption error as soon as ctx ends (SIGINT or
+// SIGTERM): the command then stops at once instead of after the parse. The
+// abandoned parse only reads files; it ends with the process.
+func whileRunning[T any](ctx context.Context, load func() (T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := load()
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		var zero T
+		return zero, errInterrupted(ctx)
+	}
+}
+
+// errInterrupted reports a command stopped by a signal before it did
+// anything.
+func errInterrupted(ctx context.Context) error {
+	return &exitError{code: ExitFailed, err: fmt.Errorf("interrupted while reading workflows; nothing was done (%v)", context.Cause(ctx))}
 }
 
 // engine opens the store and builds an engine over it. The store is closed
 // when the command returns.
 func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
-	workflows, loadErr := c.loadWorkflows()
+	workflows, loadErr := c.loadWorkflows(ctx)
 	if loadErr != nil {
 		var list dag.ErrorList
 		if !errors.As(loadErr, &list) {
@@ -259,10 +298,18 @@ func (e *exitError) Unwrap() error { return e.err }
 
 func usageError(err error) error { return &exitError{code: ExitUsage, err: err} }
 
+// hasExitCode reports whether err already decides the command's exit, as
+// an interruption does: it is returned as it is, not described further.
+func hasExitCode(err error) bool {
+	var exit *exitError
+	return errors.As(err, &exit)
+}
+
 // exitCode maps an error to the documented exit codes.
 func exitCode(err error) int {
 	var (
 		inputErr    *dagrun.InputError
+		argErr      *dagrun.ArgumentError
 		unknownWf   *dagrun.UnknownWorkflowError
 		validateErr dag.ErrorList
 	)
@@ -270,7 +317,7 @@ func exitCode(err error) int {
 	case errors.Is(err, storage.ErrUnavailable):
 		return ExitUnavailable
 	case errors.Is(err, storage.ErrNotFound), errors.Is(err, storage.ErrConflict),
-		errors.As(err, &inputErr), errors.As(err, &unknownWf), errors.As(err, &validateErr):
+		errors.As(err, &inputErr), errors.As(err, &argErr), errors.As(err, &unknownWf), errors.As(err, &validateErr):
 		return ExitUsage
 	case errors.Is(err, context.Canceled):
 		return ExitFailed

@@ -63,6 +63,15 @@ func (b *testBundle) run(t *testing.T, stdin string, args ...string) runResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	return b.runStdin(ctx, stdin, args...)
+}
+
+// runContext runs the CLI under ctx, with no standard input.
+func (b *testBundle) runContext(ctx context.Context, args ...string) runResult {
+	return b.runStdin(ctx, "", args...)
+}
+
+func (b *testBundle) runStdin(ctx context.Context, stdin string, args ...string) runResult {
 	var stdout, stderr bytes.Buffer
 	code := app.Run(ctx, args, &app.IO{
 		Stdin:  strings.NewReader(stdin),

@@ -72,8 +72,11 @@ func (c *cli) benchCommand() *cobra.Command {
 			if instances == 0 {
 				instances = map[string]int{"chain4": 2000, "fanout": 1000, "enqueue": 5000, "latency4": 100}[workload]
 			}
-			if instances < 1 || concurrency < 1 {
-				return usageError(fmt.Errorf("--instances and --concurrency must be at least 1"))
+			if instances < 1 {
+				return usageError(fmt.Errorf("invalid --instances %d: must be at least 1", instances))
+			}
+			if err := checkConcurrency(concurrency); err != nil {
+				return err
 			}
 			db := c.db
 			if !cmd.Flags().Changed("db") && c.io.Getenv("DAGRUN_DB") == "" {

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -17,7 +18,7 @@ func (c *cli) validateCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "validate [FILE...]",
 		Short: "Check workflow files (every file of --workflows by default), printing FILE:LINE:COL: message per error",
-		RunE: func(_ *cobra.Command, args []string) error {
+		RunE: func(cmd *cobra.Command, args []string) error {
 			files := args
 			if len(files) == 0 {
 				var err error
@@ -28,7 +29,10 @@ func (c *cli) validateCommand() *cobra.Command {
 			opts := &dag.ParseOptions{HandlerExists: c.registry.Has}
 			bad := 0
 			for _, file := range files {
-				w, err := dag.ParseFile(file, opts)
+				w, err := whileRunning(cmd.Context(), func() (*dag.Workflow, error) { return dag.ParseFile(file, opts) })
+				if hasExitCode(err) {
+					return err
+				}
 				if err != nil {
 					bad++
 					var list dag.ErrorList
@@ -77,11 +81,11 @@ func (c *cli) graphCommand() *cobra.Command {
 		Use:   "graph WORKFLOW",
 		Short: "Print a workflow's DAG as Mermaid or Graphviz DOT",
 		Args:  exactArgs(1, "graph WORKFLOW [--format mermaid|dot]"),
-		RunE: func(_ *cobra.Command, args []string) error {
+		RunE: func(cmd *cobra.Command, args []string) error {
 			if format != "mermaid" && format != "dot" {
 				return usageError(fmt.Errorf("invalid --format %q: use mermaid or dot", format))
 			}
-			w, err := c.findWorkflow(args[0])
+			w, err := c.findWorkflow(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
@@ -97,20 +101,32 @@ func (c *cli) graphCommand() *cobra.Command {
 	return cmd
 }
 
-// findWorkflow parses one workflow of the folder by name.
-func (c *cli) findWorkflow(name string) (*dag.Workflow, error) {
+// findWorkflow parses one workflow of the folder by name. The name is
+// matched against the folder's entries, never joined into a path, so a
+// name such as ../../x reads nothing outside the folder.
+func (c *cli) findWorkflow(ctx context.Context, name string) (*dag.Workflow, error) {
 	opts := &dag.ParseOptions{HandlerExists: c.registry.Has}
+	entries, _ := os.ReadDir(c.workflowsDir)
 	for _, ext := range []string{".yaml", ".yml"} {
-		path := filepath.Join(c.workflowsDir, name+ext)
-		if _, err := os.Stat(path); err == nil {
-			w, err := dag.ParseFile(path, opts)
+		for _, e := range entries {
+			if e.IsDir() || e.Name() != name+ext {
+				continue
+			}
+			path := filepath.Join(c.workflowsDir, e.Name())
+			w, err := whileRunning(ctx, func() (*dag.Workflow, error) { return dag.ParseFile(path, opts) })
+			if hasExitCode(err) {
+				return nil, err
+			}
 			if err != nil {
 				return nil, usageError(invalidWorkflowError(name, path, err))
 			}
 			return w, nil
 		}
 	}
-	workflows, _ := c.loadWorkflows()
+	workflows, err := c.loadWorkflows(ctx)
+	if hasExitCode(err) {
+		return nil, err
+	}
 	names := make([]string, len(workflows))
 	for i, w := range workflows {
 		names[i] = w.Name

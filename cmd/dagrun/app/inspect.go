@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dagrun/dagrun"
 	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
 	"github.com/dagrun/dagrun/storage"
 )
@@ -108,8 +109,8 @@ func (c *cli) listCommand() *cobra.Command {
 					return usageError(fmt.Errorf("invalid --status %q: use pending, running, completed, failed or cancelled", status))
 				}
 			}
-			if p.Limit < 1 {
-				return usageError(fmt.Errorf("invalid --limit %d: must be at least 1", p.Limit))
+			if p.Limit < 1 || p.Limit > dagrun.MaxListLimit {
+				return usageError(fmt.Errorf("invalid --limit %d: use a number from 1 to %d", p.Limit, dagrun.MaxListLimit))
 			}
 			ctx := cmd.Context()
 			engine, err := c.engine(ctx)
@@ -130,17 +131,11 @@ func (c *cli) listCommand() *cobra.Command {
 			tw := tabwriter.NewWriter(c.io.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tWORKFLOW\tSTATUS\tSTEPS\tCREATED\tDURATION")
 			for _, inst := range list {
-				done := 0
-				for _, s := range inst.Steps {
-					if s.Status.Finished() {
-						done++
-					}
-				}
 				dur := "-"
 				if inst.FinishedAt != nil {
 					dur = roundDuration(inst.FinishedAt.Sub(inst.CreatedAt))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", inst.ID, inst.Workflow, inst.Status, done, len(inst.Steps), view.Time(inst.CreatedAt), dur)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", inst.ID, inst.Workflow, inst.Status, stepCounts(inst.Steps), view.Time(inst.CreatedAt), dur)
 			}
 			return tw.Flush()
 		},
@@ -151,6 +146,26 @@ func (c *cli) listCommand() *cobra.Command {
 	f.IntVar(&p.Limit, "limit", 50, "at most this many instances")
 	f.BoolVar(&jsonOut, "json", false, "print a JSON array of instance objects")
 	return cmd
+}
+
+// stepCounts sums up an instance's steps as DONE/TOTAL, where done are the
+// steps that ran to an end (completed, failed or skipped); cancelled steps
+// never ran to one, so they are counted apart: "1/4, 3 cancelled".
+func stepCounts(steps []storage.Step) string {
+	done, cancelled := 0, 0
+	for _, s := range steps {
+		switch {
+		case s.Status == storage.StepCancelled:
+			cancelled++
+		case s.Status.Finished():
+			done++
+		}
+	}
+	out := fmt.Sprintf("%d/%d", done, len(steps))
+	if cancelled > 0 {
+		out += fmt.Sprintf(", %d cancelled", cancelled)
+	}
+	return out
 }
 
 func (c *cli) statsCommand() *cobra.Command {

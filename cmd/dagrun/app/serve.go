@@ -54,8 +54,10 @@ func (c *cli) serveCommand() *cobra.Command {
 			if token == "" && !web.IsLoopbackHost(host) {
 				return usageError(fmt.Errorf("refusing to serve on %s without a token: anyone who can reach it could start and cancel workflows; set --token or DAGRUN_TOKEN, or bind a loopback address such as 127.0.0.1:8080", addr))
 			}
-			if withWorker && concurrency < 1 {
-				return usageError(fmt.Errorf("invalid --concurrency %d: must be at least 1", concurrency))
+			if withWorker {
+				if err := checkConcurrency(concurrency); err != nil {
+					return err
+				}
 			}
 			return c.serve(cmd.Context(), addr, token, withWorker, concurrency)
 		},
@@ -122,26 +124,47 @@ func (c *cli) serve(ctx context.Context, addr, token string, withWorker bool, co
 	c.logger.Info("dagrun serve listening", "url", "http://"+ln.Addr().String()+"/",
 		"workflows", len(names), "worker", withWorker, "token", token != "")
 
-	var serveErr error
+	// The worker stops by itself only when its database is lost; serving
+	// then stops too, so the process exits with the worker's error instead
+	// of answering 503 with no one running steps.
+	var workerStopped <-chan error
+	if withWorker {
+		workerStopped = workerDone
+	}
+	var serveErr, workerErr error
+	workerReturned := !withWorker
 	select {
 	case <-ctx.Done():
 		c.logger.Info("dagrun serve shutting down")
-		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), serveShutdownTimeout)
-		if err := server.Shutdown(shutdownCtx); err != nil {
-			c.logger.Warn("dagrun serve: requests still open at shutdown were cut", slog.Any("error", err))
-			_ = server.Close()
-		}
-		cancel()
+		c.shutdown(ctx, server)
 		<-serveDone
 	case err := <-serveDone:
 		if !errors.Is(err, http.ErrServerClosed) {
 			serveErr = fmt.Errorf("serve HTTP: %w", err)
 		}
+	case workerErr = <-workerStopped:
+		workerReturned = true
+		c.logger.Error("dagrun serve shutting down: its worker stopped", slog.Any("error", workerErr))
+		c.shutdown(ctx, server)
+		<-serveDone
 	}
 	stopWorker()
-	if err := <-workerDone; err != nil && serveErr == nil {
-		serveErr = err
+	if !workerReturned {
+		workerErr = <-workerDone
+	}
+	if workerErr != nil && serveErr == nil {
+		serveErr = workerErr
 	}
 	c.logger.Info("dagrun serve stopped")
 	return serveErr
+}
+
+// shutdown stops serving, letting open requests finish for a while.
+func (c *cli) shutdown(ctx context.Context, server *http.Server) {
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), serveShutdownTimeout)
+	defer cancel()
+	if err := server.Shutdown(shutdownCtx); err != nil {
+		c.logger.Warn("dagrun serve: requests still open at shutdown were cut", slog.Any("error", err))
+		_ = server.Close()
+	}
 }

@@ -38,9 +38,13 @@ func (c *cli) startCommand() *cobra.Command {
 				return usageError(err)
 			}
 			if delayStr != "" {
-				if opts.Delay, err = time.ParseDuration(delayStr); err != nil || opts.Delay < 0 {
+				if opts.Delay, err = time.ParseDuration(delayStr); err != nil {
 					return usageError(fmt.Errorf("invalid --delay %q: use a duration such as 30s or 5m", delayStr))
 				}
+			}
+			// Checked before the database is opened: bad flags touch nothing.
+			if err := opts.Validate(); err != nil {
+				return usageError(err)
 			}
 			ctx := cmd.Context()
 			engine, err := c.engine(ctx)
@@ -58,7 +62,7 @@ func (c *cli) startCommand() *cobra.Command {
 				if errors.As(err, &unknown) {
 					// The file may be there but invalid: say so rather
 					// than "unknown workflow".
-					if _, findErr := c.findWorkflow(args[0]); findErr != nil {
+					if _, findErr := c.findWorkflow(ctx, args[0]); findErr != nil {
 						return findErr
 					}
 				}
@@ -81,8 +85,8 @@ func (c *cli) startCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&input, "input", "", "instance input: JSON, @FILE, or - for standard input (default {})")
 	f.StringVar(&opts.Key, "key", "", "idempotency key: a second start with the same workflow and key returns the first instance")
-	f.IntVar(&opts.Priority, "priority", 0, "priority: higher runs first")
-	f.StringVar(&delayStr, "delay", "", "delay before the first steps run, e.g. 10m")
+	f.IntVar(&opts.Priority, "priority", 0, fmt.Sprintf("priority from %d to %d: higher runs first", dagrun.MinPriority, dagrun.MaxPriority))
+	f.StringVar(&delayStr, "delay", "", "delay before the first steps run, e.g. 10m (at most a year)")
 	f.BoolVar(&detach, "detach", false, "print only the instance ID and return; workers run it")
 	f.BoolVar(&jsonOut, "json", false, "print the whole instance object instead of its output, whatever the outcome")
 	return cmd
@@ -207,7 +211,7 @@ func oneLineString(s string) string {
 // instanceError turns store errors about one instance into CLI errors.
 func instanceError(id string, err error) error {
 	if errors.Is(err, storage.ErrNotFound) {
-		return usageError(fmt.Errorf("no instance with ID %q (list instances with: dagrun list)", id))
+		return usageError(fmt.Errorf("no instance with ID %s (list instances with: dagrun list)", view.QuoteShort(id)))
 	}
 	return err
 }

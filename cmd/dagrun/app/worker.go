@@ -21,8 +21,8 @@ func (c *cli) workerCommand() *cobra.Command {
 		Short: "Run steps until SIGINT or SIGTERM, then finish running steps within a grace period and release the rest",
 		Args:  exactArgs(0, "worker [--concurrency N] [--queues a,b] [--lease DUR] [--poll DUR]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if config.Concurrency < 1 {
-				return usageError(fmt.Errorf("invalid --concurrency %d: must be at least 1", config.Concurrency))
+			if err := checkConcurrency(config.Concurrency); err != nil {
+				return err
 			}
 			var err error
 			if config.Lease, err = parseDurationFlag("lease", lease, false); err != nil {
@@ -40,6 +40,10 @@ func (c *cli) workerCommand() *cobra.Command {
 						config.Queues = append(config.Queues, q)
 					}
 				}
+			}
+			// Checked before the database is opened: bad flags touch nothing.
+			if err := config.Validate(); err != nil {
+				return usageError(err)
 			}
 			ctx := cmd.Context()
 			engine, err := c.engine(ctx)
@@ -63,6 +67,14 @@ func (c *cli) workerCommand() *cobra.Command {
 	f.StringVar(&poll, "poll", dagrun.DefaultPoll.String(), "fallback polling interval")
 	f.StringVar(&grace, "grace", dagrun.DefaultShutdownGrace.String(), "how long running steps may finish after SIGINT/SIGTERM")
 	return cmd
+}
+
+// checkConcurrency checks a --concurrency flag against the engine's bound.
+func checkConcurrency(n int) error {
+	if n < 1 || n > dagrun.MaxConcurrency {
+		return usageError(fmt.Errorf("invalid --concurrency %d: use a number from 1 to %d", n, dagrun.MaxConcurrency))
+	}
+	return nil
 }
 
 // parseDurationFlag parses a duration flag into a usage error that says what

@@ -1,9 +1,12 @@
-// Package view holds the JSON shapes dagrun shows users: the instance object
-// of the CLI's --json output and of the HTTP API, one definition for both.
+// Package view holds what dagrun shows users in both the CLI and the HTTP
+// API: the instance object of the CLI's --json output and of the API, and
+// the quoting of a caller's value in an error message.
 package view
 
 import (
 	"encoding/json"
+	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/dagrun/dagrun/storage"
@@ -116,4 +119,17 @@ func optTime(t *time.Time) *string {
 	}
 	s := Time(*t)
 	return &s
+}
+
+// maxQuoted bounds how much of a caller's value an error message repeats.
+const maxQuoted = 64
+
+// QuoteShort quotes s for an error message, Go-escaped so that invalid
+// UTF-8 and control bytes stay visible on one line, and cut after
+// maxQuoted bytes so that a 10 KB value does not flood the message.
+func QuoteShort(s string) string {
+	if len(s) <= maxQuoted {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(s[:maxQuoted]) + fmt.Sprintf("… (%d bytes)", len(s))
 }

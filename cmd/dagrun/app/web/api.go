@@ -150,7 +150,7 @@ func (s *Server) startInstance(w http.ResponseWriter, r *http.Request) {
 	opts := dagrun.StartOptions{Key: req.Key, Priority: req.Priority}
 	if req.Delay != "" {
 		d, err := time.ParseDuration(req.Delay)
-		if err != nil || d < 0 {
+		if err != nil {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid delay %q: use a duration such as \"30s\" or \"5m\"", req.Delay))
 			return
 		}
@@ -324,7 +324,7 @@ func (e *requestError) Error() string { return e.msg }
 // failInstance is fail with a not-found message that names the instance.
 func (s *Server) failInstance(w http.ResponseWriter, r *http.Request, id string, err error) {
 	if errors.Is(err, storage.ErrNotFound) {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no instance with ID %q", id))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no instance with ID %s", view.QuoteShort(id)))
 		return
 	}
 	s.fail(w, r, err)
@@ -337,6 +337,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var (
 		reqErr   *requestError
 		inputErr *dagrun.InputError
+		argErr   *dagrun.ArgumentError
 		unknown  *dagrun.UnknownWorkflowError
 		tooBig   *http.MaxBytesError
 	)
@@ -345,7 +346,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, reqErr.status, reqErr.msg)
 	case errors.As(err, &tooBig):
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over the limit of %d bytes", tooBig.Limit))
-	case errors.As(err, &inputErr):
+	case errors.As(err, &inputErr), errors.As(err, &argErr):
 		writeError(w, http.StatusBadRequest, err.Error())
 	case errors.As(err, &unknown):
 		writeError(w, http.StatusNotFound, err.Error())

@@ -1,0 +1,30 @@
+package sqlite
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// TestCheckFileSeesTruncation: the store's own check notices a file cut
+// below its header, without relying on SQLite reading the missing pages
+// (its page cache may answer without them).
+func TestCheckFileSeesTruncation(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "dagrun.db")
+	s, err := Open(t.Context(), path, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	_, err = s.w.ExecContext(t.Context(), `PRAGMA wal_checkpoint(TRUNCATE)`)
+	require.NoError(t, err)
+	require.NoError(t, s.checkFile())
+
+	require.NoError(t, os.Truncate(path, 0))
+	err = s.checkFile()
+	require.ErrorIs(t, err, storage.ErrDatabaseLost)
+	require.ErrorContains(t, err, "was truncated")
+}
