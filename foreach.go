@@ -53,10 +53,13 @@ func (p *planner) expand(step *dag.Step, env *dag.Env) storage.StepChange {
 			return fail("input of item %d: the resolved input is %d bytes, over the limit of %d bytes; pass a reference to large data instead", i, len(raw), p.config.MaxInputBytes)
 		}
 		// The items of one step are created in one transaction: their
-		// inputs together are bounded like everything one transition
-		// resolves.
+		// inputs together, and the work of their expressions, are bounded
+		// like everything one transition resolves.
 		if total += len(raw); total > p.config.MaxPlanInputBytes {
 			return fail("forEach: the inputs of the items are over %d bytes in all, the limit of one transition; pass references to large data instead", p.config.MaxPlanInputBytes)
+		}
+		if p.usage.Steps > int64(p.config.MaxPlanExprSteps) {
+			return fail("forEach: resolving the inputs of the items takes over %d expression steps in all, the limit of one transition; simplify the input expression or split the list", p.config.MaxPlanExprSteps)
 		}
 		items[i] = raw
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dagrun/dagrun"
-	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/handlers"
 	"github.com/dagrun/dagrun/storage"
 )
@@ -95,30 +94,48 @@ func TestForEachOverAnEmptyListCompletesAtOnce(t *testing.T) {
 	})
 }
 
-func TestForEachFailsPermanentlyOnANonListOrTooManyItems(t *testing.T) {
+// echoEachWorkflow runs echo once per element of input.items.
+const echoEachWorkflow = `
+name: each
+steps:
+  - name: each
+    forEach: ${{ input.items }}
+    handler: echo
+    input: {n: "${{ item }}", at: "${{ index }}"}
+`
+
+func TestForEachFailsPermanentlyOverItsLimits(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
-		registry := squareRegistry(t)
-		handlers.RegisterBuiltins(registry)
-		w, err := dag.Parse("", []byte(mapWorkflow), &dag.ParseOptions{HandlerExists: registry.Has})
-		require.NoError(t, err)
-		store := open(t)
-		engine, err := dagrun.New(store, registry, &dagrun.Config{Workflows: []*dag.Workflow{w}, MaxItems: 3})
-		require.NoError(t, err)
-		b := &testBundle{engine: engine, store: store, registry: registry}
-		b.runWorker(t, nil)
-		for _, tt := range []struct{ input, want string }{
-			{`{"items": {"a": 1}}`, "step square failed: forEach: expected a list, got an object"},
-			{`{"items": "abc"}`, "step square failed: forEach: expected a list, got a string"},
-			{numbers(4), "step square failed: forEach: 4 items, over the limit of 3: split the list across instances, or raise the engine's item limit (--max-items)"},
+		for _, tt := range []struct {
+			name   string
+			config dagrun.Config
+			input  string
+			want   string
+		}{
+			{"an object", dagrun.Config{}, `{"items": {"a": 1}}`, "forEach: expected a list, got an object"},
+			{"a string", dagrun.Config{}, `{"items": "abc"}`, "forEach: expected a list, got a string"},
+			{"null", dagrun.Config{}, `{}`, "forEach: expected a list, got null"},
+			{"too many items", dagrun.Config{MaxItems: 3}, numbers(4),
+				"forEach: 4 items, over the limit of 3: split the list across instances, or raise the engine's item limit (--max-items)"},
+			{"too many input bytes", dagrun.Config{MaxPlanInputBytes: 100}, numbers(20),
+				"forEach: the inputs of the items are over 100 bytes in all, the limit of one transition; pass references to large data instead"},
+			{"too much expression work", dagrun.Config{MaxPlanExprSteps: 50}, numbers(100),
+				"forEach: resolving the inputs of the items takes over 50 expression steps in all, the limit of one transition; simplify the input expression or split the list"},
 		} {
-			inst := b.wait(t, b.start(t, "map", tt.input))
-			require.Equal(t, storage.InstanceFailed, inst.Status)
-			require.Equal(t, tt.want, inst.Error)
-			sq := step(t, inst, "square")
-			require.Equal(t, storage.StepFailed, sq.Status)
-			require.Zero(t, sq.Attempts, "a permanent failure is not retried")
+			t.Run(tt.name, func(t *testing.T) {
+				b := setupConfig(t, open, tt.config, echoEachWorkflow)
+				b.runWorker(t, nil)
+				inst := b.wait(t, b.start(t, "each", tt.input))
+				require.Equal(t, storage.InstanceFailed, inst.Status)
+				require.Equal(t, "step each failed: "+tt.want, inst.Error)
+				each := step(t, inst, "each")
+				require.Equal(t, storage.StepFailed, each.Status)
+				require.Zero(t, each.Attempts, "a permanent failure is not retried")
+			})
 		}
-		inst := b.wait(t, b.start(t, "map", numbers(3)))
+		b := setupConfig(t, open, dagrun.Config{MaxItems: 3}, echoEachWorkflow)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "each", numbers(3)))
 		require.Equal(t, storage.InstanceCompleted, inst.Status, "the limit itself is allowed")
 	})
 }
