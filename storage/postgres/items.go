@@ -248,6 +248,18 @@ const underCap = `(SELECT count(*) FROM {s}steps r WHERE r.parent_id = {s}steps.
 	+ (SELECT count(*) FROM {s}steps q WHERE q.parent_id = {s}steps.parent_id AND q.status = 'pending'
 		AND q.item_index < {s}steps.item_index AND q.run_after <= {now}) < {s}steps.item_concurrency`
 
+// readySteps is the ready (pending and due) steps and items, as a FROM
+// item: read from the two partial indexes of pending rows, the claims'
+// (steps and uncapped items) and the capped items', never from the whole
+// table.
+const readySteps = `(
+	SELECT workflow, queue, handler, run_after FROM {s}steps
+	WHERE status = 'pending' AND item_concurrency = 0 AND run_after <= {now}
+	UNION ALL
+	SELECT workflow, queue, handler, run_after FROM {s}steps
+	WHERE status = 'pending' AND item_concurrency > 0 AND run_after <= {now}
+) ready`
+
 // cappedPendingSQL tells whether any item under a concurrency cap is
 // claimable.
 const cappedPendingSQL = `

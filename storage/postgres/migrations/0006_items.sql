@@ -20,6 +20,14 @@ CREATE UNIQUE INDEX steps_instance ON steps (instance_id, item_index, position);
 -- (counts, the concurrency cap, whether any is unfinished).
 CREATE UNIQUE INDEX steps_items ON steps (parent_id, item_index) WHERE parent_id IS NOT NULL;
 CREATE INDEX steps_items_status ON steps (parent_id, status, item_index) WHERE parent_id IS NOT NULL;
--- Pending items under a concurrency cap, which a claim takes apart from
--- the rest (see capped claims).
+-- Claims take pending items under a concurrency cap apart from the rest,
+-- locking their forEach step first: they have a partial index of their
+-- own, and the claims' indexes leave them out. With the cap in the
+-- predicate, the planner knows every entry of the claims' indexes passes
+-- a claim's item_concurrency = 0 (a filter on its own made it estimate
+-- few matches, and claims past unserved steps ran 15% slower).
 CREATE INDEX steps_ready_capped ON steps (parent_id) WHERE status = 'pending' AND item_concurrency > 0;
+DROP INDEX steps_ready;
+DROP INDEX steps_ready_queue;
+CREATE INDEX steps_ready ON steps (priority DESC, run_after, id) WHERE status = 'pending' AND item_concurrency = 0;
+CREATE INDEX steps_ready_queue ON steps (queue, priority DESC, run_after, id) WHERE status = 'pending' AND item_concurrency = 0;
