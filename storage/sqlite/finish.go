@@ -139,8 +139,8 @@ const completeManyQuery = `UPDATE steps SET status = 'completed', output = c.val
 	RETURNING steps.id, steps.instance_id, steps.name, steps.attempts, coalesce(steps.parent_id, 0)`
 
 // completeMany applies every completion of a group commit with one
-// statement and returns the instance of each step it completed, keyed by
-// step ID (with its forEach step for an item); it returns nil, having done nothing, when a step appears twice
+// statement and returns where each step it completed belongs, keyed by
+// step ID; it returns nil, having done nothing, when a step appears twice
 // in results (then results apply one by one, in order).
 func (t *txn) completeMany(results []storage.StepResult) (map[int64]completion, error) {
 	seen := make(map[int64]bool, len(results))
