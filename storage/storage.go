@@ -549,6 +549,10 @@ type Store interface {
 	// increments their attempts and fences; and takes a lease.
 	// The first claim of an instance's step moves it from pending to
 	// running. A Limit below 1 claims one step; Lease must be positive.
+	// Items of forEach steps are claimed like steps (ClaimedStep.Item is
+	// their index, -1 for a step); an item of a step with ItemConcurrency
+	// is taken only while fewer than that many of the step's items run,
+	// however many one claim takes.
 	ClaimSteps(ctx context.Context, p ClaimParams) ([]ClaimedStep, error)
 
 	// ExtendLeases renews the leases of claims still held, to now+lease, and
