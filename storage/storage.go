@@ -105,6 +105,12 @@ type StepSpec struct {
 	Retry     RetryPolicy
 	// Timeout bounds one attempt; zero means no timeout.
 	Timeout time.Duration
+	// ItemConcurrency caps the items of this step running at once per instance; 0 = no cap.
+	ItemConcurrency int
+	// ForEach marks a forEach step (its row never runs a handler itself).
+	ForEach bool
+	// ContinueOnError: an item's terminal failure waits for the other items (output null for it) instead of cancelling them.
+	ContinueOnError bool
 }
 
 // CreateParams describes one instance to create.
@@ -195,6 +201,8 @@ type ClaimedStep struct {
 	// ReadyAt is when the step became ready, for queue-wait metrics.
 	ReadyAt    time.Time
 	LeaseUntil time.Time
+	// Item is the item's index for an item of a forEach step, -1 for a step.
+	Item int
 }
 
 // Outcome is how an attempt ended.
@@ -277,6 +285,21 @@ type StepChange struct {
 	Status StepStatus
 	Input  json.RawMessage
 	Error  string
+	// Items, with Status running, expands the step into one pending item per
+	// resolved input, in index order. A forEach step over an empty list is
+	// completed directly with Output [] instead.
+	//
+	// An expanded step stays running, with no lease, while any item is
+	// unfinished. When every item finished, the store completes it with
+	// the JSON array of the item outputs in index order, or fails it when
+	// an item failed ("item N failed: ..." for the first by index), the
+	// array then holding null for each failed item. Without
+	// ContinueOnError the first item to fail for good fails the step at
+	// once and cancels its other items. Either way the instance is then
+	// planned as after any step's change.
+	Items []json.RawMessage
+	// Output is the output of a step a plan completes directly.
+	Output json.RawMessage
 }
 
 // InstanceChange finishes an instance.
@@ -343,6 +366,38 @@ type Step struct {
 	FinishedAt *time.Time
 	LeaseUntil *time.Time
 	WorkerID   string
+	// Items counts the items of an expanded forEach step; nil for any other step.
+	Items *ItemCounts
+}
+
+// ItemCounts counts the items of a forEach step by status.
+type ItemCounts struct{ Total, Pending, Running, Completed, Failed, Cancelled int }
+
+// Item is one item of a forEach step. An item is claimed, leased, retried,
+// recovered and cancelled like a step (a claimed item is a ClaimedStep with
+// Item set), but writes no events of its own: an instance's history shows
+// its forEach step's expansion and outcome, however many items it has.
+type Item struct {
+	Index      int
+	Status     StepStatus
+	Attempts   int
+	Input      json.RawMessage
+	Output     json.RawMessage
+	Error      string
+	StartedAt  *time.Time
+	FinishedAt *time.Time
+	WorkerID   string
+}
+
+// ItemsParams pages the items of one step, in index order.
+type ItemsParams struct {
+	InstanceID string
+	Step       string
+	Offset     int
+	// Limit defaults to 100 when zero.
+	Limit int
+	// Status, when set, returns only the items in that status.
+	Status StepStatus
 }
 
 // EventType names one kind of transition in the history.
@@ -496,6 +551,10 @@ type Store interface {
 	// increments their attempts and fences; and takes a lease.
 	// The first claim of an instance's step moves it from pending to
 	// running. A Limit below 1 claims one step; Lease must be positive.
+	// Items of forEach steps are claimed like steps (ClaimedStep.Item is
+	// their index, -1 for a step); an item of a step with ItemConcurrency
+	// is taken only while fewer than that many of the step's items run,
+	// however many one claim takes.
 	ClaimSteps(ctx context.Context, p ClaimParams) ([]ClaimedStep, error)
 
 	// ExtendLeases renews the leases of claims still held, to now+lease, and
@@ -508,7 +567,10 @@ type Store interface {
 	ReleaseSteps(ctx context.Context, claims []Claim) error
 
 	// FinishSteps records finished attempts in one transaction (group
-	// commit). A result whose claim is stale is not applied. For each
+	// commit). A result whose claim is stale is not applied. An item that
+	// completes or fails for good settles its forEach step in the same
+	// transaction (see StepChange.Items), which then counts as that
+	// step's completion or failure. For each
 	// unfinished instance touched by a completion or terminal failure, plan
 	// is called once, after all of that instance's results were applied, and
 	// its Plan applied. A plan that fails the instance cancels its running
@@ -524,13 +586,17 @@ type Store interface {
 	RecoverExpired(ctx context.Context, limit int, plan PlanFunc) (int, error)
 
 	// CancelInstance cancels an unfinished instance and its unfinished steps
-	// (running ones included: their claims become stale). ErrConflict if the
-	// instance is already finished, ErrNotFound if absent.
+	// and items (running ones included: their claims become stale).
+	// ErrConflict if the instance is already finished, ErrNotFound if
+	// absent.
 	CancelInstance(ctx context.Context, id, reason string) error
 
 	// RetryInstance re-arms a failed or cancelled instance: its failed and
 	// cancelled steps become blocked with attempts reset, the instance
-	// running, then plan promotes the ready ones. Completed outputs stay.
+	// running, then plan promotes the ready ones. Completed outputs stay. A
+	// forEach step that expanded runs again instead: its failed and
+	// cancelled items become pending with attempts reset, its completed
+	// ones keep their outputs.
 	RetryInstance(ctx context.Context, id string, plan PlanFunc) error
 
 	// GetInstance returns the instance with steps, events and definition.
@@ -539,6 +605,10 @@ type Store interface {
 	// ListInstances returns instances with their steps (no events), newest
 	// first.
 	ListInstances(ctx context.Context, p ListParams) ([]Instance, error)
+
+	// ListItems returns a page of a forEach step's items in index order.
+	// ErrNotFound when the instance or step does not exist.
+	ListItems(ctx context.Context, p ItemsParams) ([]Item, error)
 
 	// Stats summarises instances and steps per workflow, and unfinished
 	// steps per queue, as of the store's clock.

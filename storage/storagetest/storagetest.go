@@ -64,6 +64,7 @@ func Run(t *testing.T, h Harness) {
 		{"Schedules", scheduleTests},
 		{"Handlers", handlerTests},
 		{"Presence", presenceTests},
+		{"Items", itemTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
