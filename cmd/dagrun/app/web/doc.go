@@ -34,6 +34,16 @@
 //	     List items carry steps but no events.
 //	GET  /api/instances/{id}
 //	     the instance with "events", plus "graph": its steps laid out.
+//	     A forEach step carries "items": {"total", "pending", "running",
+//	     "completed", "failed", "cancelled"}, counts only, so the object
+//	     stays small whatever the number of items.
+//	GET  /api/instances/{id}/steps/{step}/items?offset=N&limit=N&status=S
+//	     {"items": [{"index", "status", "attempts", "input", "output",
+//	      "error", "startedAt", "finishedAt", "workerId"}], "offset",
+//	      "limit", "total"}: a page of a forEach step's items in index
+//	     order, limit 1..1000 (default 100); total counts the items in
+//	     status S (all when no status). A step without items answers an
+//	     empty page; 404 for an unknown instance or step.
 //	POST /api/instances/{id}/cancel   200 with the instance; 409 if finished
 //	POST /api/instances/{id}/retry    200 with the instance; 409 unless failed
 //	                                  or cancelled
