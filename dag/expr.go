@@ -23,6 +23,10 @@ type Env struct {
 	Input    any                `expr:"input"`    // the instance input (decoded JSON)
 	Steps    map[string]StepEnv `expr:"steps"`    // by step name
 	Workflow WorkflowEnv        `expr:"workflow"` // the running instance
+	// Item and Index are the element and its 0-based position, for the
+	// input of one item of a forEach step.
+	Item  any `expr:"item"`
+	Index int `expr:"index"`
 	// Usage, when set, receives what each evaluation with this Env cost,
 	// for a caller that bounds a series of them.
 	Usage *Usage `expr:"-"`
@@ -39,6 +43,8 @@ type evalEnv struct {
 	Input    any                `expr:"input"`
 	Steps    map[string]StepEnv `expr:"steps"`
 	Workflow WorkflowEnv        `expr:"workflow"`
+	Item     any                `expr:"item"`
+	Index    int                `expr:"index"`
 	Meter    *meter             `expr:"$meter"`
 }
 
@@ -129,7 +135,7 @@ func (e *Expr) run(env *Env, m *meter) (out any, err error) {
 		}
 	}()
 	machine := vm.VM{MemoryBudget: m.vmBudget()}
-	v, err := machine.Run(e.prog, &evalEnv{Input: env.Input, Steps: steps, Workflow: env.Workflow, Meter: m})
+	v, err := machine.Run(e.prog, &evalEnv{Input: env.Input, Steps: steps, Workflow: env.Workflow, Item: env.Item, Index: env.Index, Meter: m})
 	if err != nil {
 		var limit *limitError
 		switch {
@@ -173,6 +179,7 @@ type scope struct {
 	self    string                 // the referencing step; "" in output:
 	canRead func(step string) bool // steps it may read; nil means any (output:)
 	graph   *graphInfo             // every valid step name
+	items   bool                   // item and index may be read: the input of a forEach step
 }
 
 // subject names where the expression is, for messages.
@@ -417,6 +424,10 @@ func checkReferences(tree *exprparser.Tree, sc *scope) (refs []string, problems 
 		}
 		switch name {
 		case "input":
+		case "item", "index":
+			if !sc.items {
+				problems = append(problems, fmt.Sprintf("%q is only defined in the input of a forEach step (the element and its position in the list)", name))
+			}
 		case "workflow":
 			m := r.parent[id]
 			field, ok := memberName(m)

@@ -145,6 +145,7 @@ type rawStep struct {
 	node                                                                          *yaml.Node
 	misspelt                                                                      map[string]bool
 	Name, Handler, DependsOn, Input, When, Retry, Timeout, Queue, ContinueOnError *yaml.Node
+	ForEach, Concurrency                                                          *yaml.Node
 }
 
 type rawRetry struct {
@@ -169,7 +170,8 @@ func (r *rawDefaults) fields() []field {
 func (r *rawStep) fields() []field {
 	return []field{{"name", &r.Name}, {"handler", &r.Handler}, {"dependsOn", &r.DependsOn},
 		{"input", &r.Input}, {"when", &r.When}, {"retry", &r.Retry}, {"timeout", &r.Timeout},
-		{"queue", &r.Queue}, {"continueOnError", &r.ContinueOnError}}
+		{"queue", &r.Queue}, {"continueOnError", &r.ContinueOnError}, {"forEach", &r.ForEach},
+		{"concurrency", &r.Concurrency}}
 }
 
 func (r *rawRetry) fields() []field {

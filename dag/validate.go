@@ -421,6 +421,16 @@ func (p *parser) step(b *stepBuild, def defaults) {
 			s.Queue = q
 		}
 	}
+	if n := r.Concurrency; n != nil {
+		switch c, err := strconv.Atoi(n.Value); {
+		case r.ForEach == nil:
+			p.c.at(n, `%s: "concurrency" caps the items of a forEach step running at once: add forEach, or remove it`, b.label)
+		case n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || err != nil || c < 1:
+			p.c.at(n, `%s: "concurrency" must be a positive whole number (items of this step running at once per instance), got %s`, b.label, describe(n))
+		default:
+			s.Concurrency = c
+		}
+	}
 	if n := r.ContinueOnError; n != nil {
 		if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!bool" {
 			p.c.at(n, `%s: "continueOnError" must be true or false, got %s`, b.label, describe(n))
@@ -658,8 +668,13 @@ func (p *parser) compileExpressions(builds []*stepBuild, g *graphInfo, raw *rawW
 		if b.raw.When != nil {
 			b.step.When = p.when(b.raw.When, sc, b.label)
 		}
+		if b.raw.ForEach != nil {
+			b.step.ForEach = p.forEach(b.raw.ForEach, sc, b.label)
+		}
 		if b.raw.Input != nil {
-			b.step.Input = p.template(b.raw.Input, sc)
+			itemScope := *sc
+			itemScope.items = b.raw.ForEach != nil
+			b.step.Input = p.template(b.raw.Input, &itemScope)
 		}
 	}
 }
@@ -709,4 +724,27 @@ func fmtDuration(d time.Duration) string {
 		s = strings.TrimSuffix(s, "0m")
 	}
 	return s
+}
+
+// forEach compiles a step's forEach: one expression giving the list, or a
+// literal YAML list. item and index are not defined in it: it is what
+// defines them.
+func (p *parser) forEach(n *yaml.Node, sc *scope, label string) *Template {
+	switch {
+	case n.Kind == yaml.SequenceNode:
+	case n.Kind == yaml.ScalarNode && n.ShortTag() == "!!str":
+		segs, problem := p.splitScalar(n)
+		if problem != "" {
+			p.c.at(n, "%s: %s", label, problem)
+			return nil
+		}
+		if !isWholeExpr(segs) {
+			p.c.at(n, `%s: "forEach" must be a list or one expression giving a list, e.g. forEach: ${{ steps.list.output.items }}, got %s`, label, describe(n))
+			return nil
+		}
+	default:
+		p.c.at(n, `%s: "forEach" must be a list or one expression giving a list, e.g. forEach: ${{ steps.list.output.items }}, got %s`, label, describe(n))
+		return nil
+	}
+	return p.template(n, sc)
 }

@@ -72,7 +72,13 @@ type Step struct {
 	Retry                RetryPolicy
 	Timeout              time.Duration // per attempt; 0 means no timeout
 	ContinueOnError      bool
-	Line, Col            int // position of the step in the file
+	// ForEach, when set, makes the step a forEach step: it runs once per
+	// element of the list ForEach gives (an expression or a literal list),
+	// with item and index in its input. Concurrency caps its items running
+	// at once per instance; 0 means no cap.
+	ForEach     *Template
+	Concurrency int
+	Line, Col   int // position of the step in the file
 }
 
 // Step returns the step with that name, or nil.

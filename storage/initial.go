@@ -28,11 +28,18 @@ type NewStep struct {
 	// Input is the resolved input of a pending or skipped step.
 	Input json.RawMessage
 	Error string
+	// Items are the resolved inputs of an expanded forEach step (Status
+	// running), one item row each; Output is the output of a step the plan
+	// completed directly.
+	Items  []json.RawMessage
+	Output json.RawMessage
 }
 
 // Finished reports whether the step ends with its creation (skipped, failed
 // or cancelled), so its finished_at is the creation time.
-func (s NewStep) Finished() bool { return s.Status != StepBlocked && s.Status != StepPending }
+func (s NewStep) Finished() bool {
+	return s.Status != StepBlocked && s.Status != StepPending && s.Status != StepRunning
+}
 
 // NewEvent is one history entry of a creation.
 type NewEvent struct {
@@ -96,8 +103,17 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 		case StepFailed:
 			s.Error = c.Error
 			n.event(c.Name, EventStepFailed, c.Error)
+		case StepRunning:
+			if err := CheckExpansion(p.ID, &p.Steps[i], c); err != nil {
+				return nil, err
+			}
+			s.Items = c.Items
+			n.event(c.Name, EventStepReady, fmt.Sprintf("%d items", len(c.Items)))
+		case StepCompleted:
+			s.Output = c.Output
+			n.event(c.Name, EventStepCompleted, "")
 		default:
-			return nil, fmt.Errorf("plan for instance %s moves step %q to %q: only pending, skipped or failed are allowed", p.ID, c.Name, c.Status)
+			return nil, fmt.Errorf("plan for instance %s moves step %q to %q: only pending, running (a forEach expansion), completed, skipped or failed are allowed", p.ID, c.Name, c.Status)
 		}
 		s.Status = c.Status
 	}
@@ -108,7 +124,7 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 		n.Status, n.Output, n.Error = ic.Status, ic.Output, ic.Error
 		for i := range n.Steps {
 			if s := &n.Steps[i]; !s.Finished() {
-				s.Status = StepCancelled
+				s.Status, s.Items = StepCancelled, nil
 				n.event(p.Steps[i].Name, EventStepCancelled, ic.Error)
 			}
 		}
@@ -142,4 +158,33 @@ func InstanceEventOf(status InstanceStatus) EventType {
 		return EventInstanceCancelled
 	}
 	return ""
+}
+
+// CheckExpansion checks a StepChange that expands a forEach step: the step
+// must be one, and have at least one item (an empty list completes it).
+func CheckExpansion(instanceID string, spec *StepSpec, c StepChange) error {
+	if spec != nil && !spec.ForEach {
+		return fmt.Errorf("plan for instance %s expands step %q, which is not a forEach step", instanceID, c.Name)
+	}
+	if len(c.Items) == 0 {
+		return fmt.Errorf("plan for instance %s expands step %q into no items: complete it with output [] instead", instanceID, c.Name)
+	}
+	return nil
+}
+
+// CountItem adds n items of status to c.
+func CountItem(c *ItemCounts, status StepStatus, n int) {
+	c.Total += n
+	switch status {
+	case StepPending, StepBlocked:
+		c.Pending += n
+	case StepRunning:
+		c.Running += n
+	case StepCompleted:
+		c.Completed += n
+	case StepFailed:
+		c.Failed += n
+	case StepCancelled, StepSkipped:
+		c.Cancelled += n
+	}
 }

@@ -14,7 +14,7 @@ import (
 
 // claimReturning lists what a claim hands the worker.
 const claimReturning = ` RETURNING id, instance_id, name, workflow, handler, queue, input, attempts, fence,
-	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until, priority, run_after`
+	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until, priority, run_after, item_index`
 
 // claimShape is a claim's filter shape: how many queues (0, 1, several),
 // whether it is bound to one instance, whether it names handlers.
@@ -67,10 +67,20 @@ WHERE id IN (SELECT id FROM steps WHERE status = 'pending' AND run_after <= ?1`)
 	if c.byHandler {
 		b.WriteString(` AND handler IN (SELECT value FROM json_each(?7))`)
 	}
+	b.WriteString(` AND (item_concurrency = 0 OR ` + underCap + `)`)
 	b.WriteString(` ORDER BY priority DESC, run_after, id LIMIT ?4)`)
 	b.WriteString(claimReturning)
 	return b.String()
 }
+
+// underCap holds for an item of a forEach step with a concurrency cap
+// when its running siblings and the claimable pending ones before it, which
+// this very claim may take too, leave room for it: however many items one
+// claim takes, the one with the highest index among them counts all the
+// others. Steps have item_concurrency 0 and never evaluate it.
+const underCap = `(SELECT count(*) FROM steps r WHERE r.parent_id = steps.parent_id AND r.status = 'running')
+	+ (SELECT count(*) FROM steps q WHERE q.parent_id = steps.parent_id AND q.status = 'pending'
+		AND q.item_index < steps.item_index AND q.run_after <= ?1) < steps.item_concurrency`
 
 // claimQueries are built once: the statement text must stay constant to
 // stay in the driver's prepared-statement cache.
@@ -171,7 +181,9 @@ func (t *txn) claim(p storage.ClaimParams) ([]storage.ClaimedStep, error) {
 	out := make([]storage.ClaimedStep, len(claimed))
 	for i, c := range claimed {
 		out[i] = c.ClaimedStep
-		t.event(c.InstanceID, c.Step, storage.EventStepStarted, c.Attempt, p.WorkerID)
+		if c.Item < 0 { // items have no events of their own
+			t.event(c.InstanceID, c.Step, storage.EventStepStarted, c.Attempt, p.WorkerID)
+		}
 		if !slices.Contains(ids, c.InstanceID) {
 			ids = append(ids, c.InstanceID)
 		}
@@ -191,7 +203,7 @@ func scanClaimed(rows *sql.Rows) ([]claimedRow, error) {
 			lease                    int64
 		)
 		if err := rows.Scan(&c.StepID, &c.InstanceID, &c.Step, &c.Workflow, &c.Handler, &c.Queue, &input, &c.Attempt, &c.Fence,
-			&c.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &first, &ready, &lease, &c.priority, &c.runAfter); err != nil {
+			&c.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &first, &ready, &lease, &c.priority, &c.runAfter, &c.Item); err != nil {
 			return nil, err
 		}
 		c.Input = rawJSON(input)
@@ -268,19 +280,21 @@ func (s *Store) ReleaseSteps(ctx context.Context, claims []storage.Claim) error 
 		now := us(t.now)
 		for _, c := range claims {
 			var (
-				status   storage.StepStatus
-				attempts int
+				status          storage.StepStatus
+				attempts, index int
 			)
 			err := t.queryRow(`UPDATE steps SET status = `+requeueStatus+`, finished_at = `+requeueFinishedAt+`,
 					attempts = attempts - 1, run_after = ?1, ready_at = ?1, lease_until = NULL, worker_id = ''
-				WHERE id = ?2 AND fence = ?3 AND status = 'running' RETURNING status, attempts`, now, c.StepID, c.Fence).Scan(&status, &attempts)
+				WHERE id = ?2 AND fence = ?3 AND status = 'running' RETURNING status, attempts, item_index`, now, c.StepID, c.Fence).Scan(&status, &attempts, &index)
 			if errors.Is(err, sql.ErrNoRows) {
 				continue // not held any more: nothing to release
 			}
 			if err != nil {
 				return err
 			}
-			t.event(c.InstanceID, c.Step, requeueEvent(status, storage.EventStepReleased), attempts, "")
+			if index < 0 {
+				t.event(c.InstanceID, c.Step, requeueEvent(status, storage.EventStepReleased), attempts, "")
+			}
 		}
 		return nil
 	})

@@ -36,15 +36,31 @@ func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanF
 			return fmt.Errorf("instance %s is %s, only a failed or cancelled instance can be retried: %w", id, status, storage.ErrConflict)
 		}
 		// Re-armed steps start over: attempts, error and timings reset;
-		// the fence is kept so that claims from before stay stale.
+		// the fence is kept so that claims from before stay stale. A
+		// forEach step that expanded keeps its items and runs again,
+		// re-running only its failed and cancelled items; completed ones
+		// keep their outputs.
+		now := us(t.now)
+		if _, err := t.exec(`UPDATE steps SET status = 'pending', attempts = 0, output = NULL, error = '',
+				run_after = ?2, ready_at = ?2, first_started_at = NULL, started_at = NULL, finished_at = NULL,
+				lease_until = NULL, worker_id = ''
+			WHERE parent_id IN (SELECT id FROM steps WHERE instance_id = ?1 AND item_index = -1 AND for_each
+				AND status IN ('failed', 'cancelled')) AND status IN ('failed', 'cancelled')`, id, now); err != nil {
+			return err
+		}
+		if _, err := t.exec(`UPDATE steps SET status = 'running', output = NULL, error = '', finished_at = NULL
+			WHERE instance_id = ? AND item_index = -1 AND for_each AND status IN ('failed', 'cancelled')
+				AND EXISTS (SELECT 1 FROM steps i WHERE i.parent_id = steps.id)`, id); err != nil {
+			return err
+		}
 		if _, err := t.exec(`UPDATE steps SET status = 'blocked', attempts = 0, input = NULL, output = NULL, error = '',
 				run_after = 0, ready_at = NULL, first_started_at = NULL, started_at = NULL, finished_at = NULL,
 				lease_until = NULL, worker_id = ''
-			WHERE instance_id = ? AND status IN ('failed', 'cancelled')`, id); err != nil {
+			WHERE instance_id = ? AND item_index = -1 AND status IN ('failed', 'cancelled')`, id); err != nil {
 			return err
 		}
 		if _, err := t.exec(`UPDATE instances SET status = 'running', output = NULL, error = '', finished_at = NULL,
-			started_at = coalesce(started_at, ?) WHERE id = ?`, us(t.now), id); err != nil {
+			started_at = coalesce(started_at, ?) WHERE id = ?`, now, id); err != nil {
 			return err
 		}
 		t.event(id, "", storage.EventInstanceRetried, 0, "")

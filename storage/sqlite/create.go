@@ -164,7 +164,9 @@ const (
 	insertInstancesSQL = `INSERT INTO instances (id, workflow, definition_hash, status, input, idem_key, priority,
 		run_after, created_at, output, error, finished_at) VALUES `
 	insertStepsSQL = `INSERT INTO steps (instance_id, position, name, handler, queue, workflow, priority, depends_on,
-		status, max_attempts, backoff_us, max_backoff_us, timeout_us, input, error, run_after, ready_at, finished_at) VALUES `
+		status, max_attempts, backoff_us, max_backoff_us, timeout_us, input, error, run_after, ready_at, finished_at,
+		output, for_each, item_concurrency, continue_on_error) VALUES `
+	stepInsertColumns = 22
 )
 
 // insertInstances inserts the instance rows, their step rows and their
@@ -175,7 +177,10 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 	}
 	now := us(t.now)
 	rows := make([]any, 0, 12*len(instances))
-	var steps []any
+	var (
+		steps    []any
+		expanded []expansion
+	)
 	for _, n := range instances {
 		p := n.Params
 		runAfter := max(now, us(p.RunAfter))
@@ -199,14 +204,20 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 				deps = string(b)
 			}
 			var stepRunAfter, readyAt, finishedAt any = 0, nil, nil
+			status := st.Status
 			if st.Status == storage.StepPending {
 				stepRunAfter, readyAt = runAfter, now
+			} else if st.Status == storage.StepRunning {
+				// Inserted blocked, expanded once its row has an ID.
+				status = storage.StepBlocked
+				expanded = append(expanded, expansion{p.ID, i, st.Items, runAfter})
 			} else if st.Finished() {
 				finishedAt = now
 			}
 			steps = append(steps, p.ID, i, spec.Name, spec.Handler, cmp.Or(spec.Queue, "default"), p.Workflow, p.Priority, deps,
-				string(st.Status), max(spec.Retry.MaxAttempts, 1), spec.Retry.Backoff.Microseconds(), spec.Retry.MaxBackoff.Microseconds(),
-				spec.Timeout.Microseconds(), jsonArg(st.Input), st.Error, stepRunAfter, readyAt, finishedAt)
+				string(status), max(spec.Retry.MaxAttempts, 1), spec.Retry.Backoff.Microseconds(), spec.Retry.MaxBackoff.Microseconds(),
+				spec.Timeout.Microseconds(), jsonArg(st.Input), st.Error, stepRunAfter, readyAt, finishedAt,
+				jsonArg(st.Output), spec.ForEach, spec.ItemConcurrency, spec.ContinueOnError)
 		}
 		for _, e := range n.Events {
 			t.event(p.ID, e.Step, e.Type, 0, e.Message)
@@ -219,8 +230,25 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 		}
 		return fmt.Errorf("insert instances: %w", err)
 	}
-	if err := t.insertRows(insertStepsSQL, 18, steps); err != nil {
+	if err := t.insertRows(insertStepsSQL, stepInsertColumns, steps); err != nil {
 		return fmt.Errorf("insert steps: %w", err)
 	}
+	for _, x := range expanded {
+		var id int64
+		if err := t.queryRow(`SELECT id FROM steps WHERE instance_id = ? AND item_index = -1 AND position = ?`, x.instanceID, x.position).Scan(&id); err != nil {
+			return err
+		}
+		if err := t.expand(id, x.items, x.runAfter); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// expansion is a forEach step a creation's plan expanded at once.
+type expansion struct {
+	instanceID string
+	position   int
+	items      []json.RawMessage
+	runAfter   int64
 }

@@ -46,6 +46,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		ready = false
 		claimed = nil
 		var touched []string // instances to plan, in first-touched order
+		var parents []int64  // forEach steps whose items finished
 		completedIn, err := t.completeMany(results)
 		if err != nil {
 			return err
@@ -57,10 +58,12 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				status     storage.StepStatus
 				err        error
 			)
+			var parent int64
 			if completedIn != nil && r.Outcome == storage.OutcomeCompleted {
-				instanceID, status = completedIn[r.Claim.StepID], storage.StepCompleted
+				done := completedIn[r.Claim.StepID]
+				instanceID, parent, status = done.instanceID, done.parent, storage.StepCompleted
 			} else {
-				instanceID, status, err = t.finish(r)
+				instanceID, parent, status, err = t.finish(r)
 			}
 			if err != nil {
 				return err
@@ -72,6 +75,16 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				continue
 			}
 			out[i].Accepted = true
+			if parent != 0 {
+				if status == storage.StepCompleted || status == storage.StepFailed {
+					if !slices.Contains(parents, parent) {
+						parents = append(parents, parent)
+					}
+				} else if status == storage.StepPending {
+					ready = true
+				}
+				continue
+			}
 			switch status {
 			case storage.StepCompleted, storage.StepFailed:
 				if !slices.Contains(touched, instanceID) {
@@ -79,6 +92,15 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				}
 			case storage.StepPending:
 				ready = true
+			}
+		}
+		settled, err := t.settleItems(parents)
+		if err != nil {
+			return err
+		}
+		for _, id := range settled {
+			if !slices.Contains(touched, id) {
+				touched = append(touched, id)
 			}
 		}
 		if err := t.plan(touched, plan); err != nil {
@@ -114,13 +136,13 @@ func claimedAll(claim *storage.ClaimParams, claimed []storage.ClaimedStep) bool 
 const completeManyQuery = `UPDATE steps SET status = 'completed', output = c.value->>2, error = '', finished_at = ?1, lease_until = NULL
 	FROM json_each(?2) AS c
 	WHERE steps.id = c.value->>0 AND steps.fence = c.value->>1 AND steps.status = 'running'
-	RETURNING steps.id, steps.instance_id, steps.name, steps.attempts`
+	RETURNING steps.id, steps.instance_id, steps.name, steps.attempts, coalesce(steps.parent_id, 0)`
 
 // completeMany applies every completion of a group commit with one
 // statement and returns the instance of each step it completed, keyed by
-// step ID; it returns nil, having done nothing, when a step appears twice
+// step ID (with its forEach step for an item); it returns nil, having done nothing, when a step appears twice
 // in results (then results apply one by one, in order).
-func (t *txn) completeMany(results []storage.StepResult) (map[int64]string, error) {
+func (t *txn) completeMany(results []storage.StepResult) (map[int64]completion, error) {
 	seen := make(map[int64]bool, len(results))
 	var rows [][3]any
 	for _, r := range results {
@@ -132,7 +154,7 @@ func (t *txn) completeMany(results []storage.StepResult) (map[int64]string, erro
 			rows = append(rows, [3]any{r.Claim.StepID, r.Claim.Fence, jsonArg(r.Output)})
 		}
 	}
-	done := make(map[int64]string, len(rows))
+	done := make(map[int64]completion, len(rows))
 	if len(rows) == 0 {
 		return done, nil
 	}
@@ -146,22 +168,31 @@ func (t *txn) completeMany(results []storage.StepResult) (map[int64]string, erro
 	}
 	err = eachRow(q, func(sc scanner) error {
 		var (
-			id         int64
+			id, parent int64
 			instanceID string
 			name       string
 			attempts   int
 		)
-		if err := sc.Scan(&id, &instanceID, &name, &attempts); err != nil {
+		if err := sc.Scan(&id, &instanceID, &name, &attempts, &parent); err != nil {
 			return err
 		}
-		done[id] = instanceID
-		t.event(instanceID, name, storage.EventStepCompleted, attempts, "")
+		done[id] = completion{instanceID, parent}
+		if parent == 0 { // items have no events of their own
+			t.event(instanceID, name, storage.EventStepCompleted, attempts, "")
+		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	return done, nil
+}
+
+// completion is where a completed step belongs: its instance and, for an
+// item, its forEach step's row.
+type completion struct {
+	instanceID string
+	parent     int64
 }
 
 // cancelledUnder reports whether the step was cancelled while claim held
@@ -173,15 +204,16 @@ func (t *txn) cancelledUnder(c storage.Claim) (bool, error) {
 }
 
 // finish applies one result if its claim still holds, and reports the
-// step's instance (empty when the claim was stale) and new status.
-func (t *txn) finish(r *storage.StepResult) (string, storage.StepStatus, error) {
+// step's instance (empty when the claim was stale), its forEach step's row
+// for an item, and its new status.
+func (t *txn) finish(r *storage.StepResult) (string, int64, storage.StepStatus, error) {
 	c := r.Claim
 	now := us(t.now)
 	var (
 		row  *sql.Row
 		typ  storage.EventType
 		msg  = r.Error
-		held = `WHERE id = ?2 AND fence = ?3 AND status = 'running' RETURNING instance_id, name, status, attempts`
+		held = `WHERE id = ?2 AND fence = ?3 AND status = 'running' RETURNING instance_id, name, status, attempts, coalesce(parent_id, 0)`
 	)
 	switch r.Outcome {
 	case storage.OutcomeCompleted:
@@ -204,18 +236,19 @@ func (t *txn) finish(r *storage.StepResult) (string, storage.StepStatus, error) 
 			attempts = attempts - 1, run_after = ?4, ready_at = ?1, lease_until = NULL, worker_id = '' `+held,
 			now, c.StepID, c.Fence, max(now+r.Delay.Microseconds(), us(r.RunAfter)))
 	default:
-		return "", "", fmt.Errorf("step %d: unknown outcome %d", c.StepID, r.Outcome)
+		return "", 0, "", fmt.Errorf("step %d: unknown outcome %d", c.StepID, r.Outcome)
 	}
 	var (
 		instanceID string
 		name       string
 		status     storage.StepStatus
 		attempts   int
+		parent     int64
 	)
-	if err := row.Scan(&instanceID, &name, &status, &attempts); errors.Is(err, sql.ErrNoRows) {
-		return "", "", nil // stale claim: nothing written
+	if err := row.Scan(&instanceID, &name, &status, &attempts, &parent); errors.Is(err, sql.ErrNoRows) {
+		return "", 0, "", nil // stale claim: nothing written
 	} else if err != nil {
-		return "", "", err
+		return "", 0, "", err
 	}
 	if status == storage.StepCancelled {
 		typ, msg = storage.EventStepCancelled, "instance already finished"
@@ -224,8 +257,10 @@ func (t *txn) finish(r *storage.StepResult) (string, storage.StepStatus, error) 
 	if r.Outcome == storage.OutcomeSnooze {
 		attempt++ // the attempt that snoozed, though it does not count
 	}
-	t.event(instanceID, name, typ, attempt, msg)
-	return instanceID, status, nil
+	if parent == 0 { // items have no events of their own
+		t.event(instanceID, name, typ, attempt, msg)
+	}
+	return instanceID, parent, status, nil
 }
 
 // RecoverExpired implements storage.Store. A limit below 1 means 1000.
@@ -240,7 +275,8 @@ func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.Plan
 	err := s.write(ctx, "recover expired", func(t *txn) error {
 		n = 0
 		now := us(t.now)
-		rows, err := t.query(`SELECT id, instance_id, name, attempts, max_attempts, backoff_us, max_backoff_us, worker_id
+		rows, err := t.query(`SELECT id, instance_id, name, attempts, max_attempts, backoff_us, max_backoff_us, worker_id,
+				coalesce(parent_id, 0)
 			FROM steps WHERE status = 'running' AND lease_until < ? ORDER BY lease_until LIMIT ?`, now, limit)
 		if err != nil {
 			return err
@@ -251,11 +287,12 @@ func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.Plan
 			attempts, max       int
 			backoff, maxBackoff int64
 			worker              string
+			parent              int64
 		}
 		var exp []expired
 		for rows.Next() {
 			var e expired
-			if err := rows.Scan(&e.id, &e.instanceID, &e.name, &e.attempts, &e.max, &e.backoff, &e.maxBackoff, &e.worker); err != nil {
+			if err := rows.Scan(&e.id, &e.instanceID, &e.name, &e.attempts, &e.max, &e.backoff, &e.maxBackoff, &e.worker, &e.parent); err != nil {
 				rows.Close()
 				return err
 			}
@@ -265,14 +302,26 @@ func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.Plan
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		var failed []string
+		var (
+			failed  []string
+			parents []int64
+		)
 		for _, e := range exp {
 			msg := fmt.Sprintf("lease expired on attempt %d: worker %q presumed lost", e.attempts, e.worker)
-			t.event(e.instanceID, e.name, storage.EventStepLeaseExpired, e.attempts, msg)
+			item := e.parent != 0 // items have no events of their own
+			if !item {
+				t.event(e.instanceID, e.name, storage.EventStepLeaseExpired, e.attempts, msg)
+			}
 			if e.attempts >= e.max {
 				if _, err := t.exec(`UPDATE steps SET status = 'failed', error = ?, finished_at = ?, lease_until = NULL WHERE id = ?`,
 					msg, now, e.id); err != nil {
 					return err
+				}
+				if item {
+					if !slices.Contains(parents, e.parent) {
+						parents = append(parents, e.parent)
+					}
+					continue
 				}
 				t.event(e.instanceID, e.name, storage.EventStepFailed, e.attempts, msg)
 				if !slices.Contains(failed, e.instanceID) {
@@ -292,7 +341,18 @@ func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.Plan
 				now, msg, runAfter, e.id).Scan(&status); err != nil {
 				return err
 			}
-			t.event(e.instanceID, e.name, requeueEvent(status, storage.EventStepRetrying), e.attempts, msg)
+			if !item {
+				t.event(e.instanceID, e.name, requeueEvent(status, storage.EventStepRetrying), e.attempts, msg)
+			}
+		}
+		settled, err := t.settleItems(parents)
+		if err != nil {
+			return err
+		}
+		for _, id := range settled {
+			if !slices.Contains(failed, id) {
+				failed = append(failed, id)
+			}
 		}
 		if err := t.plan(failed, plan); err != nil {
 			return err

@@ -48,7 +48,7 @@ func (t *txn) loadMany(ids []string) (map[string]*loaded, error) {
 		}
 	}
 	rows, err = t.query(`SELECT instance_id, id, name, depends_on, status, output, error, attempts FROM steps
-		WHERE instance_id IN (SELECT value FROM json_each(?)) ORDER BY instance_id, position`, string(idsJSON))
+		WHERE instance_id IN (SELECT value FROM json_each(?)) AND item_index = -1 ORDER BY instance_id, position`, string(idsJSON))
 	if err != nil {
 		return nil, err
 	}
@@ -155,8 +155,17 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 			_, err = t.exec(`UPDATE steps SET status = 'failed', error = ?, finished_at = ? WHERE id = ?`,
 				c.Error, now, l.ids[i])
 			t.event(id, c.Name, storage.EventStepFailed, 0, c.Error)
+		case storage.StepRunning:
+			if err = storage.CheckExpansion(id, nil, c); err == nil {
+				err = t.expand(l.ids[i], c.Items, max(now, l.runAfter))
+			}
+			t.event(id, c.Name, storage.EventStepReady, 0, fmt.Sprintf("%d items", len(c.Items)))
+		case storage.StepCompleted:
+			_, err = t.exec(`UPDATE steps SET status = 'completed', output = ?, finished_at = ? WHERE id = ?`,
+				jsonArg(c.Output), now, l.ids[i])
+			t.event(id, c.Name, storage.EventStepCompleted, 0, "")
 		default:
-			return fmt.Errorf("plan for instance %s moves step %q to %q: only pending, skipped or failed are allowed", id, c.Name, c.Status)
+			return fmt.Errorf("plan for instance %s moves step %q to %q: only pending, running (a forEach expansion), completed, skipped or failed are allowed", id, c.Name, c.Status)
 		}
 		if err != nil {
 			return err
@@ -234,7 +243,7 @@ func (t *txn) finishInstance(id string, status storage.InstanceStatus, output js
 		return nil
 	}
 	const cancel = `UPDATE steps SET status = 'cancelled', finished_at = ?, lease_until = NULL
-		WHERE instance_id = ? AND status IN ('blocked', 'pending', 'running') RETURNING name, attempts`
+		WHERE instance_id = ? AND status IN ('blocked', 'pending', 'running') RETURNING name, attempts, item_index`
 	rows, err := t.query(cancel, now, id)
 	if err != nil {
 		return err
@@ -242,13 +251,15 @@ func (t *txn) finishInstance(id string, status storage.InstanceStatus, output js
 	defer rows.Close()
 	for rows.Next() {
 		var (
-			name     string
-			attempts int
+			name            string
+			attempts, index int
 		)
-		if err := rows.Scan(&name, &attempts); err != nil {
+		if err := rows.Scan(&name, &attempts, &index); err != nil {
 			return err
 		}
-		t.event(id, name, storage.EventStepCancelled, attempts, msg)
+		if index < 0 { // items have no events of their own: see settleItems
+			t.event(id, name, storage.EventStepCancelled, attempts, msg)
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return err

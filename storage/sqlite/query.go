@@ -35,7 +35,7 @@ func scanInstance(sc scanner, extra ...any) (storage.Instance, error) {
 }
 
 const stepColumns = `instance_id, id, name, handler, queue, depends_on, status, attempts, max_attempts, backoff_us, max_backoff_us,
-	timeout_us, input, output, error, run_after, ready_at, started_at, finished_at, lease_until, worker_id`
+	timeout_us, input, output, error, run_after, ready_at, started_at, finished_at, lease_until, worker_id, for_each`
 
 func scanStep(sc scanner) (string, storage.Step, error) {
 	var (
@@ -44,9 +44,10 @@ func scanStep(sc scanner) (string, storage.Step, error) {
 		deps, input, output                  []byte
 		backoff, maxBackoff, tmo, runAfter   int64
 		ready, started, finished, leaseUntil sql.NullInt64
+		forEach                              bool
 	)
 	if err := sc.Scan(&instanceID, &st.ID, &st.Name, &st.Handler, &st.Queue, &deps, &st.Status, &st.Attempts, &st.Retry.MaxAttempts,
-		&backoff, &maxBackoff, &tmo, &input, &output, &st.Error, &runAfter, &ready, &started, &finished, &leaseUntil, &st.WorkerID); err != nil {
+		&backoff, &maxBackoff, &tmo, &input, &output, &st.Error, &runAfter, &ready, &started, &finished, &leaseUntil, &st.WorkerID, &forEach); err != nil {
 		return "", st, err
 	}
 	if err := json.Unmarshal(deps, &st.DependsOn); err != nil {
@@ -64,6 +65,9 @@ func scanStep(sc scanner) (string, storage.Step, error) {
 		st.RunAfter = time.Time{}
 	}
 	st.ReadyAt, st.StartedAt, st.FinishedAt, st.LeaseUntil = ptrUS(ready), ptrUS(started), ptrUS(finished), ptrUS(leaseUntil)
+	if forEach {
+		st.Items = &storage.ItemCounts{}
+	}
 	return instanceID, st, nil
 }
 
@@ -81,11 +85,14 @@ func (s *Store) GetInstance(ctx context.Context, id string) (*storage.Instance, 
 			return fmt.Errorf("instance %s: %w", id, interpretError(s.name, err))
 		}
 		in.Definition = def
-		rows, err := tx.QueryContext(ctx, `SELECT `+stepColumns+` FROM steps WHERE instance_id = ? ORDER BY position`, id)
+		rows, err := tx.QueryContext(ctx, `SELECT `+stepColumns+` FROM steps WHERE instance_id = ? AND item_index = -1 ORDER BY position`, id)
 		if err != nil {
 			return err
 		}
 		if err := scanSteps(rows, func(_ string, st storage.Step) { in.Steps = append(in.Steps, st) }); err != nil {
+			return err
+		}
+		if err := itemCounts(ctx, tx, []storage.Instance{in}); err != nil {
 			return err
 		}
 		rows, err = tx.QueryContext(ctx, `SELECT id, instance_id, step, type, attempt, message, at FROM events WHERE instance_id = ? ORDER BY id`, id)
@@ -178,14 +185,17 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 		}
 		b, _ := json.Marshal(ids) // strings always marshal
 		rows, err = tx.QueryContext(ctx, `SELECT `+stepColumns+` FROM steps
-			WHERE instance_id IN (SELECT value FROM json_each(?)) ORDER BY instance_id, position`, string(b))
+			WHERE instance_id IN (SELECT value FROM json_each(?)) AND item_index = -1 ORDER BY instance_id, position`, string(b))
 		if err != nil {
 			return err
 		}
-		return scanSteps(rows, func(id string, st storage.Step) {
+		if err := scanSteps(rows, func(id string, st storage.Step) {
 			i := idx[id]
 			out[i].Steps = append(out[i].Steps, st)
-		})
+		}); err != nil {
+			return err
+		}
+		return itemCounts(ctx, tx, out)
 	})
 	if err != nil {
 		return nil, err
@@ -222,7 +232,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			return err
 		}
 		rows, err = tx.QueryContext(ctx, `SELECT workflow, queue, count(*), count(*) FILTER (WHERE lease_until < ?)
-			FROM steps WHERE status = 'running' GROUP BY workflow, queue`, now)
+			FROM steps WHERE status = 'running' AND lease_until IS NOT NULL GROUP BY workflow, queue`, now)
 		if err != nil {
 			return err
 		}
