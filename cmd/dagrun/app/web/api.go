@@ -63,6 +63,10 @@ type stepDef struct {
 	Timeout         *string   `json:"timeout"`
 	When            *string   `json:"when"`
 	ContinueOnError bool      `json:"continueOnError"`
+	// ForEach marks a step that runs once per element of a list;
+	// Concurrency caps its items running at once (0: no cap).
+	ForEach     bool `json:"forEach"`
+	Concurrency int  `json:"concurrency"`
 }
 
 type retryJSON struct {
@@ -106,6 +110,8 @@ func newWorkflowDetail(wf *dag.Workflow) workflowDetail {
 				MaxBackoff:  st.Retry.MaxBackoff.String(),
 			},
 			ContinueOnError: st.ContinueOnError,
+			ForEach:         st.ForEach != nil,
+			Concurrency:     st.Concurrency,
 		}
 		if st.Timeout > 0 {
 			t := st.Timeout.String()

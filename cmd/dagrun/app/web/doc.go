@@ -22,7 +22,8 @@
 //	     {"name", "description", "hash", "inputSchema", "source" (the YAML),
 //	      "steps": [{"name", "handler", "dependsOn", "queue",
 //	                 "retry": {"maxAttempts", "backoff", "maxBackoff"},
-//	                 "timeout", "when", "continueOnError"}],
+//	                 "timeout", "when", "continueOnError", "forEach" (bool),
+//	                 "concurrency" (its items' cap, 0 for none)}],
 //	      "graph": Graph (with "mermaid")}
 //	POST /api/workflows/{name}/instances
 //	     body {"input": any, "key": "k", "priority": 0, "delay": "10s"}

@@ -921,7 +921,9 @@
     let stepsByName = new Map();
     function stepInfo(n) {
       const s = stepsByName.get(n);
-      return { status: "definition", label: s ? s.handler : "", detail: s && s.when ? "when " + s.when : (s && s.queue !== "default" ? "queue " + s.queue : "") };
+      let detail = s && s.when ? "when " + s.when : (s && s.queue !== "default" ? "queue " + s.queue : "");
+      if (s && s.forEach) detail = "for each item" + (s.concurrency ? ", " + s.concurrency + " at once" : "") + (detail ? " \u00B7 " + detail : "");
+      return { status: "definition", label: s ? s.handler : "", detail };
     }
     function renderSide() {
       clear(side);
@@ -940,6 +942,7 @@
           el("span", {}, "Retry"), el("span", {}, s.retry.maxAttempts + " attempts, backoff " + s.retry.backoff + " up to " + s.retry.maxBackoff),
           el("span", {}, "Timeout"), el("span", {}, s.timeout || "none"),
           el("span", {}, "When"), el("span", { class: "mono" }, s.when || "always"),
+          s.forEach ? [el("span", {}, "For each"), el("span", {}, "runs once per item of its forEach list" + (s.concurrency ? ", at most " + s.concurrency + " at once" : ""))] : null,
           el("span", {}, "On error"), el("span", {}, s.continueOnError ? "continue" : "fail the instance")),
       ]);
     }
