@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -229,13 +230,18 @@ func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, step stora
 		return e.failure(step, err), true
 	}
 
+	key := step.InstanceID + "/" + step.Step
+	if step.Item >= 0 {
+		key += "/" + strconv.Itoa(step.Item) // each item's effects happen once
+	}
 	attemptCtx := handlers.WithInfo(ctx, handlers.StepInfo{
 		InstanceID:     step.InstanceID,
 		Workflow:       step.Workflow,
 		Step:           step.Step,
 		Attempt:        step.Attempt,
-		IdempotencyKey: step.InstanceID + "/" + step.Step,
+		IdempotencyKey: key,
 		FirstStartedAt: step.FirstStartedAt,
+		Item:           step.Item,
 	})
 	if step.Timeout > 0 {
 		var cancel context.CancelFunc

@@ -51,6 +51,9 @@ type Config struct {
 	// store's write lock for a bounded time. Default:
 	// DefaultMaxPlanExprSteps (ten evaluations at their own limit).
 	MaxPlanExprSteps int
+	// MaxItems bounds the items of one forEach step: a longer list fails
+	// the step for good. Default: DefaultMaxItems (10,000).
+	MaxItems int
 	// Observer receives starts, finishes and attempts, for metrics.
 	// Default: none.
 	Observer Observer
@@ -63,6 +66,7 @@ func (c *Config) withDefaults() *Config {
 	out.MaxOutputBytes = cmp.Or(c.MaxOutputBytes, DefaultMaxOutputBytes)
 	out.MaxPlanInputBytes = cmp.Or(c.MaxPlanInputBytes, DefaultMaxPlanInputBytes)
 	out.MaxPlanExprSteps = cmp.Or(c.MaxPlanExprSteps, DefaultMaxPlanExprSteps)
+	out.MaxItems = cmp.Or(c.MaxItems, DefaultMaxItems)
 	if out.Observer == nil {
 		out.Observer = nopObserver{}
 	}
@@ -70,8 +74,8 @@ func (c *Config) withDefaults() *Config {
 }
 
 func (c *Config) validate() error {
-	if min(c.MaxInputBytes, c.MaxOutputBytes, c.MaxPlanInputBytes, c.MaxPlanExprSteps) < 0 {
-		return errors.New("dagrun: MaxInputBytes, MaxOutputBytes, MaxPlanInputBytes and MaxPlanExprSteps must not be negative")
+	if min(c.MaxInputBytes, c.MaxOutputBytes, c.MaxPlanInputBytes, c.MaxPlanExprSteps, c.MaxItems) < 0 {
+		return errors.New("dagrun: MaxInputBytes, MaxOutputBytes, MaxPlanInputBytes, MaxPlanExprSteps and MaxItems must not be negative")
 	}
 	seen := map[string]bool{}
 	for _, w := range c.Workflows {

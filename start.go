@@ -205,7 +205,10 @@ func buildStepSpecs(w *dag.Workflow) []storage.StepSpec {
 				Backoff:     s.Retry.Backoff,
 				MaxBackoff:  s.Retry.MaxBackoff,
 			},
-			Timeout: s.Timeout,
+			Timeout:         s.Timeout,
+			ForEach:         s.ForEach != nil,
+			ItemConcurrency: s.Concurrency,
+			ContinueOnError: s.ContinueOnError,
 		}
 	}
 	return specs

@@ -53,8 +53,9 @@ type planner struct {
 	input   any
 	decoded bool
 	outputs map[string]any
-	errors  map[string]string // of the steps this plan fails
-	usage   dag.Usage         // of the expressions evaluated so far
+	errors  map[string]string          // of the steps this plan fails
+	direct  map[string]json.RawMessage // outputs of the steps this plan completes (a forEach over [])
+	usage   dag.Usage                  // of the expressions evaluated so far
 }
 
 func (p *planner) run() (*storage.Plan, error) {
@@ -76,8 +77,17 @@ func (p *planner) run() (*storage.Plan, error) {
 		}
 		change := p.resolve(step)
 		resolved += len(change.Input)
-		later = later || change.Status == storage.StepPending
+		for _, in := range change.Items {
+			resolved += len(in)
+		}
+		later = later || change.Status == storage.StepPending || change.Status == storage.StepRunning
 		p.status[step.Name] = change.Status
+		if change.Status == storage.StepCompleted {
+			if p.direct == nil {
+				p.direct = map[string]json.RawMessage{}
+			}
+			p.direct[step.Name] = change.Output
+		}
 		if change.Error != "" {
 			if p.errors == nil {
 				p.errors = map[string]string{}
@@ -117,6 +127,9 @@ func (p *planner) resolve(step *dag.Step) storage.StepChange {
 	if step.When != nil {
 		refs = append(refs, step.When.References()...)
 	}
+	if step.ForEach != nil {
+		refs = append(refs, step.ForEach.References()...)
+	}
 	env, err := p.env(refs)
 	if err != nil {
 		return storage.StepChange{Name: step.Name, Status: storage.StepFailed, Error: err.Error()}
@@ -129,6 +142,9 @@ func (p *planner) resolve(step *dag.Step) storage.StepChange {
 		if !ok {
 			return storage.StepChange{Name: step.Name, Status: storage.StepSkipped}
 		}
+	}
+	if step.ForEach != nil {
+		return p.expand(step, env)
 	}
 	input := json.RawMessage("null")
 	if step.Input != nil {
@@ -226,7 +242,11 @@ func (p *planner) env(refs []string) (*dag.Env, error) {
 		}
 		out, done := p.outputs[name]
 		if !done {
-			if raw := p.state.Steps[i].Output; len(raw) > 0 {
+			raw := p.state.Steps[i].Output
+			if direct, ok := p.direct[name]; ok {
+				raw = direct
+			}
+			if len(raw) > 0 {
 				if err := decodeValue(raw, &out); err != nil {
 					return nil, fmt.Errorf("decode output of step %s: %w", name, err)
 				}

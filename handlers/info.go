@@ -14,8 +14,9 @@ type StepInfo struct {
 	// Attempt is the number of this attempt, starting at 1. Snoozes do not
 	// count as attempts.
 	Attempt int
-	// IdempotencyKey is "<instance>/<step>": the same on every attempt of the
-	// step, and different for every other step, so handlers can pass it to
+	// IdempotencyKey is "<instance>/<step>", or "<instance>/<step>/<index>"
+	// for an item of a forEach step: the same on every attempt of the step
+	// or item, and different for every other, so handlers can pass it to
 	// external systems to make their effects happen once.
 	IdempotencyKey string
 	// FirstStartedAt is when the step's first attempt started. It is stable

@@ -53,6 +53,14 @@ WITH cand AS (
 	}
 	if c.byHandler {
 		b.WriteString(` AND handler = ANY($` + strconv.Itoa(next) + `::text[])`)
+		next++
+	}
+	if c.capped {
+		// Only items of the forEach steps locked by cappedParentsSQL, each
+		// under its cap: see claimCapped.
+		b.WriteString(` AND item_concurrency > 0 AND parent_id = ANY($` + strconv.Itoa(next) + `::bigint[]) AND ` + underCap)
+	} else {
+		b.WriteString(` AND item_concurrency = 0`)
 	}
 	b.WriteString(`
 	ORDER BY priority DESC, run_after, id
@@ -66,7 +74,7 @@ u AS (
 	FROM cand WHERE s.id = cand.id
 	RETURNING s.id, s.instance_id, s.name, s.workflow, s.handler, s.queue, s.input, s.attempts, s.fence,
 		s.max_attempts, s.backoff_us, s.max_backoff_us, s.timeout_us, s.first_started_at, s.ready_at,
-		s.lease_until, s.priority, s.run_after
+		s.lease_until, s.priority, s.run_after, s.item_index
 ),
 started AS (
 	UPDATE {s}instances i SET status = 'running', started_at = {now}
@@ -82,14 +90,14 @@ ev AS (
 	SELECT e.instance_id, e.step, e.type, e.attempt, $3, {now} FROM (
 		SELECT u.instance_id, u.name AS step, 'step.started' AS type, u.attempts AS attempt,
 			0 AS ord, -u.priority AS k1, u.run_after AS k2, u.id AS k3
-		FROM u
+		FROM u WHERE u.item_index = -1 -- items have no events of their own
 		UNION ALL
 		SELECT started.id, '', 'instance.started', 0, 1, 0, NULL, 0 FROM started
 	) e
 	ORDER BY e.ord, e.k1, e.k2, e.k3, e.instance_id
 )
 SELECT id, instance_id, name, workflow, handler, queue, input, attempts, fence,
-	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until
+	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until, item_index
 FROM u ORDER BY priority DESC, run_after, id`)
 	return b.String()
 }
@@ -100,6 +108,7 @@ type claimShape struct {
 	queues     int
 	byInstance bool
 	byHandler  bool
+	capped     bool
 }
 
 // claimQueries are built once per shape: the statement text stays constant,
@@ -109,8 +118,10 @@ var claimQueries = func() map[claimShape]string {
 	for q := 0; q <= 2; q++ {
 		for _, i := range []bool{false, true} {
 			for _, h := range []bool{false, true} {
-				c := claimShape{queues: q, byInstance: i, byHandler: h}
-				m[c] = claimSQL(c)
+				for _, capped := range []bool{false, true} {
+					c := claimShape{queues: q, byInstance: i, byHandler: h, capped: capped}
+					m[c] = claimSQL(c)
+				}
 			}
 		}
 	}
@@ -136,6 +147,13 @@ func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storag
 	if err != nil {
 		return nil, s.fail("claim steps", err)
 	}
+	if len(out) < max(p.Limit, 1) {
+		capped, err := s.claimCapped(ctx, p, max(p.Limit, 1)-len(out))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, capped...)
+	}
 	return out, nil
 }
 
@@ -156,7 +174,13 @@ func (s *Store) queueClaim(st *txState, p storage.ClaimParams, now *time.Time, i
 // claimStatement returns the claim statement for p's filter shape and its
 // arguments.
 func (s *Store) claimStatement(p storage.ClaimParams, now *time.Time) (string, []any) {
-	shape := claimShape{queues: min(len(p.Queues), 2), byInstance: p.InstanceID != "", byHandler: len(p.Handlers) > 0}
+	return s.claimStatementFor(p, now, nil)
+}
+
+// claimStatementFor is claimStatement, for the items of the locked
+// forEach steps parents when parents is not nil.
+func (s *Store) claimStatementFor(p storage.ClaimParams, now *time.Time, parents []int64) (string, []any) {
+	shape := claimShape{queues: min(len(p.Queues), 2), byInstance: p.InstanceID != "", byHandler: len(p.Handlers) > 0, capped: parents != nil}
 	args := []any{now, p.Lease.Microseconds(), p.WorkerID, max(p.Limit, 1)}
 	switch len(p.Queues) {
 	case 0:
@@ -171,6 +195,9 @@ func (s *Store) claimStatement(p storage.ClaimParams, now *time.Time) (string, [
 	if shape.byHandler {
 		args = append(args, p.Handlers)
 	}
+	if shape.capped {
+		args = append(args, parents)
+	}
 	return s.q(claimQueries[shape]), args
 }
 
@@ -183,7 +210,7 @@ func scanClaimed(row pgx.CollectableRow) (storage.ClaimedStep, error) {
 		lease                    time.Time
 	)
 	err := row.Scan(&c.StepID, &c.InstanceID, &c.Step, &c.Workflow, &c.Handler, &c.Queue, &input, &c.Attempt, &c.Fence,
-		&c.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &first, &ready, &lease)
+		&c.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &first, &ready, &lease, &c.Item)
 	c.Input = rawJSON(input)
 	c.Retry.Backoff = time.Duration(backoff) * time.Microsecond
 	c.Retry.MaxBackoff = time.Duration(maxBackoff) * time.Microsecond
@@ -278,13 +305,14 @@ u AS (
 		lease_until = NULL, worker_id = ''
 	FROM l, {s}instances i
 	WHERE s.id = l.id AND i.id = s.instance_id
-	RETURNING s.instance_id, s.name, s.status, s.attempts, s.queue, l.ord
+	RETURNING s.instance_id, s.name, s.status, s.attempts, s.queue, l.ord, s.item_index
 ),
 ev AS (
 	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
 	SELECT instance_id, name, CASE status WHEN 'cancelled' THEN 'step.cancelled' ELSE 'step.released' END,
 		attempts, CASE status WHEN 'cancelled' THEN 'instance already finished' ELSE '' END, {now}
-	FROM u ORDER BY ord
+	FROM u WHERE item_index = -1 -- items have no events of their own
+	ORDER BY ord
 )
 SELECT queue FROM u WHERE status = 'pending'`
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -62,13 +63,27 @@ func (s *Store) CancelInstance(ctx context.Context, id, reason string) error {
 
 // retrySQL re-arms the failed and cancelled steps of an instance and makes
 // it running again. Re-armed steps start over (attempts, error, timings);
-// the fence is kept so that claims from before stay stale.
+// the fence is kept so that claims from before stay stale. The forEach
+// steps of $3, which expanded, run again instead: their failed and
+// cancelled items are pending again, their completed ones keep their
+// outputs.
 const retrySQL = `
-WITH st AS (
+WITH it AS (
+	UPDATE {s}steps SET status = 'pending', attempts = 0, output = NULL, error = '',
+		run_after = {now}, ready_at = {now}, first_started_at = NULL, started_at = NULL, finished_at = NULL,
+		lease_until = NULL, worker_id = ''
+	WHERE parent_id IN (SELECT id FROM {s}steps WHERE instance_id = $2 AND item_index = -1 AND name = ANY($3))
+		AND status IN ('failed', 'cancelled')
+),
+fe AS (
+	UPDATE {s}steps SET status = 'running', output = NULL, error = '', finished_at = NULL
+	WHERE instance_id = $2 AND item_index = -1 AND name = ANY($3)
+),
+st AS (
 	UPDATE {s}steps SET status = 'blocked', attempts = 0, input = NULL, output = NULL, error = '',
 		run_after = NULL, ready_at = NULL, first_started_at = NULL, started_at = NULL, finished_at = NULL,
 		lease_until = NULL, worker_id = ''
-	WHERE instance_id = $2 AND status IN ('failed', 'cancelled')
+	WHERE instance_id = $2 AND item_index = -1 AND status IN ('failed', 'cancelled') AND NOT name = ANY($3)
 ),
 i AS (
 	UPDATE {s}instances SET status = 'running', output = NULL, error = '', finished_at = NULL,
@@ -76,6 +91,13 @@ i AS (
 	WHERE id = $2
 )
 INSERT INTO {s}events (instance_id, type, at) VALUES ($2, 'instance.retried', {now})`
+
+// expandedToRetrySQL names the failed or cancelled forEach steps of an
+// instance that expanded: a retry runs their items again.
+const expandedToRetrySQL = `
+SELECT s.name FROM {s}steps s
+WHERE s.instance_id = $1 AND s.item_index = -1 AND s.for_each AND s.status IN ('failed', 'cancelled')
+	AND EXISTS (SELECT 1 FROM {s}steps i WHERE i.parent_id = s.id)`
 
 // RetryInstance implements storage.Store.
 func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanFunc) error {
@@ -91,12 +113,25 @@ func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanF
 			return fmt.Errorf("instance %s is %s, only a failed or cancelled instance can be retried: %w", id, status, storage.ErrConflict)
 		}
 		now := s.now()
-		st.tail.Queue(s.q(retrySQL), now, id)
+		rows, err := tx.Query(ctx, s.q(expandedToRetrySQL), id)
+		if err != nil {
+			return err
+		}
+		expanded, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		st.tail.Queue(s.q(retrySQL), now, id, expanded)
 		// The plan sees the state retrySQL leaves, which it runs before
 		// the plan's changes, in the same round trip.
 		l.state.Status = storage.InstanceRunning
 		for i := range l.state.Steps {
-			if ss := &l.state.Steps[i]; ss.Status == storage.StepFailed || ss.Status == storage.StepCancelled {
+			ss := &l.state.Steps[i]
+			switch {
+			case slices.Contains(expanded, ss.Name):
+				*ss = storage.StepState{Name: ss.Name, DependsOn: ss.DependsOn, Status: storage.StepRunning}
+				st.ready(l.queues[i])
+			case ss.Status == storage.StepFailed || ss.Status == storage.StepCancelled:
 				*ss = storage.StepState{Name: ss.Name, DependsOn: ss.DependsOn, Status: storage.StepBlocked}
 			}
 		}

@@ -45,16 +45,20 @@ ins AS (
 ),
 st AS (
 	INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, depends_on, status,
-		max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after, ready_at, finished_at)
+		max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after, ready_at, finished_at,
+		output, for_each, item_concurrency, continue_on_error)
 	SELECT x.instance_id, x.position, x.name, x.handler, x.queue, x.workflow, x.depends_on::text[], x.status,
 		x.max_attempts, x.backoff_us, x.max_backoff_us, x.timeout_us, x.priority, x.input, x.error,
 		CASE WHEN x.status = 'pending' THEN greatest({now}, x.run_after) END,
 		CASE WHEN x.status = 'pending' THEN {now} END,
-		CASE WHEN x.status NOT IN ('pending', 'blocked') THEN {now} END
+		CASE WHEN x.status NOT IN ('pending', 'blocked') THEN {now} END,
+		x.output, x.for_each, x.item_concurrency, x.continue_on_error
 	FROM unnest($15::text[], $16::int[], $17::text[], $18::text[], $19::text[], $20::text[], $21::text[], $22::text[],
-			$23::int[], $24::bigint[], $25::bigint[], $26::bigint[], $27::int[], $28::json[], $29::text[], $30::timestamptz[])
+			$23::int[], $24::bigint[], $25::bigint[], $26::bigint[], $27::int[], $28::json[], $29::text[], $30::timestamptz[],
+			$35::json[], $36::bool[], $37::int[], $38::bool[])
 		AS x(instance_id, position, name, handler, queue, workflow, depends_on, status,
-			max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after)
+			max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after,
+			output, for_each, item_concurrency, continue_on_error)
 	JOIN ins ON ins.id = x.instance_id
 	ORDER BY x.instance_id, x.position
 ),
@@ -229,7 +233,8 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 		rows.ids, rows.workflows, rows.hashes, rows.statuses, rows.inputs, rows.outputs, rows.errors, rows.keys, rows.priorities, rows.runAfters,
 		rows.stInst, rows.stPos, rows.stNames, rows.stHandlers, rows.stQueues, rows.stWorkflows, rows.stDeps, rows.stStatuses,
 		rows.stMax, rows.stBackoff, rows.stMaxBackoff, rows.stTimeout, rows.stPriorities, rows.stInputs, rows.stErrors, rows.stRunAfters,
-		rows.evInst, rows.evSteps, rows.evTypes, rows.evMessages).Query(func(dbRows pgx.Rows) error {
+		rows.evInst, rows.evSteps, rows.evTypes, rows.evMessages,
+		rows.stOutputs, rows.stForEach, rows.stCaps, rows.stContinue).Query(func(dbRows pgx.Rows) error {
 		var err error
 		inserted, err = pgx.CollectRows(dbRows, pgx.RowTo[string])
 		return err
@@ -244,6 +249,14 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 	created := make(map[string]bool, len(inserted))
 	for _, id := range inserted {
 		created[id] = true
+	}
+	// A step the plan expanded at once was inserted blocked: its items go
+	// in now that it has a row (the expansion's event came with the
+	// creation's).
+	for _, x := range rows.expansions {
+		if created[x.instanceID] {
+			s.queueExpandAtCreation(st, now, x.instanceID, x.name, x.items)
+		}
 	}
 
 	// A planned instance that was not inserted lost its idempotency key to
@@ -325,6 +338,10 @@ type createRows struct {
 	stBackoff, stMaxBackoff, stTimeout                                               []int64
 	stInputs                                                                         []json.RawMessage
 	stRunAfters                                                                      []*time.Time
+	stOutputs                                                                        []json.RawMessage
+	stForEach, stContinue                                                            []bool
+	stCaps                                                                           []int32
+	expansions                                                                       []expansion
 
 	evInst, evSteps, evTypes, evMessages []string
 }
@@ -371,7 +388,17 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance) {
 		r.stQueues = append(r.stQueues, queueOf(*sp))
 		r.stWorkflows = append(r.stWorkflows, p.Workflow)
 		r.stDeps = append(r.stDeps, arrayLiteral(sp.DependsOn))
-		r.stStatuses = append(r.stStatuses, string(ns.Status))
+		status := ns.Status
+		if status == storage.StepRunning {
+			status = storage.StepBlocked
+			r.expansions = append(r.expansions, expansion{p.ID, sp.Name, ns.Items})
+			st.ready(queueOf(*sp))
+		}
+		r.stStatuses = append(r.stStatuses, string(status))
+		r.stOutputs = append(r.stOutputs, jsonOrNil(ns.Output))
+		r.stForEach = append(r.stForEach, sp.ForEach)
+		r.stContinue = append(r.stContinue, sp.ContinueOnError)
+		r.stCaps = append(r.stCaps, int32(sp.ItemConcurrency))
 		r.stMax = append(r.stMax, int32(max(1, sp.Retry.MaxAttempts)))
 		r.stBackoff = append(r.stBackoff, sp.Retry.Backoff.Microseconds())
 		r.stMaxBackoff = append(r.stMaxBackoff, sp.Retry.MaxBackoff.Microseconds())
@@ -387,6 +414,12 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance) {
 		r.evTypes = append(r.evTypes, string(e.Type))
 		r.evMessages = append(r.evMessages, e.Message)
 	}
+}
+
+// expansion is a forEach step a creation's plan expanded at once.
+type expansion struct {
+	instanceID, name string
+	items            []json.RawMessage
 }
 
 // arrayLiteral spells names as a PostgreSQL text[] literal, every element

@@ -43,7 +43,8 @@ u AS (
 	FROM r, l, {s}instances i
 	WHERE s.id = l.id AND s.id = r.step_id AND s.fence = r.fence AND s.instance_id = r.instance_id
 		AND s.status = 'running' AND i.id = s.instance_id
-	RETURNING r.ord, s.instance_id, s.name, s.status, s.attempts, s.queue, s.run_after, r.outcome, r.message
+	RETURNING r.ord, s.instance_id, s.name, s.status, s.attempts, s.queue, s.run_after, r.outcome, r.message,
+		s.parent_id
 ),
 ev AS (
 	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
@@ -55,9 +56,10 @@ ev AS (
 			WHEN outcome = 4 THEN ` + snoozedUntilSQL + `
 			ELSE message END,
 		{now}
-	FROM u ORDER BY ord
+	FROM u WHERE u.parent_id IS NULL -- items have no events of their own
+	ORDER BY ord
 )
-SELECT ord, instance_id, status, queue FROM u`
+SELECT ord, instance_id, status, queue, coalesce(parent_id, 0) FROM u`
 
 // snoozedUntilSQL is a snooze event's message: the time its step is
 // pending again, which only the statement knows, formatted as Go's
@@ -132,17 +134,26 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		// the instances' steps as they are after the results (a few of
 		// those may turn out not to need a plan).
 		locked := make(map[string]*loaded, len(instanceIDs))
-		var touched []*loaded
+		var (
+			touched []*loaded
+			parents []int64 // forEach steps whose items finished
+		)
 		var b pgx.Batch
 		s.queueLock(&b, instanceIDs, locked)
 		b.Queue(s.q(finishSQL), now, stepIDs, instanceIDs, fences, outcomes, outputs, errs, messages, runAfters, delays).Query(func(rows pgx.Rows) error {
 			var (
-				ord               int64
+				ord, parent       int64
 				instanceID, queue string
 				status            storage.StepStatus
 			)
-			_, err := pgx.ForEachRow(rows, []any{&ord, &instanceID, &status, &queue}, func() error {
+			_, err := pgx.ForEachRow(rows, []any{&ord, &instanceID, &status, &queue, &parent}, func() error {
 				out[ord-1].Accepted = true
+				if parent != 0 && status != storage.StepPending {
+					if (status == storage.StepCompleted || status == storage.StepFailed) && !slices.Contains(parents, parent) {
+						parents = append(parents, parent)
+					}
+					return nil
+				}
 				switch status {
 				case storage.StepCompleted, storage.StepFailed:
 					if l := locked[instanceID]; l != nil && !slices.Contains(touched, l) {
@@ -161,6 +172,15 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		}
 		if err := s.markCancelled(ctx, tx, out, stepIDs, fences); err != nil {
 			return err
+		}
+		settled, err := s.settle(ctx, tx, now, parents, locked)
+		if err != nil {
+			return err
+		}
+		for _, l := range settled {
+			if !slices.Contains(touched, l) {
+				touched = append(touched, l)
+			}
 		}
 		if err := s.planAndApply(st, now, touched, plan); err != nil {
 			return err
@@ -241,19 +261,21 @@ u AS (
 	FROM r, l, {s}instances i
 	WHERE s.id = l.id AND s.id = r.step_id AND s.fence = r.fence AND s.status = 'running'
 		AND s.lease_until < {now} AND i.id = s.instance_id
-	RETURNING r.ord, s.instance_id, s.name, s.status, s.attempts, s.queue, r.message
+	RETURNING r.ord, s.instance_id, s.name, s.status, s.attempts, s.queue, r.message, s.parent_id
 ),
 ev AS (
 	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
 	SELECT e.instance_id, e.name, e.type, e.attempts, e.message, {now} FROM (
 		SELECT u.instance_id, u.name, 'step.lease_expired' AS type, u.attempts, u.message, u.ord, 0 AS sub FROM u
+		WHERE u.parent_id IS NULL -- items have no events of their own
 		UNION ALL
 		SELECT u.instance_id, u.name,
 			CASE u.status WHEN 'failed' THEN 'step.failed' WHEN 'cancelled' THEN 'step.cancelled' ELSE 'step.retrying' END,
 			u.attempts, u.message, u.ord, 1 FROM u
+		WHERE u.parent_id IS NULL
 	) e ORDER BY e.ord, e.sub
 )
-SELECT instance_id, status, queue FROM u`
+SELECT instance_id, status, queue, coalesce(parent_id, 0) FROM u`
 
 // RecoverExpired implements storage.Store. A limit below 1 means 1000.
 func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.PlanFunc) (int, error) {
@@ -297,16 +319,26 @@ func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.Plan
 			return err
 		}
 		locked := make(map[string]*loaded, len(instanceIDs))
-		var touched []*loaded
+		var (
+			touched []*loaded
+			parents []int64
+		)
 		var b pgx.Batch
 		s.queueLock(&b, instanceIDs, locked)
 		b.Queue(s.q(recoverSQL), now, ids, fences, msgs, terminal, delays).Query(func(rows pgx.Rows) error {
 			var (
 				status storage.StepStatus
 				queue  string
+				parent int64
 			)
-			_, err := pgx.ForEachRow(rows, []any{&instanceID, &status, &queue}, func() error {
+			_, err := pgx.ForEachRow(rows, []any{&instanceID, &status, &queue, &parent}, func() error {
 				recovered++
+				if parent != 0 && status == storage.StepFailed {
+					if !slices.Contains(parents, parent) {
+						parents = append(parents, parent)
+					}
+					return nil
+				}
 				switch status {
 				case storage.StepFailed:
 					if l := locked[instanceID]; l != nil && !slices.Contains(touched, l) {
@@ -322,6 +354,15 @@ func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.Plan
 		s.queueLoadSteps(ctx, tx, &b, instanceIDs, locked)
 		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
 			return err
+		}
+		settled, err := s.settle(ctx, tx, now, parents, locked)
+		if err != nil {
+			return err
+		}
+		for _, l := range settled {
+			if !slices.Contains(touched, l) {
+				touched = append(touched, l)
+			}
 		}
 		return s.planAndApply(st, now, touched, plan)
 	})

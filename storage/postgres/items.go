@@ -2,12 +2,288 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dagrun/dagrun/storage"
 )
 
-// ListItems returns a page of a forEach step's items in index order.
+// expandSQL makes a blocked forEach step ($2 instance, $3 name) running,
+// with no lease (it is never claimed, only its items are), and inserts one
+// pending item per input of $4, copying what a claim needs from the step;
+// with $5 it records the step's step.ready event (a creation has its own).
+const expandSQL = `
+WITH p AS (
+	UPDATE {s}steps s SET status = 'running', started_at = {now}, first_started_at = {now}, ready_at = {now},
+		run_after = greatest({now}, (SELECT i.run_after FROM {s}instances i WHERE i.id = s.instance_id)), lease_until = NULL
+	WHERE s.instance_id = $2 AND s.item_index = -1 AND s.name = $3 AND s.status = 'blocked' AND s.for_each
+	RETURNING s.*
+),
+ev AS (
+	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
+	SELECT p.instance_id, p.name, 'step.ready', 0, cardinality($4::json[]) || ' items', {now} FROM p WHERE $5
+)
+INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, depends_on, status,
+	max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, run_after, ready_at,
+	parent_id, item_index, item_concurrency, continue_on_error)
+SELECT p.instance_id, p.position, p.name, p.handler, p.queue, p.workflow, '{}', 'pending',
+	p.max_attempts, p.backoff_us, p.max_backoff_us, p.timeout_us, p.priority, x.input, p.run_after, {now},
+	p.id, x.ord - 1, p.item_concurrency, p.continue_on_error
+FROM p, unnest($4::json[]) WITH ORDINALITY AS x(input, ord)`
+
+// queueExpand queues the expansion of one forEach step on the
+// transaction's tail; the step must be a blocked forEach step.
+func (s *Store) queueExpand(st *txState, now *time.Time, instanceID, name string, items []json.RawMessage) {
+	s.queueExpansion(st, now, instanceID, name, items, true)
+}
+
+// queueExpandAtCreation is queueExpand for a step expanded by the plan of
+// its instance's creation, whose events the creation writes.
+func (s *Store) queueExpandAtCreation(st *txState, now *time.Time, instanceID, name string, items []json.RawMessage) {
+	s.queueExpansion(st, now, instanceID, name, items, false)
+}
+
+func (s *Store) queueExpansion(st *txState, now *time.Time, instanceID, name string, items []json.RawMessage, event bool) {
+	st.tail.Queue(s.q(expandSQL), now, instanceID, name, items, event).Exec(func(tag pgconn.CommandTag) error {
+		if int(tag.RowsAffected()) != len(items) {
+			return fmt.Errorf("plan for instance %s expands step %q, which is not a blocked forEach step", instanceID, name)
+		}
+		return nil
+	})
+}
+
+// settleSQL brings the running forEach steps of $2 up to date after some
+// of their items finished, in the transaction of that change (whose
+// instance locks keep two transactions from settling one step twice): a
+// failed or cancelled item without continueOnError fails its step at once
+// and cancels the step's unfinished items; a step whose items are all
+// finished completes with their outputs in index order, or fails when
+// one failed (null for it in the output).
+const settleSQL = `
+WITH p AS (
+	SELECT s.id, s.continue_on_error, f.item_index AS failed_index, f.error AS failed_error,
+		EXISTS (SELECT 1 FROM {s}steps u WHERE u.parent_id = s.id AND u.status IN ('pending', 'running')) AS unfinished
+	FROM {s}steps s
+	LEFT JOIN LATERAL (
+		SELECT f.item_index, f.error FROM {s}steps f
+		WHERE f.parent_id = s.id AND f.status IN ('failed', 'cancelled')
+		ORDER BY f.item_index LIMIT 1
+	) f ON true
+	WHERE s.id = ANY($2::bigint[]) AND s.status = 'running'
+),
+d AS (
+	SELECT p.*, p.failed_index IS NOT NULL AS failed FROM p
+	WHERE (p.failed_index IS NOT NULL AND NOT p.continue_on_error) OR NOT p.unfinished
+),
+c AS (
+	UPDATE {s}steps i SET status = 'cancelled', finished_at = {now}, lease_until = NULL
+	FROM d WHERE i.parent_id = d.id AND d.failed AND NOT d.continue_on_error AND i.status IN ('pending', 'running')
+),
+u AS (
+	UPDATE {s}steps s SET
+		status = CASE WHEN d.failed THEN 'failed' ELSE 'completed' END,
+		error = CASE WHEN d.failed THEN 'item ' || d.failed_index || ' failed: ' || d.failed_error ELSE '' END,
+		finished_at = {now},
+		output = CASE WHEN d.failed AND NOT d.continue_on_error THEN NULL ELSE
+			(SELECT json_agg(coalesce(o.output, 'null'::json) ORDER BY o.item_index) FROM {s}steps o WHERE o.parent_id = d.id) END
+	FROM d WHERE s.id = d.id
+	RETURNING s.instance_id, s.name, s.status, s.error, s.output, s.position
+),
+ev AS (
+	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
+	SELECT u.instance_id, u.name, 'step.' || u.status, 0, u.error, {now} FROM u ORDER BY u.instance_id, u.position
+)
+SELECT instance_id, name, status, error, output FROM u`
+
+// settle runs settleSQL for parents and brings the loaded states of their
+// instances (locked, loaded before) up to date; it returns the instances
+// whose steps it finished, to plan.
+func (s *Store) settle(ctx context.Context, tx pgx.Tx, now *time.Time, parents []int64, locked map[string]*loaded) ([]*loaded, error) {
+	if len(parents) == 0 {
+		return nil, nil
+	}
+	rows, err := tx.Query(ctx, s.q(settleSQL), now, parents)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		touched                   []*loaded
+		instanceID, name, message string
+		status                    storage.StepStatus
+		output                    []byte
+	)
+	_, err = pgx.ForEachRow(rows, []any{&instanceID, &name, &status, &message, &output}, func() error {
+		l := locked[instanceID]
+		if l == nil {
+			return fmt.Errorf("forEach step %s settled in instance %s, which is not locked", name, instanceID)
+		}
+		i := stepIndex(&l.state, name)
+		if i < 0 {
+			return fmt.Errorf("forEach step %s of instance %s not loaded", name, instanceID)
+		}
+		ss := &l.state.Steps[i]
+		ss.Status, ss.Error, ss.Output = status, message, rawJSON(append([]byte(nil), output...))
+		for _, t := range touched {
+			if t == l {
+				return nil
+			}
+		}
+		touched = append(touched, l)
+		return nil
+	})
+	return touched, err
+}
+
+// ListItems implements storage.Store.
 func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage.Item, error) {
-	return nil, errors.New("ListItems: not implemented yet")
+	limit := p.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	var out []storage.Item
+	err := s.retry(ctx, func() error {
+		out = nil
+		var parentID int64
+		err := s.pool.QueryRow(ctx, s.q(`SELECT id FROM {s}steps WHERE instance_id = $1 AND item_index = -1 AND name = $2`),
+			p.InstanceID, p.Step).Scan(&parentID)
+		if errors.Is(err, pgx.ErrNoRows) {
+			var exists bool
+			if err := s.pool.QueryRow(ctx, s.q(`SELECT EXISTS (SELECT 1 FROM {s}instances WHERE id = $1)`), p.InstanceID).Scan(&exists); err != nil {
+				return err
+			}
+			if !exists {
+				return fmt.Errorf("instance %s: %w", p.InstanceID, storage.ErrNotFound)
+			}
+			return fmt.Errorf("step %s of instance %s: %w", p.Step, p.InstanceID, storage.ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		rows, err := s.pool.Query(ctx, s.q(`SELECT item_index, status, attempts, input, output, error, started_at, finished_at, worker_id
+			FROM {s}steps WHERE parent_id = $1 AND ($4 = '' OR status = $4) ORDER BY item_index LIMIT $2 OFFSET $3`),
+			parentID, limit, max(p.Offset, 0), string(p.Status))
+		if err != nil {
+			return err
+		}
+		var (
+			it                storage.Item
+			input, output     []byte
+			started, finished *time.Time
+		)
+		_, err = pgx.ForEachRow(rows, []any{&it.Index, &it.Status, &it.Attempts, &input, &output, &it.Error, &started, &finished, &it.WorkerID}, func() error {
+			it.Input, it.Output = rawJSON(append([]byte(nil), input...)), rawJSON(append([]byte(nil), output...))
+			if input == nil {
+				it.Input = nil
+			}
+			if output == nil {
+				it.Output = nil
+			}
+			it.StartedAt, it.FinishedAt = utcPtr(started), utcPtr(finished)
+			out = append(out, it)
+			it = storage.Item{}
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, storage.ErrNotFound) {
+			return nil, err
+		}
+		return nil, s.fail("list items", err)
+	}
+	return out, nil
+}
+
+// itemCountsSQL counts the items of forEach steps ($1) by status, reading
+// only the items' status index.
+const itemCountsSQL = `SELECT parent_id, status, count(*) FROM {s}steps WHERE parent_id = ANY($1) GROUP BY parent_id, status`
+
+// queueItemCounts fills in, when the batch runs, the item counts of the
+// forEach steps of instances, whose steps must be loaded by then.
+func (s *Store) itemCounts(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, instances []storage.Instance) error {
+	byID := map[int64]*storage.Step{}
+	var ids []int64
+	for i := range instances {
+		for j := range instances[i].Steps {
+			if st := &instances[i].Steps[j]; st.Items != nil {
+				byID[st.ID] = st
+				ids = append(ids, st.ID)
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := q.Query(ctx, s.q(itemCountsSQL), ids)
+	if err != nil {
+		return err
+	}
+	var (
+		id     int64
+		status storage.StepStatus
+		n      int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &status, &n}, func() error {
+		storage.CountItem(byID[id].Items, status, n)
+		return nil
+	})
+	return err
+}
+
+// underCap holds for a pending item when its running siblings and the
+// claimable pending ones before it, which the same claim may take too,
+// leave room for it under its step's cap: however many items one claim
+// takes, the one with the highest index among them counts all the others.
+const underCap = `(SELECT count(*) FROM {s}steps r WHERE r.parent_id = {s}steps.parent_id AND r.status = 'running')
+	+ (SELECT count(*) FROM {s}steps q WHERE q.parent_id = {s}steps.parent_id AND q.status = 'pending'
+		AND q.item_index < {s}steps.item_index AND q.run_after <= {now}) < {s}steps.item_concurrency`
+
+// cappedParentsSQL locks the forEach steps with claimable items under a
+// concurrency cap, skipping those another claimer holds.
+const cappedParentsSQL = `
+SELECT id FROM {s}steps WHERE id IN (
+	SELECT DISTINCT parent_id FROM {s}steps
+	WHERE status = 'pending' AND item_concurrency > 0 AND run_after <= {now}
+) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED`
+
+// claimCapped claims items of forEach steps with a concurrency cap, which
+// the main claim statement leaves alone. Counting a step's running items
+// and claiming under the cap must not race with another claimer doing the
+// same, whose claims a statement's snapshot would not see: the claimer
+// first locks the steps (skipping those another holds), then claims their
+// items in a second statement, whose snapshot sees every claim committed
+// before it got the locks. Pending capped items have a partial index of
+// their own, so when there are none this costs one quick statement.
+func (s *Store) claimCapped(ctx context.Context, p storage.ClaimParams, limit int) ([]storage.ClaimedStep, error) {
+	p.Limit = limit
+	var out []storage.ClaimedStep
+	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		out = nil
+		rows, err := tx.Query(ctx, s.q(cappedParentsSQL), s.now())
+		if err != nil {
+			return err
+		}
+		parents, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil || len(parents) == 0 {
+			return err
+		}
+		sql, args := s.claimStatementFor(p, s.now(), parents)
+		rows, err = tx.Query(ctx, sql, args...)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, scanClaimed)
+		return err
+	})
+	if err != nil {
+		return nil, s.fail("claim steps", err)
+	}
+	return out, nil
 }

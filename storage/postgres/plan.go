@@ -52,7 +52,7 @@ func (s *Store) queueLock(b *pgx.Batch, ids []string, into map[string]*loaded) {
 
 const loadStepStatesSQL = `
 SELECT instance_id, name, depends_on, status, output, error, attempts, queue
-FROM {s}steps WHERE instance_id = ANY($1) ORDER BY instance_id, position`
+FROM {s}steps WHERE instance_id = ANY($1) AND item_index = -1 ORDER BY instance_id, position`
 
 // queueLoadSteps queues the load of the steps of instances, as this
 // transaction sees them, after a queueLock of them on the same batch.
@@ -120,7 +120,8 @@ WITH c AS (
 u AS (
 	UPDATE {s}steps s SET
 		status = c.status,
-		input = CASE WHEN c.status = 'failed' THEN s.input ELSE c.input END,
+		input = CASE WHEN c.status IN ('failed', 'completed') THEN s.input ELSE c.input END,
+		output = CASE WHEN c.status = 'completed' THEN c.input ELSE s.output END,
 		error = CASE WHEN c.status = 'failed' THEN c.error ELSE s.error END,
 		run_after = CASE WHEN c.status = 'pending'
 			THEN greatest({now}, (SELECT i.run_after FROM {s}instances i WHERE i.id = s.instance_id))
@@ -133,7 +134,8 @@ u AS (
 )
 INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
 SELECT u.instance_id, u.name,
-	CASE u.status WHEN 'pending' THEN 'step.ready' WHEN 'skipped' THEN 'step.skipped' ELSE 'step.failed' END,
+	CASE u.status WHEN 'pending' THEN 'step.ready' WHEN 'skipped' THEN 'step.skipped'
+		WHEN 'completed' THEN 'step.completed' ELSE 'step.failed' END,
 	0, u.error, {now}
 FROM u ORDER BY u.ord`
 
@@ -154,11 +156,11 @@ c AS (
 	UPDATE {s}steps s SET status = 'cancelled', finished_at = {now}, lease_until = NULL
 	FROM i
 	WHERE s.instance_id = i.id AND s.status IN ('blocked', 'pending', 'running')
-	RETURNING s.instance_id, s.name, s.attempts, s.position, i.error
+	RETURNING s.instance_id, s.name, s.attempts, s.position, s.item_index, i.error
 ),
 ev AS (
 	SELECT c.instance_id, c.name AS step, 'step.cancelled' AS type, c.attempts AS attempt, c.error AS message, 0 AS ord, c.position
-	FROM c
+	FROM c WHERE c.item_index = -1 -- items have no events of their own
 	UNION ALL
 	SELECT i.id, '', 'instance.' || i.status, 0, i.error, 1, 0 FROM i
 ),
@@ -191,7 +193,7 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 		if p == nil {
 			continue
 		}
-		if err := sc.add(st, l, p.Steps); err != nil {
+		if err := sc.add(st, now, s, l, p.Steps); err != nil {
 			return err
 		}
 		if err := ic.add(l.state.ID, p.Instance); err != nil {
@@ -224,7 +226,7 @@ type stepChanges struct {
 
 // add checks changes against the instance's state, and updates the state
 // as it goes so that one Plan cannot change a step twice.
-func (c *stepChanges) add(st *txState, l *loaded, changes []storage.StepChange) error {
+func (c *stepChanges) add(st *txState, now *time.Time, s *Store, l *loaded, changes []storage.StepChange) error {
 	is := &l.state
 	for _, ch := range changes {
 		i := stepIndex(is, ch.Name)
@@ -232,21 +234,34 @@ func (c *stepChanges) add(st *txState, l *loaded, changes []storage.StepChange) 
 			return fmt.Errorf("plan for instance %s names unknown step %q", is.ID, ch.Name)
 		}
 		switch ch.Status {
-		case storage.StepPending, storage.StepSkipped, storage.StepFailed:
+		case storage.StepPending, storage.StepSkipped, storage.StepFailed, storage.StepCompleted:
+		case storage.StepRunning:
+			if err := storage.CheckExpansion(is.ID, nil, ch); err != nil {
+				return err
+			}
 		default:
-			return fmt.Errorf("plan for instance %s moves step %q to %q: only pending, skipped or failed are allowed", is.ID, ch.Name, ch.Status)
+			return fmt.Errorf("plan for instance %s moves step %q to %q: only pending, running (a forEach expansion), completed, skipped or failed are allowed", is.ID, ch.Name, ch.Status)
 		}
 		if cur := is.Steps[i].Status; cur != storage.StepBlocked {
 			return fmt.Errorf("plan for instance %s moves step %q to %s, but it is %s, not blocked", is.ID, ch.Name, ch.Status, cur)
 		}
 		is.Steps[i].Status = ch.Status
+		if ch.Status == storage.StepRunning {
+			st.ready(l.queues[i])
+			s.queueExpand(st, now, is.ID, ch.Name, ch.Items)
+			continue
+		}
 		if ch.Status == storage.StepPending {
 			st.ready(l.queues[i])
+		}
+		input := ch.Input
+		if ch.Status == storage.StepCompleted {
+			input = ch.Output // the column of c.input carries a completed step's output
 		}
 		c.ids = append(c.ids, is.ID)
 		c.names = append(c.names, ch.Name)
 		c.statuses = append(c.statuses, string(ch.Status))
-		c.inputs = append(c.inputs, jsonOrNil(ch.Input))
+		c.inputs = append(c.inputs, jsonOrNil(input))
 		c.errors = append(c.errors, ch.Error)
 	}
 	return nil

@@ -42,7 +42,7 @@ func scanInstance(row pgx.Row, extra ...any) (storage.Instance, error) {
 
 const stepColumns = `instance_id, id, name, handler, queue, depends_on, status, attempts, max_attempts,
 	backoff_us, max_backoff_us, timeout_us, input, output, error, run_after, ready_at, started_at, finished_at,
-	lease_until, worker_id`
+	lease_until, worker_id, for_each`
 
 // collectSteps scans step rows and hands each to add with its instance.
 func collectSteps(rows pgx.Rows, add func(instanceID string, st storage.Step)) error {
@@ -52,10 +52,11 @@ func collectSteps(rows pgx.Rows, add func(instanceID string, st storage.Step)) e
 		input, output                                  []byte
 		backoff, maxBackoff, tmo                       int64
 		runAfter, ready, started, finished, leaseUntil *time.Time
+		forEach                                        bool
 	)
 	_, err := pgx.ForEachRow(rows, []any{&instanceID, &st.ID, &st.Name, &st.Handler, &st.Queue, &st.DependsOn, &st.Status,
 		&st.Attempts, &st.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &input, &output, &st.Error, &runAfter, &ready,
-		&started, &finished, &leaseUntil, &st.WorkerID}, func() error {
+		&started, &finished, &leaseUntil, &st.WorkerID, &forEach}, func() error {
 		if len(st.DependsOn) == 0 {
 			st.DependsOn = nil
 		}
@@ -65,6 +66,9 @@ func collectSteps(rows pgx.Rows, add func(instanceID string, st storage.Step)) e
 		st.Input, st.Output = rawJSON(input), rawJSON(output)
 		st.RunAfter = utc(runAfter)
 		st.ReadyAt, st.StartedAt, st.FinishedAt, st.LeaseUntil = utcPtr(ready), utcPtr(started), utcPtr(finished), utcPtr(leaseUntil)
+		if forEach {
+			st.Items = &storage.ItemCounts{}
+		}
 		add(instanceID, st)
 		st = storage.Step{}
 		return nil
@@ -87,7 +91,7 @@ func (s *Store) GetInstance(ctx context.Context, id string) (*storage.Instance, 
 		}
 		in.Definition = def
 		var b pgx.Batch
-		b.Queue(s.q(`SELECT `+stepColumns+` FROM {s}steps WHERE instance_id = $1 ORDER BY position`), id).Query(func(rows pgx.Rows) error {
+		b.Queue(s.q(`SELECT `+stepColumns+` FROM {s}steps WHERE instance_id = $1 AND item_index = -1 ORDER BY position`), id).Query(func(rows pgx.Rows) error {
 			return collectSteps(rows, func(_ string, st storage.Step) { in.Steps = append(in.Steps, st) })
 		})
 		b.Queue(s.q(`SELECT id, instance_id, step, type, attempt, message, at FROM {s}events WHERE instance_id = $1 ORDER BY id`), id).Query(func(rows pgx.Rows) error {
@@ -99,7 +103,10 @@ func (s *Store) GetInstance(ctx context.Context, id string) (*storage.Instance, 
 			})
 			return err
 		})
-		return tx.SendBatch(ctx, &b).Close()
+		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+			return err
+		}
+		return s.itemCounts(ctx, tx, []storage.Instance{in})
 	})
 	if err != nil {
 		return nil, s.fail("get instance", err)
@@ -151,14 +158,17 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 		for i := range out {
 			idx[out[i].ID], ids[i] = i, out[i].ID
 		}
-		rows, err = tx.Query(ctx, s.q(`SELECT `+stepColumns+` FROM {s}steps WHERE instance_id = ANY($1) ORDER BY instance_id, position`), ids)
+		rows, err = tx.Query(ctx, s.q(`SELECT `+stepColumns+` FROM {s}steps WHERE instance_id = ANY($1) AND item_index = -1 ORDER BY instance_id, position`), ids)
 		if err != nil {
 			return err
 		}
-		return collectSteps(rows, func(id string, st storage.Step) {
+		if err := collectSteps(rows, func(id string, st storage.Step) {
 			i := idx[id]
 			out[i].Steps = append(out[i].Steps, st)
-		})
+		}); err != nil {
+			return err
+		}
+		return s.itemCounts(ctx, tx, out)
 	})
 	if err != nil {
 		return nil, s.fail("list instances", err)
@@ -191,7 +201,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			return err
 		})
 		b.Queue(s.q(`SELECT workflow, queue, count(*), count(*) FILTER (WHERE lease_until < {now})
-			FROM {s}steps WHERE status = 'running' GROUP BY workflow, queue`), now).Query(func(rows pgx.Rows) error {
+			FROM {s}steps WHERE status = 'running' AND lease_until IS NOT NULL GROUP BY workflow, queue`), now).Query(func(rows pgx.Rows) error {
 			var stuck int
 			_, err := pgx.ForEachRow(rows, []any{&wf, &q, &n, &stuck}, func() error {
 				sb.Running(wf, q, n, stuck)
