@@ -203,7 +203,7 @@ func TestValidate(t *testing.T) {
 	b := setup(t)
 	res := b.run(t, "", "validate")
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
-	require.Equal(t, "ok checkout (4 steps)\nok greet (1 steps)\n", res.stdout)
+	require.Equal(t, "ok checkout (4 steps)\nok fanout (2 steps)\nok greet (1 steps)\n", res.stdout)
 
 	res = b.run(t, "", "validate", "testdata/invalid/typos.yaml", "testdata/workflows/greet.yaml", "testdata/invalid/not-yaml.yaml")
 	require.Equal(t, app.ExitUsage, res.code)
@@ -247,6 +247,9 @@ func TestErrorLines(t *testing.T) {
 		{args: []string{"worker", "--concurrency", "0"}, code: app.ExitUsage},
 		{args: []string{"worker", "--lease", "30"}, code: app.ExitUsage},
 		{args: []string{"worker", "--grace", "-1s"}, code: app.ExitUsage},
+		{args: []string{"worker", "--max-items", "0"}, code: app.ExitUsage},
+		{args: []string{"serve", "--max-items", "-5"}, code: app.ExitUsage},
+		{args: []string{"start", "fanout", "--max-items", "many"}, code: app.ExitUsage},
 		{args: []string{"prune", "--older-than", "1 week"}, code: app.ExitUsage},
 		{args: []string{"graph", "nope"}, code: app.ExitUsage},
 		{args: []string{"graph", "greet", "--format", "svg"}, code: app.ExitUsage},

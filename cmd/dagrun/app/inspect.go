@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -174,8 +175,13 @@ func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 		fmt.Fprintln(tw, "STEP\tHANDLER\tSTATUS\tATTEMPTS\tDURATION\tITEMS\tERROR")
 	}
 	for _, s := range inst.Steps {
-		row := []any{s.Name, s.Handler, s.Status, s.Attempts, stepDuration(s, now)}
-		format := "%s\t%s\t%s\t%d\t%s\t"
+		// A forEach step never runs a handler itself: its items have the attempts.
+		attempts := strconv.Itoa(s.Attempts)
+		if s.Items != nil {
+			attempts = "-"
+		}
+		row := []any{s.Name, s.Handler, s.Status, attempts, stepDuration(s, now)}
+		format := "%s\t%s\t%s\t%s\t%s\t"
 		if forEach != "" {
 			counts := "-"
 			if s.Items != nil {

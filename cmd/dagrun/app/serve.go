@@ -65,6 +65,7 @@ func (c *cli) serveCommand() *cobra.Command {
 	f.StringVar(&token, "token", "", "bearer token required by the API, the UI and /metrics (env DAGRUN_TOKEN)")
 	f.BoolVar(&withWorker, "worker", false, "also run a worker in this process")
 	f.IntVar(&concurrency, "concurrency", dagrun.DefaultConcurrency, "steps the embedded worker runs at once (with --worker)")
+	c.addMaxItemsFlag(cmd)
 	return cmd
 }
 

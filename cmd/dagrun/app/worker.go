@@ -62,6 +62,7 @@ func (c *cli) workerCommand() *cobra.Command {
 	f.StringVar(&lease, "lease", dagrun.DefaultLease.String(), "claim lease; the worker heartbeats every third of it")
 	f.StringVar(&poll, "poll", dagrun.DefaultPoll.String(), "fallback polling interval")
 	f.StringVar(&grace, "grace", dagrun.DefaultShutdownGrace.String(), "how long running steps may finish after SIGINT/SIGTERM")
+	c.addMaxItemsFlag(cmd)
 	return cmd
 }
 

@@ -176,3 +176,67 @@ func TestItemsAPIErrors(t *testing.T) {
 	requireError(t, anon.do(t, http.MethodGet, base+"hello/items", ""), http.StatusUnauthorized, "missing token")
 	requireError(t, b.do(t, http.MethodPost, base+"hello/items", ""), http.StatusMethodNotAllowed, "method POST is not allowed")
 }
+
+// fanoutYAML squares 250 numbers; every hundredth item waits for a time
+// that is not one, which fails it for good.
+const fanoutYAML = `name: fanout
+steps:
+  - name: square
+    forEach: ${{ 0..249 }}
+    continueOnError: true
+    retry: {maxAttempts: 1}
+    handler: sleep
+    input:
+      until: "${{ index % 100 == 99 ? 'never' : '2000-01-01T00:00:00Z' }}"
+  - name: done
+    handler: noop
+    dependsOn: [square]
+`
+
+// TestItemsAPI pages the items of a real forEach step on every backend.
+func TestItemsAPI(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b := setup(t, open, &setupOpts{worker: true, workflows: []string{fanoutYAML}})
+		id := b.start(t, "fanout", "")
+		b.wait(t, id)
+		base := "/api/instances/" + id + "/steps/square/items"
+
+		inst := b.do(t, http.MethodGet, "/api/instances/"+id, "").json(t)
+		square := inst["steps"].([]any)[0].(map[string]any)
+		require.Equal(t, "failed", square["status"])
+		require.Equal(t, map[string]any{"total": 250.0, "pending": 0.0, "running": 0.0, "completed": 248.0, "failed": 2.0, "cancelled": 0.0}, square["items"])
+
+		var page view.ItemPage
+		r := b.do(t, http.MethodGet, base+"?offset=98&limit=3", "")
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+		require.NoError(t, json.Unmarshal(r.body, &page))
+		require.Equal(t, []int{98, 99, 100}, indexes(page))
+		require.Equal(t, 250, page.Total)
+		require.Equal(t, "failed", page.Items[1].Status)
+		require.Contains(t, *page.Items[1].Error, "never")
+		require.Equal(t, "completed", page.Items[0].Status)
+		require.JSONEq(t, `{"until": "2000-01-01T00:00:00Z"}`, string(page.Items[0].Input))
+
+		r = b.do(t, http.MethodGet, base+"?status=failed", "")
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+		page = view.ItemPage{}
+		require.NoError(t, json.Unmarshal(r.body, &page))
+		require.Equal(t, []int{99, 199}, indexes(page), "the failed items, in index order")
+		require.Equal(t, 2, page.Total)
+
+		r = b.do(t, http.MethodGet, base+"?offset=240", "")
+		page = view.ItemPage{}
+		require.NoError(t, json.Unmarshal(r.body, &page))
+		require.Len(t, page.Items, 10)
+		require.Equal(t, 249, page.Items[9].Index)
+	})
+}
+
+func indexes(p view.ItemPage) []int {
+	out := []int{}
+	for _, it := range p.Items {
+		out = append(out, it.Index)
+	}
+	return out
+}
