@@ -43,7 +43,10 @@ type Step struct {
 	FinishedAt *string         `json:"finishedAt"`
 	// Items counts the items of an expanded forEach step; absent for any
 	// other step. The items themselves are paged (ItemPage), never inlined,
-	// so the instance object stays small whatever their number.
+	// and so is such a step's output, the list of its items' outputs: its
+	// Output here is null, so the instance object stays small whatever the
+	// number of items. (Expressions still read the whole list as
+	// steps.NAME.output.)
 	Items *ItemCounts `json:"items,omitempty"`
 }
 
@@ -160,6 +163,10 @@ func NewInstance(inst *storage.Instance) Instance {
 		if deps == nil {
 			deps = []string{}
 		}
+		output := s.Output
+		if s.Items != nil {
+			output = nil
+		}
 		out.Steps[i] = Step{
 			Name:       s.Name,
 			Handler:    s.Handler,
@@ -168,7 +175,7 @@ func NewInstance(inst *storage.Instance) Instance {
 			Status:     string(s.Status),
 			Attempts:   s.Attempts,
 			Input:      RawOrNull(s.Input),
-			Output:     RawOrNull(s.Output),
+			Output:     RawOrNull(output),
 			Error:      optString(s.Error),
 			StartedAt:  optTime(s.StartedAt),
 			FinishedAt: optTime(s.FinishedAt),

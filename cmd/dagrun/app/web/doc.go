@@ -36,8 +36,9 @@
 //	GET  /api/instances/{id}
 //	     the instance with "events", plus "graph": its steps laid out.
 //	     A forEach step carries "items": {"total", "pending", "running",
-//	     "completed", "failed", "cancelled"}, counts only, so the object
-//	     stays small whatever the number of items.
+//	     "completed", "failed", "cancelled"}, counts only, and "output":
+//	     null (its output is the list of its items' outputs: page them), so
+//	     the object stays small whatever the number of items.
 //	GET  /api/instances/{id}/steps/{step}/items?offset=N&limit=N&status=S
 //	     {"items": [{"index", "status", "attempts", "input", "output",
 //	      "error", "startedAt", "finishedAt", "workerId"}], "offset",

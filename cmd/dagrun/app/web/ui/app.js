@@ -830,15 +830,17 @@
         el("div", { class: "kv" },
           el("span", {}, "Handler"), el("span", { class: "mono" }, s.handler),
           el("span", {}, "Queue"), el("span", { class: "mono" }, s.queue),
-          el("span", {}, "Attempts"), el("span", {}, String(s.attempts)),
+          s.items ? null : [el("span", {}, "Attempts"), el("span", {}, String(s.attempts))],
           el("span", {}, "Started"), el("span", {}, fmtTime(s.startedAt)),
           el("span", {}, "Finished"), el("span", {}, fmtTime(s.finishedAt)),
           el("span", {}, "Duration"), el("span", { id: "step-duration" }, duration(s.startedAt, s.finishedAt)),
           el("span", {}, "Depends on"), el("span", {}, s.dependsOn.length ? s.dependsOn.map((d, i) => [i ? ", " : "", el("a", { href: "#", onclick: (ev) => { ev.preventDefault(); select(d); } }, d)]) : "\u2013")),
         s.error !== null ? [el("h3", {}, "Error"), el("div", { class: "error-box", id: "step-error", "data-keep": "error" }, s.error)] : null,
         s.items ? [el("h3", {}, "Items"), itemCounts(s.items), itemsFor(s).node] : null,
-        el("h3", {}, "Input (resolved)"), el("pre", { class: "json mono", id: "step-input", "data-keep": "step-input" }, pretty(s.input)),
-        el("h3", {}, "Output"), el("pre", { class: "json mono", id: "step-output", "data-keep": "step-output" }, pretty(s.output)),
+        s.items ? null : [el("h3", {}, "Input (resolved)"), el("pre", { class: "json mono", id: "step-input", "data-keep": "step-input" }, pretty(s.input))],
+        el("h3", {}, "Output"), s.items
+          ? el("p", { class: "muted", id: "step-output" }, "The list of the items' outputs, in index order. Click an item for its input and output.")
+          : el("pre", { class: "json mono", id: "step-output", "data-keep": "step-output" }, pretty(s.output)),
         events.length ? [el("h3", {}, "Attempts and events"), el("ol", { class: "timeline", "data-keep": "step-events" }, events.map((e) => eventItem(e, false)))] : null,
       ];
     }
