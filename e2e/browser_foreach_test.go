@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -63,20 +61,13 @@ func TestBrowserForEach(t *testing.T) {
 
 	pace := time.NewTicker(time.Millisecond)
 	t.Cleanup(pace.Stop)
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	upstream := browserUpstream(t, func(r *http.Request) bool {
 		select {
 		case <-pace.C:
 		case <-r.Context().Done():
-			return
 		}
-		if strings.HasSuffix(r.URL.Path, "999") {
-			http.Error(w, "no such item", http.StatusNotFound)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"ok": true}`)
-	}))
-	t.Cleanup(upstream.Close)
+		return !strings.HasSuffix(r.URL.Path, "999")
+	})
 
 	const token = "browser-test-token"
 	base := browserServe(t, binary, dir, workflows, token)

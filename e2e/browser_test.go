@@ -96,15 +96,7 @@ func TestBrowserRetryFlow(t *testing.T) {
 	dir, workflows := browserWorkflows(t, map[string]string{"fragile.yaml": browserWorkflow, "pipeline.yaml": browserPipeline()})
 
 	var fixed atomic.Bool
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		if !fixed.Load() {
-			http.Error(w, "not here yet", http.StatusNotFound)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"ok": true}`)
-	}))
-	t.Cleanup(upstream.Close)
+	upstream := browserUpstream(t, func(*http.Request) bool { return fixed.Load() })
 
 	const token = "browser-test-token"
 	base := browserServe(t, binary, dir, workflows, token)
@@ -558,6 +550,22 @@ func browserChromium(t *testing.T) string {
 	}
 	t.Skip("Chromium is not installed (apt-get install -y chromium); skipping the browser test")
 	return ""
+}
+
+// browserUpstream is a server for http steps: {"ok": true} for a request
+// found says is there, 404 (a permanent failure) for any other.
+func browserUpstream(t *testing.T, found func(*http.Request) bool) *httptest.Server {
+	t.Helper()
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !found(r) {
+			http.Error(w, "not here", http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"ok": true}`)
+	}))
+	t.Cleanup(upstream.Close)
+	return upstream
 }
 
 // browserWorkflows writes workflow files into a new folder and returns the

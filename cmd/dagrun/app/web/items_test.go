@@ -198,6 +198,10 @@ func TestItemsAPI(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
 		b := setup(t, open, &setupOpts{worker: true, workflows: []string{fanoutYAML}})
+		def := b.do(t, http.MethodGet, "/api/workflows/fanout", "").json(t)
+		require.Equal(t, true, def["steps"].([]any)[0].(map[string]any)["forEach"])
+		require.Equal(t, false, def["steps"].([]any)[1].(map[string]any)["forEach"])
+
 		id := b.start(t, "fanout", "")
 		b.wait(t, id)
 		base := "/api/instances/" + id + "/steps/square/items"
@@ -205,6 +209,7 @@ func TestItemsAPI(t *testing.T) {
 		inst := b.do(t, http.MethodGet, "/api/instances/"+id, "").json(t)
 		square := inst["steps"].([]any)[0].(map[string]any)
 		require.Equal(t, "failed", square["status"])
+		require.Nil(t, square["output"], "the output list is paged with the items, not inlined")
 		require.Equal(t, map[string]any{"total": 250.0, "pending": 0.0, "running": 0.0, "completed": 248.0, "failed": 2.0, "cancelled": 0.0}, square["items"])
 
 		var page view.ItemPage
