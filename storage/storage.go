@@ -282,6 +282,15 @@ type StepChange struct {
 	// Items, with Status running, expands the step into one pending item per
 	// resolved input, in index order. A forEach step over an empty list is
 	// completed directly with Output [] instead.
+	//
+	// An expanded step stays running, with no lease, while any item is
+	// unfinished. When every item finished, the store completes it with
+	// the JSON array of the item outputs in index order, or fails it when
+	// an item failed ("item N failed: ..." for the first by index), the
+	// array then holding null for each failed item. Without
+	// ContinueOnError the first item to fail for good fails the step at
+	// once and cancels its other items. Either way the instance is then
+	// planned as after any step's change.
 	Items []json.RawMessage
 	// Output is the output of a step a plan completes directly.
 	Output json.RawMessage
@@ -358,7 +367,10 @@ type Step struct {
 // ItemCounts counts the items of a forEach step by status.
 type ItemCounts struct{ Total, Pending, Running, Completed, Failed, Cancelled int }
 
-// Item is one item of a forEach step.
+// Item is one item of a forEach step. An item is claimed, leased, retried,
+// recovered and cancelled like a step (a claimed item is a ClaimedStep with
+// Item set), but writes no events of its own: an instance's history shows
+// its forEach step's expansion and outcome, however many items it has.
 type Item struct {
 	Index      int
 	Status     StepStatus
@@ -543,7 +555,10 @@ type Store interface {
 	ReleaseSteps(ctx context.Context, claims []Claim) error
 
 	// FinishSteps records finished attempts in one transaction (group
-	// commit). A result whose claim is stale is not applied. For each
+	// commit). A result whose claim is stale is not applied. An item that
+	// completes or fails for good settles its forEach step in the same
+	// transaction (see StepChange.Items), which then counts as that
+	// step's completion or failure. For each
 	// unfinished instance touched by a completion or terminal failure, plan
 	// is called once, after all of that instance's results were applied, and
 	// its Plan applied. A plan that fails the instance cancels its running
@@ -559,13 +574,17 @@ type Store interface {
 	RecoverExpired(ctx context.Context, limit int, plan PlanFunc) (int, error)
 
 	// CancelInstance cancels an unfinished instance and its unfinished steps
-	// (running ones included: their claims become stale). ErrConflict if the
-	// instance is already finished, ErrNotFound if absent.
+	// and items (running ones included: their claims become stale).
+	// ErrConflict if the instance is already finished, ErrNotFound if
+	// absent.
 	CancelInstance(ctx context.Context, id, reason string) error
 
 	// RetryInstance re-arms a failed or cancelled instance: its failed and
 	// cancelled steps become blocked with attempts reset, the instance
-	// running, then plan promotes the ready ones. Completed outputs stay.
+	// running, then plan promotes the ready ones. Completed outputs stay. A
+	// forEach step that expanded runs again instead: its failed and
+	// cancelled items become pending with attempts reset, its completed
+	// ones keep their outputs.
 	RetryInstance(ctx context.Context, id string, plan PlanFunc) error
 
 	// GetInstance returns the instance with steps, events and definition.

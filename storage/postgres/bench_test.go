@@ -92,3 +92,9 @@ func BenchmarkChain4(b *testing.B) {
 func BenchmarkHotPaths(b *testing.B) {
 	storagetest.Benchmark(b, func(b *testing.B) storage.Store { return openTestStore(b, nil) })
 }
+
+// BenchmarkItems runs the shared forEach benchmarks (10,000 items of one
+// step): DAGRUN_TEST_POSTGRES=... go test -run '^$' -bench Items -benchmem ./storage/postgres
+func BenchmarkItems(b *testing.B) {
+	storagetest.BenchmarkItems(b, func(b *testing.B) storage.Store { return openTestStore(b, nil) })
+}

@@ -134,20 +134,27 @@ func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storag
 		return nil, errors.New("postgres: claim steps: lease must be positive")
 	}
 	sql, args := s.claimStatement(p, s.now())
-	var out []storage.ClaimedStep
-	// One statement is its own transaction: one round trip.
+	var (
+		out    []storage.ClaimedStep
+		capped bool
+	)
+	// One batch is its own transaction: one round trip. Whether items
+	// under a concurrency cap wait comes with it, from their own partial
+	// index, nearly always empty.
 	err := s.retry(ctx, func() error {
-		rows, err := s.pool.Query(ctx, sql, args...)
-		if err != nil {
+		var b pgx.Batch
+		b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
+			var err error
+			out, err = pgx.CollectRows(rows, scanClaimed)
 			return err
-		}
-		out, err = pgx.CollectRows(rows, scanClaimed)
-		return err
+		})
+		b.Queue(s.q(cappedPendingSQL), s.now()).QueryRow(func(row pgx.Row) error { return row.Scan(&capped) })
+		return s.pool.SendBatch(ctx, &b).Close()
 	})
 	if err != nil {
 		return nil, s.fail("claim steps", err)
 	}
-	if len(out) < max(p.Limit, 1) {
+	if capped && len(out) < max(p.Limit, 1) {
 		capped, err := s.claimCapped(ctx, p, max(p.Limit, 1)-len(out))
 		if err != nil {
 			return nil, err

@@ -245,12 +245,21 @@ const underCap = `(SELECT count(*) FROM {s}steps r WHERE r.parent_id = {s}steps.
 	+ (SELECT count(*) FROM {s}steps q WHERE q.parent_id = {s}steps.parent_id AND q.status = 'pending'
 		AND q.item_index < {s}steps.item_index AND q.run_after <= {now}) < {s}steps.item_concurrency`
 
-// cappedParentsSQL locks the forEach steps with claimable items under a
-// concurrency cap, skipping those another claimer holds.
+// cappedPendingSQL tells whether any item under a concurrency cap is
+// claimable.
+const cappedPendingSQL = `
+SELECT EXISTS (SELECT 1 FROM {s}steps WHERE status = 'pending' AND item_concurrency > 0 AND run_after <= {now})`
+
+// cappedParentsSQL locks the forEach steps with items under a concurrency
+// cap that the claimer ($2 instance, $3 queues, $4 handlers: empty for
+// any) can take, skipping those another claimer holds.
 const cappedParentsSQL = `
 SELECT id FROM {s}steps WHERE id IN (
 	SELECT DISTINCT parent_id FROM {s}steps
 	WHERE status = 'pending' AND item_concurrency > 0 AND run_after <= {now}
+		AND ($2 = '' OR instance_id = $2)
+		AND (cardinality($3::text[]) = 0 OR queue = ANY($3::text[]))
+		AND (cardinality($4::text[]) = 0 OR handler = ANY($4::text[]))
 ) ORDER BY id FOR NO KEY UPDATE SKIP LOCKED`
 
 // claimCapped claims items of forEach steps with a concurrency cap, which
@@ -266,7 +275,14 @@ func (s *Store) claimCapped(ctx context.Context, p storage.ClaimParams, limit in
 	var out []storage.ClaimedStep
 	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
 		out = nil
-		rows, err := tx.Query(ctx, s.q(cappedParentsSQL), s.now())
+		queues, handlers := p.Queues, p.Handlers
+		if queues == nil {
+			queues = []string{}
+		}
+		if handlers == nil {
+			handlers = []string{}
+		}
+		rows, err := tx.Query(ctx, s.q(cappedParentsSQL), s.now(), p.InstanceID, queues, handlers)
 		if err != nil {
 			return err
 		}

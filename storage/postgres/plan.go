@@ -129,7 +129,7 @@ u AS (
 		ready_at = CASE WHEN c.status = 'pending' THEN {now} ELSE s.ready_at END,
 		finished_at = CASE WHEN c.status = 'pending' THEN NULL ELSE {now} END
 	FROM c
-	WHERE s.instance_id = c.instance_id AND s.name = c.name AND s.status = 'blocked'
+	WHERE s.instance_id = c.instance_id AND s.item_index = -1 AND s.name = c.name AND s.status = 'blocked'
 	RETURNING s.instance_id, s.name, s.status, s.error, c.ord
 )
 INSERT INTO {s}events (instance_id, step, type, attempt, message, at)

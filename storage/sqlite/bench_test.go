@@ -79,3 +79,14 @@ func BenchmarkHotPaths(b *testing.B) {
 		return s
 	})
 }
+
+// BenchmarkItems runs the shared forEach benchmarks (10,000 items of one
+// step): go test -run '^$' -bench Items -benchmem ./storage/sqlite
+func BenchmarkItems(b *testing.B) {
+	storagetest.BenchmarkItems(b, func(b *testing.B) storage.Store {
+		s, err := sqlite.Open(b.Context(), filepath.Join(b.TempDir(), "bench.db"), nil)
+		require.NoError(b, err)
+		b.Cleanup(func() { _ = s.Close() })
+		return s
+	})
+}

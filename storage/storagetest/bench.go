@@ -104,3 +104,52 @@ func benchComplete(b *testing.B, s storage.Store) {
 		}
 	}
 }
+
+// benchItems is the item count of BenchmarkItems' forEach step: the
+// engine's default limit.
+const benchItems = 10_000
+
+// BenchmarkItems measures a forEach step of benchItems items: Expand
+// creates an instance whose step expands at once (one op, one instance),
+// and Run claims and completes every item of one, benchBatch per claim and
+// per group commit, the last commit completing the step with the array of
+// the outputs (one op, one instance). Both report items/s.
+func BenchmarkItems(b *testing.B, newStore func(b *testing.B) storage.Store) {
+	b.Run("Expand", func(b *testing.B) {
+		s := newStore(b)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for range b.N {
+			_, err := s.CreateInstances(b.Context(), nil, []storage.CreateParams{itemsParams(benchItems, eachSpec("each"))}, ItemsPlan)
+			require.NoError(b, err)
+		}
+		b.ReportMetric(float64(benchItems*b.N)/b.Elapsed().Seconds(), "items/s")
+	})
+	b.Run("Run", func(b *testing.B) {
+		s := newStore(b)
+		output := json.RawMessage(`{"ok":true}`)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for range b.N {
+			b.StopTimer()
+			p := itemsParams(benchItems, eachSpec("each"))
+			_, err := s.CreateInstances(b.Context(), nil, []storage.CreateParams{p}, ItemsPlan)
+			require.NoError(b, err)
+			b.StartTimer()
+			claim := storage.ClaimParams{WorkerID: "bench", InstanceID: p.ID, Limit: benchBatch, Lease: time.Minute}
+			for done := 0; done < benchItems; {
+				got, err := s.ClaimSteps(b.Context(), claim)
+				require.NoError(b, err)
+				require.NotEmpty(b, got)
+				results := make([]storage.StepResult, len(got))
+				for j, c := range got {
+					results[j] = storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeCompleted, Output: output}
+				}
+				_, err = s.FinishSteps(b.Context(), results, ItemsPlan)
+				require.NoError(b, err)
+				done += len(got)
+			}
+		}
+		b.ReportMetric(float64(benchItems*b.N)/b.Elapsed().Seconds(), "items/s")
+	})
+}

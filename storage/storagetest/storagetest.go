@@ -63,6 +63,7 @@ func Run(t *testing.T, h Harness) {
 		{"CreateAndClaim", eagerStartTests},
 		{"Handlers", handlerTests},
 		{"Presence", presenceTests},
+		{"Items", itemTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
