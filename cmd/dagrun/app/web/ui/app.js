@@ -206,7 +206,7 @@
   // itemCounts is a forEach step's counts with a progress bar, for its panel.
   function itemCounts(c) {
     const seg = (st) => c[st] ? el("span", { class: "s-" + st, "data-share": c[st] / c.total }) : null;
-    const bar = el("div", { class: "items-progress", role: "progressbar", "aria-valuemin": 0, "aria-valuemax": c.total, "aria-valuenow": c.completed },
+    const bar = el("div", { class: "items-progress", role: "progressbar", "aria-label": "items completed", "aria-valuemin": 0, "aria-valuemax": c.total, "aria-valuenow": c.completed },
       ["completed", "failed", "cancelled", "running"].map(seg));
     // Widths through the CSSOM: the Content Security Policy refuses inline style attributes.
     for (const sp of bar.children) sp.style.width = (100 * sp.dataset.share) + "%";
@@ -661,15 +661,21 @@
       rows(JSON.stringify([page, [...open]]), () => {
         if (!n) return el("tr", {}, el("td", { colspan: 5, class: "empty" }, status ? "No " + status + " items." : "No items yet."));
         return page.items.map((it) => {
-          const row = el("tr", { class: "clickable", "data-index": it.index },
+          const row = el("tr", { class: "clickable", "data-index": it.index, tabindex: 0, "aria-expanded": String(open.has(it.index)) },
             el("td", { class: "num" }, String(it.index)),
             el("td", {}, badge(it.status)),
             el("td", { class: "num" }, String(it.attempts)),
             el("td", { class: "num" }, duration(it.startedAt, it.status === "running" ? null : it.finishedAt || it.startedAt)),
             el("td", { class: "item-error", title: it.error || "" }, it.error || ""));
-          row.addEventListener("click", () => {
+          const toggle = () => {
             if (open.has(it.index)) open.delete(it.index); else open.add(it.index);
             draw();
+            const again = tbody.querySelector('tr[data-index="' + it.index + '"]');
+            if (again) again.focus();
+          };
+          row.addEventListener("click", toggle);
+          row.addEventListener("keydown", (ev) => {
+            if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); toggle(); }
           });
           if (!open.has(it.index)) return row;
           return [row, el("tr", { class: "item-detail", "data-detail": it.index }, el("td", { colspan: 5 },
