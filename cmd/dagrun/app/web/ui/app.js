@@ -413,7 +413,7 @@
             el("td", {}, link("/workflows/" + encodeURIComponent(inst.workflow), inst.workflow)),
             el("td", {}, badge(inst.status)),
             el("td", {},
-              el("div", { class: "strip", title: inst.steps.map((s) => s.name + ": " + s.status).join("\n") },
+              el("div", { class: "strip", title: inst.steps.map((s) => s.name + ": " + s.status + (s.items ? " (" + itemSummary(s.items) + ")" : "")).join("\n") },
                 inst.steps.map((s) => el("span", { class: "s-" + s.status }))),
               el("div", { class: "strip-label" }, progress(inst.steps))),
             setAgo(el("td", { title: fmtTime(inst.createdAt) }), inst.createdAt),
