@@ -328,5 +328,9 @@ func TestForEachThousandItemsComplete(t *testing.T) {
 		for i, v := range out {
 			require.Equal(t, i*i, v)
 		}
+		// The history does not grow with the items: they have no events of
+		// their own.
+		require.Less(t, len(inst.Events), 20)
+		require.Len(t, inst.Steps, 3)
 	})
 }

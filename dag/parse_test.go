@@ -232,3 +232,39 @@ steps:
 	_, err = Parse("", chainSource(MaxSteps+1), &ParseOptions{Stored: true})
 	require.NoError(t, err)
 }
+
+func TestParseForEach(t *testing.T) {
+	t.Parallel()
+	w, err := Parse("fan-out.yaml", []byte(`
+name: fan-out
+steps:
+  - name: list
+    handler: echo
+  - name: resize
+    dependsOn: [list]
+    forEach: ${{ steps.list.output.images }}
+    concurrency: 10
+    handler: echo
+    input: {url: "${{ item.url }}", position: "${{ index }}"}
+  - name: literal
+    forEach: [a, b]
+    handler: echo
+`), testOptions())
+	require.NoError(t, err)
+	resize := w.Step("resize")
+	require.Equal(t, 10, resize.Concurrency)
+	require.Equal(t, []string{"list"}, resize.ForEach.References())
+	list, err := resize.ForEach.Eval(&Env{Steps: map[string]StepEnv{"list": {Output: map[string]any{"images": []any{"x"}}}}})
+	require.NoError(t, err)
+	require.Equal(t, []any{"x"}, list)
+	input, err := resize.Input.Eval(&Env{Item: map[string]any{"url": "u"}, Index: 3})
+	require.NoError(t, err)
+	require.Equal(t, map[string]any{"url": "u", "position": 3}, input)
+
+	literal := w.Step("literal")
+	require.Zero(t, literal.Concurrency, "no cap")
+	items, err := literal.ForEach.Eval(&Env{})
+	require.NoError(t, err)
+	require.Equal(t, []any{"a", "b"}, items)
+	require.Nil(t, w.Step("list").ForEach)
+}

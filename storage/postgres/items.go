@@ -65,16 +65,19 @@ func (s *Store) queueExpansion(st *txState, now *time.Time, instanceID, name str
 // finished completes with their outputs in index order, or fails when
 // one failed (null for it in the output).
 const settleSQL = `
-WITH p AS (
-	SELECT s.id, s.continue_on_error, f.item_index AS failed_index, f.error AS failed_error,
+WITH f AS (
+	-- min() reads the few failed and cancelled entries of the status
+	-- index; ORDER BY item_index LIMIT 1 could walk every item in index
+	-- order instead, at every commit.
+	SELECT s.id, s.continue_on_error,
+		(SELECT min(f.item_index) FROM {s}steps f WHERE f.parent_id = s.id AND f.status IN ('failed', 'cancelled')) AS failed_index,
 		EXISTS (SELECT 1 FROM {s}steps u WHERE u.parent_id = s.id AND u.status IN ('pending', 'running')) AS unfinished
 	FROM {s}steps s
-	LEFT JOIN LATERAL (
-		SELECT f.item_index, f.error FROM {s}steps f
-		WHERE f.parent_id = s.id AND f.status IN ('failed', 'cancelled')
-		ORDER BY f.item_index LIMIT 1
-	) f ON true
 	WHERE s.id = ANY($2::bigint[]) AND s.status = 'running'
+),
+p AS (
+	SELECT f.*, (SELECT e.error FROM {s}steps e WHERE e.parent_id = f.id AND e.item_index = f.failed_index) AS failed_error
+	FROM f
 ),
 d AS (
 	SELECT p.*, p.failed_index IS NOT NULL AS failed FROM p

@@ -14,7 +14,7 @@ import (
 
 // claimReturning lists what a claim hands the worker.
 const claimReturning = ` RETURNING id, instance_id, name, workflow, handler, queue, input, attempts, fence,
-	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until, priority, run_after, item_index`
+	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until, priority, run_after, item_index + 1`
 
 // claimShape is a claim's filter shape: how many queues (0, 1, several),
 // whether it is bound to one instance, whether it names handlers.
@@ -201,12 +201,17 @@ func scanClaimed(rows *sql.Rows) ([]claimedRow, error) {
 			backoff, maxBackoff, tmo int64
 			first, ready             sql.NullInt64
 			lease                    int64
+			// item_index + 1: 0 for a step, which the driver returns
+			// without allocating, into an int64, which database/sql sets
+			// without formatting it as text first.
+			itemPlus1 int64
 		)
 		if err := rows.Scan(&c.StepID, &c.InstanceID, &c.Step, &c.Workflow, &c.Handler, &c.Queue, &input, &c.Attempt, &c.Fence,
-			&c.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &first, &ready, &lease, &c.priority, &c.runAfter, &c.Item); err != nil {
+			&c.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &first, &ready, &lease, &c.priority, &c.runAfter, &itemPlus1); err != nil {
 			return nil, err
 		}
 		c.Input = rawJSON(input)
+		c.Item = int(itemPlus1) - 1
 		c.Retry.Backoff = time.Duration(backoff) * time.Microsecond
 		c.Retry.MaxBackoff = time.Duration(maxBackoff) * time.Microsecond
 		c.Timeout = time.Duration(tmo) * time.Microsecond

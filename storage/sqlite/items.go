@@ -77,8 +77,10 @@ func (t *txn) settleItems(parents []int64) ([]string, error) {
 			failedIndex int
 			failedError string
 		)
-		err := t.queryRow(`SELECT item_index, error FROM steps WHERE parent_id = ? AND status IN ('failed', 'cancelled')
-			ORDER BY item_index LIMIT 1`, id).Scan(&failedIndex, &failedError)
+		// min() reads the few failed and cancelled entries of the status
+		// index; ORDER BY item_index LIMIT 1 could walk every item.
+		err := t.queryRow(`SELECT item_index, error FROM steps WHERE parent_id = ?1 AND item_index =
+			(SELECT min(item_index) FROM steps WHERE parent_id = ?1 AND status IN ('failed', 'cancelled'))`, id).Scan(&failedIndex, &failedError)
 		failed := err == nil
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return nil, err

@@ -136,7 +136,7 @@ func BenchmarkItems(b *testing.B, newStore func(b *testing.B) storage.Store) {
 			_, err := s.CreateInstances(b.Context(), nil, []storage.CreateParams{p}, ItemsPlan)
 			require.NoError(b, err)
 			b.StartTimer()
-			claim := storage.ClaimParams{WorkerID: "bench", InstanceID: p.ID, Limit: benchBatch, Lease: time.Minute}
+			claim := storage.ClaimParams{WorkerID: "bench", Limit: benchBatch, Lease: time.Minute}
 			for done := 0; done < benchItems; {
 				got, err := s.ClaimSteps(b.Context(), claim)
 				require.NoError(b, err)
