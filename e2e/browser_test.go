@@ -93,22 +93,10 @@ const browserXSS = `<script>alert(1)</script><img src=x onerror=alert(2)>`
 // complete. It saves a screenshot of the instance page.
 func TestBrowserRetryFlow(t *testing.T) {
 	chromium := browserChromium(t)
-	dir := t.TempDir()
-	workflows := filepath.Join(dir, "workflows")
-	require.NoError(t, os.MkdirAll(workflows, 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(workflows, "fragile.yaml"), []byte(browserWorkflow), 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(workflows, "pipeline.yaml"), []byte(browserPipeline()), 0o644))
+	dir, workflows := browserWorkflows(t, map[string]string{"fragile.yaml": browserWorkflow, "pipeline.yaml": browserPipeline()})
 
 	var fixed atomic.Bool
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		if !fixed.Load() {
-			http.Error(w, "not here yet", http.StatusNotFound)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"ok": true}`)
-	}))
-	t.Cleanup(upstream.Close)
+	upstream := browserUpstream(t, func(*http.Request) bool { return fixed.Load() })
 
 	const token = "browser-test-token"
 	base := browserServe(t, binary, dir, workflows, token)
@@ -249,12 +237,7 @@ func browserWideName(i int) string {
 // steps are counted apart from completed ones.
 func TestBrowserLivePage(t *testing.T) {
 	chromium := browserChromium(t)
-	dir := t.TempDir()
-	workflows := filepath.Join(dir, "workflows")
-	require.NoError(t, os.MkdirAll(workflows, 0o755))
-	for name, src := range map[string]string{"slow.yaml": browserSlow, "wide.yaml": browserWide(), "pipeline.yaml": browserPipeline()} {
-		require.NoError(t, os.WriteFile(filepath.Join(workflows, name), []byte(src), 0o644))
-	}
+	dir, workflows := browserWorkflows(t, map[string]string{"slow.yaml": browserSlow, "wide.yaml": browserWide(), "pipeline.yaml": browserPipeline()})
 	// /release answers once the test says so; anything else never answers
 	// (until its step is cancelled).
 	release := make(chan struct{})
@@ -567,6 +550,35 @@ func browserChromium(t *testing.T) string {
 	}
 	t.Skip("Chromium is not installed (apt-get install -y chromium); skipping the browser test")
 	return ""
+}
+
+// browserUpstream is a server for http steps: {"ok": true} for a request
+// found says is there, 404 (a permanent failure) for any other.
+func browserUpstream(t *testing.T, found func(*http.Request) bool) *httptest.Server {
+	t.Helper()
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !found(r) {
+			http.Error(w, "not here", http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"ok": true}`)
+	}))
+	t.Cleanup(upstream.Close)
+	return upstream
+}
+
+// browserWorkflows writes workflow files into a new folder and returns the
+// test's folder (for the database) and the workflows folder.
+func browserWorkflows(t *testing.T, files map[string]string) (dir, workflows string) {
+	t.Helper()
+	dir = t.TempDir()
+	workflows = filepath.Join(dir, "workflows")
+	require.NoError(t, os.MkdirAll(workflows, 0o755))
+	for name, src := range files {
+		require.NoError(t, os.WriteFile(filepath.Join(workflows, name), []byte(src), 0o644))
+	}
+	return dir, workflows
 }
 
 var browserListening = regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+/)`)

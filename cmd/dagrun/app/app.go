@@ -108,6 +108,11 @@ type cli struct {
 	logFormat    string
 	logLevel     string
 
+	// maxItems is --max-items of the commands that plan steps (worker,
+	// serve, start). The three flags share it, so registering them sets
+	// the default for every command.
+	maxItems int
+
 	logger  *slog.Logger
 	cleanup func()
 	// observer, when set before engine() is called, receives the engine's
@@ -266,6 +271,9 @@ func errInterrupted(ctx context.Context) error {
 // engine opens the store and builds an engine over it. The store is closed
 // when the command returns.
 func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
+	if c.maxItems < 1 {
+		return nil, usageError(fmt.Errorf("invalid --max-items %d: must be at least 1", c.maxItems))
+	}
 	workflows, loadErr := c.loadWorkflows(ctx)
 	if loadErr != nil {
 		var list dag.ErrorList
@@ -280,7 +288,14 @@ func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
 		return nil, err
 	}
 	c.cleanup = func() { _ = store.Close() }
-	return dagrun.New(store, c.registry, &dagrun.Config{Workflows: workflows, Logger: c.logger, Observer: c.observer})
+	return dagrun.New(store, c.registry, &dagrun.Config{Workflows: workflows, Logger: c.logger, Observer: c.observer, MaxItems: c.maxItems})
+}
+
+// addMaxItemsFlag adds --max-items to a command whose process plans steps,
+// where a forEach step's list is checked against it. Every such process of
+// one database should use the same limit.
+func (c *cli) addMaxItemsFlag(cmd *cobra.Command) {
+	cmd.Flags().IntVar(&c.maxItems, "max-items", dagrun.DefaultMaxItems, "most items one forEach step may have; a longer list fails the step")
 }
 
 // exitError carries an exit code; err, when set, is printed on stderr.

@@ -212,7 +212,7 @@ func TestValidate(t *testing.T) {
 	b := setup(t)
 	res := b.run(t, "", "validate")
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
-	require.Equal(t, "ok checkout (4 steps)\nok greet (1 steps)\n", res.stdout)
+	require.Equal(t, "ok checkout (4 steps)\nok fanout (2 steps)\nok greet (1 steps)\n", res.stdout)
 
 	res = b.run(t, "", "validate", "testdata/invalid/typos.yaml", "testdata/workflows/greet.yaml", "testdata/invalid/not-yaml.yaml")
 	require.Equal(t, app.ExitUsage, res.code)
@@ -244,6 +244,11 @@ func TestErrorLines(t *testing.T) {
 		{args: []string{"start"}, code: app.ExitUsage},
 		{args: []string{"status"}, code: app.ExitUsage},
 		{args: []string{"status", "no-such-id"}, code: app.ExitUsage},
+		{args: []string{"status", "no-such-id", "--step", "resize"}, code: app.ExitUsage},
+		{args: []string{"status", "no-such-id", "--offset", "100"}, code: app.ExitUsage},
+		{args: []string{"status", "no-such-id", "--step", "resize", "--limit", "0"}, code: app.ExitUsage},
+		{args: []string{"status", "no-such-id", "--step", "resize", "--offset", "-1"}, code: app.ExitUsage},
+		{args: []string{"status", "no-such-id", "--step", "resize", "--status", "done"}, code: app.ExitUsage},
 		{args: []string{"cancel", "no-such-id"}, code: app.ExitUsage},
 		{args: []string{"retry", "no-such-id"}, code: app.ExitUsage},
 		{args: []string{"list", "--status", "done"}, code: app.ExitUsage},
@@ -251,6 +256,9 @@ func TestErrorLines(t *testing.T) {
 		{args: []string{"worker", "--concurrency", "0"}, code: app.ExitUsage},
 		{args: []string{"worker", "--lease", "30"}, code: app.ExitUsage},
 		{args: []string{"worker", "--grace", "-1s"}, code: app.ExitUsage},
+		{args: []string{"worker", "--max-items", "0"}, code: app.ExitUsage},
+		{args: []string{"serve", "--max-items", "-5"}, code: app.ExitUsage},
+		{args: []string{"start", "fanout", "--max-items", "many"}, code: app.ExitUsage},
 		{args: []string{"prune", "--older-than", "1 week"}, code: app.ExitUsage},
 		{args: []string{"graph", "nope"}, code: app.ExitUsage},
 		{args: []string{"graph", "greet", "--format", "svg"}, code: app.ExitUsage},

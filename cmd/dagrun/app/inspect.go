@@ -1,9 +1,12 @@
 package app
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -16,16 +19,37 @@ import (
 )
 
 func (c *cli) statusCommand() *cobra.Command {
-	var jsonOut bool
+	var (
+		jsonOut bool
+		items   storage.ItemsParams
+		status  string
+	)
 	cmd := &cobra.Command{
 		Use:   "status ID",
-		Short: "Show an instance and a table of its steps",
-		Args:  exactArgs(1, "status ID"),
+		Short: "Show an instance and a table of its steps, or with --step a page of a forEach step's items",
+		Args:  exactArgs(1, "status ID [--step STEP [--offset N] [--limit N] [--status S]] [--json]"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			flags := cmd.Flags()
+			if items.Step == "" && (flags.Changed("offset") || flags.Changed("limit") || flags.Changed("status")) {
+				return usageError(errors.New("--offset, --limit and --status page the items of one step: add --step STEP"))
+			}
+			if items.Step != "" {
+				if err := view.CheckItemPaging(items.Offset, items.Limit, "--"); err != nil {
+					return usageError(err)
+				}
+				var err error
+				if items.Status, err = view.ParseItemStatus(status); err != nil {
+					return usageError(fmt.Errorf("invalid --status %q: use pending, running, completed, failed or cancelled", status))
+				}
+			}
 			ctx := cmd.Context()
 			engine, err := c.engine(ctx)
 			if err != nil {
 				return err
+			}
+			if items.Step != "" {
+				items.InstanceID = args[0]
+				return c.writeItems(ctx, items, jsonOut, engine.Store())
 			}
 			inst, err := engine.Get(ctx, args[0])
 			if err != nil {
@@ -37,11 +61,89 @@ func (c *cli) statusCommand() *cobra.Command {
 			return writeStatus(c.io.Stdout, inst, time.Now())
 		},
 	}
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the instance object as JSON")
+	f := cmd.Flags()
+	f.BoolVar(&jsonOut, "json", false, "print the instance object (with --step, the page of items) as JSON")
+	f.StringVar(&items.Step, "step", "", "show a page of this forEach step's items instead of the step table")
+	f.IntVar(&items.Offset, "offset", 0, "with --step: skip this many items")
+	f.IntVar(&items.Limit, "limit", view.DefaultItemLimit, fmt.Sprintf("with --step: at most this many items (1 to %d)", view.MaxItemLimit))
+	f.StringVar(&status, "status", "", "with --step: only items in this status (pending, running, completed, failed or cancelled)")
 	return cmd
 }
 
-// writeStatus prints an instance as a header and a step table.
+// writeItems prints a page of a forEach step's items.
+func (c *cli) writeItems(ctx context.Context, p storage.ItemsParams, jsonOut bool, store storage.Store) error {
+	id := p.InstanceID
+	page, err := view.LoadItems(ctx, store, p)
+	var noStep *view.StepNotFoundError
+	switch {
+	case errors.As(err, &noStep):
+		return usageError(err)
+	case err != nil:
+		return instanceError(id, err)
+	case jsonOut:
+		return writeJSON(c.io.Stdout, page.Page())
+	}
+	return writeItemTable(c.io.Stdout, id, page, time.Now())
+}
+
+// writeItemTable prints a step's item counts and a page of its items, with
+// the flags that show the next page.
+func writeItemTable(w io.Writer, id string, page *view.StepItems, now time.Time) error {
+	step := page.Step
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "Instance:\t%s\n", id)
+	fmt.Fprintf(tw, "Step:\t%s\n", step.Name)
+	fmt.Fprintf(tw, "Status:\t%s\n", step.Status)
+	if step.Items == nil {
+		fmt.Fprintf(tw, "Items:\tnone (not a forEach step, or not expanded yet)\n")
+		return tw.Flush()
+	}
+	fmt.Fprintf(tw, "Items:\t%s\n", itemCounts(step.Items))
+	switch {
+	case len(page.Items) == 0:
+		fmt.Fprintf(tw, "Showing:\tnone of %d\n", page.Total)
+	default:
+		first, last := page.Offset, page.Offset+len(page.Items)
+		more := ""
+		if last < page.Total {
+			more = fmt.Sprintf(" (next page: --offset %d)", last)
+		}
+		fmt.Fprintf(tw, "Showing:\t%d to %d of %d%s\n", first+1, last, page.Total, more)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(page.Items) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INDEX\tSTATUS\tATTEMPTS\tDURATION\tERROR")
+	for _, it := range page.Items {
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\n", it.Index, it.Status, it.Attempts,
+			runDuration(it.StartedAt, it.FinishedAt, it.Status == storage.StepRunning, now), truncate(oneLineString(it.Error), 80))
+	}
+	return tw.Flush()
+}
+
+// itemCounts is a forEach step's counts on one line, e.g.
+// "9,990/10,000 completed, 2 failed, 8 running".
+func itemCounts(c *storage.ItemCounts) string {
+	out := fmt.Sprintf("%d/%d completed", c.Completed, c.Total)
+	for _, n := range []struct {
+		count int
+		name  string
+	}{{c.Running, "running"}, {c.Pending, "pending"}, {c.Failed, "failed"}, {c.Cancelled, "cancelled"}} {
+		if n.count > 0 {
+			out += fmt.Sprintf(", %d %s", n.count, n.name)
+		}
+	}
+	return out
+}
+
+// writeStatus prints an instance as a header and a step table. A forEach
+// step shows its item counts in an ITEMS column, present only when some
+// step has items, with a hint at the command that pages them.
 func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "Instance:\t%s\n", inst.ID)
@@ -61,22 +163,58 @@ func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 		return err
 	}
 	fmt.Fprintln(w)
-	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STEP\tHANDLER\tSTATUS\tATTEMPTS\tDURATION\tERROR")
+	forEach := ""
 	for _, s := range inst.Steps {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", s.Name, s.Handler, s.Status, s.Attempts, stepDuration(s, now), truncate(oneLineString(s.Error), 80))
+		if s.Items != nil && forEach == "" {
+			forEach = s.Name
+		}
 	}
-	return tw.Flush()
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if forEach == "" {
+		fmt.Fprintln(tw, "STEP\tHANDLER\tSTATUS\tATTEMPTS\tDURATION\tERROR")
+	} else {
+		fmt.Fprintln(tw, "STEP\tHANDLER\tSTATUS\tATTEMPTS\tDURATION\tITEMS\tERROR")
+	}
+	for _, s := range inst.Steps {
+		// A forEach step never runs a handler itself: its items have the attempts.
+		attempts := strconv.Itoa(s.Attempts)
+		if s.Items != nil {
+			attempts = "-"
+		}
+		row := []any{s.Name, s.Handler, s.Status, attempts, stepDuration(s, now)}
+		format := "%s\t%s\t%s\t%s\t%s\t"
+		if forEach != "" {
+			counts := "-"
+			if s.Items != nil {
+				counts = itemCounts(s.Items)
+			}
+			row = append(row, counts)
+			format += "%s\t"
+		}
+		fmt.Fprintf(tw, format+"%s\n", append(row, truncate(oneLineString(s.Error), 80))...)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if forEach != "" {
+		fmt.Fprintf(w, "\nItems of a forEach step: dagrun status %s --step %s\n", inst.ID, forEach)
+	}
+	return nil
 }
 
 func stepDuration(s storage.Step, now time.Time) string {
+	return runDuration(s.StartedAt, s.FinishedAt, s.Status == storage.StepRunning, now)
+}
+
+// runDuration is how long a step or item ran, or has been running ("…").
+func runDuration(started, finished *time.Time, running bool, now time.Time) string {
 	switch {
-	case s.StartedAt == nil:
+	case started == nil:
 		return "-"
-	case s.FinishedAt != nil:
-		return roundDuration(s.FinishedAt.Sub(*s.StartedAt))
-	case s.Status == storage.StepRunning:
-		return roundDuration(now.Sub(*s.StartedAt)) + "…"
+	case finished != nil:
+		return roundDuration(finished.Sub(*started))
+	case running:
+		return roundDuration(now.Sub(*started)) + "…"
 	default:
 		return "-"
 	}

@@ -69,6 +69,7 @@ func (c *cli) serveCommand() *cobra.Command {
 	f.BoolVar(&withWorker, "worker", false, "also run a worker in this process")
 	f.BoolVar(&noSchedules, "no-schedules", false, "do not run the scheduler, which starts the workflows' scheduled instances")
 	f.IntVar(&concurrency, "concurrency", dagrun.DefaultConcurrency, "steps the embedded worker runs at once (with --worker)")
+	c.addMaxItemsFlag(cmd)
 	return cmd
 }
 

@@ -89,6 +89,7 @@ func (c *cli) startCommand() *cobra.Command {
 	f.StringVar(&delayStr, "delay", "", "delay before the first steps run, e.g. 10m (at most a year)")
 	f.BoolVar(&detach, "detach", false, "print only the instance ID and return; workers run it")
 	f.BoolVar(&jsonOut, "json", false, "print the whole instance object instead of its output, whatever the outcome")
+	c.addMaxItemsFlag(cmd)
 	return cmd
 }
 

@@ -1,6 +1,7 @@
 // Package view holds what dagrun shows users in both the CLI and the HTTP
-// API: the instance object of the CLI's --json output and of the API, and
-// the quoting of a caller's value in an error message.
+// API: the instance object and the pages of a forEach step's items, of the
+// CLI's --json output and of the API, one definition (and one way to read
+// them) for both; and the quoting of a caller's value in an error message.
 package view
 
 import (
@@ -43,6 +44,96 @@ type Step struct {
 	Error      *string         `json:"error"`
 	StartedAt  *string         `json:"startedAt"`
 	FinishedAt *string         `json:"finishedAt"`
+	// Items counts the items of an expanded forEach step; absent for any
+	// other step. The items themselves are paged (ItemPage), never inlined,
+	// and so is such a step's output, the list of its items' outputs: its
+	// Output here is null, so the instance object stays small whatever the
+	// number of items. (Expressions still read the whole list as
+	// steps.NAME.output.)
+	Items *ItemCounts `json:"items,omitempty"`
+}
+
+// ItemCounts counts a forEach step's items by status.
+type ItemCounts struct {
+	Total     int `json:"total"`
+	Pending   int `json:"pending"`
+	Running   int `json:"running"`
+	Completed int `json:"completed"`
+	Failed    int `json:"failed"`
+	Cancelled int `json:"cancelled"`
+}
+
+// NewItemCounts converts stored counts; nil stays nil.
+func NewItemCounts(c *storage.ItemCounts) *ItemCounts {
+	if c == nil {
+		return nil
+	}
+	return &ItemCounts{Total: c.Total, Pending: c.Pending, Running: c.Running, Completed: c.Completed, Failed: c.Failed, Cancelled: c.Cancelled}
+}
+
+// Of returns the number of items in status, or all of them for "".
+func (c *ItemCounts) Of(status storage.StepStatus) int {
+	if c == nil {
+		return 0
+	}
+	switch status {
+	case "":
+		return c.Total
+	case storage.StepPending:
+		return c.Pending
+	case storage.StepRunning:
+		return c.Running
+	case storage.StepCompleted:
+		return c.Completed
+	case storage.StepFailed:
+		return c.Failed
+	case storage.StepCancelled:
+		return c.Cancelled
+	}
+	return 0
+}
+
+// Item is one item of a forEach step.
+type Item struct {
+	Index      int             `json:"index"`
+	Status     string          `json:"status"`
+	Attempts   int             `json:"attempts"`
+	Input      json.RawMessage `json:"input"`
+	Output     json.RawMessage `json:"output"`
+	Error      *string         `json:"error"`
+	StartedAt  *string         `json:"startedAt"`
+	FinishedAt *string         `json:"finishedAt"`
+	WorkerID   *string         `json:"workerId"`
+}
+
+// ItemPage is one page of a step's items, in index order: the CLI's
+// `status --step --json` output and the HTTP API's items route. Total is
+// the number of items the page is taken from (those in the asked status,
+// when filtered).
+type ItemPage struct {
+	Items  []Item `json:"items"`
+	Offset int    `json:"offset"`
+	Limit  int    `json:"limit"`
+	Total  int    `json:"total"`
+}
+
+// NewItemPage converts a page of stored items.
+func NewItemPage(items []storage.Item, offset, limit, total int) ItemPage {
+	out := ItemPage{Items: make([]Item, len(items)), Offset: offset, Limit: limit, Total: total}
+	for i, it := range items {
+		out.Items[i] = Item{
+			Index:      it.Index,
+			Status:     string(it.Status),
+			Attempts:   it.Attempts,
+			Input:      RawOrNull(it.Input),
+			Output:     RawOrNull(it.Output),
+			Error:      optString(it.Error),
+			StartedAt:  optTime(it.StartedAt),
+			FinishedAt: optTime(it.FinishedAt),
+			WorkerID:   optString(it.WorkerID),
+		}
+	}
+	return out
 }
 
 // Event is one entry of an instance's history.
@@ -75,6 +166,10 @@ func NewInstance(inst *storage.Instance) Instance {
 		if deps == nil {
 			deps = []string{}
 		}
+		output := s.Output
+		if s.Items != nil {
+			output = nil
+		}
 		out.Steps[i] = Step{
 			Name:       s.Name,
 			Handler:    s.Handler,
@@ -83,10 +178,11 @@ func NewInstance(inst *storage.Instance) Instance {
 			Status:     string(s.Status),
 			Attempts:   s.Attempts,
 			Input:      RawOrNull(s.Input),
-			Output:     RawOrNull(s.Output),
+			Output:     RawOrNull(output),
 			Error:      optString(s.Error),
 			StartedAt:  optTime(s.StartedAt),
 			FinishedAt: optTime(s.FinishedAt),
+			Items:      NewItemCounts(s.Items),
 		}
 	}
 	for _, ev := range inst.Events {

@@ -63,6 +63,10 @@ type stepDef struct {
 	Timeout         *string   `json:"timeout"`
 	When            *string   `json:"when"`
 	ContinueOnError bool      `json:"continueOnError"`
+	// ForEach marks a step that runs once per element of a list;
+	// Concurrency caps its items running at once (0: no cap).
+	ForEach     bool `json:"forEach"`
+	Concurrency int  `json:"concurrency"`
 }
 
 type retryJSON struct {
@@ -106,6 +110,8 @@ func newWorkflowDetail(wf *dag.Workflow) workflowDetail {
 				MaxBackoff:  st.Retry.MaxBackoff.String(),
 			},
 			ContinueOnError: st.ContinueOnError,
+			ForEach:         st.ForEach != nil,
+			Concurrency:     st.Concurrency,
 		}
 		if st.Timeout > 0 {
 			t := st.Timeout.String()
@@ -245,6 +251,49 @@ func (s *Server) writeInstance(w http.ResponseWriter, r *http.Request, status in
 		gs[i] = graphStep{Name: st.Name, DependsOn: st.DependsOn}
 	}
 	writeJSON(w, status, instanceDetail{Instance: view.NewInstance(inst), Graph: layoutGraph(gs)})
+}
+
+// listItems is GET /api/instances/{id}/steps/{step}/items: a page of a
+// forEach step's items in index order (?offset=, ?limit=, ?status=), so a
+// step of 10,000 items is read a page at a time, never all at once.
+func (s *Server) listItems(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	p := storage.ItemsParams{InstanceID: r.PathValue("id"), Step: r.PathValue("step"), Limit: view.DefaultItemLimit}
+	for _, v := range []struct {
+		name string
+		dst  *int
+	}{{"offset", &p.Offset}, {"limit", &p.Limit}} {
+		raw := q.Get(v.name)
+		if raw == "" {
+			continue
+		}
+		n, err := strconv.Atoi(raw)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid %s %q: want a whole number", v.name, raw))
+			return
+		}
+		*v.dst = n
+	}
+	if err := view.CheckItemPaging(p.Offset, p.Limit, ""); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	status, err := view.ParseItemStatus(q.Get("status"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	p.Status = status
+	page, err := view.LoadItems(r.Context(), s.engine.Store(), p)
+	var noStep *view.StepNotFoundError
+	switch {
+	case errors.As(err, &noStep):
+		writeError(w, http.StatusNotFound, err.Error())
+	case err != nil:
+		s.failInstance(w, r, p.InstanceID, err)
+	default:
+		writeJSON(w, http.StatusOK, page.Page())
+	}
 }
 
 func (s *Server) cancelInstance(w http.ResponseWriter, r *http.Request) {

@@ -74,6 +74,8 @@ type setupOpts struct {
 	maxBody int64
 	// worker runs a worker against the store for the test's lifetime.
 	worker bool
+	// workflows are served besides greet and flaky.
+	workflows []string
 }
 
 func setup(t *testing.T, open func(t *testing.T) storage.Store, opts *setupOpts) *testBundle {
@@ -91,7 +93,7 @@ func setup(t *testing.T, open func(t *testing.T) storage.Store, opts *setupOpts)
 		return json.RawMessage(`{"ok":true}`), nil
 	})
 	var workflows []*dag.Workflow
-	for _, src := range []string{greetYAML, flakyYAML} {
+	for _, src := range append([]string{greetYAML, flakyYAML}, opts.workflows...) {
 		w, err := dag.Parse("", []byte(src), &dag.ParseOptions{HandlerExists: registry.Has})
 		require.NoError(t, err)
 		workflows = append(workflows, w)

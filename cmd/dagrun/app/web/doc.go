@@ -22,7 +22,8 @@
 //	     {"name", "description", "hash", "inputSchema", "source" (the YAML),
 //	      "steps": [{"name", "handler", "dependsOn", "queue",
 //	                 "retry": {"maxAttempts", "backoff", "maxBackoff"},
-//	                 "timeout", "when", "continueOnError"}],
+//	                 "timeout", "when", "continueOnError", "forEach" (bool),
+//	                 "concurrency" (its items' cap, 0 for none)}],
 //	      "graph": Graph (with "mermaid")}
 //	POST /api/workflows/{name}/instances
 //	     body {"input": any, "key": "k", "priority": 0, "delay": "10s"}
@@ -34,6 +35,17 @@
 //	     List items carry steps but no events.
 //	GET  /api/instances/{id}
 //	     the instance with "events", plus "graph": its steps laid out.
+//	     A forEach step carries "items": {"total", "pending", "running",
+//	     "completed", "failed", "cancelled"}, counts only, and "output":
+//	     null (its output is the list of its items' outputs: page them), so
+//	     the object stays small whatever the number of items.
+//	GET  /api/instances/{id}/steps/{step}/items?offset=N&limit=N&status=S
+//	     {"items": [{"index", "status", "attempts", "input", "output",
+//	      "error", "startedAt", "finishedAt", "workerId"}], "offset",
+//	      "limit", "total"}: a page of a forEach step's items in index
+//	     order, limit 1..1000 (default 100); total counts the items in
+//	     status S (all when no status). A step without items answers an
+//	     empty page; 404 for an unknown instance or step.
 //	POST /api/instances/{id}/cancel   200 with the instance; 409 if finished
 //	POST /api/instances/{id}/retry    200 with the instance; 409 unless failed
 //	                                  or cancelled

@@ -120,6 +120,7 @@ func (s *Server) routes() {
 	api("POST /api/workflows/{name}/instances", s.startInstance)
 	api("GET /api/instances", s.listInstances)
 	api("GET /api/instances/{id}", s.getInstance)
+	api("GET /api/instances/{id}/steps/{step}/items", s.listItems)
 	api("POST /api/instances/{id}/cancel", s.cancelInstance)
 	api("POST /api/instances/{id}/retry", s.retryInstance)
 	api("GET /api/schedules", s.listSchedules)

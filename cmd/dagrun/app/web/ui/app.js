@@ -195,6 +195,24 @@
     return parts;
   }
 
+  // A forEach step's item counts, e.g. "9,990/10,000 items · 2 failed".
+  const fmtNum = (n) => n.toLocaleString("en-US");
+  function itemSummary(c) {
+    const parts = [fmtNum(c.completed) + "/" + fmtNum(c.total) + " items"];
+    for (const st of ["running", "failed", "cancelled"]) if (c[st]) parts.push(fmtNum(c[st]) + " " + st);
+    return parts.join(" \u00B7 ");
+  }
+
+  // itemCounts is a forEach step's counts with a progress bar, for its panel.
+  function itemCounts(c) {
+    const seg = (st) => c[st] ? el("span", { class: "s-" + st, "data-share": c[st] / c.total }) : null;
+    const bar = el("div", { class: "items-progress", role: "progressbar", "aria-label": "items completed", "aria-valuemin": 0, "aria-valuemax": c.total, "aria-valuenow": c.completed },
+      ["completed", "failed", "cancelled", "running"].map(seg));
+    // Widths through the CSSOM: the Content Security Policy refuses inline style attributes.
+    for (const sp of bar.children) sp.style.width = (100 * sp.dataset.share) + "%";
+    return el("div", { id: "items-counts" }, bar, el("div", { class: "small" }, itemSummary(c) + (c.pending ? " \u00B7 " + fmtNum(c.pending) + " pending" : "")));
+  }
+
   // fitText shortens text with an ellipsis to fit width pixels in font
   // (the full text stays in the node's tooltip).
   const measure = document.createElement("canvas").getContext("2d");
@@ -397,7 +415,7 @@
             el("td", {}, link("/workflows/" + encodeURIComponent(inst.workflow), inst.workflow)),
             el("td", {}, badge(inst.status)),
             el("td", {},
-              el("div", { class: "strip", title: inst.steps.map((s) => s.name + ": " + s.status).join("\n") },
+              el("div", { class: "strip", title: inst.steps.map((s) => s.name + ": " + s.status + (s.items ? " (" + itemSummary(s.items) + ")" : "")).join("\n") },
                 inst.steps.map((s) => el("span", { class: "s-" + s.status }))),
               el("div", { class: "strip-label" }, progress(inst.steps))),
             setAgo(el("td", { title: fmtTime(inst.createdAt) }), inst.createdAt),
@@ -460,18 +478,19 @@
         const title = svg("title", {});
         const state = svg("text", { class: "state", x: 14, y: 37 });
         const sub = svg("text", { class: "sub", x: 14, y: 52 });
+        const progress = itemsBar(n);
         const g = svg("g", { transform: "translate(" + n.x + "," + n.y + ")", tabindex: 0, role: "button", "data-step": n.id },
           title,
           svg("rect", { class: "box", width: n.width, height: n.height, rx: 8 }),
           svg("rect", { class: "bar", width: 5, height: n.height - 2, x: 1, y: 1, rx: 2 }),
           svg("text", { class: "name", x: 14, y: 20 }, fitText(n.id, n.width - 24, NAME_FONT)),
-          state, sub);
+          state, sub, progress.g);
         g.addEventListener("click", () => onSelect(n.id));
         g.addEventListener("keydown", (ev) => {
           if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); onSelect(n.id); }
         });
         root.appendChild(g);
-        nodes.set(n.id, { node: n, g, state, sub, title });
+        nodes.set(n.id, { node: n, g, state, sub, title, progress });
       }
       clear(wrap);
       wrap.appendChild(root);
@@ -484,10 +503,11 @@
         status[name] = info.status;
         setAttr(v.g, "class", "node s-" + info.status + (name === selected ? " selected" : ""));
         setAttr(v.g, "aria-label", name + ": " + info.label);
-        setText(v.title, name + "\n" + info.label + (info.detail ? "\n" + info.detail : ""));
+        setText(v.title, name + "\n" + info.label + (info.title || info.detail ? "\n" + (info.title || info.detail) : ""));
         setText(v.state, ((ICONS[info.status] || "") + " " + info.label).trim());
         const detail = fitText(info.detail || "", v.node.width - 24 - (info.since ? 60 : 0), SUB_FONT);
         setSince(v.sub, info.since, info.since && detail ? detail + " \u00B7 " : detail);
+        v.progress.set(info.items);
       }
       for (const { edge, path } of edges) {
         const hot = selected && (edge.from === selected || edge.to === selected);
@@ -547,6 +567,29 @@
     return { tools, wrap, set };
   }
 
+  // itemsBar is the progress bar along the bottom of a forEach step's
+  // node: one segment per finished or running status, in proportion to
+  // the items in it, over a track for the rest; hidden for other steps.
+  const BAR_STATUSES = ["completed", "failed", "cancelled", "running"];
+  function itemsBar(n) {
+    const width = n.width - 28;
+    const segs = BAR_STATUSES.map((st) => svg("rect", { class: "seg s-" + st, y: n.height - 6, height: 3, width: 0 }));
+    const g = svg("g", { class: "progress", display: "none" },
+      svg("rect", { class: "track", x: 14, y: n.height - 6, width, height: 3, rx: 1.5 }), segs);
+    function set(items) {
+      setAttr(g, "display", items ? "inline" : "none");
+      if (!items) return;
+      let x = 14;
+      BAR_STATUSES.forEach((st, i) => {
+        const w = items.total ? width * items[st] / items.total : 0;
+        setAttr(segs[i], "x", x.toFixed(1));
+        setAttr(segs[i], "width", w.toFixed(1));
+        x += w;
+      });
+    }
+    return { g, set };
+  }
+
   // edgePath draws straight runs through columns and an S-curve between
   // columns, where the layout left room for it.
   function edgePath(points) {
@@ -564,6 +607,88 @@
   function legend(counts) {
     return el("div", { class: "legend" }, STEP_STATUSES.map((st) =>
       el("span", { class: "badge s-" + st, "data-status": st }, (ICONS[st] || "") + " " + st + (counts ? " " + (counts[st] || 0) : ""))));
+  }
+
+  // ---- Items of a forEach step ----
+
+  const ITEMS_PAGE = 50;
+
+  // itemsView is the paged item table of one forEach step: it fetches only
+  // the page shown (prev/next, a status filter), so a step of 10,000 items
+  // costs what one of 50 does. A click on a row shows that item's input,
+  // output and error below it.
+  function itemsView(instanceID, step) {
+    let offset = 0, status = "", seq = 0;
+    const open = new Set();
+    const filter = el("select", { id: "items-status", "aria-label": "item status" },
+      el("option", { value: "" }, "all items"), STATUSES.map((st) => el("option", { value: st }, st)));
+    const range = el("span", { class: "muted", id: "items-range" });
+    const prev = el("button", { type: "button", id: "items-prev", title: "Previous page" }, "\u2039 Prev");
+    const next = el("button", { type: "button", id: "items-next", title: "Next page" }, "Next \u203A");
+    const tbody = el("tbody");
+    const rows = section(tbody);
+    const node = el("div", { class: "items", id: "items" },
+      el("div", { class: "items-bar" }, filter, range, el("span", { class: "spacer" }), prev, next),
+      el("div", { class: "items-scroll", "data-keep": "items" },
+        el("table", { id: "items-table" },
+          el("thead", {}, el("tr", {}, ["#", "Status", "Attempts", "Duration", "Error"].map((h) => el("th", {}, h)))),
+          tbody)));
+    let page = null;
+
+    filter.addEventListener("change", () => { status = filter.value; offset = 0; refresh().catch(showError); });
+    prev.addEventListener("click", () => { offset = Math.max(0, offset - ITEMS_PAGE); refresh().catch(showError); });
+    next.addEventListener("click", () => { offset += ITEMS_PAGE; refresh().catch(showError); });
+
+    async function refresh() {
+      const mine = ++seq;
+      const q = new URLSearchParams({ offset: String(offset), limit: String(ITEMS_PAGE) });
+      if (status) q.set("status", status);
+      const data = await api("GET", "instances/" + encodeURIComponent(instanceID) + "/steps/" + encodeURIComponent(step) + "/items?" + q);
+      if (mine !== seq) return; // a later page was asked for meanwhile
+      // A filter can leave the page past the end: go back to the last one.
+      if (data.items.length === 0 && offset > 0 && data.total > 0) {
+        offset = Math.floor((data.total - 1) / ITEMS_PAGE) * ITEMS_PAGE;
+        return refresh();
+      }
+      page = data;
+      draw();
+    }
+
+    function draw() {
+      const n = page.items.length;
+      setText(range, n ? fmtNum(page.offset + 1) + "\u2013" + fmtNum(page.offset + n) + " of " + fmtNum(page.total)
+        : (status ? "no " + status + " items" : "no items"));
+      prev.disabled = page.offset === 0;
+      next.disabled = page.offset + n >= page.total;
+      rows(JSON.stringify([page, [...open]]), () => {
+        if (!n) return el("tr", {}, el("td", { colspan: 5, class: "empty" }, status ? "No " + status + " items." : "No items yet."));
+        return page.items.map((it) => {
+          const row = el("tr", { class: "clickable", "data-index": it.index, tabindex: 0, "aria-expanded": String(open.has(it.index)) },
+            el("td", { class: "num" }, String(it.index)),
+            el("td", {}, badge(it.status)),
+            el("td", { class: "num" }, String(it.attempts)),
+            el("td", { class: "num" }, duration(it.startedAt, it.status === "running" ? null : it.finishedAt || it.startedAt)),
+            el("td", { class: "item-error", title: it.error || "" }, it.error || ""));
+          const toggle = () => {
+            if (open.has(it.index)) open.delete(it.index); else open.add(it.index);
+            draw();
+            const again = tbody.querySelector('tr[data-index="' + it.index + '"]');
+            if (again) again.focus();
+          };
+          row.addEventListener("click", toggle);
+          row.addEventListener("keydown", (ev) => {
+            if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); toggle(); }
+          });
+          if (!open.has(it.index)) return row;
+          return [row, el("tr", { class: "item-detail", "data-detail": it.index }, el("td", { colspan: 5 },
+            el("div", { class: "muted" }, "Input"), jsonBlock(it.input),
+            el("div", { class: "muted" }, "Output"), jsonBlock(it.output),
+            it.error !== null ? el("div", { class: "error-box" }, it.error) : null,
+            it.workerId ? el("div", { class: "muted" }, "worker " + it.workerId) : null))];
+        });
+      });
+    }
+    return { step, node, refresh };
   }
 
   // ---- Instance page ----
@@ -597,6 +722,16 @@
     function select(name) {
       selected = selected === name ? null : name;
       render();
+      if (items && items.step === selected) items.refresh().catch(showError);
+    }
+
+    // items is the item table of the selected forEach step. It outlives
+    // the panel's redraws (the panel re-attaches the same node), so its
+    // page, filter and scroll stay while counts change.
+    let items = null;
+    function itemsFor(s) {
+      if (!items || items.step !== s.name) items = itemsView(id, s.name);
+      return items;
     }
 
     async function act(verb) {
@@ -613,6 +748,13 @@
     function stepInfo(name) {
       const s = stepsByName.get(name);
       if (!s) return { status: "blocked", label: "unknown" };
+      if (s.items) {
+        // The node is narrow: the done/total count and failures; the
+        // tooltip and the panel have the rest.
+        const c = s.items;
+        const detail = fmtNum(c.completed) + "/" + fmtNum(c.total) + (c.failed ? " \u00B7 " + fmtNum(c.failed) + " failed" : "");
+        return { status: s.status, label: s.status, detail, title: itemSummary(c), items: c };
+      }
       const parts = [];
       if (s.attempts > 0) parts.push(s.attempts === 1 ? "1 attempt" : s.attempts + " attempts");
       if (s.startedAt && s.finishedAt) parts.push(fmtDuration(between(s.startedAt, s.finishedAt)));
@@ -682,7 +824,7 @@
           el("p", { class: "muted" }, "Click a step in the graph to see its attempts, inputs, outputs and errors."),
           el("table", {}, el("tbody", {}, inst.steps.map((st) => {
             const row = el("tr", { class: "clickable", "data-step": st.name },
-              el("td", {}, st.name), el("td", {}, badge(st.status)),
+              el("td", {}, st.name, st.items ? el("div", { class: "muted small" }, itemSummary(st.items)) : null), el("td", {}, badge(st.status)),
               el("td", { class: "num muted" }, st.startedAt ? duration(st.startedAt, st.finishedAt) : ""));
             row.addEventListener("click", () => select(st.name));
             return row;
@@ -696,14 +838,17 @@
         el("div", { class: "kv" },
           el("span", {}, "Handler"), el("span", { class: "mono" }, s.handler),
           el("span", {}, "Queue"), el("span", { class: "mono" }, s.queue),
-          el("span", {}, "Attempts"), el("span", {}, String(s.attempts)),
+          s.items ? null : [el("span", {}, "Attempts"), el("span", {}, String(s.attempts))],
           el("span", {}, "Started"), el("span", {}, fmtTime(s.startedAt)),
           el("span", {}, "Finished"), el("span", {}, fmtTime(s.finishedAt)),
           el("span", {}, "Duration"), el("span", { id: "step-duration" }, duration(s.startedAt, s.finishedAt)),
           el("span", {}, "Depends on"), el("span", {}, s.dependsOn.length ? s.dependsOn.map((d, i) => [i ? ", " : "", el("a", { href: "#", onclick: (ev) => { ev.preventDefault(); select(d); } }, d)]) : "\u2013")),
         s.error !== null ? [el("h3", {}, "Error"), el("div", { class: "error-box", id: "step-error", "data-keep": "error" }, s.error)] : null,
-        el("h3", {}, "Input (resolved)"), el("pre", { class: "json mono", id: "step-input", "data-keep": "step-input" }, pretty(s.input)),
-        el("h3", {}, "Output"), el("pre", { class: "json mono", id: "step-output", "data-keep": "step-output" }, pretty(s.output)),
+        s.items ? [el("h3", {}, "Items"), itemCounts(s.items), itemsFor(s).node] : null,
+        s.items ? null : [el("h3", {}, "Input (resolved)"), el("pre", { class: "json mono", id: "step-input", "data-keep": "step-input" }, pretty(s.input))],
+        el("h3", {}, "Output"), s.items
+          ? el("p", { class: "muted", id: "step-output" }, "The list of the items' outputs, in index order. Click an item for its input and output.")
+          : el("pre", { class: "json mono", id: "step-output", "data-keep": "step-output" }, pretty(s.output)),
         events.length ? [el("h3", {}, "Attempts and events"), el("ol", { class: "timeline", "data-keep": "step-events" }, events.map((e) => eventItem(e, false)))] : null,
       ];
     }
@@ -735,6 +880,8 @@
       inst = data;
       document.title = inst.workflow + " " + shortID(inst.id) + " · " + inst.status + " · dagrun";
       render();
+      // The shown page of items changes only when the counts do.
+      if (items && items.step === selected) await items.refresh();
     }
     return { refresh };
   }
@@ -841,7 +988,9 @@
     let stepsByName = new Map();
     function stepInfo(n) {
       const s = stepsByName.get(n);
-      return { status: "definition", label: s ? s.handler : "", detail: s && s.when ? "when " + s.when : (s && s.queue !== "default" ? "queue " + s.queue : "") };
+      let detail = s && s.when ? "when " + s.when : (s && s.queue !== "default" ? "queue " + s.queue : "");
+      if (s && s.forEach) detail = "for each item" + (s.concurrency ? ", " + s.concurrency + " at once" : "") + (detail ? " \u00B7 " + detail : "");
+      return { status: "definition", label: s ? s.handler : "", detail };
     }
     function renderSide() {
       clear(side);
@@ -860,6 +1009,7 @@
           el("span", {}, "Retry"), el("span", {}, s.retry.maxAttempts + " attempts, backoff " + s.retry.backoff + " up to " + s.retry.maxBackoff),
           el("span", {}, "Timeout"), el("span", {}, s.timeout || "none"),
           el("span", {}, "When"), el("span", { class: "mono" }, s.when || "always"),
+          s.forEach ? [el("span", {}, "For each"), el("span", {}, "runs once per item of its forEach list" + (s.concurrency ? ", at most " + s.concurrency + " at once" : ""))] : null,
           el("span", {}, "On error"), el("span", {}, s.continueOnError ? "continue" : "fail the instance")),
       ]);
     }
