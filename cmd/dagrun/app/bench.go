@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
 	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/storage"
 )
@@ -42,6 +44,13 @@ steps:
   - {name: p8, handler: noop, dependsOn: [root]}
   - {name: join, handler: noop, dependsOn: [p1, p2, p3, p4, p5, p6, p7, p8]}
 `
+	// benchMap fans out over its input's n: one item per element of
+	// range(0, n), then a fan-in that reads the whole output list.
+	benchMap = `name: bench-map
+steps:
+  - {name: items, handler: noop, forEach: "${{ 0..(input.n - 1) }}"}
+  - {name: join, handler: noop, dependsOn: [items], input: {count: "${{ len(steps.items.output) }}"}}
+`
 )
 
 // benchStartBatch is how many instances one StartMany call creates.
@@ -63,14 +72,16 @@ func (c *cli) benchCommand() *cobra.Command {
 			"  chain4    N instances of a->b->c->d, all started first, then drained by the worker\n" +
 			"  fanout    N instances of 1 root -> 8 parallel -> 1 join\n" +
 			"  enqueue   starting N instances, one at a time and in batches\n" +
-			"  latency4  one 4-step chain at a time on an idle worker, start to completed",
-		Args: exactArgs(0, "bench [--workload chain4|fanout|enqueue|latency4] [--instances N] [--concurrency N]"),
+			"  latency4  one 4-step chain at a time on an idle worker, start to completed\n" +
+			"  map       one instance whose forEach step has N no-op items (default 10,000), then a fan-in;\n" +
+			"            also prints the size of its instance object, as GET /api/instances/{id} returns it",
+		Args: exactArgs(0, "bench [--workload chain4|fanout|enqueue|latency4|map] [--instances N] [--concurrency N]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if !slices.Contains([]string{"chain4", "fanout", "enqueue", "latency4"}, workload) {
-				return usageError(fmt.Errorf("invalid --workload %q: use chain4, fanout, enqueue or latency4", workload))
+			if !slices.Contains([]string{"chain4", "fanout", "enqueue", "latency4", "map"}, workload) {
+				return usageError(fmt.Errorf("invalid --workload %q: use chain4, fanout, enqueue, latency4 or map", workload))
 			}
 			if instances == 0 {
-				instances = map[string]int{"chain4": 2000, "fanout": 1000, "enqueue": 5000, "latency4": 100}[workload]
+				instances = map[string]int{"chain4": 2000, "fanout": 1000, "enqueue": 5000, "latency4": 100, "map": 10000}[workload]
 			}
 			if instances < 1 {
 				return usageError(fmt.Errorf("invalid --instances %d: must be at least 1", instances))
@@ -107,14 +118,16 @@ func (c *cli) benchCommand() *cobra.Command {
 				return b.drain(ctx, "fanout", "bench-fanout", 10, instances)
 			case "enqueue":
 				return b.enqueue(ctx, instances)
+			case "map":
+				return b.mapItems(ctx, instances)
 			default:
 				return b.latency(ctx, instances)
 			}
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&workload, "workload", "chain4", "chain4, fanout, enqueue or latency4")
-	f.IntVar(&instances, "instances", 0, "instances to run (default 2000 chain4, 1000 fanout, 5000 enqueue, 100 latency4)")
+	f.StringVar(&workload, "workload", "chain4", "chain4, fanout, enqueue, latency4 or map")
+	f.IntVar(&instances, "instances", 0, "instances to run (default 2000 chain4, 1000 fanout, 5000 enqueue, 100 latency4; for map, its items: 10000)")
 	f.IntVar(&concurrency, "concurrency", dagrun.DefaultConcurrency, "worker concurrency")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
 	return cmd
@@ -145,7 +158,7 @@ type bench struct {
 
 func (c *cli) newBench(ctx context.Context, db string, concurrency int) (*bench, error) {
 	var workflows []*dag.Workflow
-	for _, src := range []string{benchChain4, benchFanout} {
+	for _, src := range []string{benchChain4, benchFanout, benchMap} {
 		w, err := dag.Parse("", []byte(src), &dag.ParseOptions{HandlerExists: c.registry.Has})
 		if err != nil {
 			return nil, fmt.Errorf("bench workflow: %w (the binary must register the built-in noop handler)", err)
@@ -157,7 +170,7 @@ func (c *cli) newBench(ctx context.Context, db string, concurrency int) (*bench,
 		return nil, err
 	}
 	obs := &benchObserver{}
-	engine, err := dagrun.New(store, c.registry, &dagrun.Config{Workflows: workflows, Logger: c.logger, Observer: obs})
+	engine, err := dagrun.New(store, c.registry, &dagrun.Config{Workflows: workflows, Logger: c.logger, Observer: obs, MaxItems: max(c.maxItems, benchMaxItems)})
 	if err != nil {
 		_ = store.Close()
 		return nil, err
@@ -226,6 +239,40 @@ func (b *bench) drain(ctx context.Context, name, workflow string, stepsPer, n in
 	b.print("workload", name, "backend", b.backend, "instances", n, "steps", n*stepsPer,
 		"seconds", fmt.Sprintf("%.3f", secs), "steps_per_s", fmt.Sprintf("%.0f", float64(n*stepsPer)/secs),
 		"instances_per_s", fmt.Sprintf("%.0f", float64(n)/secs), "concurrency", b.concurrency, "failed", b.finished.failed.Load())
+	return nil
+}
+
+// benchMaxItems lets the map workload go past the default item limit when
+// asked to.
+const benchMaxItems = 1_000_000
+
+// mapItems starts one instance of n items and measures how fast one worker
+// finishes it, from start to completed; then it measures the instance
+// object the CLI and the API show for it.
+func (b *bench) mapItems(ctx context.Context, n int) error {
+	target := b.finished.count.Load() + 1
+	stop := b.runWorker()
+	defer stop()
+	began := time.Now()
+	started, err := b.engine.Start(ctx, "bench-map", json.RawMessage(fmt.Sprintf(`{"n": %d}`, n)), nil)
+	if err != nil {
+		return err
+	}
+	if err := b.finished.waitFor(ctx, target); err != nil {
+		return err
+	}
+	secs := time.Since(began).Seconds()
+	inst, err := b.engine.Get(ctx, started.ID)
+	if err != nil {
+		return err
+	}
+	object, err := json.Marshal(view.NewInstance(inst))
+	if err != nil {
+		return err
+	}
+	b.print("workload", "map", "backend", b.backend, "items", n, "seconds", fmt.Sprintf("%.3f", secs),
+		"items_per_s", fmt.Sprintf("%.0f", float64(n)/secs), "concurrency", b.concurrency,
+		"status", inst.Status, "instance_json_bytes", len(object))
 	return nil
 }
 

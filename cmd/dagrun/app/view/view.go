@@ -44,14 +44,21 @@ type Step struct {
 	Error      *string         `json:"error"`
 	StartedAt  *string         `json:"startedAt"`
 	FinishedAt *string         `json:"finishedAt"`
-	// Items counts the items of an expanded forEach step; absent for any
-	// other step. The items themselves are paged (ItemPage), never inlined,
-	// and so is such a step's output, the list of its items' outputs: its
-	// Output here is null, so the instance object stays small whatever the
-	// number of items. (Expressions still read the whole list as
+	// Items counts the items of a forEach step; absent for any other step.
+	// The items themselves are paged (ItemPage), never inlined. Such a
+	// step's output, the list of its items' outputs, is inlined only up to
+	// MaxInlineItemsOutput bytes; past that Output is null and
+	// OutputOmitted tells why, so the instance object stays small whatever
+	// the number of items. (Expressions always read the whole list as
 	// steps.NAME.output.)
-	Items *ItemCounts `json:"items,omitempty"`
+	Items         *ItemCounts `json:"items,omitempty"`
+	OutputOmitted bool        `json:"outputOmitted,omitempty"`
 }
+
+// MaxInlineItemsOutput bounds the output of a forEach step that the
+// instance object inlines: a few items' outputs are shown in full, while
+// 10,000 of them are read a page at a time.
+const MaxInlineItemsOutput = 16 << 10
 
 // ItemCounts counts a forEach step's items by status.
 type ItemCounts struct {
@@ -166,9 +173,9 @@ func NewInstance(inst *storage.Instance) Instance {
 		if deps == nil {
 			deps = []string{}
 		}
-		output := s.Output
-		if s.Items != nil {
-			output = nil
+		output, omitted := s.Output, false
+		if s.Items != nil && len(output) > MaxInlineItemsOutput {
+			output, omitted = nil, true
 		}
 		out.Steps[i] = Step{
 			Name:       s.Name,
@@ -183,6 +190,8 @@ func NewInstance(inst *storage.Instance) Instance {
 			StartedAt:  optTime(s.StartedAt),
 			FinishedAt: optTime(s.FinishedAt),
 			Items:      NewItemCounts(s.Items),
+
+			OutputOmitted: omitted,
 		}
 	}
 	for _, ev := range inst.Events {
