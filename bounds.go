@@ -2,9 +2,9 @@ package dagrun
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/storage"
 )
 
@@ -64,7 +64,7 @@ func (o *StartOptions) Validate() error {
 		return &ArgumentError{Name: "priority", Reason: fmt.Sprintf("%d is out of range: use a whole number from %d to %d (higher runs first)", o.Priority, MinPriority, MaxPriority)}
 	}
 	if o.Delay < 0 || o.Delay > MaxDelay {
-		return &ArgumentError{Name: "delay", Reason: fmt.Sprintf("%s is out of range: use a duration from 0s to %s", shortDuration(o.Delay), shortDuration(MaxDelay))}
+		return &ArgumentError{Name: "delay", Reason: fmt.Sprintf("%s is out of range: use a duration from 0s to %s", dag.FormatDuration(o.Delay), dag.FormatDuration(MaxDelay))}
 	}
 	if err := storage.CheckText(o.Key, MaxKeyBytes); err != nil {
 		return &ArgumentError{Name: "idempotency key", Reason: "it " + err.Error()}
@@ -88,7 +88,7 @@ func (c *WorkerConfig) Validate() error {
 		{"shutdown grace", c.ShutdownGrace, 0, MaxShutdownGrace},
 	} {
 		if d.value != 0 && (d.value < d.lo || d.value > d.hi) {
-			return &ArgumentError{Name: d.name, Reason: fmt.Sprintf("%s is out of range: use a duration from %s to %s", shortDuration(d.value), shortDuration(d.lo), shortDuration(d.hi))}
+			return &ArgumentError{Name: d.name, Reason: fmt.Sprintf("%s is out of range: use a duration from %s to %s", dag.FormatDuration(d.value), dag.FormatDuration(d.lo), dag.FormatDuration(d.hi))}
 		}
 	}
 	for _, q := range c.Queues {
@@ -168,14 +168,3 @@ func inputDepth(raw []byte, limit int) int {
 	return deepest
 }
 
-// shortDuration writes d as a person would: 24h rather than 24h0m0s.
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
-}

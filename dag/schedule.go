@@ -126,7 +126,7 @@ func parseCron(expr string, loc *time.Location) (spec *cron.SpecSchedule, every 
 		case d < MinEvery || d%time.Second != 0:
 			return nil, 0, fmt.Sprintf("invalid cron %q: @every must be a whole number of seconds, at least %s", expr, MinEvery)
 		case d > MaxDuration:
-			return nil, 0, fmt.Sprintf("invalid cron %q: @every is at most %s", expr, fmtDuration(MaxDuration))
+			return nil, 0, fmt.Sprintf("invalid cron %q: @every is at most %s", expr, FormatDuration(MaxDuration))
 		}
 		return nil, d, ""
 	}

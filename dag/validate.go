@@ -226,7 +226,7 @@ func (p *parser) backoffError(pr partialRetry, label string, eff RetryPolicy, ma
 		which = "the default retry.maxBackoff"
 	}
 	p.c.at(n, "%sretry.backoff (%s) is longer than %s (%s), so it would never apply: lower backoff or raise maxBackoff",
-		prefix(label), fmtDuration(eff.Backoff), which, fmtDuration(eff.MaxBackoff))
+		prefix(label), FormatDuration(eff.Backoff), which, FormatDuration(eff.MaxBackoff))
 }
 
 func (p *parser) retry(n *yaml.Node, label, where string) partialRetry {
@@ -287,7 +287,7 @@ func (p *parser) duration(n *yaml.Node, label, what string) (time.Duration, bool
 	case err != nil && durationSyntax.MatchString(n.Value):
 		// Well formed, yet refused: time.ParseDuration says only "invalid"
 		// when the value overflows.
-		p.c.at(n, "%s%s %q is too long: at most %s", prefix(label), what, n.Value, fmtDuration(MaxDuration))
+		p.c.at(n, "%s%s %q is too long: at most %s", prefix(label), what, n.Value, FormatDuration(MaxDuration))
 		return 0, false
 	case err != nil:
 		p.c.at(n, "%sinvalid %s %q: %s", prefix(label), what, n.Value, how)
@@ -301,10 +301,10 @@ func (p *parser) duration(n *yaml.Node, label, what string) (time.Duration, bool
 		return 0, false
 	case p.opts.Stored:
 	case d < MinDuration:
-		p.c.at(n, "%s%s %q is too short: at least %s", prefix(label), what, n.Value, fmtDuration(MinDuration))
+		p.c.at(n, "%s%s %q is too short: at least %s", prefix(label), what, n.Value, FormatDuration(MinDuration))
 		return 0, false
 	case d > MaxDuration:
-		p.c.at(n, "%s%s %q is too long: at most %s", prefix(label), what, n.Value, fmtDuration(MaxDuration))
+		p.c.at(n, "%s%s %q is too long: at most %s", prefix(label), what, n.Value, FormatDuration(MaxDuration))
 		return 0, false
 	}
 	return d, true
@@ -717,8 +717,8 @@ func (p *parser) checkHandlers(builds []*stepBuild) {
 	}
 }
 
-// fmtDuration prints durations the way users write them: 1m, not 1m0s.
-func fmtDuration(d time.Duration) string {
+// FormatDuration prints a duration the way users write one: 1m, not 1m0s.
+func FormatDuration(d time.Duration) string {
 	s := d.String()
 	if strings.HasSuffix(s, "m0s") {
 		s = strings.TrimSuffix(s, "0s")

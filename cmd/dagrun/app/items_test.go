@@ -56,7 +56,10 @@ func TestStatusItems(t *testing.T) {
 	var inst view.Instance
 	require.NoError(t, json.Unmarshal([]byte(res.stdout), &inst), res.stdout)
 	require.Equal(t, &view.ItemCounts{Total: 5, Completed: 4, Failed: 1}, inst.Steps[1].Items)
-	require.JSONEq(t, `null`, string(inst.Steps[0].Output), "a forEach step's output list is paged with its items, not inlined")
+	var outputs []json.RawMessage
+	require.NoError(t, json.Unmarshal(inst.Steps[0].Output, &outputs), "a short forEach output list is inlined: %s", inst.Steps[0].Output)
+	require.Len(t, outputs, 5)
+	require.False(t, inst.Steps[0].OutputOmitted)
 
 	res = b.run(t, "", "status", id, "--step", "nope")
 	require.Equal(t, app.ExitUsage, res.code)
