@@ -167,4 +167,3 @@ func inputDepth(raw []byte, limit int) int {
 	}
 	return deepest
 }
-
