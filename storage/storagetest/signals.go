@@ -100,7 +100,7 @@ var signalTests = map[string]func(*testing.T, *Harness){
 				continue
 			}
 			require.ErrorIs(t, err, storage.ErrConflict, tt.name)
-			require.Contains(t, err.Error(), "signal a was already sent to instance "+id+" and delivered", tt.name)
+			require.Contains(t, err.Error(), "signal a was already sent to instance "+id+" and delivered (a repeat carrying", tt.name)
 		}
 		require.Equal(t, before.Events, b.get(id).Events, "a duplicate or a conflict writes nothing")
 		// Without an ID, a repeat is always a conflict.
