@@ -19,6 +19,18 @@ func TestSignal(t *testing.T) {
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
 	id := maskUUID.FindString(res.stdout)
 	require.NotEmpty(t, id, res.stdout)
+	res = b.run(t, "", "status", id)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	golden(t, "status-waiting", mask(res.stdout))
+	res = b.run(t, "", "status", id, "--json")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.Contains(t, res.stdout, `"signal": "approve"`)
+	require.Contains(t, res.stdout, `"deadline": "`)
+
+	res = b.run(t, "", "stats", "--json")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.Regexp(t, `"workflow": "refund",[^]]*"waitingSteps": 1,`, res.stdout)
+
 	other := maskUUID.FindString(b.run(t, "", "start", "refund", "--detach").stdout)
 	require.Equal(t, app.ExitOK, b.run(t, "", "cancel", other).code)
 
@@ -53,4 +65,20 @@ func TestSignal(t *testing.T) {
 	res = b.run(t, "", "status", id, "--json")
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
 	require.Contains(t, res.stdout, `"output": {`)
+}
+
+// TestStatusShowsWhenAPendingStepRuns shows a delayed start's first step
+// with the time it runs at.
+func TestStatusShowsWhenAPendingStepRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.run(t, "", "start", "greet", "--detach", "--delay", "2h")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	id := maskUUID.FindString(res.stdout)
+	res = b.run(t, "", "status", id)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	golden(t, "status-delayed", mask(res.stdout))
+	res = b.run(t, "", "status", id, "--json")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.Contains(t, res.stdout, `"runAfter": "`)
 }
