@@ -1,9 +1,11 @@
 package app_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -81,4 +83,26 @@ func TestStatusShowsWhenAPendingStepRuns(t *testing.T) {
 	res = b.run(t, "", "status", id, "--json")
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
 	require.Contains(t, res.stdout, `"runAfter": "`)
+}
+
+// TestStartFollowsAWaitUntilItsSignal follows a refund with start, which
+// shows the wait and returns once a signal sent by another command
+// completes it.
+func TestStartFollowsAWaitUntilItsSignal(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	done := make(chan runResult, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		done <- b.runContext(ctx, "start", "refund", "--key", "order-9")
+	}()
+	require.Eventually(t, func() bool {
+		return b.run(t, "", "signal", "--workflow", "refund", "--key", "order-9", "approve", "--data", `{"approved": true}`).code == app.ExitOK
+	}, 30*time.Second, 10*time.Millisecond)
+	res := <-done
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.JSONEq(t, `{"approved": true}`, res.stdout)
+	require.Contains(t, res.stderr, "approve      waiting for signal approve\n")
+	require.Contains(t, res.stderr, "approve      completed: signal approve received\n")
 }
