@@ -162,6 +162,26 @@ var signalTests = map[string]func(*testing.T, *Harness){
 		b.mustSignal(storage.SignalParams{InstanceID: id, Name: "approve"})
 		require.Equal(t, storage.InstanceCompleted, b.get(id).Status)
 	},
+	"CancelledWaitIsReArmedByRetry": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(waitSpec("await-a", "a", time.Hour), spec("after", "await-a"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "by hand"))
+		w := step(t, b.get(id), "await-a")
+		require.Equal(t, storage.StepCancelled, w.Status)
+		require.Nil(t, w.Deadline)
+		n, err := b.store.ExpireWaits(b.ctx, 0, Plan)
+		require.NoError(t, err)
+		require.Zero(t, n, "a cancelled wait no longer times out")
+
+		b.clock.Advance(2 * time.Hour)
+		require.NoError(t, b.store.RetryInstance(b.ctx, id, Plan))
+		w = step(t, b.get(id), "await-a")
+		require.Equal(t, storage.StepWaiting, w.Status)
+		require.True(t, w.Deadline.Equal(b.now().Add(time.Hour)), "a fresh deadline: %v", w.Deadline)
+		res := b.mustSignal(storage.SignalParams{InstanceID: id, Name: "a", Payload: json.RawMessage(`7`)})
+		require.True(t, res.Delivered)
+		require.Equal(t, storage.StepPending, b.status(id, "after"))
+	},
 	"StatsCountWaitingSteps": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		b.createOne(waitSpec("await-a", "a", 0), waitSpec("await-b", "b", 0))
