@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +16,7 @@ import (
 	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/handlers"
 	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/sqlite"
 )
 
 // refundWorkflow checks a refund, waits for a person's approval, then pays
@@ -265,4 +269,39 @@ func TestSignalByWorkflowAndKey(t *testing.T) {
 		_, err = b.engine.Signal(context.Background(), dagrun.SignalRequest{Workflow: "refund", Key: "order-8", Name: "approve"})
 		require.True(t, errors.Is(err, storage.ErrNotFound), "%v", err)
 	})
+}
+
+// nextWakeCounter counts the NextWake calls of a store.
+type nextWakeCounter struct {
+	storage.Store
+	calls atomic.Int64
+}
+
+func (c *nextWakeCounter) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time, error) {
+	c.calls.Add(1)
+	return c.Store.NextWake(ctx, p)
+}
+
+// TestIdleWorkerDoesNotSpinWhenClocksDisagree runs a worker over a store
+// whose clock is an hour behind the worker's, with a wait that times out
+// in an hour by the store's clock: by the worker's clock it is due
+// already, by the store's not. The worker looks again now and then rather
+// than at once, over and over.
+func TestIdleWorkerDoesNotSpinWhenClocksDisagree(t *testing.T) {
+	t.Parallel()
+	raw, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "dagrun.db"),
+		&sqlite.Config{Now: func() time.Time { return time.Now().Add(-time.Hour) }})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = raw.Close() })
+	store := &nextWakeCounter{Store: raw}
+	b := setup(t, func(*testing.T) storage.Store { return store }, nil, strings.Replace(timeoutWorkflow, "300ms", "1h", 1))
+	b.start(t, "lapse", `{}`)
+	worker, err := b.engine.NewWorker(&dagrun.WorkerConfig{Poll: time.Hour, Lease: 10 * time.Minute})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	require.NoError(t, worker.Run(ctx))
+	// At most one look per idleRecheck (50 ms) and a few more: a spinning
+	// worker makes thousands.
+	require.Less(t, store.calls.Load(), int64(50), "NextWake calls in half a second")
 }

@@ -330,14 +330,25 @@ func (w *Worker) release(steps []storage.ClaimedStep) {
 
 // sleepUntilNext sets idle to fire when the next step this worker could
 // claim becomes due, or the next wait times out (the store's clock; the
-// millisecond covers its run_after <= now).
+// millisecond covers its run_after <= now). A time already past by this
+// process's clock, while the store says it is still to come, means the
+// clocks disagree: looking again every idleRecheck bounds the lateness
+// without spinning.
 func (w *Worker) sleepUntilNext(ctx context.Context, idle *time.Timer, free int) {
 	next, err := w.engine.store.NextWake(ctx, w.claimParams(free))
 	if err != nil || next.IsZero() {
 		return // the poll is the fallback
 	}
-	idle.Reset(max(time.Until(next)+time.Millisecond, 0))
+	d := time.Until(next) + time.Millisecond
+	if d <= 0 {
+		d = idleRecheck
+	}
+	idle.Reset(d)
 }
+
+// idleRecheck is how soon an idle worker looks again for a step or wait
+// its store says is not due yet although this process's clock says it is.
+const idleRecheck = 50 * time.Millisecond
 
 // wakeAt makes the claim loop look for work at t, when t comes before the
 // next poll would.
