@@ -89,5 +89,27 @@ func (e *Engine) createEagerly(ctx context.Context, params []storage.CreateParam
 	}
 	created, claimed, err := cc.CreateAndClaim(ctx, params, plan, w.claimParams(reserved))
 	w.adoptEager(reserved, claimed)
+	if err == nil && wakesLater(params) {
+		// The store wakes no claim loop after a claim that took every
+		// ready step; but a delayed step or a wait's deadline is a time
+		// the worker must learn of to wake at it rather than at a poll.
+		w.recheck()
+	}
 	return created, err
+}
+
+// wakesLater reports whether instances have steps that are due only later:
+// a delayed start's, or a wait step's timeout.
+func wakesLater(params []storage.CreateParams) bool {
+	for _, p := range params {
+		if !p.RunAfter.IsZero() {
+			return true
+		}
+		for _, s := range p.Steps {
+			if s.Wait != nil && s.Wait.Timeout > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -211,10 +211,12 @@ output: ${{ steps.after.output }}
 
 func TestWaitTimeoutFailsTheStepAndContinueOnErrorLetsDependentsRun(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
-		b := setup(t, open, nil, timeoutWorkflow)
+		b := setup(t, open, nil, timeoutWorkflow, chainWorkflow)
 		// Neither the poll nor the lease recovery pass comes within the
 		// test's wait: only waking at the deadline times the step out.
 		b.runWorker(t, &dagrun.WorkerConfig{Poll: time.Hour, Lease: 10 * time.Minute})
+		// An idle worker, which learns of the deadline from the start.
+		b.wait(t, b.start(t, "chain", `{"n": 1}`))
 		inst := b.wait(t, b.start(t, "lapse", `{}`))
 		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
 		approve := step(t, inst, "approve")
@@ -228,6 +230,7 @@ func TestWorkerWakesForADelayedStepWithoutAPoll(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
 		b := setup(t, open, nil, chainWorkflow)
 		b.runWorker(t, &dagrun.WorkerConfig{Poll: time.Hour, Lease: 10 * time.Minute})
+		b.wait(t, b.start(t, "chain", `{"n": 1}`)) // an idle worker
 		res, err := b.engine.Start(context.Background(), "chain", json.RawMessage(`{"n": 1}`), &dagrun.StartOptions{Delay: 300 * time.Millisecond})
 		require.NoError(t, err)
 		inst := b.wait(t, res.ID)

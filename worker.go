@@ -350,6 +350,14 @@ func (w *Worker) sleepUntilNext(ctx context.Context, idle *time.Timer, free int)
 // its store says is not due yet although this process's clock says it is.
 const idleRecheck = 50 * time.Millisecond
 
+// recheck makes the claim loop claim and look for the next wake time again.
+func (w *Worker) recheck() {
+	select {
+	case w.due <- struct{}{}:
+	default:
+	}
+}
+
 // wakeAt makes the claim loop look for work at t, when t comes before the
 // next poll would.
 func (w *Worker) wakeAt(t time.Time) {
@@ -357,12 +365,7 @@ func (w *Worker) wakeAt(t time.Time) {
 	if d >= w.config.Poll {
 		return
 	}
-	time.AfterFunc(max(d, 0), func() {
-		select {
-		case w.due <- struct{}{}:
-		default:
-		}
-	})
+	time.AfterFunc(max(d, 0), w.recheck)
 }
 
 // drain waits for running handlers up to the shutdown grace, then cancels
