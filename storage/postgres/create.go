@@ -398,6 +398,9 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance) {
 			r.expansions = append(r.expansions, expansion{p.ID, sp.Name, ns.Items})
 			st.ready(queueOf(*sp))
 		}
+		if status == storage.StepWaiting && sp.Wait != nil && sp.Wait.Timeout > 0 {
+			st.ready(queueOf(*sp)) // idle workers learn of the deadline
+		}
 		r.stStatuses = append(r.stStatuses, string(status))
 		r.stOutputs = append(r.stOutputs, jsonOrNil(ns.Output))
 		r.stForEach = append(r.stForEach, sp.ForEach)

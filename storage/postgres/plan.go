@@ -305,8 +305,8 @@ func (c *stepChanges) add(st *txState, now *time.Time, s *Store, l *loaded, chan
 			s.queueExpand(st, now, is.ID, ch.Name, ch.Items)
 			continue
 		}
-		if ch.Status == storage.StepPending {
-			st.ready(l.queues[i])
+		if ch.Status == storage.StepPending || ch.Status == storage.StepWaiting {
+			st.ready(l.queues[i]) // a waiting step: idle workers learn of its deadline
 		}
 		input := ch.Input
 		if ch.Status == storage.StepCompleted {
