@@ -79,7 +79,21 @@ type Step struct {
 	// at once per instance; 0 means no cap.
 	ForEach     *Template
 	Concurrency int
-	Line, Col   int // position of the step in the file
+	// Wait, when set, makes the step a wait step: instead of running a
+	// handler it waits for a signal sent to its instance.
+	Wait      *Wait
+	Line, Col int // position of the step in the file
+}
+
+// Wait is a wait step's wait: for a signal named Signal (default: the
+// step's name), for at most Timeout (0: for ever), with a payload
+// satisfying Schema when one is given.
+type Wait struct {
+	Signal  string
+	Timeout time.Duration
+	Schema  json.RawMessage // the payload's JSON Schema as JSON; nil when absent
+
+	schema *jsonschema.Schema
 }
 
 // Step returns the step with that name, or nil.

@@ -78,6 +78,9 @@ const (
 	StepFailed    StepStatus = "failed"
 	StepSkipped   StepStatus = "skipped"
 	StepCancelled StepStatus = "cancelled"
+	// StepWaiting is a ready wait step, waiting for its signal; it holds no
+	// worker and no lease, only a row (and a deadline when it has a timeout).
+	StepWaiting StepStatus = "waiting"
 )
 
 // Finished reports whether the status is terminal for the current run of the
@@ -111,6 +114,37 @@ type StepSpec struct {
 	ForEach bool
 	// ContinueOnError: an item's terminal failure waits for the other items (output null for it) instead of cancelling them.
 	ContinueOnError bool
+	// Wait, for a wait step: the signal it waits for and how long (0 = for ever).
+	Wait *WaitSpec
+}
+
+// WaitSpec is what a wait step waits for: a signal of this name sent to its
+// instance, for at most Timeout (zero: for ever).
+type WaitSpec struct {
+	Signal  string
+	Timeout time.Duration
+}
+
+// SignalParams is one signal sent to an instance, named either by
+// InstanceID or, by correlation, by Workflow and Key (the instance's
+// idempotency key).
+type SignalParams struct {
+	InstanceID    string
+	Workflow, Key string
+	Name          string
+	// ID, when set, makes a repeat of this signal idempotent.
+	ID      string
+	Payload json.RawMessage
+}
+
+// SignalResult tells what became of a signal.
+type SignalResult struct {
+	InstanceID string
+	// Delivered: it completed a waiting step now (false: stored until the
+	// step waits).
+	Delivered bool
+	// Duplicate: a signal with the same ID was sent before; nothing changed.
+	Duplicate bool
 }
 
 // CreateParams describes one instance to create.
@@ -274,8 +308,12 @@ type Plan struct {
 }
 
 // StepChange moves a blocked step to pending (with its resolved Input),
-// skipped, or failed (an expression that failed to evaluate). A step made
-// pending gets run_after = max(now, the instance's RunAfter). Changing a step
+// skipped, failed (an expression that failed to evaluate), or, for a wait
+// step, waiting (with its resolved Input). A step made
+// pending gets run_after = max(now, the instance's RunAfter). A step made
+// waiting gets its deadline from its WaitSpec's Timeout after now, and is
+// completed at once with the payload of a signal of its name already sent
+// to the instance. Changing a step
 // that is not blocked, or naming an unknown step, is an error that rolls the
 // transaction back. The store applies a Plan once and does not call the
 // PlanFunc again for the steps it changed, so a Plan must already contain
@@ -366,6 +404,10 @@ type Step struct {
 	FinishedAt *time.Time
 	LeaseUntil *time.Time
 	WorkerID   string
+	// Signal is the signal a wait step waits for; Deadline is when a
+	// waiting step times out (nil: never, or not waiting).
+	Signal   string
+	Deadline *time.Time
 	// Items counts the items of an expanded forEach step; nil for any other step.
 	Items *ItemCounts
 }
@@ -522,6 +564,8 @@ type WorkflowStats struct {
 	ReadySteps int
 	// OldestReady is the age of the oldest ready step; zero when none.
 	OldestReady time.Duration
+	// WaitingSteps counts wait steps waiting for their signal.
+	WaitingSteps int
 	// StepP50 and StepP95 are completed-attempt durations (from the start of
 	// the attempt that completed to its finish), nearest-rank percentiles
 	// (Postgres' percentile_disc) over the completed steps of the
@@ -579,6 +623,17 @@ type Store interface {
 	// a lease recovery, cancels it instead of queueing it again.)
 	FinishSteps(ctx context.Context, results []StepResult, plan PlanFunc) ([]FinishResult, error)
 
+	// ExpireWaits fails up to limit waiting steps whose deadline passed
+	// ("no signal NAME within D", for good), planning their instances as a
+	// terminal failure does. It returns how many it failed.
+	ExpireWaits(ctx context.Context, limit int, plan PlanFunc) (int, error)
+
+	// NextWake returns the earliest time after now at which a step of
+	// p.Queues and p.Handlers (as ClaimSteps filters them) becomes
+	// claimable, or a waiting step times out: what a worker with nothing
+	// to do sleeps until. Zero when there is none.
+	NextWake(ctx context.Context, p ClaimParams) (time.Time, error)
+
 	// RecoverExpired takes back up to limit running steps whose lease ended
 	// before now: each counts as a failed attempt, pending again after its
 	// retry delay, or failed for good when attempts are exhausted (then plan
@@ -598,6 +653,17 @@ type Store interface {
 	// cancelled items become pending with attempts reset, its completed
 	// ones keep their outputs.
 	RetryInstance(ctx context.Context, id string, plan PlanFunc) error
+
+	// SendSignal stores a signal and, when its step is waiting, completes
+	// the step with the payload as output and plans the instance
+	// (dependents ready) in the same transaction; a signal stored before
+	// its step waits is delivered when the step becomes ready. One signal
+	// per (instance, name): a second one is ErrConflict unless it carries
+	// the same non-empty ID (then Duplicate, nothing changes), also when
+	// two senders race from different processes. ErrNotFound: no such
+	// instance. ErrConflict: the instance is finished. The caller (the
+	// engine) validates the name and payload first.
+	SendSignal(ctx context.Context, p SignalParams, plan PlanFunc) (SignalResult, error)
 
 	// GetInstance returns the instance with steps, events and definition.
 	GetInstance(ctx context.Context, id string) (*Instance, error)
