@@ -179,7 +179,7 @@ func (m *Metrics) handler(logger *slog.Logger) http.Handler {
 }
 
 // storeCollector reads storage.Stats at scrape time: gauges per workflow
-// (dagrun_instances, dagrun_steps_*), per queue (dagrun_queue_steps_*) and
+// (dagrun_instances, dagrun_steps_* with dagrun_steps_waiting), per queue (dagrun_queue_steps_*) and
 // per handler no live worker has (dagrun_steps_unserved).
 // The per-queue gauges have names of their own because one metric name
 // carries one label set; a queue appears while it has a ready or running
@@ -199,6 +199,8 @@ var (
 		"Steps claimed by a worker and running (stuck ones included), by workflow.", []string{"workflow"}, nil)
 	descStuck = prometheus.NewDesc("dagrun_steps_stuck",
 		"Running steps whose lease expired (their worker stopped heartbeating), by workflow.", []string{"workflow"}, nil)
+	descWaiting = prometheus.NewDesc("dagrun_steps_waiting",
+		"Wait steps waiting for their signal (they hold no worker), by workflow.", []string{"workflow"}, nil)
 	descOldestReady = prometheus.NewDesc("dagrun_oldest_ready_step_age_seconds",
 		"Age of the oldest ready step, by workflow; 0 when none waits. A growing value means workers cannot keep up.", []string{"workflow"}, nil)
 	descQueueReady = prometheus.NewDesc("dagrun_queue_steps_ready",
@@ -214,7 +216,7 @@ var (
 )
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descStoreUp, descInstances, descReady, descRunning, descStuck, descOldestReady,
+	for _, d := range []*prometheus.Desc{descStoreUp, descInstances, descReady, descRunning, descStuck, descWaiting, descOldestReady,
 		descQueueReady, descQueueRunning, descQueueStuck, descUnserved, descOldestUnserved} {
 		ch <- d
 	}
@@ -236,6 +238,7 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, float64(w.ReadySteps), w.Workflow)
 		ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, float64(w.RunningSteps), w.Workflow)
 		ch <- prometheus.MustNewConstMetric(descStuck, prometheus.GaugeValue, float64(w.StuckSteps), w.Workflow)
+		ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, float64(w.WaitingSteps), w.Workflow)
 		ch <- prometheus.MustNewConstMetric(descOldestReady, prometheus.GaugeValue, w.OldestReady.Seconds(), w.Workflow)
 	}
 	for _, q := range stats.Queues {
