@@ -146,7 +146,15 @@ type rawStep struct {
 	node                                                                          *yaml.Node
 	misspelt                                                                      map[string]bool
 	Name, Handler, DependsOn, Input, When, Retry, Timeout, Queue, ContinueOnError *yaml.Node
-	ForEach, Concurrency                                                          *yaml.Node
+	ForEach, Concurrency, Wait                                                    *yaml.Node
+}
+
+type rawWait struct {
+	Signal, Timeout, Schema *yaml.Node
+}
+
+func (r *rawWait) fields() []field {
+	return []field{{"signal", &r.Signal}, {"timeout", &r.Timeout}, {"schema", &r.Schema}}
 }
 
 type rawRetry struct {
@@ -172,7 +180,7 @@ func (r *rawStep) fields() []field {
 	return []field{{"name", &r.Name}, {"handler", &r.Handler}, {"dependsOn", &r.DependsOn},
 		{"input", &r.Input}, {"when", &r.When}, {"retry", &r.Retry}, {"timeout", &r.Timeout},
 		{"queue", &r.Queue}, {"continueOnError", &r.ContinueOnError}, {"forEach", &r.ForEach},
-		{"concurrency", &r.Concurrency}}
+		{"concurrency", &r.Concurrency}, {"wait", &r.Wait}}
 }
 
 func (r *rawRetry) fields() []field {
@@ -181,7 +189,7 @@ func (r *rawRetry) fields() []field {
 
 // Keys lists the keys a workflow file may use in each of its mappings.
 type Keys struct {
-	Workflow, Defaults, Step, Retry, Schedule []string
+	Workflow, Defaults, Step, Retry, Schedule, Wait []string
 }
 
 // AcceptedKeys returns the keys the parser accepts, in the order its
@@ -194,6 +202,7 @@ func AcceptedKeys() Keys {
 		Step:     keysOf((&rawStep{}).fields()),
 		Retry:    keysOf((&rawRetry{}).fields()),
 		Schedule: keysOf((&rawSchedule{}).fields()),
+		Wait:     keysOf((&rawWait{}).fields()),
 	}
 }
 

@@ -3,6 +3,7 @@ package dag
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
@@ -171,7 +172,7 @@ func TestParseFileAndLoadDir(t *testing.T) {
 	}())
 	var list ErrorList
 	require.True(t, errors.As(err, &list))
-	require.Equal(t, filepath.Join(dir, "broken.yaml")+`:3:5: step "a": missing required key "handler" (the registered handler that runs it, e.g. handler: echo)`+"\n"+
+	require.Equal(t, filepath.Join(dir, "broken.yaml")+`:3:5: step "a": missing required key "handler" or "wait" (the registered handler that runs it, e.g. handler: echo, or the signal it waits for, e.g. wait: {signal: approve})`+"\n"+
 		filepath.Join(dir, "zeta.yml")+`:1:7: workflow "zeta" is already defined in `+filepath.Join(dir, "zeta.yaml")+`: keep only one of the two files`, err.Error())
 
 	_, err = LoadDir(filepath.Join(dir, "nope"), nil)
@@ -267,4 +268,30 @@ steps:
 	require.NoError(t, err)
 	require.Equal(t, []any{"a", "b"}, items)
 	require.Nil(t, w.Step("list").ForEach)
+}
+
+func TestParseWait(t *testing.T) {
+	t.Parallel()
+	w, err := Parse("", []byte(`name: refund
+steps:
+  - name: approve
+    wait:
+      timeout: 72h
+      schema: {type: object, required: [approved], properties: {approved: {type: boolean}}}
+  - name: confirm
+    wait: {signal: payment.confirmed}
+`), testOptions())
+	require.NoError(t, err)
+	approve := w.Step("approve").Wait
+	require.Equal(t, "approve", approve.Signal, "the signal defaults to the step's name")
+	require.Equal(t, 72*time.Hour, approve.Timeout)
+	require.NoError(t, approve.ValidatePayload(json.RawMessage(`{"approved": true}`)))
+	err = approve.ValidatePayload(json.RawMessage(`{"approved": "yes"}`))
+	require.ErrorIs(t, err, ErrInvalidPayload)
+	require.Equal(t, `payload does not match the wait step's schema: at /approved: got string, want boolean`, err.Error())
+	confirm := w.Step("confirm").Wait
+	require.Equal(t, "payment.confirmed", confirm.Signal)
+	require.Zero(t, confirm.Timeout)
+	require.NoError(t, confirm.ValidatePayload(json.RawMessage(`"anything"`)))
+	require.Empty(t, w.Step("approve").Handler)
 }

@@ -21,13 +21,20 @@ const schemaURL = "dagrun:///input-schema.json"
 // callers can map it to a usage error without parsing the message.
 var ErrInvalidInput = errors.New("input does not match the workflow's schema")
 
-type inputError struct{ problems []string }
+// ErrInvalidPayload is matched (errors.Is) by the error of
+// Wait.ValidatePayload.
+var ErrInvalidPayload = errors.New("payload does not match the wait step's schema")
 
-func (e *inputError) Error() string {
-	return ErrInvalidInput.Error() + ": " + strings.Join(e.problems, "; ")
+type inputError struct {
+	kind     error // ErrInvalidInput or ErrInvalidPayload
+	problems []string
 }
 
-func (e *inputError) Is(target error) bool { return target == ErrInvalidInput }
+func (e *inputError) Error() string {
+	return e.kind.Error() + ": " + strings.Join(e.problems, "; ")
+}
+
+func (e *inputError) Is(target error) bool { return target == e.kind }
 
 // noLoader refuses every external $ref: validating a workflow must never read
 // files or the network, and a schema must mean the same on every machine.
@@ -58,11 +65,17 @@ func compileSchema(raw []byte) (*jsonschema.Schema, error) {
 // inputSchema converts the input: node to JSON and compiles it, reporting
 // schema mistakes at the YAML node they are about.
 func (p *parser) inputSchema(n *yaml.Node) (json.RawMessage, *jsonschema.Schema) {
+	return p.schema(n, `"input"`, "input")
+}
+
+// schema converts a JSON Schema node (what: how messages name the key,
+// kind: which schema it is) to JSON and compiles it.
+func (p *parser) schema(n *yaml.Node, what, kind string) (json.RawMessage, *jsonschema.Schema) {
 	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
 		return nil, nil
 	}
 	if n.Kind != yaml.MappingNode && !(n.Kind == yaml.ScalarNode && n.ShortTag() == "!!bool") {
-		p.c.at(n, `"input" must be a JSON Schema mapping (e.g. type: object with properties), got %s`, describe(n))
+		p.c.at(n, `%s must be a JSON Schema mapping (e.g. type: object with properties), got %s`, what, describe(n))
 		return nil, nil
 	}
 	nodes := map[string]*yaml.Node{}
@@ -72,12 +85,12 @@ func (p *parser) inputSchema(n *yaml.Node) (json.RawMessage, *jsonschema.Schema)
 	}
 	raw, err := json.Marshal(v)
 	if err != nil {
-		p.c.at(n, "invalid input schema: %v", err)
+		p.c.at(n, "invalid %s schema: %v", kind, err)
 		return nil, nil
 	}
 	sch, err := compileSchema(raw)
 	if err != nil {
-		p.schemaError(n, nodes, err)
+		p.schemaError(n, nodes, err, kind)
 		return nil, nil
 	}
 	return raw, sch
@@ -171,7 +184,7 @@ func nodeAt(nodes map[string]*yaml.Node, ptr string, fallback *yaml.Node) *yaml.
 	}
 }
 
-func (p *parser) schemaError(n *yaml.Node, nodes map[string]*yaml.Node, err error) {
+func (p *parser) schemaError(n *yaml.Node, nodes map[string]*yaml.Node, err error, kind string) {
 	var (
 		sve *jsonschema.SchemaValidationError
 		lue *jsonschema.LoadURLError
@@ -183,22 +196,22 @@ func (p *parser) schemaError(n *yaml.Node, nodes map[string]*yaml.Node, err erro
 		if errors.As(sve.Err, &ve) {
 			for _, l := range leaves(ve) {
 				ptr := jsonPointer(l.InstanceLocation)
-				p.c.at(nodeAt(nodes, ptr, n), "invalid input schema at %s: %s", displayPointer(ptr), leafMessage(l))
+				p.c.at(nodeAt(nodes, ptr, n), "invalid %s schema at %s: %s", kind, displayPointer(ptr), leafMessage(l))
 			}
 			return
 		}
 	case errors.As(err, &lue):
 		ref := findRef(nodes, func(v string) bool { return !strings.HasPrefix(v, "#") })
-		p.c.at(nodeOr(ref, n), "invalid input schema: $ref %q points outside this schema; only local references such as \"#/$defs/item\" are supported", refValue(ref, lue.URL))
+		p.c.at(nodeOr(ref, n), "invalid %s schema: $ref %q points outside this schema; only local references such as \"#/$defs/item\" are supported", kind, refValue(ref, lue.URL))
 		return
 	case errors.As(err, &pnf):
 		_, frag, _ := strings.Cut(pnf.URL, "#")
 		ref := findRef(nodes, func(v string) bool { return v == "#"+frag })
-		p.c.at(nodeOr(ref, n), "invalid input schema: $ref %q points to nothing in this schema", "#"+frag)
+		p.c.at(nodeOr(ref, n), "invalid %s schema: $ref %q points to nothing in this schema", kind, "#"+frag)
 		return
 	}
 	msg, _, _ := strings.Cut(err.Error(), "\n")
-	p.c.at(n, "invalid input schema: %s", msg)
+	p.c.at(n, "invalid %s schema: %s", kind, msg)
 }
 
 func findRef(nodes map[string]*yaml.Node, match func(string) bool) *yaml.Node {
@@ -273,35 +286,45 @@ func quotePointer(s string) string {
 // "input does not match the workflow's schema: at /items: minItems: got 0,
 // want 1", and matches ErrInvalidInput with errors.Is.
 func (w *Workflow) ValidateInput(input any) error {
-	sch := w.schema
+	return validate(w.schema, w.InputSchema, "input", ErrInvalidInput, input)
+}
+
+// ValidatePayload checks a signal's payload (JSON) against the wait's
+// schema; a wait without a schema accepts anything. The error matches
+// ErrInvalidPayload with errors.Is.
+func (wt *Wait) ValidatePayload(payload json.RawMessage) error {
+	return validate(wt.schema, wt.Schema, "payload", ErrInvalidPayload, payload)
+}
+
+func validate(sch *jsonschema.Schema, raw json.RawMessage, what string, kind error, input any) error {
 	if sch == nil {
-		if len(w.InputSchema) == 0 {
+		if len(raw) == 0 {
 			return nil
 		}
 		// A Workflow built by hand rather than by Parse.
 		var err error
-		if sch, err = compileSchema(w.InputSchema); err != nil {
+		if sch, err = compileSchema(raw); err != nil {
 			msg, _, _ := strings.Cut(err.Error(), "\n")
-			return fmt.Errorf("invalid input schema: %s", msg)
+			return fmt.Errorf("invalid %s schema: %s", what, msg)
 		}
 	}
 	// Round-trip through JSON so any Go value (json.RawMessage, structs,
 	// map[string]string...) is validated as the JSON it stands for.
-	raw, err := json.Marshal(input)
+	doc, err := json.Marshal(input)
 	if err != nil {
-		return fmt.Errorf("input is not valid JSON: %w", err)
+		return fmt.Errorf("%s is not valid JSON: %w", what, err)
 	}
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
 	if err != nil {
-		return fmt.Errorf("input is not valid JSON: %w", err)
+		return fmt.Errorf("%s is not valid JSON: %w", what, err)
 	}
-	err = sch.Validate(doc)
+	err = sch.Validate(v)
 	if err == nil {
 		return nil
 	}
 	var ve *jsonschema.ValidationError
 	if !errors.As(err, &ve) {
-		return fmt.Errorf("%w: %v", ErrInvalidInput, err)
+		return fmt.Errorf("%w: %v", kind, err)
 	}
 	var problems []string
 	seen := map[string]bool{}
@@ -325,5 +348,5 @@ func (w *Workflow) ValidateInput(input any) error {
 	if len(problems) > maxProblems {
 		problems = append(problems[:maxProblems], fmt.Sprintf("and %d more", len(problems)-maxProblems))
 	}
-	return &inputError{problems: problems}
+	return &inputError{kind: kind, problems: problems}
 }

@@ -387,9 +387,19 @@ func (p *parser) step(b *stepBuild, def defaults) {
 		}
 	}
 	switch {
+	case r.Handler != nil && r.Wait != nil:
+		p.c.at(r.Wait, `%s: a step has exactly one of "handler" and "wait": remove one`, b.label)
+	case r.Wait != nil:
+		s.Wait = p.wait(r.Wait, b.label, s.Name)
+		if r.ForEach != nil {
+			p.c.at(r.ForEach, `%s: a wait step waits for one signal and cannot have "forEach": remove one`, b.label)
+		}
+		if r.Timeout != nil {
+			p.c.at(r.Timeout, `%s: "timeout" bounds a handler's attempt; a wait step's timeout is wait.timeout`, b.label)
+		}
 	case r.Handler == nil:
-		if !r.misspelt["handler"] {
-			p.c.at(r.node, `%s: missing required key "handler" (the registered handler that runs it, e.g. handler: echo)`, b.label)
+		if !r.misspelt["handler"] && !r.misspelt["wait"] {
+			p.c.at(r.node, `%s: missing required key "handler" or "wait" (the registered handler that runs it, e.g. handler: echo, or the signal it waits for, e.g. wait: {signal: approve})`, b.label)
 		}
 	default:
 		if h, ok := p.text(r.Handler, b.label, `"handler"`); ok {
