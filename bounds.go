@@ -111,6 +111,9 @@ func validateList(p storage.ListParams) error {
 	if err := storage.CheckText(p.Workflow, storage.MaxIDBytes); err != nil {
 		return &ArgumentError{Name: "workflow filter", Reason: "it " + err.Error()}
 	}
+	if err := storage.CheckText(p.Key, storage.MaxKeyBytes); err != nil {
+		return &ArgumentError{Name: "key filter", Reason: "it " + err.Error()}
+	}
 	if err := storage.CheckText(p.BeforeID, storage.MaxIDBytes); err != nil {
 		return &ArgumentError{Name: "page cursor (before)", Reason: "it " + err.Error()}
 	}

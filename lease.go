@@ -90,3 +90,20 @@ func (w *Worker) recoverExpired(ctx context.Context) {
 		w.engine.notifyChanged()
 	}
 }
+
+// expireWaits fails the waiting steps whose deadline passed, by the
+// store's clock, so that a wait times out whichever process runs.
+func (w *Worker) expireWaits(ctx context.Context) {
+	rec := w.engine.newFinishRecorder()
+	n, err := w.engine.store.ExpireWaits(ctx, 100, rec.plan)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.logger.Error("dagrun: time out waiting steps", slog.Any("error", err))
+		}
+		return
+	}
+	rec.report()
+	if n > 0 {
+		w.engine.notifyChanged()
+	}
+}

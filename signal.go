@@ -1,6 +1,7 @@
 package dagrun
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/storage"
 )
 
@@ -65,7 +67,107 @@ func (e *SignalDataError) Unwrap() error { return e.Err }
 // storage.ErrConflict (the instance is finished, or the signal was sent
 // before with another ID).
 func (e *Engine) Signal(ctx context.Context, req SignalRequest) (SignalResult, error) {
-	return SignalResult{}, errors.New("not implemented")
+	if err := checkSignalRequest(req); err != nil {
+		return SignalResult{}, err
+	}
+	inst, err := e.signalTarget(ctx, req)
+	if err != nil {
+		return SignalResult{}, err
+	}
+	w, err := e.Definition(inst)
+	if err != nil {
+		return SignalResult{}, err
+	}
+	wait := waitFor(w, req.Name)
+	if wait == nil {
+		return SignalResult{}, &UnknownSignalError{InstanceID: inst.ID, Name: req.Name, Signals: waitSignals(w)}
+	}
+	payload := bytes.TrimSpace(req.Data)
+	if len(payload) == 0 {
+		payload = json.RawMessage("null")
+	}
+	payload, _, err = decodeJSON(payload, "payload", e.config.MaxOutputBytes)
+	if err == nil {
+		err = wait.ValidatePayload(payload)
+	}
+	if err != nil {
+		return SignalResult{}, &SignalDataError{Name: req.Name, Err: err}
+	}
+	rec := e.newFinishRecorder()
+	res, err := e.store.SendSignal(ctx, storage.SignalParams{
+		InstanceID: inst.ID,
+		Name:       req.Name,
+		ID:         req.ID,
+		Payload:    payload,
+	}, rec.plan)
+	if err != nil {
+		return SignalResult{}, err
+	}
+	rec.report()
+	if res.Delivered {
+		e.notifyChanged()
+	}
+	return res, nil
 }
 
-var _ = sort.Strings
+// checkSignalRequest checks the texts of a request at the edge, as a start
+// checks its key.
+func checkSignalRequest(req SignalRequest) error {
+	if req.InstanceID == "" && (req.Workflow == "" || req.Key == "") {
+		return errors.New("signal: name the instance by its ID, or by its workflow and key")
+	}
+	if err := storage.CheckText(req.Name, storage.MaxIDBytes); err != nil || req.Name == "" {
+		return &UnknownSignalError{InstanceID: cmpOr(req.InstanceID, req.Workflow+"/"+req.Key), Name: req.Name}
+	}
+	if err := storage.CheckText(req.ID, storage.MaxSignalIDBytes); err != nil {
+		return fmt.Errorf("signal ID %w", err)
+	}
+	if err := storage.CheckText(req.Key, storage.MaxKeyBytes); err != nil {
+		return fmt.Errorf("key %s: %w", err, storage.ErrNotFound)
+	}
+	return nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// signalTarget loads the instance a request names.
+func (e *Engine) signalTarget(ctx context.Context, req SignalRequest) (*storage.Instance, error) {
+	if req.InstanceID != "" {
+		return e.Get(ctx, req.InstanceID)
+	}
+	found, err := e.store.ListInstances(ctx, storage.ListParams{Workflow: req.Workflow, Key: req.Key, Limit: 1})
+	if err != nil {
+		return nil, err
+	}
+	if len(found) == 0 {
+		return nil, fmt.Errorf("no instance of workflow %s with key %q: %w", req.Workflow, req.Key, storage.ErrNotFound)
+	}
+	return e.store.GetInstance(ctx, found[0].ID)
+}
+
+// waitFor returns the wait of w's step waiting for signal, or nil.
+func waitFor(w *dag.Workflow, signal string) *dag.Wait {
+	for _, s := range w.Steps {
+		if s.Wait != nil && s.Wait.Signal == signal {
+			return s.Wait
+		}
+	}
+	return nil
+}
+
+// waitSignals returns the signals w's wait steps wait for, sorted.
+func waitSignals(w *dag.Workflow) []string {
+	var names []string
+	for _, s := range w.Steps {
+		if s.Wait != nil {
+			names = append(names, s.Wait.Signal)
+		}
+	}
+	sort.Strings(names)
+	return names
+}

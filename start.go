@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
@@ -155,36 +154,47 @@ func (e *Engine) decodeInput(w *dag.Workflow, raw json.RawMessage) (json.RawMess
 	if len(raw) == 0 {
 		raw = json.RawMessage("{}")
 	}
-	if len(raw) > e.config.MaxInputBytes {
-		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input is %d bytes, over the limit of %d bytes; store large data elsewhere and pass a reference", len(raw), e.config.MaxInputBytes)}
-	}
-	if string(raw) == "{}" && len(w.InputSchema) == 0 {
+	if string(raw) == "{}" && len(w.InputSchema) == 0 && len(raw) <= e.config.MaxInputBytes {
 		return raw, nil // the common empty input with nothing to check it against
+	}
+	compact, value, err := decodeJSON(raw, "input", e.config.MaxInputBytes)
+	if err == nil {
+		err = w.ValidateInput(value)
+	}
+	if err != nil {
+		return nil, &InputError{Workflow: w.Name, Err: err}
+	}
+	return compact, nil
+}
+
+// decodeJSON checks one JSON value from outside (what names it in
+// errors): at most limit bytes, UTF-8, not nested too deep, one value. It
+// returns it compacted and decoded.
+func decodeJSON(raw json.RawMessage, what string, limit int) (json.RawMessage, any, error) {
+	if len(raw) > limit {
+		return nil, nil, fmt.Errorf("%s is %d bytes, over the limit of %d bytes; store large data elsewhere and pass a reference", what, len(raw), limit)
 	}
 	if !utf8.Valid(raw) {
 		// JSON text is UTF-8 (RFC 8259 §8.1); encoding/json would accept
 		// it, but PostgreSQL's json type refuses it.
-		return nil, &InputError{Workflow: w.Name, Err: errors.New("input is not valid JSON: it is not valid UTF-8")}
+		return nil, nil, fmt.Errorf("%s is not valid JSON: it is not valid UTF-8", what)
 	}
 	if depth := inputDepth(raw, MaxInputDepth); depth > MaxInputDepth {
-		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input nests arrays and objects more than %d levels deep; flatten it", MaxInputDepth)}
+		return nil, nil, fmt.Errorf("%s nests arrays and objects more than %d levels deep; flatten it", what, MaxInputDepth)
 	}
 	var value any
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if err := dec.Decode(&value); err != nil {
-		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input is not valid JSON: %w", err)}
+		return nil, nil, fmt.Errorf("%s is not valid JSON: %w", what, err)
 	}
 	if dec.More() {
-		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input is not valid JSON: more than one value")}
-	}
-	if err := w.ValidateInput(value); err != nil {
-		return nil, &InputError{Workflow: w.Name, Err: err}
+		return nil, nil, fmt.Errorf("%s is not valid JSON: more than one value", what)
 	}
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, raw); err != nil {
-		return nil, &InputError{Workflow: w.Name, Err: fmt.Errorf("input is not valid JSON: %v", err)}
+		return nil, nil, fmt.Errorf("%s is not valid JSON: %v", what, err)
 	}
-	return compact.Bytes(), nil
+	return compact.Bytes(), value, nil
 }
 
 // stepSpecs returns the storage form of w's steps, built once per
@@ -215,6 +225,9 @@ func buildStepSpecs(w *dag.Workflow) []storage.StepSpec {
 			ForEach:         s.ForEach != nil,
 			ItemConcurrency: s.Concurrency,
 			ContinueOnError: s.ContinueOnError,
+		}
+		if s.Wait != nil {
+			specs[i].Wait = &storage.WaitSpec{Signal: s.Wait.Signal, Timeout: s.Wait.Timeout}
 		}
 	}
 	return specs

@@ -161,6 +161,9 @@ func (p *planner) resolve(step *dag.Step) storage.StepChange {
 			return storage.StepChange{Name: step.Name, Status: storage.StepFailed, Error: fmt.Sprintf("input: the resolved input is %d bytes, over the limit of %d bytes; pass a reference to large data instead", len(input), p.config.MaxInputBytes)}
 		}
 	}
+	if step.Wait != nil {
+		return storage.StepChange{Name: step.Name, Status: storage.StepWaiting, Input: input}
+	}
 	return storage.StepChange{Name: step.Name, Status: storage.StepPending, Input: input}
 }
 

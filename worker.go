@@ -181,6 +181,11 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 	defer poll.Stop()
 	recoverEvery := time.NewTicker(max(w.config.Lease/2, 5*time.Millisecond))
 	defer recoverEvery.Stop()
+	// idle fires when the earliest step this worker could take becomes
+	// claimable or a wait times out, so that neither waits for a poll.
+	idle := time.NewTimer(time.Hour)
+	idle.Stop()
+	defer idle.Stop()
 	errorDelay := time.Duration(0)
 	for ctx.Err() == nil {
 		var slotFreed <-chan struct{}
@@ -208,6 +213,8 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 				// There may be more ready work: claim again as soon as a
 				// slot frees up.
 				slotFreed = w.slots.freed
+			} else {
+				w.sleepUntilNext(ctx, idle, free)
 			}
 		} else {
 			slotFreed = w.slots.freed
@@ -218,8 +225,11 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 		case <-slotFreed:
 		case <-w.due:
 		case <-poll.C:
+		case <-idle.C:
+			w.expireWaits(ctx)
 		case <-recoverEvery.C:
 			w.recoverExpired(ctx)
+			w.expireWaits(ctx)
 		}
 	}
 	return nil
@@ -316,6 +326,17 @@ func (w *Worker) release(steps []storage.ClaimedStep) {
 	if err := w.engine.store.ReleaseSteps(ctx, claims); err != nil {
 		w.logger.Error("dagrun: release steps claimed during shutdown; they run again when their lease expires", slog.Any("error", err))
 	}
+}
+
+// sleepUntilNext sets idle to fire when the next step this worker could
+// claim becomes due, or the next wait times out (the store's clock; the
+// millisecond covers its run_after <= now).
+func (w *Worker) sleepUntilNext(ctx context.Context, idle *time.Timer, free int) {
+	next, err := w.engine.store.NextWake(ctx, w.claimParams(free))
+	if err != nil || next.IsZero() {
+		return // the poll is the fallback
+	}
+	idle.Reset(max(time.Until(next)+time.Millisecond, 0))
 }
 
 // wakeAt makes the claim loop look for work at t, when t comes before the

@@ -38,7 +38,7 @@ type NewStep struct {
 // Finished reports whether the step ends with its creation (skipped, failed
 // or cancelled), so its finished_at is the creation time.
 func (s NewStep) Finished() bool {
-	return s.Status != StepBlocked && s.Status != StepPending && s.Status != StepRunning
+	return s.Status != StepBlocked && s.Status != StepPending && s.Status != StepRunning && s.Status != StepWaiting
 }
 
 // NewEvent is one history entry of a creation.
@@ -97,6 +97,13 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 		case StepPending:
 			s.Input = c.Input
 			n.event(c.Name, EventStepReady, "")
+		case StepWaiting:
+			// A new instance has no signals yet: the step waits.
+			if err := CheckWait(p.ID, p.Steps[i].Wait != nil, c.Name); err != nil {
+				return nil, err
+			}
+			s.Input = c.Input
+			n.event(c.Name, EventStepReady, WaitingMessage(p.Steps[i].Wait.Signal))
 		case StepSkipped:
 			s.Input = c.Input
 			n.event(c.Name, EventStepSkipped, "")
@@ -113,7 +120,7 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 			s.Output = c.Output
 			n.event(c.Name, EventStepCompleted, "")
 		default:
-			return nil, fmt.Errorf("plan for instance %s moves step %q to %q: only pending, running (a forEach expansion), completed, skipped or failed are allowed", p.ID, c.Name, c.Status)
+			return nil, fmt.Errorf("plan for instance %s moves step %q to %q: only pending, waiting (a wait step), running (a forEach expansion), completed, skipped or failed are allowed", p.ID, c.Name, c.Status)
 		}
 		s.Status = c.Status
 	}

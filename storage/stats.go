@@ -69,6 +69,11 @@ func (b *StatsBuilder) Ready(workflow, queue string, ready int, age time.Duratio
 	b.queue(queue).Ready += ready
 }
 
+// Waiting adds n waiting steps of workflow.
+func (b *StatsBuilder) Waiting(workflow string, n int) {
+	b.workflow(workflow).WaitingSteps += n
+}
+
 // Unserved records ready steps of handler that no live worker can claim,
 // the oldest ready for age; rows of one handler (say one per queue) add up.
 func (b *StatsBuilder) Unserved(handler string, ready int, age time.Duration) {

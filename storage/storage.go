@@ -479,7 +479,10 @@ type Event struct {
 // ListParams filters ListInstances. Results are newest first.
 type ListParams struct {
 	Workflow string
-	Status   InstanceStatus
+	// Key, with Workflow, finds the instance started with that
+	// idempotency key.
+	Key    string
+	Status InstanceStatus
 	// Limit defaults to 50 when zero.
 	Limit int
 	// BeforeID pages: only instances created before this one.

@@ -35,7 +35,7 @@ func (s *Store) lockOne(ctx context.Context, tx pgx.Tx, id string, withSteps boo
 // same order, so a cancel cannot deadlock with a heartbeat or a finish.
 const lockUnfinishedStepsSQL = `
 SELECT id FROM {s}steps
-WHERE instance_id = $1 AND status IN ('blocked', 'pending', 'running')
+WHERE instance_id = $1 AND status IN ('blocked', 'pending', 'running', 'waiting')
 ORDER BY id FOR NO KEY UPDATE`
 
 // CancelInstance implements storage.Store. Running steps are cancelled too:
@@ -82,7 +82,7 @@ fe AS (
 st AS (
 	UPDATE {s}steps SET status = 'blocked', attempts = 0, input = NULL, output = NULL, error = '',
 		run_after = NULL, ready_at = NULL, first_started_at = NULL, started_at = NULL, finished_at = NULL,
-		lease_until = NULL, worker_id = ''
+		lease_until = NULL, worker_id = '', deadline = NULL
 	WHERE instance_id = $2 AND item_index = -1 AND status IN ('failed', 'cancelled') AND NOT name = ANY($3)
 ),
 i AS (

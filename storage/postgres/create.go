@@ -46,19 +46,21 @@ ins AS (
 st AS (
 	INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, depends_on, status,
 		max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after, ready_at, finished_at,
-		output, for_each, item_concurrency, continue_on_error)
+		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline)
 	SELECT x.instance_id, x.position, x.name, x.handler, x.queue, x.workflow, x.depends_on::text[], x.status,
 		x.max_attempts, x.backoff_us, x.max_backoff_us, x.timeout_us, x.priority, x.input, x.error,
 		CASE WHEN x.status = 'pending' THEN greatest({now}, x.run_after) END,
-		CASE WHEN x.status = 'pending' THEN {now} END,
-		CASE WHEN x.status NOT IN ('pending', 'blocked') THEN {now} END,
-		x.output, x.for_each, x.item_concurrency, x.continue_on_error
+		CASE WHEN x.status IN ('pending', 'waiting') THEN {now} END,
+		CASE WHEN x.status NOT IN ('pending', 'blocked', 'waiting') THEN {now} END,
+		x.output, x.for_each, x.item_concurrency, x.continue_on_error, x.wait_signal, x.wait_timeout_us,
+		CASE WHEN x.status = 'waiting' AND x.wait_timeout_us > 0
+			THEN greatest({now}, x.run_after) + x.wait_timeout_us * interval '1 microsecond' END
 	FROM unnest($15::text[], $16::int[], $17::text[], $18::text[], $19::text[], $20::text[], $21::text[], $22::text[],
 			$23::int[], $24::bigint[], $25::bigint[], $26::bigint[], $27::int[], $28::json[], $29::text[], $30::timestamptz[],
-			$35::json[], $36::bool[], $37::int[], $38::bool[])
+			$35::json[], $36::bool[], $37::int[], $38::bool[], $39::text[], $40::bigint[])
 		AS x(instance_id, position, name, handler, queue, workflow, depends_on, status,
 			max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after,
-			output, for_each, item_concurrency, continue_on_error)
+			output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us)
 	JOIN ins ON ins.id = x.instance_id
 	ORDER BY x.instance_id, x.position
 ),
@@ -234,7 +236,7 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 		rows.stInst, rows.stPos, rows.stNames, rows.stHandlers, rows.stQueues, rows.stWorkflows, rows.stDeps, rows.stStatuses,
 		rows.stMax, rows.stBackoff, rows.stMaxBackoff, rows.stTimeout, rows.stPriorities, rows.stInputs, rows.stErrors, rows.stRunAfters,
 		rows.evInst, rows.evSteps, rows.evTypes, rows.evMessages,
-		rows.stOutputs, rows.stForEach, rows.stCaps, rows.stContinue).Query(func(dbRows pgx.Rows) error {
+		rows.stOutputs, rows.stForEach, rows.stCaps, rows.stContinue, rows.stSignals, rows.stWaitTimeouts).Query(func(dbRows pgx.Rows) error {
 		var err error
 		inserted, err = pgx.CollectRows(dbRows, pgx.RowTo[string])
 		return err
@@ -341,6 +343,8 @@ type createRows struct {
 	stOutputs                                                                        []json.RawMessage
 	stForEach, stContinue                                                            []bool
 	stCaps                                                                           []int32
+	stSignals                                                                        []string
+	stWaitTimeouts                                                                   []int64
 	expansions                                                                       []expansion
 
 	evInst, evSteps, evTypes, evMessages []string
@@ -398,6 +402,12 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance) {
 		r.stOutputs = append(r.stOutputs, jsonOrNil(ns.Output))
 		r.stForEach = append(r.stForEach, sp.ForEach)
 		r.stContinue = append(r.stContinue, sp.ContinueOnError)
+		signal, waitTimeout := "", int64(0)
+		if sp.Wait != nil {
+			signal, waitTimeout = sp.Wait.Signal, sp.Wait.Timeout.Microseconds()
+		}
+		r.stSignals = append(r.stSignals, signal)
+		r.stWaitTimeouts = append(r.stWaitTimeouts, waitTimeout)
 		r.stCaps = append(r.stCaps, int32(sp.ItemConcurrency))
 		r.stMax = append(r.stMax, int32(max(1, sp.Retry.MaxAttempts)))
 		r.stBackoff = append(r.stBackoff, sp.Retry.Backoff.Microseconds())

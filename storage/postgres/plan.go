@@ -19,6 +19,11 @@ import (
 type loaded struct {
 	state  storage.InstanceState
 	queues []string
+	// waitSignals are the steps' wait signals ("" for a step that runs a
+	// handler), parallel to state.Steps; signals are the payloads of the
+	// instance's signals not yet delivered, by name.
+	waitSignals []string
+	signals     map[string]json.RawMessage
 }
 
 // lockInstancesSQL locks instance rows in id order. Every transaction that
@@ -51,19 +56,22 @@ func (s *Store) queueLock(b *pgx.Batch, ids []string, into map[string]*loaded) {
 }
 
 const loadStepStatesSQL = `
-SELECT instance_id, name, depends_on, status, output, error, attempts, queue
+SELECT instance_id, name, depends_on, status, output, error, attempts, queue, wait_signal
 FROM {s}steps WHERE instance_id = ANY($1) AND item_index = -1 ORDER BY instance_id, position`
+
+const loadSignalsSQL = `
+SELECT instance_id, name, payload FROM {s}signals WHERE instance_id = ANY($1) AND NOT delivered`
 
 // queueLoadSteps queues the load of the steps of instances, as this
 // transaction sees them, after a queueLock of them on the same batch.
 func (s *Store) queueLoadSteps(ctx context.Context, tx pgx.Tx, b *pgx.Batch, ids []string, into map[string]*loaded) {
 	b.Queue(s.q(loadStepStatesSQL), ids).Query(func(rows pgx.Rows) error {
 		var (
-			id, queue string
-			ss        storage.StepState
-			output    []byte
+			id, queue, signal string
+			ss                storage.StepState
+			output            []byte
 		)
-		_, err := pgx.ForEachRow(rows, []any{&id, &ss.Name, &ss.DependsOn, &ss.Status, &output, &ss.Error, &ss.Attempts, &queue}, func() error {
+		_, err := pgx.ForEachRow(rows, []any{&id, &ss.Name, &ss.DependsOn, &ss.Status, &output, &ss.Error, &ss.Attempts, &queue, &signal}, func() error {
 			l := into[id]
 			if l == nil {
 				return nil
@@ -74,12 +82,29 @@ func (s *Store) queueLoadSteps(ctx context.Context, tx pgx.Tx, b *pgx.Batch, ids
 			}
 			l.state.Steps = append(l.state.Steps, ss)
 			l.queues = append(l.queues, queue)
+			l.waitSignals = append(l.waitSignals, signal)
 			ss = storage.StepState{}
 			return nil
 		})
 		for _, l := range into {
 			l.state.LoadDefinition = s.definitionLoader(ctx, tx, l.state.DefinitionHash)
 		}
+		return err
+	})
+	b.Queue(s.q(loadSignalsSQL), ids).Query(func(rows pgx.Rows) error {
+		var (
+			id, name string
+			payload  []byte
+		)
+		_, err := pgx.ForEachRow(rows, []any{&id, &name, &payload}, func() error {
+			if l := into[id]; l != nil {
+				if l.signals == nil {
+					l.signals = map[string]json.RawMessage{}
+				}
+				l.signals[name] = rawJSON(payload)
+			}
+			return nil
+		})
 		return err
 	})
 }
@@ -126,21 +151,26 @@ u AS (
 		run_after = CASE WHEN c.status = 'pending'
 			THEN greatest({now}, (SELECT i.run_after FROM {s}instances i WHERE i.id = s.instance_id))
 			ELSE s.run_after END,
-		ready_at = CASE WHEN c.status = 'pending' THEN {now} ELSE s.ready_at END,
-		finished_at = CASE WHEN c.status = 'pending' THEN NULL ELSE {now} END
+		ready_at = CASE WHEN c.status IN ('pending', 'waiting') THEN {now} ELSE s.ready_at END,
+		deadline = CASE WHEN c.status = 'waiting' AND s.wait_timeout_us > 0
+			THEN greatest({now}, (SELECT i.run_after FROM {s}instances i WHERE i.id = s.instance_id))
+				+ s.wait_timeout_us * interval '1 microsecond' END,
+		finished_at = CASE WHEN c.status IN ('pending', 'waiting') THEN NULL ELSE {now} END
 	FROM c
 	-- No item is ever blocked, so this matches the step of that name
 	-- alone; a condition on item_index here, without statistics on a
 	-- young table, made the planner loop over the plan's rows for every
 	-- step row (measured: 89 ms instead of 2 ms for 100 changes).
 	WHERE s.instance_id = c.instance_id AND s.name = c.name AND s.status = 'blocked'
-	RETURNING s.instance_id, s.name, s.status, s.error, c.ord
+	RETURNING s.instance_id, s.name, s.status, s.error, s.wait_signal, c.ord
 )
 INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
 SELECT u.instance_id, u.name,
-	CASE u.status WHEN 'pending' THEN 'step.ready' WHEN 'skipped' THEN 'step.skipped'
+	CASE u.status WHEN 'pending' THEN 'step.ready' WHEN 'waiting' THEN 'step.ready' WHEN 'skipped' THEN 'step.skipped'
 		WHEN 'completed' THEN 'step.completed' ELSE 'step.failed' END,
-	0, u.error, {now}
+	0, CASE WHEN u.status = 'waiting' THEN 'waiting for signal ' || u.wait_signal
+		WHEN u.status = 'completed' AND u.wait_signal <> '' THEN 'signal ' || u.wait_signal || ' received'
+		ELSE u.error END, {now}
 FROM u ORDER BY u.ord`
 
 // finishInstancesSQL finishes unfinished instances and cancels their
@@ -157,9 +187,9 @@ i AS (
 	RETURNING i.id, i.status, i.error
 ),
 c AS (
-	UPDATE {s}steps s SET status = 'cancelled', finished_at = {now}, lease_until = NULL
+	UPDATE {s}steps s SET status = 'cancelled', finished_at = {now}, lease_until = NULL, deadline = NULL
 	FROM i
-	WHERE s.instance_id = i.id AND s.status IN ('blocked', 'pending', 'running')
+	WHERE s.instance_id = i.id AND s.status IN ('blocked', 'pending', 'running', 'waiting')
 	RETURNING s.instance_id, s.name, s.attempts, s.position, s.item_index, i.error
 ),
 ev AS (
@@ -190,21 +220,27 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 		if l.state.Status.Finished() {
 			continue // nothing can become ready in it
 		}
-		p, err := plan(&l.state)
-		if err != nil {
-			return fmt.Errorf("plan instance %s: %w", l.state.ID, err)
-		}
-		if p == nil {
-			continue
-		}
-		if err := sc.add(st, now, s, l, p.Steps); err != nil {
-			return err
-		}
-		if err := ic.add(l.state.ID, p.Instance); err != nil {
-			return err
-		}
-		if p.Instance != nil {
-			l.state.Status = p.Instance.Status
+		// A wait step that becomes ready and finds its signal completes
+		// at once (see stepChanges.add): plan again for its dependents.
+		// Each round completes steps, so this ends.
+		for again := true; again; {
+			p, err := plan(&l.state)
+			if err != nil {
+				return fmt.Errorf("plan instance %s: %w", l.state.ID, err)
+			}
+			if p == nil {
+				break
+			}
+			if again, err = sc.add(st, now, s, l, p.Steps); err != nil {
+				return err
+			}
+			if err := ic.add(l.state.ID, p.Instance); err != nil {
+				return err
+			}
+			if p.Instance != nil {
+				l.state.Status = p.Instance.Status
+				again = false
+			}
 		}
 	}
 	if n := len(sc.ids); n > 0 {
@@ -229,25 +265,39 @@ type stepChanges struct {
 }
 
 // add checks changes against the instance's state, and updates the state
-// as it goes so that one Plan cannot change a step twice.
-func (c *stepChanges) add(st *txState, now *time.Time, s *Store, l *loaded, changes []storage.StepChange) error {
+// as it goes so that one Plan cannot change a step twice. It reports
+// whether a wait step made ready found its signal and completed, which
+// calls for planning the instance again.
+func (c *stepChanges) add(st *txState, now *time.Time, s *Store, l *loaded, changes []storage.StepChange) (delivered bool, err error) {
 	is := &l.state
 	for _, ch := range changes {
 		i := stepIndex(is, ch.Name)
 		if i < 0 {
-			return fmt.Errorf("plan for instance %s names unknown step %q", is.ID, ch.Name)
+			return false, fmt.Errorf("plan for instance %s names unknown step %q", is.ID, ch.Name)
 		}
 		switch ch.Status {
 		case storage.StepPending, storage.StepSkipped, storage.StepFailed, storage.StepCompleted:
 		case storage.StepRunning:
 			if err := storage.CheckExpansion(is.ID, nil, ch); err != nil {
-				return err
+				return false, err
+			}
+		case storage.StepWaiting:
+			if err := storage.CheckWait(is.ID, l.waitSignals[i] != "", ch.Name); err != nil {
+				return false, err
 			}
 		default:
-			return fmt.Errorf("plan for instance %s moves step %q to %q: only pending, running (a forEach expansion), completed, skipped or failed are allowed", is.ID, ch.Name, ch.Status)
+			return false, fmt.Errorf("plan for instance %s moves step %q to %q: only pending, waiting (a wait step), running (a forEach expansion), completed, skipped or failed are allowed", is.ID, ch.Name, ch.Status)
 		}
 		if cur := is.Steps[i].Status; cur != storage.StepBlocked {
-			return fmt.Errorf("plan for instance %s moves step %q to %s, but it is %s, not blocked", is.ID, ch.Name, ch.Status, cur)
+			return false, fmt.Errorf("plan for instance %s moves step %q to %s, but it is %s, not blocked", is.ID, ch.Name, ch.Status, cur)
+		}
+		if payload, ok := l.signals[l.waitSignals[i]]; ok && ch.Status == storage.StepWaiting {
+			// Its signal came first: the step completes with it.
+			delete(l.signals, l.waitSignals[i])
+			st.tail.Queue(s.q(markDeliveredSQL), is.ID, l.waitSignals[i])
+			ch = storage.StepChange{Name: ch.Name, Status: storage.StepCompleted, Output: payload}
+			is.Steps[i].Output = payload
+			delivered = true
 		}
 		is.Steps[i].Status = ch.Status
 		if ch.Status == storage.StepRunning {
@@ -268,7 +318,7 @@ func (c *stepChanges) add(st *txState, now *time.Time, s *Store, l *loaded, chan
 		c.inputs = append(c.inputs, jsonOrNil(input))
 		c.errors = append(c.errors, ch.Error)
 	}
-	return nil
+	return delivered, nil
 }
 
 func stepIndex(is *storage.InstanceState, name string) int {

@@ -42,7 +42,7 @@ func scanInstance(row pgx.Row, extra ...any) (storage.Instance, error) {
 
 const stepColumns = `instance_id, id, name, handler, queue, depends_on, status, attempts, max_attempts,
 	backoff_us, max_backoff_us, timeout_us, input, output, error, run_after, ready_at, started_at, finished_at,
-	lease_until, worker_id, for_each`
+	lease_until, worker_id, for_each, wait_signal, deadline`
 
 // collectSteps scans step rows and hands each to add with its instance.
 func collectSteps(rows pgx.Rows, add func(instanceID string, st storage.Step)) error {
@@ -52,11 +52,12 @@ func collectSteps(rows pgx.Rows, add func(instanceID string, st storage.Step)) e
 		input, output                                  []byte
 		backoff, maxBackoff, tmo                       int64
 		runAfter, ready, started, finished, leaseUntil *time.Time
+		deadline                                       *time.Time
 		forEach                                        bool
 	)
 	_, err := pgx.ForEachRow(rows, []any{&instanceID, &st.ID, &st.Name, &st.Handler, &st.Queue, &st.DependsOn, &st.Status,
 		&st.Attempts, &st.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &input, &output, &st.Error, &runAfter, &ready,
-		&started, &finished, &leaseUntil, &st.WorkerID, &forEach}, func() error {
+		&started, &finished, &leaseUntil, &st.WorkerID, &forEach, &st.Signal, &deadline}, func() error {
 		if len(st.DependsOn) == 0 {
 			st.DependsOn = nil
 		}
@@ -66,6 +67,7 @@ func collectSteps(rows pgx.Rows, add func(instanceID string, st storage.Step)) e
 		st.Input, st.Output = rawJSON(input), rawJSON(output)
 		st.RunAfter = utc(runAfter)
 		st.ReadyAt, st.StartedAt, st.FinishedAt, st.LeaseUntil = utcPtr(ready), utcPtr(started), utcPtr(finished), utcPtr(leaseUntil)
+		st.Deadline = utcPtr(deadline)
 		if forEach {
 			st.Items = &storage.ItemCounts{}
 		}
@@ -130,6 +132,9 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 	}
 	if p.Workflow != "" {
 		add("workflow = $?", p.Workflow)
+	}
+	if p.Key != "" {
+		add("idempotency_key = $?", p.Key)
 	}
 	if p.Status != "" {
 		add("status = $?", string(p.Status))
@@ -218,6 +223,13 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			})
 			return err
 		})
+		b.Queue(s.q(`SELECT workflow, count(*) FROM {s}steps WHERE status = 'waiting' GROUP BY workflow`)).Query(func(rows pgx.Rows) error {
+			_, err := pgx.ForEachRow(rows, []any{&wf, &n}, func() error {
+				sb.Waiting(wf, n)
+				return nil
+			})
+			return err
+		})
 		b.Queue(s.q(unservedSQL), now, storage.PresenceTTL.Microseconds()).Query(func(rows pgx.Rows) error {
 			var waitedUS int64
 			_, err := pgx.ForEachRow(rows, []any{&wf, &n, &waitedUS}, func() error {
@@ -281,6 +293,7 @@ func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (in
 				),
 				s AS (DELETE FROM {s}steps WHERE instance_id IN (SELECT id FROM doomed)),
 				e AS (DELETE FROM {s}events WHERE instance_id IN (SELECT id FROM doomed)),
+				sg AS (DELETE FROM {s}signals WHERE instance_id IN (SELECT id FROM doomed)),
 				i AS (DELETE FROM {s}instances WHERE id IN (SELECT id FROM doomed) RETURNING workflow, definition_hash)
 				SELECT workflow, definition_hash, count(*) FROM i GROUP BY workflow, definition_hash`), olderThan, pruneBatch)
 			if err != nil {

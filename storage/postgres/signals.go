@@ -3,22 +3,231 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/dagrun/dagrun/storage"
 )
 
-// SendSignal implements storage.Store.
+// markDeliveredSQL marks a signal stored before its step waited delivered,
+// in the transaction that made the step ready and completed it.
+const markDeliveredSQL = `UPDATE {s}signals SET delivered = true WHERE instance_id = $1 AND name = $2`
+
+const instanceByKeySQL = `SELECT id FROM {s}instances WHERE workflow = $1 AND idempotency_key = $2`
+
+const priorSignalSQL = `SELECT signal_id, delivered FROM {s}signals WHERE instance_id = $1 AND name = $2`
+
+// deliverSQL stores a signal and, when a step waits for it, completes the
+// step with its payload, with the event of either. It returns the step
+// completed, if any.
+const deliverSQL = `
+WITH w AS (
+	UPDATE {s}steps SET status = 'completed', output = $4, finished_at = {now}, deadline = NULL
+	WHERE instance_id = $2 AND item_index = -1 AND status = 'waiting' AND wait_signal = $3
+	RETURNING name
+),
+sg AS (
+	INSERT INTO {s}signals (instance_id, name, signal_id, payload, delivered, created_at)
+	VALUES ($2, $3, $5, $4, EXISTS (SELECT 1 FROM w), {now})
+),
+ev AS (
+	INSERT INTO {s}events (instance_id, step, type, message, at)
+	SELECT $2, w.name, 'step.completed', 'signal ' || $3 || ' received', {now} FROM w
+	UNION ALL
+	SELECT $2, '', '` + string(storage.EventSignalReceived) + `', $3, {now} WHERE NOT EXISTS (SELECT 1 FROM w)
+)
+SELECT name FROM w`
+
+// SendSignal implements storage.Store. The sender locks the instance row
+// first, as every transaction that changes its steps does, so two racing
+// senders serialize and the second sees the first's signal; the plan that
+// makes a wait step ready holds the same lock, so a signal is either seen
+// by it or finds the step waiting.
 func (s *Store) SendSignal(ctx context.Context, p storage.SignalParams, plan storage.PlanFunc) (storage.SignalResult, error) {
-	return storage.SignalResult{}, errors.New("not implemented")
+	if plan == nil {
+		return storage.SignalResult{}, errors.New("postgres: send signal: nil PlanFunc")
+	}
+	if err := storage.CheckSignalParams(p); err != nil {
+		return storage.SignalResult{}, err
+	}
+	var res storage.SignalResult
+	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		res = storage.SignalResult{InstanceID: p.InstanceID}
+		if p.InstanceID == "" {
+			err := tx.QueryRow(ctx, s.q(instanceByKeySQL), p.Workflow, p.Key).Scan(&res.InstanceID)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("no instance of workflow %s with key %q: %w", p.Workflow, p.Key, storage.ErrNotFound)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		id := res.InstanceID
+		l, err := s.lockOne(ctx, tx, id, false)
+		if err != nil {
+			return err
+		}
+		var (
+			prevID    string
+			delivered bool
+		)
+		err = tx.QueryRow(ctx, s.q(priorSignalSQL), id, p.Name).Scan(&prevID, &delivered)
+		switch {
+		case err == nil && p.ID != "" && prevID == p.ID:
+			res.Duplicate = true
+			return nil
+		case err == nil:
+			return storage.SignalConflict(id, p.Name, delivered)
+		case !errors.Is(err, pgx.ErrNoRows):
+			return err
+		}
+		if status := l.state.Status; status.Finished() {
+			return storage.FinishedConflict(id, status)
+		}
+		now := s.now()
+		var step string
+		err = tx.QueryRow(ctx, s.q(deliverSQL), now, id, p.Name, jsonOrNil(p.Payload), p.ID).Scan(&step)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // stored until its step waits
+		}
+		if err != nil {
+			return err
+		}
+		res.Delivered = true
+		ls, err := s.lock(ctx, tx, []string{id})
+		if err != nil {
+			return err
+		}
+		return s.planAndApply(st, now, []*loaded{ls[id]}, plan)
+	})
+	if err != nil {
+		return storage.SignalResult{}, s.fail("send signal", err)
+	}
+	return res, nil
 }
 
-// ExpireWaits implements storage.Store.
+// expiredWaitsSQL names the waiting steps whose deadline passed.
+const expiredWaitsSQL = `
+SELECT instance_id FROM {s}steps WHERE status = 'waiting' AND deadline <= {now}
+ORDER BY deadline, id LIMIT $2`
+
+// expireWaitsSQL fails the waiting steps of the locked instances $2 whose
+// deadline passed, with their events.
+const expireWaitsSQL = `
+WITH u AS (
+	UPDATE {s}steps SET status = 'failed', finished_at = {now}, deadline = NULL,
+		error = 'no signal ' || wait_signal || ' within ' || ($3::text[])[array_position($4::bigint[], wait_timeout_us)]
+	WHERE instance_id = ANY($2) AND status = 'waiting' AND deadline <= {now}
+	RETURNING instance_id, name, error
+)
+INSERT INTO {s}events (instance_id, step, type, message, at)
+SELECT instance_id, name, 'step.failed', error, {now} FROM u ORDER BY instance_id, name
+RETURNING 1`
+
+// ExpireWaits implements storage.Store. A limit below 1 means 1000.
 func (s *Store) ExpireWaits(ctx context.Context, limit int, plan storage.PlanFunc) (int, error) {
-	return 0, nil
+	if plan == nil {
+		return 0, errors.New("postgres: expire waits: nil PlanFunc")
+	}
+	if limit < 1 {
+		limit = 1000
+	}
+	var n int
+	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		n = 0
+		now := s.now()
+		rows, err := tx.Query(ctx, s.q(expiredWaitsSQL), now, limit)
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		// Lock first, as every transaction that changes an instance's
+		// steps does, then fail the steps still waiting.
+		var b pgx.Batch
+		s.queueLock(&b, ids, map[string]*loaded{})
+		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+			return err
+		}
+		timeouts, texts, err := s.waitTimeouts(ctx, tx, ids)
+		if err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, s.q(expireWaitsSQL), now, ids, texts, timeouts)
+		if err != nil {
+			return err
+		}
+		failed, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if err != nil {
+			return err
+		}
+		n = len(failed)
+		ls, err := s.lock(ctx, tx, ids)
+		if err != nil {
+			return err
+		}
+		touched := make([]*loaded, 0, len(ls))
+		for _, l := range ls {
+			touched = append(touched, l)
+		}
+		return s.planAndApply(st, now, touched, plan)
+	})
+	if err != nil {
+		return 0, s.fail("expire waits", err)
+	}
+	return n, nil
 }
+
+// waitTimeouts returns the distinct timeouts of the waiting steps of the
+// instances, with each written as workflow files write it, for the
+// failure message.
+func (s *Store) waitTimeouts(ctx context.Context, tx pgx.Tx, ids []string) ([]int64, []string, error) {
+	rows, err := tx.Query(ctx, s.q(`SELECT DISTINCT wait_timeout_us FROM {s}steps WHERE instance_id = ANY($1) AND status = 'waiting'`), ids)
+	if err != nil {
+		return nil, nil, err
+	}
+	timeouts, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, nil, err
+	}
+	texts := make([]string, len(timeouts))
+	for i, us := range timeouts {
+		texts[i] = storage.FormatDuration(time.Duration(us) * time.Microsecond)
+	}
+	return timeouts, texts, nil
+}
+
+// nextWakeSQL is the earliest time after now at which a pending step of
+// the claimer's queues ($2, empty: all) and handlers ($3, empty: all)
+// becomes claimable, or a waiting step times out.
+const nextWakeSQL = `
+SELECT least(
+	(SELECT min(run_after) FROM {s}steps WHERE status = 'pending' AND run_after > {now}
+		AND (cardinality($2::text[]) = 0 OR queue = ANY($2)) AND (cardinality($3::text[]) = 0 OR handler = ANY($3))),
+	(SELECT min(deadline) FROM {s}steps WHERE status = 'waiting'))`
 
 // NextWake implements storage.Store.
 func (s *Store) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time, error) {
-	return time.Time{}, nil
+	var next *time.Time
+	queues, handlers := p.Queues, p.Handlers
+	if queues == nil {
+		queues = []string{}
+	}
+	if handlers == nil {
+		handlers = []string{}
+	}
+	err := s.read(ctx, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, s.q(nextWakeSQL), s.now(), queues, handlers).Scan(&next)
+	})
+	if err != nil {
+		return time.Time{}, s.fail("next wake", err)
+	}
+	if next == nil {
+		return time.Time{}, nil
+	}
+	return next.UTC(), nil
 }

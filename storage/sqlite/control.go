@@ -55,7 +55,7 @@ func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanF
 		}
 		if _, err := t.exec(`UPDATE steps SET status = 'blocked', attempts = 0, input = NULL, output = NULL, error = '',
 				run_after = 0, ready_at = NULL, first_started_at = NULL, started_at = NULL, finished_at = NULL,
-				lease_until = NULL, worker_id = ''
+				lease_until = NULL, worker_id = '', deadline = NULL
 			WHERE instance_id = ? AND item_index = -1 AND status IN ('failed', 'cancelled')`, id); err != nil {
 			return err
 		}

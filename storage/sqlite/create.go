@@ -165,8 +165,8 @@ const (
 		run_after, created_at, output, error, finished_at) VALUES `
 	insertStepsSQL = `INSERT INTO steps (instance_id, position, name, handler, queue, workflow, priority, depends_on,
 		status, max_attempts, backoff_us, max_backoff_us, timeout_us, input, error, run_after, ready_at, finished_at,
-		output, for_each, item_concurrency, continue_on_error) VALUES `
-	stepInsertColumns = 22
+		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline) VALUES `
+	stepInsertColumns = 25
 )
 
 // insertInstances inserts the instance rows, their step rows and their
@@ -203,10 +203,13 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 				}
 				deps = string(b)
 			}
-			var stepRunAfter, readyAt, finishedAt any = 0, nil, nil
+			var stepRunAfter, readyAt, finishedAt, deadline any = 0, nil, nil, nil
 			status := st.Status
+			signal, waitTimeout := waitColumns(spec.Wait)
 			if st.Status == storage.StepPending {
 				stepRunAfter, readyAt = runAfter, now
+			} else if st.Status == storage.StepWaiting {
+				readyAt, deadline = now, deadlineUS(runAfter, waitTimeout)
 			} else if st.Status == storage.StepRunning {
 				// Inserted blocked, expanded once its row has an ID.
 				status = storage.StepBlocked
@@ -217,7 +220,7 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 			steps = append(steps, p.ID, i, spec.Name, spec.Handler, cmp.Or(spec.Queue, "default"), p.Workflow, p.Priority, deps,
 				string(status), max(spec.Retry.MaxAttempts, 1), spec.Retry.Backoff.Microseconds(), spec.Retry.MaxBackoff.Microseconds(),
 				spec.Timeout.Microseconds(), jsonArg(st.Input), st.Error, stepRunAfter, readyAt, finishedAt,
-				jsonArg(st.Output), spec.ForEach, spec.ItemConcurrency, spec.ContinueOnError)
+				jsonArg(st.Output), spec.ForEach, spec.ItemConcurrency, spec.ContinueOnError, signal, waitTimeout, deadline)
 		}
 		for _, e := range n.Events {
 			t.event(p.ID, e.Step, e.Type, 0, e.Message)

@@ -105,7 +105,17 @@ func (t *txn) plan(ids []string, plan storage.PlanFunc) error {
 			return err
 		}
 	}
-	return t.flushPlans(&b)
+	if err := t.flushPlans(&b); err != nil {
+		return err
+	}
+	// A wait step that became ready and found its signal completed at
+	// once, after its instance's plan was computed: plan it again for
+	// the dependents. Each round completes steps, so this ends.
+	if replan := t.replan; len(replan) > 0 {
+		t.replan = nil
+		return t.plan(replan, plan)
+	}
+	return nil
 }
 
 // apply writes one Plan's transitions.
@@ -164,8 +174,14 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 			_, err = t.exec(`UPDATE steps SET status = 'completed', output = ?, finished_at = ? WHERE id = ?`,
 				jsonArg(c.Output), now, l.ids[i])
 			t.event(id, c.Name, storage.EventStepCompleted, 0, "")
+		case storage.StepWaiting:
+			var status storage.StepStatus
+			if status, err = t.wait(l, i, c.Input); err == nil {
+				l.state.Steps[i].Status = status
+				continue
+			}
 		default:
-			return fmt.Errorf("plan for instance %s moves step %q to %q: only pending, running (a forEach expansion), completed, skipped or failed are allowed", id, c.Name, c.Status)
+			return fmt.Errorf("plan for instance %s moves step %q to %q: only pending, waiting (a wait step), running (a forEach expansion), completed, skipped or failed are allowed", id, c.Name, c.Status)
 		}
 		if err != nil {
 			return err
@@ -242,8 +258,8 @@ func (t *txn) finishInstance(id string, status storage.InstanceStatus, output js
 		t.event(id, "", storage.InstanceEventOf(status), 0, msg)
 		return nil
 	}
-	const cancel = `UPDATE steps SET status = 'cancelled', finished_at = ?, lease_until = NULL
-		WHERE instance_id = ? AND status IN ('blocked', 'pending', 'running') RETURNING name, attempts, item_index`
+	const cancel = `UPDATE steps SET status = 'cancelled', finished_at = ?, lease_until = NULL, deadline = NULL
+		WHERE instance_id = ? AND status IN ('blocked', 'pending', 'running', 'waiting') RETURNING name, attempts, item_index`
 	rows, err := t.query(cancel, now, id)
 	if err != nil {
 		return err

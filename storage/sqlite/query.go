@@ -35,7 +35,8 @@ func scanInstance(sc scanner, extra ...any) (storage.Instance, error) {
 }
 
 const stepColumns = `instance_id, id, name, handler, queue, depends_on, status, attempts, max_attempts, backoff_us, max_backoff_us,
-	timeout_us, input, output, error, run_after, ready_at, started_at, finished_at, lease_until, worker_id, for_each`
+	timeout_us, input, output, error, run_after, ready_at, started_at, finished_at, lease_until, worker_id, for_each,
+	wait_signal, deadline`
 
 func scanStep(sc scanner) (string, storage.Step, error) {
 	var (
@@ -44,10 +45,12 @@ func scanStep(sc scanner) (string, storage.Step, error) {
 		deps, input, output                  []byte
 		backoff, maxBackoff, tmo, runAfter   int64
 		ready, started, finished, leaseUntil sql.NullInt64
+		deadline                             sql.NullInt64
 		forEach                              bool
 	)
 	if err := sc.Scan(&instanceID, &st.ID, &st.Name, &st.Handler, &st.Queue, &deps, &st.Status, &st.Attempts, &st.Retry.MaxAttempts,
-		&backoff, &maxBackoff, &tmo, &input, &output, &st.Error, &runAfter, &ready, &started, &finished, &leaseUntil, &st.WorkerID, &forEach); err != nil {
+		&backoff, &maxBackoff, &tmo, &input, &output, &st.Error, &runAfter, &ready, &started, &finished, &leaseUntil, &st.WorkerID, &forEach,
+		&st.Signal, &deadline); err != nil {
 		return "", st, err
 	}
 	if err := json.Unmarshal(deps, &st.DependsOn); err != nil {
@@ -65,6 +68,7 @@ func scanStep(sc scanner) (string, storage.Step, error) {
 		st.RunAfter = time.Time{}
 	}
 	st.ReadyAt, st.StartedAt, st.FinishedAt, st.LeaseUntil = ptrUS(ready), ptrUS(started), ptrUS(finished), ptrUS(leaseUntil)
+	st.Deadline = ptrUS(deadline)
 	if forEach {
 		st.Items = &storage.ItemCounts{}
 	}
@@ -143,6 +147,9 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 	)
 	if p.Workflow != "" {
 		where, args = append(where, "workflow = ?"), append(args, p.Workflow)
+	}
+	if p.Key != "" {
+		where, args = append(where, "idem_key = ?"), append(args, p.Key)
 	}
 	if p.Status != "" {
 		where, args = append(where, "status = ?"), append(args, string(p.Status))
@@ -260,6 +267,21 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 				return err
 			}
 			sb.Ready(wf, q, n, time.Duration(now-oldest)*time.Microsecond)
+			return nil
+		}); err != nil {
+			return err
+		}
+		rows, err = tx.QueryContext(ctx, `SELECT workflow, count(*) FROM steps WHERE status = 'waiting' GROUP BY workflow`)
+		if err != nil {
+			return err
+		}
+		if err := eachRow(rows, func(sc scanner) error {
+			var wf string
+			var n int
+			if err := sc.Scan(&wf, &n); err != nil {
+				return err
+			}
+			sb.Waiting(wf, n)
 			return nil
 		}); err != nil {
 			return err

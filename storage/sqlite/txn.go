@@ -22,6 +22,8 @@ type txn struct {
 	tx     *sql.Tx
 	now    time.Time
 	events []any // eventColumns values per event, see event
+	// replan are instances to plan again: see plan.
+	replan []string
 }
 
 const (

@@ -1,0 +1,75 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// EventSignalReceived records a signal stored before its step waits; the
+// step's completion records its delivery.
+const EventSignalReceived EventType = "signal.received"
+
+// CheckWait checks a StepChange that makes a step waiting: only a wait
+// step can wait.
+func CheckWait(instanceID string, isWait bool, step string) error {
+	if !isWait {
+		return fmt.Errorf("plan for instance %s makes step %q waiting, but it is not a wait step", instanceID, step)
+	}
+	return nil
+}
+
+// WaitingMessage is the message of a wait step's step.ready event.
+func WaitingMessage(signal string) string { return "waiting for signal " + signal }
+
+// DeliveredMessage is the message of the step.completed event of a wait
+// step completed by its signal.
+func DeliveredMessage(signal string) string { return "signal " + signal + " received" }
+
+// WaitTimeoutError is the error of a wait step whose deadline passed.
+func WaitTimeoutError(signal string, timeout time.Duration) string {
+	return fmt.Sprintf("no signal %s within %s", signal, FormatDuration(timeout))
+}
+
+// FormatDuration writes d the way workflow files do, without trailing
+// zero units: 72h rather than 72h0m0s.
+func FormatDuration(d time.Duration) string {
+	s := d.String()
+	for _, zero := range []string{"0s", "0m"} {
+		if t := strings.TrimSuffix(s, zero); t != s && len(t) > 1 && !strings.HasSuffix(t, ".") && strings.ContainsAny(t[len(t)-1:], "hm") {
+			s = t
+		}
+	}
+	return s
+}
+
+// MaxSignalIDBytes bounds a signal's ID.
+const MaxSignalIDBytes = 512
+
+// CheckSignalParams checks what a store needs of a signal: a name, and an
+// instance named by ID or by workflow and key.
+func CheckSignalParams(p SignalParams) error {
+	switch {
+	case p.Name == "":
+		return errors.New("signal: empty name")
+	case p.InstanceID == "" && (p.Workflow == "" || p.Key == ""):
+		return errors.New("signal: name the instance by its ID, or by its workflow and key")
+	}
+	return nil
+}
+
+// SignalConflict is the error of a signal sent again (with another ID, or
+// none) after it was delivered or stored.
+func SignalConflict(instanceID, name string, delivered bool) error {
+	what := "stored until its step waits"
+	if delivered {
+		what = "delivered"
+	}
+	return fmt.Errorf("signal %s was already sent to instance %s and %s: send it again with the same --id to repeat it harmlessly: %w", name, instanceID, what, ErrConflict)
+}
+
+// FinishedConflict is the error of a signal sent to a finished instance.
+func FinishedConflict(instanceID string, status InstanceStatus) error {
+	return fmt.Errorf("instance %s is already %s and takes no more signals: %w", instanceID, status, ErrConflict)
+}
