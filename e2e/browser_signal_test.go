@@ -36,7 +36,8 @@ steps:
 // page shows the waiting step with its signal and the time left, and a
 // click on Approve completes the instance. A wait with another schema gets
 // a JSON editor, where a payload the schema refuses shows the server's
-// error in the form and a good one completes the instance.
+// error in the form and a good one completes the instance. A delayed step
+// counts down to its start, and the definition names a wait's signal.
 func TestBrowserSignals(t *testing.T) {
 	chromium := browserChromium(t)
 	refund, err := os.ReadFile("../workflows/refund-approval.yaml")
@@ -121,6 +122,32 @@ func TestBrowserSignals(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS("h1 .badge.s-completed")),
 	)
 	require.Equal(t, "completed", apiClient.status(t, deliveryID))
+
+	// A step that may not run yet says when it will; the definition shows
+	// what a wait step waits for.
+	var delayed struct {
+		ID string `json:"id"`
+	}
+	apiClient.call(t, http.MethodPost, "/api/workflows/refund-approval/instances", `{"input": {"orderId": "A-1002", "amount": 1}, "delay": "1h"}`, http.StatusCreated, &delayed)
+	request := `#graph g.node[data-step="request"]`
+	browserDo(t, ctx, console, "open the delayed refund",
+		chromedp.Navigate(base+"#/instances/"+delayed.ID),
+		chromedp.WaitVisible(chromedp.CSS(request+".s-pending")),
+		chromedp.Click(chromedp.CSS(request)),
+		chromedp.WaitVisible(chromedp.CSS("#step-run-after")),
+	)
+	runs, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(request+" text.sub")))
+	require.NoError(t, err)
+	require.Regexp(t, `^runs in (59m \d+s|60m 0s)$`, runs)
+	browserDo(t, ctx, console, "watch the countdown tick",
+		chromedp.Poll[chromedp.Void](`document.querySelector(`+browserJS(request+" text.sub")+`).textContent !== `+browserJS(runs)))
+	browserDo(t, ctx, console, "open the definition",
+		chromedp.Navigate(base+"#/workflows/refund-approval"),
+		chromedp.WaitVisible(chromedp.CSS(approval)),
+	)
+	def, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(approval+" text.sub")))
+	require.NoError(t, err)
+	require.Equal(t, "signal approve · 72h0m0s", def)
 
 	browserRequireNoErrors(t, console)
 }

@@ -17,7 +17,7 @@
   const TOKEN_KEY = "dagrun.token";
   const STATUSES = ["pending", "running", "completed", "failed", "cancelled"];
   const ICONS = {
-    blocked: "\u22EF", pending: "\u25F7", running: "\u21BB", waiting: "\u231B", completed: "\u2713",
+    blocked: "\u22EF", pending: "\u25F7", running: "\u21BB", waiting: "\u25D4", completed: "\u2713",
     failed: "\u2715", skipped: "\u21B7", cancelled: "\u2298",
   };
   const SVG_NS = "http://www.w3.org/2000/svg";
@@ -1006,9 +1006,10 @@
         s.status === "waiting" ? signalFor(s).node : null,
         s.items ? [el("h3", {}, "Items"), itemCounts(s.items), itemsFor(s).node] : null,
         s.items || s.signal ? null : [el("h3", {}, "Input (resolved)"), el("pre", { class: "json mono", id: "step-input", "data-keep": "step-input" }, pretty(s.input))],
-        el("h3", {}, "Output"), s.items
+        // A waiting step has no output yet: the signal's payload will be it.
+        s.status === "waiting" ? null : [el("h3", {}, "Output"), s.items
           ? el("p", { class: "muted", id: "step-output" }, "The list of the items' outputs, in index order. Click an item for its input and output.")
-          : el("pre", { class: "json mono", id: "step-output", "data-keep": "step-output" }, pretty(s.output)),
+          : el("pre", { class: "json mono", id: "step-output", "data-keep": "step-output" }, pretty(s.output))],
         events.length ? [el("h3", {}, "Attempts and events"), el("ol", { class: "timeline", "data-keep": "step-events" }, events.map((e) => eventItem(e, false)))] : null,
       ];
     }
