@@ -101,8 +101,8 @@ func TestSignalAPI(t *testing.T) {
 			status           int
 			want             string
 		}{
-			{"payload the schema refuses", signalPath(id, "approve"), `{"data": {"approved": "yes"}}`, http.StatusBadRequest, "approved"},
-			{"no payload where the schema wants one", signalPath(id, "approve"), ``, http.StatusBadRequest, "approved"},
+			{"payload the schema refuses", signalPath(id, "approve"), `{"data": {"approved": "yes"}}`, http.StatusBadRequest, "/approved"},
+			{"no payload where the schema wants one", signalPath(id, "approve"), ``, http.StatusBadRequest, "got null, want object"},
 			{"unknown field in the body", signalPath(id, "approve"), `{"payload": {"approved": true}}`, http.StatusBadRequest, `unknown field "payload"`},
 			{"unknown signal name", signalPath(id, "aprove"), `{"data": {"approved": true}}`, http.StatusNotFound, "approve"},
 			{"unknown instance", signalPath("nope", "approve"), `{"data": {"approved": true}}`, http.StatusNotFound, `no instance with ID "nope"`},
