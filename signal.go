@@ -60,12 +60,26 @@ type SignalDataError struct {
 func (e *SignalDataError) Error() string { return fmt.Sprintf("signal %s: %v", e.Name, e.Err) }
 func (e *SignalDataError) Unwrap() error { return e.Err }
 
+// SignalConflictError reports a signal the instance cannot take: it is
+// finished, or took a signal of this name before (with another ID, or
+// none). It matches storage.ErrConflict. Nothing was written.
+type SignalConflictError struct{ Err error }
+
+func (e *SignalConflictError) Error() string {
+	var reason *storage.SignalConflictError
+	if errors.As(e.Err, &reason) {
+		return reason.Error() // without the store's prefix
+	}
+	return e.Err.Error()
+}
+func (e *SignalConflictError) Unwrap() error { return e.Err }
+
 // Signal sends a signal to an instance: it completes the instance's wait
 // step waiting for it, with Data as the step's output, or is stored until
 // that step waits. Errors: *UnknownSignalError and *SignalDataError (bad
 // request, nothing written), storage.ErrNotFound (no such instance),
-// storage.ErrConflict (the instance is finished, or the signal was sent
-// before with another ID).
+// *SignalConflictError matching storage.ErrConflict (the instance is
+// finished, or the signal was sent before with another ID).
 func (e *Engine) Signal(ctx context.Context, req SignalRequest) (SignalResult, error) {
 	if err := checkSignalRequest(req); err != nil {
 		return SignalResult{}, err
@@ -100,6 +114,9 @@ func (e *Engine) Signal(ctx context.Context, req SignalRequest) (SignalResult, e
 		ID:         req.ID,
 		Payload:    payload,
 	}, rec.plan)
+	if errors.Is(err, storage.ErrConflict) {
+		return SignalResult{}, &SignalConflictError{Err: err}
+	}
 	if err != nil {
 		return SignalResult{}, err
 	}

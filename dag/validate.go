@@ -107,6 +107,7 @@ func (p *parser) build(raw *rawWorkflow) *Workflow {
 		}
 	}
 	p.checkHandlers(builds)
+	p.checkSignals(builds)
 	if len(p.c.errs) == 0 {
 		w.order = topoOrder(w.Steps)
 	}

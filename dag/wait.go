@@ -33,3 +33,20 @@ func (p *parser) wait(n *yaml.Node, label, stepName string) *Wait {
 	}
 	return w
 }
+
+// checkSignals reports two wait steps waiting for the same signal: an
+// instance takes one signal of a name, so the second would never get one.
+func (p *parser) checkSignals(builds []*stepBuild) {
+	waiting := map[string]string{} // signal -> the first step waiting for it
+	for _, b := range builds {
+		w := b.step.Wait
+		if w == nil {
+			continue
+		}
+		if first, ok := waiting[w.Signal]; ok {
+			p.c.at(b.raw.Wait, "%s: waits for signal %q, as step %q does: an instance takes one signal of a name, so give each wait step its own", b.label, w.Signal, first)
+			continue
+		}
+		waiting[w.Signal] = b.step.Name
+	}
+}

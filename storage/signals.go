@@ -59,6 +59,13 @@ func CheckSignalParams(p SignalParams) error {
 	return nil
 }
 
+// SignalConflictError is a signal an instance refuses: it is finished, or
+// it took a signal of this name before. It matches ErrConflict.
+type SignalConflictError struct{ Reason string }
+
+func (e *SignalConflictError) Error() string        { return e.Reason }
+func (e *SignalConflictError) Is(target error) bool { return target == ErrConflict }
+
 // SignalConflict is the error of a signal sent again (with another ID, or
 // none) after it was delivered or stored.
 func SignalConflict(instanceID, name string, delivered bool) error {
@@ -66,10 +73,10 @@ func SignalConflict(instanceID, name string, delivered bool) error {
 	if delivered {
 		what = "delivered"
 	}
-	return fmt.Errorf("signal %s was already sent to instance %s and %s: send it again with the same --id to repeat it harmlessly: %w", name, instanceID, what, ErrConflict)
+	return &SignalConflictError{Reason: fmt.Sprintf("signal %s was already sent to instance %s and %s (a repeat carrying the first one's signal ID changes nothing)", name, instanceID, what)}
 }
 
 // FinishedConflict is the error of a signal sent to a finished instance.
 func FinishedConflict(instanceID string, status InstanceStatus) error {
-	return fmt.Errorf("instance %s is already %s and takes no more signals: %w", instanceID, status, ErrConflict)
+	return &SignalConflictError{Reason: fmt.Sprintf("instance %s is already %s and takes no more signals", instanceID, status)}
 }

@@ -14,6 +14,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -65,6 +66,7 @@ func Run(t *testing.T, h Harness) {
 		{"Handlers", handlerTests},
 		{"Presence", presenceTests},
 		{"Items", itemTests},
+		{"Signals", signalTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
@@ -254,8 +256,9 @@ func ptr[T any](v T) *T { return &v }
 
 // Plan is the suite's PlanFunc, a stand-in for the engine: a blocked step
 // whose dependencies are all completed or skipped becomes pending with the
-// input {"step": NAME, "deps": {DEP: OUTPUT...}}, or skipped if its name
-// begins with "skip"; any failed step fails the instance; when every step
+// input {"step": NAME, "deps": {DEP: OUTPUT...}} (waiting, a wait step's,
+// if its name begins with "await"), or skipped if its name begins with
+// "skip"; any failed step fails the instance; when every step
 // is finished the instance completes with {"steps": N}.
 func Plan(st *storage.InstanceState) (*storage.Plan, error) {
 	status := make(map[string]storage.StepStatus, len(st.Steps))
@@ -293,8 +296,12 @@ func Plan(st *storage.InstanceState) (*storage.Plan, error) {
 			if err != nil {
 				return nil, err
 			}
-			status[s.Name] = storage.StepPending
-			p.Steps = append(p.Steps, storage.StepChange{Name: s.Name, Status: storage.StepPending, Input: in})
+			next := storage.StepPending
+			if strings.HasPrefix(s.Name, "await") {
+				next = storage.StepWaiting
+			}
+			status[s.Name] = next
+			p.Steps = append(p.Steps, storage.StepChange{Name: s.Name, Status: next, Input: in})
 		}
 	}
 	done := true

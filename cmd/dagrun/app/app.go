@@ -169,6 +169,7 @@ func (c *cli) rootCommand() *cobra.Command {
 		c.serveCommand(),
 		c.schedulesCommand(),
 		c.scheduleCommand(),
+		c.signalCommand(),
 	)
 	for _, cmd := range root.Commands() {
 		cmd.SetFlagErrorFunc(flagError)

@@ -212,7 +212,7 @@ func TestValidate(t *testing.T) {
 	b := setup(t)
 	res := b.run(t, "", "validate")
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
-	require.Equal(t, "ok checkout (4 steps)\nok fanout (2 steps)\nok greet (1 steps)\n", res.stdout)
+	require.Equal(t, "ok checkout (4 steps)\nok fanout (2 steps)\nok greet (1 steps)\nok refund (2 steps)\n", res.stdout)
 
 	res = b.run(t, "", "validate", "testdata/invalid/typos.yaml", "testdata/workflows/greet.yaml", "testdata/invalid/not-yaml.yaml")
 	require.Equal(t, app.ExitUsage, res.code)

@@ -181,7 +181,11 @@ func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 		if s.Items != nil {
 			attempts = "-"
 		}
-		row := []any{s.Name, s.Handler, s.Status, attempts, stepDuration(s, now)}
+		handler := s.Handler
+		if handler == "" { // a wait step: see writeWakes
+			handler = "-"
+		}
+		row := []any{s.Name, handler, s.Status, attempts, stepDuration(s, now)}
 		format := "%s\t%s\t%s\t%s\t%s\t"
 		if forEach != "" {
 			counts := "-"
@@ -199,7 +203,48 @@ func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 	if forEach != "" {
 		fmt.Fprintf(w, "\nItems of a forEach step: dagrun status %s --step %s\n", inst.ID, forEach)
 	}
+	writeWakes(w, inst, now)
 	return nil
+}
+
+// timeLeft writes a time to come as a person reads it: to the second, or
+// to the minute past an hour.
+func timeLeft(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "0s"
+	case d >= time.Hour:
+		d = d.Round(time.Minute)
+	case d >= time.Second:
+		d = d.Round(time.Second)
+	default:
+		return roundDuration(d)
+	}
+	return storage.FormatDuration(d)
+}
+
+// writeWakes says when the steps that wait for a time or a signal go on:
+// a pending step not yet due, a waiting step's signal and deadline.
+func writeWakes(w io.Writer, inst *storage.Instance, now time.Time) {
+	first := true
+	line := func(format string, args ...any) {
+		if first {
+			fmt.Fprintln(w)
+			first = false
+		}
+		fmt.Fprintf(w, format+"\n", args...)
+	}
+	for _, s := range inst.Steps {
+		switch {
+		case s.Status == storage.StepPending && s.RunAfter.After(now):
+			line("%s runs at %s (in %s)", s.Name, view.Time(s.RunAfter), timeLeft(s.RunAfter.Sub(now)))
+		case s.Status == storage.StepWaiting && s.Deadline != nil:
+			line("%s waits for signal %s until %s (%s left): dagrun signal %s %s --data JSON",
+				s.Name, s.Signal, view.Time(*s.Deadline), timeLeft(s.Deadline.Sub(now)), inst.ID, s.Signal)
+		case s.Status == storage.StepWaiting:
+			line("%s waits for signal %s: dagrun signal %s %s --data JSON", s.Name, s.Signal, inst.ID, s.Signal)
+		}
+	}
 }
 
 func stepDuration(s storage.Step, now time.Time) string {
@@ -326,12 +371,12 @@ func (c *cli) statsCommand() *cobra.Command {
 				return writeJSON(c.io.Stdout, newStatsJSON(stats))
 			}
 			tw := tabwriter.NewWriter(c.io.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "WORKFLOW\tPENDING\tRUNNING\tCOMPLETED\tFAILED\tCANCELLED\tREADY\tSTUCK\tOLDEST READY\tSTEP P50\tSTEP P95")
+			fmt.Fprintln(tw, "WORKFLOW\tPENDING\tRUNNING\tCOMPLETED\tFAILED\tCANCELLED\tREADY\tSTUCK\tWAITING\tOLDEST READY\tSTEP P50\tSTEP P95")
 			for _, w := range stats.Workflows {
 				n := w.Instances
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", w.Workflow,
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", w.Workflow,
 					n[storage.InstancePending], n[storage.InstanceRunning], n[storage.InstanceCompleted], n[storage.InstanceFailed], n[storage.InstanceCancelled],
-					w.ReadySteps, w.StuckSteps, durOrDash(w.OldestReady), durOrDash(w.StepP50), durOrDash(w.StepP95))
+					w.ReadySteps, w.StuckSteps, w.WaitingSteps, durOrDash(w.OldestReady), durOrDash(w.StepP50), durOrDash(w.StepP95))
 			}
 			if len(stats.Unserved) > 0 {
 				fmt.Fprintln(tw, "\nREADY STEPS NO LIVE WORKER CAN RUN (run a worker of a binary with these handlers)")
@@ -366,6 +411,7 @@ type workflowStatsJSON struct {
 	ReadySteps    int            `json:"readySteps"`
 	RunningSteps  int            `json:"runningSteps"`
 	StuckSteps    int            `json:"stuckSteps"`
+	WaitingSteps  int            `json:"waitingSteps"`
 	OldestReadyMs float64        `json:"oldestReadyMs"`
 	StepP50Ms     float64        `json:"stepP50Ms"`
 	StepP95Ms     float64        `json:"stepP95Ms"`
@@ -390,6 +436,7 @@ func newStatsJSON(s *storage.Stats) statsJSON {
 		}
 		out.Workflows = append(out.Workflows, workflowStatsJSON{
 			Workflow: w.Workflow, Instances: counts, ReadySteps: w.ReadySteps, RunningSteps: w.RunningSteps, StuckSteps: w.StuckSteps,
+			WaitingSteps:  w.WaitingSteps,
 			OldestReadyMs: ms(w.OldestReady), StepP50Ms: ms(w.StepP50), StepP95Ms: ms(w.StepP95),
 		})
 	}

@@ -75,6 +75,9 @@ func (p *progress) line(inst *storage.Instance, ev storage.Event) string {
 	msg := oneLineString(ev.Message)
 	switch ev.Type {
 	case storage.EventStepReady:
+		if strings.HasPrefix(msg, storage.WaitingMessage("")) {
+			return name + " " + msg
+		}
 		return name + " ready"
 	case storage.EventStepStarted:
 		p.started[ev.Step] = ev.At
@@ -82,6 +85,9 @@ func (p *progress) line(inst *storage.Instance, ev storage.Event) string {
 	case storage.EventStepCompleted:
 		if began, ok := p.started[ev.Step]; ok && !ev.At.Before(began) {
 			return name + " completed in " + roundDuration(ev.At.Sub(began))
+		}
+		if msg != "" { // a wait step's "signal NAME received"
+			return name + " completed: " + msg
 		}
 		return name + " completed"
 	case storage.EventStepRetrying:

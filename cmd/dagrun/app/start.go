@@ -125,11 +125,17 @@ func (c *cli) retryCommand() *cobra.Command {
 
 // readInput reads --input: inline JSON, @FILE, or - for standard input.
 func (c *cli) readInput(spec string) (json.RawMessage, error) {
+	return c.readJSONFlag("--input", spec)
+}
+
+// readJSONFlag reads a JSON flag's value: inline JSON, @FILE, or - for
+// standard input.
+func (c *cli) readJSONFlag(flag, spec string) (json.RawMessage, error) {
 	switch {
 	case spec == "-":
 		data, err := io.ReadAll(io.LimitReader(c.io.Stdin, dagrun.DefaultMaxInputBytes*4))
 		if err != nil {
-			return nil, fmt.Errorf("read --input from standard input: %v", err)
+			return nil, fmt.Errorf("read %s from standard input: %v", flag, err)
 		}
 		return data, nil
 	case strings.HasPrefix(spec, "@"):
@@ -139,7 +145,7 @@ func (c *cli) readInput(spec string) (json.RawMessage, error) {
 			if errors.As(err, &pathErr) {
 				err = pathErr.Err
 			}
-			return nil, fmt.Errorf("cannot read --input file %q: %v", spec[1:], err)
+			return nil, fmt.Errorf("cannot read %s file %q: %v", flag, spec[1:], err)
 		}
 		return data, nil
 	default:

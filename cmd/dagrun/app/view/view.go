@@ -53,6 +53,14 @@ type Step struct {
 	// steps.NAME.output.)
 	Items         *ItemCounts `json:"items,omitempty"`
 	OutputOmitted bool        `json:"outputOmitted,omitempty"`
+	// Signal is the signal a wait step waits for; Deadline, while it
+	// waits, when it times out (absent: never). RunAfter is, for a pending
+	// step, when it may run (a durable sleep, a retry's backoff, a delayed
+	// start; a past time for a step that is due). All are absent when they
+	// do not apply.
+	Signal   string  `json:"signal,omitempty"`
+	Deadline *string `json:"deadline,omitempty"`
+	RunAfter *string `json:"runAfter,omitempty"`
 }
 
 // MaxInlineItemsOutput bounds the output of a forEach step that the
@@ -192,6 +200,13 @@ func NewInstance(inst *storage.Instance) Instance {
 			Items:      NewItemCounts(s.Items),
 
 			OutputOmitted: omitted,
+			Signal:        s.Signal,
+		}
+		if s.Status == storage.StepWaiting {
+			out.Steps[i].Deadline = optTime(s.Deadline)
+		}
+		if s.Status == storage.StepPending && !s.RunAfter.IsZero() {
+			out.Steps[i].RunAfter = optTime(&s.RunAfter)
 		}
 	}
 	for _, ev := range inst.Events {

@@ -687,6 +687,7 @@ func TestMetrics(t *testing.T) {
 			`dagrun_steps_ready{workflow="greet"} 0`,
 			`dagrun_steps_running{workflow="greet"} 0`,
 			`dagrun_steps_stuck{workflow="greet"} 0`,
+			`dagrun_steps_waiting{workflow="greet"} 0`,
 			`dagrun_oldest_ready_step_age_seconds{workflow="greet"} 0`,
 			"go_goroutines ",
 			"process_start_time_seconds ",

@@ -1,0 +1,268 @@
+package dagrun_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/dag"
+	"github.com/dagrun/dagrun/handlers"
+	"github.com/dagrun/dagrun/storage"
+)
+
+// refundWorkflow checks a refund, waits for a person's approval, then pays
+// it out or not.
+const refundWorkflow = `
+name: refund
+steps:
+  - name: check
+    handler: gate
+  - name: approve
+    dependsOn: [check]
+    wait:
+      timeout: 72h
+      schema:
+        type: object
+        required: [approved]
+        properties: {approved: {type: boolean}}
+  - name: confirm
+    wait: {signal: payment.confirmed}
+  - name: payout
+    dependsOn: [approve]
+    handler: echo
+    input: {approved: "${{ steps.approve.output.approved }}"}
+output: ${{ steps.payout.output }}
+`
+
+// gateRegistry has a "gate" handler that returns once open is closed.
+func gateRegistry(t *testing.T) (*handlers.Registry, chan struct{}) {
+	t.Helper()
+	open := make(chan struct{})
+	r := handlers.NewRegistry()
+	r.Register("gate", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
+		select {
+		case <-open:
+			return json.RawMessage(`{}`), nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	})
+	return r, open
+}
+
+func (b *testBundle) signal(t *testing.T, id, name, data string) (dagrun.SignalResult, error) {
+	t.Helper()
+	return b.engine.Signal(context.Background(), dagrun.SignalRequest{InstanceID: id, Name: name, Data: json.RawMessage(data)})
+}
+
+// awaitStatus polls the instance until step name has status.
+func (b *testBundle) awaitStatus(t *testing.T, id, name string, status storage.StepStatus) *storage.Instance {
+	t.Helper()
+	var inst *storage.Instance
+	require.Eventually(t, func() bool {
+		var err error
+		inst, err = b.engine.Get(context.Background(), id)
+		require.NoError(t, err)
+		return step(t, inst, name).Status == status
+	}, 30*time.Second, 5*time.Millisecond, "step %s of %s never became %s", name, id, status)
+	return inst
+}
+
+// startRefundWaiting starts a refund under a running worker and returns
+// once its approve step waits.
+func startRefundWaiting(t *testing.T, open func(t *testing.T) storage.Store) (*testBundle, string) {
+	t.Helper()
+	registry, gate := gateRegistry(t)
+	close(gate)
+	b := setup(t, open, registry, refundWorkflow)
+	b.runWorker(t, nil)
+	id := b.start(t, "refund", `{}`)
+	b.awaitStatus(t, id, "approve", storage.StepWaiting)
+	return b, id
+}
+
+func TestSignalSentBeforeTheStepWaitsIsDeliveredWhenItBecomesReady(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		registry, gate := gateRegistry(t)
+		b := setup(t, open, registry, refundWorkflow)
+		b.runWorker(t, nil)
+		id := b.start(t, "refund", `{}`)
+		b.awaitStatus(t, id, "check", storage.StepRunning)
+
+		res, err := b.signal(t, id, "approve", `{"approved": true}`)
+		require.NoError(t, err)
+		require.Equal(t, dagrun.SignalResult{InstanceID: id}, res, "stored until approve waits")
+		res, err = b.signal(t, id, "payment.confirmed", `"ch_1"`)
+		require.NoError(t, err)
+		require.Equal(t, dagrun.SignalResult{InstanceID: id, Delivered: true}, res, "confirm waits from the start")
+
+		close(gate)
+		inst := b.wait(t, id)
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		requireJSON(t, `{"approved": true}`, inst.Output)
+		requireJSON(t, `{"approved": true}`, step(t, inst, "approve").Output)
+		requireJSON(t, `"ch_1"`, step(t, inst, "confirm").Output)
+	})
+}
+
+func TestSignalRefusalsWriteNothing(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b, id := startRefundWaiting(t, open)
+		waiting := b.awaitStatus(t, id, "approve", storage.StepWaiting)
+		require.Equal(t, "approve", step(t, waiting, "approve").Signal)
+		require.NotNil(t, step(t, waiting, "approve").Deadline)
+
+		tests := []struct {
+			name, signal, data string
+			check              func(t *testing.T, err error)
+		}{
+			{"schema", "approve", `{"approved": "yes"}`, func(t *testing.T, err error) {
+				var de *dagrun.SignalDataError
+				require.ErrorAs(t, err, &de)
+				require.ErrorIs(t, err, dag.ErrInvalidPayload)
+				require.Equal(t, `signal approve: payload does not match the wait step's schema: at /approved: got string, want boolean`, err.Error())
+			}},
+			{"malformed", "approve", `{"approved": tru`, func(t *testing.T, err error) {
+				var de *dagrun.SignalDataError
+				require.ErrorAs(t, err, &de)
+				require.Contains(t, err.Error(), "signal approve: payload is not valid JSON")
+			}},
+			{"unknown name", "aprove", `{}`, func(t *testing.T, err error) {
+				var ue *dagrun.UnknownSignalError
+				require.ErrorAs(t, err, &ue)
+				require.Equal(t, []string{"approve", "payment.confirmed"}, ue.Signals)
+				require.Equal(t, `instance `+id+` waits for no signal "aprove" (its wait steps wait for: approve, payment.confirmed)`, err.Error())
+			}},
+			{"unknown instance", "approve", `{}`, func(t *testing.T, err error) {
+				require.ErrorIs(t, err, storage.ErrNotFound)
+			}},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				target := id
+				if tt.name == "unknown instance" {
+					target = "0190a0a0-0000-7000-8000-000000000000"
+				}
+				_, err := b.signal(t, target, tt.signal, tt.data)
+				require.Error(t, err)
+				tt.check(t, err)
+				after, err := b.engine.Get(context.Background(), id)
+				require.NoError(t, err)
+				require.Equal(t, waiting.Events, after.Events, "a refused signal writes nothing")
+				require.Equal(t, storage.StepWaiting, step(t, after, "approve").Status)
+			})
+		}
+	})
+}
+
+func TestSignalRepeatsAndFinishedInstances(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b, id := startRefundWaiting(t, open)
+		send := func(signalID, data string) (dagrun.SignalResult, error) {
+			return b.engine.Signal(context.Background(), dagrun.SignalRequest{InstanceID: id, Name: "approve", ID: signalID, Data: json.RawMessage(data)})
+		}
+		res, err := send("hook-1", `{"approved": false}`)
+		require.NoError(t, err)
+		require.True(t, res.Delivered)
+
+		res, err = send("hook-1", `{"approved": false}`)
+		require.NoError(t, err)
+		require.Equal(t, dagrun.SignalResult{InstanceID: id, Duplicate: true}, res, "the same ID again is a duplicate")
+		_, err = send("hook-2", `{"approved": true}`)
+		require.ErrorIs(t, err, storage.ErrConflict, "another ID is a conflict")
+
+		_, err = b.signal(t, id, "payment.confirmed", `1`)
+		require.NoError(t, err)
+		inst := b.wait(t, id)
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		requireJSON(t, `{"approved": false}`, inst.Output) // the first signal's payload stays
+
+		other := b.start(t, "refund", `{}`)
+		require.NoError(t, b.engine.Cancel(context.Background(), other))
+		_, err = b.signal(t, other, "payment.confirmed", `1`)
+		require.ErrorIs(t, err, storage.ErrConflict, "a finished instance takes no signals")
+		require.Contains(t, err.Error(), "is already cancelled")
+	})
+}
+
+// timeoutWorkflow waits for a signal that never comes; its dependent runs
+// all the same.
+const timeoutWorkflow = `
+name: lapse
+steps:
+  - name: approve
+    wait: {timeout: 300ms}
+    continueOnError: true
+  - name: after
+    dependsOn: [approve]
+    handler: echo
+    input: {status: "${{ steps.approve.status }}"}
+output: ${{ steps.after.output }}
+`
+
+func TestWaitTimeoutFailsTheStepAndContinueOnErrorLetsDependentsRun(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b := setup(t, open, nil, timeoutWorkflow)
+		// Neither the poll nor the lease recovery pass comes within the
+		// test's wait: only waking at the deadline times the step out.
+		b.runWorker(t, &dagrun.WorkerConfig{Poll: time.Hour, Lease: 10 * time.Minute})
+		inst := b.wait(t, b.start(t, "lapse", `{}`))
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		approve := step(t, inst, "approve")
+		require.Equal(t, storage.StepFailed, approve.Status)
+		require.Equal(t, "no signal approve within 300ms", approve.Error)
+		requireJSON(t, `{"status": "failed"}`, inst.Output)
+	})
+}
+
+func TestWorkerWakesForADelayedStepWithoutAPoll(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b := setup(t, open, nil, chainWorkflow)
+		b.runWorker(t, &dagrun.WorkerConfig{Poll: time.Hour, Lease: 10 * time.Minute})
+		res, err := b.engine.Start(context.Background(), "chain", json.RawMessage(`{"n": 1}`), &dagrun.StartOptions{Delay: 300 * time.Millisecond})
+		require.NoError(t, err)
+		inst := b.wait(t, res.ID)
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+	})
+}
+
+func TestAWaitingStepHoldsNoWorkerSlot(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		registry, gate := gateRegistry(t)
+		close(gate)
+		b := setup(t, open, registry, refundWorkflow, chainWorkflow)
+		b.runWorker(t, &dagrun.WorkerConfig{Concurrency: 1})
+		waiting := b.start(t, "refund", `{}`)
+		b.awaitStatus(t, waiting, "approve", storage.StepWaiting)
+		for range 3 {
+			inst := b.wait(t, b.start(t, "chain", `{"n": 2}`))
+			require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		}
+		for _, name := range []string{"approve", "payment.confirmed"} {
+			_, err := b.signal(t, waiting, name, `{"approved": true}`)
+			require.NoError(t, err)
+		}
+		inst := b.wait(t, waiting)
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+	})
+}
+
+func TestSignalByWorkflowAndKey(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		registry, gate := gateRegistry(t)
+		close(gate)
+		b := setup(t, open, registry, refundWorkflow)
+		res, err := b.engine.Start(context.Background(), "refund", nil, &dagrun.StartOptions{Key: "order-7"})
+		require.NoError(t, err)
+		got, err := b.engine.Signal(context.Background(), dagrun.SignalRequest{Workflow: "refund", Key: "order-7", Name: "payment.confirmed"})
+		require.NoError(t, err)
+		require.Equal(t, dagrun.SignalResult{InstanceID: res.ID, Delivered: true}, got)
+		_, err = b.engine.Signal(context.Background(), dagrun.SignalRequest{Workflow: "refund", Key: "order-8", Name: "approve"})
+		require.True(t, errors.Is(err, storage.ErrNotFound), "%v", err)
+	})
+}

@@ -1,0 +1,251 @@
+package storagetest
+
+import (
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// waitSpec is a wait step (its name must begin with "await", see Plan)
+// waiting for signal, for at most timeout (0: for ever).
+func waitSpec(name, signal string, timeout time.Duration, deps ...string) storage.StepSpec {
+	s := spec(name, deps...)
+	s.Handler = ""
+	s.Wait = &storage.WaitSpec{Signal: signal, Timeout: timeout}
+	return s
+}
+
+func (b *bundle) signal(p storage.SignalParams) (storage.SignalResult, error) {
+	b.t.Helper()
+	return b.store.SendSignal(b.ctx, p, Plan)
+}
+
+func (b *bundle) mustSignal(p storage.SignalParams) storage.SignalResult {
+	b.t.Helper()
+	res, err := b.signal(p)
+	require.NoError(b.t, err)
+	return res
+}
+
+var signalTests = map[string]func(*testing.T, *Harness){
+	"DeliveredToAWaitingStepReadiesItsDependents": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(waitSpec("await-approval", "approve", time.Hour), spec("ship", "await-approval"))
+		w := step(t, b.get(id), "await-approval")
+		require.Equal(t, storage.StepWaiting, w.Status)
+		require.Equal(t, "approve", w.Signal)
+		require.NotNil(t, w.Deadline)
+		require.True(t, w.Deadline.Equal(start.Add(time.Hour)), "deadline %v", w.Deadline)
+		require.Empty(t, b.claim(storage.ClaimParams{}), "a waiting step is never claimed")
+
+		b.clock.Advance(time.Minute)
+		res := b.mustSignal(storage.SignalParams{InstanceID: id, Name: "approve", Payload: json.RawMessage(`{"approved":true}`)})
+		require.Equal(t, storage.SignalResult{InstanceID: id, Delivered: true}, res)
+		in := b.get(id)
+		w = step(t, in, "await-approval")
+		require.Equal(t, storage.StepCompleted, w.Status)
+		require.JSONEq(t, `{"approved":true}`, string(w.Output))
+		require.Nil(t, w.Deadline)
+		require.Equal(t, storage.StepPending, step(t, in, "ship").Status, "dependents are ready in the same transaction")
+		require.JSONEq(t, `{"step":"ship","deps":{"await-approval":{"approved":true}}}`, string(step(t, in, "ship").Input))
+		require.Len(t, events(in, "await-approval", storage.EventStepCompleted), 1)
+		require.Equal(t, "signal approve received", events(in, "await-approval", storage.EventStepCompleted)[0].Message)
+		require.Equal(t, "waiting for signal approve", events(in, "await-approval", storage.EventStepReady)[0].Message)
+	},
+	"StoredBeforeTheStepWaitsThenDelivered": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(spec("first"), waitSpec("await-confirm", "confirm", 0, "first"), spec("next", "await-confirm"))
+		res := b.mustSignal(storage.SignalParams{InstanceID: id, Name: "confirm", ID: "evt-1", Payload: json.RawMessage(`"paid"`)})
+		require.Equal(t, storage.SignalResult{InstanceID: id}, res, "stored, not delivered")
+		require.Equal(t, storage.StepBlocked, b.status(id, "await-confirm"))
+
+		b.complete(id, "first", `1`)
+		in := b.get(id)
+		w := step(t, in, "await-confirm")
+		require.Equal(t, storage.StepCompleted, w.Status, "the stored signal completes the step as it becomes ready")
+		require.JSONEq(t, `"paid"`, string(w.Output))
+		require.Nil(t, w.Deadline)
+		require.Equal(t, storage.StepPending, step(t, in, "next").Status)
+
+		// Delivered once: the same ID again changes nothing.
+		again := b.mustSignal(storage.SignalParams{InstanceID: id, Name: "confirm", ID: "evt-1", Payload: json.RawMessage(`"other"`)})
+		require.Equal(t, storage.SignalResult{InstanceID: id, Duplicate: true}, again)
+		require.JSONEq(t, `"paid"`, string(step(t, b.get(id), "await-confirm").Output))
+	},
+	"RepeatIsDuplicateWithTheSameIDElseConflict": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(waitSpec("await-a", "a", 0), waitSpec("await-b", "b", 0))
+		b.mustSignal(storage.SignalParams{InstanceID: id, Name: "a", ID: "x", Payload: json.RawMessage(`1`)})
+		before := b.get(id)
+		tests := []struct {
+			name string
+			p    storage.SignalParams
+			dup  bool
+		}{
+			{"same ID", storage.SignalParams{InstanceID: id, Name: "a", ID: "x", Payload: json.RawMessage(`2`)}, true},
+			{"another ID", storage.SignalParams{InstanceID: id, Name: "a", ID: "y", Payload: json.RawMessage(`2`)}, false},
+			{"no ID", storage.SignalParams{InstanceID: id, Name: "a", Payload: json.RawMessage(`2`)}, false},
+		}
+		for _, tt := range tests {
+			res, err := b.signal(tt.p)
+			if tt.dup {
+				require.NoError(t, err, tt.name)
+				require.Equal(t, storage.SignalResult{InstanceID: id, Duplicate: true}, res, tt.name)
+				continue
+			}
+			require.ErrorIs(t, err, storage.ErrConflict, tt.name)
+			require.Contains(t, err.Error(), "signal a was already sent to instance "+id+" and delivered (a repeat carrying", tt.name)
+		}
+		require.Equal(t, before.Events, b.get(id).Events, "a duplicate or a conflict writes nothing")
+		// Without an ID, a repeat is always a conflict.
+		b.mustSignal(storage.SignalParams{InstanceID: id, Name: "b"})
+		_, err := b.signal(storage.SignalParams{InstanceID: id, Name: "b"})
+		require.ErrorIs(t, err, storage.ErrConflict)
+	},
+	"FinishedOrMissingInstanceRefuses": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(waitSpec("await-a", "a", 0))
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "no"))
+		w := step(t, b.get(id), "await-a")
+		require.Equal(t, storage.StepCancelled, w.Status, "cancelling cancels a waiting step")
+		_, err := b.signal(storage.SignalParams{InstanceID: id, Name: "a"})
+		require.ErrorIs(t, err, storage.ErrConflict)
+		require.Contains(t, err.Error(), "instance "+id+" is already cancelled and takes no more signals")
+		_, err = b.signal(storage.SignalParams{InstanceID: "inst-missing", Name: "a"})
+		require.ErrorIs(t, err, storage.ErrNotFound)
+		_, err = b.signal(storage.SignalParams{Workflow: "wf", Key: "missing", Name: "a"})
+		require.ErrorIs(t, err, storage.ErrNotFound)
+	},
+	"ByWorkflowAndKey": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		p := params(waitSpec("await-a", "a", 0))
+		p.Key = "order-7"
+		b.create(p)
+		res := b.mustSignal(storage.SignalParams{Workflow: "wf", Key: "order-7", Name: "a", Payload: json.RawMessage(`true`)})
+		require.Equal(t, storage.SignalResult{InstanceID: p.ID, Delivered: true}, res)
+		require.Equal(t, storage.InstanceCompleted, b.get(p.ID).Status)
+	},
+	"TimeoutFailsTheStepByTheStoreClock": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(waitSpec("await-approval", "approve", 72*time.Hour))
+		n, err := b.store.ExpireWaits(b.ctx, 0, Plan)
+		require.NoError(t, err)
+		require.Zero(t, n)
+		b.clock.Advance(72*time.Hour - time.Second)
+		n, err = b.store.ExpireWaits(b.ctx, 0, Plan)
+		require.NoError(t, err)
+		require.Zero(t, n, "not yet")
+		b.clock.Advance(time.Second)
+		n, err = b.store.ExpireWaits(b.ctx, 0, Plan)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		in := b.get(id)
+		w := step(t, in, "await-approval")
+		require.Equal(t, storage.StepFailed, w.Status)
+		require.Equal(t, "no signal approve within 72h", w.Error)
+		require.Nil(t, w.Deadline)
+		require.Equal(t, storage.InstanceFailed, in.Status, "the instance is planned after the timeout")
+		require.Equal(t, "no signal approve within 72h", events(in, "await-approval", storage.EventStepFailed)[0].Message)
+
+		// Retry re-arms the wait with a fresh deadline.
+		b.clock.Advance(time.Hour)
+		require.NoError(t, b.store.RetryInstance(b.ctx, id, Plan))
+		w = step(t, b.get(id), "await-approval")
+		require.Equal(t, storage.StepWaiting, w.Status)
+		require.True(t, w.Deadline.Equal(b.now().Add(72*time.Hour)), "deadline %v", w.Deadline)
+		b.mustSignal(storage.SignalParams{InstanceID: id, Name: "approve"})
+		require.Equal(t, storage.InstanceCompleted, b.get(id).Status)
+	},
+	"StatsCountWaitingSteps": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		b.createOne(waitSpec("await-a", "a", 0), waitSpec("await-b", "b", 0))
+		st, err := b.store.Stats(b.ctx)
+		require.NoError(t, err)
+		require.Len(t, st.Workflows, 1)
+		require.Equal(t, 2, st.Workflows[0].WaitingSteps)
+		require.Empty(t, st.Queues, "waiting steps are no queue's work")
+	},
+	"PruneDeletesSignals": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		p := params(waitSpec("await-a", "a", 0))
+		b.create(p)
+		b.mustSignal(storage.SignalParams{InstanceID: p.ID, Name: "a", ID: "first"})
+		b.clock.Advance(time.Hour)
+		n, err := b.store.Prune(b.ctx, b.now(), false)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		// An instance of the same ID takes the signal afresh: nothing of
+		// the pruned one's is left.
+		b.create(p)
+		res := b.mustSignal(storage.SignalParams{InstanceID: p.ID, Name: "a", ID: "second"})
+		require.True(t, res.Delivered)
+	},
+	"TwoRacingSendersOneWins": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		for range 5 {
+			id := b.createOne(waitSpec("await-a", "a", 0), spec("after", "await-a"))
+			var (
+				wg   sync.WaitGroup
+				errs [2]error
+			)
+			for i := range errs {
+				wg.Go(func() {
+					_, errs[i] = b.store.SendSignal(b.ctx, storage.SignalParams{InstanceID: id, Name: "a",
+						ID: []string{"left", "right"}[i], Payload: json.RawMessage([]string{`"left"`, `"right"`}[i])}, Plan)
+				})
+			}
+			wg.Wait()
+			won := 0
+			for _, err := range errs {
+				if err == nil {
+					won++
+				} else {
+					require.ErrorIs(t, err, storage.ErrConflict)
+				}
+			}
+			require.Equal(t, 1, won, "exactly one sender wins: %v", errs)
+			in := b.get(id)
+			require.Len(t, events(in, "await-a", storage.EventStepCompleted), 1)
+			require.Equal(t, storage.StepPending, step(t, in, "after").Status)
+		}
+	},
+	"NextWakeIsTheEarliestDueStepOrDeadline": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		next, err := b.store.NextWake(b.ctx, storage.ClaimParams{})
+		require.NoError(t, err)
+		require.True(t, next.IsZero(), "nothing to wake for: %v", next)
+		b.createOne(waitSpec("await-a", "a", time.Hour))
+		id := b.createOne(spec("sleepy"))
+		c := b.claimStep(id, "sleepy")
+		b.finish(storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeSnooze, RunAfter: start.Add(10 * time.Minute)})
+		tests := []struct {
+			name string
+			p    storage.ClaimParams
+			want time.Time
+		}{
+			{"any step", storage.ClaimParams{}, start.Add(10 * time.Minute)},
+			{"its queue and handler", storage.ClaimParams{Queues: []string{"q.sleepy"}, Handlers: []string{"h.sleepy"}}, start.Add(10 * time.Minute)},
+			{"another queue: only the deadline", storage.ClaimParams{Queues: []string{"q.other"}}, start.Add(time.Hour)},
+			{"another handler: only the deadline", storage.ClaimParams{Handlers: []string{"h.other"}}, start.Add(time.Hour)},
+		}
+		for _, tt := range tests {
+			next, err := b.store.NextWake(b.ctx, tt.p)
+			require.NoError(t, err)
+			require.True(t, next.Equal(tt.want), "%s: got %v, want %v", tt.name, next, tt.want)
+		}
+	},
+	"OnlyAWaitStepWaits": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		p := params(spec("await-not-a-wait-step"))
+		_, err := b.store.CreateInstances(b.ctx, nil, []storage.CreateParams{p}, Plan)
+		require.Error(t, err)
+		require.Contains(t, err.Error(), "is not a wait step")
+		require.False(t, errors.Is(err, storage.ErrConflict))
+	},
+}
