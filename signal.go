@@ -2,6 +2,7 @@ package dagrun
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -134,7 +135,7 @@ func checkSignalRequest(req SignalRequest) error {
 		return errors.New("signal: name the instance by its ID, or by its workflow and key")
 	}
 	if err := storage.CheckText(req.Name, storage.MaxIDBytes); err != nil || req.Name == "" {
-		return &UnknownSignalError{InstanceID: cmpOr(req.InstanceID, req.Workflow+"/"+req.Key), Name: req.Name}
+		return &UnknownSignalError{InstanceID: cmp.Or(req.InstanceID, req.Workflow+"/"+req.Key), Name: req.Name}
 	}
 	if err := storage.CheckText(req.ID, storage.MaxSignalIDBytes); err != nil {
 		return fmt.Errorf("signal ID %w", err)
@@ -143,13 +144,6 @@ func checkSignalRequest(req SignalRequest) error {
 		return fmt.Errorf("key %s: %w", err, storage.ErrNotFound)
 	}
 	return nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // signalTarget loads the instance a request names.

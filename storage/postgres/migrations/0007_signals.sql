@@ -4,7 +4,7 @@
 -- 'waiting' instead of 'pending', so no claim ever takes it, and gets a
 -- deadline when it has a timeout. The worker pass that recovers expired
 -- leases fails the waiting steps whose deadline passed.
-ALTER TABLE steps DROP CONSTRAINT steps_status_check;
+ALTER TABLE steps DROP CONSTRAINT IF EXISTS steps_status_check;
 ALTER TABLE steps ADD CONSTRAINT steps_status_check
     CHECK (status IN ('blocked', 'pending', 'running', 'waiting', 'completed', 'failed', 'skipped', 'cancelled'));
 ALTER TABLE steps ADD COLUMN wait_signal text NOT NULL DEFAULT '';
