@@ -1180,7 +1180,7 @@
           el("span", {}, "When"), el("span", { class: "mono" }, s.when || "always"),
           s.forEach ? [el("span", {}, "For each"), el("span", {}, "runs once per item of its forEach list" + (s.concurrency ? ", at most " + s.concurrency + " at once" : ""))] : null,
           el("span", {}, "On error"), el("span", {}, s.continueOnError ? "continue" : "fail the instance")),
-        s.wait && s.wait.schema ? [el("h3", {}, "Payload schema"), jsonBlock(s.wait.schema)] : null,
+        s.wait && s.wait.schema ? [el("h3", {}, "Payload schema"), el("pre", { class: "json mono", id: "wait-schema" }, pretty(s.wait.schema))] : null,
       ]);
     }
     function startForm() {
