@@ -39,6 +39,7 @@ func TestWorkflowReferenceIsComplete(t *testing.T) {
 		{"Step fields", keys.Step},
 		{"retry", keys.Retry},
 		{"schedule", keys.Schedule},
+		{"wait", keys.Wait},
 	}
 	for _, tt := range tables {
 		t.Run("Keys/"+tt.heading, func(t *testing.T) {

@@ -67,6 +67,17 @@ type stepDef struct {
 	// Concurrency caps its items running at once (0: no cap).
 	ForEach     bool `json:"forEach"`
 	Concurrency int  `json:"concurrency"`
+	// Wait is a wait step's wait (its handler is empty); null for others.
+	Wait *waitDef `json:"wait"`
+}
+
+// waitDef is what a wait step waits for. The UI reads Schema to offer
+// approve/reject buttons or a JSON editor.
+type waitDef struct {
+	Signal string `json:"signal"`
+	// Timeout is a Go duration string; null when it waits for ever.
+	Timeout *string         `json:"timeout"`
+	Schema  json.RawMessage `json:"schema"`
 }
 
 type retryJSON struct {
@@ -120,6 +131,13 @@ func newWorkflowDetail(wf *dag.Workflow) workflowDetail {
 		if st.When != nil {
 			when := st.When.String()
 			d.When = &when
+		}
+		if st.Wait != nil {
+			d.Wait = &waitDef{Signal: st.Wait.Signal, Schema: view.RawOrNull(st.Wait.Schema)}
+			if st.Wait.Timeout > 0 {
+				t := st.Wait.Timeout.String()
+				d.Wait.Timeout = &t
+			}
 		}
 		out.Steps[i] = d
 		gs[i] = graphStep{Name: st.Name, DependsOn: st.DependsOn}
@@ -384,20 +402,22 @@ func (s *Server) failInstance(w http.ResponseWriter, r *http.Request, id string,
 // since their text may expose database details.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var (
-		reqErr   *requestError
-		inputErr *dagrun.InputError
-		argErr   *dagrun.ArgumentError
-		unknown  *dagrun.UnknownWorkflowError
-		tooBig   *http.MaxBytesError
+		reqErr    *requestError
+		inputErr  *dagrun.InputError
+		argErr    *dagrun.ArgumentError
+		signalErr *dagrun.SignalDataError
+		unknown   *dagrun.UnknownWorkflowError
+		noSignal  *dagrun.UnknownSignalError
+		tooBig    *http.MaxBytesError
 	)
 	switch {
 	case errors.As(err, &reqErr):
 		writeError(w, reqErr.status, reqErr.msg)
 	case errors.As(err, &tooBig):
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over the limit of %d bytes", tooBig.Limit))
-	case errors.As(err, &inputErr), errors.As(err, &argErr):
+	case errors.As(err, &inputErr), errors.As(err, &argErr), errors.As(err, &signalErr):
 		writeError(w, http.StatusBadRequest, err.Error())
-	case errors.As(err, &unknown):
+	case errors.As(err, &unknown), errors.As(err, &noSignal):
 		writeError(w, http.StatusNotFound, err.Error())
 	case errors.Is(err, storage.ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())

@@ -23,7 +23,9 @@
 //	      "steps": [{"name", "handler", "dependsOn", "queue",
 //	                 "retry": {"maxAttempts", "backoff", "maxBackoff"},
 //	                 "timeout", "when", "continueOnError", "forEach" (bool),
-//	                 "concurrency" (its items' cap, 0 for none)}],
+//	                 "concurrency" (its items' cap, 0 for none),
+//	                 "wait": null, or for a wait step (whose "handler" is
+//	                 "") {"signal", "timeout" (null: for ever), "schema"}}],
 //	      "graph": Graph (with "mermaid")}
 //	POST /api/workflows/{name}/instances
 //	     body {"input": any, "key": "k", "priority": 0, "delay": "10s"}
@@ -35,7 +37,8 @@
 //	     List items carry steps but no events.
 //	GET  /api/instances/{id}
 //	     the instance with "events", plus "graph": its steps laid out.
-//	     A forEach step carries "items": {"total", "pending", "running",
+//	     A waiting step carries "signal" and "deadline" (null: no timeout);
+//	     a pending step "runAfter", when it may run. A forEach step carries "items": {"total", "pending", "running",
 //	     "completed", "failed", "cancelled"}, counts only, and "output":
 //	     null (its output is the list of its items' outputs: page them), so
 //	     the object stays small whatever the number of items.
@@ -49,6 +52,16 @@
 //	POST /api/instances/{id}/cancel   200 with the instance; 409 if finished
 //	POST /api/instances/{id}/retry    200 with the instance; 409 unless failed
 //	                                  or cancelled
+//	POST /api/instances/{id}/signals/{name}
+//	     body {"data": any (the payload, null when absent), "id": "optional
+//	     signal ID"}. 200 {"delivered": bool, "duplicate": bool, "instance"}:
+//	     delivered when it completed a waiting step now, false when it is
+//	     stored until the step waits; duplicate when the same id was sent
+//	     before (nothing changed). 400 for a payload the wait step's schema
+//	     refuses (nothing written), 404 for an unknown instance or a name
+//	     none of its wait steps waits for (the message lists those), 409
+//	     when the instance is finished or the signal was sent before
+//	     without the same id.
 //	GET  /healthz   {"status": "ok"}, or 503 with an "error" when the store
 //	                does not answer; never needs the token
 //	GET  /metrics   Prometheus text format

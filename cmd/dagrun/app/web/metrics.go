@@ -179,8 +179,9 @@ func (m *Metrics) handler(logger *slog.Logger) http.Handler {
 }
 
 // storeCollector reads storage.Stats at scrape time: gauges per workflow
-// (dagrun_instances, dagrun_steps_*), per queue (dagrun_queue_steps_*) and
-// per handler no live worker has (dagrun_steps_unserved).
+// (dagrun_instances, dagrun_steps_*, dagrun_steps_waiting among them), per
+// queue (dagrun_queue_steps_*) and per handler no live worker has
+// (dagrun_steps_unserved).
 // The per-queue gauges have names of their own because one metric name
 // carries one label set; a queue appears while it has a ready or running
 // step.

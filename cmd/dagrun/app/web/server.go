@@ -123,6 +123,7 @@ func (s *Server) routes() {
 	api("GET /api/instances/{id}/steps/{step}/items", s.listItems)
 	api("POST /api/instances/{id}/cancel", s.cancelInstance)
 	api("POST /api/instances/{id}/retry", s.retryInstance)
+	api("POST /api/instances/{id}/signals/{name}", s.sendSignal)
 	api("GET /api/schedules", s.listSchedules)
 	api("POST /api/schedules/{workflow}/{index}/pause", s.pauseSchedule)
 	api("POST /api/schedules/{workflow}/{index}/resume", s.resumeSchedule)

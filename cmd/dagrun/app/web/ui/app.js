@@ -17,7 +17,7 @@
   const TOKEN_KEY = "dagrun.token";
   const STATUSES = ["pending", "running", "completed", "failed", "cancelled"];
   const ICONS = {
-    blocked: "\u22EF", pending: "\u25F7", running: "\u21BB", completed: "\u2713",
+    blocked: "\u22EF", pending: "\u25F7", running: "\u21BB", waiting: "\u25D4", completed: "\u2713",
     failed: "\u2715", skipped: "\u21B7", cancelled: "\u2298",
   };
   const SVG_NS = "http://www.w3.org/2000/svg";
@@ -111,10 +111,13 @@
   // ---- Live values: durations that tick without a refetch ----
 
   // An element with data-since shows prefix + the time from then until now,
-  // and one with data-ago how long ago it was; tick() redraws just these
-  // texts every second, so a running step's duration moves while the data
-  // (and the rest of the page) stays as it is.
+  // one with data-until prefix + the time from now until then + suffix (a
+  // countdown: a wait's time left, a pending step's start), and one with
+  // data-ago how long ago it was; tick() redraws just these texts every
+  // second, so a running step's duration moves while the data (and the
+  // rest of the page) stays as it is.
   function setSince(node, since, prefix) {
+    delete node.dataset.until;
     if (since) {
       node.dataset.since = since;
       node.dataset.prefix = prefix || "";
@@ -124,8 +127,27 @@
     setText(node, since ? sinceText(node) : prefix || "");
     return node;
   }
+  function setUntil(node, until, prefix, lead, suffix) {
+    delete node.dataset.since;
+    node.dataset.until = until;
+    node.dataset.prefix = prefix || "";
+    node.dataset.lead = lead || "";
+    node.dataset.suffix = suffix || "";
+    setText(node, untilText(node));
+    return node;
+  }
   function sinceText(node) {
     return node.dataset.prefix + fmtDuration(Date.now() - Date.parse(node.dataset.since)) + "\u2026";
+  }
+  function untilText(node) {
+    const left = Date.parse(node.dataset.until) - Date.now();
+    // A second late is normal: the database's clock decides, and the page
+    // polls; "due" says the time has come without counting backwards.
+    return node.dataset.prefix + (left > 0 ? node.dataset.lead + fmtDuration(left).replace(/\.\d+s$/, "s") + node.dataset.suffix : "due");
+  }
+  // countdown is a span counting down to iso, e.g. "3h 12m left".
+  function countdown(iso, lead, suffix) {
+    return setUntil(el("span", { class: "ticking" }), iso, "", lead, suffix);
   }
   function setAgo(node, iso) {
     node.dataset.ago = iso;
@@ -134,6 +156,7 @@
   }
   function tick() {
     for (const n of main.querySelectorAll("[data-since]")) setText(n, sinceText(n));
+    for (const n of main.querySelectorAll("[data-until]")) setText(n, untilText(n));
     for (const n of main.querySelectorAll("[data-ago]")) setText(n, ago(n.dataset.ago));
   }
   setInterval(tick, 1000);
@@ -180,7 +203,7 @@
   }
 
   // Step counts, each status apart: cancelled steps are not "done".
-  const STEP_STATUSES = ["blocked", "pending", "running", "completed", "failed", "skipped", "cancelled"];
+  const STEP_STATUSES = ["blocked", "pending", "running", "waiting", "completed", "failed", "skipped", "cancelled"];
   function countSteps(steps) {
     const c = {};
     for (const s of steps) c[s.status] = (c[s.status] || 0) + 1;
@@ -189,7 +212,7 @@
   function progress(steps) {
     const c = countSteps(steps);
     const parts = [el("span", { class: "count s-completed" }, (c.completed || 0) + "/" + steps.length + " completed")];
-    for (const st of ["running", "failed", "cancelled", "skipped"]) {
+    for (const st of ["running", "waiting", "failed", "cancelled", "skipped"]) {
       if (c[st]) parts.push(" \u00B7 ", el("span", { class: "count s-" + st, "data-status": st }, c[st] + " " + st));
     }
     return parts;
@@ -505,8 +528,11 @@
         setAttr(v.g, "aria-label", name + ": " + info.label);
         setText(v.title, name + "\n" + info.label + (info.title || info.detail ? "\n" + (info.title || info.detail) : ""));
         setText(v.state, ((ICONS[info.status] || "") + " " + info.label).trim());
-        const detail = fitText(info.detail || "", v.node.width - 24 - (info.since ? 60 : 0), SUB_FONT);
-        setSince(v.sub, info.since, info.since && detail ? detail + " \u00B7 " : detail);
+        const clock = info.since || info.until;
+        const detail = fitText(info.detail || "", v.node.width - 24 - (clock ? 72 : 0), SUB_FONT);
+        const prefix = clock && detail ? detail + " \u00B7 " : detail;
+        if (info.until) setUntil(v.sub, info.until, prefix, info.untilLead, info.untilSuffix);
+        else setSince(v.sub, info.since, prefix);
         v.progress.set(info.items);
       }
       for (const { edge, path } of edges) {
@@ -691,6 +717,92 @@
     return { step, node, refresh };
   }
 
+  // ---- Signals of wait steps ----
+
+  // approvalProperty is the property of a schema that is an object with
+  // exactly one boolean property, which approve/reject buttons can set;
+  // null for any other schema.
+  function approvalProperty(schema) {
+    if (!schema || schema.type !== "object" || !schema.properties) return null;
+    const names = Object.keys(schema.properties);
+    if (names.length !== 1) return null;
+    const p = schema.properties[names[0]];
+    return p && p.type === "boolean" ? names[0] : null;
+  }
+
+  // signalView is the form that sends a waiting step its signal: approve
+  // and reject buttons when its schema is one boolean property, a JSON
+  // editor otherwise. send(request) posts it; an error (a payload the
+  // schema refuses, a conflict) is shown in the form, as the server wrote it.
+  function signalView(step, schemaOf, send) {
+    const error = el("div", { class: "error-box", id: "signal-error", role: "alert", hidden: true });
+    const body = el("div", { class: "muted small" }, "Loading the signal's schema\u2026");
+    const node = el("div", { class: "signal-form", id: "signal-form" },
+      el("h3", {}, "Send signal ", el("span", { class: "mono" }, step.signal)), body, error);
+    const buttons = [];
+
+    function showFailure(message) {
+      error.textContent = message;
+      error.hidden = !message;
+    }
+    async function submit(req) {
+      showFailure("");
+      for (const b of buttons) b.disabled = true;
+      try {
+        await send(req);
+      } catch (err) {
+        showFailure(err.message);
+      } finally {
+        for (const b of buttons) b.disabled = false;
+      }
+    }
+    function button(attrs, label) {
+      const b = el("button", Object.assign({ type: "button" }, attrs), label);
+      buttons.push(b);
+      return b;
+    }
+
+    function approval(prop) {
+      return [
+        el("p", { class: "muted small" }, "Sends {\"" + prop + "\": true} or {\"" + prop + "\": false}."),
+        el("div", { class: "actions" },
+          button({ class: "primary", id: "signal-approve", onclick: () => submit({ data: { [prop]: true } }) }, "Approve"),
+          button({ class: "danger", id: "signal-reject", onclick: () => submit({ data: { [prop]: false } }) }, "Reject")),
+      ];
+    }
+    function editor(schema) {
+      const data = el("textarea", { id: "signal-data", spellcheck: "false", "aria-label": "signal payload (JSON)" }, "{}");
+      const sigID = el("input", { id: "signal-id", placeholder: "optional: makes a resend harmless" });
+      const form = el("form", {},
+        el("label", { for: "signal-data" }, "Payload (JSON)"), data,
+        el("label", { for: "signal-id" }, "Signal ID"), sigID,
+        el("div", { class: "actions" }, button({ type: "submit", class: "primary", id: "signal-send" }, "Send")),
+        schema ? el("details", {}, el("summary", {}, "Payload schema"), jsonBlock(schema)) : null);
+      form.addEventListener("submit", (ev) => {
+        ev.preventDefault();
+        let value;
+        try { value = JSON.parse(data.value); } catch (err) { showFailure("The payload is not valid JSON: " + err.message); return; }
+        const req = { data: value };
+        if (sigID.value.trim()) req.id = sigID.value.trim();
+        submit(req);
+      });
+      return form;
+    }
+
+    schemaOf(step.name).then((schema) => {
+      clear(body);
+      body.className = "";
+      const prop = approvalProperty(schema);
+      append(body, prop ? approval(prop) : editor(schema));
+    }).catch((err) => {
+      clear(body);
+      body.className = "";
+      append(body, editor(null));
+      showFailure("Could not read the wait step's schema: " + err.message);
+    });
+    return { step: step.name, node };
+  }
+
   // ---- Instance page ----
 
   // The page is made of sections that each redraw only when their own
@@ -734,6 +846,40 @@
       return items;
     }
 
+    // signal is the form that sends the selected waiting step its signal.
+    // Like items it outlives the panel's redraws, so a half-typed payload
+    // and the server's last error stay while the page refreshes.
+    let signal = null;
+    function signalFor(s) {
+      if (!signal || signal.step !== s.name) {
+        signal = signalView(s, waitSchema, async (req) => {
+          const res = await api("POST", "instances/" + encodeURIComponent(id) + "/signals/" + encodeURIComponent(s.signal), req);
+          lastJSON = "";
+          await refresh(generation);
+          return res;
+        });
+      }
+      return signal;
+    }
+
+    // waitSchema resolves to the payload schema of a wait step, read from
+    // the workflow's definition (null when the workflow is no longer
+    // served: the form then offers a JSON editor).
+    let definition = null;
+    function waitSchema(step) {
+      if (!definition) {
+        definition = api("GET", "workflows/" + encodeURIComponent(inst.workflow)).catch((err) => {
+          if (err.status === 404) return null;
+          definition = null; // try again next time
+          throw err;
+        });
+      }
+      return definition.then((wf) => {
+        const def = wf && wf.steps.find((x) => x.name === step);
+        return def && def.wait ? def.wait.schema : null;
+      });
+    }
+
     async function act(verb) {
       if (verb === "cancel" && !confirm("Cancel instance " + id + "? Running steps are stopped.")) return;
       try {
@@ -755,10 +901,18 @@
         const detail = fmtNum(c.completed) + "/" + fmtNum(c.total) + (c.failed ? " \u00B7 " + fmtNum(c.failed) + " failed" : "");
         return { status: s.status, label: s.status, detail, title: itemSummary(c), items: c };
       }
+      if (s.status === "waiting") {
+        return s.deadline
+          ? { status: s.status, label: "waiting", detail: s.signal, title: "signal " + s.signal + ", times out " + fmtTime(s.deadline), until: s.deadline, untilSuffix: " left" }
+          : { status: s.status, label: "waiting", detail: "signal " + s.signal, title: "signal " + s.signal + ", no timeout" };
+      }
+      if (s.status === "pending" && s.runAfter && Date.parse(s.runAfter) > Date.now()) {
+        return { status: s.status, label: "pending", title: "runs at " + fmtTime(s.runAfter), until: s.runAfter, untilLead: "runs in " };
+      }
       const parts = [];
       if (s.attempts > 0) parts.push(s.attempts === 1 ? "1 attempt" : s.attempts + " attempts");
       if (s.startedAt && s.finishedAt) parts.push(fmtDuration(between(s.startedAt, s.finishedAt)));
-      if (!parts.length && !s.startedAt) parts.push(s.handler);
+      if (!parts.length && !s.startedAt) parts.push(s.signal ? "signal " + s.signal : s.handler);
       return { status: s.status, label: s.status, detail: parts.join(" \u00B7 "), since: s.startedAt && !s.finishedAt ? s.startedAt : null };
     }
 
@@ -836,19 +990,26 @@
         el("div", { class: "page-head" }, el("h2", { id: "step-name" }, s.name), badge(s.status),
           el("span", { class: "spacer" }), el("button", { type: "button", onclick: () => select(null) }, "Close")),
         el("div", { class: "kv" },
-          el("span", {}, "Handler"), el("span", { class: "mono" }, s.handler),
-          el("span", {}, "Queue"), el("span", { class: "mono" }, s.queue),
-          s.items ? null : [el("span", {}, "Attempts"), el("span", {}, String(s.attempts))],
+          s.signal ? [el("span", {}, "Waits for"), el("span", { class: "mono", id: "step-signal" }, "signal " + s.signal)]
+            : [el("span", {}, "Handler"), el("span", { class: "mono" }, s.handler),
+              el("span", {}, "Queue"), el("span", { class: "mono" }, s.queue)],
+          s.status === "waiting" ? [el("span", {}, "Times out"), el("span", { id: "step-deadline" },
+            s.deadline ? [fmtTime(s.deadline), " (", countdown(s.deadline, "", " left"), ")"] : "never")] : null,
+          s.status === "pending" && s.runAfter ? [el("span", {}, "Runs at"), el("span", { id: "step-run-after" },
+            fmtTime(s.runAfter), " (", countdown(s.runAfter, "in "), ")")] : null,
+          s.items || s.signal ? null : [el("span", {}, "Attempts"), el("span", {}, String(s.attempts))],
           el("span", {}, "Started"), el("span", {}, fmtTime(s.startedAt)),
           el("span", {}, "Finished"), el("span", {}, fmtTime(s.finishedAt)),
           el("span", {}, "Duration"), el("span", { id: "step-duration" }, duration(s.startedAt, s.finishedAt)),
           el("span", {}, "Depends on"), el("span", {}, s.dependsOn.length ? s.dependsOn.map((d, i) => [i ? ", " : "", el("a", { href: "#", onclick: (ev) => { ev.preventDefault(); select(d); } }, d)]) : "\u2013")),
         s.error !== null ? [el("h3", {}, "Error"), el("div", { class: "error-box", id: "step-error", "data-keep": "error" }, s.error)] : null,
+        s.status === "waiting" ? signalFor(s).node : null,
         s.items ? [el("h3", {}, "Items"), itemCounts(s.items), itemsFor(s).node] : null,
-        s.items ? null : [el("h3", {}, "Input (resolved)"), el("pre", { class: "json mono", id: "step-input", "data-keep": "step-input" }, pretty(s.input))],
-        el("h3", {}, "Output"), s.items
+        s.items || s.signal ? null : [el("h3", {}, "Input (resolved)"), el("pre", { class: "json mono", id: "step-input", "data-keep": "step-input" }, pretty(s.input))],
+        // A waiting step has no output yet: the signal's payload will be it.
+        s.status === "waiting" ? null : [el("h3", {}, "Output"), s.items
           ? el("p", { class: "muted", id: "step-output" }, "The list of the items' outputs, in index order. Click an item for its input and output.")
-          : el("pre", { class: "json mono", id: "step-output", "data-keep": "step-output" }, pretty(s.output)),
+          : el("pre", { class: "json mono", id: "step-output", "data-keep": "step-output" }, pretty(s.output))],
         events.length ? [el("h3", {}, "Attempts and events"), el("ol", { class: "timeline", "data-keep": "step-events" }, events.map((e) => eventItem(e, false)))] : null,
       ];
     }
@@ -990,6 +1151,7 @@
       const s = stepsByName.get(n);
       let detail = s && s.when ? "when " + s.when : (s && s.queue !== "default" ? "queue " + s.queue : "");
       if (s && s.forEach) detail = "for each item" + (s.concurrency ? ", " + s.concurrency + " at once" : "") + (detail ? " \u00B7 " + detail : "");
+      if (s && s.wait) return { status: "definition", label: "wait", detail: "signal " + s.wait.signal + (s.wait.timeout ? " \u00B7 " + s.wait.timeout : "") };
       return { status: "definition", label: s ? s.handler : "", detail };
     }
     function renderSide() {
@@ -1003,14 +1165,22 @@
         el("div", { class: "page-head" }, el("h2", {}, s.name), el("span", { class: "spacer" }),
           el("button", { type: "button", onclick: () => select(null) }, "Close")),
         el("div", { class: "kv" },
-          el("span", {}, "Handler"), el("span", { class: "mono" }, s.handler),
-          el("span", {}, "Queue"), el("span", { class: "mono" }, s.queue),
+          s.wait ? [
+            el("span", {}, "Waits for"), el("span", { class: "mono" }, "signal " + s.wait.signal),
+            el("span", {}, "Times out"), el("span", {}, s.wait.timeout ? "after " + s.wait.timeout : "never"),
+          ] : [
+            el("span", {}, "Handler"), el("span", { class: "mono" }, s.handler),
+            el("span", {}, "Queue"), el("span", { class: "mono" }, s.queue),
+          ],
           el("span", {}, "Depends on"), el("span", {}, s.dependsOn.join(", ") || "–"),
-          el("span", {}, "Retry"), el("span", {}, s.retry.maxAttempts + " attempts, backoff " + s.retry.backoff + " up to " + s.retry.maxBackoff),
-          el("span", {}, "Timeout"), el("span", {}, s.timeout || "none"),
+          s.wait ? null : [
+            el("span", {}, "Retry"), el("span", {}, s.retry.maxAttempts + " attempts, backoff " + s.retry.backoff + " up to " + s.retry.maxBackoff),
+            el("span", {}, "Timeout"), el("span", {}, s.timeout || "none"),
+          ],
           el("span", {}, "When"), el("span", { class: "mono" }, s.when || "always"),
           s.forEach ? [el("span", {}, "For each"), el("span", {}, "runs once per item of its forEach list" + (s.concurrency ? ", at most " + s.concurrency + " at once" : ""))] : null,
           el("span", {}, "On error"), el("span", {}, s.continueOnError ? "continue" : "fail the instance")),
+        s.wait && s.wait.schema ? [el("h3", {}, "Payload schema"), el("pre", { class: "json mono", id: "wait-schema" }, pretty(s.wait.schema))] : null,
       ]);
     }
     function startForm() {

@@ -1,0 +1,158 @@
+package e2e
+
+import (
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+)
+
+// browserDelivery waits for a delivery confirmation whose schema is not a
+// single boolean, so the UI offers a JSON editor for it.
+const browserDelivery = `name: delivery
+steps:
+  - name: ship
+    handler: noop
+  - name: confirm
+    dependsOn: [ship]
+    wait:
+      schema:
+        type: object
+        required: [trackingNo]
+        properties:
+          trackingNo: {type: string, minLength: 3}
+  - name: close
+    handler: echo
+    dependsOn: [confirm]
+    input:
+      trackingNo: ${{ steps.confirm.output.trackingNo }}
+`
+
+// TestBrowserSignals drives a person's side of wait steps in headless
+// Chromium: the shipped refund-approval example waits for approval; its
+// page shows the waiting step with its signal and the time left, and a
+// click on Approve completes the instance. A wait with another schema gets
+// a JSON editor, where a payload the schema refuses shows the server's
+// error in the form and a good one completes the instance. A delayed step
+// counts down to its start, and the definition names a wait's signal.
+func TestBrowserSignals(t *testing.T) {
+	chromium := browserChromium(t)
+	refund, err := os.ReadFile("../workflows/refund-approval.yaml")
+	require.NoError(t, err)
+	dir, workflows := browserWorkflows(t, map[string]string{"refund-approval.yaml": string(refund), "delivery.yaml": browserDelivery})
+	const token = "browser-signal-token"
+	base := browserServe(t, binary, dir, workflows, token)
+	apiClient := &browserAPI{base: base, token: token}
+
+	start := func(workflow, body, waitStep string) string {
+		t.Helper()
+		var started struct {
+			ID string `json:"id"`
+		}
+		apiClient.call(t, http.MethodPost, "/api/workflows/"+workflow+"/instances", body, http.StatusCreated, &started)
+		require.Eventually(t, func() bool { return apiClient.stepStatus(t, started.ID, waitStep) == "waiting" },
+			15*time.Second, 20*time.Millisecond, "step %s never waited", waitStep)
+		return started.ID
+	}
+	refundID := start("refund-approval", `{"input": {"orderId": "A-1001", "amount": 42.5}}`, "approval")
+	deliveryID := start("delivery", "", "confirm")
+
+	ctx := browserContext(t, chromium)
+	console := browserWatchConsole(ctx)
+	browserSignIn(t, ctx, console, base, token, 1440, 1000)
+
+	approval := `#graph g.node[data-step="approval"]`
+	browserDo(t, ctx, console, "open the waiting refund",
+		chromedp.Navigate(base+"#/instances/"+refundID),
+		chromedp.WaitVisible(chromedp.CSS(approval+".s-waiting")),
+	)
+	// The node names the signal and counts down to the deadline (72h).
+	node, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(approval+" text.sub")))
+	require.NoError(t, err)
+	require.Regexp(t, `^approve · (2d 23h|3d 0h) left$`, node)
+	browserRequireTrue(t, ctx, "the time left ticks", `document.querySelector(`+browserJS(approval+" text.sub")+`).dataset.until !== undefined`)
+
+	browserDo(t, ctx, console, "select the waiting step",
+		chromedp.Click(chromedp.CSS(approval)),
+		chromedp.WaitVisible(chromedp.CSS("#signal-approve")),
+		chromedp.WaitVisible(chromedp.CSS("#signal-reject")),
+	)
+	signal, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS("#step-signal")))
+	require.NoError(t, err)
+	require.Equal(t, "signal approve", signal)
+	deadline, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS("#step-deadline")))
+	require.NoError(t, err)
+	require.Contains(t, deadline, "left")
+	browserScreenshot(t, ctx, "browser-signal-waiting.png")
+
+	browserDo(t, ctx, console, "approve until completed",
+		chromedp.Click(chromedp.CSS("#signal-approve")),
+		chromedp.WaitVisible(chromedp.CSS("h1 .badge.s-completed")),
+		chromedp.WaitVisible(chromedp.CSS(`#graph g.node[data-step="refund"].s-completed`)),
+	)
+	var done struct {
+		Output map[string]any `json:"output"`
+	}
+	apiClient.call(t, http.MethodGet, "/api/instances/"+refundID, "", http.StatusOK, &done)
+	require.Equal(t, map[string]any{"approved": true, "refunded": 42.5}, done.Output)
+
+	// Another schema: a JSON editor, and the server's verdict in the form.
+	confirm := `#graph g.node[data-step="confirm"]`
+	browserDo(t, ctx, console, "open the waiting delivery and send a payload the schema refuses",
+		chromedp.Navigate(base+"#/instances/"+deliveryID),
+		chromedp.WaitVisible(chromedp.CSS(confirm+".s-waiting")),
+		chromedp.Click(chromedp.CSS(confirm)),
+		chromedp.WaitVisible(chromedp.CSS("#signal-data")),
+		chromedp.SetValue(chromedp.CSS("#signal-data"), `{"trackingNo": 7}`),
+		chromedp.Click(chromedp.CSS("#signal-send")),
+		chromedp.WaitVisible(chromedp.CSS("#signal-error")),
+	)
+	refused, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS("#signal-error")))
+	require.NoError(t, err)
+	require.Contains(t, refused, "trackingNo")
+	require.Equal(t, "waiting", apiClient.stepStatus(t, deliveryID, "confirm"), "a refused payload changes nothing")
+	browserScreenshot(t, ctx, "browser-signal-refused.png")
+
+	browserDo(t, ctx, console, "send a good payload until completed",
+		chromedp.SetValue(chromedp.CSS("#signal-data"), `{"trackingNo": "TRK-1"}`),
+		chromedp.Click(chromedp.CSS("#signal-send")),
+		chromedp.WaitVisible(chromedp.CSS("h1 .badge.s-completed")),
+	)
+	require.Equal(t, "completed", apiClient.status(t, deliveryID))
+
+	// A step that may not run yet says when it will; the definition shows
+	// what a wait step waits for.
+	var delayed struct {
+		ID string `json:"id"`
+	}
+	apiClient.call(t, http.MethodPost, "/api/workflows/refund-approval/instances", `{"input": {"orderId": "A-1002", "amount": 1}, "delay": "1h"}`, http.StatusCreated, &delayed)
+	request := `#graph g.node[data-step="request"]`
+	browserDo(t, ctx, console, "open the delayed refund",
+		chromedp.Navigate(base+"#/instances/"+delayed.ID),
+		chromedp.WaitVisible(chromedp.CSS(request+".s-pending")),
+		chromedp.Click(chromedp.CSS(request)),
+		chromedp.WaitVisible(chromedp.CSS("#step-run-after")),
+	)
+	runs, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(request+" text.sub")))
+	require.NoError(t, err)
+	require.Regexp(t, `^runs in (59m \d+s|60m 0s)$`, runs)
+	browserDo(t, ctx, console, "watch the countdown tick",
+		chromedp.Poll[chromedp.Void](`document.querySelector(`+browserJS(request+" text.sub")+`).textContent !== `+browserJS(runs)))
+	browserDo(t, ctx, console, "open the definition",
+		chromedp.Navigate(base+"#/workflows/refund-approval"),
+		chromedp.WaitVisible(chromedp.CSS(approval)),
+	)
+	def, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(approval+" text.sub")))
+	require.NoError(t, err)
+	require.Equal(t, "signal approve · 72h0m0s", def)
+	browserDo(t, ctx, console, "select the wait step of the definition",
+		chromedp.Click(chromedp.CSS(approval)),
+		chromedp.WaitVisible(chromedp.CSS("#wait-schema")),
+	)
+	browserScreenshot(t, ctx, "browser-signal-definition.png")
+
+	browserRequireNoErrors(t, console)
+}
