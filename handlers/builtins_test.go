@@ -64,7 +64,8 @@ func TestSleep(t *testing.T) {
 		{name: "UntilPast", input: `{"until":"` + past.Format(time.RFC3339) + `"}`, wantSlept: past},
 		{name: "UntilFuture", input: `{"until":"` + future.Format(time.RFC3339) + `"}`, wantSnooze: future},
 		{name: "UntilOtherZone", input: `{"until":"` + future.In(time.FixedZone("X", 3600)).Format(time.RFC3339) + `"}`, wantSnooze: future},
-		{name: "UntilFractionRoundsUp", input: `{"until":"` + future.Add(-time.Second/2).Format(time.RFC3339Nano) + `"}`, wantSnooze: future},
+		{name: "UntilFractionRoundsUpToAMillisecond", input: `{"until":"` + future.Add(-time.Microsecond).Format(time.RFC3339Nano) + `"}`, wantSnooze: future},
+		{name: "UntilMillisecondsKept", input: `{"until":"` + future.Add(-250*time.Millisecond).Format(time.RFC3339Nano) + `"}`, wantSnooze: future.Add(-250 * time.Millisecond)},
 		{
 			name: "DurationElapsedSinceFirstStart", input: `{"duration":"10m"}`,
 			firstStarted: past, wantSlept: past.Add(10 * time.Minute),
@@ -75,7 +76,7 @@ func TestSleep(t *testing.T) {
 		},
 		{
 			name: "DurationFromUnroundedFirstStart", input: `{"duration":"1h"}`,
-			firstStarted: firstStarted.Add(-time.Millisecond), wantSnooze: future,
+			firstStarted: firstStarted.Add(-time.Microsecond), wantSnooze: future,
 		},
 		{name: "ZeroDuration", input: `{"duration":"0s"}`, firstStarted: past, wantSlept: past},
 	}

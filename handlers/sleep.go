@@ -19,7 +19,7 @@ type SleepInput struct {
 
 // SleepOutput is the output of the built-in sleep handler.
 type SleepOutput struct {
-	// SleptUntil is the wake time, RFC 3339 in UTC.
+	// SleptUntil is the wake time, RFC 3339 in UTC, to the millisecond.
 	SleptUntil string `json:"sleptUntil"`
 }
 
@@ -36,17 +36,17 @@ func sleep(ctx context.Context, in SleepInput) (SleepOutput, error) {
 	if now.Before(wake) {
 		return SleepOutput{}, Snooze(wake)
 	}
-	return SleepOutput{SleptUntil: wake.UTC().Format(time.RFC3339)}, nil
+	return SleepOutput{SleptUntil: wake.UTC().Format(time.RFC3339Nano)}, nil
 }
 
 // wakeTime resolves in to a wake time. A duration counts from firstStarted,
 // or from now outside a step (no StepInfo), where there is no durable start.
 //
-// The result is rounded up to a whole second. A store that keeps
-// timestamps to the second or millisecond could otherwise make the step
-// ready a hair before the wake time, and it would snooze again and wait a
-// whole poll interval more; rounding up keeps "at least this long" exact and
-// makes sleptUntil a clean RFC 3339 time.
+// The result is rounded up to a whole millisecond. A store that keeps
+// timestamps to the millisecond could otherwise make the step ready a hair
+// before the wake time, and it would snooze once more; rounding up keeps
+// "at least this long" exact. A whole second would be late by up to a
+// second: a 1s sleep would take nearly 2s.
 func wakeTime(firstStarted, now time.Time, in SleepInput) (time.Time, error) {
 	var wake time.Time
 	switch {
@@ -73,8 +73,8 @@ func wakeTime(firstStarted, now time.Time, in SleepInput) (time.Time, error) {
 	default:
 		return time.Time{}, errors.New(`input needs "duration" (like "10m") or "until" (an RFC 3339 time)`)
 	}
-	if t := wake.Truncate(time.Second); !t.Equal(wake) {
-		wake = t.Add(time.Second)
+	if t := wake.Truncate(time.Millisecond); !t.Equal(wake) {
+		wake = t.Add(time.Millisecond)
 	}
 	return wake, nil
 }
