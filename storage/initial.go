@@ -11,8 +11,10 @@ import (
 // and updating the ready ones in a second statement.
 type NewInstance struct {
 	Params *CreateParams
-	// Status is pending, or finished when the plan finished the instance at
-	// once (every step skipped, say); Output and Error go with a finish.
+	// Status is pending; running when a root step waits for a signal (the
+	// store sets its started_at); or finished when the plan finished the
+	// instance at once (every step skipped, say); Output and Error go with
+	// a finish.
 	Status InstanceStatus
 	Output json.RawMessage
 	Error  string
@@ -104,6 +106,12 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 			}
 			s.Input = c.Input
 			n.event(c.Name, EventStepReady, WaitingMessage(p.Steps[i].Wait.Signal))
+			if n.Status == InstancePending {
+				// A step that waits has started its instance, as a
+				// claimed step would have.
+				n.Status = InstanceRunning
+				n.event("", EventInstanceStarted, "")
+			}
 		case StepSkipped:
 			s.Input = c.Input
 			n.event(c.Name, EventStepSkipped, "")

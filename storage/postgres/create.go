@@ -33,9 +33,11 @@ WITH d AS (
 ),
 ins AS (
 	INSERT INTO {s}instances (id, workflow, definition_hash, status, input, output, error, idempotency_key, priority,
-		run_after, created_at, finished_at)
+		run_after, created_at, started_at, finished_at)
 	SELECT r.id, r.workflow, r.hash, r.status, r.input, r.output, r.error, r.key, r.priority,
-		greatest({now}, r.run_after), {now}, CASE WHEN r.status <> 'pending' THEN {now} END
+		greatest({now}, r.run_after), {now},
+		CASE WHEN r.status = 'running' THEN {now} END,
+		CASE WHEN r.status IN ('completed', 'failed', 'cancelled') THEN {now} END
 	FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::json[], $10::json[], $11::text[], $12::text[],
 			$13::int[], $14::timestamptz[])
 		WITH ORDINALITY AS r(id, workflow, hash, status, input, output, error, key, priority, run_after, ord)

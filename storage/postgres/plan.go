@@ -163,15 +163,26 @@ u AS (
 	-- step row (measured: 89 ms instead of 2 ms for 100 changes).
 	WHERE s.instance_id = c.instance_id AND s.name = c.name AND s.status = 'blocked'
 	RETURNING s.instance_id, s.name, s.status, s.error, s.wait_signal, c.ord
+),
+-- A step that waits has started its instance, as a claimed step would
+-- have. The caller holds the instances' locks.
+started AS (
+	UPDATE {s}instances i SET status = 'running', started_at = {now}
+	WHERE i.id IN (SELECT instance_id FROM u WHERE status = 'waiting') AND i.status = 'pending'
+	RETURNING i.id
 )
 INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
-SELECT u.instance_id, u.name,
-	CASE u.status WHEN 'pending' THEN 'step.ready' WHEN 'waiting' THEN 'step.ready' WHEN 'skipped' THEN 'step.skipped'
-		WHEN 'completed' THEN 'step.completed' ELSE 'step.failed' END,
-	0, CASE WHEN u.status = 'waiting' THEN 'waiting for signal ' || u.wait_signal
-		WHEN u.status = 'completed' AND u.wait_signal <> '' THEN 'signal ' || u.wait_signal || ' received'
-		ELSE u.error END, {now}
-FROM u ORDER BY u.ord`
+SELECT e.instance_id, e.step, e.type, 0, e.message, {now} FROM (
+	SELECT u.instance_id, u.name AS step,
+		CASE u.status WHEN 'pending' THEN 'step.ready' WHEN 'waiting' THEN 'step.ready' WHEN 'skipped' THEN 'step.skipped'
+			WHEN 'completed' THEN 'step.completed' ELSE 'step.failed' END AS type,
+		CASE WHEN u.status = 'waiting' THEN 'waiting for signal ' || u.wait_signal
+			WHEN u.status = 'completed' AND u.wait_signal <> '' THEN 'signal ' || u.wait_signal || ' received'
+			ELSE u.error END AS message, u.ord
+	FROM u
+	UNION ALL
+	SELECT started.id, '', 'instance.started', '', 0 FROM started
+) e ORDER BY e.ord`
 
 // finishInstancesSQL finishes unfinished instances and cancels their
 // unfinished steps (running ones too: their claims go stale), with the

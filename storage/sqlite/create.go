@@ -236,6 +236,13 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 	if err := t.insertRows(insertStepsSQL, stepInsertColumns, steps); err != nil {
 		return fmt.Errorf("insert steps: %w", err)
 	}
+	for _, n := range instances {
+		if n.Status == storage.InstanceRunning {
+			if _, err := t.exec(`UPDATE instances SET started_at = ? WHERE id = ?`, us(t.now), n.Params.ID); err != nil {
+				return err
+			}
+		}
+	}
 	for _, x := range expanded {
 		var id int64
 		if err := t.queryRow(`SELECT id FROM steps WHERE instance_id = ? AND item_index = -1 AND position = ?`, x.instanceID, x.position).Scan(&id); err != nil {

@@ -175,6 +175,14 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 				jsonArg(c.Output), now, l.ids[i])
 			t.event(id, c.Name, storage.EventStepCompleted, 0, "")
 		case storage.StepWaiting:
+			// A step that waits has started its instance, as a claimed
+			// step would have.
+			if l.state.Status == storage.InstancePending {
+				if err = t.startInstances([]string{id}); err != nil {
+					return err
+				}
+				l.state.Status = storage.InstanceRunning
+			}
 			var status storage.StepStatus
 			if status, err = t.wait(l, i, c.Input); err == nil {
 				l.state.Steps[i].Status = status

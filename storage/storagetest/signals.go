@@ -43,6 +43,10 @@ var signalTests = map[string]func(*testing.T, *Harness){
 		require.NotNil(t, w.Deadline)
 		require.True(t, w.Deadline.Equal(start.Add(time.Hour)), "deadline %v", w.Deadline)
 		require.Empty(t, b.claim(storage.ClaimParams{}), "a waiting step is never claimed")
+		waiting := b.get(id)
+		require.Equal(t, storage.InstanceRunning, waiting.Status, "a step that waits has started its instance")
+		require.NotNil(t, waiting.StartedAt)
+		require.Len(t, events(waiting, "", storage.EventInstanceStarted), 1)
 
 		b.clock.Advance(time.Minute)
 		res := b.mustSignal(storage.SignalParams{InstanceID: id, Name: "approve", Payload: json.RawMessage(`{"approved":true}`)})
