@@ -203,7 +203,7 @@ func (w *Worker) overran(a *attempt) {
 
 var errOverran = errors.New("the handler overran its timeout and the worker stopped waiting for it")
 
-// stopInstanceLocked stops this worker's attempts of an instance that was
+// stopInstance stops this worker's attempts of an instance that was
 // cancelled or failed.
 func (w *Worker) stopInstance(instanceID string) {
 	w.mu.Lock()

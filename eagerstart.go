@@ -88,7 +88,7 @@ func (e *Engine) createEagerly(ctx context.Context, params []storage.CreateParam
 		return e.store.CreateInstances(ctx, nil, params, plan)
 	}
 	created, claimed, err := cc.CreateAndClaim(ctx, params, plan, w.claimParams(reserved))
-	w.adoptEager(reserved, claimed)
+	w.adopt(reserved, claimed)
 	if err == nil && wakesLater(params) {
 		// The store wakes no claim loop after a claim that took every
 		// ready step; but a delayed step or a wait's deadline is a time

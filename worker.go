@@ -308,12 +308,6 @@ func (w *Worker) reserveEager(n int) int {
 	return w.slots.take(n)
 }
 
-// adoptEager runs the steps a start claimed for the worker on the slots
-// reserveEager took.
-func (w *Worker) adoptEager(reserved int, steps []storage.ClaimedStep) {
-	w.adopt(reserved, steps)
-}
-
 // release returns claimed steps the worker will not run to pending,
 // without counting the attempt.
 func (w *Worker) release(steps []storage.ClaimedStep) {
