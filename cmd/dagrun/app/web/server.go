@@ -69,7 +69,14 @@ type Server struct {
 	metrics *Metrics
 	mux     *http.ServeMux
 	handler http.Handler
+	// apiRoutes are the patterns of every route but the UI's, which the
+	// OpenAPI document must describe (see Routes).
+	apiRoutes []string
 }
+
+// Routes returns the method and path pattern of every API route the
+// server answers ("GET /api/instances/{id}"), the web UI's aside.
+func (s *Server) Routes() []string { return slices.Clone(s.apiRoutes) }
 
 var _ http.Handler = (*Server)(nil)
 
@@ -114,7 +121,10 @@ func NewServer(engine *dagrun.Engine, config *Config) (*Server, error) {
 }
 
 func (s *Server) routes() {
-	api := func(pattern string, h http.HandlerFunc) { s.mux.Handle(pattern, s.requireToken(h)) }
+	api := func(pattern string, h http.HandlerFunc) {
+		s.apiRoutes = append(s.apiRoutes, pattern)
+		s.mux.Handle(pattern, s.requireToken(h))
+	}
 	api("GET /api/workflows", s.listWorkflows)
 	api("GET /api/workflows/{name}", s.getWorkflow)
 	api("POST /api/workflows/{name}/instances", s.startInstance)
@@ -129,6 +139,8 @@ func (s *Server) routes() {
 	api("POST /api/schedules/{workflow}/{index}/resume", s.resumeSchedule)
 	s.mux.Handle("GET /metrics", s.requireToken(s.metrics.handler(s.logger)))
 	s.mux.HandleFunc("GET /healthz", s.healthz)
+	s.mux.HandleFunc("GET /api/openapi.json", s.serveOpenAPI)
+	s.apiRoutes = append(s.apiRoutes, "GET /metrics", "GET /healthz", "GET /api/openapi.json")
 	s.uiRoutes()
 }
 

@@ -1,0 +1,204 @@
+package web_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pb33f/libopenapi"
+	validator "github.com/pb33f/libopenapi-validator"
+	oaserrors "github.com/pb33f/libopenapi-validator/errors"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/cmd/dagrun/app/web"
+)
+
+// contract validates real requests and responses against the served
+// OpenAPI document and remembers which routes and statuses were seen.
+type contract struct {
+	bundle    *testBundle
+	validator validator.Validator
+	seen      map[string]bool // "GET /api/instances/{id}"
+}
+
+func newContract(t *testing.T, b *testBundle) *contract {
+	t.Helper()
+	r := b.do(t, http.MethodGet, "/api/openapi.json", "")
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	require.Equal(t, "application/json; charset=utf-8", r.header.Get("Content-Type"))
+	doc, err := libopenapi.NewDocument(r.body)
+	require.NoError(t, err)
+	v, errs := validator.NewValidator(doc)
+	require.Empty(t, errs, "the document builds a validator")
+	ok, docErrs := v.ValidateDocument()
+	require.True(t, ok, "the document is valid OpenAPI 3.1: %v", docErrs)
+	return &contract{bundle: b, validator: v, seen: map[string]bool{}}
+}
+
+// call sends a request for route (its pattern, for the coverage check),
+// checks the status, validates request and response against the
+// document, and returns the response.
+func (c *contract) call(t *testing.T, route, path, body string, want int) *response {
+	t.Helper()
+	method, _, _ := strings.Cut(route, " ")
+	r := c.bundle.do(t, method, path, body)
+	require.Equal(t, want, r.status, "%s %s: body: %s", method, path, r.body)
+
+	req, err := http.NewRequest(method, c.bundle.server.URL+path, strings.NewReader(body))
+	require.NoError(t, err)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.bundle.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.bundle.token)
+	}
+	resp := &http.Response{
+		StatusCode: r.status,
+		Header:     r.header,
+		Body:       io.NopCloser(bytes.NewReader(r.body)),
+		Request:    req,
+	}
+	// A refusal may answer a request the document forbids on purpose (an
+	// unknown field, a bad parameter): only its response must match.
+	validate := c.validator.ValidateHttpRequestResponse
+	if want >= 400 {
+		validate = func(_ *http.Request, resp *http.Response) (bool, []*oaserrors.ValidationError) {
+			return c.validator.ValidateHttpResponse(req, resp)
+		}
+	}
+	ok, errs := validate(req, resp)
+	if !ok {
+		var msgs []string
+		for _, e := range errs {
+			msg := e.Message + ": " + e.Reason
+			for _, se := range e.SchemaValidationErrors {
+				msg += fmt.Sprintf("\n    at %s: %s", se.FieldPath, se.Reason)
+			}
+			msgs = append(msgs, msg)
+		}
+		t.Fatalf("%s %s -> %d does not match the OpenAPI document:\n  %s\nbody: %s", method, path, r.status, strings.Join(msgs, "\n  "), r.body)
+	}
+	c.seen[route] = true
+	return r
+}
+
+// TestOpenAPIDescribesEveryRoute keeps /api/openapi.json true: every route
+// the server answers is in the document and the document names no other,
+// and real responses of every route, successes and refusals, validate
+// against it.
+func TestOpenAPIDescribesEveryRoute(t *testing.T) {
+	t.Parallel()
+	b := setup(t, openSQLite, &setupOpts{token: "s3cret", worker: true, workflows: []string{approvalYAML, nightlyYAML, fanoutYAML}})
+	c := newContract(t, b)
+
+	c.call(t, "GET /healthz", "/healthz", "", http.StatusOK)
+	c.call(t, "GET /api/openapi.json", "/api/openapi.json", "", http.StatusOK)
+	c.call(t, "GET /metrics", "/metrics", "", http.StatusOK)
+
+	c.call(t, "GET /api/workflows", "/api/workflows", "", http.StatusOK)
+	c.call(t, "GET /api/workflows/{name}", "/api/workflows/greet", "", http.StatusOK)
+	c.call(t, "GET /api/workflows/{name}", "/api/workflows/approval", "", http.StatusOK)
+	c.call(t, "GET /api/workflows/{name}", "/api/workflows/nope", "", http.StatusNotFound)
+
+	started := c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/greet/instances", `{"input": {"name": "ada"}, "key": "k-1", "priority": 2}`, http.StatusCreated)
+	greetID := started.json(t)["id"].(string)
+	c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/greet/instances", `{"input": {"name": "ada"}, "key": "k-1"}`, http.StatusOK)
+	c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/greet/instances", `{"input": {}}`, http.StatusBadRequest)
+	c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/greet/instances", `{"name": "ada"}`, http.StatusBadRequest)
+	c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/nope/instances", ``, http.StatusNotFound)
+	b.wait(t, greetID)
+
+	c.call(t, "GET /api/instances", "/api/instances", "", http.StatusOK)
+	c.call(t, "GET /api/instances", "/api/instances?workflow=greet&status=completed&limit=1", "", http.StatusOK)
+	c.call(t, "GET /api/instances", "/api/instances?status=bogus", "", http.StatusBadRequest)
+	c.call(t, "GET /api/instances/{id}", "/api/instances/"+greetID, "", http.StatusOK)
+	c.call(t, "GET /api/instances/{id}", "/api/instances/missing", "", http.StatusNotFound)
+
+	fanout := c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/fanout/instances", "", http.StatusCreated).json(t)["id"].(string)
+	require.Eventually(t, func() bool {
+		inst, err := b.engine.Get(t.Context(), fanout)
+		return err == nil && inst.Steps[0].Items != nil
+	}, 15*time.Second, 10*time.Millisecond)
+	c.call(t, "GET /api/instances/{id}/steps/{step}/items", "/api/instances/"+fanout+"/steps/square/items?offset=10&limit=5", "", http.StatusOK)
+	c.call(t, "GET /api/instances/{id}/steps/{step}/items", "/api/instances/"+fanout+"/steps/square/items?limit=0", "", http.StatusBadRequest)
+	c.call(t, "GET /api/instances/{id}/steps/{step}/items", "/api/instances/"+fanout+"/steps/nope/items", "", http.StatusNotFound)
+	c.call(t, "POST /api/instances/{id}/cancel", "/api/instances/"+fanout+"/cancel", "", http.StatusOK)
+	c.call(t, "POST /api/instances/{id}/cancel", "/api/instances/"+fanout+"/cancel", "", http.StatusConflict)
+	c.call(t, "POST /api/instances/{id}/retry", "/api/instances/"+fanout+"/retry", "", http.StatusOK)
+	c.call(t, "POST /api/instances/{id}/retry", "/api/instances/"+greetID+"/retry", "", http.StatusConflict)
+
+	approval := c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/approval/instances", "", http.StatusCreated).json(t)["id"].(string)
+	c.call(t, "POST /api/instances/{id}/signals/{name}", "/api/instances/"+approval+"/signals/approve", `{"data": {"approved": "yes"}}`, http.StatusBadRequest)
+	c.call(t, "POST /api/instances/{id}/signals/{name}", "/api/instances/"+approval+"/signals/nope", `{"data": {"approved": true}}`, http.StatusNotFound)
+	c.call(t, "POST /api/instances/{id}/signals/{name}", "/api/instances/"+approval+"/signals/approve", `{"data": {"approved": true}, "id": "s-1"}`, http.StatusOK)
+	c.call(t, "POST /api/instances/{id}/signals/{name}", "/api/instances/"+approval+"/signals/approve", `{"data": {"approved": false}, "id": "s-2"}`, http.StatusConflict)
+
+	c.call(t, "GET /api/schedules", "/api/schedules?next=2", "", http.StatusOK)
+	c.call(t, "GET /api/schedules", "/api/schedules?next=0", "", http.StatusBadRequest)
+	c.call(t, "POST /api/schedules/{workflow}/{index}/pause", "/api/schedules/nightly/1/pause", "", http.StatusOK)
+	c.call(t, "POST /api/schedules/{workflow}/{index}/resume", "/api/schedules/nightly/1/resume", "", http.StatusOK)
+	c.call(t, "POST /api/schedules/{workflow}/{index}/pause", "/api/schedules/nightly/7/pause", "", http.StatusNotFound)
+	c.call(t, "POST /api/schedules/{workflow}/{index}/resume", "/api/schedules/nightly/x/resume", "", http.StatusBadRequest)
+
+	// Without the token every route but the open ones is a 401.
+	token := b.token
+	b.token = ""
+	c.call(t, "GET /api/instances", "/api/instances", "", http.StatusUnauthorized)
+	b.token = token
+
+	routes := serverRoutes(t, b)
+	documented := documentedRoutes(t, b)
+	require.ElementsMatch(t, routes, documented, "the OpenAPI document describes exactly the server's routes")
+	for _, route := range routes {
+		require.True(t, c.seen[route], "route %s has no validated response in this test: add a call", route)
+	}
+}
+
+// serverRoutes are the routes the server registers.
+func serverRoutes(t *testing.T, b *testBundle) []string {
+	t.Helper()
+	srv, err := web.NewServer(b.engine, &web.Config{Metrics: b.metrics})
+	require.NoError(t, err)
+	return srv.Routes()
+}
+
+// documentedRoutes are the operations of the served document, as
+// "METHOD /path" patterns.
+func documentedRoutes(t *testing.T, b *testBundle) []string {
+	t.Helper()
+	var doc struct {
+		Paths map[string]map[string]json.RawMessage `json:"paths"`
+	}
+	require.NoError(t, json.Unmarshal(b.do(t, http.MethodGet, "/api/openapi.json", "").body, &doc))
+	var out []string
+	for path, item := range doc.Paths {
+		for method := range item {
+			if slices.Contains([]string{"get", "post", "put", "patch", "delete"}, method) {
+				out = append(out, strings.ToUpper(method)+" "+path)
+			}
+		}
+	}
+	return out
+}
+
+// TestOpenAPIIsServedWithoutToken lets client generators fetch the
+// document from a server that requires a token.
+func TestOpenAPIIsServedWithoutToken(t *testing.T) {
+	t.Parallel()
+	b := setup(t, openSQLite, &setupOpts{token: "s3cret"})
+	b.token = ""
+	r := b.do(t, http.MethodGet, "/api/openapi.json", "")
+	require.Equal(t, http.StatusOK, r.status)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal(r.body, &doc))
+	require.Equal(t, "3.1.0", doc["openapi"])
+	want, err := web.OpenAPI()
+	require.NoError(t, err)
+	require.JSONEq(t, string(want), string(r.body))
+}
