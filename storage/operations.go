@@ -59,7 +59,9 @@ type InstanceFilter struct {
 	Status   InstanceStatus
 	// CreatedBefore, when set, selects instances created before it.
 	CreatedBefore time.Time
-	Limit         int
+	// AfterID pages: only instances created after this one.
+	AfterID string
+	Limit   int
 }
 
 // PauseShiftMicros is how far a paused instance's pending steps are put
@@ -138,7 +140,7 @@ func UnknownStepError(id, step string, steps []StepState) error {
 	for i, s := range steps {
 		names[i] = s.Name
 	}
-	return fmt.Errorf("instance %s has no step %q (its steps: %s): %w", id, step, strings.Join(names, ", "), ErrNotFound)
+	return refusal(ErrNotFound, "instance %s has no step %q (its steps: %s)", id, step, strings.Join(names, ", "))
 }
 
 // Skippable reports whether SkipStep may complete a step in this status.
@@ -154,32 +156,32 @@ func Skippable(s StepStatus) bool {
 // complete, or an instance whose steps it may not change.
 func SkipRefusal(id, step string, instance InstanceStatus, status StepStatus) error {
 	if instance == InstanceCompleted || instance == InstanceCancelled {
-		return fmt.Errorf("instance %s is %s; retry it before skipping a step: %w", id, instance, ErrConflict)
+		return refusal(ErrConflict, "instance %s is %s; retry it before skipping a step", id, instance)
 	}
-	return fmt.Errorf("step %s of instance %s is %s; only a blocked, pending, waiting, failed or cancelled step can be skipped: %w", step, id, status, ErrConflict)
+	return refusal(ErrConflict, "step %s of instance %s is %s; only a blocked, pending, waiting, failed or cancelled step can be skipped", step, id, status)
 }
 
 // RetryFromRefusal is the conflict error of RetryFrom on an unfinished
 // instance.
 func RetryFromRefusal(id string, status InstanceStatus) error {
-	return fmt.Errorf("instance %s is %s; cancel it first or wait: %w", id, status, ErrConflict)
+	return refusal(ErrConflict, "instance %s is %s; cancel it first or wait", id, status)
 }
 
 // PauseRefusal and ResumeRefusal are the conflict errors of PauseInstance
 // and ResumeInstance.
 func PauseRefusal(id string, status InstanceStatus) error {
 	if status.Finished() {
-		return fmt.Errorf("instance %s is already %s; only a pending or running instance can be paused: %w", id, status, ErrConflict)
+		return refusal(ErrConflict, "instance %s is already %s; only a pending or running instance can be paused", id, status)
 	}
-	return fmt.Errorf("instance %s is already paused: %w", id, ErrConflict)
+	return refusal(ErrConflict, "instance %s is already paused", id)
 }
 
 // ResumeRefusal: see PauseRefusal.
 func ResumeRefusal(id string, status InstanceStatus) error {
 	if status.Finished() {
-		return fmt.Errorf("instance %s is %s, not paused: %w", id, status, ErrConflict)
+		return refusal(ErrConflict, "instance %s is %s, not paused", id, status)
 	}
-	return fmt.Errorf("instance %s is not paused: %w", id, ErrConflict)
+	return refusal(ErrConflict, "instance %s is not paused", id)
 }
 
 // Rerun returns the indexes of the steps an operation runs again: the
@@ -193,4 +195,20 @@ func Rerun(steps []StepState, skip int, also map[string]bool) []int {
 		}
 	}
 	return out
+}
+
+// RefusalError is an operation's refusal: Reason says, in one line, why
+// and what to do instead; Err is ErrConflict or ErrNotFound.
+type RefusalError struct {
+	Reason string
+	Err    error
+}
+
+func (e *RefusalError) Error() string { return e.Reason + ": " + e.Err.Error() }
+
+// Unwrap returns the sentinel.
+func (e *RefusalError) Unwrap() error { return e.Err }
+
+func refusal(sentinel error, format string, args ...any) error {
+	return &RefusalError{Reason: fmt.Sprintf(format, args...), Err: sentinel}
 }

@@ -259,7 +259,8 @@ func (s *Store) MatchInstances(ctx context.Context, f storage.InstanceFilter) ([
 	err := s.read(ctx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, s.q(`SELECT id FROM {s}instances
 			WHERE ($1 = '' OR workflow = $1) AND ($2 = '' OR status = $2) AND ($3::timestamptz IS NULL OR created_at < $3)
-			ORDER BY id LIMIT $4`), f.Workflow, string(f.Status), before, limit)
+				AND id > $5
+			ORDER BY id LIMIT $4`), f.Workflow, string(f.Status), before, limit, f.AfterID)
 		if err != nil {
 			return err
 		}

@@ -274,8 +274,8 @@ func (s *Store) MatchInstances(ctx context.Context, f storage.InstanceFilter) ([
 	var ids []string
 	err := s.read(ctx, "match instances", func(tx *sql.Tx) error {
 		rows, err := tx.QueryContext(ctx, `SELECT id FROM instances
-			WHERE (?1 = '' OR workflow = ?1) AND (?2 = '' OR status = ?2) AND (?3 = 0 OR created_at < ?3)
-			ORDER BY id LIMIT ?4`, f.Workflow, string(f.Status), before, limit)
+			WHERE (?1 = '' OR workflow = ?1) AND (?2 = '' OR status = ?2) AND (?3 = 0 OR created_at < ?3) AND id > ?5
+			ORDER BY id LIMIT ?4`, f.Workflow, string(f.Status), before, limit, f.AfterID)
 		if err != nil {
 			return err
 		}

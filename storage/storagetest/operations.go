@@ -395,6 +395,7 @@ var operationTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, []string{failed}, match(storage.InstanceFilter{Status: storage.InstanceFailed}))
 		require.Equal(t, []string{old}, match(storage.InstanceFilter{CreatedBefore: b.now().Add(-time.Minute)}))
 		require.Equal(t, []string{old}, match(storage.InstanceFilter{Limit: 1}))
+		require.Equal(t, []string{p.ID}, match(storage.InstanceFilter{AfterID: old, Limit: 1}))
 		require.Empty(t, match(storage.InstanceFilter{Workflow: "none"}))
 	},
 

@@ -25,17 +25,21 @@ func conflictError(ctx context.Context, engine *dagrun.Engine, id, prefix, rule 
 }
 
 func (c *cli) cancelCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "cancel ID",
-		Short: "Cancel an instance; running handlers see their context cancelled within a heartbeat",
-		Args:  exactArgs(1, "cancel ID"),
+	var sel selectionFlags
+	cmd := &cobra.Command{
+		Use:   "cancel ID | cancel --workflow W --status S [--older-than D]",
+		Short: "Cancel an instance, or every instance a filter picks; running handlers see their context cancelled within a heartbeat",
+		Args:  idOrSelection(&sel, "cancel ID, or cancel --workflow W --status S [--older-than D]"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			if len(args) == 0 {
+				return c.bulk(ctx, &sel, "cancel", "cancelled", (*dagrun.Engine).CancelSelected)
+			}
 			engine, err := c.engine(ctx)
 			if err != nil {
 				return err
 			}
-			if err := engine.Cancel(ctx, args[0]); err != nil {
+			if err := engine.Cancel(byCLI(ctx), args[0]); err != nil {
 				if errors.Is(err, storage.ErrConflict) {
 					return conflictError(ctx, engine, args[0], "already ", "only a pending or running instance can be cancelled", err)
 				}
@@ -45,6 +49,8 @@ func (c *cli) cancelCommand() *cobra.Command {
 			return nil
 		},
 	}
+	sel.register(cmd, "cancel")
+	return cmd
 }
 
 func (c *cli) pruneCommand() *cobra.Command {
