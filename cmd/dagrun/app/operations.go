@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/dagrun/dagrun"
 	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
+	"github.com/dagrun/dagrun/cmd/dagrun/app/web"
 	"github.com/dagrun/dagrun/storage"
 )
 
@@ -193,4 +195,31 @@ func idOrSelection(sel *selectionFlags, usage string) cobra.PositionalArgs {
 		}
 		return nil
 	}
+}
+
+// parseNamedTokens reads --named-token NAME=SECRET flags and DAGRUN_TOKENS
+// (NAME=SECRET,NAME=SECRET) into names and secrets.
+func parseNamedTokens(flags []string, env string) (map[string]string, error) {
+	specs := flags
+	if len(specs) == 0 && env != "" {
+		specs = strings.Split(env, ",")
+	}
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(specs))
+	for _, spec := range specs {
+		name, secret, ok := strings.Cut(strings.TrimSpace(spec), "=")
+		if !ok || secret == "" {
+			return nil, usageError(errors.New("invalid named token: use NAME=SECRET (--named-token, or DAGRUN_TOKENS=NAME=SECRET,NAME=SECRET)"))
+		}
+		if err := web.CheckTokenName(name); err != nil {
+			return nil, usageError(err)
+		}
+		if _, dup := out[name]; dup {
+			return nil, usageError(fmt.Errorf("token name %s is given twice", name))
+		}
+		out[name] = secret
+	}
+	return out, nil
 }

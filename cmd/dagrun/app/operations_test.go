@@ -49,6 +49,8 @@ func TestOperations(t *testing.T) {
 		{[]string{"cancel", "--workflow", "greet", "--status", "pending", "--older-than", "1d"}, app.ExitOK},
 		{[]string{"cancel", "--workflow", "greet", "--status", "pending"}, app.ExitOK},
 		{[]string{"retry", "--workflow", "greet", "--status", "cancelled"}, app.ExitOK},
+		{[]string{"serve", "--named-token", "s3cret"}, app.ExitUsage},
+		{[]string{"serve", "--named-token", "bad name=s3cret"}, app.ExitUsage},
 	}
 	var report strings.Builder
 	for _, c := range cases {
