@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/dagrun/dagrun/storage"
@@ -117,12 +116,28 @@ func (t *txn) rerun(instanceID string, steps []opStep, indexes []int, msg string
 	return nil
 }
 
+// replan is writeBy for an operation that changes steps of instance id
+// with fn, then plans the instance and wakes the claimers.
+func (s *Store) replan(ctx context.Context, op, id string, plan storage.PlanFunc, fn func(t *txn) error) error {
+	if plan == nil {
+		return fmt.Errorf("sqlite: %s: nil PlanFunc", op)
+	}
+	err := s.writeBy(ctx, op, func(t *txn) error {
+		if err := fn(t); err != nil {
+			return err
+		}
+		return t.plan([]string{id}, plan)
+	})
+	if err != nil {
+		return err
+	}
+	s.notify()
+	return nil
+}
+
 // RetryFrom implements storage.Operator.
 func (s *Store) RetryFrom(ctx context.Context, id, step string, plan storage.PlanFunc) error {
-	if plan == nil {
-		return errors.New("sqlite: retry from: nil PlanFunc")
-	}
-	err := s.writeBy(ctx, "retry from", func(t *txn) error {
+	return s.replan(ctx, "retry from", id, plan, func(t *txn) error {
 		status, err := t.instanceStatus(id)
 		if err != nil {
 			return err
@@ -137,27 +152,16 @@ func (s *Store) RetryFrom(ctx context.Context, id, step string, plan storage.Pla
 		if indexOf(steps, step) < 0 {
 			return storage.UnknownStepError(id, step, states)
 		}
-		if err := t.rerun(id, steps, storage.Rerun(states, -1, storage.Downstream(states, step)), "from "+step); err != nil {
-			return err
-		}
-		return t.plan([]string{id}, plan)
+		return t.rerun(id, steps, storage.Rerun(states, -1, storage.Downstream(states, step)), "from "+step)
 	})
-	if err != nil {
-		return err
-	}
-	s.notify()
-	return nil
 }
 
 // SkipStep implements storage.Operator.
 func (s *Store) SkipStep(ctx context.Context, id, step string, output json.RawMessage, plan storage.PlanFunc) error {
-	if plan == nil {
-		return errors.New("sqlite: skip step: nil PlanFunc")
-	}
 	if len(output) == 0 {
 		output = json.RawMessage("null")
 	}
-	err := s.writeBy(ctx, "skip step", func(t *txn) error {
+	return s.replan(ctx, "skip step", id, plan, func(t *txn) error {
 		status, err := t.instanceStatus(id)
 		if err != nil {
 			return err
@@ -185,17 +189,10 @@ func (s *Store) SkipStep(ctx context.Context, id, step string, output json.RawMe
 		}
 		t.event(id, step, storage.EventStepCompleted, 0, storage.SkippedByHand)
 		if status == storage.InstanceFailed {
-			if err := t.rerun(id, steps, storage.Rerun(states, i, nil), "skip of "+step); err != nil {
-				return err
-			}
+			return t.rerun(id, steps, storage.Rerun(states, i, nil), "skip of "+step)
 		}
-		return t.plan([]string{id}, plan)
+		return nil
 	})
-	if err != nil {
-		return err
-	}
-	s.notify()
-	return nil
 }
 
 // pauseState reads what pausing and resuming check.
