@@ -382,6 +382,9 @@ type Instance struct {
 	Events         []Event
 	// Definition is the snapshot source; set by GetInstance only.
 	Definition []byte
+	// Paused is set between Operator.PauseInstance and ResumeInstance
+	// (never on a finished instance): its steps are not claimed.
+	Paused bool
 }
 
 // Step is one step row.
@@ -474,6 +477,9 @@ type Event struct {
 	Attempt    int
 	Message    string
 	At         time.Time
+	// Actor is who did it by hand ("cli", or the API token's name); empty
+	// for what the engine did on its own.
+	Actor string
 }
 
 // ListParams filters ListInstances. Results are newest first.

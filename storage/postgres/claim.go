@@ -292,6 +292,10 @@ func (s *Store) ExtendLeases(ctx context.Context, claims []storage.Claim, lease 
 const (
 	requeueStatus     = `CASE WHEN i.finished_at IS NULL THEN 'pending' ELSE 'cancelled' END`
 	requeueFinishedAt = `CASE WHEN i.finished_at IS NULL THEN NULL ELSE {now} END`
+	// heldSQL is added to the run_after of a step made pending: a paused
+	// instance's steps are held back (see storage.PauseShiftMicros, which
+	// a test checks this equals).
+	heldSQL = `CASE WHEN i.paused THEN interval '87658200 hours' ELSE interval '0' END`
 )
 
 // releaseSQL puts held claims back in the queue without counting the
@@ -308,7 +312,7 @@ l AS MATERIALIZED (
 ),
 u AS (
 	UPDATE {s}steps s SET status = ` + requeueStatus + `, finished_at = ` + requeueFinishedAt + `,
-		attempts = s.attempts - 1, run_after = {now}, ready_at = {now},
+		attempts = s.attempts - 1, run_after = {now} + ` + heldSQL + `, ready_at = {now},
 		lease_until = NULL, worker_id = ''
 	FROM l, {s}instances i
 	WHERE s.id = l.id AND i.id = s.instance_id

@@ -53,6 +53,7 @@ func (s *Store) CancelInstance(ctx context.Context, id, reason string) error {
 		st.tail.Queue(s.q(lockUnfinishedStepsSQL), id)
 		st.tail.Queue(s.q(finishInstancesSQL), s.now(),
 			[]string{id}, []string{string(storage.InstanceCancelled)}, []*string{nil}, []string{reason})
+		s.queueActor(ctx, st, id)
 		return nil
 	})
 	if err != nil {
@@ -87,7 +88,7 @@ st AS (
 ),
 i AS (
 	UPDATE {s}instances SET status = 'running', output = NULL, error = '', finished_at = NULL,
-		started_at = coalesce(started_at, {now})
+		started_at = coalesce(started_at, {now}), paused = false
 	WHERE id = $2
 )
 INSERT INTO {s}events (instance_id, type, at) VALUES ($2, 'instance.retried', {now})`
@@ -135,7 +136,11 @@ func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanF
 				*ss = storage.StepState{Name: ss.Name, DependsOn: ss.DependsOn, Status: storage.StepBlocked}
 			}
 		}
-		return s.planAndApply(st, now, []*loaded{l}, plan)
+		if err := s.planAndApply(st, now, []*loaded{l}, plan); err != nil {
+			return err
+		}
+		s.queueActor(ctx, st, id)
+		return nil
 	})
 	if err != nil {
 		return s.fail("retry instance", err)

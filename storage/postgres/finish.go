@@ -35,7 +35,8 @@ u AS (
 		output = CASE WHEN r.outcome = 1 THEN r.output ELSE s.output END,
 		error = CASE r.outcome WHEN 1 THEN '' WHEN 4 THEN s.error ELSE r.error END,
 		attempts = CASE WHEN r.outcome = 4 THEN s.attempts - 1 ELSE s.attempts END,
-		run_after = CASE WHEN r.outcome IN (2, 4) THEN greatest({now} + r.delay_us * interval '1 microsecond', r.run_after) ELSE s.run_after END,
+		run_after = CASE WHEN r.outcome IN (2, 4) THEN greatest({now} + r.delay_us * interval '1 microsecond', r.run_after) + ` + heldSQL + `
+			ELSE s.run_after END,
 		ready_at = CASE WHEN r.outcome IN (2, 4) THEN {now} ELSE s.ready_at END,
 		finished_at = CASE WHEN r.outcome IN (1, 3) THEN {now} ELSE ` + requeueFinishedAt + ` END,
 		lease_until = NULL,
@@ -253,7 +254,7 @@ u AS (
 	UPDATE {s}steps s SET
 		status = CASE WHEN r.terminal THEN 'failed' ELSE ` + requeueStatus + ` END,
 		error = r.message,
-		run_after = CASE WHEN r.terminal THEN s.run_after ELSE {now} + r.delay_us * interval '1 microsecond' END,
+		run_after = CASE WHEN r.terminal THEN s.run_after ELSE {now} + r.delay_us * interval '1 microsecond' + ` + heldSQL + ` END,
 		ready_at = CASE WHEN r.terminal THEN s.ready_at ELSE {now} END,
 		finished_at = CASE WHEN r.terminal THEN {now} ELSE ` + requeueFinishedAt + ` END,
 		lease_until = NULL,

@@ -20,7 +20,7 @@ import (
 const expandSQL = `
 WITH p AS (
 	UPDATE {s}steps s SET status = 'running', started_at = {now}, first_started_at = {now}, ready_at = {now},
-		run_after = greatest({now}, (SELECT i.run_after FROM {s}instances i WHERE i.id = s.instance_id)), lease_until = NULL
+		run_after = (SELECT greatest({now}, i.run_after) + ` + heldSQL + ` FROM {s}instances i WHERE i.id = s.instance_id), lease_until = NULL
 	WHERE s.instance_id = $2 AND s.item_index = -1 AND s.name = $3 AND s.status = 'blocked' AND s.for_each
 	RETURNING s.*
 ),

@@ -21,7 +21,7 @@ func (s *Store) read(ctx context.Context, fn func(tx pgx.Tx) error) error {
 }
 
 const instanceColumns = `id, workflow, definition_hash, status, input, output, error, coalesce(idempotency_key, ''),
-	priority, run_after, created_at, started_at, finished_at`
+	priority, run_after, created_at, started_at, finished_at, paused AND finished_at IS NULL`
 
 func scanInstance(row pgx.Row, extra ...any) (storage.Instance, error) {
 	var (
@@ -30,7 +30,7 @@ func scanInstance(row pgx.Row, extra ...any) (storage.Instance, error) {
 		started, finished *time.Time
 	)
 	dest := append([]any{&in.ID, &in.Workflow, &in.DefinitionHash, &in.Status, &input, &output, &in.Error, &in.Key,
-		&in.Priority, &in.RunAfter, &in.CreatedAt, &started, &finished}, extra...)
+		&in.Priority, &in.RunAfter, &in.CreatedAt, &started, &finished, &in.Paused}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return in, err
 	}
@@ -65,7 +65,7 @@ func collectSteps(rows pgx.Rows, add func(instanceID string, st storage.Step)) e
 		st.Retry.MaxBackoff = time.Duration(maxBackoff) * time.Microsecond
 		st.Timeout = time.Duration(tmo) * time.Microsecond
 		st.Input, st.Output = rawJSON(input), rawJSON(output)
-		st.RunAfter = utc(runAfter)
+		st.RunAfter = storage.Unpaused(utc(runAfter))
 		st.ReadyAt, st.StartedAt, st.FinishedAt, st.LeaseUntil = utcPtr(ready), utcPtr(started), utcPtr(finished), utcPtr(leaseUntil)
 		st.Deadline = utcPtr(deadline)
 		if forEach {
@@ -96,9 +96,9 @@ func (s *Store) GetInstance(ctx context.Context, id string) (*storage.Instance, 
 		b.Queue(s.q(`SELECT `+stepColumns+` FROM {s}steps WHERE instance_id = $1 AND item_index = -1 ORDER BY position`), id).Query(func(rows pgx.Rows) error {
 			return collectSteps(rows, func(_ string, st storage.Step) { in.Steps = append(in.Steps, st) })
 		})
-		b.Queue(s.q(`SELECT id, instance_id, step, type, attempt, message, at FROM {s}events WHERE instance_id = $1 ORDER BY id`), id).Query(func(rows pgx.Rows) error {
+		b.Queue(s.q(`SELECT id, instance_id, step, type, attempt, message, at, actor FROM {s}events WHERE instance_id = $1 ORDER BY id`), id).Query(func(rows pgx.Rows) error {
 			var e storage.Event
-			_, err := pgx.ForEachRow(rows, []any{&e.ID, &e.InstanceID, &e.Step, &e.Type, &e.Attempt, &e.Message, &e.At}, func() error {
+			_, err := pgx.ForEachRow(rows, []any{&e.ID, &e.InstanceID, &e.Step, &e.Type, &e.Attempt, &e.Message, &e.At, &e.Actor}, func() error {
 				e.At = e.At.UTC()
 				in.Events = append(in.Events, e)
 				return nil

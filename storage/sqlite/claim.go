@@ -289,7 +289,7 @@ func (s *Store) ReleaseSteps(ctx context.Context, claims []storage.Claim) error 
 				attempts, index int
 			)
 			err := t.queryRow(`UPDATE steps SET status = `+requeueStatus+`, finished_at = `+requeueFinishedAt+`,
-					attempts = attempts - 1, run_after = ?1, ready_at = ?1, lease_until = NULL, worker_id = ''
+					attempts = attempts - 1, run_after = ?1`+requeueHeld+`, ready_at = ?1, lease_until = NULL, worker_id = ''
 				WHERE id = ?2 AND fence = ?3 AND status = 'running' RETURNING status, attempts, item_index`, now, c.StepID, c.Fence).Scan(&status, &attempts, &index)
 			if errors.Is(err, sql.ErrNoRows) {
 				continue // not held any more: nothing to release
@@ -317,6 +317,11 @@ func (s *Store) ReleaseSteps(ctx context.Context, claims []storage.Claim) error 
 const (
 	requeueStatus     = `CASE WHEN (SELECT finished_at FROM instances i WHERE i.id = steps.instance_id) IS NULL THEN 'pending' ELSE 'cancelled' END`
 	requeueFinishedAt = `CASE WHEN (SELECT finished_at FROM instances i WHERE i.id = steps.instance_id) IS NULL THEN NULL ELSE ?1 END`
+	// requeueHeld is added to the run_after of a step put back in the
+	// queue: a paused instance's steps are held back (see
+	// storage.PauseShiftMicros).
+	requeueHeld = ` + CASE WHEN (SELECT paused FROM instances i WHERE i.id = steps.instance_id) THEN ` + pauseShift + ` ELSE 0 END`
+	pauseShift  = `315569520000000000` // storage.PauseShiftMicros, checked by a test
 )
 
 func requeueEvent(status storage.StepStatus, pending storage.EventType) storage.EventType {

@@ -10,7 +10,7 @@ import (
 
 // CancelInstance implements storage.Store.
 func (s *Store) CancelInstance(ctx context.Context, id, reason string) error {
-	return s.write(ctx, "cancel instance", func(t *txn) error {
+	return s.writeBy(ctx, "cancel instance", func(t *txn) error {
 		status, err := t.instanceStatus(id)
 		if err != nil {
 			return err
@@ -27,7 +27,7 @@ func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanF
 	if plan == nil {
 		return errors.New("sqlite: retry instance: nil PlanFunc")
 	}
-	err := s.write(ctx, "retry instance", func(t *txn) error {
+	err := s.writeBy(ctx, "retry instance", func(t *txn) error {
 		status, err := t.instanceStatus(id)
 		if err != nil {
 			return err
@@ -60,7 +60,7 @@ func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanF
 			return err
 		}
 		if _, err := t.exec(`UPDATE instances SET status = 'running', output = NULL, error = '', finished_at = NULL,
-			started_at = coalesce(started_at, ?) WHERE id = ?`, now, id); err != nil {
+			started_at = coalesce(started_at, ?), paused = 0 WHERE id = ?`, now, id); err != nil {
 			return err
 		}
 		t.event(id, "", storage.EventInstanceRetried, 0, "")

@@ -227,13 +227,13 @@ func (t *txn) finish(r *storage.StepResult) (string, int64, storage.StepStatus, 
 	case storage.OutcomeRetry:
 		typ = storage.EventStepRetrying
 		row = t.queryRow(`UPDATE steps SET status = `+requeueStatus+`, finished_at = `+requeueFinishedAt+`,
-			error = ?4, run_after = ?5, ready_at = ?1, lease_until = NULL, worker_id = '' `+held,
+			error = ?4, run_after = ?5`+requeueHeld+`, ready_at = ?1, lease_until = NULL, worker_id = '' `+held,
 			now, c.StepID, c.Fence, r.Error, max(now+r.Delay.Microseconds(), us(r.RunAfter)))
 	case storage.OutcomeSnooze:
 		typ = storage.EventStepSnoozed
 		msg = "until " + later(t.now, r.RunAfter).Format(time.RFC3339Nano)
 		row = t.queryRow(`UPDATE steps SET status = `+requeueStatus+`, finished_at = `+requeueFinishedAt+`,
-			attempts = attempts - 1, run_after = ?4, ready_at = ?1, lease_until = NULL, worker_id = '' `+held,
+			attempts = attempts - 1, run_after = ?4`+requeueHeld+`, ready_at = ?1, lease_until = NULL, worker_id = '' `+held,
 			now, c.StepID, c.Fence, max(now+r.Delay.Microseconds(), us(r.RunAfter)))
 	default:
 		return "", 0, "", fmt.Errorf("step %d: unknown outcome %d", c.StepID, r.Outcome)
@@ -337,7 +337,7 @@ func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.Plan
 			runAfter := us(t.now.Add(policy.Delay(e.attempts, rand.Float64())))
 			var status storage.StepStatus
 			if err := t.queryRow(`UPDATE steps SET status = `+requeueStatus+`, finished_at = `+requeueFinishedAt+`,
-				error = ?2, run_after = ?3, ready_at = ?1, lease_until = NULL, worker_id = '' WHERE id = ?4 RETURNING status`,
+				error = ?2, run_after = ?3`+requeueHeld+`, ready_at = ?1, lease_until = NULL, worker_id = '' WHERE id = ?4 RETURNING status`,
 				now, msg, runAfter, e.id).Scan(&status); err != nil {
 				return err
 			}

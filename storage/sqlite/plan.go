@@ -11,6 +11,7 @@ import (
 type loaded struct {
 	state    storage.InstanceState
 	runAfter int64   // the instance's run_after
+	paused   bool    // the instance is paused: see due
 	ids      []int64 // step row IDs, parallel to state.Steps
 }
 
@@ -22,7 +23,7 @@ func (t *txn) loadMany(ids []string) (map[string]*loaded, error) {
 		return nil, err
 	}
 	out := make(map[string]*loaded, len(ids))
-	rows, err := t.query(`SELECT id, workflow, definition_hash, status, input, run_after FROM instances
+	rows, err := t.query(`SELECT id, workflow, definition_hash, status, input, run_after, paused FROM instances
 		WHERE id IN (SELECT value FROM json_each(?))`, string(idsJSON))
 	if err != nil {
 		return nil, err
@@ -31,7 +32,7 @@ func (t *txn) loadMany(ids []string) (map[string]*loaded, error) {
 		l := &loaded{}
 		st := &l.state
 		var input []byte
-		if err := sc.Scan(&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input, &l.runAfter); err != nil {
+		if err := sc.Scan(&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input, &l.runAfter, &l.paused); err != nil {
 			return err
 		}
 		st.Input = rawJSON(input)
@@ -155,7 +156,7 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 		var err error
 		switch c.Status {
 		case storage.StepPending:
-			b.ready = append(b.ready, [3]any{l.ids[i], jsonArg(c.Input), max(now, l.runAfter)})
+			b.ready = append(b.ready, [3]any{l.ids[i], jsonArg(c.Input), l.due(now)})
 			t.event(id, c.Name, storage.EventStepReady, 0, "")
 		case storage.StepSkipped:
 			_, err = t.exec(`UPDATE steps SET status = 'skipped', input = ?, finished_at = ? WHERE id = ?`,
@@ -167,7 +168,7 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 			t.event(id, c.Name, storage.EventStepFailed, 0, c.Error)
 		case storage.StepRunning:
 			if err = storage.CheckExpansion(id, nil, c); err == nil {
-				err = t.expand(l.ids[i], c.Items, max(now, l.runAfter))
+				err = t.expand(l.ids[i], c.Items, l.due(now))
 			}
 			t.event(id, c.Name, storage.EventStepReady, 0, fmt.Sprintf("%d items", len(c.Items)))
 		case storage.StepCompleted:
@@ -241,6 +242,15 @@ func (t *txn) flushPlans(b *planBatch) error {
 		}
 	}
 	return nil
+}
+
+// due is the run_after of a step the plan makes ready now: not before the
+// instance's run_after, and held back while the instance is paused.
+func (l *loaded) due(now int64) int64 {
+	if l.paused {
+		return max(now, l.runAfter) + storage.PauseShiftMicros
+	}
+	return max(now, l.runAfter)
 }
 
 func (l *loaded) index(name string) int {

@@ -12,7 +12,7 @@ import (
 )
 
 const instanceColumns = `id, workflow, definition_hash, status, input, output, error, coalesce(idem_key, ''), priority,
-	run_after, created_at, started_at, finished_at`
+	run_after, created_at, started_at, finished_at, paused AND finished_at IS NULL`
 
 type scanner interface{ Scan(...any) error }
 
@@ -24,7 +24,7 @@ func scanInstance(sc scanner, extra ...any) (storage.Instance, error) {
 		started, finished sql.NullInt64
 	)
 	dest := append([]any{&in.ID, &in.Workflow, &in.DefinitionHash, &in.Status, &input, &output, &in.Error, &in.Key, &in.Priority,
-		&runAfter, &created, &started, &finished}, extra...)
+		&runAfter, &created, &started, &finished, &in.Paused}, extra...)
 	if err := sc.Scan(dest...); err != nil {
 		return in, err
 	}
@@ -63,7 +63,7 @@ func scanStep(sc scanner) (string, storage.Step, error) {
 	st.Retry.MaxBackoff = time.Duration(maxBackoff) * time.Microsecond
 	st.Timeout = time.Duration(tmo) * time.Microsecond
 	st.Input, st.Output = rawJSON(input), rawJSON(output)
-	st.RunAfter = fromUS(runAfter)
+	st.RunAfter = storage.Unpaused(fromUS(runAfter))
 	if runAfter == 0 {
 		st.RunAfter = time.Time{}
 	}
@@ -99,7 +99,7 @@ func (s *Store) GetInstance(ctx context.Context, id string) (*storage.Instance, 
 		if err := itemCounts(ctx, tx, []storage.Instance{in}); err != nil {
 			return err
 		}
-		rows, err = tx.QueryContext(ctx, `SELECT id, instance_id, step, type, attempt, message, at FROM events WHERE instance_id = ? ORDER BY id`, id)
+		rows, err = tx.QueryContext(ctx, `SELECT id, instance_id, step, type, attempt, message, at, actor FROM events WHERE instance_id = ? ORDER BY id`, id)
 		if err != nil {
 			return err
 		}
@@ -109,7 +109,7 @@ func (s *Store) GetInstance(ctx context.Context, id string) (*storage.Instance, 
 				e  storage.Event
 				at int64
 			)
-			if err := rows.Scan(&e.ID, &e.InstanceID, &e.Step, &e.Type, &e.Attempt, &e.Message, &at); err != nil {
+			if err := rows.Scan(&e.ID, &e.InstanceID, &e.Step, &e.Type, &e.Attempt, &e.Message, &at, &e.Actor); err != nil {
 				return err
 			}
 			e.At = fromUS(at)

@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
 	"github.com/dagrun/dagrun/storage"
 )
 
@@ -25,17 +24,21 @@ func conflictError(ctx context.Context, engine *dagrun.Engine, id, prefix, rule 
 }
 
 func (c *cli) cancelCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "cancel ID",
-		Short: "Cancel an instance; running handlers see their context cancelled within a heartbeat",
-		Args:  exactArgs(1, "cancel ID"),
+	var sel selectionFlags
+	cmd := &cobra.Command{
+		Use:   "cancel ID | cancel --workflow W --status S [--older-than D]",
+		Short: "Cancel an instance, or every instance a filter picks; running handlers see their context cancelled within a heartbeat",
+		Args:  idOrSelection(&sel, "cancel ID, or cancel --workflow W --status S [--older-than D]"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			if len(args) == 0 {
+				return c.bulk(ctx, &sel, "cancel", "cancelled", (*dagrun.Engine).CancelSelected)
+			}
 			engine, err := c.engine(ctx)
 			if err != nil {
 				return err
 			}
-			if err := engine.Cancel(ctx, args[0]); err != nil {
+			if err := engine.Cancel(byCLI(ctx), args[0]); err != nil {
 				if errors.Is(err, storage.ErrConflict) {
 					return conflictError(ctx, engine, args[0], "already ", "only a pending or running instance can be cancelled", err)
 				}
@@ -45,6 +48,8 @@ func (c *cli) cancelCommand() *cobra.Command {
 			return nil
 		},
 	}
+	sel.register(cmd, "cancel")
+	return cmd
 }
 
 func (c *cli) pruneCommand() *cobra.Command {
@@ -88,44 +93,6 @@ func (c *cli) pruneCommand() *cobra.Command {
 	return cmd
 }
 
-// maxAge keeps now minus the age within what every backend stores.
-const maxAge = 100 * 365 * 24 * time.Hour
-
-// parseAge parses a duration that may also count whole days (d) and weeks
-// (w), which time.ParseDuration does not know: each NUMBERd or NUMBERw is
-// rewritten in hours, and the rest is left to ParseDuration. Neither letter
-// is one of its units, so they never clash.
-func parseAge(s string) (time.Duration, error) {
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		j := i
-		for j < len(s) && (s[j] >= '0' && s[j] <= '9' || s[j] == '.') {
-			j++
-		}
-		if j > i && j < len(s) && (s[j] == 'd' || s[j] == 'w') {
-			n, err := strconv.ParseInt(s[i:j], 10, 64)
-			if err != nil || n > int64(maxAge/(24*time.Hour)) {
-				return 0, fmt.Errorf("%s%c is not a whole number of days or weeks in range", s[i:j], s[j])
-			}
-			if s[j] == 'w' {
-				n *= 7
-			}
-			b.WriteString(strconv.FormatInt(n*24, 10) + "h")
-			i = j + 1
-			continue
-		}
-		if j == i {
-			j++
-		}
-		b.WriteString(s[i:j])
-		i = j
-	}
-	d, err := time.ParseDuration(b.String())
-	switch {
-	case err != nil:
-		return 0, err
-	case d < 0 || d > maxAge:
-		return 0, fmt.Errorf("%s is out of range", s)
-	}
-	return d, nil
-}
+// parseAge parses a duration that may also count whole days and weeks:
+// see view.ParseAge.
+func parseAge(s string) (time.Duration, error) { return view.ParseAge(s) }

@@ -148,7 +148,7 @@ func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "Instance:\t%s\n", inst.ID)
 	fmt.Fprintf(tw, "Workflow:\t%s\n", inst.Workflow)
-	fmt.Fprintf(tw, "Status:\t%s\n", inst.Status)
+	fmt.Fprintf(tw, "Status:\t%s\n", statusText(inst))
 	fmt.Fprintf(tw, "Created:\t%s\n", view.Time(inst.CreatedAt))
 	if inst.FinishedAt != nil {
 		fmt.Fprintf(tw, "Finished:\t%s (took %s)\n", view.Time(*inst.FinishedAt), roundDuration(inst.FinishedAt.Sub(inst.CreatedAt)))
@@ -204,6 +204,7 @@ func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 		fmt.Fprintf(w, "\nItems of a forEach step: dagrun status %s --step %s\n", inst.ID, forEach)
 	}
 	writeWakes(w, inst, now)
+	writeOperations(w, inst)
 	return nil
 }
 
@@ -318,7 +319,7 @@ func (c *cli) listCommand() *cobra.Command {
 				if inst.FinishedAt != nil {
 					dur = roundDuration(inst.FinishedAt.Sub(inst.CreatedAt))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", inst.ID, inst.Workflow, inst.Status, stepCounts(inst.Steps), view.Time(inst.CreatedAt), dur)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", inst.ID, inst.Workflow, statusText(&inst), stepCounts(inst.Steps), view.Time(inst.CreatedAt), dur)
 			}
 			return tw.Flush()
 		},

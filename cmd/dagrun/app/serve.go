@@ -29,6 +29,7 @@ func (c *cli) serveCommand() *cobra.Command {
 	var (
 		addr        string
 		token       string
+		namedTokens []string
 		withWorker  bool
 		concurrency int
 		noSchedules bool
@@ -48,11 +49,15 @@ func (c *cli) serveCommand() *cobra.Command {
 			if token == "" {
 				token = c.io.Getenv("DAGRUN_TOKEN")
 			}
+			tokens, err := parseNamedTokens(namedTokens, c.io.Getenv("DAGRUN_TOKENS"))
+			if err != nil {
+				return err
+			}
 			host, _, err := net.SplitHostPort(addr)
 			if err != nil {
 				return usageError(fmt.Errorf("invalid --addr %q: use HOST:PORT, e.g. 127.0.0.1:8080", addr))
 			}
-			if token == "" && !web.IsLoopbackHost(host) {
+			if token == "" && len(tokens) == 0 && !web.IsLoopbackHost(host) {
 				return usageError(fmt.Errorf("refusing to serve on %s without a token: anyone who can reach it could start and cancel workflows; set --token or DAGRUN_TOKEN, or bind a loopback address such as 127.0.0.1:8080", addr))
 			}
 			if withWorker {
@@ -60,12 +65,13 @@ func (c *cli) serveCommand() *cobra.Command {
 					return err
 				}
 			}
-			return c.serve(cmd.Context(), addr, token, withWorker, concurrency, noSchedules)
+			return c.serve(cmd.Context(), addr, web.Config{Token: token, Tokens: tokens}, withWorker, concurrency, noSchedules)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&addr, "addr", "127.0.0.1:8080", "address to listen on; a non-loopback address needs a token")
-	f.StringVar(&token, "token", "", "bearer token required by the API, the UI and /metrics (env DAGRUN_TOKEN)")
+	f.StringVar(&token, "token", "", "bearer token required by the API, the UI and /metrics (env DAGRUN_TOKEN); the history names it api")
+	f.StringArrayVar(&namedTokens, "named-token", nil, "NAME=SECRET: another accepted token, whose operations the history records as done by NAME; repeat for more (env DAGRUN_TOKENS, comma-separated)")
 	f.BoolVar(&withWorker, "worker", false, "also run a worker in this process")
 	f.BoolVar(&noSchedules, "no-schedules", false, "do not run the scheduler, which starts the workflows' scheduled instances")
 	f.IntVar(&concurrency, "concurrency", dagrun.DefaultConcurrency, "steps the embedded worker runs at once (with --worker)")
@@ -73,7 +79,7 @@ func (c *cli) serveCommand() *cobra.Command {
 	return cmd
 }
 
-func (c *cli) serve(ctx context.Context, addr, token string, withWorker bool, concurrency int, noSchedules bool) error {
+func (c *cli) serve(ctx context.Context, addr string, auth web.Config, withWorker bool, concurrency int, noSchedules bool) error {
 	// The engine reports to the metrics, so they must exist before it.
 	metrics := web.NewMetrics()
 	c.observer = metrics
@@ -86,7 +92,7 @@ func (c *cli) serve(ctx context.Context, addr, token string, withWorker bool, co
 		names = append(names, w.Name)
 	}
 	metrics.InitWorkflows(names...)
-	handler, err := web.NewServer(engine, &web.Config{Token: token, Logger: c.logger, Metrics: metrics})
+	handler, err := web.NewServer(engine, &web.Config{Token: auth.Token, Tokens: auth.Tokens, Logger: c.logger, Metrics: metrics})
 	if err != nil {
 		return err
 	}
@@ -127,7 +133,7 @@ func (c *cli) serve(ctx context.Context, addr, token string, withWorker bool, co
 	serveDone := make(chan error, 1)
 	go func() { serveDone <- server.Serve(ln) }()
 	c.logger.Info("dagrun serve listening", "url", "http://"+ln.Addr().String()+"/",
-		"workflows", len(names), "worker", withWorker, "token", token != "")
+		"workflows", len(names), "worker", withWorker, "token", auth.Token != "" || len(auth.Tokens) > 0)
 
 	// The worker stops by itself only when its database is lost; serving
 	// then stops too, so the process exits with the worker's error instead

@@ -94,18 +94,37 @@ func (c *cli) startCommand() *cobra.Command {
 }
 
 func (c *cli) retryCommand() *cobra.Command {
-	var detach, jsonOut bool
+	var (
+		detach, jsonOut bool
+		from            string
+		sel             selectionFlags
+	)
 	cmd := &cobra.Command{
-		Use:   "retry ID",
-		Short: "Re-run the failed and cancelled steps of an instance, keeping completed outputs",
-		Args:  exactArgs(1, "retry ID"),
+		Use:   "retry ID [--from STEP] | retry --workflow W --status S [--older-than D]",
+		Short: "Re-run the failed and cancelled steps of an instance (or of every instance a filter picks), keeping completed outputs",
+		Long: "Retry re-runs the failed and cancelled steps of an instance, keeping completed outputs.\n" +
+			"With --from STEP it re-runs STEP and every step downstream of it, also in a completed instance.\n" +
+			"With --workflow, --status and --older-than instead of an ID it retries every failed or cancelled\n" +
+			"instance they pick, asks nothing, and prints how many.",
+		Args: idOrSelection(&sel, "retry ID [--from STEP], or retry --workflow W --status S [--older-than D]"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			if len(args) == 0 {
+				if from != "" {
+					return usageError(errors.New("--from needs an instance ID: dagrun retry ID --from STEP"))
+				}
+				return c.bulk(ctx, &sel, "retry", "retried", (*dagrun.Engine).RetrySelected)
+			}
 			engine, err := c.engine(ctx)
 			if err != nil {
 				return err
 			}
-			if err := engine.Retry(ctx, args[0]); err != nil {
+			if from != "" {
+				err = engine.RetryFrom(byCLI(ctx), args[0], from)
+				if err != nil {
+					return operationError(args[0], err)
+				}
+			} else if err := engine.Retry(byCLI(ctx), args[0]); err != nil {
 				if errors.Is(err, storage.ErrConflict) {
 					return conflictError(ctx, engine, args[0], "", "only a failed or cancelled instance can be retried", err)
 				}
@@ -120,6 +139,8 @@ func (c *cli) retryCommand() *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&detach, "detach", false, "return at once; workers run the re-armed steps")
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the whole instance object instead of its output")
+	cmd.Flags().StringVar(&from, "from", "", "re-run this step and every step downstream of it, keeping the other outputs")
+	sel.register(cmd, "retry")
 	return cmd
 }
 

@@ -29,6 +29,9 @@ type Instance struct {
 	FinishedAt *string         `json:"finishedAt"`
 	Steps      []Step          `json:"steps"`
 	Events     []Event         `json:"events,omitempty"`
+	// Paused is true while the instance is paused (dagrun pause): its
+	// steps are not claimed; absent otherwise.
+	Paused bool `json:"paused,omitempty"`
 }
 
 // Step is one step of an Instance, in definition order.
@@ -158,6 +161,8 @@ type Event struct {
 	Step    string `json:"step,omitempty"`
 	Attempt int    `json:"attempt,omitempty"`
 	Message string `json:"message,omitempty"`
+	// Actor is who did it by hand: "cli", or the API token's name.
+	Actor string `json:"actor,omitempty"`
 }
 
 // NewInstance converts a stored instance to its public JSON shape.
@@ -171,6 +176,7 @@ func NewInstance(inst *storage.Instance) Instance {
 		Error:      optString(inst.Error),
 		Key:        optString(inst.Key),
 		Priority:   inst.Priority,
+		Paused:     inst.Paused,
 		CreatedAt:  Time(inst.CreatedAt),
 		StartedAt:  optTime(inst.StartedAt),
 		FinishedAt: optTime(inst.FinishedAt),
@@ -210,7 +216,7 @@ func NewInstance(inst *storage.Instance) Instance {
 		}
 	}
 	for _, ev := range inst.Events {
-		out.Events = append(out.Events, Event{At: Time(ev.At), Type: string(ev.Type), Step: ev.Step, Attempt: ev.Attempt, Message: ev.Message})
+		out.Events = append(out.Events, Event{At: Time(ev.At), Type: string(ev.Type), Step: ev.Step, Attempt: ev.Attempt, Message: ev.Message, Actor: ev.Actor})
 	}
 	return out
 }

@@ -325,6 +325,9 @@ func (s *Server) cancelInstance(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) retryInstance(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
+	if s.retryFrom(w, r, id) {
+		return
+	}
 	if err := s.engine.Retry(r.Context(), id); err != nil {
 		s.failInstance(w, r, id, err)
 		return

@@ -76,6 +76,8 @@ type setupOpts struct {
 	worker bool
 	// workflows are served besides greet and flaky.
 	workflows []string
+	// tokens are named tokens (Config.Tokens).
+	tokens map[string]string
 }
 
 func setup(t *testing.T, open func(t *testing.T) storage.Store, opts *setupOpts) *testBundle {
@@ -102,7 +104,7 @@ func setup(t *testing.T, open func(t *testing.T) storage.Store, opts *setupOpts)
 	metrics := web.NewMetrics()
 	engine, err := dagrun.New(store, registry, &dagrun.Config{Workflows: workflows, Observer: metrics})
 	require.NoError(t, err)
-	srv, err := web.NewServer(engine, &web.Config{Token: opts.token, Metrics: metrics, MaxBodyBytes: opts.maxBody})
+	srv, err := web.NewServer(engine, &web.Config{Token: opts.token, Tokens: opts.tokens, Metrics: metrics, MaxBodyBytes: opts.maxBody})
 	require.NoError(t, err)
 	ts := httptest.NewServer(srv)
 	t.Cleanup(ts.Close)

@@ -3,24 +3,65 @@ package web
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
+
+	"github.com/dagrun/dagrun/storage"
 )
 
-// requireToken lets a request through when no token is configured or when
-// it carries "Authorization: Bearer <token>".
-func (s *Server) requireToken(next http.Handler) http.Handler {
-	if s.config.Token == "" {
-		return next
+// PlainTokenName is the name the history gives Config.Token, and every
+// request to a server without tokens.
+const PlainTokenName = "api"
+
+// namedToken is one accepted token: the digest of its secret, and the name
+// the history records for what its bearer did.
+type namedToken struct {
+	name string
+	sum  [sha256.Size]byte
+}
+
+// tokens are the accepted tokens: Config.Token (named PlainTokenName) and
+// Config.Tokens, sorted by name so that the check does the same work
+// whichever token a request carries.
+func (c *Config) tokens() []namedToken {
+	var out []namedToken
+	if c.Token != "" {
+		out = append(out, namedToken{PlainTokenName, sha256.Sum256([]byte(c.Token))})
 	}
-	// Compare fixed-size digests so neither the content nor the length of
-	// the token leaks through timing.
-	want := sha256.Sum256([]byte(s.config.Token))
+	for _, name := range slices.Sorted(maps.Keys(c.Tokens)) {
+		out = append(out, namedToken{name, sha256.Sum256([]byte(c.Tokens[name]))})
+	}
+	return out
+}
+
+// protected reports whether the server needs a token.
+func (s *Server) protected() bool { return len(s.tokens) > 0 }
+
+// requireToken lets a request through when no token is configured or when
+// it carries "Authorization: Bearer <token>" of one of the tokens. The
+// request's context then names the token (see storage.WithActor), so that
+// what it does is recorded as done by that name.
+func (s *Server) requireToken(next http.Handler) http.Handler {
+	if !s.protected() {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			next.ServeHTTP(w, r.WithContext(storage.WithActor(r.Context(), PlainTokenName)))
+		})
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got, ok := bearerToken(r)
+		// Compare fixed-size digests, against every token, so neither the
+		// content nor the length of a token leaks through timing.
 		sum := sha256.Sum256([]byte(got))
-		if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
+		name := ""
+		for _, t := range s.tokens {
+			if subtle.ConstantTimeCompare(sum[:], t.sum[:]) == 1 {
+				name = t.name
+			}
+		}
+		if !ok || name == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="dagrun"`)
 			msg := "missing token: send the header Authorization: Bearer <token> (the token given to dagrun serve with --token or DAGRUN_TOKEN)"
 			if ok {
@@ -29,7 +70,7 @@ func (s *Server) requireToken(next http.Handler) http.Handler {
 			writeError(w, http.StatusUnauthorized, msg)
 			return
 		}
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, r.WithContext(storage.WithActor(r.Context(), name)))
 	})
 }
 
@@ -51,7 +92,7 @@ func bearerToken(r *http.Request) (string, bool) {
 // the page cannot authenticate anyway, so any Host is accepted (the server
 // may sit behind a proxy or on a LAN name).
 func (s *Server) checkHost(next http.Handler) http.Handler {
-	if s.config.Token != "" {
+	if s.protected() {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -31,6 +31,10 @@ type Config struct {
 	// Token, when set, is required as a bearer token on every route but
 	// /healthz and the UI's static files. Default: none.
 	Token string
+	// Tokens are more accepted tokens, by name: what a request with one
+	// does is recorded in the history as done by its name (Token's name is
+	// "api"). Default: none.
+	Tokens map[string]string
 	// Logger receives request errors. Default: discard.
 	Logger *slog.Logger
 	// Metrics is served on /metrics. Pass the Metrics the engine was
@@ -57,6 +61,14 @@ func (c *Config) validate() error {
 	if c.MaxBodyBytes < 0 {
 		return fmt.Errorf("web: MaxBodyBytes must not be negative, got %d", c.MaxBodyBytes)
 	}
+	for name, secret := range c.Tokens {
+		if err := CheckTokenName(name); err != nil {
+			return fmt.Errorf("web: %w", err)
+		}
+		if secret == "" {
+			return fmt.Errorf("web: token %s has an empty secret", name)
+		}
+	}
 	return nil
 }
 
@@ -69,6 +81,7 @@ type Server struct {
 	metrics *Metrics
 	mux     *http.ServeMux
 	handler http.Handler
+	tokens  []namedToken
 	// apiRoutes are the patterns of every route but the UI's, which the
 	// OpenAPI document must describe (see Routes).
 	apiRoutes []string
@@ -101,6 +114,7 @@ func NewServer(engine *dagrun.Engine, config *Config) (*Server, error) {
 		logger:  config.Logger,
 		metrics: config.Metrics,
 		mux:     http.NewServeMux(),
+		tokens:  config.tokens(),
 	}
 	s.routes()
 	// Built inside out. A request meets, in order: panic recovery (a 500
@@ -133,6 +147,7 @@ func (s *Server) routes() {
 	api("GET /api/instances/{id}/steps/{step}/items", s.listItems)
 	api("POST /api/instances/{id}/cancel", s.cancelInstance)
 	api("POST /api/instances/{id}/retry", s.retryInstance)
+	s.operationRoutes(api)
 	api("POST /api/instances/{id}/signals/{name}", s.sendSignal)
 	api("GET /api/schedules", s.listSchedules)
 	api("POST /api/schedules/{workflow}/{index}/pause", s.pauseSchedule)
@@ -234,7 +249,7 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	if _, err := s.engine.Store().ListInstances(ctx, storage.ListParams{Limit: 1}); err != nil {
 		s.logger.WarnContext(r.Context(), "web: health check failed", slog.Any("error", err))
 		msg := "storage unavailable; see the server log"
-		if s.config.Token == "" {
+		if !s.protected() {
 			msg = "storage does not answer: " + err.Error()
 		}
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": msg})

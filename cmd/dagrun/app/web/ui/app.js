@@ -384,6 +384,7 @@
     const more = el("button", { type: "button", hidden: true }, "Load more");
     let pages = 1;
     let next = "";
+    const bulk = bulkActions(params, () => refresh(generation));
 
     function navigate() {
       const q = new URLSearchParams();
@@ -403,8 +404,9 @@
           el("div", {}, el("label", { for: "filter-workflow" }, "Workflow"), workflowSel),
           el("div", {}, el("label", { for: "filter-status" }, "Status"), statusSel),
           count),
-        el("table", {},
-          el("thead", {}, el("tr", {}, ["Instance", "Workflow", "Status", "Steps", "Created", "Duration"].map((h) => el("th", {}, h)))),
+        bulk.bar,
+        el("table", { id: "instances" },
+          el("thead", {}, el("tr", {}, el("th", {}, bulk.all), ["Instance", "Workflow", "Status", "Steps", "Created", "Duration"].map((h) => el("th", {}, h)))),
           tbody),
         el("div", { class: "actions" }, more)),
     ]);
@@ -428,15 +430,17 @@
       next = data.next;
       more.hidden = !next || pages * 50 >= 500;
       count.textContent = data.instances.length + (next ? "+" : "") + " shown";
+      bulk.shown(data.instances);
       rows(JSON.stringify(data.instances), () => {
         if (data.instances.length === 0) {
-          return el("tr", {}, el("td", { colspan: 6, class: "empty" }, "No instances yet. Start one with dagrun start WORKFLOW or from a workflow's page."));
+          return el("tr", {}, el("td", { colspan: 7, class: "empty" }, "No instances yet. Start one with dagrun start WORKFLOW or from a workflow's page."));
         }
         return data.instances.map((inst) => {
           const row = el("tr", { class: "clickable", "data-id": inst.id },
+            el("td", { class: "pick" }, bulk.box(inst.id)),
             el("td", { class: "mono", title: inst.id }, link("/instances/" + encodeURIComponent(inst.id), shortID(inst.id))),
             el("td", {}, link("/workflows/" + encodeURIComponent(inst.workflow), inst.workflow)),
-            el("td", {}, badge(inst.status)),
+            el("td", {}, badge(inst.status), inst.paused ? el("span", { class: "badge paused" }, "paused") : null),
             el("td", {},
               el("div", { class: "strip", title: inst.steps.map((s) => s.name + ": " + s.status + (s.items ? " (" + itemSummary(s.items) + ")" : "")).join("\n") },
                 inst.steps.map((s) => el("span", { class: "s-" + s.status }))),
@@ -444,7 +448,7 @@
             setAgo(el("td", { title: fmtTime(inst.createdAt) }), inst.createdAt),
             el("td", { class: "num" }, duration(inst.createdAt, inst.finishedAt)));
           row.addEventListener("click", (ev) => {
-            if (ev.target.closest("a")) return;
+            if (ev.target.closest("a") || ev.target.closest(".pick")) return;
             location.hash = "#/instances/" + encodeURIComponent(inst.id);
           });
           return row;
@@ -452,6 +456,78 @@
       });
     }
     return { refresh };
+  }
+
+  // bulkActions are the instance list's checkboxes and its bulk cancel and
+  // retry: of the checked instances, or of every instance the filter picks
+  // (a workflow, a status or both), however many pages that is. The checked
+  // IDs survive the list's refreshes.
+  function bulkActions(params, after) {
+    const chosen = new Set();
+    let ids = [];
+    const all = el("input", { type: "checkbox", id: "pick-all", title: "Select every shown instance" });
+    const result = el("span", { class: "muted", id: "bulk-result" });
+    const filtered = () => Boolean(params.get("workflow") || params.get("status"));
+    const selectedButtons = [];
+    function button(id, label, cls, onclick) {
+      return el("button", { type: "button", id, class: cls, onclick }, label);
+    }
+    function sync() {
+      for (const b of selectedButtons) b.disabled = chosen.size === 0;
+      all.checked = ids.length > 0 && ids.every((id) => chosen.has(id));
+      for (const box of document.querySelectorAll("#instances .pick input")) box.checked = chosen.has(box.dataset.id);
+    }
+    async function run(verb, body, question) {
+      if (!confirm(question)) return;
+      try {
+        const res = await api("POST", "instances/" + verb, body);
+        const done = verb === "cancel" ? "cancelled" : "retried";
+        const skipped = res.skipped ? Object.keys(res.skipped).length : 0;
+        result.textContent = done + " " + res.count + " instance" + (res.count === 1 ? "" : "s") +
+          (skipped ? " (" + skipped + " left as they were: " + Object.values(res.skipped)[0] + ")" : "");
+        chosen.clear();
+        showError(null);
+        await after();
+        sync();
+      } catch (err) { showError(err); }
+    }
+    function filterBody() {
+      const body = {};
+      if (params.get("workflow")) body.workflow = params.get("workflow");
+      if (params.get("status")) body.status = params.get("status");
+      return body;
+    }
+    const cancelSel = button("cancel-selected", "Cancel selected", "danger",
+      () => run("cancel", { ids: [...chosen] }, "Cancel " + chosen.size + " instance(s)? Running steps are stopped."));
+    const retrySel = button("retry-selected", "Retry selected", "primary",
+      () => run("retry", { ids: [...chosen] }, "Retry " + chosen.size + " instance(s)?"));
+    selectedButtons.push(cancelSel, retrySel);
+    const cancelAll = button("cancel-matching", "Cancel all matching", "danger",
+      () => run("cancel", filterBody(), "Cancel every instance matching the filter? Running steps are stopped."));
+    const retryAll = button("retry-matching", "Retry all matching", "",
+      () => run("retry", filterBody(), "Retry every failed or cancelled instance matching the filter?"));
+    cancelAll.disabled = retryAll.disabled = !filtered();
+    cancelAll.title = retryAll.title = filtered() ? "Every instance the filter picks, on every page" : "Choose a workflow or a status first";
+    all.addEventListener("change", () => {
+      for (const id of ids) { if (all.checked) chosen.add(id); else chosen.delete(id); }
+      sync();
+    });
+    sync();
+    return {
+      all,
+      bar: el("div", { class: "actions bulk" }, result, el("span", { class: "spacer" }), cancelSel, retrySel, cancelAll, retryAll),
+      box(id) {
+        const box = el("input", { type: "checkbox", "data-id": id, "aria-label": "select " + id });
+        box.checked = chosen.has(id);
+        box.addEventListener("change", () => { if (box.checked) chosen.add(id); else chosen.delete(id); sync(); });
+        return box;
+      },
+      shown(list) {
+        ids = list.map((inst) => inst.id);
+        for (const id of [...chosen]) if (!ids.includes(id)) chosen.delete(id);
+        queueMicrotask(sync);
+      },
+    };
   }
 
   // ---- Graph drawing (layout comes from the server) ----
@@ -920,13 +996,13 @@
       const { steps, events, graph: _, ...instance } = inst;
       const counts = countSteps(steps);
       stepsByName = new Map(steps.map((st) => [st.name, st]));
-      head(JSON.stringify([inst.status, inst.workflow]), renderHead);
+      head(JSON.stringify([inst.status, inst.workflow, inst.paused]), renderHead);
       meta(JSON.stringify([instance, counts]), renderMeta);
       io(JSON.stringify([inst.input, inst.output]), renderIO);
       graph.set(inst.graph, stepInfo, selected);
       legendSection(JSON.stringify(counts), () => legend(counts));
       const s = selected && steps.find((x) => x.name === selected);
-      sideSection(s ? JSON.stringify([s, (events || []).filter((e) => e.step === s.name)])
+      sideSection(s ? JSON.stringify([s, inst.status, (events || []).filter((e) => e.step === s.name)])
         : JSON.stringify(steps.map((st) => [st.name, st.status, st.startedAt, st.finishedAt])), renderSide);
       timelineSection(JSON.stringify([inst.createdAt, events]), renderTimeline);
     }
@@ -936,11 +1012,52 @@
       return [
         el("div", { class: "crumbs" }, link("/", "Instances"), " / ", shortID(inst.id)),
         el("div", { class: "page-head" },
-          el("h1", {}, inst.workflow, badge(inst.status)),
+          el("h1", {}, inst.workflow, badge(inst.status), inst.paused ? el("span", { class: "badge paused", id: "paused" }, "paused") : null),
           el("span", { class: "spacer" }),
+          pauseButton(),
           el("button", { type: "button", class: "danger", id: "cancel", disabled: finished, onclick: () => act("cancel") }, "Cancel"),
           el("button", { type: "button", class: "primary", id: "retry", disabled: !(inst.status === "failed" || inst.status === "cancelled"), onclick: () => act("retry") }, "Retry")),
       ];
+    }
+
+    // pauseButton holds back or lets go an unfinished instance's steps.
+    function pauseButton() {
+      const finished = ["completed", "failed", "cancelled"].includes(inst.status);
+      return inst.paused
+        ? el("button", { type: "button", id: "resume", onclick: () => act("resume") }, "Resume")
+        : el("button", { type: "button", id: "pause", disabled: finished, onclick: () => act("pause") }, "Pause");
+    }
+
+    // stepActions are the step panel's repairs: re-run the instance from
+    // this step (once it finished), or complete the step by hand.
+    function stepActions(s) {
+      const finished = ["completed", "failed", "cancelled"].includes(inst.status);
+      const skippable = ["blocked", "pending", "waiting", "failed", "cancelled"].includes(s.status) &&
+        inst.status !== "completed" && inst.status !== "cancelled";
+      const base = "instances/" + encodeURIComponent(id);
+      return el("div", { class: "actions step-actions" },
+        el("button", { type: "button", id: "retry-from", disabled: !finished,
+          title: finished ? "Run this step and every step after it again" : "The instance must finish first",
+          onclick: () => operate("Re-run " + s.name + " and every step after it?", () => api("POST", base + "/retry", { from: s.name })) }, "Retry from this step"),
+        el("button", { type: "button", id: "skip-step", disabled: !skippable,
+          title: "Complete this step by hand; its dependents proceed",
+          onclick: () => {
+            const text = prompt("Complete " + s.name + " by hand with this output (JSON):", "null");
+            if (text === null) return;
+            let output;
+            try { output = JSON.parse(text); } catch (err) { showError(new Error("the output is not valid JSON: " + err.message)); return; }
+            operate(null, () => api("POST", base + "/steps/" + encodeURIComponent(s.name) + "/skip", { output }));
+          } }, "Skip step"));
+    }
+
+    async function operate(question, call) {
+      if (question && !confirm(question)) return;
+      try {
+        inst = await call();
+        lastJSON = "";
+        showError(null);
+        render();
+      } catch (err) { showError(err); }
     }
 
     function renderMeta() {
@@ -989,6 +1106,7 @@
       return [
         el("div", { class: "page-head" }, el("h2", { id: "step-name" }, s.name), badge(s.status),
           el("span", { class: "spacer" }), el("button", { type: "button", onclick: () => select(null) }, "Close")),
+        stepActions(s),
         el("div", { class: "kv" },
           s.signal ? [el("span", {}, "Waits for"), el("span", { class: "mono", id: "step-signal" }, "signal " + s.signal)]
             : [el("span", {}, "Handler"), el("span", { class: "mono" }, s.handler),
@@ -1023,7 +1141,8 @@
         el("span", { class: "type" }, e.type),
         withStep && e.step ? el("a", { href: "#", class: "step-link", onclick: (ev) => { ev.preventDefault(); select(e.step); } }, e.step) : null,
         e.attempt ? el("span", { class: "muted" }, " attempt " + e.attempt) : null,
-        e.message ? el("span", { class: "msg" }, e.message) : null);
+        e.message ? el("span", { class: "msg" }, e.message) : null,
+        e.actor ? el("span", { class: "actor muted" }, " by " + e.actor) : null);
     }
 
     function renderTimeline() {

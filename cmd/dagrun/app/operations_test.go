@@ -1,0 +1,76 @@
+package app_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/cmd/dagrun/app"
+)
+
+// TestOperations repairs a failed checkout by hand (skip, pause, resume,
+// retry --from) and cancels and retries in bulk, recording every answer
+// and refusal, each with its exit code, in testdata/operations.golden.
+func TestOperations(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.run(t, "", "start", "checkout", "--input", `{"orderId": "A-7"}`)
+	require.Equal(t, app.ExitFailed, res.code, res.stderr)
+	id := maskUUID.FindString(res.stderr)
+	require.NotEmpty(t, id)
+	for range 2 {
+		require.Equal(t, app.ExitOK, b.run(t, "", "start", "greet", "--detach", "--input", `{"name": "Ada"}`).code)
+	}
+
+	cases := []struct {
+		args []string
+		code int
+	}{
+		{[]string{"retry", id, "--from", "nope"}, app.ExitUsage},
+		{[]string{"skip", id, "reserve"}, app.ExitUsage},
+		{[]string{"skip", id, "nope"}, app.ExitUsage},
+		{[]string{"skip", "no-such-id", "charge"}, app.ExitUsage},
+		{[]string{"skip", id, "charge", "--output", `{paid: true}`}, app.ExitUsage},
+		{[]string{"pause", id}, app.ExitUsage},
+		{[]string{"resume", id}, app.ExitUsage},
+		{[]string{"skip", id, "charge", "--output", `{"paid": true}`}, app.ExitOK},
+		{[]string{"retry", id, "--from", "charge"}, app.ExitUsage},
+		{[]string{"pause", id}, app.ExitOK},
+		{[]string{"pause", id}, app.ExitUsage},
+		{[]string{"resume", id}, app.ExitOK},
+		{[]string{"resume", id}, app.ExitUsage},
+		{[]string{"cancel", "--older-than", "1d"}, app.ExitUsage},
+		{[]string{"cancel", id, "--workflow", "greet"}, app.ExitUsage},
+		{[]string{"cancel", "--status", "stuck"}, app.ExitUsage},
+		{[]string{"cancel", "--workflow", "greet", "--older-than", "soon"}, app.ExitUsage},
+		{[]string{"retry", "--from", "charge"}, app.ExitUsage},
+		{[]string{"cancel", "--workflow", "greet", "--status", "pending", "--older-than", "1d"}, app.ExitOK},
+		{[]string{"cancel", "--workflow", "greet", "--status", "pending"}, app.ExitOK},
+		{[]string{"retry", "--workflow", "greet", "--status", "cancelled"}, app.ExitOK},
+		{[]string{"serve", "--named-token", "s3cret"}, app.ExitUsage},
+		{[]string{"serve", "--named-token", "bad name=s3cret"}, app.ExitUsage},
+	}
+	var report strings.Builder
+	for _, c := range cases {
+		res := b.run(t, "", c.args...)
+		require.Equal(t, c.code, res.code, "dagrun %q\n%s", c.args, res.stderr)
+		if c.code == app.ExitUsage {
+			require.Equal(t, 1, strings.Count(res.stderr, "\n"), "one line: %s", res.stderr)
+		}
+		fmt.Fprintf(&report, "$ dagrun %s\n%s%s(exit %d)\n\n", strings.Join(quoteArgs(c.args), " "), res.stdout, res.stderr, res.code)
+	}
+	golden(t, "operations", strings.ReplaceAll(report.String(), id, "<ID>"))
+
+	res = b.run(t, "", "pause", id)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	res = b.run(t, "", "status", id)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	golden(t, "status-operations", mask(res.stdout))
+	res = b.run(t, "", "status", id, "--json")
+	require.Contains(t, res.stdout, `"paused": true`)
+	require.Contains(t, res.stdout, `"actor": "cli"`)
+	res = b.run(t, "", "list", "--workflow", "checkout")
+	require.Contains(t, res.stdout, "running (paused)")
+}

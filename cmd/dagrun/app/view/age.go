@@ -1,0 +1,50 @@
+package view
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// maxAge keeps now minus the age within what every backend stores.
+const maxAge = 100 * 365 * 24 * time.Hour
+
+// ParseAge parses a duration that may also count whole days (d) and weeks
+// (w), which time.ParseDuration does not know: each NUMBERd or NUMBERw is
+// rewritten in hours, and the rest is left to ParseDuration. Neither letter
+// is one of its units, so they never clash.
+func ParseAge(s string) (time.Duration, error) {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		j := i
+		for j < len(s) && (s[j] >= '0' && s[j] <= '9' || s[j] == '.') {
+			j++
+		}
+		if j > i && j < len(s) && (s[j] == 'd' || s[j] == 'w') {
+			n, err := strconv.ParseInt(s[i:j], 10, 64)
+			if err != nil || n > int64(maxAge/(24*time.Hour)) {
+				return 0, fmt.Errorf("%s%c is not a whole number of days or weeks in range", s[i:j], s[j])
+			}
+			if s[j] == 'w' {
+				n *= 7
+			}
+			b.WriteString(strconv.FormatInt(n*24, 10) + "h")
+			i = j + 1
+			continue
+		}
+		if j == i {
+			j++
+		}
+		b.WriteString(s[i:j])
+		i = j
+	}
+	d, err := time.ParseDuration(b.String())
+	switch {
+	case err != nil:
+		return 0, err
+	case d < 0 || d > maxAge:
+		return 0, fmt.Errorf("%s is out of range", s)
+	}
+	return d, nil
+}

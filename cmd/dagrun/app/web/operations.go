@@ -1,0 +1,202 @@
+package web
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
+	"github.com/dagrun/dagrun/storage"
+)
+
+// operationRoutes adds the operations on instances: skip a step, pause and
+// resume, and cancel or retry many instances at once. (Retry from a step
+// is POST /api/instances/{id}/retry with {"from": STEP}.)
+func (s *Server) operationRoutes(api func(string, http.HandlerFunc)) {
+	api("POST /api/instances/{id}/steps/{step}/skip", s.skipStep)
+	api("POST /api/instances/{id}/pause", s.onInstance((*dagrun.Engine).Pause))
+	api("POST /api/instances/{id}/resume", s.onInstance((*dagrun.Engine).Resume))
+	api("POST /api/instances/cancel", s.bulk("cancelled", (*dagrun.Engine).Cancel, (*dagrun.Engine).CancelSelected))
+	api("POST /api/instances/retry", s.bulk("retried", (*dagrun.Engine).Retry, (*dagrun.Engine).RetrySelected))
+}
+
+// tokenName is what a named token's name may be: it is shown in the
+// history as who did what.
+var tokenName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$`)
+
+// CheckTokenName reports why name cannot name a token.
+func CheckTokenName(name string) error {
+	if !tokenName.MatchString(name) {
+		return fmt.Errorf("invalid token name %q: use 1 to 64 letters, digits, '.', '_', '@' or '-', starting with a letter or digit", name)
+	}
+	return nil
+}
+
+// failOperation writes an operation's refusal (409 for a state that does
+// not allow it, 404 for an unknown instance or step) or any other error.
+func (s *Server) failOperation(w http.ResponseWriter, r *http.Request, id string, err error) {
+	var refusal *storage.RefusalError
+	if errors.As(err, &refusal) {
+		status := http.StatusConflict
+		if errors.Is(err, storage.ErrNotFound) {
+			status = http.StatusNotFound
+		}
+		writeError(w, status, refusal.Reason)
+		return
+	}
+	s.failInstance(w, r, id, err)
+}
+
+// retryRequest is the optional body of POST /api/instances/{id}/retry.
+type retryRequest struct {
+	// From, when set, re-runs this step and every step downstream of it.
+	From string `json:"from"`
+}
+
+// retryFrom handles a retry whose body names a step; it reports false,
+// having written nothing, for a plain retry.
+func (s *Server) retryFrom(w http.ResponseWriter, r *http.Request, id string) bool {
+	var req retryRequest
+	if err := decodeBody(r, &req); err != nil {
+		s.fail(w, r, err)
+		return true
+	}
+	if req.From == "" {
+		return false
+	}
+	if err := s.engine.RetryFrom(r.Context(), id, req.From); err != nil {
+		s.failOperation(w, r, id, err)
+		return true
+	}
+	s.writeInstance(w, r, http.StatusOK, id)
+	return true
+}
+
+// skipRequest is the body of POST /api/instances/{id}/steps/{step}/skip.
+type skipRequest struct {
+	// Output is the step's output; absent means null.
+	Output json.RawMessage `json:"output"`
+}
+
+func (s *Server) skipStep(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	var req skipRequest
+	if err := decodeBody(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if err := s.engine.Skip(r.Context(), id, r.PathValue("step"), req.Output); err != nil {
+		s.failOperation(w, r, id, err)
+		return
+	}
+	s.writeInstance(w, r, http.StatusOK, id)
+}
+
+// onInstance handles POST /api/instances/{id}/VERB: run op, answer the
+// instance object.
+func (s *Server) onInstance(op func(*dagrun.Engine, context.Context, string) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if err := op(s.engine, r.Context(), id); err != nil {
+			s.failOperation(w, r, id, err)
+			return
+		}
+		s.writeInstance(w, r, http.StatusOK, id)
+	}
+}
+
+// bulkRequest is the body of POST /api/instances/cancel and /retry: either
+// IDs, or a filter (a workflow, a status or both, and an age such as "30d"
+// or "12h").
+type bulkRequest struct {
+	IDs       []string               `json:"ids"`
+	Workflow  string                 `json:"workflow"`
+	Status    storage.InstanceStatus `json:"status"`
+	OlderThan string                 `json:"olderThan"`
+}
+
+// bulkResponse tells how many instances a bulk operation changed and, for
+// IDs, which it left as they were and why.
+type bulkResponse struct {
+	Count   int               `json:"count"`
+	Skipped map[string]string `json:"skipped,omitempty"`
+}
+
+// maxBulkIDs bounds the IDs of one bulk request.
+const maxBulkIDs = 1000
+
+func (s *Server) bulk(done string, one func(*dagrun.Engine, context.Context, string) error,
+	selected func(*dagrun.Engine, context.Context, dagrun.Selection) (int, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req bulkRequest
+		if err := decodeBody(r, &req); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		filter := req.Workflow != "" || req.Status != "" || req.OlderThan != ""
+		switch {
+		case len(req.IDs) > 0 && filter:
+			writeError(w, http.StatusBadRequest, "give either ids or a filter (workflow, status, olderThan), not both")
+			return
+		case len(req.IDs) > maxBulkIDs:
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("%d ids are over the limit of %d; use a filter or several requests", len(req.IDs), maxBulkIDs))
+			return
+		case len(req.IDs) > 0:
+			out := bulkResponse{}
+			for _, id := range req.IDs {
+				err := one(s.engine, r.Context(), id)
+				switch {
+				case err == nil:
+					out.Count++
+				case errors.Is(err, storage.ErrConflict), errors.Is(err, storage.ErrNotFound):
+					if out.Skipped == nil {
+						out.Skipped = map[string]string{}
+					}
+					out.Skipped[id] = refusalText(id, err)
+				default:
+					s.fail(w, r, fmt.Errorf("%s %d instances, then: %w", done, out.Count, err))
+					return
+				}
+			}
+			writeJSON(w, http.StatusOK, out)
+			return
+		}
+		sel := dagrun.Selection{Workflow: req.Workflow, Status: req.Status}
+		if req.OlderThan != "" {
+			d, err := view.ParseAge(req.OlderThan)
+			if err != nil {
+				writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid olderThan %q: use a duration such as 30d, 2w or 12h", req.OlderThan))
+				return
+			}
+			sel.OlderThan = d
+		}
+		if err := sel.Validate(); err != nil {
+			writeError(w, http.StatusBadRequest, err.Error()+" (or send ids)")
+			return
+		}
+		n, err := selected(s.engine, r.Context(), sel)
+		if err != nil {
+			s.fail(w, r, fmt.Errorf("%s %d instances, then: %w", done, n, err))
+			return
+		}
+		writeJSON(w, http.StatusOK, bulkResponse{Count: n})
+	}
+}
+
+// refusalText says in one line why the operation left instance id as it
+// was.
+func refusalText(id string, err error) string {
+	var refusal *storage.RefusalError
+	switch {
+	case errors.As(err, &refusal):
+		return refusal.Reason
+	case errors.Is(err, storage.ErrNotFound):
+		return fmt.Sprintf("no instance with ID %s", view.QuoteShort(id))
+	}
+	return strings.TrimSuffix(err.Error(), ": "+storage.ErrConflict.Error())
+}

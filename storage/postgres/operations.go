@@ -1,0 +1,274 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+var _ storage.Operator = (*Store)(nil)
+
+// actorSQL stamps the events this transaction wrote for instance $1 with
+// the actor $2. xmin is the transaction that wrote a row: no other
+// transaction's events are touched, whatever their time.
+const actorSQL = `
+UPDATE {s}events SET actor = $2 WHERE instance_id = $1 AND xmin = pg_current_xact_id()::xid`
+
+// queueActor queues, last on the tail, the stamping of the operation's
+// events with the actor of ctx.
+func (s *Store) queueActor(ctx context.Context, st *txState, id string) {
+	if actor := storage.ActorOf(ctx); actor != "" {
+		st.tail.Queue(s.q(actorSQL), id, actor)
+	}
+}
+
+// rearmSQL makes the steps $2 of instance $1 blocked as if they had never
+// run, deletes their items and forgets the signals $3 their wait steps
+// received, so that they wait for new ones.
+const rearmSQL = `
+WITH items AS (
+	DELETE FROM {s}steps WHERE instance_id = $1 AND item_index >= 0 AND name = ANY($2)
+),
+sig AS (
+	DELETE FROM {s}signals WHERE instance_id = $1 AND name = ANY($3)
+)
+UPDATE {s}steps SET status = 'blocked', attempts = 0, input = NULL, output = NULL, error = '',
+	run_after = NULL, ready_at = NULL, first_started_at = NULL, started_at = NULL, finished_at = NULL,
+	lease_until = NULL, worker_id = '', deadline = NULL
+WHERE instance_id = $1 AND item_index = -1 AND name = ANY($2)`
+
+// reviveSQL makes a finished instance $2 running again, not paused, with
+// an instance.retried event saying why ($3).
+const reviveSQL = `
+WITH i AS (
+	UPDATE {s}instances SET status = 'running', output = NULL, error = '', finished_at = NULL,
+		started_at = coalesce(started_at, {now}), paused = false
+	WHERE id = $2
+)
+INSERT INTO {s}events (instance_id, type, message, at) VALUES ($2, 'instance.retried', $3, {now})`
+
+// rerun queues rearmSQL for the steps at indexes of l and reviveSQL for
+// l, which says why (msg), and shows the plan the state they leave.
+func (s *Store) rerun(st *txState, l *loaded, indexes []int, msg string) {
+	var names, signals []string
+	for _, i := range indexes {
+		ss := &l.state.Steps[i]
+		names = append(names, ss.Name)
+		if sig := l.waitSignals[i]; sig != "" {
+			signals = append(signals, sig)
+			delete(l.signals, sig)
+		}
+		*ss = storage.StepState{Name: ss.Name, DependsOn: ss.DependsOn, Status: storage.StepBlocked}
+	}
+	if len(names) > 0 {
+		st.tail.Queue(s.q(rearmSQL), l.state.ID, names, signals)
+	}
+	st.tail.Queue(s.q(reviveSQL), s.now(), l.state.ID, msg)
+	l.state.Status = storage.InstanceRunning
+}
+
+// RetryFrom implements storage.Operator.
+func (s *Store) RetryFrom(ctx context.Context, id, step string, plan storage.PlanFunc) error {
+	if plan == nil {
+		return errors.New("postgres: retry from: nil PlanFunc")
+	}
+	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		l, err := s.lockOne(ctx, tx, id, true)
+		if err != nil {
+			return err
+		}
+		if status := l.state.Status; !status.Finished() {
+			return storage.RetryFromRefusal(id, status)
+		}
+		if l.index(step) < 0 {
+			return storage.UnknownStepError(id, step, l.state.Steps)
+		}
+		s.rerun(st, l, storage.Rerun(l.state.Steps, -1, storage.Downstream(l.state.Steps, step)), "from "+step)
+		if err := s.planAndApply(st, s.now(), []*loaded{l}, plan); err != nil {
+			return err
+		}
+		s.queueActor(ctx, st, id)
+		return nil
+	})
+	if err != nil {
+		return s.fail("retry from", err)
+	}
+	return nil
+}
+
+// lockStepSQL locks one step of an instance and reads its status: a claim
+// that took it first is waited for, one that comes later skips it.
+const lockStepSQL = `
+SELECT id, status FROM {s}steps WHERE instance_id = $1 AND item_index = -1 AND name = $2 FOR NO KEY UPDATE`
+
+// skipSQL completes step $3 of instance $2 by hand with output $4.
+const skipSQL = `
+WITH items AS (
+	DELETE FROM {s}steps WHERE parent_id = $5
+),
+u AS (
+	UPDATE {s}steps SET status = 'completed', output = $4, error = '', finished_at = {now},
+		lease_until = NULL, worker_id = '', deadline = NULL
+	WHERE id = $5
+)
+INSERT INTO {s}events (instance_id, step, type, message, at) VALUES ($2, $3, 'step.completed', $6, {now})`
+
+// SkipStep implements storage.Operator.
+func (s *Store) SkipStep(ctx context.Context, id, step string, output json.RawMessage, plan storage.PlanFunc) error {
+	if plan == nil {
+		return errors.New("postgres: skip step: nil PlanFunc")
+	}
+	if len(output) == 0 {
+		output = json.RawMessage("null")
+	}
+	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		l, err := s.lockOne(ctx, tx, id, true)
+		if err != nil {
+			return err
+		}
+		i := l.index(step)
+		if i < 0 {
+			return storage.UnknownStepError(id, step, l.state.Steps)
+		}
+		var (
+			stepID int64
+			status storage.StepStatus
+		)
+		if err := tx.QueryRow(ctx, s.q(lockStepSQL), id, step).Scan(&stepID, &status); err != nil {
+			return err
+		}
+		instance := l.state.Status
+		if instance == storage.InstanceCompleted || instance == storage.InstanceCancelled || !storage.Skippable(status) {
+			return storage.SkipRefusal(id, step, instance, status)
+		}
+		st.tail.Queue(s.q(skipSQL), s.now(), id, step, output, stepID, storage.SkippedByHand)
+		l.state.Steps[i] = storage.StepState{Name: step, DependsOn: l.state.Steps[i].DependsOn, Status: storage.StepCompleted, Output: output}
+		if instance == storage.InstanceFailed {
+			s.rerun(st, l, storage.Rerun(l.state.Steps, i, nil), "skip of "+step)
+		}
+		if err := s.planAndApply(st, s.now(), []*loaded{l}, plan); err != nil {
+			return err
+		}
+		s.queueActor(ctx, st, id)
+		return nil
+	})
+	if err != nil {
+		return s.fail("skip step", err)
+	}
+	return nil
+}
+
+// lockPauseSQL locks an instance and reads what pausing and resuming
+// check.
+const lockPauseSQL = `SELECT status, paused FROM {s}instances WHERE id = $1 FOR NO KEY UPDATE`
+
+// pauseSQL holds back the pending steps of instance $2 ($3: pause, or
+// resume) and records it; the steps that become pending later are held
+// back by the statements that make them so (see heldSQL). A claim that
+// took a step first is waited for (the step is then running and finishes),
+// one that comes later skips the step.
+const pauseSQL = `
+WITH i AS (
+	UPDATE {s}instances SET paused = $3 WHERE id = $2
+),
+u AS (
+	UPDATE {s}steps SET run_after = CASE WHEN $3 THEN run_after + interval '87658200 hours'
+		ELSE run_after - interval '87658200 hours' END
+	WHERE instance_id = $2 AND status = 'pending'
+		AND ($3 OR run_after > timestamptz 'epoch' + interval '87658200 hours')
+	RETURNING queue
+)
+INSERT INTO {s}events (instance_id, type, at)
+SELECT $2, CASE WHEN $3 THEN 'instance.paused' ELSE 'instance.resumed' END, {now}
+RETURNING (SELECT array_agg(DISTINCT queue) FROM u)`
+
+func (s *Store) setPaused(ctx context.Context, id string, pause bool) error {
+	return s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		var (
+			status storage.InstanceStatus
+			paused bool
+		)
+		if err := tx.QueryRow(ctx, s.q(lockPauseSQL), id).Scan(&status, &paused); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("instance %s: %w", id, storage.ErrNotFound)
+			}
+			return err
+		}
+		switch {
+		case pause && (status.Finished() || paused):
+			return storage.PauseRefusal(id, status)
+		case !pause && (status.Finished() || !paused):
+			return storage.ResumeRefusal(id, status)
+		}
+		var queues []string
+		if err := tx.QueryRow(ctx, s.q(pauseSQL), s.now(), id, pause).Scan(&queues); err != nil {
+			return err
+		}
+		if !pause {
+			for _, q := range queues {
+				st.ready(q)
+			}
+		}
+		s.queueActor(ctx, st, id)
+		return nil
+	})
+}
+
+// PauseInstance implements storage.Operator.
+func (s *Store) PauseInstance(ctx context.Context, id string) error {
+	if err := s.setPaused(ctx, id, true); err != nil {
+		return s.fail("pause instance", err)
+	}
+	return nil
+}
+
+// ResumeInstance implements storage.Operator.
+func (s *Store) ResumeInstance(ctx context.Context, id string) error {
+	if err := s.setPaused(ctx, id, false); err != nil {
+		return s.fail("resume instance", err)
+	}
+	return nil
+}
+
+func (l *loaded) index(name string) int {
+	for i := range l.state.Steps {
+		if l.state.Steps[i].Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// MatchInstances implements storage.Operator.
+func (s *Store) MatchInstances(ctx context.Context, f storage.InstanceFilter) ([]string, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 1000
+	}
+	var before *time.Time
+	if !f.CreatedBefore.IsZero() {
+		before = &f.CreatedBefore
+	}
+	var ids []string
+	err := s.read(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, s.q(`SELECT id FROM {s}instances
+			WHERE ($1 = '' OR workflow = $1) AND ($2 = '' OR status = $2) AND ($3::timestamptz IS NULL OR created_at < $3)
+				AND id > $5
+			ORDER BY id LIMIT $4`), f.Workflow, string(f.Status), before, limit, f.AfterID)
+		if err != nil {
+			return err
+		}
+		ids, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	if err != nil {
+		return nil, s.fail("match instances", err)
+	}
+	return ids, nil
+}

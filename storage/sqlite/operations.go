@@ -1,0 +1,289 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+var _ storage.Operator = (*Store)(nil)
+
+// writeBy is write for an operation done by hand: every event the
+// transaction writes carries the actor of ctx. Writes are serial, so the
+// events after the newest one at the start are this transaction's.
+func (s *Store) writeBy(ctx context.Context, op string, fn func(t *txn) error) error {
+	actor := storage.ActorOf(ctx)
+	return s.write(ctx, op, func(t *txn) error {
+		var last int64
+		if actor != "" {
+			if err := t.queryRow(`SELECT coalesce(max(id), 0) FROM events`).Scan(&last); err != nil {
+				return err
+			}
+		}
+		if err := fn(t); err != nil {
+			return err
+		}
+		if actor == "" {
+			return nil
+		}
+		if err := t.flushEvents(); err != nil {
+			return err
+		}
+		_, err := t.exec(`UPDATE events SET actor = ? WHERE id > ?`, actor, last)
+		return err
+	})
+}
+
+// opStep is a step row as an operation sees it.
+type opStep struct {
+	id      int64
+	state   storage.StepState
+	forEach bool
+	signal  string
+}
+
+// opSteps reads the steps of an instance in definition order.
+func (t *txn) opSteps(id string) ([]opStep, []storage.StepState, error) {
+	rows, err := t.query(`SELECT id, name, depends_on, status, for_each, wait_signal FROM steps
+		WHERE instance_id = ? AND item_index = -1 ORDER BY position`, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	var (
+		out    []opStep
+		states []storage.StepState
+	)
+	err = eachRow(rows, func(sc scanner) error {
+		var (
+			s    opStep
+			deps []byte
+		)
+		if err := sc.Scan(&s.id, &s.state.Name, &deps, &s.state.Status, &s.forEach, &s.signal); err != nil {
+			return err
+		}
+		if err := json.Unmarshal(deps, &s.state.DependsOn); err != nil {
+			return err
+		}
+		out, states = append(out, s), append(states, s.state)
+		return nil
+	})
+	return out, states, err
+}
+
+func indexOf(steps []opStep, name string) int {
+	for i := range steps {
+		if steps[i].state.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// rerun makes the steps at indexes blocked as if they had never run
+// (attempts, input, output, error and timings cleared, the items of a
+// forEach step deleted, the signal a wait step received forgotten, so that
+// it waits for a new one), and the finished instance running again, not
+// paused, with an instance.retried event saying why (msg).
+func (t *txn) rerun(instanceID string, steps []opStep, indexes []int, msg string) error {
+	for _, i := range indexes {
+		s := steps[i]
+		if s.forEach {
+			if _, err := t.exec(`DELETE FROM steps WHERE parent_id = ?`, s.id); err != nil {
+				return err
+			}
+		}
+		if s.signal != "" {
+			if _, err := t.exec(`DELETE FROM signals WHERE instance_id = ? AND name = ?`, instanceID, s.signal); err != nil {
+				return err
+			}
+		}
+		if _, err := t.exec(`UPDATE steps SET status = 'blocked', attempts = 0, input = NULL, output = NULL, error = '',
+				run_after = 0, ready_at = NULL, first_started_at = NULL, started_at = NULL, finished_at = NULL,
+				lease_until = NULL, worker_id = '', deadline = NULL
+			WHERE id = ?`, s.id); err != nil {
+			return err
+		}
+	}
+	id := instanceID
+	if _, err := t.exec(`UPDATE instances SET status = 'running', output = NULL, error = '', finished_at = NULL,
+		started_at = coalesce(started_at, ?), paused = 0 WHERE id = ?`, us(t.now), id); err != nil {
+		return err
+	}
+	t.event(id, "", storage.EventInstanceRetried, 0, msg)
+	return nil
+}
+
+// replan is writeBy for an operation that changes steps of instance id
+// with fn, then plans the instance and wakes the claimers.
+func (s *Store) replan(ctx context.Context, op, id string, plan storage.PlanFunc, fn func(t *txn) error) error {
+	if plan == nil {
+		return fmt.Errorf("sqlite: %s: nil PlanFunc", op)
+	}
+	err := s.writeBy(ctx, op, func(t *txn) error {
+		if err := fn(t); err != nil {
+			return err
+		}
+		return t.plan([]string{id}, plan)
+	})
+	if err != nil {
+		return err
+	}
+	s.notify()
+	return nil
+}
+
+// RetryFrom implements storage.Operator.
+func (s *Store) RetryFrom(ctx context.Context, id, step string, plan storage.PlanFunc) error {
+	return s.replan(ctx, "retry from", id, plan, func(t *txn) error {
+		status, err := t.instanceStatus(id)
+		if err != nil {
+			return err
+		}
+		if !status.Finished() {
+			return storage.RetryFromRefusal(id, status)
+		}
+		steps, states, err := t.opSteps(id)
+		if err != nil {
+			return err
+		}
+		if indexOf(steps, step) < 0 {
+			return storage.UnknownStepError(id, step, states)
+		}
+		return t.rerun(id, steps, storage.Rerun(states, -1, storage.Downstream(states, step)), "from "+step)
+	})
+}
+
+// SkipStep implements storage.Operator.
+func (s *Store) SkipStep(ctx context.Context, id, step string, output json.RawMessage, plan storage.PlanFunc) error {
+	if len(output) == 0 {
+		output = json.RawMessage("null")
+	}
+	return s.replan(ctx, "skip step", id, plan, func(t *txn) error {
+		status, err := t.instanceStatus(id)
+		if err != nil {
+			return err
+		}
+		steps, states, err := t.opSteps(id)
+		if err != nil {
+			return err
+		}
+		i := indexOf(steps, step)
+		if i < 0 {
+			return storage.UnknownStepError(id, step, states)
+		}
+		target := steps[i]
+		if status == storage.InstanceCompleted || status == storage.InstanceCancelled || !storage.Skippable(target.state.Status) {
+			return storage.SkipRefusal(id, step, status, target.state.Status)
+		}
+		if target.forEach {
+			if _, err := t.exec(`DELETE FROM steps WHERE parent_id = ?`, target.id); err != nil {
+				return err
+			}
+		}
+		if _, err := t.exec(`UPDATE steps SET status = 'completed', output = ?, error = '', finished_at = ?,
+			lease_until = NULL, worker_id = '', deadline = NULL WHERE id = ?`, string(output), us(t.now), target.id); err != nil {
+			return err
+		}
+		t.event(id, step, storage.EventStepCompleted, 0, storage.SkippedByHand)
+		if status == storage.InstanceFailed {
+			return t.rerun(id, steps, storage.Rerun(states, i, nil), "skip of "+step)
+		}
+		return nil
+	})
+}
+
+// pauseState reads what pausing and resuming check.
+func (t *txn) pauseState(id string) (storage.InstanceStatus, bool, error) {
+	var (
+		status storage.InstanceStatus
+		paused bool
+	)
+	if err := t.queryRow(`SELECT status, paused FROM instances WHERE id = ?`, id).Scan(&status, &paused); err != nil {
+		return "", false, fmt.Errorf("instance %s: %w", id, interpretError("", err))
+	}
+	return status, paused, nil
+}
+
+// PauseInstance implements storage.Operator: the pending steps are put off
+// by storage.PauseShiftMicros; those that become pending later are by the
+// statements that make them so (see loaded.due and requeueHeld).
+func (s *Store) PauseInstance(ctx context.Context, id string) error {
+	return s.writeBy(ctx, "pause instance", func(t *txn) error {
+		status, paused, err := t.pauseState(id)
+		if err != nil {
+			return err
+		}
+		if status.Finished() || paused {
+			return storage.PauseRefusal(id, status)
+		}
+		if _, err := t.exec(`UPDATE instances SET paused = 1 WHERE id = ?`, id); err != nil {
+			return err
+		}
+		if _, err := t.exec(`UPDATE steps SET run_after = run_after + `+pauseShift+`
+			WHERE instance_id = ? AND status = 'pending'`, id); err != nil {
+			return err
+		}
+		t.event(id, "", storage.EventInstancePaused, 0, "")
+		return nil
+	})
+}
+
+// ResumeInstance implements storage.Operator.
+func (s *Store) ResumeInstance(ctx context.Context, id string) error {
+	err := s.writeBy(ctx, "resume instance", func(t *txn) error {
+		status, paused, err := t.pauseState(id)
+		if err != nil {
+			return err
+		}
+		if status.Finished() || !paused {
+			return storage.ResumeRefusal(id, status)
+		}
+		if _, err := t.exec(`UPDATE instances SET paused = 0 WHERE id = ?`, id); err != nil {
+			return err
+		}
+		if _, err := t.exec(`UPDATE steps SET run_after = run_after - `+pauseShift+`
+			WHERE instance_id = ? AND status = 'pending' AND run_after > `+pauseShift, id); err != nil {
+			return err
+		}
+		t.event(id, "", storage.EventInstanceResumed, 0, "")
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.notify()
+	return nil
+}
+
+// MatchInstances implements storage.Operator.
+func (s *Store) MatchInstances(ctx context.Context, f storage.InstanceFilter) ([]string, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 1000
+	}
+	var before int64
+	if !f.CreatedBefore.IsZero() {
+		before = us(f.CreatedBefore)
+	}
+	var ids []string
+	err := s.read(ctx, "match instances", func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, `SELECT id FROM instances
+			WHERE (?1 = '' OR workflow = ?1) AND (?2 = '' OR status = ?2) AND (?3 = 0 OR created_at < ?3) AND id > ?5
+			ORDER BY id LIMIT ?4`, f.Workflow, string(f.Status), before, limit, f.AfterID)
+		if err != nil {
+			return err
+		}
+		return eachRow(rows, func(sc scanner) error {
+			var id string
+			if err := sc.Scan(&id); err != nil {
+				return err
+			}
+			ids = append(ids, id)
+			return nil
+		})
+	})
+	return ids, err
+}
