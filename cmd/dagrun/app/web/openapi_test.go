@@ -133,11 +133,28 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	c.call(t, "POST /api/instances/{id}/retry", "/api/instances/"+fanout+"/retry", "", http.StatusOK)
 	c.call(t, "POST /api/instances/{id}/retry", "/api/instances/"+greetID+"/retry", "", http.StatusConflict)
 
+	c.call(t, "POST /api/instances/{id}/retry", "/api/instances/"+greetID+"/retry", `{"from": "nope"}`, http.StatusNotFound)
+	c.call(t, "POST /api/instances/{id}/retry", "/api/instances/"+greetID+"/retry", `{"from": "shout"}`, http.StatusOK)
+	b.wait(t, greetID)
+
 	approval := c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/approval/instances", "", http.StatusCreated).json(t)["id"].(string)
 	c.call(t, "POST /api/instances/{id}/signals/{name}", "/api/instances/"+approval+"/signals/approve", `{"data": {"approved": "yes"}}`, http.StatusBadRequest)
 	c.call(t, "POST /api/instances/{id}/signals/{name}", "/api/instances/"+approval+"/signals/nope", `{"data": {"approved": true}}`, http.StatusNotFound)
+	c.call(t, "POST /api/instances/{id}/pause", "/api/instances/"+approval+"/pause", "", http.StatusOK)
+	c.call(t, "POST /api/instances/{id}/pause", "/api/instances/"+approval+"/pause", "", http.StatusConflict)
+	c.call(t, "POST /api/instances/{id}/resume", "/api/instances/"+approval+"/resume", "", http.StatusOK)
+	c.call(t, "POST /api/instances/{id}/resume", "/api/instances/"+approval+"/resume", "", http.StatusConflict)
 	c.call(t, "POST /api/instances/{id}/signals/{name}", "/api/instances/"+approval+"/signals/approve", `{"data": {"approved": true}, "id": "s-1"}`, http.StatusOK)
 	c.call(t, "POST /api/instances/{id}/signals/{name}", "/api/instances/"+approval+"/signals/approve", `{"data": {"approved": false}, "id": "s-2"}`, http.StatusConflict)
+
+	skipped := c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/approval/instances", "", http.StatusCreated).json(t)["id"].(string)
+	c.call(t, "POST /api/instances/{id}/steps/{step}/skip", "/api/instances/"+skipped+"/steps/approval/skip", `{"output": {"approved": true}}`, http.StatusOK)
+	c.call(t, "POST /api/instances/{id}/steps/{step}/skip", "/api/instances/"+skipped+"/steps/approval/skip", ``, http.StatusConflict)
+	c.call(t, "POST /api/instances/{id}/steps/{step}/skip", "/api/instances/"+skipped+"/steps/nope/skip", ``, http.StatusNotFound)
+	c.call(t, "POST /api/instances/cancel", "/api/instances/cancel", `{"ids": ["`+skipped+`", "missing"]}`, http.StatusOK)
+	c.call(t, "POST /api/instances/retry", "/api/instances/retry", `{"workflow": "approval", "status": "cancelled", "olderThan": "0s"}`, http.StatusOK)
+	c.call(t, "POST /api/instances/retry", "/api/instances/retry", `{"ids": ["x"], "workflow": "approval"}`, http.StatusBadRequest)
+	c.call(t, "POST /api/instances/cancel", "/api/instances/cancel", `{"workflow": "approval"}`, http.StatusOK)
 
 	c.call(t, "GET /api/schedules", "/api/schedules?next=2", "", http.StatusOK)
 	c.call(t, "GET /api/schedules", "/api/schedules?next=0", "", http.StatusBadRequest)
