@@ -227,9 +227,11 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 		case <-poll.C:
 		case <-idle.C:
 			w.expireWaits(ctx)
+			w.expireInstances(ctx)
 		case <-recoverEvery.C:
 			w.recoverExpired(ctx)
 			w.expireWaits(ctx)
+			w.expireInstances(ctx)
 		}
 	}
 	return nil

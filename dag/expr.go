@@ -58,6 +58,11 @@ type StepEnv struct {
 type WorkflowEnv struct {
 	ID   string `expr:"id"`
 	Name string `expr:"name"`
+	// Error and FailedStep are the instance's failure, for onFailure
+	// steps: the error it fails with, and the step whose failure failed
+	// it ("" when no step did: a workflow timeout, an output error).
+	Error      string `expr:"error"`
+	FailedStep string `expr:"failedStep"`
 }
 
 // Expr is one compiled expression, such as a step's when:.
@@ -180,6 +185,7 @@ type scope struct {
 	canRead func(step string) bool // steps it may read; nil means any (output:)
 	graph   *graphInfo             // every valid step name
 	items   bool                   // item and index may be read: the input of a forEach step
+	failure bool                   // workflow.error and workflow.failedStep may be read: an onFailure step
 }
 
 // subject names where the expression is, for messages.
@@ -434,8 +440,12 @@ func checkReferences(tree *exprparser.Tree, sc *scope) (refs []string, problems 
 			switch {
 			case m == nil || !ok:
 				problems = append(problems, "use workflow.id or workflow.name")
+			case field == "error" || field == "failedStep":
+				if !sc.failure {
+					problems = append(problems, fmt.Sprintf("workflow.%s is only defined in the steps of onFailure (the instance's failure)", field))
+				}
 			case field != "id" && field != "name":
-				problems = append(problems, fmt.Sprintf("workflow has no field %q: use workflow.id or workflow.name", field))
+				problems = append(problems, fmt.Sprintf("workflow has no field %q: use workflow.id or workflow.name", field)+failureFieldsHint(sc))
 			}
 		case "steps":
 			m := r.parent[id]

@@ -11,6 +11,7 @@ import (
 type loaded struct {
 	state    storage.InstanceState
 	runAfter int64   // the instance's run_after
+	timeout  int64   // the instance's timeout_us
 	ids      []int64 // step row IDs, parallel to state.Steps
 }
 
@@ -22,7 +23,7 @@ func (t *txn) loadMany(ids []string) (map[string]*loaded, error) {
 		return nil, err
 	}
 	out := make(map[string]*loaded, len(ids))
-	rows, err := t.query(`SELECT id, workflow, definition_hash, status, input, run_after FROM instances
+	rows, err := t.query(`SELECT id, workflow, definition_hash, status, input, run_after, timeout_us, failing, error, failed_step FROM instances
 		WHERE id IN (SELECT value FROM json_each(?))`, string(idsJSON))
 	if err != nil {
 		return nil, err
@@ -30,9 +31,17 @@ func (t *txn) loadMany(ids []string) (map[string]*loaded, error) {
 	err = eachRow(rows, func(sc scanner) error {
 		l := &loaded{}
 		st := &l.state
-		var input []byte
-		if err := sc.Scan(&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input, &l.runAfter); err != nil {
+		var (
+			input   []byte
+			failing bool
+			failure storage.Failure
+		)
+		if err := sc.Scan(&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input, &l.runAfter, &l.timeout,
+			&failing, &failure.Error, &failure.Step); err != nil {
 			return err
+		}
+		if failing {
+			st.Failure = &failure
 		}
 		st.Input = rawJSON(input)
 		st.LoadDefinition = t.definition(st.DefinitionHash)
@@ -195,6 +204,16 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 			return err
 		}
 		l.state.Steps[i].Status = c.Status
+	}
+	if err := storage.CheckFailure(id, p, &l.state); err != nil {
+		return err
+	}
+	if p.Failure != nil {
+		// The steps this plan made ready are written at the flush, after
+		// this: the failure cancels main steps only, never those.
+		if err := t.recordFailure(l, p.Failure); err != nil {
+			return err
+		}
 	}
 	if ic := p.Instance; ic != nil {
 		if !ic.Status.Finished() {
