@@ -112,6 +112,13 @@ func (b *bundle) finishFailing(rs ...storage.StepResult) []storage.FinishResult 
 	return got
 }
 
+// completeFailing is complete, planned by FailurePlan.
+func (b *bundle) completeFailing(id, name, output string) {
+	b.t.Helper()
+	c := b.claimStep(id, name)
+	require.Equal(b.t, []storage.FinishResult{{Accepted: true}}, b.finishFailing(completed(c.Claim, output)))
+}
+
 func (b *bundle) expire() int {
 	b.t.Helper()
 	n, err := b.store.ExpireInstances(b.ctx, 0, FailurePlan)
@@ -186,7 +193,7 @@ var failureTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, storage.StepFailed, step(t, in, "bad").Status)
 		require.Equal(t, storage.StepCancelled, step(t, in, "next").Status)
 		require.Equal(t, storage.StepPending, step(t, in, "onfail-x").Status)
-		b.complete(id, "onfail-x", `"cleaned"`)
+		b.completeFailing(id, "onfail-x", `"cleaned"`)
 		in = b.get(id)
 		require.Equal(t, storage.InstanceFailed, in.Status)
 		require.Equal(t, "step bad failed", in.Error)
@@ -246,11 +253,13 @@ var failureTests = map[string]func(*testing.T, *Harness){
 		require.Nil(t, in.Deadline, "the onFailure steps run without the workflow timeout")
 		require.Equal(t, storage.StepCancelled, step(t, in, "await-ok").Status)
 		require.Equal(t, storage.StepPending, step(t, in, "onfail-x").Status)
-		_, err := b.signal(storage.SignalParams{InstanceID: id, Name: "ok", Payload: json.RawMessage(`1`)})
-		require.Error(t, err, "the cancelled wait takes no signal")
+		res, err := b.signal(storage.SignalParams{InstanceID: id, Name: "ok", Payload: json.RawMessage(`1`)})
+		require.NoError(t, err)
+		require.False(t, res.Delivered, "the cancelled wait takes no signal")
+		require.Equal(t, storage.StepCancelled, b.status(id, "await-ok"))
 		b.clock.Advance(time.Hour)
 		require.Zero(t, b.expire())
-		b.complete(id, "onfail-x", `1`)
+		b.completeFailing(id, "onfail-x", `1`)
 		in = b.get(id)
 		require.Equal(t, storage.InstanceFailed, in.Status)
 		require.Equal(t, "workflow timed out after 1h", in.Error)
@@ -272,7 +281,7 @@ var failureTests = map[string]func(*testing.T, *Harness){
 		id := b.createFailing(failureParams(time.Minute, spec("a"), onFailureSpec("onfail-x")))
 		c := b.claimStep(id, "a")
 		b.finishFailing(failedFor(c.Claim, "boom"))
-		b.complete(id, "onfail-x", `"done"`)
+		b.completeFailing(id, "onfail-x", `"done"`)
 		require.Equal(t, storage.InstanceFailed, b.get(id).Status)
 
 		b.clock.Advance(time.Hour)
