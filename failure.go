@@ -3,6 +3,7 @@ package dagrun
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/storage"
@@ -180,4 +181,28 @@ func (w *Worker) expireInstances(ctx context.Context) {
 		w.logger.Info("dagrun: instances timed out", slog.Int("instances", n))
 		w.engine.notifyChanged()
 	}
+}
+
+// wakeWhileBusy arms idle for the next timeout (a wait's, a workflow's)
+// while every slot is taken, so that a timeout of an instance whose
+// handler holds the worker's last slot is enforced at its time rather than
+// at the next lease recovery; at most once per poll interval, so that a
+// busy worker's loop does not read the store at every wake-up. A timeout
+// already due is enforced at once: re-arming the timer for it at every
+// look would put it off for ever. It returns when it last looked.
+func (w *Worker) wakeWhileBusy(ctx context.Context, idle *time.Timer, last time.Time) time.Time {
+	now := time.Now()
+	if now.Sub(last) < w.config.Poll {
+		return last
+	}
+	next, err := w.engine.store.NextWake(ctx, w.claimParams(0))
+	switch {
+	case err != nil || next.IsZero():
+	case !next.After(now):
+		w.expireWaits(ctx)
+		w.expireInstances(ctx)
+	default:
+		idle.Reset(next.Sub(now) + time.Millisecond) // the store compares deadline <= now
+	}
+	return now
 }

@@ -142,6 +142,7 @@ onFailure:
 		started := time.Now()
 		inst := b.wait(t, b.start(t, "approval", `{}`))
 		require.GreaterOrEqual(t, time.Since(started), 300*time.Millisecond)
+		require.Less(t, time.Since(started), 10*time.Second, "at its time, not at a lease recovery")
 		require.Equal(t, storage.InstanceFailed, inst.Status)
 		require.Equal(t, "workflow timed out after 300ms", inst.Error)
 		require.Empty(t, inst.FailedStep)
@@ -177,16 +178,22 @@ onFailure:
     handler: echo
     input: ${{ workflow.error }}
 `)
-		b.runWorker(t, &dagrun.WorkerConfig{Lease: 30 * time.Second})
+		// One slot, which the handler holds: the worker still wakes for
+		// the deadline, well before its next lease recovery (15s).
+		b.runWorker(t, &dagrun.WorkerConfig{Concurrency: 1, Lease: 30 * time.Second})
+		started := time.Now()
 		id := b.start(t, "slow", `{}`)
 		select {
 		case <-cancelled:
+			require.Less(t, time.Since(started), 10*time.Second)
 		case <-time.After(20 * time.Second):
 			t.Fatal("the handler's context was not cancelled by the workflow timeout")
 		}
-		inst := b.wait(t, id)
+		// The handler ignores the cancellation a while, then reports a
+		// success, which is refused: the step was cancelled under its claim.
 		close(release)
 		<-returned
+		inst := b.wait(t, id)
 		require.Equal(t, storage.InstanceFailed, inst.Status)
 		require.Equal(t, "workflow timed out after 200ms", inst.Error)
 		require.Equal(t, storage.StepCancelled, step(t, inst, "work").Status)
@@ -231,7 +238,7 @@ onFailure:
 		var ids []string
 		for i := range 20 {
 			// Around the deadline, on both sides of it.
-			d := 40*time.Millisecond + time.Duration(i)*time.Millisecond
+			d := 30*time.Millisecond + time.Duration(2*i)*time.Millisecond
 			ids = append(ids, b.start(t, "race", fmt.Sprint(int64(d))))
 		}
 		outcomes := map[storage.InstanceStatus]int{}
