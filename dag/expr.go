@@ -186,6 +186,9 @@ type scope struct {
 	graph   *graphInfo             // every valid step name
 	items   bool                   // item and index may be read: the input of a forEach step
 	failure bool                   // workflow.error and workflow.failedStep may be read: an onFailure step
+	// unreadable, when set, says why canRead refuses a step, instead of
+	// the advice to depend on it.
+	unreadable func(step string) string
 }
 
 // subject names where the expression is, for messages.
@@ -471,6 +474,9 @@ func checkReferences(tree *exprparser.Tree, sc *scope) (refs []string, problems 
 				continue
 			case step == sc.self:
 				problems = append(problems, fmt.Sprintf("a step cannot read its own output or status (%s)", stepRef(step)))
+				continue
+			case sc.canRead != nil && !sc.canRead(step) && sc.unreadable != nil:
+				problems = append(problems, sc.unreadable(step))
 				continue
 			case sc.canRead != nil && !sc.canRead(step):
 				problems = append(problems, fmt.Sprintf("%s does not depend on %q, so it cannot read %s: add %q to its dependsOn (directly or through another step)", sc.subject(), step, stepRef(step), step))

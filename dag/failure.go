@@ -1,6 +1,8 @@
 package dag
 
 import (
+	"fmt"
+
 	"gopkg.in/yaml.v3"
 )
 
@@ -33,12 +35,15 @@ func (p *parser) checkFailureDeps(builds []*stepBuild) {
 	onFailure := map[string]bool{}
 	main := map[string]bool{}
 	for _, b := range builds {
-		if b.nameOK {
-			if b.step.OnFailure {
-				onFailure[b.step.Name] = true
-			} else {
-				main[b.step.Name] = true
-			}
+		if b.nameOK && !b.step.OnFailure {
+			main[b.step.Name] = true
+		}
+	}
+	for _, b := range builds {
+		// A name used twice is reported as a duplicate; the main step's
+		// is the one it names.
+		if b.nameOK && b.step.OnFailure && !main[b.step.Name] {
+			onFailure[b.step.Name] = true
 		}
 	}
 	for _, b := range builds {
@@ -62,6 +67,14 @@ func mainStep(builds []*stepBuild) func(string) bool {
 		}
 	}
 	return func(name string) bool { return main[name] }
+}
+
+// outputScope is what output: may read: any main step.
+func outputScope(g *graphInfo, builds []*stepBuild) *scope {
+	main := mainStep(builds)
+	return &scope{where: "output", graph: g, canRead: main, unreadable: func(step string) string {
+		return fmt.Sprintf("output cannot read onFailure step %q: it runs only when the instance fails, and the output is computed when it completes", step)
+	}}
 }
 
 // failureFieldsHint completes the message of an unknown workflow field in

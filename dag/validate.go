@@ -102,7 +102,7 @@ func (p *parser) build(raw *rawWorkflow) *Workflow {
 	p.checkFailureDeps(builds)
 	p.compileExpressions(builds, g, raw)
 	if raw.Output != nil {
-		sc := &scope{where: "output", graph: g, canRead: mainStep(mainBuilds)}
+		sc := outputScope(g, mainBuilds)
 		w.Output = p.template(raw.Output, sc)
 	}
 	if nameOK && p.filename != "" {
