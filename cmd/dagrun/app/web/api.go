@@ -264,11 +264,7 @@ func (s *Server) writeInstance(w http.ResponseWriter, r *http.Request, status in
 		s.failInstance(w, r, id, err)
 		return
 	}
-	gs := make([]graphStep, len(inst.Steps))
-	for i, st := range inst.Steps {
-		gs[i] = graphStep{Name: st.Name, DependsOn: st.DependsOn}
-	}
-	writeJSON(w, status, instanceDetail{Instance: view.NewInstance(inst), Graph: layoutGraph(gs)})
+	writeJSON(w, status, instanceDetail{Instance: view.NewInstance(inst), Graph: instanceGraph(inst.Steps)})
 }
 
 // listItems is GET /api/instances/{id}/steps/{step}/items: a page of a

@@ -456,6 +456,16 @@
 
   // ---- Graph drawing (layout comes from the server) ----
 
+  // drawGroups draws the labelled bands below the main graph (an
+  // instance's onFailure steps, which run only when it fails): a dashed
+  // separator across the graph and the band's label under it.
+  function drawGroups(root, graph) {
+    for (const grp of graph.groups || []) {
+      root.appendChild(svg("line", { class: "group-line", x1: 12, x2: graph.width - 12, y1: grp.y + 4, y2: grp.y + 4 }));
+      root.appendChild(svg("text", { class: "group-label", x: 16, y: grp.y + 22 }, grp.label));
+    }
+  }
+
   const NAME_FONT = '650 13px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
   const SUB_FONT = '11px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
   const MIN_ZOOM = 0.02, MAX_ZOOM = 3, ZOOM_STEP = 1.25;
@@ -496,6 +506,7 @@
         return { edge: e, path };
       });
       root.appendChild(edgeLayer);
+      drawGroups(root, graph);
       nodes = new Map();
       for (const n of graph.nodes) {
         const title = svg("title", {});
@@ -524,7 +535,7 @@
       for (const [name, v] of nodes) {
         const info = stepInfo(name);
         status[name] = info.status;
-        setAttr(v.g, "class", "node s-" + info.status + (name === selected ? " selected" : ""));
+        setAttr(v.g, "class", "node s-" + info.status + (v.node.onFailure ? " on-failure" : "") + (name === selected ? " selected" : ""));
         setAttr(v.g, "aria-label", name + ": " + info.label);
         setText(v.title, name + "\n" + info.label + (info.title || info.detail ? "\n" + (info.title || info.detail) : ""));
         setText(v.state, ((ICONS[info.status] || "") + " " + info.label).trim());
