@@ -2,6 +2,7 @@ package dag
 
 import (
 	"fmt"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 )
@@ -93,4 +94,41 @@ func (w *Workflow) OnFailureOrder() []*Step {
 		return topoOrder(w.OnFailure)
 	}
 	return append([]*Step(nil), w.failureOrder...)
+}
+
+// mermaidOnFailure draws the onFailure steps as a subgraph of their own:
+// they hang off no main step, as they run when any of them fails.
+func (w *Workflow) mermaidOnFailure(b *strings.Builder, ids map[string]string) {
+	if len(w.OnFailure) == 0 {
+		return
+	}
+	b.WriteString("    subgraph onFailure\n")
+	for _, s := range w.OnFailure {
+		fmt.Fprintf(b, "        %s[\"%s<br/>%s\"]\n", ids[s.Name], mermaidLabel.Replace(s.Name), mermaidLabel.Replace(s.Handler))
+	}
+	b.WriteString("    end\n")
+	for _, s := range w.OnFailure {
+		for _, d := range s.DependsOn {
+			if dep, ok := ids[d]; ok {
+				fmt.Fprintf(b, "    %s --> %s\n", dep, ids[s.Name])
+			}
+		}
+	}
+}
+
+// dotOnFailure draws the onFailure steps as a dashed cluster.
+func (w *Workflow) dotOnFailure(b *strings.Builder) {
+	if len(w.OnFailure) == 0 {
+		return
+	}
+	b.WriteString("    subgraph cluster_onFailure {\n        label=\"onFailure\";\n        style=dashed;\n")
+	for _, s := range w.OnFailure {
+		fmt.Fprintf(b, "        %s [label=%s];\n", dotQuote(s.Name), `"`+dotEscape.Replace(s.Name)+`\n`+dotEscape.Replace(s.Handler)+`"`)
+	}
+	b.WriteString("    }\n")
+	for _, s := range w.OnFailure {
+		for _, d := range s.DependsOn {
+			fmt.Fprintf(b, "    %s -> %s;\n", dotQuote(d), dotQuote(s.Name))
+		}
+	}
 }

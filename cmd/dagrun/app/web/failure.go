@@ -1,6 +1,7 @@
 package web
 
 import (
+	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/storage"
 )
 
@@ -29,7 +30,12 @@ func instanceGraph(steps []storage.Step) *Graph {
 			main = append(main, gs)
 		}
 	}
-	g := layoutGraph(main)
+	return withOnFailure(layoutGraph(main), onFailure)
+}
+
+// withOnFailure adds the onFailure steps to g, laid out on their own below
+// it.
+func withOnFailure(g *Graph, onFailure []graphStep) *Graph {
 	if len(onFailure) == 0 {
 		return g
 	}
@@ -50,4 +56,19 @@ func instanceGraph(steps []storage.Step) *Graph {
 	g.Width = max(g.Width, f.Width)
 	g.Height = top + f.Height
 	return g
+}
+
+// addOnFailure adds a definition's workflow timeout and onFailure steps
+// to its detail, and the steps to its graph.
+func addOnFailure(out *workflowDetail, wf *dag.Workflow) {
+	if wf.Timeout > 0 {
+		t := storage.FormatDuration(wf.Timeout)
+		out.Timeout = &t
+	}
+	var gs []graphStep
+	for _, st := range wf.OnFailure {
+		out.OnFailure = append(out.OnFailure, newStepDef(st))
+		gs = append(gs, graphStep{Name: st.Name, DependsOn: st.DependsOn})
+	}
+	out.Graph = withOnFailure(out.Graph, gs)
 }

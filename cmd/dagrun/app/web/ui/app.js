@@ -456,6 +456,18 @@
 
   // ---- Graph drawing (layout comes from the server) ----
 
+  // failureRows are the instance's rows about its workflow timeout and
+  // its failure: the timeout and, while it runs, when it times out; the
+  // step that failed it; and, while its onFailure steps run, that it
+  // failed already although it still runs.
+  function failureRows(inst) {
+    const rows = [];
+    if (inst.timeout) rows.push(["Timeout", inst.deadline ? inst.timeout + " (until " + fmtTime(inst.deadline) + ")" : inst.timeout]);
+    if (inst.failing) rows.push(["Failing", el("span", { class: "value", id: "failing" }, "failed; running its onFailure steps")]);
+    if (inst.failedStep) rows.push(["Failed step", el("span", { class: "mono value", id: "failed-step" }, inst.failedStep)]);
+    return rows;
+  }
+
   // drawGroups draws the labelled bands below the main graph (an
   // instance's onFailure steps, which run only when it fails): a dashed
   // separator across the graph and the band's label under it.
@@ -966,6 +978,7 @@
         ["Priority", String(inst.priority)],
       ];
       if (inst.key !== null) rows.push(["Key", el("span", { class: "mono value" }, inst.key)]);
+      rows.push(...failureRows(inst));
       return [
         el("div", { class: "meta" }, rows.map(([k, v]) => el("div", {}, el("span", {}, k), v instanceof Node ? v : el("span", { class: "value" }, v)))),
         inst.error !== null ? el("div", { class: "error-box", id: "instance-error" }, inst.error) : null,
@@ -989,7 +1002,8 @@
           el("p", { class: "muted" }, "Click a step in the graph to see its attempts, inputs, outputs and errors."),
           el("table", {}, el("tbody", {}, inst.steps.map((st) => {
             const row = el("tr", { class: "clickable", "data-step": st.name },
-              el("td", {}, st.name, st.items ? el("div", { class: "muted small" }, itemSummary(st.items)) : null), el("td", {}, badge(st.status)),
+              el("td", {}, st.name, st.onFailure ? el("span", { class: "muted small" }, " onFailure") : null,
+                st.items ? el("div", { class: "muted small" }, itemSummary(st.items)) : null), el("td", {}, badge(st.status)),
               el("td", { class: "num muted" }, st.startedAt ? duration(st.startedAt, st.finishedAt) : ""));
             row.addEventListener("click", () => select(st.name));
             return row;
@@ -1167,7 +1181,7 @@
     }
     function renderSide() {
       clear(side);
-      const s = selected && wf.steps.find((x) => x.name === selected);
+      const s = selected && stepsByName.get(selected);
       if (!s) {
         append(side, [el("h2", {}, "Start an instance"), startForm()]);
         return;
@@ -1227,7 +1241,7 @@
     async function refresh(gen) {
       wf = await api("GET", "workflows/" + encodeURIComponent(name));
       if (gen !== generation) return false;
-      stepsByName = new Map(wf.steps.map((st) => [st.name, st]));
+      stepsByName = new Map(wf.steps.concat(wf.onFailure || []).map((st) => [st.name, st]));
       document.title = wf.name + " · dagrun";
       clear(body);
       const source = el("pre", { class: "source", id: "source" }, wf.source.replace(/\n$/, "").split("\n").map((line) => el("span", {}, line || " ")));
