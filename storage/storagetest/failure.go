@@ -276,6 +276,19 @@ var failureTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, storage.InstanceFailed, in.Status)
 		require.Equal(t, "workflow timed out after 1s", in.Error)
 	},
+	"CancelOfAFailingInstanceStopsItsOnFailureSteps": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createFailing(failureParams(0, spec("a"), onFailureSpec("onfail-x"), onFailureSpec("onfail-y")))
+		b.finishFailing(failedFor(b.claimStep(id, "a").Claim, "boom"))
+		cx := b.claimStep(id, "onfail-x")
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "cancelled by request"))
+		in := b.get(id)
+		require.Equal(t, storage.InstanceCancelled, in.Status)
+		require.False(t, in.Failing)
+		require.Equal(t, storage.StepCancelled, step(t, in, "onfail-x").Status)
+		require.Equal(t, storage.StepCancelled, step(t, in, "onfail-y").Status)
+		require.Equal(t, []storage.FinishResult{{Cancelled: true}}, b.finishFailing(completed(cx.Claim, `1`)))
+	},
 	"RetryRearmsOnFailureStepsAndTheTimeout": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		id := b.createFailing(failureParams(time.Minute, spec("a"), onFailureSpec("onfail-x")))
