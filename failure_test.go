@@ -288,3 +288,35 @@ func TestRetryAfterAFailureRunsTheOnFailureStepsAgainOnTheNextFailure(t *testing
 		require.Equal(t, 2, failing)
 	})
 }
+
+// An onFailure forEach step expands in the transaction that records the
+// failure: its items run, while the main steps are cancelled.
+func TestOnFailureForEachStepRunsItsItems(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		registry, _ := failureRegistry(t)
+		b := setup(t, open, registry, `
+name: fan-cleanup
+defaults:
+  retry: {maxAttempts: 1}
+steps:
+  - name: boom
+    handler: decline
+  - name: slow
+    handler: gate
+onFailure:
+  - name: undo
+    forEach: [1, 2, 3]
+    handler: echo
+    input: {n: "${{ item }}", why: "${{ workflow.error }}"}
+`)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "fan-cleanup", `{}`))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, "step boom failed: card declined", inst.Error)
+		require.Equal(t, storage.StepCancelled, step(t, inst, "slow").Status)
+		undo := step(t, inst, "undo")
+		require.Equal(t, storage.StepCompleted, undo.Status)
+		requireJSON(t, `[{"n":1,"why":"step boom failed: card declined"},{"n":2,"why":"step boom failed: card declined"},{"n":3,"why":"step boom failed: card declined"}]`, undo.Output)
+	})
+}
