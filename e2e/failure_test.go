@@ -69,6 +69,8 @@ func TestWorkflowTimeoutRunsOnFailureStepsThroughTheBinary(t *testing.T) {
 		e.mustRun(t, "validate")
 		res := e.run(t, "start", "slow-pay", "--json")
 		require.Equal(t, 1, res.code, "a failed instance exits 1\n%s", res.stderr)
+		require.Contains(t, res.stderr, "failed (workflow timed out after 1s); running its onFailure steps")
+		require.Contains(t, res.stderr, "refund       completed")
 		var inst failureInstance
 		require.NoError(t, json.Unmarshal([]byte(res.stdout), &inst), res.stdout)
 		require.Equal(t, "failed", inst.Status)
