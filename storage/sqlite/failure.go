@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"time"
 
@@ -58,39 +59,41 @@ func (s *Store) ExpireInstances(ctx context.Context, limit int, plan storage.Pla
 // expire plans the timed-out instances, and fails the ones whose plan
 // neither failed them nor recorded their failure.
 func (t *txn) expire(ids []string, plan storage.PlanFunc) error {
-	if len(ids) == 0 {
-		return nil
+	t.timedOut = make(map[string]bool, len(ids))
+	for _, id := range ids {
+		t.timedOut[id] = true
 	}
-	ls, err := t.loadMany(ids)
+	err := t.plan(ids, plan)
+	t.timedOut = nil
 	if err != nil {
 		return err
 	}
-	var b planBatch
-	for _, id := range ids {
-		l := ls[id]
-		l.state.TimedOut = time.Duration(l.timeout) * time.Microsecond
-		p, err := plan(&l.state)
-		if err != nil {
-			return err
-		}
-		if err := t.collect(&b, l, p); err != nil {
-			return err
-		}
-	}
-	if err := t.flushPlans(&b); err != nil {
+	idsJSON, err := json.Marshal(ids)
+	if err != nil {
 		return err
 	}
-	for _, id := range ids {
-		if l := ls[id]; !l.state.Status.Finished() && l.state.Failure == nil {
-			msg := storage.WorkflowTimeoutError(time.Duration(l.timeout) * time.Microsecond)
-			if err := t.finishInstance(id, storage.InstanceFailed, nil, msg, true); err != nil {
-				return err
-			}
-		}
+	rows, err := t.query(`SELECT id, timeout_us FROM instances WHERE id IN (SELECT value FROM json_each(?))
+		AND status = 'running' AND NOT failing`, string(idsJSON))
+	if err != nil {
+		return err
 	}
-	if replan := t.replan; len(replan) > 0 {
-		t.replan = nil
-		return t.plan(replan, plan)
+	overruled := map[string]int64{}
+	if err := eachRow(rows, func(sc scanner) error {
+		var (
+			id      string
+			timeout int64
+		)
+		err := sc.Scan(&id, &timeout)
+		overruled[id] = timeout
+		return err
+	}); err != nil {
+		return err
+	}
+	for id, timeout := range overruled {
+		msg := storage.WorkflowTimeoutError(time.Duration(timeout) * time.Microsecond)
+		if err := t.finishInstance(id, storage.InstanceFailed, nil, msg, true); err != nil {
+			return err
+		}
 	}
 	return nil
 }

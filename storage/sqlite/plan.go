@@ -3,6 +3,7 @@ package sqlite
 import (
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/dagrun/dagrun/storage"
 )
@@ -105,6 +106,9 @@ func (t *txn) plan(ids []string, plan storage.PlanFunc) error {
 		l := ls[id]
 		if l.state.Status.Finished() {
 			continue
+		}
+		if t.timedOut[id] {
+			l.state.TimedOut = time.Duration(l.timeout) * time.Microsecond
 		}
 		p, err := plan(&l.state)
 		if err != nil {
