@@ -98,11 +98,12 @@ func (e *Engine) createEagerly(ctx context.Context, params []storage.CreateParam
 	return created, err
 }
 
-// wakesLater reports whether instances have steps that are due only later:
-// a delayed start's, or a wait step's timeout.
+// wakesLater reports whether instances have steps that are due only later,
+// or times to keep: a delayed start's, a wait step's or the workflow's
+// timeout.
 func wakesLater(params []storage.CreateParams) bool {
 	for _, p := range params {
-		if !p.RunAfter.IsZero() {
+		if !p.RunAfter.IsZero() || p.Timeout > 0 {
 			return true
 		}
 		for _, s := range p.Steps {

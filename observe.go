@@ -59,6 +59,9 @@ type finishRecorder struct {
 	engine *Engine
 	mu     sync.Mutex
 	ended  map[string]finishedInstance
+	// failing holds, per instance whose failure a plan recorded, the
+	// names of its main steps, whose handlers are to stop.
+	failing map[string]map[string]bool
 }
 
 type finishedInstance struct {
@@ -72,6 +75,9 @@ func (e *Engine) newFinishRecorder() *finishRecorder {
 
 func (r *finishRecorder) plan(state *storage.InstanceState) (*storage.Plan, error) {
 	p, err := r.engine.plan(state)
+	if err == nil && p.Failure != nil {
+		r.recordFailing(state)
+	}
 	if err != nil || p.Instance == nil {
 		return p, err
 	}
@@ -98,4 +104,5 @@ func (r *finishRecorder) report() {
 		}
 	}
 	r.ended = nil
+	r.stopFailing()
 }

@@ -273,6 +273,7 @@ func (s *Scheduler) fire(ctx context.Context, w *dag.Workflow, sch *dag.Schedule
 			Definition:     w.Source,
 			Input:          input,
 			Key:            TickKey(sch, tick),
+			Timeout:        w.Timeout,
 			Steps:          s.engine.stepSpecs(w),
 		},
 	}

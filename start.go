@@ -116,6 +116,7 @@ func (e *Engine) start(ctx context.Context, tx any, reqs []StartRequest) ([]Star
 			Input:          input,
 			Key:            req.Options.Key,
 			Priority:       req.Options.Priority,
+			Timeout:        w.Timeout,
 			Steps:          e.stepSpecs(w),
 		}
 		if req.Options.Delay > 0 {
@@ -209,8 +210,10 @@ func (e *Engine) stepSpecs(w *dag.Workflow) []storage.StepSpec {
 }
 
 func buildStepSpecs(w *dag.Workflow) []storage.StepSpec {
-	specs := make([]storage.StepSpec, len(w.Steps))
-	for i, s := range w.Steps {
+	// The onFailure steps' rows come after the main steps'.
+	steps := append(w.Steps[:len(w.Steps):len(w.Steps)], w.OnFailure...)
+	specs := make([]storage.StepSpec, len(steps))
+	for i, s := range steps {
 		specs[i] = storage.StepSpec{
 			Name:      s.Name,
 			Handler:   s.Handler,
@@ -225,6 +228,7 @@ func buildStepSpecs(w *dag.Workflow) []storage.StepSpec {
 			ForEach:         s.ForEach != nil,
 			ItemConcurrency: s.Concurrency,
 			ContinueOnError: s.ContinueOnError,
+			OnFailure:       s.OnFailure,
 		}
 		if s.Wait != nil {
 			specs[i].Wait = &storage.WaitSpec{Signal: s.Wait.Signal, Timeout: s.Wait.Timeout}

@@ -56,10 +56,25 @@ type planner struct {
 	errors  map[string]string          // of the steps this plan fails
 	direct  map[string]json.RawMessage // outputs of the steps this plan completes (a forEach over [])
 	usage   dag.Usage                  // of the expressions evaluated so far
+
+	failedStep string           // the step outcome found failed for good
+	failure    *storage.Failure // the instance's failure, for the onFailure steps
 }
 
 func (p *planner) run() (*storage.Plan, error) {
+	if p.state.Failure != nil || p.state.TimedOut > 0 {
+		return p.runFailure(), nil
+	}
 	plan := &storage.Plan{}
+	p.promote(plan, p.w.TopologicalOrder())
+	plan.Instance = p.outcome()
+	return p.settle(plan), nil
+}
+
+// promote makes the blocked steps of order whose dependencies let them
+// proceed ready (or skipped, failed, waiting, expanded), adding the
+// changes to plan.
+func (p *planner) promote(plan *storage.Plan, order []*dag.Step) {
 	resolved := 0 // bytes of the inputs resolved so far
 	// A pending or running step will bring another transition; only then
 	// may ready steps be left for it (see MaxPlanInputBytes).
@@ -68,7 +83,7 @@ func (p *planner) run() (*storage.Plan, error) {
 		later = later || s.Status == storage.StepPending || s.Status == storage.StepRunning
 	}
 	// Topological order lets a skip cascade through a chain in one pass.
-	for _, step := range p.w.TopologicalOrder() {
+	for _, step := range order {
 		if p.status[step.Name] != storage.StepBlocked || !p.ready(step) {
 			continue
 		}
@@ -96,8 +111,6 @@ func (p *planner) run() (*storage.Plan, error) {
 		}
 		plan.Steps = append(plan.Steps, change)
 	}
-	plan.Instance = p.outcome()
-	return plan, nil
 }
 
 // ready reports whether every dependency of step let it proceed.
@@ -171,7 +184,8 @@ func (p *planner) resolve(step *dag.Step) storage.StepChange {
 // step is finished.
 func (p *planner) outcome() *storage.InstanceChange {
 	for _, s := range p.state.Steps {
-		if p.status[s.Name] == storage.StepFailed && !p.w.Step(s.Name).ContinueOnError {
+		if step := p.w.Step(s.Name); p.status[s.Name] == storage.StepFailed && !step.ContinueOnError && !step.OnFailure {
+			p.failedStep = s.Name
 			msg := fmt.Sprintf("step %s failed", s.Name)
 			if errText := p.errorOf(s.Name); errText != "" {
 				msg += ": " + errText
@@ -183,7 +197,9 @@ func (p *planner) outcome() *storage.InstanceChange {
 		switch p.status[s.Name] {
 		case storage.StepCompleted, storage.StepSkipped, storage.StepFailed:
 		default:
-			return nil
+			if !p.w.Step(s.Name).OnFailure {
+				return nil
+			}
 		}
 	}
 	output := json.RawMessage("null")
@@ -235,7 +251,7 @@ func (p *planner) env(refs []string) (*dag.Env, error) {
 	env := &dag.Env{
 		Input:    p.input,
 		Steps:    make(map[string]dag.StepEnv, len(refs)),
-		Workflow: dag.WorkflowEnv{ID: p.state.ID, Name: p.state.Workflow},
+		Workflow: p.workflowEnv(),
 		Usage:    &p.usage,
 	}
 	for _, name := range refs {

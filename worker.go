@@ -187,6 +187,7 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 	idle.Stop()
 	defer idle.Stop()
 	errorDelay := time.Duration(0)
+	var busySince time.Time // when the worker last looked for a timeout while every slot was taken
 	for ctx.Err() == nil {
 		var slotFreed <-chan struct{}
 		if free := w.slots.take(w.config.Concurrency); free > 0 {
@@ -218,6 +219,7 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 			}
 		} else {
 			slotFreed = w.slots.freed
+			busySince = w.wakeWhileBusy(ctx, idle, busySince)
 		}
 		select {
 		case <-ctx.Done():
@@ -227,9 +229,11 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 		case <-poll.C:
 		case <-idle.C:
 			w.expireWaits(ctx)
+			w.expireInstances(ctx)
 		case <-recoverEvery.C:
 			w.recoverExpired(ctx)
 			w.expireWaits(ctx)
+			w.expireInstances(ctx)
 		}
 	}
 	return nil

@@ -58,6 +58,11 @@ type StepEnv struct {
 type WorkflowEnv struct {
 	ID   string `expr:"id"`
 	Name string `expr:"name"`
+	// Error and FailedStep are the instance's failure, for onFailure
+	// steps: the error it fails with, and the step whose failure failed
+	// it ("" when no step did: a workflow timeout, an output error).
+	Error      string `expr:"error"`
+	FailedStep string `expr:"failedStep"`
 }
 
 // Expr is one compiled expression, such as a step's when:.
@@ -180,6 +185,10 @@ type scope struct {
 	canRead func(step string) bool // steps it may read; nil means any (output:)
 	graph   *graphInfo             // every valid step name
 	items   bool                   // item and index may be read: the input of a forEach step
+	failure bool                   // workflow.error and workflow.failedStep may be read: an onFailure step
+	// unreadable, when set, says why canRead refuses a step, instead of
+	// the advice to depend on it.
+	unreadable func(step string) string
 }
 
 // subject names where the expression is, for messages.
@@ -434,8 +443,12 @@ func checkReferences(tree *exprparser.Tree, sc *scope) (refs []string, problems 
 			switch {
 			case m == nil || !ok:
 				problems = append(problems, "use workflow.id or workflow.name")
+			case field == "error" || field == "failedStep":
+				if !sc.failure {
+					problems = append(problems, fmt.Sprintf("workflow.%s is only defined in the steps of onFailure (the instance's failure)", field))
+				}
 			case field != "id" && field != "name":
-				problems = append(problems, fmt.Sprintf("workflow has no field %q: use workflow.id or workflow.name", field))
+				problems = append(problems, fmt.Sprintf("workflow has no field %q: use workflow.id or workflow.name", field)+failureFieldsHint(sc))
 			}
 		case "steps":
 			m := r.parent[id]
@@ -461,6 +474,9 @@ func checkReferences(tree *exprparser.Tree, sc *scope) (refs []string, problems 
 				continue
 			case step == sc.self:
 				problems = append(problems, fmt.Sprintf("a step cannot read its own output or status (%s)", stepRef(step)))
+				continue
+			case sc.canRead != nil && !sc.canRead(step) && sc.unreadable != nil:
+				problems = append(problems, sc.unreadable(step))
 				continue
 			case sc.canRead != nil && !sc.canRead(step):
 				problems = append(problems, fmt.Sprintf("%s does not depend on %q, so it cannot read %s: add %q to its dependsOn (directly or through another step)", sc.subject(), step, stepRef(step), step))

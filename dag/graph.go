@@ -128,7 +128,7 @@ var mermaidLabel = strings.NewReplacer(`"`, "#quot;", "<", "#lt;", ">", "#gt;")
 // step labelled with its name and handler, one edge dep --> step per
 // dependency, in definition order.
 func (w *Workflow) Mermaid() string {
-	ids := mermaidIDs(w.Steps)
+	ids := mermaidIDs(append(w.Steps[:len(w.Steps):len(w.Steps)], w.OnFailure...))
 	var b strings.Builder
 	b.WriteString("flowchart TD\n")
 	for _, s := range w.Steps {
@@ -141,6 +141,7 @@ func (w *Workflow) Mermaid() string {
 			}
 		}
 	}
+	w.mermaidOnFailure(&b, ids)
 	return b.String()
 }
 
@@ -163,6 +164,7 @@ func (w *Workflow) DOT() string {
 			fmt.Fprintf(&b, "    %s -> %s;\n", dotQuote(d), dotQuote(s.Name))
 		}
 	}
+	w.dotOnFailure(&b)
 	b.WriteString("}\n")
 	return b.String()
 }

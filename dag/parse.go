@@ -136,6 +136,7 @@ type rawWorkflow struct {
 	misspelt                                          map[string]bool // keys an unknown key was suggested to be
 	Name, Description, Input, Defaults, Steps, Output *yaml.Node
 	Schedule                                          *yaml.Node
+	Timeout, OnFailure                                *yaml.Node
 }
 
 type rawDefaults struct {
@@ -169,7 +170,8 @@ type field struct {
 
 func (r *rawWorkflow) fields() []field {
 	return []field{{"name", &r.Name}, {"description", &r.Description}, {"input", &r.Input},
-		{"defaults", &r.Defaults}, {"steps", &r.Steps}, {"output", &r.Output}, {"schedule", &r.Schedule}}
+		{"defaults", &r.Defaults}, {"steps", &r.Steps}, {"output", &r.Output}, {"schedule", &r.Schedule},
+		{"timeout", &r.Timeout}, {"onFailure", &r.OnFailure}}
 }
 
 func (r *rawDefaults) fields() []field {

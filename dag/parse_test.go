@@ -126,7 +126,7 @@ func TestTopLevelExtensionKeysAreErrors(t *testing.T) {
 	// Anchors must live on a real field: there is no place for extension
 	// keys (docker-compose's x-...), as unknown keys are errors.
 	got := parseErrors(t, "", "name: t\ncommon: &c {handler: echo}\nsteps:\n  - <<: *c\n    name: a\n")
-	require.Equal(t, `2:1: unknown key "common" at the top level (valid keys: name, description, input, defaults, steps, output, schedule)`, got)
+	require.Equal(t, `2:1: unknown key "common" at the top level (valid keys: name, description, input, defaults, steps, output, schedule, timeout, onFailure)`, got)
 }
 
 func TestHostileYAML(t *testing.T) {
@@ -294,4 +294,36 @@ steps:
 	require.Zero(t, confirm.Timeout)
 	require.NoError(t, confirm.ValidatePayload(json.RawMessage(`"anything"`)))
 	require.Empty(t, w.Step("approve").Handler)
+}
+
+func TestParseTimeoutAndOnFailure(t *testing.T) {
+	t.Parallel()
+	w, err := Parse("", []byte(`name: pay
+timeout: 15m
+defaults:
+  retry: {maxAttempts: 2}
+steps:
+  - name: charge
+    handler: echo
+output: ${{ steps.charge.output }}
+onFailure:
+  - name: refund
+    handler: echo
+    input: {amount: "${{ steps.charge.output.amount }}", why: "${{ workflow.error }}", step: "${{ workflow.failedStep }}"}
+  - name: notify
+    handler: echo
+    dependsOn: [refund]
+    input: ${{ steps.refund.output }}
+`), testOptions())
+	require.NoError(t, err)
+	require.Equal(t, 15*time.Minute, w.Timeout)
+	require.Len(t, w.Steps, 1, "onFailure steps are not main steps")
+	require.Len(t, w.OnFailure, 2)
+	require.True(t, w.Step("refund").OnFailure)
+	require.False(t, w.Step("charge").OnFailure)
+	require.Equal(t, 2, w.Step("notify").Retry.MaxAttempts, "onFailure steps inherit the defaults")
+	order := w.OnFailureOrder()
+	require.Equal(t, "refund", order[0].Name)
+	require.Equal(t, "notify", order[1].Name)
+	require.Len(t, w.TopologicalOrder(), 1)
 }

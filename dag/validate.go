@@ -81,6 +81,15 @@ func (p *parser) build(raw *rawWorkflow) *Workflow {
 	for _, b := range builds {
 		w.Steps = append(w.Steps, b.step)
 	}
+	if raw.Timeout != nil {
+		w.Timeout, _ = p.duration(raw.Timeout, "", "timeout")
+	}
+	failureBuilds := p.onFailure(raw.OnFailure, def)
+	for _, b := range failureBuilds {
+		w.OnFailure = append(w.OnFailure, b.step)
+	}
+	mainBuilds := builds
+	builds = append(builds[:len(builds):len(builds)], failureBuilds...)
 	w.byName = map[string]*Step{}
 	for _, b := range builds {
 		if b.nameOK {
@@ -90,9 +99,10 @@ func (p *parser) build(raw *rawWorkflow) *Workflow {
 		}
 	}
 	g := p.checkGraph(builds)
+	p.checkFailureDeps(builds)
 	p.compileExpressions(builds, g, raw)
 	if raw.Output != nil {
-		sc := &scope{where: "output", graph: g}
+		sc := outputScope(g, mainBuilds)
 		w.Output = p.template(raw.Output, sc)
 	}
 	if nameOK && p.filename != "" {
@@ -110,6 +120,7 @@ func (p *parser) build(raw *rawWorkflow) *Workflow {
 	p.checkSignals(builds)
 	if len(p.c.errs) == 0 {
 		w.order = topoOrder(w.Steps)
+		w.failureOrder = topoOrder(w.OnFailure)
 	}
 	return w
 }
@@ -345,19 +356,25 @@ func (p *parser) steps(raw *rawWorkflow, def defaults) []*stepBuild {
 		p.c.at(n, `"steps" is empty: a workflow needs at least one step, each with at least name and handler`)
 		return nil
 	}
+	return p.stepList(n, "step", def)
+}
+
+// stepList builds the steps of a list (steps: or onFailure:), labelling
+// each with kind in messages.
+func (p *parser) stepList(n *yaml.Node, kind string, def defaults) []*stepBuild {
 	var builds []*stepBuild
 	for i, item := range n.Content {
 		item = resolve(item)
 		if item == nil {
 			continue
 		}
-		label := fmt.Sprintf("step #%d", i+1)
+		label := fmt.Sprintf("%s #%d", kind, i+1)
 		if item.Kind != yaml.MappingNode {
 			p.c.at(item, "%s must be a mapping with at least name and handler, got %s", label, describe(item))
 			continue
 		}
 		if nn := p.lookup(item, "name"); nn != nil && nn.Kind == yaml.ScalarNode && namePattern.MatchString(nn.Value) {
-			label = fmt.Sprintf("step %q", nn.Value)
+			label = fmt.Sprintf("%s %q", kind, nn.Value)
 		}
 		b := &stepBuild{label: label, raw: &rawStep{node: item}}
 		b.step = &Step{Line: item.Line, Col: item.Column}
@@ -673,9 +690,16 @@ func (p *parser) checkGraph(builds []*stepBuild) *graphInfo {
 // compileExpressions compiles every step's when and input, now that the
 // ancestors are known.
 func (p *parser) compileExpressions(builds []*stepBuild, g *graphInfo, raw *rawWorkflow) {
+	main := mainStep(builds)
 	for i, b := range builds {
 		sc := &scope{where: b.label, self: b.step.Name, graph: g,
 			canRead: func(name string) bool { return g.dependsOn(i, name) }}
+		if b.step.OnFailure {
+			// An onFailure step runs once the main steps ended, so it may
+			// read any of them, as output: may.
+			sc.failure = true
+			sc.canRead = func(name string) bool { return g.dependsOn(i, name) || main(name) }
+		}
 		if !b.nameOK {
 			sc.self = "" // an invalid name matches no reference
 		}

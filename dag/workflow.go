@@ -15,12 +15,18 @@ type Workflow struct {
 	Steps             []*Step         // definition order
 	Output            *Template       // nil when absent
 	Schedules         []*Schedule     // the schedule: list, in order
-	Source            []byte          // the exact file bytes
-	Hash              string          // hex sha256 of Source
+	// Timeout bounds an instance's run, from its start; 0 means none.
+	Timeout time.Duration
+	// OnFailure are the steps run when an instance fails, in definition
+	// order; they are not in Steps.
+	OnFailure []*Step
+	Source    []byte // the exact file bytes
+	Hash      string // hex sha256 of Source
 
 	schema            *jsonschema.Schema // compiled InputSchema
 	byName            map[string]*Step
 	order             []*Step // topological order, computed once at parse
+	failureOrder      []*Step // the same for OnFailure
 	nameLine, nameCol int     // position of the name, for LoadDir's duplicate check
 }
 
@@ -81,7 +87,9 @@ type Step struct {
 	Concurrency int
 	// Wait, when set, makes the step a wait step: instead of running a
 	// handler it waits for a signal sent to its instance.
-	Wait      *Wait
+	Wait *Wait
+	// OnFailure marks a step of the workflow's onFailure: list.
+	OnFailure bool
 	Line, Col int // position of the step in the file
 }
 
@@ -102,6 +110,11 @@ func (w *Workflow) Step(name string) *Step {
 		return w.byName[name]
 	}
 	for _, s := range w.Steps {
+		if s.Name == name {
+			return s
+		}
+	}
+	for _, s := range w.OnFailure {
 		if s.Name == name {
 			return s
 		}

@@ -18,6 +18,10 @@ type NewInstance struct {
 	Status InstanceStatus
 	Output json.RawMessage
 	Error  string
+	// Failing, with Status running, tells that the plan recorded a
+	// Failure at once (Error, FailedStep): the onFailure steps run.
+	Failing    bool
+	FailedStep string
 	// Steps is parallel to Params.Steps.
 	Steps []NewStep
 	// Events is the creation's history in order, instance.created first.
@@ -132,6 +136,9 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 		}
 		s.Status = c.Status
 	}
+	if err := n.recordFailure(pl, &state); err != nil {
+		return nil, err
+	}
 	if ic := pl.Instance; ic != nil {
 		if !ic.Status.Finished() {
 			return nil, fmt.Errorf("plan for instance %s sets status %q: only completed, failed or cancelled are allowed", p.ID, ic.Status)
@@ -146,6 +153,28 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 		n.event("", InstanceEventOf(ic.Status), ic.Error)
 	}
 	return n, nil
+}
+
+// recordFailure applies a Plan's Failure to a new instance: its main
+// steps not yet finished are cancelled, and it runs its onFailure steps.
+func (n *NewInstance) recordFailure(pl *Plan, state *InstanceState) error {
+	f := pl.Failure
+	if err := CheckFailure(n.Params.ID, pl, state); err != nil || f == nil {
+		return err
+	}
+	for i := range n.Steps {
+		if s := &n.Steps[i]; !n.Params.Steps[i].OnFailure && !s.Finished() {
+			s.Status, s.Items = StepCancelled, nil
+			n.event(n.Params.Steps[i].Name, EventStepCancelled, f.Error)
+		}
+	}
+	if n.Status == InstancePending {
+		n.Status = InstanceRunning
+		n.event("", EventInstanceStarted, "")
+	}
+	n.Error, n.FailedStep, n.Failing = f.Error, f.Step, true
+	n.event("", EventInstanceFailing, f.Error)
+	return nil
 }
 
 func (n *NewInstance) event(step string, typ EventType, msg string) {

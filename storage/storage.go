@@ -116,6 +116,9 @@ type StepSpec struct {
 	ContinueOnError bool
 	// Wait, for a wait step: the signal it waits for and how long (0 = for ever).
 	Wait *WaitSpec
+	// OnFailure marks a step that runs only when its instance fails (see
+	// Plan.Failure); the others are the main steps.
+	OnFailure bool
 }
 
 // WaitSpec is what a wait step waits for: a signal of this name sent to its
@@ -163,6 +166,9 @@ type CreateParams struct {
 	Priority int
 	// RunAfter delays the instance's first steps; zero means now.
 	RunAfter time.Time
+	// Timeout bounds the instance's run from its start (see
+	// TimeoutStore); zero means none.
+	Timeout time.Duration
 	// Steps in definition order. All are created blocked; the PlanFunc passed
 	// to CreateInstances promotes the ready ones in the same transaction.
 	// Many CreateParams may share one slice: stores must not modify it.
@@ -279,6 +285,13 @@ type InstanceState struct {
 	Input          json.RawMessage
 	// Steps in definition order.
 	Steps []StepState
+	// Failure is the instance's recorded failure while its onFailure
+	// steps run (see Plan.Failure); nil otherwise.
+	Failure *Failure
+	// TimedOut, when non-zero, is the workflow timeout the instance ran
+	// past (see TimeoutStore): the plan must fail it or record its
+	// Failure.
+	TimedOut time.Duration
 	// LoadDefinition reads the definition snapshot inside the same
 	// transaction; the engine calls it only on a cache miss.
 	LoadDefinition func() ([]byte, error)
@@ -305,6 +318,13 @@ type Plan struct {
 	// running them stop the handlers at their next heartbeat, and a step
 	// that is not finished always belongs to an unfinished instance.
 	Instance *InstanceChange
+	// Failure, when non-nil (with Instance nil), records that the
+	// instance failed while it has onFailure steps to run: the store
+	// keeps the Failure on the instance, clears its deadline, and cancels
+	// its unfinished main steps, running ones included (their claims go
+	// stale), after applying Steps, which may make onFailure steps ready.
+	// The instance stays running until a later plan finishes it.
+	Failure *Failure
 }
 
 // StepChange moves a blocked step to pending (with its resolved Input),
@@ -375,11 +395,19 @@ type Instance struct {
 	Key            string
 	Priority       int
 	RunAfter       time.Time
-	CreatedAt      time.Time
-	StartedAt      *time.Time
-	FinishedAt     *time.Time
-	Steps          []Step
-	Events         []Event
+	// Timeout is the workflow timeout (zero: none); Deadline is when the
+	// running instance times out (nil: never, or not running).
+	Timeout  time.Duration
+	Deadline *time.Time
+	// FailedStep is the step whose failure failed the instance ("" when
+	// none did), and Failing tells that its onFailure steps are running.
+	FailedStep string
+	Failing    bool
+	CreatedAt  time.Time
+	StartedAt  *time.Time
+	FinishedAt *time.Time
+	Steps      []Step
+	Events     []Event
 	// Definition is the snapshot source; set by GetInstance only.
 	Definition []byte
 	// Paused is set between Operator.PauseInstance and ResumeInstance
@@ -413,6 +441,8 @@ type Step struct {
 	Deadline *time.Time
 	// Items counts the items of an expanded forEach step; nil for any other step.
 	Items *ItemCounts
+	// OnFailure marks a step of the instance's onFailure steps.
+	OnFailure bool
 }
 
 // ItemCounts counts the items of a forEach step by status.
@@ -588,6 +618,7 @@ type WorkflowStats struct {
 // for concurrent use by many goroutines and many processes.
 type Store interface {
 	ScheduleStore
+	TimeoutStore
 
 	// CreateInstances creates instances with their definition snapshots and
 	// step rows, all blocked, then applies plan to each in the same
@@ -639,8 +670,8 @@ type Store interface {
 
 	// NextWake returns the earliest time after now at which a step of
 	// p.Queues and p.Handlers (as ClaimSteps filters them) becomes
-	// claimable, or a waiting step times out: what a worker with nothing
-	// to do sleeps until. Zero when there is none.
+	// claimable, or a waiting step or a running instance times out: what
+	// a worker with nothing to do sleeps until. Zero when there is none.
 	NextWake(ctx context.Context, p ClaimParams) (time.Time, error)
 
 	// RecoverExpired takes back up to limit running steps whose lease ended

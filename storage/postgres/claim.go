@@ -77,7 +77,8 @@ u AS (
 		s.lease_until, s.priority, s.run_after, s.item_index
 ),
 started AS (
-	UPDATE {s}instances i SET status = 'running', started_at = {now}
+	UPDATE {s}instances i SET status = 'running', started_at = {now},
+		deadline = CASE WHEN i.timeout_us > 0 THEN {now} + i.timeout_us * interval '1 microsecond' END
 	WHERE i.id IN (
 		SELECT l.id FROM {s}instances l
 		WHERE l.id IN (SELECT instance_id FROM u) AND l.status = 'pending'

@@ -136,6 +136,7 @@ func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanF
 				*ss = storage.StepState{Name: ss.Name, DependsOn: ss.DependsOn, Status: storage.StepBlocked}
 			}
 		}
+		s.rearmFailure(st, now, l)
 		if err := s.planAndApply(st, now, []*loaded{l}, plan); err != nil {
 			return err
 		}

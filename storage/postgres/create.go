@@ -33,14 +33,20 @@ WITH d AS (
 ),
 ins AS (
 	INSERT INTO {s}instances (id, workflow, definition_hash, status, input, output, error, idempotency_key, priority,
-		run_after, created_at, started_at, finished_at)
+		run_after, created_at, started_at, finished_at, timeout_us, failing, failed_step, deadline)
 	SELECT r.id, r.workflow, r.hash, r.status, r.input, r.output, r.error, r.key, r.priority,
 		greatest({now}, r.run_after), {now},
 		CASE WHEN r.status = 'running' THEN {now} END,
-		CASE WHEN r.status IN ('completed', 'failed', 'cancelled') THEN {now} END
+		CASE WHEN r.status IN ('completed', 'failed', 'cancelled') THEN {now} END,
+		r.timeout_us, r.failing, r.failed_step,
+		-- A workflow timeout counts from the start, unless the instance
+		-- failed at once and only runs its onFailure steps.
+		CASE WHEN r.status = 'running' AND r.timeout_us > 0 AND NOT r.failing
+			THEN {now} + r.timeout_us * interval '1 microsecond' END
 	FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::json[], $10::json[], $11::text[], $12::text[],
-			$13::int[], $14::timestamptz[])
-		WITH ORDINALITY AS r(id, workflow, hash, status, input, output, error, key, priority, run_after, ord)
+			$13::int[], $14::timestamptz[], $41::bigint[], $42::bool[], $43::text[])
+		WITH ORDINALITY AS r(id, workflow, hash, status, input, output, error, key, priority, run_after,
+			timeout_us, failing, failed_step, ord)
 	ORDER BY r.ord
 	ON CONFLICT (workflow, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 	RETURNING id
@@ -48,7 +54,7 @@ ins AS (
 st AS (
 	INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, depends_on, status,
 		max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after, ready_at, finished_at,
-		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline)
+		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline, on_failure)
 	SELECT x.instance_id, x.position, x.name, x.handler, x.queue, x.workflow, x.depends_on::text[], x.status,
 		x.max_attempts, x.backoff_us, x.max_backoff_us, x.timeout_us, x.priority, x.input, x.error,
 		CASE WHEN x.status = 'pending' THEN greatest({now}, x.run_after) END,
@@ -56,13 +62,14 @@ st AS (
 		CASE WHEN x.status NOT IN ('pending', 'blocked', 'waiting') THEN {now} END,
 		x.output, x.for_each, x.item_concurrency, x.continue_on_error, x.wait_signal, x.wait_timeout_us,
 		CASE WHEN x.status = 'waiting' AND x.wait_timeout_us > 0
-			THEN greatest({now}, x.run_after) + x.wait_timeout_us * interval '1 microsecond' END
+			THEN greatest({now}, x.run_after) + x.wait_timeout_us * interval '1 microsecond' END,
+		x.on_failure
 	FROM unnest($15::text[], $16::int[], $17::text[], $18::text[], $19::text[], $20::text[], $21::text[], $22::text[],
 			$23::int[], $24::bigint[], $25::bigint[], $26::bigint[], $27::int[], $28::json[], $29::text[], $30::timestamptz[],
-			$35::json[], $36::bool[], $37::int[], $38::bool[], $39::text[], $40::bigint[])
+			$35::json[], $36::bool[], $37::int[], $38::bool[], $39::text[], $40::bigint[], $44::bool[])
 		AS x(instance_id, position, name, handler, queue, workflow, depends_on, status,
 			max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after,
-			output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us)
+			output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, on_failure)
 	JOIN ins ON ins.id = x.instance_id
 	ORDER BY x.instance_id, x.position
 ),
@@ -238,7 +245,8 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 		rows.stInst, rows.stPos, rows.stNames, rows.stHandlers, rows.stQueues, rows.stWorkflows, rows.stDeps, rows.stStatuses,
 		rows.stMax, rows.stBackoff, rows.stMaxBackoff, rows.stTimeout, rows.stPriorities, rows.stInputs, rows.stErrors, rows.stRunAfters,
 		rows.evInst, rows.evSteps, rows.evTypes, rows.evMessages,
-		rows.stOutputs, rows.stForEach, rows.stCaps, rows.stContinue, rows.stSignals, rows.stWaitTimeouts).Query(func(dbRows pgx.Rows) error {
+		rows.stOutputs, rows.stForEach, rows.stCaps, rows.stContinue, rows.stSignals, rows.stWaitTimeouts,
+		rows.timeouts, rows.failing, rows.failedSteps, rows.stOnFailure).Query(func(dbRows pgx.Rows) error {
 		var err error
 		inserted, err = pgx.CollectRows(dbRows, pgx.RowTo[string])
 		return err
@@ -336,6 +344,9 @@ type createRows struct {
 	keys                                     []*string
 	priorities                               []int32
 	runAfters                                []*time.Time
+	timeouts                                 []int64
+	failing                                  []bool
+	failedSteps                              []string
 
 	stInst, stNames, stHandlers, stQueues, stWorkflows, stDeps, stStatuses, stErrors []string
 	stPos, stMax, stPriorities                                                       []int32
@@ -347,6 +358,7 @@ type createRows struct {
 	stCaps                                                                           []int32
 	stSignals                                                                        []string
 	stWaitTimeouts                                                                   []int64
+	stOnFailure                                                                      []bool
 	expansions                                                                       []expansion
 
 	evInst, evSteps, evTypes, evMessages []string
@@ -382,6 +394,9 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance) {
 	r.keys = append(r.keys, key)
 	r.priorities = append(r.priorities, int32(p.Priority))
 	r.runAfters = append(r.runAfters, runAfter)
+	r.timeouts = append(r.timeouts, p.Timeout.Microseconds())
+	r.failing = append(r.failing, n.Failing)
+	r.failedSteps = append(r.failedSteps, n.FailedStep)
 	for i, ns := range n.Steps {
 		sp := &p.Steps[i]
 		if ns.Status == storage.StepPending {
@@ -407,6 +422,7 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance) {
 		r.stOutputs = append(r.stOutputs, jsonOrNil(ns.Output))
 		r.stForEach = append(r.stForEach, sp.ForEach)
 		r.stContinue = append(r.stContinue, sp.ContinueOnError)
+		r.stOnFailure = append(r.stOnFailure, sp.OnFailure)
 		signal, waitTimeout := "", int64(0)
 		if sp.Wait != nil {
 			signal, waitTimeout = sp.Wait.Signal, sp.Wait.Timeout.Microseconds()

@@ -71,6 +71,8 @@ func (s *Store) rerun(st *txState, l *loaded, indexes []int, msg string) {
 	}
 	st.tail.Queue(s.q(reviveSQL), s.now(), l.state.ID, msg)
 	l.state.Status = storage.InstanceRunning
+	// Its onFailure steps run again only if it fails again.
+	s.rearmFailure(st, s.now(), l)
 }
 
 // RetryFrom implements storage.Operator.

@@ -24,6 +24,9 @@ type loaded struct {
 	// instance's signals not yet delivered, by name.
 	waitSignals []string
 	signals     map[string]json.RawMessage
+	timeout     int64 // the instance's timeout_us
+	// onFailure marks the onFailure steps, parallel to state.Steps.
+	onFailure []bool
 }
 
 // lockInstancesSQL locks instance rows in id order. Every transaction that
@@ -34,7 +37,7 @@ type loaded struct {
 // never be promoted) and cannot deadlock one another. NO KEY UPDATE is the
 // weakest row lock that conflicts with itself.
 const lockInstancesSQL = `
-SELECT id, workflow, definition_hash, status, input
+SELECT id, workflow, definition_hash, status, input, timeout_us, failing, error, failed_step
 FROM {s}instances WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`
 
 // queueLock queues the lock of the given instances (duplicates and unknown
@@ -42,12 +45,20 @@ FROM {s}instances WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`
 func (s *Store) queueLock(b *pgx.Batch, ids []string, into map[string]*loaded) {
 	b.Queue(s.q(lockInstancesSQL), ids).Query(func(rows pgx.Rows) error {
 		var (
-			st    storage.InstanceState
-			input []byte
+			st      storage.InstanceState
+			input   []byte
+			timeout int64
+			failing bool
+			failure storage.Failure
 		)
-		_, err := pgx.ForEachRow(rows, []any{&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input}, func() error {
-			l := &loaded{state: st}
+		_, err := pgx.ForEachRow(rows, []any{&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input,
+			&timeout, &failing, &failure.Error, &failure.Step}, func() error {
+			l := &loaded{state: st, timeout: timeout}
 			l.state.Input = rawJSON(input)
+			if failing {
+				f := failure
+				l.state.Failure = &f
+			}
 			into[st.ID] = l
 			return nil
 		})
@@ -56,7 +67,7 @@ func (s *Store) queueLock(b *pgx.Batch, ids []string, into map[string]*loaded) {
 }
 
 const loadStepStatesSQL = `
-SELECT instance_id, name, depends_on, status, output, error, attempts, queue, wait_signal
+SELECT instance_id, name, depends_on, status, output, error, attempts, queue, wait_signal, on_failure
 FROM {s}steps WHERE instance_id = ANY($1) AND item_index = -1 ORDER BY instance_id, position`
 
 const loadSignalsSQL = `
@@ -70,8 +81,9 @@ func (s *Store) queueLoadSteps(ctx context.Context, tx pgx.Tx, b *pgx.Batch, ids
 			id, queue, signal string
 			ss                storage.StepState
 			output            []byte
+			onFailure         bool
 		)
-		_, err := pgx.ForEachRow(rows, []any{&id, &ss.Name, &ss.DependsOn, &ss.Status, &output, &ss.Error, &ss.Attempts, &queue, &signal}, func() error {
+		_, err := pgx.ForEachRow(rows, []any{&id, &ss.Name, &ss.DependsOn, &ss.Status, &output, &ss.Error, &ss.Attempts, &queue, &signal, &onFailure}, func() error {
 			l := into[id]
 			if l == nil {
 				return nil
@@ -83,6 +95,7 @@ func (s *Store) queueLoadSteps(ctx context.Context, tx pgx.Tx, b *pgx.Batch, ids
 			l.state.Steps = append(l.state.Steps, ss)
 			l.queues = append(l.queues, queue)
 			l.waitSignals = append(l.waitSignals, signal)
+			l.onFailure = append(l.onFailure, onFailure)
 			ss = storage.StepState{}
 			return nil
 		})
@@ -167,7 +180,8 @@ u AS (
 -- A step that waits has started its instance, as a claimed step would
 -- have. The caller holds the instances' locks.
 started AS (
-	UPDATE {s}instances i SET status = 'running', started_at = {now}
+	UPDATE {s}instances i SET status = 'running', started_at = {now},
+		deadline = CASE WHEN i.timeout_us > 0 THEN {now} + i.timeout_us * interval '1 microsecond' END
 	WHERE i.id IN (SELECT instance_id FROM u WHERE status = 'waiting') AND i.status = 'pending'
 	RETURNING i.id
 )
@@ -226,6 +240,7 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 	var (
 		sc stepChanges
 		ic instanceChanges
+		fc failureChanges
 	)
 	for _, l := range ls {
 		if l.state.Status.Finished() {
@@ -245,6 +260,10 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 			if again, err = sc.add(st, now, s, l, p.Steps); err != nil {
 				return err
 			}
+			if err := storage.CheckFailure(l.state.ID, p, &l.state); err != nil {
+				return err
+			}
+			fc.add(l, p.Failure)
 			if err := ic.add(l.state.ID, p.Instance); err != nil {
 				return err
 			}
@@ -263,6 +282,9 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 			return nil
 		})
 	}
+	// After the step changes, which the failures' cancelling must see
+	// (onFailure steps made ready stay so), before the finishes.
+	s.queueFailures(st, now, &fc)
 	if len(ic.ids) > 0 {
 		st.tail.Queue(s.q(finishInstancesSQL), now, ic.ids, ic.statuses, ic.outputs, ic.errors)
 	}

@@ -21,28 +21,33 @@ func (s *Store) read(ctx context.Context, fn func(tx pgx.Tx) error) error {
 }
 
 const instanceColumns = `id, workflow, definition_hash, status, input, output, error, coalesce(idempotency_key, ''),
-	priority, run_after, created_at, started_at, finished_at, paused AND finished_at IS NULL`
+	priority, run_after, created_at, started_at, finished_at, paused AND finished_at IS NULL,
+	timeout_us, CASE WHEN status = 'running' THEN deadline END,
+	status = 'running' AND failing, failed_step`
 
 func scanInstance(row pgx.Row, extra ...any) (storage.Instance, error) {
 	var (
 		in                storage.Instance
 		input, output     []byte
 		started, finished *time.Time
+		timeout           int64
+		deadline          *time.Time
 	)
 	dest := append([]any{&in.ID, &in.Workflow, &in.DefinitionHash, &in.Status, &input, &output, &in.Error, &in.Key,
-		&in.Priority, &in.RunAfter, &in.CreatedAt, &started, &finished, &in.Paused}, extra...)
+		&in.Priority, &in.RunAfter, &in.CreatedAt, &started, &finished, &in.Paused, &timeout, &deadline, &in.Failing, &in.FailedStep}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return in, err
 	}
 	in.Input, in.Output = rawJSON(input), rawJSON(output)
 	in.RunAfter, in.CreatedAt = in.RunAfter.UTC(), in.CreatedAt.UTC()
 	in.StartedAt, in.FinishedAt = utcPtr(started), utcPtr(finished)
+	in.Timeout, in.Deadline = time.Duration(timeout)*time.Microsecond, utcPtr(deadline)
 	return in, nil
 }
 
 const stepColumns = `instance_id, id, name, handler, queue, depends_on, status, attempts, max_attempts,
 	backoff_us, max_backoff_us, timeout_us, input, output, error, run_after, ready_at, started_at, finished_at,
-	lease_until, worker_id, for_each, wait_signal, deadline`
+	lease_until, worker_id, for_each, wait_signal, deadline, on_failure`
 
 // collectSteps scans step rows and hands each to add with its instance.
 func collectSteps(rows pgx.Rows, add func(instanceID string, st storage.Step)) error {
@@ -57,7 +62,7 @@ func collectSteps(rows pgx.Rows, add func(instanceID string, st storage.Step)) e
 	)
 	_, err := pgx.ForEachRow(rows, []any{&instanceID, &st.ID, &st.Name, &st.Handler, &st.Queue, &st.DependsOn, &st.Status,
 		&st.Attempts, &st.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &input, &output, &st.Error, &runAfter, &ready,
-		&started, &finished, &leaseUntil, &st.WorkerID, &forEach, &st.Signal, &deadline}, func() error {
+		&started, &finished, &leaseUntil, &st.WorkerID, &forEach, &st.Signal, &deadline, &st.OnFailure}, func() error {
 		if len(st.DependsOn) == 0 {
 			st.DependsOn = nil
 		}

@@ -229,8 +229,10 @@ func (t *txn) startInstances(ids []string) error {
 	if err != nil {
 		return err
 	}
-	rows, err := t.query(`UPDATE instances SET status = 'running', started_at = ?
-		WHERE status = 'pending' AND id IN (SELECT value FROM json_each(?)) RETURNING id`, us(t.now), string(b))
+	// A workflow timeout counts from here.
+	rows, err := t.query(`UPDATE instances SET status = 'running', started_at = ?1,
+			deadline = CASE WHEN timeout_us > 0 THEN ?1 + timeout_us END
+		WHERE status = 'pending' AND id IN (SELECT value FROM json_each(?2)) RETURNING id`, us(t.now), string(b))
 	if err != nil {
 		return err
 	}

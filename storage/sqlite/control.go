@@ -63,6 +63,9 @@ func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanF
 			started_at = coalesce(started_at, ?), paused = 0 WHERE id = ?`, now, id); err != nil {
 			return err
 		}
+		if err := t.rearmFailure(id); err != nil {
+			return err
+		}
 		t.event(id, "", storage.EventInstanceRetried, 0, "")
 		return t.plan([]string{id}, plan)
 	})

@@ -162,11 +162,12 @@ func (t *txn) createMany(params []storage.CreateParams, plan storage.PlanFunc) (
 
 const (
 	insertInstancesSQL = `INSERT INTO instances (id, workflow, definition_hash, status, input, idem_key, priority,
-		run_after, created_at, output, error, finished_at) VALUES `
+		run_after, created_at, output, error, finished_at, timeout_us, failing, failed_step) VALUES `
 	insertStepsSQL = `INSERT INTO steps (instance_id, position, name, handler, queue, workflow, priority, depends_on,
 		status, max_attempts, backoff_us, max_backoff_us, timeout_us, input, error, run_after, ready_at, finished_at,
-		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline) VALUES `
-	stepInsertColumns = 25
+		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline, on_failure) VALUES `
+	instanceInsertColumns = 15
+	stepInsertColumns     = 26
 )
 
 // insertInstances inserts the instance rows, their step rows and their
@@ -176,7 +177,7 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 		return nil
 	}
 	now := us(t.now)
-	rows := make([]any, 0, 12*len(instances))
+	rows := make([]any, 0, instanceInsertColumns*len(instances))
 	var (
 		steps    []any
 		expanded []expansion
@@ -192,7 +193,7 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 			finishedAt = now
 		}
 		rows = append(rows, p.ID, p.Workflow, p.DefinitionHash, string(n.Status), jsonArg(p.Input), key, p.Priority,
-			runAfter, now, jsonArg(n.Output), n.Error, finishedAt)
+			runAfter, now, jsonArg(n.Output), n.Error, finishedAt, p.Timeout.Microseconds(), n.Failing, n.FailedStep)
 		for i, st := range n.Steps {
 			spec := &p.Steps[i]
 			deps := "[]"
@@ -220,13 +221,13 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 			steps = append(steps, p.ID, i, spec.Name, spec.Handler, cmp.Or(spec.Queue, "default"), p.Workflow, p.Priority, deps,
 				string(status), max(spec.Retry.MaxAttempts, 1), spec.Retry.Backoff.Microseconds(), spec.Retry.MaxBackoff.Microseconds(),
 				spec.Timeout.Microseconds(), jsonArg(st.Input), st.Error, stepRunAfter, readyAt, finishedAt,
-				jsonArg(st.Output), spec.ForEach, spec.ItemConcurrency, spec.ContinueOnError, signal, waitTimeout, deadline)
+				jsonArg(st.Output), spec.ForEach, spec.ItemConcurrency, spec.ContinueOnError, signal, waitTimeout, deadline, spec.OnFailure)
 		}
 		for _, e := range n.Events {
 			t.event(p.ID, e.Step, e.Type, 0, e.Message)
 		}
 	}
-	if err := t.insertRows(insertInstancesSQL, 12, rows); err != nil {
+	if err := t.insertRows(insertInstancesSQL, instanceInsertColumns, rows); err != nil {
 		var se sqlite3.Error
 		if errors.As(err, &se) && se.Code == sqlite3.ErrConstraint && strings.Contains(se.Error(), "instances.id") {
 			return fmt.Errorf("%w: an instance with this ID already exists (%v)", storage.ErrConflict, err)
@@ -238,7 +239,10 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 	}
 	for _, n := range instances {
 		if n.Status == storage.InstanceRunning {
-			if _, err := t.exec(`UPDATE instances SET started_at = ? WHERE id = ?`, us(t.now), n.Params.ID); err != nil {
+			// A workflow timeout counts from here, unless the instance
+			// failed at once and only runs its onFailure steps.
+			if _, err := t.exec(`UPDATE instances SET started_at = ?1,
+				deadline = CASE WHEN timeout_us > 0 AND NOT failing THEN ?1 + timeout_us END WHERE id = ?2`, us(t.now), n.Params.ID); err != nil {
 				return err
 			}
 		}

@@ -113,7 +113,8 @@ func (t *txn) rerun(instanceID string, steps []opStep, indexes []int, msg string
 		return err
 	}
 	t.event(id, "", storage.EventInstanceRetried, 0, msg)
-	return nil
+	// Its onFailure steps run again only if it fails again.
+	return t.rearmFailure(id)
 }
 
 // replan is writeBy for an operation that changes steps of instance id

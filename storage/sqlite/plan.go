@@ -3,6 +3,7 @@ package sqlite
 import (
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/dagrun/dagrun/storage"
 )
@@ -12,6 +13,7 @@ type loaded struct {
 	state    storage.InstanceState
 	runAfter int64   // the instance's run_after
 	paused   bool    // the instance is paused: see due
+	timeout  int64   // the instance's timeout_us
 	ids      []int64 // step row IDs, parallel to state.Steps
 }
 
@@ -23,7 +25,7 @@ func (t *txn) loadMany(ids []string) (map[string]*loaded, error) {
 		return nil, err
 	}
 	out := make(map[string]*loaded, len(ids))
-	rows, err := t.query(`SELECT id, workflow, definition_hash, status, input, run_after, paused FROM instances
+	rows, err := t.query(`SELECT id, workflow, definition_hash, status, input, run_after, paused, timeout_us, failing, error, failed_step FROM instances
 		WHERE id IN (SELECT value FROM json_each(?))`, string(idsJSON))
 	if err != nil {
 		return nil, err
@@ -31,9 +33,17 @@ func (t *txn) loadMany(ids []string) (map[string]*loaded, error) {
 	err = eachRow(rows, func(sc scanner) error {
 		l := &loaded{}
 		st := &l.state
-		var input []byte
-		if err := sc.Scan(&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input, &l.runAfter, &l.paused); err != nil {
+		var (
+			input   []byte
+			failing bool
+			failure storage.Failure
+		)
+		if err := sc.Scan(&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input, &l.runAfter, &l.paused, &l.timeout,
+			&failing, &failure.Error, &failure.Step); err != nil {
 			return err
+		}
+		if failing {
+			st.Failure = &failure
 		}
 		st.Input = rawJSON(input)
 		st.LoadDefinition = t.definition(st.DefinitionHash)
@@ -97,6 +107,9 @@ func (t *txn) plan(ids []string, plan storage.PlanFunc) error {
 		l := ls[id]
 		if l.state.Status.Finished() {
 			continue
+		}
+		if t.timedOut[id] {
+			l.state.TimedOut = time.Duration(l.timeout) * time.Microsecond
 		}
 		p, err := plan(&l.state)
 		if err != nil {
@@ -196,6 +209,16 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 			return err
 		}
 		l.state.Steps[i].Status = c.Status
+	}
+	if err := storage.CheckFailure(id, p, &l.state); err != nil {
+		return err
+	}
+	if p.Failure != nil {
+		// The steps this plan made ready are written at the flush, after
+		// this: the failure cancels main steps only, never those.
+		if err := t.recordFailure(l, p.Failure); err != nil {
+			return err
+		}
 	}
 	if ic := p.Instance; ic != nil {
 		if !ic.Status.Finished() {

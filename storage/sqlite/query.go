@@ -12,7 +12,9 @@ import (
 )
 
 const instanceColumns = `id, workflow, definition_hash, status, input, output, error, coalesce(idem_key, ''), priority,
-	run_after, created_at, started_at, finished_at, paused AND finished_at IS NULL`
+	run_after, created_at, started_at, finished_at, paused AND finished_at IS NULL,
+	timeout_us, CASE WHEN status = 'running' THEN deadline END,
+	status = 'running' AND failing, failed_step`
 
 type scanner interface{ Scan(...any) error }
 
@@ -22,21 +24,24 @@ func scanInstance(sc scanner, extra ...any) (storage.Instance, error) {
 		input, output     []byte
 		runAfter, created int64
 		started, finished sql.NullInt64
+		timeout           int64
+		deadline          sql.NullInt64
 	)
 	dest := append([]any{&in.ID, &in.Workflow, &in.DefinitionHash, &in.Status, &input, &output, &in.Error, &in.Key, &in.Priority,
-		&runAfter, &created, &started, &finished, &in.Paused}, extra...)
+		&runAfter, &created, &started, &finished, &in.Paused, &timeout, &deadline, &in.Failing, &in.FailedStep}, extra...)
 	if err := sc.Scan(dest...); err != nil {
 		return in, err
 	}
 	in.Input, in.Output = rawJSON(input), rawJSON(output)
 	in.RunAfter, in.CreatedAt = fromUS(runAfter), fromUS(created)
 	in.StartedAt, in.FinishedAt = ptrUS(started), ptrUS(finished)
+	in.Timeout, in.Deadline = time.Duration(timeout)*time.Microsecond, ptrUS(deadline)
 	return in, nil
 }
 
 const stepColumns = `instance_id, id, name, handler, queue, depends_on, status, attempts, max_attempts, backoff_us, max_backoff_us,
 	timeout_us, input, output, error, run_after, ready_at, started_at, finished_at, lease_until, worker_id, for_each,
-	wait_signal, deadline`
+	wait_signal, deadline, on_failure`
 
 func scanStep(sc scanner) (string, storage.Step, error) {
 	var (
@@ -50,7 +55,7 @@ func scanStep(sc scanner) (string, storage.Step, error) {
 	)
 	if err := sc.Scan(&instanceID, &st.ID, &st.Name, &st.Handler, &st.Queue, &deps, &st.Status, &st.Attempts, &st.Retry.MaxAttempts,
 		&backoff, &maxBackoff, &tmo, &input, &output, &st.Error, &runAfter, &ready, &started, &finished, &leaseUntil, &st.WorkerID, &forEach,
-		&st.Signal, &deadline); err != nil {
+		&st.Signal, &deadline, &st.OnFailure); err != nil {
 		return "", st, err
 	}
 	if err := json.Unmarshal(deps, &st.DependsOn); err != nil {

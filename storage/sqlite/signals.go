@@ -247,7 +247,9 @@ func (s *Store) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time,
 				AND (?2 = '[]' OR ?2 = 'null' OR queue IN (SELECT value FROM json_each(?2)))
 				AND (?3 = '[]' OR ?3 = 'null' OR handler IN (SELECT value FROM json_each(?3)))
 			UNION ALL
-			SELECT min(deadline) FROM steps WHERE status = 'waiting')`, now, string(queues), string(handlers)).Scan(&next)
+			SELECT min(deadline) FROM steps WHERE status = 'waiting'
+			UNION ALL
+			SELECT min(deadline) FROM instances WHERE status = 'running' AND deadline IS NOT NULL)`, now, string(queues), string(handlers)).Scan(&next)
 	})
 	if err != nil || !next.Valid {
 		return time.Time{}, err

@@ -24,6 +24,9 @@ type txn struct {
 	events []any // eventColumns values per event, see event
 	// replan are instances to plan again: see plan.
 	replan []string
+	// timedOut are instances plan marks as past their workflow timeout
+	// (see ExpireInstances), by ID.
+	timedOut map[string]bool
 }
 
 const (

@@ -68,6 +68,7 @@ func Run(t *testing.T, h Harness) {
 		{"Items", itemTests},
 		{"Signals", signalTests},
 		{"Operations", operationTests},
+		{"Failure", failureTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

@@ -150,6 +150,7 @@ func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 	fmt.Fprintf(tw, "Workflow:\t%s\n", inst.Workflow)
 	fmt.Fprintf(tw, "Status:\t%s\n", statusText(inst))
 	fmt.Fprintf(tw, "Created:\t%s\n", view.Time(inst.CreatedAt))
+	writeTimeout(tw, inst, now)
 	if inst.FinishedAt != nil {
 		fmt.Fprintf(tw, "Finished:\t%s (took %s)\n", view.Time(*inst.FinishedAt), roundDuration(inst.FinishedAt.Sub(inst.CreatedAt)))
 	}
@@ -158,6 +159,9 @@ func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 	}
 	if inst.Error != "" {
 		fmt.Fprintf(tw, "Error:\t%s\n", oneLineString(inst.Error))
+	}
+	if inst.FailedStep != "" {
+		fmt.Fprintf(tw, "Failed step:\t%s\n", inst.FailedStep)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -185,7 +189,7 @@ func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 		if handler == "" { // a wait step: see writeWakes
 			handler = "-"
 		}
-		row := []any{s.Name, handler, s.Status, attempts, stepDuration(s, now)}
+		row := []any{stepLabel(s), handler, s.Status, attempts, stepDuration(s, now)}
 		format := "%s\t%s\t%s\t%s\t%s\t"
 		if forEach != "" {
 			counts := "-"

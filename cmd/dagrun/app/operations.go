@@ -22,12 +22,17 @@ const cliActor = "cli"
 func byCLI(ctx context.Context) context.Context { return storage.WithActor(ctx, cliActor) }
 
 // statusText is an instance's status as status and list show it: a paused
-// one says so.
+// one says so, and a failed instance whose onFailure steps run is still
+// running, and says why.
 func statusText(inst *storage.Instance) string {
-	if inst.Paused {
-		return string(inst.Status) + " (paused)"
+	text := string(inst.Status)
+	if inst.Failing {
+		text += " (failed; running its onFailure steps)"
 	}
-	return string(inst.Status)
+	if inst.Paused {
+		text += " (paused)"
+	}
+	return text
 }
 
 // writeOperations lists what was done to an instance by hand, and by whom.

@@ -114,6 +114,8 @@ func (p *progress) line(inst *storage.Instance, ev storage.Event) string {
 			line += ": " + msg
 		}
 		return line
+	case storage.EventInstanceFailing:
+		return fmt.Sprintf("instance %s failed (%s); running its onFailure steps", inst.ID, msg)
 	case storage.EventInstanceCompleted, storage.EventInstanceFailed, storage.EventInstanceCancelled:
 		line := fmt.Sprintf("instance %s %s", inst.ID, strings.TrimPrefix(string(ev.Type), "instance."))
 		if inst.FinishedAt != nil {

@@ -32,6 +32,15 @@ type Instance struct {
 	// Paused is true while the instance is paused (dagrun pause): its
 	// steps are not claimed; absent otherwise.
 	Paused bool `json:"paused,omitempty"`
+	// Timeout is the workflow timeout ("10m"), Deadline when the running
+	// instance times out; both absent without a timeout. FailedStep is
+	// the step whose failure failed the instance (absent when none did,
+	// e.g. a timeout); Failing, while its onFailure steps run (its status
+	// still running), tells that it failed already.
+	Timeout    string  `json:"timeout,omitempty"`
+	Deadline   *string `json:"deadline,omitempty"`
+	FailedStep *string `json:"failedStep,omitempty"`
+	Failing    bool    `json:"failing,omitempty"`
 }
 
 // Step is one step of an Instance, in definition order.
@@ -64,6 +73,9 @@ type Step struct {
 	Signal   string  `json:"signal,omitempty"`
 	Deadline *string `json:"deadline,omitempty"`
 	RunAfter *string `json:"runAfter,omitempty"`
+	// OnFailure marks a step of the workflow's onFailure steps, which
+	// come after the others and run only when the instance fails.
+	OnFailure bool `json:"onFailure,omitempty"`
 }
 
 // MaxInlineItemsOutput bounds the output of a forEach step that the
@@ -181,6 +193,12 @@ func NewInstance(inst *storage.Instance) Instance {
 		StartedAt:  optTime(inst.StartedAt),
 		FinishedAt: optTime(inst.FinishedAt),
 		Steps:      make([]Step, len(inst.Steps)),
+		Deadline:   optTime(inst.Deadline),
+		FailedStep: optString(inst.FailedStep),
+		Failing:    inst.Failing,
+	}
+	if inst.Timeout > 0 {
+		out.Timeout = storage.FormatDuration(inst.Timeout)
 	}
 	for i, s := range inst.Steps {
 		deps := s.DependsOn
@@ -207,6 +225,7 @@ func NewInstance(inst *storage.Instance) Instance {
 
 			OutputOmitted: omitted,
 			Signal:        s.Signal,
+			OnFailure:     s.OnFailure,
 		}
 		if s.Status == storage.StepWaiting {
 			out.Steps[i].Deadline = optTime(s.Deadline)

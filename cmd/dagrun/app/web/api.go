@@ -51,6 +51,10 @@ type workflowDetail struct {
 	Source      string          `json:"source"`
 	Steps       []stepDef       `json:"steps"`
 	Graph       *Graph          `json:"graph"`
+	// Timeout is the workflow timeout; OnFailure the steps run when an
+	// instance fails (drawn below the others in Graph). Absent when unset.
+	Timeout   *string   `json:"timeout,omitempty"`
+	OnFailure []stepDef `json:"onFailure,omitempty"`
 }
 
 // stepDef is a step of a definition, with the workflow defaults applied.
@@ -106,45 +110,51 @@ func newWorkflowDetail(wf *dag.Workflow) workflowDetail {
 	}
 	gs := make([]graphStep, len(wf.Steps))
 	for i, st := range wf.Steps {
-		deps := st.DependsOn
-		if deps == nil {
-			deps = []string{}
-		}
-		d := stepDef{
-			Name:      st.Name,
-			Handler:   st.Handler,
-			DependsOn: deps,
-			Queue:     st.Queue,
-			Retry: retryJSON{
-				MaxAttempts: st.Retry.MaxAttempts,
-				Backoff:     st.Retry.Backoff.String(),
-				MaxBackoff:  st.Retry.MaxBackoff.String(),
-			},
-			ContinueOnError: st.ContinueOnError,
-			ForEach:         st.ForEach != nil,
-			Concurrency:     st.Concurrency,
-		}
-		if st.Timeout > 0 {
-			t := st.Timeout.String()
-			d.Timeout = &t
-		}
-		if st.When != nil {
-			when := st.When.String()
-			d.When = &when
-		}
-		if st.Wait != nil {
-			d.Wait = &waitDef{Signal: st.Wait.Signal, Schema: view.RawOrNull(st.Wait.Schema)}
-			if st.Wait.Timeout > 0 {
-				t := st.Wait.Timeout.String()
-				d.Wait.Timeout = &t
-			}
-		}
-		out.Steps[i] = d
+		out.Steps[i] = newStepDef(st)
 		gs[i] = graphStep{Name: st.Name, DependsOn: st.DependsOn}
 	}
 	out.Graph = layoutGraph(gs)
+	addOnFailure(&out, wf)
 	out.Graph.Mermaid = wf.Mermaid()
 	return out
+}
+
+// newStepDef is a step of a definition as the API shows it.
+func newStepDef(st *dag.Step) stepDef {
+	deps := st.DependsOn
+	if deps == nil {
+		deps = []string{}
+	}
+	d := stepDef{
+		Name:      st.Name,
+		Handler:   st.Handler,
+		DependsOn: deps,
+		Queue:     st.Queue,
+		Retry: retryJSON{
+			MaxAttempts: st.Retry.MaxAttempts,
+			Backoff:     st.Retry.Backoff.String(),
+			MaxBackoff:  st.Retry.MaxBackoff.String(),
+		},
+		ContinueOnError: st.ContinueOnError,
+		ForEach:         st.ForEach != nil,
+		Concurrency:     st.Concurrency,
+	}
+	if st.Timeout > 0 {
+		t := st.Timeout.String()
+		d.Timeout = &t
+	}
+	if st.When != nil {
+		when := st.When.String()
+		d.When = &when
+	}
+	if st.Wait != nil {
+		d.Wait = &waitDef{Signal: st.Wait.Signal, Schema: view.RawOrNull(st.Wait.Schema)}
+		if st.Wait.Timeout > 0 {
+			t := st.Wait.Timeout.String()
+			d.Wait.Timeout = &t
+		}
+	}
+	return d
 }
 
 func (s *Server) workflowNames() []string {
@@ -264,11 +274,7 @@ func (s *Server) writeInstance(w http.ResponseWriter, r *http.Request, status in
 		s.failInstance(w, r, id, err)
 		return
 	}
-	gs := make([]graphStep, len(inst.Steps))
-	for i, st := range inst.Steps {
-		gs[i] = graphStep{Name: st.Name, DependsOn: st.DependsOn}
-	}
-	writeJSON(w, status, instanceDetail{Instance: view.NewInstance(inst), Graph: layoutGraph(gs)})
+	writeJSON(w, status, instanceDetail{Instance: view.NewInstance(inst), Graph: instanceGraph(inst.Steps)})
 }
 
 // listItems is GET /api/instances/{id}/steps/{step}/items: a page of a

@@ -41,7 +41,12 @@
 //	     a pending step "runAfter", when it may run. A forEach step carries "items": {"total", "pending", "running",
 //	     "completed", "failed", "cancelled"}, counts only, and "output":
 //	     null (its output is the list of its items' outputs: page them), so
-//	     the object stays small whatever the number of items.
+//	     the object stays small whatever the number of items. An onFailure
+//	     step carries "onFailure": true and comes after the main steps; an
+//	     instance with a workflow timeout carries "timeout" and, while it
+//	     runs, "deadline"; a failed one "failedStep" (when a step failed
+//	     it), and one whose onFailure steps run (still "running")
+//	     "failing": true.
 //	GET  /api/instances/{id}/steps/{step}/items?offset=N&limit=N&status=S
 //	     {"items": [{"index", "status", "attempts", "input", "output",
 //	      "error", "startedAt", "finishedAt", "workerId"}], "offset",
@@ -73,7 +78,10 @@
 // "direct"}], "width", "height"}, a layered (Sugiyama-style) layout computed
 // here so the UI only draws it. Its size is proportional to steps plus
 // edges: an edge that skips columns is routed through them within a budget
-// of that size, and one left over is "direct": true (two points).
+// of that size, and one left over is "direct": true (two points). An
+// instance's graph draws its onFailure steps below the others: their
+// nodes carry "onFailure": true, and "groups": [{"label", "y"}] gives the
+// top of their band.
 //
 // # Security
 //

@@ -42,6 +42,9 @@ type Graph struct {
 	Height int         `json:"height"`
 	// Mermaid is the same graph as Mermaid source (set for workflows).
 	Mermaid string `json:"mermaid,omitempty"`
+	// Groups are labelled bands below the main graph (an instance's
+	// onFailure steps); absent when there are none.
+	Groups []GraphGroup `json:"groups,omitempty"`
 }
 
 // GraphNode is one step. X and Y are its top-left corner.
@@ -53,6 +56,8 @@ type GraphNode struct {
 	Y      int    `json:"y"`
 	Width  int    `json:"width"`
 	Height int    `json:"height"`
+	// OnFailure marks a node of the onFailure group.
+	OnFailure bool `json:"onFailure,omitempty"`
 }
 
 // GraphEdge is one dependency, From must finish before To. Points is the

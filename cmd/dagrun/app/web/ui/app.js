@@ -532,6 +532,28 @@
 
   // ---- Graph drawing (layout comes from the server) ----
 
+  // failureRows are the instance's rows about its workflow timeout and
+  // its failure: the timeout and, while it runs, when it times out; the
+  // step that failed it; and, while its onFailure steps run, that it
+  // failed already although it still runs.
+  function failureRows(inst) {
+    const rows = [];
+    if (inst.timeout) rows.push(["Timeout", inst.deadline ? inst.timeout + " (until " + fmtTime(inst.deadline) + ")" : inst.timeout]);
+    if (inst.failing) rows.push(["Failing", el("span", { class: "value", id: "failing" }, "failed; running its onFailure steps")]);
+    if (inst.failedStep) rows.push(["Failed step", el("span", { class: "mono value", id: "failed-step" }, inst.failedStep)]);
+    return rows;
+  }
+
+  // drawGroups draws the labelled bands below the main graph (an
+  // instance's onFailure steps, which run only when it fails): a dashed
+  // separator across the graph and the band's label under it.
+  function drawGroups(root, graph) {
+    for (const grp of graph.groups || []) {
+      root.appendChild(svg("line", { class: "group-line", x1: 12, x2: graph.width - 12, y1: grp.y + 4, y2: grp.y + 4 }));
+      root.appendChild(svg("text", { class: "group-label", x: 16, y: grp.y + 22 }, grp.label));
+    }
+  }
+
   const NAME_FONT = '650 13px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
   const SUB_FONT = '11px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
   const MIN_ZOOM = 0.02, MAX_ZOOM = 3, ZOOM_STEP = 1.25;
@@ -572,6 +594,7 @@
         return { edge: e, path };
       });
       root.appendChild(edgeLayer);
+      drawGroups(root, graph);
       nodes = new Map();
       for (const n of graph.nodes) {
         const title = svg("title", {});
@@ -600,7 +623,7 @@
       for (const [name, v] of nodes) {
         const info = stepInfo(name);
         status[name] = info.status;
-        setAttr(v.g, "class", "node s-" + info.status + (name === selected ? " selected" : ""));
+        setAttr(v.g, "class", "node s-" + info.status + (v.node.onFailure ? " on-failure" : "") + (name === selected ? " selected" : ""));
         setAttr(v.g, "aria-label", name + ": " + info.label);
         setText(v.title, name + "\n" + info.label + (info.title || info.detail ? "\n" + (info.title || info.detail) : ""));
         setText(v.state, ((ICONS[info.status] || "") + " " + info.label).trim());
@@ -1072,6 +1095,7 @@
         ["Priority", String(inst.priority)],
       ];
       if (inst.key !== null) rows.push(["Key", el("span", { class: "mono value" }, inst.key)]);
+      rows.push(...failureRows(inst));
       return [
         el("div", { class: "meta" }, rows.map(([k, v]) => el("div", {}, el("span", {}, k), v instanceof Node ? v : el("span", { class: "value" }, v)))),
         inst.error !== null ? el("div", { class: "error-box", id: "instance-error" }, inst.error) : null,
@@ -1095,7 +1119,8 @@
           el("p", { class: "muted" }, "Click a step in the graph to see its attempts, inputs, outputs and errors."),
           el("table", {}, el("tbody", {}, inst.steps.map((st) => {
             const row = el("tr", { class: "clickable", "data-step": st.name },
-              el("td", {}, st.name, st.items ? el("div", { class: "muted small" }, itemSummary(st.items)) : null), el("td", {}, badge(st.status)),
+              el("td", {}, st.name, st.onFailure ? el("span", { class: "muted small" }, " onFailure") : null,
+                st.items ? el("div", { class: "muted small" }, itemSummary(st.items)) : null), el("td", {}, badge(st.status)),
               el("td", { class: "num muted" }, st.startedAt ? duration(st.startedAt, st.finishedAt) : ""));
             row.addEventListener("click", () => select(st.name));
             return row;
@@ -1275,7 +1300,7 @@
     }
     function renderSide() {
       clear(side);
-      const s = selected && wf.steps.find((x) => x.name === selected);
+      const s = selected && stepsByName.get(selected);
       if (!s) {
         append(side, [el("h2", {}, "Start an instance"), startForm()]);
         return;
@@ -1335,7 +1360,7 @@
     async function refresh(gen) {
       wf = await api("GET", "workflows/" + encodeURIComponent(name));
       if (gen !== generation) return false;
-      stepsByName = new Map(wf.steps.map((st) => [st.name, st]));
+      stepsByName = new Map(wf.steps.concat(wf.onFailure || []).map((st) => [st.name, st]));
       document.title = wf.name + " · dagrun";
       clear(body);
       const source = el("pre", { class: "source", id: "source" }, wf.source.replace(/\n$/, "").split("\n").map((line) => el("span", {}, line || " ")));

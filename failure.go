@@ -1,0 +1,208 @@
+package dagrun
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/dagrun/dagrun/dag"
+	"github.com/dagrun/dagrun/storage"
+)
+
+// This file is the engine side of workflow timeouts and onFailure steps.
+// An instance that fails (a step failed for good, its workflow timeout
+// passed, its output failed to evaluate) while its workflow has onFailure
+// steps does not end at once: the plan records the failure, the store
+// cancels the unfinished main steps, and the instance stays running while
+// the onFailure steps run. When none of them is left to run, whatever they
+// did, it fails with the original error.
+
+// settle finishes a plan of the main steps: a failure of an instance with
+// onFailure steps becomes a recorded Failure that runs them, and a
+// completion skips them.
+func (p *planner) settle(plan *storage.Plan) *storage.Plan {
+	ic := plan.Instance
+	switch {
+	case ic == nil || len(p.w.OnFailure) == 0:
+		if ic != nil && ic.Status == storage.InstanceFailed {
+			p.dropStarts(plan)
+		}
+		return plan
+	case ic.Status == storage.InstanceCompleted:
+		// Shown as skipped, not cancelled: nothing went wrong.
+		for _, s := range p.w.OnFailure {
+			if p.status[s.Name] == storage.StepBlocked {
+				plan.Steps = append(plan.Steps, storage.StepChange{Name: s.Name, Status: storage.StepSkipped})
+			}
+		}
+		return plan
+	case ic.Status == storage.InstanceFailed:
+		plan.Instance = nil
+		return p.fail(plan, &storage.Failure{Error: ic.Error, Step: p.failedStep})
+	}
+	return plan
+}
+
+// runFailure plans an instance that timed out, or whose onFailure steps
+// run.
+func (p *planner) runFailure() *storage.Plan {
+	plan := &storage.Plan{}
+	if p.state.Failure == nil { // timed out
+		f := &storage.Failure{Error: storage.WorkflowTimeoutError(p.state.TimedOut)}
+		if len(p.w.OnFailure) == 0 {
+			plan.Instance = &storage.InstanceChange{Status: storage.InstanceFailed, Error: f.Error}
+			return plan
+		}
+		return p.fail(plan, f)
+	}
+	p.failure = p.state.Failure
+	p.promote(plan, p.w.OnFailureOrder())
+	p.finishFailure(plan)
+	return plan
+}
+
+// fail records the failure f in plan and makes the onFailure steps that
+// can run ready.
+func (p *planner) fail(plan *storage.Plan, f *storage.Failure) *storage.Plan {
+	p.dropStarts(plan)
+	// The store cancels the unfinished main steps with the failure; the
+	// onFailure steps' expressions see them so.
+	for _, s := range p.w.Steps {
+		if !p.status[s.Name].Finished() {
+			p.status[s.Name] = storage.StepCancelled
+		}
+	}
+	plan.Failure = f
+	p.failure = f
+	p.promote(plan, p.w.OnFailureOrder())
+	p.finishFailure(plan)
+	return plan
+}
+
+// finishFailure fails the instance with its recorded error once no
+// onFailure step is left to run: a blocked one whose dependencies failed
+// never will, and is cancelled with the instance.
+func (p *planner) finishFailure(plan *storage.Plan) {
+	for _, s := range p.w.OnFailure {
+		switch p.status[s.Name] {
+		case storage.StepPending, storage.StepRunning, storage.StepWaiting:
+			return
+		}
+	}
+	plan.Instance = &storage.InstanceChange{Status: storage.InstanceFailed, Error: p.failure.Error}
+	plan.Failure = nil
+}
+
+// dropStarts removes from a plan that fails the instance the main steps
+// it made ready: they would only be cancelled.
+func (p *planner) dropStarts(plan *storage.Plan) {
+	kept := plan.Steps[:0]
+	for _, c := range plan.Steps {
+		switch c.Status {
+		case storage.StepPending, storage.StepWaiting, storage.StepRunning:
+			if !p.w.Step(c.Name).OnFailure {
+				p.status[c.Name] = storage.StepBlocked
+				continue
+			}
+		}
+		kept = append(kept, c)
+	}
+	plan.Steps = kept
+}
+
+// workflowEnv is what expressions see as workflow.
+func (p *planner) workflowEnv() dag.WorkflowEnv {
+	env := dag.WorkflowEnv{ID: p.state.ID, Name: p.state.Workflow}
+	if p.failure != nil {
+		env.Error, env.FailedStep = p.failure.Error, p.failure.Step
+	}
+	return env
+}
+
+// recordFailing remembers that a plan recorded the failure of state's
+// instance, with the main steps whose handlers report must stop.
+func (r *finishRecorder) recordFailing(state *storage.InstanceState) {
+	w, err := r.engine.definition(state.DefinitionHash, state.LoadDefinition)
+	if err != nil {
+		return // the plan just read it; the heartbeat stops them anyway
+	}
+	main := make(map[string]bool, len(w.Steps))
+	for _, s := range w.Steps {
+		main[s.Name] = true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failing == nil {
+		r.failing = map[string]map[string]bool{}
+	}
+	r.failing[state.ID] = main
+}
+
+// stopFailing stops this process's handlers of the main steps the
+// committed plans cancelled with a recorded failure, rather than at their
+// next heartbeat; the onFailure steps run on. The caller holds r.mu.
+func (r *finishRecorder) stopFailing() {
+	for id, main := range r.failing {
+		r.engine.local.mu.Lock()
+		workers := append([]*Worker(nil), r.engine.local.list...)
+		r.engine.local.mu.Unlock()
+		for _, w := range workers {
+			w.stopSteps(id, main)
+		}
+	}
+	r.failing = nil
+}
+
+// stopSteps stops the running handlers of the named steps of an instance.
+func (w *Worker) stopSteps(instanceID string, names map[string]bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, a := range w.attempts {
+		if a.step.InstanceID == instanceID && names[a.step.Step] {
+			w.stopLocked(a, errCancelled)
+		}
+	}
+}
+
+// expireInstances fails the running instances past their workflow
+// timeout, by the store's clock, so that a timeout holds whichever process
+// runs and whether or not a handler of the instance runs.
+func (w *Worker) expireInstances(ctx context.Context) {
+	rec := w.engine.newFinishRecorder()
+	n, err := w.engine.store.ExpireInstances(ctx, 100, rec.plan)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.logger.Error("dagrun: time out instances", slog.Any("error", err))
+		}
+		return
+	}
+	rec.report()
+	if n > 0 {
+		w.logger.Info("dagrun: instances timed out", slog.Int("instances", n))
+		w.engine.notifyChanged()
+	}
+}
+
+// wakeWhileBusy arms idle for the next timeout (a wait's, a workflow's)
+// while every slot is taken, so that a timeout of an instance whose
+// handler holds the worker's last slot is enforced at its time rather than
+// at the next lease recovery; at most once per poll interval, so that a
+// busy worker's loop does not read the store at every wake-up. A timeout
+// already due is enforced at once: re-arming the timer for it at every
+// look would put it off for ever. It returns when it last looked.
+func (w *Worker) wakeWhileBusy(ctx context.Context, idle *time.Timer, last time.Time) time.Time {
+	now := time.Now()
+	if now.Sub(last) < w.config.Poll {
+		return last
+	}
+	next, err := w.engine.store.NextWake(ctx, w.claimParams(0))
+	switch {
+	case err != nil || next.IsZero():
+	case !next.After(now):
+		w.expireWaits(ctx)
+		w.expireInstances(ctx)
+	default:
+		idle.Reset(next.Sub(now) + time.Millisecond) // the store compares deadline <= now
+	}
+	return now
+}

@@ -1,0 +1,322 @@
+package dagrun_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/handlers"
+	"github.com/dagrun/dagrun/storage"
+)
+
+const chargeWorkflow = `
+name: charge
+defaults:
+  retry: {maxAttempts: 1}
+steps:
+  - name: prepare
+    handler: echo
+    input: {order: 42}
+  - name: charge
+    handler: decline
+    dependsOn: [prepare]
+  - name: slow
+    handler: gate
+    dependsOn: [prepare]
+  - name: ship
+    handler: echo
+    dependsOn: [charge, slow]
+onFailure:
+  - name: refund
+    handler: echo
+    input:
+      error: ${{ workflow.error }}
+      failed: ${{ workflow.failedStep }}
+      order: ${{ steps.prepare.output.order }}
+      slow: ${{ steps.slow.status }}
+  - name: page
+    handler: decline
+    dependsOn: [refund]
+  - name: after-page
+    handler: echo
+    dependsOn: [page]
+`
+
+// failureRegistry has gate (see gateRegistry) and decline, which fails
+// for good at once.
+func failureRegistry(t *testing.T) (*handlers.Registry, chan struct{}) {
+	t.Helper()
+	r, gate := gateRegistry(t)
+	r.Register("decline", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
+		return nil, handlers.Permanent(errors.New("card declined"))
+	})
+	return r, gate
+}
+
+func TestOnFailureStepsRunAndTheInstanceFailsWithTheOriginalError(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		registry, _ := failureRegistry(t)
+		b := setup(t, open, registry, chargeWorkflow)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "charge", `{}`))
+
+		const original = "step charge failed: card declined"
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, original, inst.Error, "an onFailure step's own failure never changes the outcome")
+		require.Equal(t, "charge", inst.FailedStep)
+		require.False(t, inst.Failing)
+
+		want := map[string]storage.StepStatus{
+			"prepare": storage.StepCompleted, "charge": storage.StepFailed, "slow": storage.StepCancelled,
+			"ship": storage.StepCancelled, "refund": storage.StepCompleted, "page": storage.StepFailed,
+			"after-page": storage.StepCancelled,
+		}
+		var names []string
+		for _, s := range inst.Steps {
+			names = append(names, s.Name)
+			require.Equal(t, want[s.Name], s.Status, "step %s", s.Name)
+			require.Equal(t, s.Name == "refund" || s.Name == "page" || s.Name == "after-page", s.OnFailure, "step %s", s.Name)
+		}
+		require.Equal(t, []string{"prepare", "charge", "slow", "ship", "refund", "page", "after-page"}, names,
+			"onFailure steps come after the others")
+		requireJSON(t, `{"error": "`+original+`", "failed": "charge", "order": 42, "slow": "cancelled"}`, step(t, inst, "refund").Output)
+
+		var types []storage.EventType
+		for _, e := range inst.Events {
+			if e.Step == "" {
+				types = append(types, e.Type)
+			}
+		}
+		require.Equal(t, []storage.EventType{storage.EventInstanceCreated, storage.EventInstanceStarted,
+			storage.EventInstanceFailing, storage.EventInstanceFailed}, types)
+	})
+}
+
+func TestOnFailureStepsAreSkippedWhenTheInstanceCompletes(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, `
+name: fine
+steps:
+  - name: a
+    handler: echo
+    input: 1
+output: ${{ steps.a.output }}
+onFailure:
+  - name: cleanup
+    handler: echo
+`)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "fine", `{}`))
+		require.Equal(t, storage.InstanceCompleted, inst.Status)
+		requireJSON(t, `1`, inst.Output)
+		require.Equal(t, storage.StepSkipped, step(t, inst, "cleanup").Status)
+		require.True(t, step(t, inst, "cleanup").OnFailure)
+	})
+}
+
+func TestWorkflowTimeoutFailsAnInstanceWaitingForASignal(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, `
+name: approval
+timeout: 300ms
+steps:
+  - name: approve
+    wait: {signal: approve}
+onFailure:
+  - name: tell
+    handler: echo
+    input: {error: "${{ workflow.error }}", step: "${{ workflow.failedStep }}"}
+`)
+		// The worker idles: no step is claimable; it wakes for the
+		// deadline, not for a poll.
+		b.runWorker(t, &dagrun.WorkerConfig{Poll: time.Hour})
+		started := time.Now()
+		inst := b.wait(t, b.start(t, "approval", `{}`))
+		require.GreaterOrEqual(t, time.Since(started), 300*time.Millisecond)
+		require.Less(t, time.Since(started), 10*time.Second, "at its time, not at a lease recovery")
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, "workflow timed out after 300ms", inst.Error)
+		require.Empty(t, inst.FailedStep)
+		require.Equal(t, storage.StepCancelled, step(t, inst, "approve").Status)
+		requireJSON(t, `{"error": "workflow timed out after 300ms", "step": ""}`, step(t, inst, "tell").Output)
+		require.Equal(t, 300*time.Millisecond, inst.Timeout)
+		require.Nil(t, inst.Deadline, "a finished instance has no deadline")
+	})
+}
+
+func TestWorkflowTimeoutCancelsAHandlerAndSurvivesOneThatIgnoresIt(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		cancelled := make(chan struct{})
+		release := make(chan struct{})
+		returned := make(chan struct{})
+		registry := handlers.NewRegistry()
+		registry.Register("stubborn", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
+			defer close(returned)
+			<-ctx.Done()
+			close(cancelled)
+			<-release // ignores the cancellation, then claims success
+			return json.RawMessage(`"done anyway"`), nil
+		})
+		b := setup(t, open, registry, `
+name: slow
+timeout: 200ms
+steps:
+  - name: work
+    handler: stubborn
+onFailure:
+  - name: cleanup
+    handler: echo
+    input: ${{ workflow.error }}
+`)
+		// One slot, which the handler holds: the worker still wakes for
+		// the deadline, well before its next lease recovery (15s).
+		b.runWorker(t, &dagrun.WorkerConfig{Concurrency: 1, Lease: 30 * time.Second})
+		started := time.Now()
+		id := b.start(t, "slow", `{}`)
+		select {
+		case <-cancelled:
+			require.Less(t, time.Since(started), 10*time.Second)
+		case <-time.After(20 * time.Second):
+			t.Fatal("the handler's context was not cancelled by the workflow timeout")
+		}
+		// The handler ignores the cancellation a while, then reports a
+		// success, which is refused: the step was cancelled under its claim.
+		close(release)
+		<-returned
+		inst := b.wait(t, id)
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, "workflow timed out after 200ms", inst.Error)
+		require.Equal(t, storage.StepCancelled, step(t, inst, "work").Status)
+		requireJSON(t, `"workflow timed out after 200ms"`, step(t, inst, "cleanup").Output)
+		// The late success changes nothing.
+		require.Never(t, func() bool {
+			got, err := b.engine.Get(context.Background(), id)
+			require.NoError(t, err)
+			return got.Status != storage.InstanceFailed || step(t, got, "work").Status != storage.StepCancelled
+		}, 200*time.Millisecond, 20*time.Millisecond)
+	})
+}
+
+// A step that completes right at the workflow's deadline: whichever
+// transaction wins, the instance ends consistent, completed with the
+// onFailure step skipped, or failed by the timeout with it run.
+func TestWorkflowTimeoutRacingAStepsCompletion(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		registry := handlers.NewRegistry()
+		registry.Register("nap", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
+			var d time.Duration
+			if err := json.Unmarshal(in, &d); err != nil {
+				return nil, handlers.Permanent(err)
+			}
+			time.Sleep(d) // deliberately deaf to the cancellation
+			return json.RawMessage(`"ok"`), nil
+		})
+		b := setup(t, open, registry, `
+name: race
+timeout: 50ms
+steps:
+  - name: work
+    handler: nap
+    input: ${{ input }}
+output: ${{ steps.work.output }}
+onFailure:
+  - name: cleanup
+    handler: echo
+`)
+		b.runWorker(t, &dagrun.WorkerConfig{Concurrency: 20})
+		var ids []string
+		for i := range 20 {
+			// Around the deadline, on both sides of it.
+			d := 30*time.Millisecond + time.Duration(2*i)*time.Millisecond
+			ids = append(ids, b.start(t, "race", fmt.Sprint(int64(d))))
+		}
+		outcomes := map[storage.InstanceStatus]int{}
+		for _, id := range ids {
+			inst := b.wait(t, id)
+			outcomes[inst.Status]++
+			work, cleanup := step(t, inst, "work"), step(t, inst, "cleanup")
+			switch inst.Status {
+			case storage.InstanceCompleted:
+				require.Equal(t, storage.StepCompleted, work.Status)
+				require.Equal(t, storage.StepSkipped, cleanup.Status)
+				requireJSON(t, `"ok"`, inst.Output)
+			case storage.InstanceFailed:
+				require.Equal(t, "workflow timed out after 50ms", inst.Error)
+				require.Equal(t, storage.StepCancelled, work.Status)
+				require.Equal(t, storage.StepCompleted, cleanup.Status)
+			default:
+				t.Fatalf("instance %s ended %s", id, inst.Status)
+			}
+		}
+		t.Logf("outcomes: %v", outcomes)
+	})
+}
+
+func TestRetryAfterAFailureRunsTheOnFailureStepsAgainOnTheNextFailure(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		registry, gate := failureRegistry(t)
+		close(gate)
+		b := setup(t, open, registry, chargeWorkflow)
+		b.runWorker(t, nil)
+		id := b.start(t, "charge", `{}`)
+		first := b.wait(t, id)
+		require.Equal(t, storage.InstanceFailed, first.Status)
+		require.NoError(t, b.engine.Retry(context.Background(), id))
+		inst := b.wait(t, id)
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, "step charge failed: card declined", inst.Error)
+		require.Equal(t, storage.StepCompleted, step(t, inst, "refund").Status)
+		require.Equal(t, 1, step(t, inst, "refund").Attempts, "re-armed, then run once more")
+		failing := 0
+		for _, e := range inst.Events {
+			if e.Type == storage.EventInstanceFailing {
+				failing++
+			}
+		}
+		require.Equal(t, 2, failing)
+	})
+}
+
+// An onFailure forEach step expands in the transaction that records the
+// failure: its items run, while the main steps are cancelled.
+func TestOnFailureForEachStepRunsItsItems(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		registry, _ := failureRegistry(t)
+		b := setup(t, open, registry, `
+name: fan-cleanup
+defaults:
+  retry: {maxAttempts: 1}
+steps:
+  - name: boom
+    handler: decline
+  - name: slow
+    handler: gate
+onFailure:
+  - name: undo
+    forEach: [1, 2, 3]
+    handler: echo
+    input: {n: "${{ item }}", why: "${{ workflow.error }}"}
+`)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "fan-cleanup", `{}`))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, "step boom failed: card declined", inst.Error)
+		require.Equal(t, storage.StepCancelled, step(t, inst, "slow").Status)
+		undo := step(t, inst, "undo")
+		require.Equal(t, storage.StepCompleted, undo.Status)
+		requireJSON(t, `[{"n":1,"why":"step boom failed: card declined"},{"n":2,"why":"step boom failed: card declined"},{"n":3,"why":"step boom failed: card declined"}]`, undo.Output)
+	})
+}

@@ -1,0 +1,160 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// ExpireInstances implements storage.TimeoutStore. A limit below 1 means
+// 1000.
+func (s *Store) ExpireInstances(ctx context.Context, limit int, plan storage.PlanFunc) (int, error) {
+	if plan == nil {
+		return 0, errors.New("sqlite: expire instances: nil PlanFunc")
+	}
+	if limit < 1 {
+		limit = 1000
+	}
+	// Most calls find nothing: look first without taking the write lock.
+	var due bool
+	if err := s.read(ctx, "expire instances", func(tx *sql.Tx) error {
+		return tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM instances
+			WHERE status = 'running' AND deadline IS NOT NULL AND deadline <= ?)`, us(s.now())).Scan(&due)
+	}); err != nil || !due {
+		return 0, err
+	}
+	var n int
+	err := s.write(ctx, "expire instances", func(t *txn) error {
+		n = 0
+		rows, err := t.query(`SELECT id FROM instances WHERE status = 'running' AND deadline IS NOT NULL AND deadline <= ?
+			ORDER BY deadline LIMIT ?`, us(t.now), limit)
+		if err != nil {
+			return err
+		}
+		var ids []string
+		if err := eachRow(rows, func(sc scanner) error {
+			var id string
+			err := sc.Scan(&id)
+			ids = append(ids, id)
+			return err
+		}); err != nil {
+			return err
+		}
+		n = len(ids)
+		return t.expire(ids, plan)
+	})
+	if err != nil {
+		return 0, err
+	}
+	if n > 0 {
+		s.notify()
+	}
+	return n, nil
+}
+
+// expire plans the timed-out instances, and fails the ones whose plan
+// neither failed them nor recorded their failure.
+func (t *txn) expire(ids []string, plan storage.PlanFunc) error {
+	t.timedOut = make(map[string]bool, len(ids))
+	for _, id := range ids {
+		t.timedOut[id] = true
+	}
+	err := t.plan(ids, plan)
+	t.timedOut = nil
+	if err != nil {
+		return err
+	}
+	idsJSON, err := json.Marshal(ids)
+	if err != nil {
+		return err
+	}
+	rows, err := t.query(`SELECT id, timeout_us FROM instances WHERE id IN (SELECT value FROM json_each(?))
+		AND status = 'running' AND NOT failing`, string(idsJSON))
+	if err != nil {
+		return err
+	}
+	overruled := map[string]int64{}
+	if err := eachRow(rows, func(sc scanner) error {
+		var (
+			id      string
+			timeout int64
+		)
+		err := sc.Scan(&id, &timeout)
+		overruled[id] = timeout
+		return err
+	}); err != nil {
+		return err
+	}
+	for id, timeout := range overruled {
+		msg := storage.WorkflowTimeoutError(time.Duration(timeout) * time.Microsecond)
+		if err := t.finishInstance(id, storage.InstanceFailed, nil, msg, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recordFailure applies a Plan's Failure: the instance keeps its error
+// and runs its onFailure steps, its unfinished main steps (and their
+// items) are cancelled, running ones included, and it has no deadline
+// any more.
+func (t *txn) recordFailure(l *loaded, f *storage.Failure) error {
+	id := l.state.ID
+	now := us(t.now)
+	if _, err := t.exec(`UPDATE instances SET failing = 1, error = ?, failed_step = ?, deadline = NULL WHERE id = ?`,
+		f.Error, f.Step, id); err != nil {
+		return err
+	}
+	rows, err := t.query(`UPDATE steps SET status = 'cancelled', finished_at = ?1, lease_until = NULL, deadline = NULL
+		WHERE instance_id = ?2 AND status IN ('blocked', 'pending', 'running', 'waiting') AND on_failure = 0
+			AND (parent_id IS NULL OR parent_id NOT IN (SELECT id FROM steps WHERE instance_id = ?2 AND item_index = -1 AND on_failure))
+		RETURNING name, attempts, item_index`, now, id)
+	if err != nil {
+		return err
+	}
+	if err := eachRow(rows, func(sc scanner) error {
+		var (
+			name            string
+			attempts, index int
+		)
+		if err := sc.Scan(&name, &attempts, &index); err != nil {
+			return err
+		}
+		if index < 0 {
+			t.event(id, name, storage.EventStepCancelled, attempts, f.Error)
+			if i := l.index(name); i >= 0 {
+				l.state.Steps[i].Status = storage.StepCancelled
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	t.event(id, "", storage.EventInstanceFailing, 0, f.Error)
+	l.state.Failure = f
+	return nil
+}
+
+// rearmFailure readies a retried instance for another failure: its
+// onFailure steps are blocked again whatever they did (they run only if it
+// fails again), its failure is forgotten, and its workflow timeout counts
+// again from the retry.
+func (t *txn) rearmFailure(id string) error {
+	now := us(t.now)
+	if _, err := t.exec(`DELETE FROM steps WHERE parent_id IN (SELECT id FROM steps WHERE instance_id = ? AND item_index = -1 AND on_failure)`, id); err != nil {
+		return err
+	}
+	if _, err := t.exec(`UPDATE steps SET status = 'blocked', attempts = 0, input = NULL, output = NULL, error = '',
+			run_after = 0, ready_at = NULL, first_started_at = NULL, started_at = NULL, finished_at = NULL,
+			lease_until = NULL, worker_id = '', deadline = NULL
+		WHERE instance_id = ? AND item_index = -1 AND on_failure AND status <> 'blocked'`, id); err != nil {
+		return err
+	}
+	_, err := t.exec(`UPDATE instances SET failing = 0, failed_step = '',
+		deadline = CASE WHEN timeout_us > 0 THEN ? + timeout_us END WHERE id = ?`, now, id)
+	return err
+}
