@@ -17,7 +17,20 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dagrun/dagrun/cmd/dagrun/app/web"
+	"github.com/dagrun/dagrun/storage"
 )
+
+// guardedYAML has a workflow timeout and an onFailure step.
+const guardedYAML = `name: guarded
+timeout: 1h
+steps:
+  - name: fragile
+    handler: test.flaky
+onFailure:
+  - name: report
+    handler: echo
+    input: {error: "${{ workflow.error }}"}
+`
 
 // contract validates real requests and responses against the served
 // OpenAPI document and remembers which routes and statuses were seen.
@@ -94,7 +107,7 @@ func (c *contract) call(t *testing.T, route, path, body string, want int) *respo
 // against it.
 func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	t.Parallel()
-	b := setup(t, openSQLite, &setupOpts{token: "s3cret", worker: true, workflows: []string{approvalYAML, nightlyYAML, fanoutYAML}})
+	b := setup(t, openSQLite, &setupOpts{token: "s3cret", worker: true, workflows: []string{approvalYAML, nightlyYAML, fanoutYAML, guardedYAML}})
 	c := newContract(t, b)
 
 	c.call(t, "GET /healthz", "/healthz", "", http.StatusOK)
@@ -113,6 +126,13 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/greet/instances", `{"name": "ada"}`, http.StatusBadRequest)
 	c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/nope/instances", ``, http.StatusNotFound)
 	b.wait(t, greetID)
+
+	c.call(t, "GET /api/workflows/{name}", "/api/workflows/guarded", "", http.StatusOK)
+	guarded := c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/guarded/instances", "", http.StatusCreated).json(t)["id"].(string)
+	c.call(t, "GET /api/instances/{id}", "/api/instances/"+guarded, "", http.StatusOK)
+	require.Equal(t, storage.InstanceFailed, b.wait(t, guarded).Status)
+	failed := c.call(t, "GET /api/instances/{id}", "/api/instances/"+guarded, "", http.StatusOK).json(t)
+	require.Equal(t, "fragile", failed["failedStep"])
 
 	c.call(t, "GET /api/instances", "/api/instances", "", http.StatusOK)
 	c.call(t, "GET /api/instances", "/api/instances?workflow=greet&status=completed&limit=1", "", http.StatusOK)
