@@ -136,6 +136,7 @@ type rawWorkflow struct {
 	misspelt                                          map[string]bool // keys an unknown key was suggested to be
 	Name, Description, Input, Defaults, Steps, Output *yaml.Node
 	Schedule                                          *yaml.Node
+	Concurrency                                       *yaml.Node
 }
 
 type rawDefaults struct {
@@ -169,7 +170,8 @@ type field struct {
 
 func (r *rawWorkflow) fields() []field {
 	return []field{{"name", &r.Name}, {"description", &r.Description}, {"input", &r.Input},
-		{"defaults", &r.Defaults}, {"steps", &r.Steps}, {"output", &r.Output}, {"schedule", &r.Schedule}}
+		{"defaults", &r.Defaults}, {"steps", &r.Steps}, {"output", &r.Output}, {"schedule", &r.Schedule},
+		{"concurrency", &r.Concurrency}}
 }
 
 func (r *rawDefaults) fields() []field {
@@ -190,6 +192,8 @@ func (r *rawRetry) fields() []field {
 // Keys lists the keys a workflow file may use in each of its mappings.
 type Keys struct {
 	Workflow, Defaults, Step, Retry, Schedule, Wait []string
+	// Concurrency is the keys of a concurrency mapping (workflow or step).
+	Concurrency []string
 }
 
 // AcceptedKeys returns the keys the parser accepts, in the order its
@@ -203,6 +207,8 @@ func AcceptedKeys() Keys {
 		Retry:    keysOf((&rawRetry{}).fields()),
 		Schedule: keysOf((&rawSchedule{}).fields()),
 		Wait:     keysOf((&rawWait{}).fields()),
+
+		Concurrency: keysOf((&rawConcurrency{}).fields()),
 	}
 }
 

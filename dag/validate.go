@@ -91,6 +91,10 @@ func (p *parser) build(raw *rawWorkflow) *Workflow {
 	}
 	g := p.checkGraph(builds)
 	p.compileExpressions(builds, g, raw)
+	if raw.Concurrency != nil {
+		sc := &scope{where: "concurrency.key", graph: g, canRead: func(string) bool { return false }}
+		w.Concurrency = p.concurrency(raw.Concurrency, sc, "")
+	}
 	if raw.Output != nil {
 		sc := &scope{where: "output", graph: g}
 		w.Output = p.template(raw.Output, sc)
@@ -435,7 +439,15 @@ func (p *parser) step(b *stepBuild, def defaults) {
 			s.Queue = q
 		}
 	}
-	if n := r.Concurrency; n != nil {
+	if n := r.Concurrency; n != nil && n.Kind == yaml.MappingNode {
+		// {key, limit}: compiled with the expressions, checked here.
+		switch {
+		case r.ForEach != nil:
+			p.c.at(n, `%s: on a forEach step "concurrency" is a number (items running at once per instance), not {key, limit}`, b.label)
+		case r.Wait != nil:
+			p.c.at(n, `%s: a wait step runs no handler, so "concurrency" does not apply: remove it`, b.label)
+		}
+	} else if n != nil {
 		switch c, err := strconv.Atoi(n.Value); {
 		case r.ForEach == nil:
 			p.c.at(n, `%s: "concurrency" caps the items of a forEach step running at once: add forEach, or remove it`, b.label)
@@ -684,6 +696,11 @@ func (p *parser) compileExpressions(builds []*stepBuild, g *graphInfo, raw *rawW
 		}
 		if b.raw.ForEach != nil {
 			b.step.ForEach = p.forEach(b.raw.ForEach, sc, b.label)
+		}
+		if n := b.raw.Concurrency; n != nil && n.Kind == yaml.MappingNode && b.raw.ForEach == nil && b.raw.Wait == nil {
+			keyScope := *sc
+			keyScope.where = b.label + " concurrency.key"
+			b.step.KeyConcurrency = p.concurrency(n, &keyScope, b.label)
 		}
 		if b.raw.Input != nil {
 			itemScope := *sc

@@ -15,8 +15,11 @@ type Workflow struct {
 	Steps             []*Step         // definition order
 	Output            *Template       // nil when absent
 	Schedules         []*Schedule     // the schedule: list, in order
-	Source            []byte          // the exact file bytes
-	Hash              string          // hex sha256 of Source
+	// Concurrency, when set, limits the running instances per key value;
+	// its key may read input and workflow.
+	Concurrency *Concurrency
+	Source      []byte // the exact file bytes
+	Hash        string // hex sha256 of Source
 
 	schema            *jsonschema.Schema // compiled InputSchema
 	byName            map[string]*Step
@@ -79,6 +82,10 @@ type Step struct {
 	// at once per instance; 0 means no cap.
 	ForEach     *Template
 	Concurrency int
+	// KeyConcurrency, from concurrency written as {key, limit}, limits the
+	// running steps of this name across instances per key value; its key
+	// is evaluated when the step becomes ready, like its input.
+	KeyConcurrency *Concurrency
 	// Wait, when set, makes the step a wait step: instead of running a
 	// handler it waits for a signal sent to its instance.
 	Wait      *Wait

@@ -35,6 +35,8 @@ type NewStep struct {
 	// completed directly.
 	Items  []json.RawMessage
 	Output json.RawMessage
+	// ConcurrencyKey is a pending step's StepChange.ConcurrencyKey.
+	ConcurrencyKey string
 }
 
 // Finished reports whether the step ends with its creation (skipped, failed
@@ -97,7 +99,7 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 		}
 		switch c.Status {
 		case StepPending:
-			s.Input = c.Input
+			s.Input, s.ConcurrencyKey = c.Input, c.ConcurrencyKey
 			n.event(c.Name, EventStepReady, "")
 		case StepWaiting:
 			// A new instance has no signals yet: the step waits.

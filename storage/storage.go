@@ -116,6 +116,10 @@ type StepSpec struct {
 	ContinueOnError bool
 	// Wait, for a wait step: the signal it waits for and how long (0 = for ever).
 	Wait *WaitSpec
+	// ConcurrencyLimit, when positive, is how many steps of this workflow's
+	// step name may hold a slot at once per key value (StepChange's
+	// ConcurrencyKey); see HeldUntil.
+	ConcurrencyLimit int
 }
 
 // WaitSpec is what a wait step waits for: a signal of this name sent to its
@@ -163,6 +167,12 @@ type CreateParams struct {
 	Priority int
 	// RunAfter delays the instance's first steps; zero means now.
 	RunAfter time.Time
+	// ConcurrencyLimit, when positive, admits at most that many unfinished
+	// instances of Workflow with this ConcurrencyKey at once; the others
+	// wait pending, their ready steps held, and are admitted in creation
+	// order as admitted ones finish.
+	ConcurrencyKey   string
+	ConcurrencyLimit int
 	// Steps in definition order. All are created blocked; the PlanFunc passed
 	// to CreateInstances promotes the ready ones in the same transaction.
 	// Many CreateParams may share one slice: stores must not modify it.
@@ -338,6 +348,9 @@ type StepChange struct {
 	Items []json.RawMessage
 	// Output is the output of a step a plan completes directly.
 	Output json.RawMessage
+	// ConcurrencyKey is the key value of a step made pending whose spec has
+	// a ConcurrencyLimit; empty: the step is not limited.
+	ConcurrencyKey string
 }
 
 // InstanceChange finishes an instance.
@@ -582,6 +595,7 @@ type WorkflowStats struct {
 // for concurrent use by many goroutines and many processes.
 type Store interface {
 	ScheduleStore
+	LimitStore
 
 	// CreateInstances creates instances with their definition snapshots and
 	// step rows, all blocked, then applies plan to each in the same

@@ -162,11 +162,13 @@ func (t *txn) createMany(params []storage.CreateParams, plan storage.PlanFunc) (
 
 const (
 	insertInstancesSQL = `INSERT INTO instances (id, workflow, definition_hash, status, input, idem_key, priority,
-		run_after, created_at, output, error, finished_at) VALUES `
+		run_after, created_at, output, error, finished_at, concurrency_key, concurrency_limit, held) VALUES `
 	insertStepsSQL = `INSERT INTO steps (instance_id, position, name, handler, queue, workflow, priority, depends_on,
 		status, max_attempts, backoff_us, max_backoff_us, timeout_us, input, error, run_after, ready_at, finished_at,
-		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline) VALUES `
-	stepInsertColumns = 25
+		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline,
+		concurrency_key, concurrency_limit, held_by_instance) VALUES `
+	instanceInsertColumns = 15
+	stepInsertColumns     = 28
 )
 
 // insertInstances inserts the instance rows, their step rows and their
@@ -176,7 +178,11 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 		return nil
 	}
 	now := us(t.now)
-	rows := make([]any, 0, 12*len(instances))
+	held, err := t.admit(instances)
+	if err != nil {
+		return err
+	}
+	rows := make([]any, 0, instanceInsertColumns*len(instances))
 	var (
 		steps    []any
 		expanded []expansion
@@ -191,8 +197,12 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 		if n.Status.Finished() {
 			finishedAt = now
 		}
+		var concurrencyKey any
+		if p.ConcurrencyLimit > 0 {
+			concurrencyKey = p.ConcurrencyKey
+		}
 		rows = append(rows, p.ID, p.Workflow, p.DefinitionHash, string(n.Status), jsonArg(p.Input), key, p.Priority,
-			runAfter, now, jsonArg(n.Output), n.Error, finishedAt)
+			runAfter, now, jsonArg(n.Output), n.Error, finishedAt, concurrencyKey, p.ConcurrencyLimit, held[p.ID])
 		for i, st := range n.Steps {
 			spec := &p.Steps[i]
 			deps := "[]"
@@ -220,13 +230,14 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 			steps = append(steps, p.ID, i, spec.Name, spec.Handler, cmp.Or(spec.Queue, "default"), p.Workflow, p.Priority, deps,
 				string(status), max(spec.Retry.MaxAttempts, 1), spec.Retry.Backoff.Microseconds(), spec.Retry.MaxBackoff.Microseconds(),
 				spec.Timeout.Microseconds(), jsonArg(st.Input), st.Error, stepRunAfter, readyAt, finishedAt,
-				jsonArg(st.Output), spec.ForEach, spec.ItemConcurrency, spec.ContinueOnError, signal, waitTimeout, deadline)
+				jsonArg(st.Output), spec.ForEach, spec.ItemConcurrency, spec.ContinueOnError, signal, waitTimeout, deadline,
+				stepKey(spec, st.ConcurrencyKey), spec.ConcurrencyLimit, held[p.ID])
 		}
 		for _, e := range n.Events {
 			t.event(p.ID, e.Step, e.Type, 0, e.Message)
 		}
 	}
-	if err := t.insertRows(insertInstancesSQL, 12, rows); err != nil {
+	if err := t.insertRows(insertInstancesSQL, instanceInsertColumns, rows); err != nil {
 		var se sqlite3.Error
 		if errors.As(err, &se) && se.Code == sqlite3.ErrConstraint && strings.Contains(se.Error(), "instances.id") {
 			return fmt.Errorf("%w: an instance with this ID already exists (%v)", storage.ErrConflict, err)
