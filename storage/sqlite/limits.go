@@ -13,16 +13,15 @@ import (
 // triggers of migration 0006 spell it out too).
 const heldUS = "253370764800000000"
 
-// fitsSQL holds for a held step (the row of steps being updated) when
-// every limit it is under has a free slot; the triggers of migration 0006
-// use the same test.
-const fitsSQL = `steps.held_by_instance = 0
-    AND (steps.concurrency_key IS NULL OR (SELECT count(*) FROM steps k
-        WHERE k.workflow = steps.workflow AND k.name = steps.name AND k.concurrency_key = steps.concurrency_key
-            AND k.status IN ('pending', 'running') AND k.run_after < ` + heldUS + ` AND k.id <> steps.id) < steps.concurrency_limit)
-    AND (steps.queue_limited = 0 OR NOT EXISTS (SELECT 1 FROM queue_limits q WHERE q.queue = steps.queue AND q.concurrency > 0
-        AND (SELECT count(*) FROM steps c WHERE c.queue_limited = 1 AND c.queue = steps.queue
-            AND c.status IN ('pending', 'running') AND c.run_after < ` + heldUS + ` AND c.id <> steps.id) >= q.concurrency))`
+// fitsSQL holds for the held step h when every limit it is under has a
+// free slot; the triggers of migration 0006 use the same test.
+const fitsSQL = `h.held_by_instance = 0
+    AND (h.concurrency_key IS NULL OR (SELECT count(*) FROM steps k
+        WHERE k.workflow = h.workflow AND k.name = h.name AND k.concurrency_key = h.concurrency_key
+            AND k.status IN ('pending', 'running') AND k.run_after < ` + heldUS + ` AND k.id <> h.id) < h.concurrency_limit)
+    AND (h.queue_limited = 0 OR NOT EXISTS (SELECT 1 FROM queue_limits q WHERE q.queue = h.queue AND q.concurrency > 0
+        AND (SELECT count(*) FROM steps c WHERE c.queue_limited = 1 AND c.queue = h.queue
+            AND c.status IN ('pending', 'running') AND c.run_after < ` + heldUS + ` AND c.id <> h.id) >= q.concurrency))`
 
 func nullText(s string) any {
 	if s == "" {
@@ -111,11 +110,19 @@ func (t *txn) setQueueLimit(l storage.QueueLimit) error {
 			return err
 		}
 	}
-	// Release the held steps that fit now, oldest first (each row is
-	// checked after the ones before it were released).
-	_, err = t.exec(`UPDATE steps SET run_after = ?1 WHERE id IN (SELECT id FROM steps
-			WHERE queue = ?2 AND status = 'pending' AND run_after = `+heldUS+`) AND `+fitsSQL, now, l.Queue)
-	return err
+	// Release the held steps that fit now, oldest first, one per statement
+	// (see the release trigger of migration 0006).
+	for {
+		res, err := t.exec(`UPDATE steps SET run_after = ?1 WHERE id = (SELECT h.id FROM steps h
+			WHERE h.queue = ?2 AND h.status = 'pending' AND h.run_after = `+heldUS+` AND `+fitsSQL+`
+			ORDER BY h.id LIMIT 1)`, now, l.Queue)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return err
+		}
+	}
 }
 
 // respace gives the queue's ready steps start times interval apart from

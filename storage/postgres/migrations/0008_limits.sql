@@ -40,7 +40,7 @@ CREATE TABLE queue_limits (
     rate        integer NOT NULL DEFAULT 0,
     per_us      bigint NOT NULL DEFAULT 0,
     interval_us bigint NOT NULL DEFAULT 0,
-    tat         timestamptz NOT NULL DEFAULT '-infinity',
+    tat         timestamptz NOT NULL DEFAULT 'epoch',
     updated_at  timestamptz NOT NULL
 );
 

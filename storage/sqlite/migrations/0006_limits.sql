@@ -96,27 +96,37 @@ BEGIN
     WHERE queue = NEW.queue AND interval_us > 0 AND (SELECT status = 'pending' AND queue_limited = 1 AND run_after < 253370764800000000 FROM steps WHERE id = NEW.id);
 END;
 
--- A step that held a slot and finished frees it: the oldest held steps
--- sharing its key or its queue that now fit are released (each row is
--- checked after the ones before it were).
+-- A step that held a slot and finished frees it: the oldest held step
+-- sharing its key that now fits is released, then the oldest sharing its
+-- queue. One row per statement: SQLite may check an UPDATE's WHERE for
+-- every row before it changes any, so a count in it would not see the
+-- rows released before.
 CREATE TRIGGER steps_limits_release AFTER UPDATE OF status ON steps
 WHEN OLD.status IN ('pending', 'running') AND NEW.status NOT IN ('pending', 'running')
     AND OLD.run_after < 253370764800000000 AND (OLD.concurrency_key IS NOT NULL OR OLD.queue_limited = 1)
 BEGIN
-    UPDATE steps SET run_after = coalesce(NEW.finished_at, OLD.run_after)
-    WHERE id IN (
+    UPDATE steps SET run_after = coalesce(NEW.finished_at, OLD.run_after) WHERE id = (
         SELECT h.id FROM steps h WHERE h.concurrency_key = OLD.concurrency_key AND h.workflow = OLD.workflow
             AND h.name = OLD.name AND h.status = 'pending' AND h.run_after = 253370764800000000
-        UNION
+            AND h.held_by_instance = 0
+    AND (h.concurrency_key IS NULL OR (SELECT count(*) FROM steps k
+        WHERE k.workflow = h.workflow AND k.name = h.name AND k.concurrency_key = h.concurrency_key
+            AND k.status IN ('pending', 'running') AND k.run_after < 253370764800000000 AND k.id <> h.id) < h.concurrency_limit)
+    AND (h.queue_limited = 0 OR NOT EXISTS (SELECT 1 FROM queue_limits q WHERE q.queue = h.queue AND q.concurrency > 0
+        AND (SELECT count(*) FROM steps c WHERE c.queue_limited = 1 AND c.queue = h.queue
+            AND c.status IN ('pending', 'running') AND c.run_after < 253370764800000000 AND c.id <> h.id) >= q.concurrency))
+        ORDER BY h.id LIMIT 1);
+    UPDATE steps SET run_after = coalesce(NEW.finished_at, OLD.run_after) WHERE id = (
         SELECT h.id FROM steps h WHERE OLD.queue_limited = 1 AND h.queue_limited = 1 AND h.queue = OLD.queue
-            AND h.status = 'pending' AND h.run_after = 253370764800000000)
-    AND steps.held_by_instance = 0
-    AND (steps.concurrency_key IS NULL OR (SELECT count(*) FROM steps k
-        WHERE k.workflow = steps.workflow AND k.name = steps.name AND k.concurrency_key = steps.concurrency_key
-            AND k.status IN ('pending', 'running') AND k.run_after < 253370764800000000 AND k.id <> steps.id) < steps.concurrency_limit)
-    AND (steps.queue_limited = 0 OR NOT EXISTS (SELECT 1 FROM queue_limits q WHERE q.queue = steps.queue AND q.concurrency > 0
-        AND (SELECT count(*) FROM steps c WHERE c.queue_limited = 1 AND c.queue = steps.queue
-            AND c.status IN ('pending', 'running') AND c.run_after < 253370764800000000 AND c.id <> steps.id) >= q.concurrency));
+            AND h.status = 'pending' AND h.run_after = 253370764800000000
+            AND h.held_by_instance = 0
+    AND (h.concurrency_key IS NULL OR (SELECT count(*) FROM steps k
+        WHERE k.workflow = h.workflow AND k.name = h.name AND k.concurrency_key = h.concurrency_key
+            AND k.status IN ('pending', 'running') AND k.run_after < 253370764800000000 AND k.id <> h.id) < h.concurrency_limit)
+    AND (h.queue_limited = 0 OR NOT EXISTS (SELECT 1 FROM queue_limits q WHERE q.queue = h.queue AND q.concurrency > 0
+        AND (SELECT count(*) FROM steps c WHERE c.queue_limited = 1 AND c.queue = h.queue
+            AND c.status IN ('pending', 'running') AND c.run_after < 253370764800000000 AND c.id <> h.id) >= q.concurrency))
+        ORDER BY h.id LIMIT 1);
 END;
 
 -- A released step of a rated queue takes its start from the rate.
@@ -139,10 +149,14 @@ BEGIN
             AND h.finished_at IS NULL AND h.held = 1
         ORDER BY h.id LIMIT max(0, OLD.concurrency_limit - (SELECT count(*) FROM (SELECT a.id FROM instances a WHERE a.workflow = OLD.workflow AND a.concurrency_key = OLD.concurrency_key AND a.finished_at IS NULL AND a.held = 0))));
     UPDATE steps SET held_by_instance = 0 WHERE held_by_instance = 1 AND instance_id IN (SELECT a.id FROM instances a WHERE a.workflow = OLD.workflow AND a.concurrency_key = OLD.concurrency_key AND a.finished_at IS NULL AND a.held = 0);
-    UPDATE steps SET run_after = NEW.finished_at
-    WHERE id IN (SELECT s.id FROM steps s WHERE s.instance_id IN (SELECT a.id FROM instances a WHERE a.workflow = OLD.workflow AND a.concurrency_key = OLD.concurrency_key AND a.finished_at IS NULL AND a.held = 0)
-        AND s.status = 'pending' AND s.run_after = 253370764800000000)
-    AND steps.held_by_instance = 0
+END;
+
+-- A step of an instance just admitted is released if it fits; the trigger
+-- runs row by row, each seeing the rows released before it.
+CREATE TRIGGER steps_limits_admitted AFTER UPDATE OF held_by_instance ON steps
+WHEN OLD.held_by_instance = 1 AND NEW.held_by_instance = 0 AND NEW.status = 'pending' AND NEW.run_after = 253370764800000000
+BEGIN
+    UPDATE steps SET run_after = NEW.ready_at WHERE id = NEW.id AND steps.held_by_instance = 0
     AND (steps.concurrency_key IS NULL OR (SELECT count(*) FROM steps k
         WHERE k.workflow = steps.workflow AND k.name = steps.name AND k.concurrency_key = steps.concurrency_key
             AND k.status IN ('pending', 'running') AND k.run_after < 253370764800000000 AND k.id <> steps.id) < steps.concurrency_limit)
