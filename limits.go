@@ -1,7 +1,11 @@
 package dagrun
 
 import (
+	"context"
 	"fmt"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/storage"
@@ -72,4 +76,75 @@ func keyReferences(step *dag.Step) []string {
 		return nil
 	}
 	return step.KeyConcurrency.Key.References()
+}
+
+// QueueLimit is a queue's limits, global to every worker of the database:
+// at most Concurrency of its steps running at once, at most Rate started
+// per Per; zero means no limit.
+type QueueLimit = storage.QueueLimit
+
+// QueueInfo is a queue's limits and load, as Queues reports them.
+type QueueInfo = storage.QueueInfo
+
+// SetQueueLimit sets a queue's limits (both zero clears them). They are
+// stored in the database, apply to every worker at once, and to the
+// queue's steps already waiting. A bad value is an *ArgumentError and
+// changes nothing.
+func (e *Engine) SetQueueLimit(ctx context.Context, l QueueLimit) error {
+	if err := l.Check(); err != nil {
+		return &ArgumentError{Name: "queue limit", Reason: err.Error()}
+	}
+	return e.store.SetQueueLimit(ctx, l)
+}
+
+// Queues lists every queue with a limit or with ready, held or running
+// steps: depth, running, oldest wait and limits.
+func (e *Engine) Queues(ctx context.Context) ([]QueueInfo, error) {
+	return e.store.Queues(ctx)
+}
+
+// ParseRate reads a queue rate written N/DUR: N starts per DUR, a
+// duration such as 1s, 500ms or 1m, or a bare unit (s, m, h) meaning one
+// of it. "0" or "none" clears the rate (0, 0).
+func ParseRate(s string) (n int, per time.Duration, err error) {
+	s = strings.TrimSpace(s)
+	if s == "" || s == "0" || s == "none" {
+		return 0, 0, nil
+	}
+	count, unit, ok := strings.Cut(s, "/")
+	if !ok {
+		return 0, 0, &ArgumentError{Name: "rate", Reason: fmt.Sprintf("%q is not N/DUR: write e.g. 10/s, 100/1m or none", s)}
+	}
+	n, err = strconv.Atoi(strings.TrimSpace(count))
+	if err != nil || n < 0 {
+		return 0, 0, &ArgumentError{Name: "rate", Reason: fmt.Sprintf("%q does not start with a whole number of steps: write e.g. 10/s", s)}
+	}
+	unit = strings.TrimSpace(unit)
+	switch unit {
+	case "s", "m", "h":
+		unit = "1" + unit
+	}
+	per, err = time.ParseDuration(unit)
+	if err != nil || per <= 0 {
+		return 0, 0, &ArgumentError{Name: "rate", Reason: fmt.Sprintf("%q does not end with a duration: write e.g. 10/s, 10/1s or 100/1m", s)}
+	}
+	if n == 0 {
+		return 0, 0, nil
+	}
+	return n, per, nil
+}
+
+// QueueLimit returns the limits of queue name; zero limits when it has
+// none.
+func (e *Engine) QueueLimit(ctx context.Context, name string) (QueueLimit, error) {
+	list, err := e.store.Queues(ctx)
+	if err != nil {
+		return QueueLimit{}, err
+	}
+	for _, q := range list {
+		if q.Queue == name {
+			return q.QueueLimit, nil
+		}
+	}
+	return QueueLimit{Queue: name}, nil
 }
