@@ -61,6 +61,9 @@ type Step struct {
 	Signal   string  `json:"signal,omitempty"`
 	Deadline *string `json:"deadline,omitempty"`
 	RunAfter *string `json:"runAfter,omitempty"`
+	// Held is true for a pending step a concurrency limit holds back until
+	// a slot frees (it then has no runAfter).
+	Held bool `json:"held,omitempty"`
 }
 
 // MaxInlineItemsOutput bounds the output of a forEach step that the
@@ -205,7 +208,9 @@ func NewInstance(inst *storage.Instance) Instance {
 		if s.Status == storage.StepWaiting {
 			out.Steps[i].Deadline = optTime(s.Deadline)
 		}
-		if s.Status == storage.StepPending && !s.RunAfter.IsZero() {
+		if s.Held() {
+			out.Steps[i].Held = true
+		} else if s.Status == storage.StepPending && !s.RunAfter.IsZero() {
 			out.Steps[i].RunAfter = optTime(&s.RunAfter)
 		}
 	}

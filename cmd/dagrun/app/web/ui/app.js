@@ -907,6 +907,9 @@
           ? { status: s.status, label: "waiting", detail: s.signal, title: "signal " + s.signal + ", times out " + fmtTime(s.deadline), until: s.deadline, untilSuffix: " left" }
           : { status: s.status, label: "waiting", detail: "signal " + s.signal, title: "signal " + s.signal + ", no timeout" };
       }
+      if (s.status === "pending" && s.held) {
+        return { status: s.status, label: "held", title: "waits for a slot of its concurrency limit" };
+      }
       if (s.status === "pending" && s.runAfter && Date.parse(s.runAfter) > Date.now()) {
         return { status: s.status, label: "pending", title: "runs at " + fmtTime(s.runAfter), until: s.runAfter, untilLead: "runs in " };
       }
