@@ -180,6 +180,7 @@ type scope struct {
 	canRead func(step string) bool // steps it may read; nil means any (output:)
 	graph   *graphInfo             // every valid step name
 	items   bool                   // item and index may be read: the input of a forEach step
+	noSteps string                 // when set, no step may be read, and this says why
 }
 
 // subject names where the expression is, for messages.
@@ -461,6 +462,9 @@ func checkReferences(tree *exprparser.Tree, sc *scope) (refs []string, problems 
 				continue
 			case step == sc.self:
 				problems = append(problems, fmt.Sprintf("a step cannot read its own output or status (%s)", stepRef(step)))
+				continue
+			case sc.noSteps != "":
+				problems = append(problems, fmt.Sprintf("%s cannot read %s: %s", sc.subject(), stepRef(step), sc.noSteps))
 				continue
 			case sc.canRead != nil && !sc.canRead(step):
 				problems = append(problems, fmt.Sprintf("%s does not depend on %q, so it cannot read %s: add %q to its dependsOn (directly or through another step)", sc.subject(), step, stepRef(step), step))

@@ -92,7 +92,8 @@ func (p *parser) build(raw *rawWorkflow) *Workflow {
 	g := p.checkGraph(builds)
 	p.compileExpressions(builds, g, raw)
 	if raw.Concurrency != nil {
-		sc := &scope{where: "concurrency.key", graph: g, canRead: func(string) bool { return false }}
+		sc := &scope{where: "concurrency.key", graph: g,
+			noSteps: "the workflow's key is evaluated when the instance starts, before any step ran; use input or workflow"}
 		w.Concurrency = p.concurrency(raw.Concurrency, sc, "")
 	}
 	if raw.Output != nil {
@@ -450,7 +451,7 @@ func (p *parser) step(b *stepBuild, def defaults) {
 	} else if n != nil {
 		switch c, err := strconv.Atoi(n.Value); {
 		case r.ForEach == nil:
-			p.c.at(n, `%s: "concurrency" caps the items of a forEach step running at once: add forEach, or remove it`, b.label)
+			p.c.at(n, `%s: "concurrency" as a number caps the items of a forEach step running at once: add forEach, or write {key, limit} to limit this step across instances`, b.label)
 		case n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || err != nil || c < 1:
 			p.c.at(n, `%s: "concurrency" must be a positive whole number (items of this step running at once per instance), got %s`, b.label, describe(n))
 		default:
