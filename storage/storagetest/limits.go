@@ -266,6 +266,34 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		require.NoError(t, err)
 		require.Empty(t, qs)
 	},
+	"AdmittedInstanceStepsRespectTheirQueue": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "shared", Concurrency: 1}))
+		x, y := spec("x"), spec("y")
+		x.Queue, y.Queue = "shared", "shared"
+		var ids []string
+		for range 2 {
+			p := params(x, y)
+			p.ConcurrencyKey, p.ConcurrencyLimit = "k", 1
+			b.create(p)
+			ids = append(ids, p.ID)
+		}
+		run := func(want string) {
+			t.Helper()
+			cs := b.claim(storage.ClaimParams{})
+			require.Len(t, cs, 1, "one step of the queue at a time")
+			require.Equal(t, want, cs[0].InstanceID)
+			require.Equal(t, []storage.FinishResult{{Accepted: true}}, b.finish(completed(cs[0].Claim, "1")))
+		}
+		run(ids[0])
+		run(ids[0])
+		require.Equal(t, storage.InstanceCompleted, b.get(ids[0]).Status)
+		// The second instance is admitted with two ready steps, and its
+		// queue still lets one run at a time.
+		run(ids[1])
+		run(ids[1])
+		require.Equal(t, storage.InstanceCompleted, b.get(ids[1]).Status)
+	},
 	"ConcurrentClaimersNeverExceedAStepKey": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		b.concurrentClaimers(func(i int) storage.CreateParams { return keyed(fmt.Sprint(i%3), 0, 2) }, 2)
