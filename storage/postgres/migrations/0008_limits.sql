@@ -129,7 +129,10 @@ CREATE TRIGGER steps_limits_insert BEFORE INSERT ON steps FOR EACH ROW
 WHEN (NEW.status = 'pending' AND (NEW.concurrency_key IS NOT NULL OR NEW.held_by_instance OR NEW.queue_limited))
 EXECUTE FUNCTION limits_hold();
 
-CREATE TRIGGER steps_limits_ready BEFORE UPDATE OF status ON steps FOR EACH ROW
+-- Every statement that makes a step ready sets ready_at or run_after, and
+-- no claim does: the triggers name columns a claim never writes, so a
+-- claim fires none of them.
+CREATE TRIGGER steps_limits_ready BEFORE UPDATE OF ready_at, run_after ON steps FOR EACH ROW
 WHEN (NEW.status = 'pending' AND OLD.status <> 'pending'
     AND (NEW.concurrency_key IS NOT NULL OR NEW.held_by_instance OR NEW.queue_limited))
 EXECUTE FUNCTION limits_hold();
@@ -165,7 +168,7 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER steps_limits_release AFTER UPDATE OF status ON steps FOR EACH ROW
+CREATE TRIGGER steps_limits_release AFTER UPDATE OF finished_at ON steps FOR EACH ROW
 WHEN (OLD.status IN ('pending', 'running') AND NEW.status NOT IN ('pending', 'running')
     AND OLD.run_after < '9999-01-01 00:00:00+00' AND (OLD.concurrency_key IS NOT NULL OR OLD.queue_limited))
 EXECUTE FUNCTION limits_release();

@@ -66,8 +66,11 @@ BEGIN
     WHERE queue = NEW.queue AND interval_us > 0 AND (SELECT status = 'pending' AND queue_limited = 1 AND run_after < 253370764800000000 FROM steps WHERE id = NEW.id);
 END;
 
--- A step made ready later (or re-armed by a retry) does the same.
-CREATE TRIGGER steps_limits_ready AFTER UPDATE OF status ON steps
+-- A step made ready later (or re-armed by a retry) does the same. Every
+-- statement that makes a step ready sets ready_at, and no claim does: the
+-- triggers name the columns a claim never writes (ready_at, run_after,
+-- finished_at), so a claim fires none of them.
+CREATE TRIGGER steps_limits_ready AFTER UPDATE OF ready_at ON steps
 WHEN NEW.status = 'pending' AND OLD.status NOT IN ('pending', 'running')
     AND (NEW.concurrency_key IS NOT NULL OR NEW.held_by_instance = 1 OR NEW.queue_limited = 1)
 BEGIN
@@ -87,7 +90,7 @@ END;
 
 -- A retried, snoozed or released step keeps its slot, but its next start
 -- counts against its queue's rate.
-CREATE TRIGGER steps_limits_requeue AFTER UPDATE OF status ON steps
+CREATE TRIGGER steps_limits_requeue AFTER UPDATE OF run_after ON steps
 WHEN NEW.status = 'pending' AND OLD.status = 'running' AND NEW.queue_limited = 1
 BEGIN
     UPDATE steps SET run_after = max(run_after, (SELECT tat FROM queue_limits q WHERE q.queue = NEW.queue))
@@ -101,7 +104,7 @@ END;
 -- queue. One row per statement: SQLite may check an UPDATE's WHERE for
 -- every row before it changes any, so a count in it would not see the
 -- rows released before.
-CREATE TRIGGER steps_limits_release AFTER UPDATE OF status ON steps
+CREATE TRIGGER steps_limits_release AFTER UPDATE OF finished_at ON steps
 WHEN OLD.status IN ('pending', 'running') AND NEW.status NOT IN ('pending', 'running')
     AND OLD.run_after < 253370764800000000 AND (OLD.concurrency_key IS NOT NULL OR OLD.queue_limited = 1)
 BEGIN
