@@ -40,6 +40,7 @@ func TestWorkflowReferenceIsComplete(t *testing.T) {
 		{"retry", keys.Retry},
 		{"schedule", keys.Schedule},
 		{"wait", keys.Wait},
+		{"concurrency", keys.Concurrency},
 	}
 	for _, tt := range tables {
 		t.Run("Keys/"+tt.heading, func(t *testing.T) {

@@ -277,6 +277,9 @@ func (s *Scheduler) fire(ctx context.Context, w *dag.Workflow, sch *dag.Schedule
 			Steps:          s.engine.stepSpecs(w),
 		},
 	}
+	if err := limitInstance(w, &p.Instance); err != nil {
+		return storage.FireResult{}, err
+	}
 	rec := s.engine.newFinishRecorder()
 	res, err := s.engine.store.FireSchedule(ctx, p, rec.plan)
 	if err != nil {

@@ -122,6 +122,9 @@ func (e *Engine) start(ctx context.Context, tx any, reqs []StartRequest) ([]Star
 		if req.Options.Delay > 0 {
 			p.RunAfter = now.Add(req.Options.Delay)
 		}
+		if err := limitInstance(w, &p); err != nil {
+			return nil, err
+		}
 		params[i] = p
 	}
 	rec := e.newFinishRecorder()
@@ -229,6 +232,9 @@ func buildStepSpecs(w *dag.Workflow) []storage.StepSpec {
 			ItemConcurrency: s.Concurrency,
 			ContinueOnError: s.ContinueOnError,
 			OnFailure:       s.OnFailure,
+		}
+		if s.KeyConcurrency != nil {
+			specs[i].ConcurrencyLimit = s.KeyConcurrency.Limit
 		}
 		if s.Wait != nil {
 			specs[i].Wait = &storage.WaitSpec{Signal: s.Wait.Signal, Timeout: s.Wait.Timeout}

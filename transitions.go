@@ -143,6 +143,7 @@ func (p *planner) resolve(step *dag.Step) storage.StepChange {
 	if step.ForEach != nil {
 		refs = append(refs, step.ForEach.References()...)
 	}
+	refs = append(refs, keyReferences(step)...)
 	env, err := p.env(refs)
 	if err != nil {
 		return storage.StepChange{Name: step.Name, Status: storage.StepFailed, Error: err.Error()}
@@ -177,7 +178,11 @@ func (p *planner) resolve(step *dag.Step) storage.StepChange {
 	if step.Wait != nil {
 		return storage.StepChange{Name: step.Name, Status: storage.StepWaiting, Input: input}
 	}
-	return storage.StepChange{Name: step.Name, Status: storage.StepPending, Input: input}
+	change := storage.StepChange{Name: step.Name, Status: storage.StepPending, Input: input}
+	if err := limitStep(step, env, &change); err != nil {
+		return storage.StepChange{Name: step.Name, Status: storage.StepFailed, Error: err.Error()}
+	}
+	return change
 }
 
 // outcome finishes the instance when a step failed for good or when every

@@ -189,6 +189,7 @@ type scope struct {
 	// unreadable, when set, says why canRead refuses a step, instead of
 	// the advice to depend on it.
 	unreadable func(step string) string
+	noSteps    string // when set, no step may be read, and this says why
 }
 
 // subject names where the expression is, for messages.
@@ -477,6 +478,9 @@ func checkReferences(tree *exprparser.Tree, sc *scope) (refs []string, problems 
 				continue
 			case sc.canRead != nil && !sc.canRead(step) && sc.unreadable != nil:
 				problems = append(problems, sc.unreadable(step))
+				continue
+			case sc.noSteps != "":
+				problems = append(problems, fmt.Sprintf("%s cannot read %s: %s", sc.subject(), stepRef(step), sc.noSteps))
 				continue
 			case sc.canRead != nil && !sc.canRead(step):
 				problems = append(problems, fmt.Sprintf("%s does not depend on %q, so it cannot read %s: add %q to its dependsOn (directly or through another step)", sc.subject(), step, stepRef(step), step))

@@ -136,7 +136,7 @@ type rawWorkflow struct {
 	misspelt                                          map[string]bool // keys an unknown key was suggested to be
 	Name, Description, Input, Defaults, Steps, Output *yaml.Node
 	Schedule                                          *yaml.Node
-	Timeout, OnFailure                                *yaml.Node
+	Timeout, OnFailure, Concurrency                   *yaml.Node
 }
 
 type rawDefaults struct {
@@ -171,7 +171,7 @@ type field struct {
 func (r *rawWorkflow) fields() []field {
 	return []field{{"name", &r.Name}, {"description", &r.Description}, {"input", &r.Input},
 		{"defaults", &r.Defaults}, {"steps", &r.Steps}, {"output", &r.Output}, {"schedule", &r.Schedule},
-		{"timeout", &r.Timeout}, {"onFailure", &r.OnFailure}}
+		{"timeout", &r.Timeout}, {"onFailure", &r.OnFailure}, {"concurrency", &r.Concurrency}}
 }
 
 func (r *rawDefaults) fields() []field {
@@ -192,6 +192,8 @@ func (r *rawRetry) fields() []field {
 // Keys lists the keys a workflow file may use in each of its mappings.
 type Keys struct {
 	Workflow, Defaults, Step, Retry, Schedule, Wait []string
+	// Concurrency is the keys of a concurrency mapping (workflow or step).
+	Concurrency []string
 }
 
 // AcceptedKeys returns the keys the parser accepts, in the order its
@@ -205,6 +207,8 @@ func AcceptedKeys() Keys {
 		Retry:    keysOf((&rawRetry{}).fields()),
 		Schedule: keysOf((&rawSchedule{}).fields()),
 		Wait:     keysOf((&rawWait{}).fields()),
+
+		Concurrency: keysOf((&rawConcurrency{}).fields()),
 	}
 }
 

@@ -126,7 +126,7 @@ func TestTopLevelExtensionKeysAreErrors(t *testing.T) {
 	// Anchors must live on a real field: there is no place for extension
 	// keys (docker-compose's x-...), as unknown keys are errors.
 	got := parseErrors(t, "", "name: t\ncommon: &c {handler: echo}\nsteps:\n  - <<: *c\n    name: a\n")
-	require.Equal(t, `2:1: unknown key "common" at the top level (valid keys: name, description, input, defaults, steps, output, schedule, timeout, onFailure)`, got)
+	require.Equal(t, `2:1: unknown key "common" at the top level (valid keys: name, description, input, defaults, steps, output, schedule, timeout, onFailure, concurrency)`, got)
 }
 
 func TestHostileYAML(t *testing.T) {

@@ -101,6 +101,11 @@ func (p *parser) build(raw *rawWorkflow) *Workflow {
 	g := p.checkGraph(builds)
 	p.checkFailureDeps(builds)
 	p.compileExpressions(builds, g, raw)
+	if raw.Concurrency != nil {
+		sc := &scope{where: "concurrency.key", graph: g,
+			noSteps: "the workflow's key is evaluated when the instance starts, before any step ran; use input or workflow"}
+		w.Concurrency = p.concurrency(raw.Concurrency, sc, "")
+	}
 	if raw.Output != nil {
 		sc := outputScope(g, mainBuilds)
 		w.Output = p.template(raw.Output, sc)
@@ -452,10 +457,18 @@ func (p *parser) step(b *stepBuild, def defaults) {
 			s.Queue = q
 		}
 	}
-	if n := r.Concurrency; n != nil {
+	if n := r.Concurrency; n != nil && n.Kind == yaml.MappingNode {
+		// {key, limit}: compiled with the expressions, checked here.
+		switch {
+		case r.ForEach != nil:
+			p.c.at(n, `%s: on a forEach step "concurrency" is a number (items running at once per instance), not {key, limit}`, b.label)
+		case r.Wait != nil:
+			p.c.at(n, `%s: a wait step runs no handler, so "concurrency" does not apply: remove it`, b.label)
+		}
+	} else if n != nil {
 		switch c, err := strconv.Atoi(n.Value); {
 		case r.ForEach == nil:
-			p.c.at(n, `%s: "concurrency" caps the items of a forEach step running at once: add forEach, or remove it`, b.label)
+			p.c.at(n, `%s: "concurrency" as a number caps the items of a forEach step running at once: add forEach, or write {key, limit} to limit this step across instances`, b.label)
 		case n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" || err != nil || c < 1:
 			p.c.at(n, `%s: "concurrency" must be a positive whole number (items of this step running at once per instance), got %s`, b.label, describe(n))
 		default:
@@ -708,6 +721,11 @@ func (p *parser) compileExpressions(builds []*stepBuild, g *graphInfo, raw *rawW
 		}
 		if b.raw.ForEach != nil {
 			b.step.ForEach = p.forEach(b.raw.ForEach, sc, b.label)
+		}
+		if n := b.raw.Concurrency; n != nil && n.Kind == yaml.MappingNode && b.raw.ForEach == nil && b.raw.Wait == nil {
+			keyScope := *sc
+			keyScope.where = b.label + " concurrency.key"
+			b.step.KeyConcurrency = p.concurrency(n, &keyScope, b.label)
 		}
 		if b.raw.Input != nil {
 			itemScope := *sc

@@ -20,8 +20,11 @@ type Workflow struct {
 	// OnFailure are the steps run when an instance fails, in definition
 	// order; they are not in Steps.
 	OnFailure []*Step
-	Source    []byte // the exact file bytes
-	Hash      string // hex sha256 of Source
+	// Concurrency, when set, limits the running instances per key value;
+	// its key may read input and workflow.
+	Concurrency *Concurrency
+	Source      []byte // the exact file bytes
+	Hash        string // hex sha256 of Source
 
 	schema            *jsonschema.Schema // compiled InputSchema
 	byName            map[string]*Step
@@ -85,6 +88,10 @@ type Step struct {
 	// at once per instance; 0 means no cap.
 	ForEach     *Template
 	Concurrency int
+	// KeyConcurrency, from concurrency written as {key, limit}, limits the
+	// running steps of this name across instances per key value; its key
+	// is evaluated when the step becomes ready, like its input.
+	KeyConcurrency *Concurrency
 	// Wait, when set, makes the step a wait step: instead of running a
 	// handler it waits for a signal sent to its instance.
 	Wait *Wait

@@ -39,6 +39,8 @@ type NewStep struct {
 	// completed directly.
 	Items  []json.RawMessage
 	Output json.RawMessage
+	// ConcurrencyKey is a pending step's StepChange.ConcurrencyKey.
+	ConcurrencyKey string
 }
 
 // Finished reports whether the step ends with its creation (skipped, failed
@@ -101,7 +103,7 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 		}
 		switch c.Status {
 		case StepPending:
-			s.Input = c.Input
+			s.Input, s.ConcurrencyKey = c.Input, c.ConcurrencyKey
 			n.event(c.Name, EventStepReady, "")
 		case StepWaiting:
 			// A new instance has no signals yet: the step waits.

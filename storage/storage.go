@@ -119,6 +119,10 @@ type StepSpec struct {
 	// OnFailure marks a step that runs only when its instance fails (see
 	// Plan.Failure); the others are the main steps.
 	OnFailure bool
+	// ConcurrencyLimit, when positive, is how many steps of this workflow's
+	// step name may hold a slot at once per key value (StepChange's
+	// ConcurrencyKey); see HeldUntil.
+	ConcurrencyLimit int
 }
 
 // WaitSpec is what a wait step waits for: a signal of this name sent to its
@@ -169,6 +173,12 @@ type CreateParams struct {
 	// Timeout bounds the instance's run from its start (see
 	// TimeoutStore); zero means none.
 	Timeout time.Duration
+	// ConcurrencyLimit, when positive, admits at most that many unfinished
+	// instances of Workflow with this ConcurrencyKey at once; the others
+	// wait pending, their ready steps held, and are admitted in creation
+	// order as admitted ones finish.
+	ConcurrencyKey   string
+	ConcurrencyLimit int
 	// Steps in definition order. All are created blocked; the PlanFunc passed
 	// to CreateInstances promotes the ready ones in the same transaction.
 	// Many CreateParams may share one slice: stores must not modify it.
@@ -358,6 +368,9 @@ type StepChange struct {
 	Items []json.RawMessage
 	// Output is the output of a step a plan completes directly.
 	Output json.RawMessage
+	// ConcurrencyKey is the key value of a step made pending whose spec has
+	// a ConcurrencyLimit; empty: the step is not limited.
+	ConcurrencyKey string
 }
 
 // InstanceChange finishes an instance.
@@ -619,6 +632,7 @@ type WorkflowStats struct {
 type Store interface {
 	ScheduleStore
 	TimeoutStore
+	LimitStore
 
 	// CreateInstances creates instances with their definition snapshots and
 	// step rows, all blocked, then applies plan to each in the same

@@ -33,7 +33,8 @@ WITH d AS (
 ),
 ins AS (
 	INSERT INTO {s}instances (id, workflow, definition_hash, status, input, output, error, idempotency_key, priority,
-		run_after, created_at, started_at, finished_at, timeout_us, failing, failed_step, deadline)
+		run_after, created_at, started_at, finished_at, timeout_us, failing, failed_step, deadline,
+		concurrency_key, concurrency_limit, held)
 	SELECT r.id, r.workflow, r.hash, r.status, r.input, r.output, r.error, r.key, r.priority,
 		greatest({now}, r.run_after), {now},
 		CASE WHEN r.status = 'running' THEN {now} END,
@@ -42,11 +43,12 @@ ins AS (
 		-- A workflow timeout counts from the start, unless the instance
 		-- failed at once and only runs its onFailure steps.
 		CASE WHEN r.status = 'running' AND r.timeout_us > 0 AND NOT r.failing
-			THEN {now} + r.timeout_us * interval '1 microsecond' END
+			THEN {now} + r.timeout_us * interval '1 microsecond' END,
+		r.ckey, r.climit, r.held
 	FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::json[], $10::json[], $11::text[], $12::text[],
-			$13::int[], $14::timestamptz[], $41::bigint[], $42::bool[], $43::text[])
+			$13::int[], $14::timestamptz[], $41::bigint[], $42::bool[], $43::text[], $44::text[], $45::int[], $46::bool[])
 		WITH ORDINALITY AS r(id, workflow, hash, status, input, output, error, key, priority, run_after,
-			timeout_us, failing, failed_step, ord)
+			timeout_us, failing, failed_step, ckey, climit, held, ord)
 	ORDER BY r.ord
 	ON CONFLICT (workflow, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 	RETURNING id
@@ -54,7 +56,8 @@ ins AS (
 st AS (
 	INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, depends_on, status,
 		max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after, ready_at, finished_at,
-		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline, on_failure)
+		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline, on_failure,
+		concurrency_key, concurrency_limit, held_by_instance, queue_limited)
 	SELECT x.instance_id, x.position, x.name, x.handler, x.queue, x.workflow, x.depends_on::text[], x.status,
 		x.max_attempts, x.backoff_us, x.max_backoff_us, x.timeout_us, x.priority, x.input, x.error,
 		CASE WHEN x.status = 'pending' THEN greatest({now}, x.run_after) END,
@@ -63,13 +66,16 @@ st AS (
 		x.output, x.for_each, x.item_concurrency, x.continue_on_error, x.wait_signal, x.wait_timeout_us,
 		CASE WHEN x.status = 'waiting' AND x.wait_timeout_us > 0
 			THEN greatest({now}, x.run_after) + x.wait_timeout_us * interval '1 microsecond' END,
-		x.on_failure
+		x.on_failure,
+		x.ckey, x.climit, x.held, NOT x.for_each AND EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = x.queue)
 	FROM unnest($15::text[], $16::int[], $17::text[], $18::text[], $19::text[], $20::text[], $21::text[], $22::text[],
 			$23::int[], $24::bigint[], $25::bigint[], $26::bigint[], $27::int[], $28::json[], $29::text[], $30::timestamptz[],
-			$35::json[], $36::bool[], $37::int[], $38::bool[], $39::text[], $40::bigint[], $44::bool[])
+			$35::json[], $36::bool[], $37::int[], $38::bool[], $39::text[], $40::bigint[], $47::bool[],
+			$48::text[], $49::int[], $50::bool[])
 		AS x(instance_id, position, name, handler, queue, workflow, depends_on, status,
 			max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after,
-			output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, on_failure)
+			output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, on_failure,
+			ckey, climit, held)
 	JOIN ins ON ins.id = x.instance_id
 	ORDER BY x.instance_id, x.position
 ),
@@ -201,6 +207,7 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 	}
 	var (
 		rows        createRows
+		planned     []*storage.NewInstance
 		seenDef     = make(map[string]bool)
 		createdKeys = make(map[[2]string]string) // (workflow, key) -> ID created by this call
 	)
@@ -226,7 +233,14 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 		if err != nil {
 			return nil, err
 		}
-		rows.instance(st, n)
+		planned = append(planned, n)
+	}
+	held, err := s.admit(ctx, tx, planned)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range planned {
+		rows.instance(st, n, held[n.Params.ID])
 	}
 	if len(rows.ids) == 0 {
 		return results, nil
@@ -246,7 +260,8 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 		rows.stMax, rows.stBackoff, rows.stMaxBackoff, rows.stTimeout, rows.stPriorities, rows.stInputs, rows.stErrors, rows.stRunAfters,
 		rows.evInst, rows.evSteps, rows.evTypes, rows.evMessages,
 		rows.stOutputs, rows.stForEach, rows.stCaps, rows.stContinue, rows.stSignals, rows.stWaitTimeouts,
-		rows.timeouts, rows.failing, rows.failedSteps, rows.stOnFailure).Query(func(dbRows pgx.Rows) error {
+		rows.timeouts, rows.failing, rows.failedSteps, rows.concurrencyKeys, rows.concurrencyLimits, rows.held,
+		rows.stOnFailure, rows.stKeys, rows.stLimits, rows.stHeld).Query(func(dbRows pgx.Rows) error {
 		var err error
 		inserted, err = pgx.CollectRows(dbRows, pgx.RowTo[string])
 		return err
@@ -362,6 +377,11 @@ type createRows struct {
 	expansions                                                                       []expansion
 
 	evInst, evSteps, evTypes, evMessages []string
+
+	// Concurrency limits: the instances' and the steps'.
+	concurrencyKeys, stKeys     []*string
+	concurrencyLimits, stLimits []int32
+	held, stHeld                []bool
 }
 
 func (r *createRows) definition(p *storage.CreateParams) {
@@ -374,7 +394,7 @@ func (r *createRows) definition(p *storage.CreateParams) {
 	r.defSources = append(r.defSources, src)
 }
 
-func (r *createRows) instance(st *txState, n *storage.NewInstance) {
+func (r *createRows) instance(st *txState, n *storage.NewInstance, held bool) {
 	p := n.Params
 	var runAfter *time.Time
 	if !p.RunAfter.IsZero() {
@@ -397,6 +417,13 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance) {
 	r.timeouts = append(r.timeouts, p.Timeout.Microseconds())
 	r.failing = append(r.failing, n.Failing)
 	r.failedSteps = append(r.failedSteps, n.FailedStep)
+	var concurrencyKey *string
+	if p.ConcurrencyLimit > 0 && p.ConcurrencyKey != "" {
+		concurrencyKey = &p.ConcurrencyKey
+	}
+	r.concurrencyKeys = append(r.concurrencyKeys, concurrencyKey)
+	r.concurrencyLimits = append(r.concurrencyLimits, int32(p.ConcurrencyLimit))
+	r.held = append(r.held, held)
 	for i, ns := range n.Steps {
 		sp := &p.Steps[i]
 		if ns.Status == storage.StepPending {
@@ -438,6 +465,13 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance) {
 		r.stInputs = append(r.stInputs, jsonOrNil(ns.Input))
 		r.stErrors = append(r.stErrors, ns.Error)
 		r.stRunAfters = append(r.stRunAfters, runAfter)
+		var stepKey *string
+		if sp.ConcurrencyLimit > 0 && ns.ConcurrencyKey != "" {
+			stepKey = &ns.ConcurrencyKey
+		}
+		r.stKeys = append(r.stKeys, stepKey)
+		r.stLimits = append(r.stLimits, int32(sp.ConcurrencyLimit))
+		r.stHeld = append(r.stHeld, held)
 	}
 	for _, e := range n.Events {
 		r.evInst = append(r.evInst, p.ID)

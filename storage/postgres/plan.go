@@ -152,8 +152,8 @@ func (s *Store) definitionLoader(ctx context.Context, tx pgx.Tx, hash string) fu
 // which made each start cost O(instances).
 const applyStepChangesSQL = `
 WITH c AS (
-	SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::json[], $6::text[])
-		WITH ORDINALITY AS c(instance_id, name, status, input, error, ord)
+	SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::json[], $6::text[], $7::text[])
+		WITH ORDINALITY AS c(instance_id, name, status, input, error, ckey, ord)
 ),
 u AS (
 	UPDATE {s}steps s SET
@@ -168,7 +168,9 @@ u AS (
 		deadline = CASE WHEN c.status = 'waiting' AND s.wait_timeout_us > 0
 			THEN greatest({now}, (SELECT i.run_after FROM {s}instances i WHERE i.id = s.instance_id))
 				+ s.wait_timeout_us * interval '1 microsecond' END,
-		finished_at = CASE WHEN c.status IN ('pending', 'waiting') THEN NULL ELSE {now} END
+		finished_at = CASE WHEN c.status IN ('pending', 'waiting') THEN NULL ELSE {now} END,
+		-- Set with the status, so the limit triggers see it.
+		concurrency_key = CASE WHEN c.status = 'pending' AND s.concurrency_limit > 0 THEN c.ckey END
 	FROM c
 	-- No item is ever blocked, so this matches the step of that name
 	-- alone; a condition on item_index here, without statistics on a
@@ -274,7 +276,7 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 		}
 	}
 	if n := len(sc.ids); n > 0 {
-		st.tail.Queue(s.q(applyStepChangesSQL), now, sc.ids, sc.names, sc.statuses, sc.inputs, sc.errors).Exec(func(tag pgconn.CommandTag) error {
+		st.tail.Queue(s.q(applyStepChangesSQL), now, sc.ids, sc.names, sc.statuses, sc.inputs, sc.errors, sc.keys).Exec(func(tag pgconn.CommandTag) error {
 			if int(tag.RowsAffected()) != n {
 				// Checked against the locked state above: only a bug gets here.
 				return fmt.Errorf("applying plans changed %d steps, want %d", tag.RowsAffected(), n)
@@ -295,6 +297,7 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 type stepChanges struct {
 	ids, names, statuses, errors []string
 	inputs                       []json.RawMessage
+	keys                         []*string // concurrency keys of steps made pending
 }
 
 // add checks changes against the instance's state, and updates the state
@@ -350,6 +353,11 @@ func (c *stepChanges) add(st *txState, now *time.Time, s *Store, l *loaded, chan
 		c.statuses = append(c.statuses, string(ch.Status))
 		c.inputs = append(c.inputs, jsonOrNil(input))
 		c.errors = append(c.errors, ch.Error)
+		var key *string
+		if ch.Status == storage.StepPending && ch.ConcurrencyKey != "" {
+			key = &ch.ConcurrencyKey
+		}
+		c.keys = append(c.keys, key)
 	}
 	return delivered, nil
 }

@@ -208,6 +208,7 @@ const nextWakeSQL = `
 SELECT least(
 	(SELECT min(run_after) FROM {s}steps WHERE status = 'pending' AND run_after > {now}
 		AND run_after < timestamptz 'epoch' + interval '87658200 hours' -- not held back by a pause
+		AND run_after < '9999-01-01 00:00:00+00' -- held steps wait for a slot, not a time
 		AND (cardinality($2::text[]) = 0 OR queue = ANY($2)) AND (cardinality($3::text[]) = 0 OR handler = ANY($3))),
 	(SELECT min(deadline) FROM {s}steps WHERE status = 'waiting'),
 	(SELECT min(deadline) FROM {s}instances WHERE status = 'running' AND deadline IS NOT NULL))`

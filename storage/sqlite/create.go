@@ -162,12 +162,14 @@ func (t *txn) createMany(params []storage.CreateParams, plan storage.PlanFunc) (
 
 const (
 	insertInstancesSQL = `INSERT INTO instances (id, workflow, definition_hash, status, input, idem_key, priority,
-		run_after, created_at, output, error, finished_at, timeout_us, failing, failed_step) VALUES `
+		run_after, created_at, output, error, finished_at, timeout_us, failing, failed_step,
+		concurrency_key, concurrency_limit, held) VALUES `
 	insertStepsSQL = `INSERT INTO steps (instance_id, position, name, handler, queue, workflow, priority, depends_on,
 		status, max_attempts, backoff_us, max_backoff_us, timeout_us, input, error, run_after, ready_at, finished_at,
-		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline, on_failure) VALUES `
-	instanceInsertColumns = 15
-	stepInsertColumns     = 26
+		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline, on_failure,
+		concurrency_key, concurrency_limit, held_by_instance) VALUES `
+	instanceInsertColumns = 18
+	stepInsertColumns     = 29
 )
 
 // insertInstances inserts the instance rows, their step rows and their
@@ -177,6 +179,10 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 		return nil
 	}
 	now := us(t.now)
+	held, err := t.admit(instances)
+	if err != nil {
+		return err
+	}
 	rows := make([]any, 0, instanceInsertColumns*len(instances))
 	var (
 		steps    []any
@@ -192,8 +198,13 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 		if n.Status.Finished() {
 			finishedAt = now
 		}
+		var concurrencyKey any
+		if p.ConcurrencyLimit > 0 {
+			concurrencyKey = p.ConcurrencyKey
+		}
 		rows = append(rows, p.ID, p.Workflow, p.DefinitionHash, string(n.Status), jsonArg(p.Input), key, p.Priority,
-			runAfter, now, jsonArg(n.Output), n.Error, finishedAt, p.Timeout.Microseconds(), n.Failing, n.FailedStep)
+			runAfter, now, jsonArg(n.Output), n.Error, finishedAt, p.Timeout.Microseconds(), n.Failing, n.FailedStep,
+			concurrencyKey, p.ConcurrencyLimit, held[p.ID])
 		for i, st := range n.Steps {
 			spec := &p.Steps[i]
 			deps := "[]"
@@ -221,7 +232,8 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 			steps = append(steps, p.ID, i, spec.Name, spec.Handler, cmp.Or(spec.Queue, "default"), p.Workflow, p.Priority, deps,
 				string(status), max(spec.Retry.MaxAttempts, 1), spec.Retry.Backoff.Microseconds(), spec.Retry.MaxBackoff.Microseconds(),
 				spec.Timeout.Microseconds(), jsonArg(st.Input), st.Error, stepRunAfter, readyAt, finishedAt,
-				jsonArg(st.Output), spec.ForEach, spec.ItemConcurrency, spec.ContinueOnError, signal, waitTimeout, deadline, spec.OnFailure)
+				jsonArg(st.Output), spec.ForEach, spec.ItemConcurrency, spec.ContinueOnError, signal, waitTimeout, deadline, spec.OnFailure,
+				stepKey(spec, st.ConcurrencyKey), spec.ConcurrencyLimit, held[p.ID])
 		}
 		for _, e := range n.Events {
 			t.event(p.ID, e.Step, e.Type, 0, e.Message)

@@ -12,9 +12,9 @@ import (
 
 const insertItemsSQL = `INSERT INTO steps (instance_id, position, name, handler, queue, workflow, priority, status,
 	max_attempts, backoff_us, max_backoff_us, timeout_us, input, run_after, ready_at, parent_id, item_index,
-	for_each, item_concurrency, continue_on_error) VALUES `
+	for_each, item_concurrency, continue_on_error, held_by_instance) VALUES `
 
-const itemColumns = 20
+const itemColumns = 21
 
 // expand makes the forEach step of row parentID running (with no lease: it
 // is never claimed, only its items are) and inserts one pending item per
@@ -25,14 +25,14 @@ func (t *txn) expand(parentID int64, items []json.RawMessage, runAfter int64) er
 		instanceID, name, handler, queue, workflow string
 		position, priority, maxAttempts, cap       int
 		backoff, maxBackoff, timeout               int64
-		forEach, continueOnError                   bool
+		forEach, continueOnError, heldByInstance   bool
 	)
 	err := t.queryRow(`UPDATE steps SET status = 'running', started_at = ?1, first_started_at = ?1, ready_at = ?1,
 			run_after = ?2, lease_until = NULL
 		WHERE id = ?3 RETURNING instance_id, position, name, handler, queue, workflow, priority, max_attempts,
-			backoff_us, max_backoff_us, timeout_us, for_each, item_concurrency, continue_on_error`, now, runAfter, parentID).
+			backoff_us, max_backoff_us, timeout_us, for_each, item_concurrency, continue_on_error, held_by_instance`, now, runAfter, parentID).
 		Scan(&instanceID, &position, &name, &handler, &queue, &workflow, &priority, &maxAttempts,
-			&backoff, &maxBackoff, &timeout, &forEach, &cap, &continueOnError)
+			&backoff, &maxBackoff, &timeout, &forEach, &cap, &continueOnError, &heldByInstance)
 	if err != nil {
 		return fmt.Errorf("expand step %d: %w", parentID, err)
 	}
@@ -43,7 +43,7 @@ func (t *txn) expand(parentID int64, items []json.RawMessage, runAfter int64) er
 	for i, in := range items {
 		rows = append(rows, instanceID, position, name, handler, queue, workflow, priority, "pending",
 			maxAttempts, backoff, maxBackoff, timeout, jsonArg(in), runAfter, now, parentID, i,
-			false, cap, continueOnError)
+			false, cap, continueOnError, heldByInstance)
 	}
 	if err := t.insertRows(insertItemsSQL, itemColumns, rows); err != nil {
 		return fmt.Errorf("insert items of step %s: %w", name, err)

@@ -146,7 +146,7 @@ func (t *txn) apply(l *loaded, p *storage.Plan) error {
 // each is written with one statement however many instances the batch
 // touched. The rest are rare and written at once.
 type planBatch struct {
-	ready     [][3]any // step ID, input, run_after
+	ready     [][4]any // step ID, input, run_after, concurrency key (nil: none)
 	completed [][3]any // instance ID, status, output
 }
 
@@ -169,7 +169,7 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 		var err error
 		switch c.Status {
 		case storage.StepPending:
-			b.ready = append(b.ready, [3]any{l.ids[i], jsonArg(c.Input), l.due(now)})
+			b.ready = append(b.ready, [4]any{l.ids[i], jsonArg(c.Input), l.due(now), nullText(c.ConcurrencyKey)})
 			t.event(id, c.Name, storage.EventStepReady, 0, "")
 		case storage.StepSkipped:
 			_, err = t.exec(`UPDATE steps SET status = 'skipped', input = ?, finished_at = ? WHERE id = ?`,
@@ -249,7 +249,9 @@ func (t *txn) flushPlans(b *planBatch) error {
 		if err != nil {
 			return err
 		}
-		if _, err := t.exec(`UPDATE steps SET status = 'pending', input = r.value->>1, run_after = r.value->>2, ready_at = ?1
+		// The key is set with the status, so the limit triggers see it.
+		if _, err := t.exec(`UPDATE steps SET status = 'pending', input = r.value->>1, run_after = r.value->>2, ready_at = ?1,
+				concurrency_key = CASE WHEN concurrency_limit > 0 THEN r.value->>3 END
 			FROM json_each(?2) AS r WHERE steps.id = r.value->>0`, now, string(rows)); err != nil {
 			return err
 		}

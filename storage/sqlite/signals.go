@@ -242,8 +242,8 @@ func (s *Store) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time,
 	var next sql.NullInt64
 	err = s.read(ctx, "next wake", func(tx *sql.Tx) error {
 		return tx.QueryRowContext(ctx, `SELECT min(t) FROM (
-			SELECT min(run_after) AS t FROM steps WHERE status = 'pending' AND run_after > ?1
-				AND run_after < `+pauseShift+` -- not held back by a pause
+			SELECT min(run_after) AS t FROM steps WHERE status = 'pending' AND run_after > ?1 AND run_after < `+heldUS+`
+				AND run_after < `+pauseShift+` -- held steps wait for a slot, paused ones for a resume, not a time
 				AND (?2 = '[]' OR ?2 = 'null' OR queue IN (SELECT value FROM json_each(?2)))
 				AND (?3 = '[]' OR ?3 = 'null' OR handler IN (SELECT value FROM json_each(?3)))
 			UNION ALL

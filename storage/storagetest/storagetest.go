@@ -69,6 +69,7 @@ func Run(t *testing.T, h Harness) {
 		{"Signals", signalTests},
 		{"Operations", operationTests},
 		{"Failure", failureTests},
+		{"Limits", limitTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

@@ -173,6 +173,8 @@ func (c *cli) rootCommand() *cobra.Command {
 		c.schedulesCommand(),
 		c.scheduleCommand(),
 		c.signalCommand(),
+		c.queuesCommand(),
+		c.queueCommand(),
 	)
 	for _, cmd := range root.Commands() {
 		cmd.SetFlagErrorFunc(flagError)

@@ -241,6 +241,8 @@ func writeWakes(w io.Writer, inst *storage.Instance, now time.Time) {
 	}
 	for _, s := range inst.Steps {
 		switch {
+		case s.Held():
+			line("%s waits for a slot of its concurrency limit (see dagrun queues)", s.Name)
 		case s.Status == storage.StepPending && s.RunAfter.After(now):
 			line("%s runs at %s (in %s)", s.Name, view.Time(s.RunAfter), timeLeft(s.RunAfter.Sub(now)))
 		case s.Status == storage.StepWaiting && s.Deadline != nil:

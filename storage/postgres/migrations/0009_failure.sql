@@ -1,4 +1,4 @@
--- dagrun schema, version 8: workflow timeouts and onFailure steps.
+-- dagrun schema, version 9: workflow timeouts and onFailure steps.
 --
 -- An instance with a workflow timeout (timeout_us > 0) gets a deadline
 -- when it starts; the worker pass that times out waits fails the running

@@ -76,6 +76,9 @@ type Step struct {
 	// OnFailure marks a step of the workflow's onFailure steps, which
 	// come after the others and run only when the instance fails.
 	OnFailure bool `json:"onFailure,omitempty"`
+	// Held is true for a pending step a concurrency limit holds back until
+	// a slot frees (it then has no runAfter).
+	Held bool `json:"held,omitempty"`
 }
 
 // MaxInlineItemsOutput bounds the output of a forEach step that the
@@ -230,7 +233,9 @@ func NewInstance(inst *storage.Instance) Instance {
 		if s.Status == storage.StepWaiting {
 			out.Steps[i].Deadline = optTime(s.Deadline)
 		}
-		if s.Status == storage.StepPending && !s.RunAfter.IsZero() {
+		if s.Held() {
+			out.Steps[i].Held = true
+		} else if s.Status == storage.StepPending && !s.RunAfter.IsZero() {
 			out.Steps[i].RunAfter = optTime(&s.RunAfter)
 		}
 	}

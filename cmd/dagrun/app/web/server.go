@@ -152,6 +152,8 @@ func (s *Server) routes() {
 	api("GET /api/schedules", s.listSchedules)
 	api("POST /api/schedules/{workflow}/{index}/pause", s.pauseSchedule)
 	api("POST /api/schedules/{workflow}/{index}/resume", s.resumeSchedule)
+	api("GET /api/queues", s.listQueues)
+	api("POST /api/queues/{name}", s.setQueueLimit)
 	s.mux.Handle("GET /metrics", s.requireToken(s.metrics.handler(s.logger)))
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /api/openapi.json", s.serveOpenAPI)

@@ -340,7 +340,7 @@
     const params = new URLSearchParams(query || "");
     const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
     for (const a of document.querySelectorAll("[data-nav]")) {
-      const nav = parts[0] === "workflows" || parts[0] === "schedules" ? parts[0] : "instances";
+      const nav = ["workflows", "schedules", "queues"].includes(parts[0]) ? parts[0] : "instances";
       a.classList.toggle("active", a.dataset.nav === nav);
     }
     let page;
@@ -348,6 +348,7 @@
     else if (parts[0] === "workflows" && parts[1]) page = workflowPage(parts[1]);
     else if (parts[0] === "workflows") page = workflowsPage();
     else if (parts[0] === "schedules") page = schedulesPage();
+    else if (parts[0] === "queues") page = queuesPage();
     else page = instancesPage(params);
     poll(generation, page);
   }
@@ -1005,6 +1006,9 @@
           ? { status: s.status, label: "waiting", detail: s.signal, title: "signal " + s.signal + ", times out " + fmtTime(s.deadline), until: s.deadline, untilSuffix: " left" }
           : { status: s.status, label: "waiting", detail: "signal " + s.signal, title: "signal " + s.signal + ", no timeout" };
       }
+      if (s.status === "pending" && s.held) {
+        return { status: s.status, label: "held", title: "waits for a slot of its concurrency limit" };
+      }
       if (s.status === "pending" && s.runAfter && Date.parse(s.runAfter) > Date.now()) {
         return { status: s.status, label: "pending", title: "runs at " + fmtTime(s.runAfter), until: s.runAfter, untilLead: "runs in " };
       }
@@ -1242,6 +1246,76 @@
           el("td", {}, next),
           el("td", {}, last),
           el("td", { class: "num" }, s.fired + " / " + s.skipped),
+          el("td", {}, button)));
+      }
+    }
+    return { refresh };
+  }
+
+  // ---- Queues ----
+
+  // One row per queue with a limit or with ready, held or running steps:
+  // its depth and load, and its limits, which the form beside them sets
+  // (stored in the database: every worker obeys them at once).
+  function queuesPage() {
+    const tbody = el("tbody");
+    const name = el("input", { type: "text", placeholder: "queue name", "aria-label": "queue name" });
+    const addForm = el("form", { class: "inline-form", id: "queue-add" }, name,
+      el("button", { type: "submit" }, "Add limits"));
+    append(main, [
+      el("div", { class: "page-head" }, el("h1", {}, "Queues")),
+      el("div", { class: "card" }, el("table", { id: "queues" },
+        el("thead", {}, el("tr", {}, ["Queue", "Ready", "Held", "Running", "Oldest wait", "Concurrency", "Rate (N/DUR)", ""].map((h) => el("th", {}, h)))),
+        tbody)),
+      addForm,
+    ]);
+    const extra = new Set(); // queues added in this page, not yet limited
+    addForm.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      if (name.value.trim()) extra.add(name.value.trim());
+      name.value = "";
+      refresh(generation);
+    });
+    function rateText(q) { return q.rate ? q.rate.count + "/" + q.rate.per : "none"; }
+    async function save(q, concurrency, rate, button) {
+      button.disabled = true;
+      try {
+        await api("POST", "queues/" + encodeURIComponent(q.queue), { concurrency: Number(concurrency.value || 0), rate: rate.value.trim() || "none" });
+        extra.delete(q.queue);
+        showError(null);
+        await refresh(generation);
+      } catch (err) { showError(err); button.disabled = false; }
+    }
+    let editing = false; // a row being edited is not redrawn under the user
+    async function refresh(gen) {
+      if (editing) return true;
+      const list = await api("GET", "queues");
+      if (gen !== generation) return false;
+      for (const q of extra) {
+        if (!list.some((x) => x.queue === q)) list.push({ queue: q, ready: 0, held: 0, running: 0, oldestWaitSeconds: 0, concurrency: 0, rate: null });
+      }
+      clear(tbody);
+      if (!list.length) {
+        tbody.appendChild(el("tr", {}, el("td", { colspan: 8, class: "empty" }, "No queues: no step is ready or running, and no queue has a limit.")));
+      }
+      for (const q of list) {
+        const concurrency = el("input", { type: "number", min: "0", value: String(q.concurrency), "aria-label": "concurrency of " + q.queue, class: "narrow" });
+        const rate = el("input", { type: "text", value: rateText(q), "aria-label": "rate of " + q.queue, class: "narrow" });
+        for (const input of [concurrency, rate]) {
+          input.addEventListener("focus", () => { editing = true; });
+          input.addEventListener("blur", () => { editing = false; });
+        }
+        const button = el("button", { type: "button", "data-queue": q.queue }, "Save");
+        button.addEventListener("mousedown", () => { editing = false; });
+        button.addEventListener("click", () => save(q, concurrency, rate, button));
+        tbody.appendChild(el("tr", {},
+          el("td", { class: "mono" }, q.queue),
+          el("td", { class: "num" }, String(q.ready)),
+          el("td", { class: "num" }, String(q.held)),
+          el("td", { class: "num" }, String(q.running)),
+          el("td", { class: "num" }, q.ready ? q.oldestWaitSeconds.toFixed(1) + "s" : "-"),
+          el("td", {}, concurrency),
+          el("td", {}, rate),
           el("td", {}, button)));
       }
     }

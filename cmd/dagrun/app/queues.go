@@ -1,0 +1,127 @@
+package app
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
+)
+
+func (c *cli) queuesCommand() *cobra.Command {
+	var jsonOut bool
+	cmd := &cobra.Command{
+		Use:   "queues",
+		Short: "List the queues: depth (ready steps), held, running, oldest wait and limits",
+		Args:  exactArgs(0, "queues [--json]"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			engine, err := c.engine(ctx)
+			if err != nil {
+				return err
+			}
+			list, err := engine.Queues(ctx)
+			if err != nil {
+				return err
+			}
+			if jsonOut {
+				return writeJSON(c.io.Stdout, view.NewQueues(list))
+			}
+			return writeQueues(c.io.Stdout, list)
+		},
+	}
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print a JSON array of queue objects")
+	return cmd
+}
+
+// writeQueues prints one row per queue.
+func writeQueues(w io.Writer, list []dagrun.QueueInfo) error {
+	if len(list) == 0 {
+		_, err := fmt.Fprintln(w, "No queues: no step is ready or running, and no queue has a limit.")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "QUEUE\tREADY\tHELD\tRUNNING\tOLDEST WAIT\tCONCURRENCY\tRATE")
+	for _, q := range list {
+		wait := "-"
+		if q.Ready > 0 {
+			wait = q.OldestWait.Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\n", q.Queue, q.Ready, q.Held, q.Running, wait, concurrencyText(q.Concurrency), rateText(q.QueueLimit))
+	}
+	return tw.Flush()
+}
+
+func concurrencyText(n int) string {
+	if n == 0 {
+		return "none"
+	}
+	return fmt.Sprint(n)
+}
+
+func rateText(l dagrun.QueueLimit) string {
+	if l.Rate == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%d/%s", l.Rate, l.Per)
+}
+
+func (c *cli) queueCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "queue",
+		Short: "Set a queue's limits (stored in the database: every worker obeys them at once)",
+		Args:  exactArgs(0, "queue set NAME [--concurrency N] [--rate N/DUR]"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return usageError(fmt.Errorf("usage: dagrun queue set NAME [--concurrency N] [--rate N/DUR]"))
+		},
+	}
+	var (
+		concurrency int
+		rate        string
+	)
+	set := &cobra.Command{
+		Use:   "set NAME [--concurrency N] [--rate N/DUR]",
+		Short: "Limit a queue's running steps (--concurrency N) and starts (--rate N/DUR, e.g. 10/s); 0 or none clears a limit, an unnamed one is kept",
+		Args:  exactArgs(1, "queue set NAME [--concurrency N] [--rate N/DUR]"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			flags := cmd.Flags()
+			if !flags.Changed("concurrency") && !flags.Changed("rate") {
+				return usageError(fmt.Errorf("queue set %s: give --concurrency N, --rate N/DUR or both (0 or none clears one)", args[0]))
+			}
+			n, per, err := dagrun.ParseRate(rate)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			engine, err := c.engine(ctx)
+			if err != nil {
+				return err
+			}
+			// A limit not named is kept.
+			l, err := engine.QueueLimit(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if flags.Changed("concurrency") {
+				l.Concurrency = concurrency
+			}
+			if flags.Changed("rate") {
+				l.Rate, l.Per = n, per
+			}
+			if err := engine.SetQueueLimit(ctx, l); err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(c.io.Stdout, "queue %s: concurrency %s, rate %s\n", l.Queue, concurrencyText(l.Concurrency), rateText(l))
+			return err
+		},
+	}
+	set.Flags().IntVar(&concurrency, "concurrency", 0, "most steps of the queue running at once, across every worker (0: no limit)")
+	set.Flags().StringVar(&rate, "rate", "", "most steps of the queue started per duration, e.g. 10/s or 100/1m (none: no limit)")
+	set.SetFlagErrorFunc(flagError)
+	cmd.AddCommand(set)
+	return cmd
+}

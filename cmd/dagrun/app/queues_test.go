@@ -1,0 +1,69 @@
+package app_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/cmd/dagrun/app"
+	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
+)
+
+const limitedWorkflow = `name: limited
+concurrency: {key: "${{ input.customer }}", limit: 1}
+steps:
+  - {name: a, handler: echo, queue: mail}
+`
+
+func TestQueueSetAndQueues(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "limited.yaml"), []byte(limitedWorkflow), 0o644))
+	b.env["DAGRUN_WORKFLOWS"] = dir
+
+	r := b.run(t, "", "queues")
+	require.Equal(t, app.ExitOK, r.code, r.stderr)
+	require.Equal(t, "No queues: no step is ready or running, and no queue has a limit.\n", r.stdout)
+
+	r = b.run(t, "", "queue", "set", "mail", "--concurrency", "2", "--rate", "10/s")
+	require.Equal(t, app.ExitOK, r.code, r.stderr)
+	require.Equal(t, "queue mail: concurrency 2, rate 10/1s\n", r.stdout)
+	r = b.run(t, "", "queue", "set", "mail", "--rate", "none")
+	require.Equal(t, app.ExitOK, r.code, r.stderr)
+	require.Equal(t, "queue mail: concurrency 2, rate none\n", r.stdout, "the concurrency not named is kept")
+
+	for range 2 {
+		r = b.run(t, "", "start", "limited", "--input", `{"customer": "acme"}`, "--detach")
+		require.Equal(t, app.ExitOK, r.code, r.stderr)
+	}
+	r = b.run(t, "", "queues", "--json")
+	require.Equal(t, app.ExitOK, r.code, r.stderr)
+	var list []view.Queue
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &list))
+	require.Len(t, list, 1)
+	require.Equal(t, view.Queue{Queue: "mail", Ready: 2, Held: 1, Concurrency: 2, OldestWaitSeconds: list[0].OldestWaitSeconds}, list[0])
+
+	r = b.run(t, "", "queues")
+	require.Equal(t, app.ExitOK, r.code, r.stderr)
+	require.Regexp(t, `(?m)^QUEUE\s+READY\s+HELD\s+RUNNING\s+OLDEST WAIT\s+CONCURRENCY\s+RATE$`, r.stdout)
+	require.Regexp(t, `(?m)^mail\s+2\s+1\s+0\s+\S+\s+2\s+none$`, r.stdout)
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"queue", "set", "mail"}, "dagrun: queue set mail: give --concurrency N, --rate N/DUR or both (0 or none clears one)\n"},
+		{[]string{"queue", "set", "mail", "--concurrency", "-1"}, "dagrun: invalid queue limit: concurrency -1 is out of range: use 0 (no limit) to 1000000\n"},
+		{[]string{"queue", "set", "mail", "--rate", "10"}, "dagrun: invalid rate: \"10\" is not N/DUR: write e.g. 10/s, 100/1m or none\n"},
+		{[]string{"queue", "set"}, "dagrun: usage: dagrun queue set NAME [--concurrency N] [--rate N/DUR] (got 0 arguments)\n"},
+	} {
+		r := b.run(t, "", tc.args...)
+		require.Equal(t, app.ExitUsage, r.code, "%v", tc.args)
+		require.Equal(t, tc.want, r.stderr, "%v", tc.args)
+		require.Empty(t, r.stdout)
+	}
+}

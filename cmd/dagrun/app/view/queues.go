@@ -1,0 +1,49 @@
+package view
+
+import (
+	"github.com/dagrun/dagrun"
+)
+
+// Queue is one queue of `dagrun queues --json` and of GET /api/queues.
+// Field names and shapes are part of the public contract.
+type Queue struct {
+	Queue string `json:"queue"`
+	// Ready counts pending steps that are due, held ones included: the
+	// queue's depth.
+	Ready int `json:"ready"`
+	// Held counts the ready steps a concurrency limit holds back.
+	Held    int `json:"held"`
+	Running int `json:"running"`
+	// OldestWaitSeconds is how long the oldest ready step has waited.
+	OldestWaitSeconds float64 `json:"oldestWaitSeconds"`
+	// Concurrency is the most steps of the queue running at once; 0 means
+	// no limit.
+	Concurrency int `json:"concurrency"`
+	// Rate is the most steps started per period; null means no limit.
+	Rate *Rate `json:"rate"`
+}
+
+// Rate is a queue's rate limit: Count starts per Per (a Go duration).
+type Rate struct {
+	Count int    `json:"count"`
+	Per   string `json:"per"`
+}
+
+// NewQueues converts the engine's queue list to its public shape.
+func NewQueues(list []dagrun.QueueInfo) []Queue {
+	out := make([]Queue, len(list))
+	for i, q := range list {
+		out[i] = Queue{
+			Queue:             q.Queue,
+			Ready:             q.Ready,
+			Held:              q.Held,
+			Running:           q.Running,
+			OldestWaitSeconds: q.OldestWait.Seconds(),
+			Concurrency:       q.Concurrency,
+		}
+		if q.Rate > 0 {
+			out[i].Rate = &Rate{Count: q.Rate, Per: q.Per.String()}
+		}
+	}
+	return out
+}

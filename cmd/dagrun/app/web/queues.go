@@ -1,0 +1,71 @@
+package web
+
+import (
+	"net/http"
+
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
+)
+
+// listQueues is GET /api/queues: every queue with a limit or with ready,
+// held or running steps.
+func (s *Server) listQueues(w http.ResponseWriter, r *http.Request) {
+	list, err := s.engine.Queues(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, view.NewQueues(list))
+}
+
+// queueLimitRequest is the body of POST /api/queues/{name}: a field left
+// out keeps its limit; 0 and "none" clear one.
+type queueLimitRequest struct {
+	Concurrency *int    `json:"concurrency"`
+	Rate        *string `json:"rate"`
+}
+
+// setQueueLimit is POST /api/queues/{name}; it answers with the queue
+// object as it now is.
+func (s *Server) setQueueLimit(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	var req queueLimitRequest
+	if err := decodeBody(r, &req); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.Concurrency == nil && req.Rate == nil {
+		writeError(w, http.StatusBadRequest, `give "concurrency" (a number, 0: no limit), "rate" ("N/DUR" such as "10/s", or "none") or both`)
+		return
+	}
+	l, err := s.engine.QueueLimit(r.Context(), name)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if req.Concurrency != nil {
+		l.Concurrency = *req.Concurrency
+	}
+	if req.Rate != nil {
+		if l.Rate, l.Per, err = dagrun.ParseRate(*req.Rate); err != nil {
+			s.fail(w, r, err)
+			return
+		}
+	}
+	if err := s.engine.SetQueueLimit(r.Context(), l); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	list, err := s.engine.Queues(r.Context())
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := view.Queue{Queue: name}
+	for _, q := range view.NewQueues(list) {
+		if q.Queue == name {
+			out = q
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}

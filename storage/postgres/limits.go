@@ -1,0 +1,191 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// heldAt is storage.HeldUntil as the statements spell it (the functions of
+// migration 8 too).
+const heldAt = `'9999-01-01 00:00:00+00'`
+
+// admit decides which of the new instances with a workflow-level limit are
+// held (see storage.Admit). Each key's count is taken under its advisory
+// lock, which the transaction keeps until it commits.
+func (s *Store) admit(ctx context.Context, tx pgx.Tx, instances []*storage.NewInstance) (map[string]bool, error) {
+	return storage.Admit(instances, func(workflow, key string) (count int, err error) {
+		err = tx.QueryRow(ctx, s.q(`SELECT {s}limits_admitted($1, $2)`), workflow, key).Scan(&count)
+		return count, err
+	})
+}
+
+// SetQueueLimit implements storage.Store.
+func (s *Store) SetQueueLimit(ctx context.Context, l storage.QueueLimit) error {
+	if err := l.Check(); err != nil {
+		return fmt.Errorf("postgres: set queue limit: %w", err)
+	}
+	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		st.ready(l.Queue) // released steps are news for the queue's workers
+		return s.setQueueLimit(ctx, tx, s.now(), l)
+	})
+	if err != nil {
+		return s.fail("set queue limit", err)
+	}
+	return nil
+}
+
+func (s *Store) setQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, l storage.QueueLimit) error {
+	// The queue's lock first: the triggers that hold and release its steps
+	// take it too.
+	if _, err := tx.Exec(ctx, s.q(`SELECT {s}limits_lock('q', $1, '', '')`), l.Queue); err != nil {
+		return err
+	}
+	interval := l.Interval().Microseconds()
+	var (
+		oldInterval int64
+		oldTat      time.Time
+	)
+	err := tx.QueryRow(ctx, s.q(`SELECT interval_us, tat FROM {s}queue_limits WHERE queue = $1`), l.Queue).Scan(&oldInterval, &oldTat)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return err
+	}
+	exec := func(sql string, args ...any) error {
+		_, err := tx.Exec(ctx, s.q(sql), args...)
+		return err
+	}
+	if l.Concurrency == 0 && l.Rate == 0 {
+		if err := exec(`DELETE FROM {s}queue_limits WHERE queue = $1`, l.Queue); err != nil {
+			return err
+		}
+		if err := exec(`UPDATE {s}steps SET queue_limited = false WHERE queue = $1 AND queue_limited`, l.Queue); err != nil {
+			return err
+		}
+	} else {
+		if err := exec(`INSERT INTO {s}queue_limits (queue, concurrency, rate, per_us, interval_us, updated_at)
+			VALUES ($2, $3, $4, $5, $6, {now})
+			ON CONFLICT (queue) DO UPDATE SET concurrency = $3, rate = $4, per_us = $5, interval_us = $6, updated_at = {now}`,
+			now, l.Queue, l.Concurrency, l.Rate, l.Per.Microseconds(), interval); err != nil {
+			return err
+		}
+		if err := exec(`UPDATE {s}steps SET queue_limited = true WHERE queue = $1 AND NOT queue_limited
+			AND status IN ('blocked', 'pending', 'running', 'waiting') AND (parent_id IS NOT NULL OR NOT for_each)`, l.Queue); err != nil {
+			return err
+		}
+	}
+	// A rate that ends or changes lets the steps it had spaced out start
+	// now; a new one spaces out the ready steps from now.
+	if oldInterval > 0 && interval != oldInterval {
+		if err := exec(`UPDATE {s}steps SET run_after = {now} WHERE queue = $2 AND status = 'pending'
+			AND run_after > {now} AND run_after < $3`, now, l.Queue, oldTat); err != nil {
+			return err
+		}
+	}
+	if interval > 0 && interval != oldInterval {
+		if err := s.respace(ctx, tx, now, l.Queue, interval); err != nil {
+			return err
+		}
+	}
+	if l.Concurrency > 0 {
+		// Hold the newest ready steps beyond a lowered limit.
+		if err := exec(`UPDATE {s}steps SET run_after = `+heldAt+` WHERE id IN (
+				SELECT id FROM {s}steps WHERE queue = $1 AND queue_limited AND status = 'pending' AND run_after < `+heldAt+`
+				ORDER BY id DESC LIMIT greatest(0, (SELECT count(*) FROM {s}steps c WHERE c.queue = $1 AND c.queue_limited
+					AND c.status IN ('pending', 'running') AND c.run_after < `+heldAt+`) - $2))`, l.Queue, l.Concurrency); err != nil {
+			return err
+		}
+	}
+	return exec(`SELECT {s}limits_release_queue($2, {now})`, now, l.Queue)
+}
+
+// respace gives the queue's ready steps start times interval apart from
+// now, in claim order, and leaves the rate's next start after the last.
+func (s *Store) respace(ctx context.Context, tx pgx.Tx, now *time.Time, queue string, interval int64) error {
+	var start time.Time
+	if err := tx.QueryRow(ctx, s.q(`SELECT {now}::timestamptz`), now).Scan(&start); err != nil {
+		return err
+	}
+	rows, err := tx.Query(ctx, s.q(`SELECT id, run_after FROM {s}steps WHERE queue = $1 AND queue_limited AND status = 'pending'
+		AND run_after < `+heldAt+` ORDER BY priority DESC, run_after, id`), queue)
+	if err != nil {
+		return err
+	}
+	var (
+		ids    []int64
+		starts []time.Time
+		id     int64
+		at     time.Time
+	)
+	step := time.Duration(interval) * time.Microsecond
+	tat := start
+	if _, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error {
+		first := at
+		if tat.After(first) {
+			first = tat
+		}
+		tat = first.Add(step)
+		ids, starts = append(ids, id), append(starts, first)
+		return nil
+	}); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, s.q(`UPDATE {s}steps s SET run_after = x.start
+		FROM unnest($1::bigint[], $2::timestamptz[]) AS x(id, start) WHERE s.id = x.id`), ids, starts); err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, s.q(`UPDATE {s}queue_limits SET tat = $2 WHERE queue = $1`), queue, tat)
+	return err
+}
+
+// Queues implements storage.Store.
+func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {
+	now := s.now()
+	var (
+		limits []storage.QueueLimit
+		loads  []storage.QueueInfo
+	)
+	err := s.read(ctx, func(tx pgx.Tx) error {
+		limits, loads = nil, nil
+		var b pgx.Batch
+		b.Queue(s.q(`SELECT queue, concurrency, rate, per_us FROM {s}queue_limits ORDER BY queue`)).Query(func(rows pgx.Rows) error {
+			var (
+				l   storage.QueueLimit
+				per int64
+			)
+			_, err := pgx.ForEachRow(rows, []any{&l.Queue, &l.Concurrency, &l.Rate, &per}, func() error {
+				l.Per = time.Duration(per) * time.Microsecond
+				limits = append(limits, l)
+				return nil
+			})
+			return err
+		})
+		b.Queue(s.q(`SELECT queue,
+				count(*) FILTER (WHERE status = 'pending' AND (run_after <= {now} OR run_after = `+heldAt+`)),
+				count(*) FILTER (WHERE status = 'pending' AND run_after = `+heldAt+`),
+				count(*) FILTER (WHERE status = 'running' AND (parent_id IS NOT NULL OR NOT for_each)),
+				coalesce((extract(epoch FROM {now} - min(ready_at) FILTER (WHERE status = 'pending'
+					AND (run_after <= {now} OR run_after = `+heldAt+`))) * 1000000)::bigint, 0)
+			FROM {s}steps WHERE status IN ('pending', 'running') GROUP BY queue ORDER BY queue`), now).Query(func(rows pgx.Rows) error {
+			var (
+				q      storage.QueueInfo
+				waited int64
+			)
+			_, err := pgx.ForEachRow(rows, []any{&q.Queue, &q.Ready, &q.Held, &q.Running, &waited}, func() error {
+				q.OldestWait = max(0, time.Duration(waited)*time.Microsecond)
+				loads = append(loads, q)
+				return nil
+			})
+			return err
+		})
+		return tx.SendBatch(ctx, &b).Close()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return storage.MergeQueues(limits, loads), nil
+}

@@ -1,0 +1,215 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// heldUS is storage.HeldUntil as stored: the run_after of a held step (the
+// triggers of migration 0006 spell it out too).
+const heldUS = "253370764800000000"
+
+// fitsSQL holds for the held step h when every limit it is under has a
+// free slot; the triggers of migration 0006 use the same test.
+const fitsSQL = `h.held_by_instance = 0
+    AND (h.concurrency_key IS NULL OR (SELECT count(*) FROM steps k
+        WHERE k.workflow = h.workflow AND k.name = h.name AND k.concurrency_key = h.concurrency_key
+            AND k.status IN ('pending', 'running') AND k.run_after < ` + heldUS + ` AND k.id <> h.id) < h.concurrency_limit)
+    AND (h.queue_limited = 0 OR NOT EXISTS (SELECT 1 FROM queue_limits q WHERE q.queue = h.queue AND q.concurrency > 0
+        AND (SELECT count(*) FROM steps c WHERE c.queue_limited = 1 AND c.queue = h.queue
+            AND c.status IN ('pending', 'running') AND c.run_after < ` + heldUS + ` AND c.id <> h.id) >= q.concurrency))`
+
+func nullText(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// stepKey is the concurrency_key column of a step created in state st.
+func stepKey(spec *storage.StepSpec, key string) any {
+	if spec.ConcurrencyLimit <= 0 {
+		return nil
+	}
+	return nullText(key)
+}
+
+// admit decides which of the new instances with a workflow-level limit are
+// held (see storage.Admit).
+func (t *txn) admit(instances []*storage.NewInstance) (map[string]bool, error) {
+	return storage.Admit(instances, func(workflow, key string) (count int, err error) {
+		err = t.queryRow(`SELECT count(*) FROM instances WHERE workflow = ? AND concurrency_key = ?
+			AND finished_at IS NULL AND held = 0`, workflow, key).Scan(&count)
+		return count, err
+	})
+}
+
+// SetQueueLimit implements storage.Store.
+func (s *Store) SetQueueLimit(ctx context.Context, l storage.QueueLimit) error {
+	if err := l.Check(); err != nil {
+		return fmt.Errorf("sqlite: set queue limit: %w", err)
+	}
+	err := s.write(ctx, "set queue limit", func(t *txn) error { return t.setQueueLimit(l) })
+	if err != nil {
+		return err
+	}
+	s.notify()
+	return nil
+}
+
+func (t *txn) setQueueLimit(l storage.QueueLimit) error {
+	now := us(t.now)
+	interval := l.Interval().Microseconds()
+	var oldInterval, oldTat int64
+	err := t.queryRow(`SELECT interval_us, tat FROM queue_limits WHERE queue = ?`, l.Queue).Scan(&oldInterval, &oldTat)
+	if err != nil && err != sql.ErrNoRows {
+		return err
+	}
+	if l.Concurrency == 0 && l.Rate == 0 {
+		if _, err := t.exec(`DELETE FROM queue_limits WHERE queue = ?`, l.Queue); err != nil {
+			return err
+		}
+		if _, err := t.exec(`UPDATE steps SET queue_limited = 0 WHERE queue = ? AND queue_limited = 1`, l.Queue); err != nil {
+			return err
+		}
+	} else {
+		if _, err := t.exec(`INSERT INTO queue_limits (queue, concurrency, rate, per_us, interval_us, tat, updated_at)
+			VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)
+			ON CONFLICT (queue) DO UPDATE SET concurrency = ?2, rate = ?3, per_us = ?4, interval_us = ?5, updated_at = ?6`,
+			l.Queue, l.Concurrency, l.Rate, l.Per.Microseconds(), interval, now); err != nil {
+			return err
+		}
+		if _, err := t.exec(`UPDATE steps SET queue_limited = 1 WHERE queue = ? AND queue_limited = 0
+			AND status IN ('blocked', 'pending', 'running', 'waiting') AND (parent_id IS NOT NULL OR for_each = 0)`, l.Queue); err != nil {
+			return err
+		}
+	}
+	// A rate that ends or changes lets the steps it had spaced out start
+	// now; a new one spaces out the ready steps from now.
+	if oldInterval > 0 && interval != oldInterval {
+		if _, err := t.exec(`UPDATE steps SET run_after = ?1 WHERE queue = ?2 AND status = 'pending'
+			AND run_after > ?1 AND run_after < ?3`, now, l.Queue, oldTat); err != nil {
+			return err
+		}
+	}
+	if interval > 0 && interval != oldInterval {
+		if err := t.respace(l.Queue, now, interval); err != nil {
+			return err
+		}
+	}
+	if l.Concurrency > 0 {
+		// Hold the newest ready steps beyond a lowered limit.
+		if _, err := t.exec(`UPDATE steps SET run_after = `+heldUS+` WHERE id IN (
+				SELECT id FROM steps WHERE queue = ?1 AND queue_limited = 1 AND status = 'pending' AND run_after < `+heldUS+`
+				ORDER BY id DESC LIMIT max(0, (SELECT count(*) FROM steps c WHERE c.queue = ?1 AND c.queue_limited = 1
+					AND c.status IN ('pending', 'running') AND c.run_after < `+heldUS+`) - ?2))`, l.Queue, l.Concurrency); err != nil {
+			return err
+		}
+	}
+	// Release the held steps that fit now, oldest first, one per statement
+	// (see the release trigger of migration 0006).
+	for {
+		res, err := t.exec(`UPDATE steps SET run_after = ?1 WHERE id = (SELECT h.id FROM steps h
+			WHERE h.queue = ?2 AND h.status = 'pending' AND h.run_after = `+heldUS+` AND `+fitsSQL+`
+			ORDER BY h.id LIMIT 1)`, now, l.Queue)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return err
+		}
+	}
+}
+
+// respace gives the queue's ready steps start times interval apart from
+// now, in claim order, and leaves the rate's next start after the last.
+func (t *txn) respace(queue string, now, interval int64) error {
+	rows, err := t.query(`SELECT id, run_after FROM steps WHERE queue = ? AND queue_limited = 1 AND status = 'pending'
+		AND run_after < `+heldUS+` ORDER BY priority DESC, run_after, id`, queue)
+	if err != nil {
+		return err
+	}
+	var ids, starts []int64
+	tat := now
+	err = eachRow(rows, func(sc scanner) error {
+		var id, runAfter int64
+		if err := sc.Scan(&id, &runAfter); err != nil {
+			return err
+		}
+		start := max(runAfter, tat)
+		tat = start + interval
+		ids, starts = append(ids, id), append(starts, start)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for i, id := range ids {
+		if _, err := t.exec(`UPDATE steps SET run_after = ? WHERE id = ?`, starts[i], id); err != nil {
+			return err
+		}
+	}
+	_, err = t.exec(`UPDATE queue_limits SET tat = ? WHERE queue = ?`, tat, queue)
+	return err
+}
+
+// Queues implements storage.Store.
+func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {
+	now := s.now()
+	var (
+		limits []storage.QueueLimit
+		loads  []storage.QueueInfo
+	)
+	err := s.read(ctx, "queues", func(tx *sql.Tx) error {
+		limits, loads = nil, nil
+		rows, err := tx.QueryContext(ctx, `SELECT queue, concurrency, rate, per_us FROM queue_limits ORDER BY queue`)
+		if err != nil {
+			return err
+		}
+		if err := eachRow(rows, func(sc scanner) error {
+			var (
+				l   storage.QueueLimit
+				per int64
+			)
+			if err := sc.Scan(&l.Queue, &l.Concurrency, &l.Rate, &per); err != nil {
+				return err
+			}
+			l.Per = time.Duration(per) * time.Microsecond
+			limits = append(limits, l)
+			return nil
+		}); err != nil {
+			return err
+		}
+		rows, err = tx.QueryContext(ctx, `SELECT queue,
+				count(*) FILTER (WHERE status = 'pending' AND (run_after <= ?1 OR run_after = `+heldUS+`)),
+				count(*) FILTER (WHERE status = 'pending' AND run_after = `+heldUS+`),
+				count(*) FILTER (WHERE status = 'running' AND (parent_id IS NOT NULL OR for_each = 0)),
+				min(ready_at) FILTER (WHERE status = 'pending' AND (run_after <= ?1 OR run_after = `+heldUS+`))
+			FROM steps WHERE status IN ('pending', 'running') GROUP BY queue ORDER BY queue`, us(now))
+		if err != nil {
+			return err
+		}
+		return eachRow(rows, func(sc scanner) error {
+			var (
+				q      storage.QueueInfo
+				oldest sql.NullInt64
+			)
+			if err := sc.Scan(&q.Queue, &q.Ready, &q.Held, &q.Running, &oldest); err != nil {
+				return err
+			}
+			if oldest.Valid {
+				q.OldestWait = max(0, now.Sub(fromUS(oldest.Int64)))
+			}
+			loads = append(loads, q)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return storage.MergeQueues(limits, loads), nil
+}

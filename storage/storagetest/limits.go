@@ -1,0 +1,415 @@
+package storagetest
+
+import (
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// KeyPlan is Plan for steps with a step-level concurrency limit: a step
+// made pending gets the instance input's "key" as its ConcurrencyKey.
+func KeyPlan(st *storage.InstanceState) (*storage.Plan, error) {
+	p, err := Plan(st)
+	if err != nil || p == nil {
+		return p, err
+	}
+	var in struct{ Key string }
+	if len(st.Input) > 0 {
+		if err := json.Unmarshal(st.Input, &in); err != nil {
+			return nil, err
+		}
+	}
+	for i := range p.Steps {
+		if p.Steps[i].Status == storage.StepPending {
+			p.Steps[i].ConcurrencyKey = in.Key
+		}
+	}
+	return p, nil
+}
+
+// keyed returns an instance of step "work" (in queue q.work) whose input
+// carries key; with instanceLimit it is under a workflow-level limit of
+// that key, with stepLimit its step under a step-level one.
+func keyed(key string, instanceLimit, stepLimit int) storage.CreateParams {
+	s := spec("work")
+	s.ConcurrencyLimit = stepLimit
+	p := params(s)
+	p.Input, _ = json.Marshal(map[string]string{"key": key})
+	if instanceLimit > 0 {
+		p.ConcurrencyKey, p.ConcurrencyLimit = key, instanceLimit
+	}
+	return p
+}
+
+func (b *bundle) createKeyed(ps ...storage.CreateParams) []string {
+	b.t.Helper()
+	_, err := b.store.CreateInstances(b.ctx, nil, ps, KeyPlan)
+	require.NoError(b.t, err)
+	ids := make([]string, len(ps))
+	for i, p := range ps {
+		ids[i] = p.ID
+	}
+	return ids
+}
+
+// limitBundle is a bundle that remembers the claims it took, by instance.
+type limitBundle struct {
+	*bundle
+	claims map[string]storage.Claim
+}
+
+func (h *Harness) setupLimits(t *testing.T) *limitBundle {
+	t.Helper()
+	return &limitBundle{bundle: h.setup(t), claims: map[string]storage.Claim{}}
+}
+
+// claimAll claims every claimable step and returns their instances.
+func (b *limitBundle) claimAll() []string {
+	b.t.Helper()
+	var ids []string
+	for _, c := range b.claim(storage.ClaimParams{Limit: 1000}) {
+		ids = append(ids, c.InstanceID)
+		b.claims[c.InstanceID] = c.Claim
+	}
+	return ids
+}
+
+func (b *bundle) finishKeyed(c storage.Claim, outcome storage.Outcome) {
+	b.t.Helper()
+	r := storage.StepResult{Claim: c, Outcome: outcome, Output: json.RawMessage(`1`), Error: "boom"}
+	got, err := b.store.FinishSteps(b.ctx, []storage.StepResult{r}, KeyPlan)
+	require.NoError(b.t, err)
+	require.True(b.t, got[0].Accepted)
+}
+
+func (b *bundle) held(id string) bool {
+	b.t.Helper()
+	s := step(b.t, b.get(id), "work")
+	return s.Held()
+}
+
+// complete completes the running step of instance id.
+func (b *limitBundle) complete(id string) {
+	b.t.Helper()
+	b.finishKeyed(b.runningClaim(id), storage.OutcomeCompleted)
+}
+
+// runningClaim is the claim of instance id's running step, taken by
+// claimAll.
+func (b *limitBundle) runningClaim(id string) storage.Claim {
+	b.t.Helper()
+	c, ok := b.claims[id]
+	require.True(b.t, ok, "instance %s's step was not claimed", id)
+	delete(b.claims, id)
+	return c
+}
+
+var limitTests = map[string]func(*testing.T, *Harness){
+	"InstanceKeyAdmitsInCreationOrder": func(t *testing.T, h *Harness) {
+		b := h.setupLimits(t)
+		ids := b.createKeyed(keyed("a", 1, 0), keyed("a", 1, 0), keyed("b", 1, 0))
+		more := b.createKeyed(keyed("a", 1, 0))
+		require.ElementsMatch(t, []string{ids[0], ids[2]}, b.claimAll(), "one instance per key runs")
+		require.True(t, b.held(ids[1]))
+		require.Equal(t, storage.InstancePending, b.get(ids[1]).Status)
+
+		require.Empty(t, b.claimAll())
+		// The running one finishes: the next one of its key, in creation
+		// order, is admitted in the same transaction.
+		b.complete(ids[0])
+		require.False(t, b.held(ids[1]))
+		require.True(t, b.held(more[0]))
+		require.Equal(t, []string{ids[1]}, b.claimAll())
+		// A cancel frees the slot too.
+		require.NoError(t, b.store.CancelInstance(b.ctx, ids[1], "x"))
+		require.Equal(t, []string{more[0]}, b.claimAll())
+	},
+	"InstanceKeyCountsOneCallsOwnInstances": func(t *testing.T, h *Harness) {
+		b := h.setupLimits(t)
+		ids := b.createKeyed(keyed("a", 2, 0), keyed("a", 2, 0), keyed("a", 2, 0), keyed("a", 2, 0))
+		require.ElementsMatch(t, ids[:2], b.claimAll())
+		require.True(t, b.held(ids[2]))
+		require.True(t, b.held(ids[3]))
+	},
+	"CancelledHeldInstanceFreesNothing": func(t *testing.T, h *Harness) {
+		b := h.setupLimits(t)
+		ids := b.createKeyed(keyed("a", 1, 0), keyed("a", 1, 0), keyed("a", 1, 0))
+		require.NoError(t, b.store.CancelInstance(b.ctx, ids[1], "x"))
+		require.Equal(t, []string{ids[0]}, b.claimAll())
+		require.True(t, b.held(ids[2]))
+	},
+	"RetriedInstanceWaitsForASlot": func(t *testing.T, h *Harness) {
+		b := h.setupLimits(t)
+		ids := b.createKeyed(keyed("a", 1, 0), keyed("a", 1, 0))
+		require.Equal(t, ids[:1], b.claimAll())
+		b.finishKeyed(b.runningClaim(ids[0]), storage.OutcomeFailed)
+		require.Equal(t, storage.InstanceFailed, b.get(ids[0]).Status)
+		require.Equal(t, []string{ids[1]}, b.claimAll(), "a failure frees the slot")
+
+		require.NoError(t, b.store.RetryInstance(b.ctx, ids[0], KeyPlan))
+		in := b.get(ids[0])
+		require.Equal(t, storage.InstancePending, in.Status, "the key is full: the retried instance waits")
+		require.True(t, b.held(ids[0]))
+		require.Empty(t, b.claimAll())
+		b.complete(ids[1])
+		require.Equal(t, []string{ids[0]}, b.claimAll())
+	},
+	"StepKeyLimitsRunningStepsAcrossInstances": func(t *testing.T, h *Harness) {
+		b := h.setupLimits(t)
+		ids := b.createKeyed(keyed("a", 0, 1), keyed("a", 0, 1), keyed("a", 0, 1), keyed("b", 0, 1))
+		require.ElementsMatch(t, []string{ids[0], ids[3]}, b.claimAll())
+		require.Equal(t, storage.InstanceRunning, b.get(ids[0]).Status)
+		require.True(t, b.held(ids[1]))
+		// A retry keeps the slot: the step is pending again, not held.
+		c := b.runningClaim(ids[0])
+		b.finishKeyed(c, storage.OutcomeRetry)
+		require.False(t, b.held(ids[0]))
+		require.True(t, b.held(ids[1]))
+		b.clock.Advance(time.Minute)
+		require.Equal(t, []string{ids[0]}, b.claimAll())
+		b.complete(ids[0])
+		require.Equal(t, []string{ids[1]}, b.claimAll(), "the oldest held step goes next")
+		require.True(t, b.held(ids[2]))
+	},
+	"QueueConcurrency": func(t *testing.T, h *Harness) {
+		b := h.setupLimits(t)
+		var ids []string
+		for range 5 {
+			ids = append(ids, b.createKeyed(keyed("", 0, 0))...)
+		}
+		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Concurrency: 2}))
+		require.Len(t, b.claimAll(), 2, "ready steps beyond a new limit are held")
+		more := b.createKeyed(keyed("", 0, 0))
+		require.True(t, b.held(more[0]))
+		b.complete(ids[0])
+		require.Equal(t, []string{ids[2]}, b.claimAll())
+
+		// Lowered: nothing more starts until the running ones are under it.
+		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Concurrency: 1}))
+		b.complete(ids[1])
+		require.Empty(t, b.claimAll())
+		b.complete(ids[2])
+		require.Equal(t, []string{ids[3]}, b.claimAll())
+
+		// Raised, then cleared: the held ones are released.
+		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Concurrency: 2}))
+		require.Equal(t, []string{ids[4]}, b.claimAll())
+		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work"}))
+		require.Equal(t, []string{more[0]}, b.claimAll())
+	},
+	"QueueRateSpacesStarts": func(t *testing.T, h *Harness) {
+		b := h.setupLimits(t)
+		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Rate: 2, Per: time.Second}))
+		var ids []string
+		for range 3 {
+			ids = append(ids, b.createKeyed(keyed("", 0, 0))...)
+		}
+		require.Equal(t, ids[:1], b.claimAll())
+		wake, err := b.store.NextWake(b.ctx, storage.ClaimParams{})
+		require.NoError(t, err)
+		require.Equal(t, b.now().Add(500*time.Millisecond), wake.UTC())
+		b.clock.Advance(500 * time.Millisecond)
+		require.Equal(t, ids[1:2], b.claimAll())
+		require.Empty(t, b.claimAll())
+		b.clock.Advance(500 * time.Millisecond)
+		require.Equal(t, ids[2:], b.claimAll())
+		// Cleared: steps spaced out by the rate start at once.
+		later := b.createKeyed(keyed("", 0, 0), keyed("", 0, 0))
+		require.Empty(t, b.claimAll())
+		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work"}))
+		require.Equal(t, later, b.claimAll())
+	},
+	"QueueRateSetLaterSpacesReadySteps": func(t *testing.T, h *Harness) {
+		b := h.setupLimits(t)
+		var ids []string
+		for range 3 {
+			ids = append(ids, b.createKeyed(keyed("", 0, 0))...)
+		}
+		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Rate: 10, Per: 10 * time.Second}))
+		require.Equal(t, ids[:1], b.claimAll())
+		b.clock.Advance(time.Second)
+		require.Equal(t, ids[1:2], b.claimAll())
+	},
+	"Queues": func(t *testing.T, h *Harness) {
+		b := h.setupLimits(t)
+		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Concurrency: 1, Rate: 5, Per: time.Minute}))
+		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "idle", Concurrency: 3}))
+		b.createKeyed(keyed("", 0, 0), keyed("", 0, 0))
+		require.Len(t, b.claimAll(), 1)
+		b.clock.Advance(2 * time.Second)
+		qs, err := b.store.Queues(b.ctx)
+		require.NoError(t, err)
+		require.Equal(t, []storage.QueueInfo{
+			{QueueLimit: storage.QueueLimit{Queue: "idle", Concurrency: 3}},
+			{QueueLimit: storage.QueueLimit{Queue: "q.work", Concurrency: 1, Rate: 5, Per: time.Minute},
+				Ready: 1, Held: 1, Running: 1, OldestWait: 2 * time.Second},
+		}, qs)
+	},
+	"SetQueueLimitRefusesBadLimits": func(t *testing.T, h *Harness) {
+		b := h.setupLimits(t)
+		for _, l := range []storage.QueueLimit{
+			{Queue: "q", Concurrency: -1},
+			{Queue: "q", Rate: 1},
+			{Queue: "", Concurrency: 1},
+			{Queue: "q\x00", Concurrency: 1},
+			{Queue: "q", Rate: storage.MaxQueueLimit + 1, Per: time.Hour},
+		} {
+			require.Error(t, b.store.SetQueueLimit(b.ctx, l), "%+v", l)
+		}
+		qs, err := b.store.Queues(b.ctx)
+		require.NoError(t, err)
+		require.Empty(t, qs)
+	},
+	"AdmittedInstanceStepsRespectTheirQueue": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "shared", Concurrency: 1}))
+		x, y := spec("x"), spec("y")
+		x.Queue, y.Queue = "shared", "shared"
+		var ids []string
+		for range 2 {
+			p := params(x, y)
+			p.ConcurrencyKey, p.ConcurrencyLimit = "k", 1
+			b.create(p)
+			ids = append(ids, p.ID)
+		}
+		run := func(want string) {
+			t.Helper()
+			cs := b.claim(storage.ClaimParams{})
+			require.Len(t, cs, 1, "one step of the queue at a time")
+			require.Equal(t, want, cs[0].InstanceID)
+			require.Equal(t, []storage.FinishResult{{Accepted: true}}, b.finish(completed(cs[0].Claim, "1")))
+		}
+		run(ids[0])
+		run(ids[0])
+		require.Equal(t, storage.InstanceCompleted, b.get(ids[0]).Status)
+		// The second instance is admitted with two ready steps, and its
+		// queue still lets one run at a time.
+		run(ids[1])
+		run(ids[1])
+		require.Equal(t, storage.InstanceCompleted, b.get(ids[1]).Status)
+	},
+	"ConcurrentClaimersNeverExceedAStepKey": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		b.concurrentClaimers(func(i int) storage.CreateParams { return keyed(fmt.Sprint(i%3), 0, 2) }, 2)
+	},
+	"ConcurrentClaimersNeverExceedAnInstanceKey": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		b.concurrentClaimers(func(i int) storage.CreateParams { return keyed(fmt.Sprint(i%3), 2, 0) }, 2)
+	},
+	"ConcurrentClaimersNeverExceedAQueueLimit": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Concurrency: 3}))
+		b.concurrentClaimers(func(i int) storage.CreateParams { return keyed("", 0, 0) }, 3)
+	},
+}
+
+// concurrentClaimers creates instances from many goroutines while as many
+// claim and finish steps, each claimer checking after every claim, in one
+// snapshot of the store, that no key (the input's "key"; the queue when
+// all share "") has more than limit steps running.
+func (b *bundle) concurrentClaimers(p func(i int) storage.CreateParams, limit int) {
+	t := b.t
+	const (
+		workers   = 8
+		instances = 48
+	)
+	keyOf := map[string]string{}
+	all := make([]storage.CreateParams, instances)
+	for i := range all {
+		all[i] = p(i)
+		var in struct{ Key string }
+		require.NoError(t, json.Unmarshal(all[i].Input, &in))
+		keyOf[all[i].ID] = in.Key
+	}
+	var (
+		mu   sync.Mutex
+		peak int
+		done int
+		wg   sync.WaitGroup
+		errs = make(chan error, 2*workers)
+	)
+	runningPerKey := func() (int, error) {
+		in, err := b.store.ListInstances(b.ctx, storage.ListParams{Status: storage.InstanceRunning, Limit: 1000})
+		if err != nil {
+			return 0, err
+		}
+		counts, most := map[string]int{}, 0
+		for _, i := range in {
+			for _, s := range i.Steps {
+				if s.Status == storage.StepRunning {
+					counts[keyOf[i.ID]]++
+					most = max(most, counts[keyOf[i.ID]])
+				}
+			}
+		}
+		return most, nil
+	}
+	for w := range workers {
+		wg.Add(2)
+		go func() { // a creator
+			defer wg.Done()
+			for i := w; i < instances; i += workers {
+				if _, err := b.store.CreateInstances(b.ctx, nil, all[i:i+1], KeyPlan); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+		go func() { // a claimer
+			defer wg.Done()
+			deadline := time.Now().Add(time.Minute)
+			for time.Now().Before(deadline) {
+				mu.Lock()
+				finished := done == instances
+				mu.Unlock()
+				if finished {
+					return
+				}
+				cs, err := b.store.ClaimSteps(b.ctx, storage.ClaimParams{WorkerID: fmt.Sprint("w", w), Limit: 2, Lease: time.Minute})
+				if err != nil {
+					errs <- err
+					return
+				}
+				most, err := runningPerKey()
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				peak = max(peak, most)
+				mu.Unlock()
+				var rs []storage.StepResult
+				for _, c := range cs {
+					rs = append(rs, completed(c.Claim, "1"))
+				}
+				if len(rs) > 0 {
+					if _, err := b.store.FinishSteps(b.ctx, rs, KeyPlan); err != nil {
+						errs <- err
+						return
+					}
+					mu.Lock()
+					done += len(rs)
+					mu.Unlock()
+				}
+			}
+			errs <- fmt.Errorf("claimer %d: not all instances finished within a minute", w)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.LessOrEqual(t, peak, limit, "steps of one key ran at once")
+	require.Positive(t, peak)
+	require.Equal(t, instances, done)
+	in, err := b.store.ListInstances(b.ctx, storage.ListParams{Status: storage.InstanceCompleted, Limit: 1000})
+	require.NoError(t, err)
+	require.Len(t, in, instances)
+}
