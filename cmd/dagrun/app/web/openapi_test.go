@@ -176,6 +176,11 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	c.call(t, "POST /api/instances/retry", "/api/instances/retry", `{"ids": ["x"], "workflow": "approval"}`, http.StatusBadRequest)
 	c.call(t, "POST /api/instances/cancel", "/api/instances/cancel", `{"workflow": "approval"}`, http.StatusOK)
 
+	c.call(t, "POST /api/queues/{name}", "/api/queues/default", `{"concurrency": 4, "rate": "100/s"}`, http.StatusOK)
+	c.call(t, "POST /api/queues/{name}", "/api/queues/default", `{"rate": "fast"}`, http.StatusBadRequest)
+	c.call(t, "GET /api/queues", "/api/queues", "", http.StatusOK)
+	c.call(t, "POST /api/queues/{name}", "/api/queues/default", `{"concurrency": 0, "rate": "none"}`, http.StatusOK)
+
 	c.call(t, "GET /api/schedules", "/api/schedules?next=2", "", http.StatusOK)
 	c.call(t, "GET /api/schedules", "/api/schedules?next=0", "", http.StatusBadRequest)
 	c.call(t, "POST /api/schedules/{workflow}/{index}/pause", "/api/schedules/nightly/1/pause", "", http.StatusOK)
