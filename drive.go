@@ -19,22 +19,26 @@ import (
 // test harness that also owns the store's clock can run an instance to its
 // end in milliseconds, jumping the clock to each NextWake in between.
 
-// DriveOptions tune one Drive round. The zero value is usable.
+// DriveOptions tune a Drive. The zero value is usable.
 type DriveOptions struct {
 	// WorkerID names the driver in the event history. Default: "driver".
 	WorkerID string
-	// InstanceID restricts the round to one instance's steps. Default:
+	// InstanceID restricts the drive to one instance's steps. Default:
 	// every instance of the store.
 	InstanceID string
-	// Limit bounds how many steps one round claims. Default: 100.
+	// Limit bounds how many steps one claim takes. Default: 100.
 	Limit int
+	// MaxAttempts bounds the attempts one Drive runs, so that a handler
+	// that snoozes into the past for ever cannot keep it from returning.
+	// Default: 10,000.
+	MaxAttempts int
 	// Now is the clock handlers read through handlers.Now (the built-in
 	// sleep decides with it whether its wake time has come), normally the
 	// fake clock the store was opened with. Default: time.Now.
 	Now func() time.Time
 }
 
-// DriveResult tells what one Drive round did.
+// DriveResult tells what a Drive did.
 type DriveResult struct {
 	// Ran counts the attempts whose handler ran and whose result was
 	// recorded; Expired the waiting steps whose deadline had passed.
@@ -44,19 +48,23 @@ type DriveResult struct {
 	NextWake time.Time
 }
 
-// driveLease is the lease a driven attempt takes: the round records the
-// result before it returns, so the lease only has to outlast the handler.
+// driveLease is the lease a driven attempt takes: its result is recorded
+// before Drive returns, so the lease only has to outlast the handler.
 const driveLease = time.Hour
 
-// Drive runs one round of an instance's life without a worker: it times
-// out the waits whose deadline passed, claims the steps that are ready now
-// and runs their handlers one after another in the calling goroutine,
-// records their results in one commit, and reports when the next step
-// becomes due. A round that ran nothing and reports no NextWake means
-// nothing will happen until someone acts (a signal, a cancel, a retry).
+// Drive runs, without a worker and in the calling goroutine, what is due
+// by the store's clock: it times out the waits whose deadline passed, then
+// claims the ready steps and runs their handlers one after another,
+// recording their results (and, where the store can, claiming the steps
+// they made ready in the same commit) until no step is ready. It reports
+// when the next step becomes due. A Drive that ran nothing and reports no
+// NextWake means nothing will happen until someone acts (a signal, a
+// cancel, a retry).
 //
-// Drive is meant for tests and tools that own the store's clock; a
-// production process runs Workers.
+// Claims, handler calls, the failure and retry policy and the plans are a
+// worker's own; only the waiting differs. Drive is meant for tests and
+// tools that own the store's clock (see dagruntest); a production process
+// runs Workers.
 func (e *Engine) Drive(ctx context.Context, opts *DriveOptions) (DriveResult, error) {
 	if opts == nil {
 		opts = &DriveOptions{}
@@ -74,29 +82,35 @@ func (e *Engine) Drive(ctx context.Context, opts *DriveOptions) (DriveResult, er
 		Lease:      driveLease,
 		Handlers:   e.claimHandlers(),
 	}
-	steps, err := e.store.ClaimSteps(ctx, params)
-	if err != nil {
-		return res, err
+	handlerCtx := ctx
+	if opts.Now != nil {
+		handlerCtx = handlers.WithClock(ctx, opts.Now)
 	}
-	if len(steps) > 0 {
-		handlerCtx := ctx
-		if opts.Now != nil {
-			handlerCtx = handlers.WithClock(ctx, opts.Now)
-		}
+	steps, err := e.store.ClaimSteps(ctx, params)
+	for err == nil && len(steps) > 0 {
 		results := make([]storage.StepResult, 0, len(steps))
 		for _, step := range steps {
 			result, ok := e.runAttempt(handlerCtx, e.logger, step)
 			if !ok {
-				return res, cmp.Or(ctx.Err(), errors.New("dagrun: drive: attempt was not recorded"))
+				return res, cmp.Or(ctx.Err(), errors.New("dagrun: drive: an attempt's result could not be recorded"))
 			}
 			results = append(results, result)
 		}
+		res.Ran += len(steps)
 		rec := e.newFinishRecorder()
-		if _, err := e.store.FinishSteps(ctx, results, rec.plan); err != nil {
-			return res, err
+		fc, eager := e.store.(storage.FinishClaimer)
+		if !eager || res.Ran >= cmp.Or(opts.MaxAttempts, 10_000) {
+			_, err = e.store.FinishSteps(ctx, results, rec.plan)
+			steps = nil
+		} else {
+			_, steps, err = fc.FinishAndClaim(ctx, results, rec.plan, params)
 		}
-		rec.report()
-		res.Ran = len(steps)
+		if err == nil {
+			rec.report()
+		}
+	}
+	if err != nil {
+		return res, err
 	}
 	params.Limit = 1
 	res.NextWake, err = e.store.NextWake(ctx, params)

@@ -165,6 +165,7 @@ func Run(t *testing.T, registry *handlers.Registry, workflowsDir string, files .
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(runner.Close)
 	for _, f := range parsed {
 		for _, c := range f.Cases {
 			t.Run(f.Workflow+"/"+c.Name, func(t *testing.T) {

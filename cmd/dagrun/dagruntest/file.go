@@ -41,7 +41,8 @@ type Case struct {
 	// Start is the fake clock's time when the instance starts.
 	Start time.Time
 	// Mocks answer handler calls, by step name ("charge") or, for a step
-	// of another workflow the tested one starts, "workflow/step".
+	// of another workflow the tested one starts, "workflow/step": the
+	// case's own, then the file's steps: for the steps the case leaves out.
 	Mocks   map[string]*Mock
 	Signals []*Signal
 	Expect  Expect
@@ -264,7 +265,7 @@ func (p *fileParser) value(n *yaml.Node, what string) (json.RawMessage, any, boo
 }
 
 func (p *fileParser) file(doc *yaml.Node) *File {
-	top := p.fields(doc, "the test file", "workflow", "cases")
+	top := p.fields(doc, "the test file", "workflow", "steps", "cases")
 	if top == nil {
 		return nil
 	}
@@ -277,6 +278,10 @@ func (p *fileParser) file(doc *yaml.Node) *File {
 		if w = p.workflows[name]; w == nil {
 			p.errorf(n, "%s", p.unknownWorkflow(name))
 		}
+	}
+	var shared map[string]*Mock
+	if v := top["steps"]; v != nil {
+		shared = p.mocks(v, w)
 	}
 	cases := top["cases"]
 	if cases == nil {
@@ -293,6 +298,14 @@ func (p *fileParser) file(doc *yaml.Node) *File {
 		c := p.testCase(n, w)
 		if c == nil {
 			continue
+		}
+		for key, m := range shared {
+			if c.Mocks[key] == nil {
+				if c.Mocks == nil {
+					c.Mocks = map[string]*Mock{}
+				}
+				c.Mocks[key] = m
+			}
 		}
 		if names[c.Name] {
 			p.errorAt(c.Line, c.Col, "case %q is defined twice in this file: give each case its own name", c.Name)

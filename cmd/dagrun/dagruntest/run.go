@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,10 +26,14 @@ const MaxRounds = 10_000
 type Runner struct {
 	registry  *handlers.Registry
 	workflows []*dag.Workflow
+
+	mu   sync.Mutex
+	idle []*memStore // emptied stores for the next cases
 }
 
 // NewRunner returns a Runner of workflows whose real: true steps run
-// registry's handlers.
+// registry's handlers. Its RunCase may be called from many goroutines;
+// Close releases the in-memory stores it keeps.
 func NewRunner(registry *handlers.Registry, workflows []*dag.Workflow) (*Runner, error) {
 	if registry == nil {
 		return nil, errors.New("dagruntest: nil handler registry")
@@ -56,16 +62,58 @@ func (r *Result) Passed() bool { return len(r.Failures) == 0 }
 func (r *Result) Name() string { return r.Workflow + "/" + r.Case.Name }
 
 // RunFile runs the cases of f whose full name (WORKFLOW/CASE) matches
-// filter (nil: every case), one after another, each on a store of its own.
+// filter (nil: every case); see RunFiles.
 func (r *Runner) RunFile(ctx context.Context, f *File, filter *regexp.Regexp) []*Result {
-	var out []*Result
-	for _, c := range f.Cases {
-		if filter != nil && !filter.MatchString(f.Workflow+"/"+c.Name) {
-			continue
-		}
-		out = append(out, r.RunCase(ctx, f, c))
+	return r.RunFiles(ctx, []*File{f}, filter, nil)
+}
+
+// RunFiles runs the cases of files whose full name (WORKFLOW/CASE)
+// matches filter (nil: every case), each on a store of its own, as many
+// at once as the process has CPUs, and returns their results in file
+// order. each, when not nil, gets every result in that order as soon as it
+// and those before it are done, so a command can print as it goes.
+func (r *Runner) RunFiles(ctx context.Context, files []*File, filter *regexp.Regexp, each func(*Result)) []*Result {
+	type job struct {
+		f *File
+		c *Case
 	}
-	return out
+	var jobs []job
+	for _, f := range files {
+		for _, c := range f.Cases {
+			if filter == nil || filter.MatchString(f.Workflow+"/"+c.Name) {
+				jobs = append(jobs, job{f, c})
+			}
+		}
+	}
+	results := make([]*Result, len(jobs))
+	done := make([]chan struct{}, len(jobs))
+	for i := range done {
+		done[i] = make(chan struct{})
+	}
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(jobs)) {
+		wg.Go(func() {
+			for i := range next {
+				results[i] = r.RunCase(ctx, jobs[i].f, jobs[i].c)
+				close(done[i])
+			}
+		})
+	}
+	go func() {
+		for i := range jobs {
+			next <- i
+		}
+		close(next)
+	}()
+	for i := range jobs {
+		<-done[i]
+		if each != nil {
+			each(results[i])
+		}
+	}
+	wg.Wait()
+	return results
 }
 
 // RunCase runs one case on a throwaway in-memory store whose clock is fake:
@@ -78,15 +126,16 @@ func (r *Runner) RunCase(ctx context.Context, f *File, c *Case) *Result {
 	began := time.Now()
 	res := &Result{File: f.Path, Workflow: f.Workflow, Case: c}
 	defer func() { res.Duration = time.Since(began) }()
-	clock := &fakeClock{now: c.Start}
-	store, closeStore, err := openStore(clock.Now)
+	mem, err := r.takeStore()
 	if err != nil {
 		res.Failures = append(res.Failures, err.Error())
 		return res
 	}
-	defer closeStore()
+	defer r.giveStore(ctx, mem)
+	clock := mem.clock
+	clock.set(c.Start)
 	problems := &problemLog{}
-	engine, err := dagrun.New(store, mockRegistry(r.registry, r.workflows, f.Workflow, c.Mocks, problems), &dagrun.Config{Workflows: r.workflows})
+	engine, err := dagrun.New(mem.store, mockRegistry(r.registry, r.workflows, f.Workflow, c.Mocks, problems), &dagrun.Config{Workflows: r.workflows})
 	if err != nil {
 		res.Failures = append(res.Failures, err.Error())
 		return res
@@ -175,6 +224,12 @@ func (c *fakeClock) Now() time.Time {
 	return c.now
 }
 
+func (c *fakeClock) set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = t
+}
+
 // advance moves the clock to t, or by a millisecond when t is not ahead
 // (a store that keeps times to the millisecond may report a wake time a
 // hair before now).
@@ -187,22 +242,101 @@ func (c *fakeClock) advance(t time.Time) {
 	c.now = t
 }
 
-// openStore opens an empty SQLite database in memory, on one connection
-// (an in-memory database lives as long as its connection), with clock as
-// the store's clock.
-func openStore(clock func() time.Time) (storage.Store, func(), error) {
-	db, err := sql.Open("sqlite3", "file::memory:?_foreign_keys=on&_txlock=immediate")
+// memStore is an in-memory SQLite store on one connection (an in-memory
+// database lives as long as its connection) whose clock is a fakeClock.
+// Opening and migrating one costs more than running a case, and a new
+// connection prepares every statement anew, so a Runner keeps its stores
+// and empties them between cases instead.
+type memStore struct {
+	db    *sql.DB
+	store storage.Store
+	clock *fakeClock
+}
+
+func openMemStore() (*memStore, error) {
+	db, err := sql.Open("sqlite3", "file::memory:?_foreign_keys=on&_txlock=immediate&_stmt_cache_size=64")
 	if err != nil {
-		return nil, nil, fmt.Errorf("open the in-memory test database: %w", err)
+		return nil, fmt.Errorf("open the in-memory test database: %w", err)
 	}
 	db.SetMaxOpenConns(1)
 	db.SetMaxIdleConns(1)
 	db.SetConnMaxLifetime(0)
 	db.SetConnMaxIdleTime(0)
-	store, err := sqlite.New(db, &sqlite.Config{Now: clock})
+	clock := &fakeClock{}
+	store, err := sqlite.New(db, &sqlite.Config{Now: clock.Now})
 	if err != nil {
 		_ = db.Close()
-		return nil, nil, fmt.Errorf("open the in-memory test database: %w", err)
+		return nil, fmt.Errorf("open the in-memory test database: %w", err)
 	}
-	return store, func() { _ = store.Close(); _ = db.Close() }, nil
+	return &memStore{db: db, store: store, clock: clock}, nil
+}
+
+// reset empties every table but the schema's version, so the next case
+// starts from a new database as far as the store can tell.
+func (m *memStore) reset(ctx context.Context) error {
+	rows, err := m.db.QueryContext(ctx, `SELECT name FROM sqlite_master WHERE type = 'table' AND name <> 'schema_migrations' AND name NOT LIKE 'sqlite\_%' ESCAPE '\'`)
+	if err != nil {
+		return err
+	}
+	var tables []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			_ = rows.Close()
+			return err
+		}
+		tables = append(tables, name)
+	}
+	if err := rows.Close(); err != nil {
+		return err
+	}
+	// Foreign keys would make the order of the deletes matter.
+	stmts := []string{`PRAGMA foreign_keys = OFF`}
+	for _, t := range tables {
+		stmts = append(stmts, `DELETE FROM "`+t+`"`)
+	}
+	stmts = append(stmts, `DELETE FROM sqlite_sequence`, `PRAGMA foreign_keys = ON`)
+	for _, stmt := range stmts {
+		if _, err := m.db.ExecContext(ctx, stmt); err != nil && !strings.Contains(stmt, "sqlite_sequence") {
+			return fmt.Errorf("empty the test database: %w", err)
+		}
+	}
+	return nil
+}
+
+func (m *memStore) close() { _ = m.store.Close(); _ = m.db.Close() }
+
+// takeStore returns an empty store of the runner's, opening one when all
+// are in use.
+func (r *Runner) takeStore() (*memStore, error) {
+	r.mu.Lock()
+	if n := len(r.idle); n > 0 {
+		m := r.idle[n-1]
+		r.idle = r.idle[:n-1]
+		r.mu.Unlock()
+		return m, nil
+	}
+	r.mu.Unlock()
+	return openMemStore()
+}
+
+// giveStore empties a store and keeps it for the next case.
+func (r *Runner) giveStore(ctx context.Context, m *memStore) {
+	if err := m.reset(context.WithoutCancel(ctx)); err != nil {
+		m.close()
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.idle = append(r.idle, m)
+}
+
+// Close closes the stores the runner keeps between cases.
+func (r *Runner) Close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range r.idle {
+		m.close()
+	}
+	r.idle = nil
 }
