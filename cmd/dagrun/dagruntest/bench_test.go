@@ -48,7 +48,9 @@ func BenchmarkHundredCases(b *testing.B) {
 	f, err := dagruntest.Parse("chain_test.yaml", []byte(tests.String()), []*dag.Workflow{w})
 	require.NoError(b, err)
 	registry := handlers.NewRegistry()
-	registry.Register("work", func(context.Context, json.RawMessage) (json.RawMessage, error) { return json.RawMessage(`{"n": 2}`), nil })
+	registry.Register("work", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+		return json.RawMessage(`{"n": 2}`), nil
+	})
 	runner, err := dagruntest.NewRunner(registry, []*dag.Workflow{w})
 	require.NoError(b, err)
 	b.Cleanup(runner.Close)
