@@ -170,6 +170,7 @@ func (c *cli) rootCommand() *cobra.Command {
 		c.schedulesCommand(),
 		c.scheduleCommand(),
 		c.signalCommand(),
+		c.testCommand(),
 	)
 	for _, cmd := range root.Commands() {
 		cmd.SetFlagErrorFunc(flagError)

@@ -40,6 +40,10 @@ type Case struct {
 	Input     json.RawMessage
 	// Start is the fake clock's time when the instance starts.
 	Start time.Time
+	// RunFor, when set, stops the case that long after the start (workflow
+	// time): the expectations then see the instance as it stands then,
+	// a step still waiting or sleeping.
+	RunFor time.Duration
 	// Mocks answer handler calls, by step name ("charge") or, for a step
 	// of another workflow the tested one starts, "workflow/step": the
 	// case's own, then the file's steps: for the steps the case leaves out.
@@ -76,10 +80,13 @@ type Reply struct {
 // fake clock); a signal sent before its step waits is kept by the engine
 // and delivered when the step starts waiting.
 type Signal struct {
-	Name      string
-	Data      json.RawMessage
-	ID        string
-	After     time.Duration
+	Name  string
+	Data  json.RawMessage
+	ID    string
+	After time.Duration
+	// Error, when set, expects the signal to be refused with an error
+	// containing it (a payload the schema rejects, a finished instance).
+	Error     *string
 	Line, Col int
 }
 
@@ -334,7 +341,7 @@ func (p *fileParser) unknownWorkflow(name string) string {
 
 func (p *fileParser) testCase(n *yaml.Node, w *dag.Workflow) *Case {
 	n = resolve(n)
-	m := p.fields(n, "a case", "name", "input", "start", "steps", "signals", "expect")
+	m := p.fields(n, "a case", "name", "input", "start", "runFor", "steps", "signals", "expect")
 	if m == nil {
 		return nil
 	}
@@ -360,6 +367,9 @@ func (p *fileParser) testCase(n *yaml.Node, w *dag.Workflow) *Case {
 			}
 			c.Start = t
 		}
+	}
+	if v := m["runFor"]; v != nil {
+		c.RunFor = p.duration(v, "runFor", "a duration of workflow time, like 24h")
 	}
 	if v := m["steps"]; v != nil {
 		c.Mocks = p.mocks(v, w)
@@ -477,12 +487,12 @@ func (p *fileParser) reply(n *yaml.Node, step string) (Reply, bool) {
 func (p *fileParser) signals(n *yaml.Node) []*Signal {
 	n = resolve(n)
 	if n.Kind != yaml.SequenceNode {
-		p.errorf(n, "signals must be a list of {name, data, id, after}")
+		p.errorf(n, "signals must be a list of {name, data, id, after, error}")
 		return nil
 	}
 	var out []*Signal
 	for _, item := range n.Content {
-		m := p.fields(item, "a signal", "name", "data", "id", "after")
+		m := p.fields(item, "a signal", "name", "data", "id", "after", "error")
 		if m == nil {
 			continue
 		}
@@ -498,14 +508,9 @@ func (p *fileParser) signals(n *yaml.Node) []*Signal {
 		if v := m["id"]; v != nil {
 			s.ID, _ = p.text(v, "signal id")
 		}
+		s.Error = p.optText(m["error"], "signal error")
 		if v := m["after"]; v != nil {
-			if text, ok := p.text(v, "after"); ok {
-				d, err := time.ParseDuration(text)
-				if err != nil || d < 0 {
-					p.errorf(v, "after must be a duration from the start, like 30s or 80h")
-				}
-				s.After = d
-			}
+			s.After = p.duration(v, "after", "a duration from the start, like 30s or 80h")
 		}
 		out = append(out, s)
 	}
@@ -578,6 +583,19 @@ func (p *fileParser) stepExpects(n *yaml.Node) []*StepExpect {
 		out = append(out, se)
 	}
 	return out
+}
+
+// duration reads a Go duration (30s, 80h) of 0 or more.
+func (p *fileParser) duration(n *yaml.Node, what, like string) time.Duration {
+	text, ok := p.text(n, what)
+	if !ok {
+		return 0
+	}
+	d, err := time.ParseDuration(text)
+	if err != nil || d < 0 {
+		p.errorf(n, "%s must be %s", what, like)
+	}
+	return d
 }
 
 func (p *fileParser) optText(n *yaml.Node, what string) *string {

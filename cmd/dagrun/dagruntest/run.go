@@ -140,9 +140,10 @@ func (r *Runner) RunCase(ctx context.Context, f *File, c *Case) *Result {
 		res.Failures = append(res.Failures, err.Error())
 		return res
 	}
-	inst, err := drive(ctx, engine, clock, f.Workflow, c)
+	inst, failures, err := drive(ctx, engine, clock, f.Workflow, c)
 	res.Instance = inst
 	res.Failures = append(res.Failures, problems.all()...)
+	res.Failures = append(res.Failures, failures...)
 	if err != nil {
 		res.Failures = append(res.Failures, checkStartError(c, err)...)
 		return res
@@ -158,25 +159,24 @@ func (e *startError) Error() string { return e.err.Error() }
 
 // drive starts the case's instance and runs it until nothing is due, on
 // the fake clock.
-func drive(ctx context.Context, engine *dagrun.Engine, clock *fakeClock, workflow string, c *Case) (*storage.Instance, error) {
+func drive(ctx context.Context, engine *dagrun.Engine, clock *fakeClock, workflow string, c *Case) (inst *storage.Instance, failures []string, err error) {
 	started, err := engine.Start(ctx, workflow, c.Input, nil)
 	if err != nil {
-		return nil, &startError{err}
+		return nil, nil, &startError{err}
 	}
 	pending := make([]*Signal, len(c.Signals))
 	copy(pending, c.Signals)
 	opts := &dagrun.DriveOptions{Now: clock.Now}
 	for round := 0; ; round++ {
 		if round >= MaxRounds {
-			return nil, fmt.Errorf("the instance did not settle within %d rounds (by %s of workflow time): does a step retry or sleep for ever?", MaxRounds, clock.Now().Sub(c.Start))
+			return nil, failures, fmt.Errorf("the instance did not settle within %d rounds (by %s of workflow time): does a step retry or sleep for ever?", MaxRounds, clock.Now().Sub(c.Start))
 		}
-		pending, err = sendDue(ctx, engine, started.ID, c.Start, clock.Now(), pending)
-		if err != nil {
-			return nil, err
-		}
+		var refused []string
+		pending, refused = sendDue(ctx, engine, started.ID, c.Start, clock.Now(), pending)
+		failures = append(failures, refused...)
 		res, err := engine.Drive(ctx, opts)
 		if err != nil {
-			return nil, fmt.Errorf("drive the engine: %w", err)
+			return nil, failures, fmt.Errorf("drive the engine: %w", err)
 		}
 		if res.Ran+res.Expired > 0 {
 			continue
@@ -190,25 +190,36 @@ func drive(ctx context.Context, engine *dagrun.Engine, clock *fakeClock, workflo
 		if next.IsZero() {
 			break // settled: finished, or waiting for what the case does not send
 		}
+		if c.RunFor > 0 && next.After(c.Start.Add(c.RunFor)) {
+			clock.advance(c.Start.Add(c.RunFor))
+			break
+		}
 		clock.advance(next)
 	}
-	return engine.Get(ctx, started.ID)
+	inst, err = engine.Get(ctx, started.ID)
+	return inst, failures, err
 }
 
 // sendDue sends the signals whose time has come, in file order, and
-// returns the others.
-func sendDue(ctx context.Context, engine *dagrun.Engine, id string, start, now time.Time, pending []*Signal) ([]*Signal, error) {
-	var later []*Signal
+// returns the others, and what went otherwise than the case said (a
+// signal refused, or one the case expected refused that was taken).
+func sendDue(ctx context.Context, engine *dagrun.Engine, id string, start, now time.Time, pending []*Signal) (later []*Signal, failures []string) {
 	for _, s := range pending {
 		if start.Add(s.After).After(now) {
 			later = append(later, s)
 			continue
 		}
-		if _, err := engine.Signal(ctx, dagrun.SignalRequest{InstanceID: id, Name: s.Name, ID: s.ID, Data: s.Data}); err != nil {
-			return nil, fmt.Errorf("signal %s (line %d): %w", s.Name, s.Line, err)
+		_, err := engine.Signal(ctx, dagrun.SignalRequest{InstanceID: id, Name: s.Name, ID: s.ID, Data: s.Data})
+		switch {
+		case err != nil && s.Error == nil:
+			failures = append(failures, fmt.Sprintf("signal %s (line %d) was refused: %v", s.Name, s.Line, err))
+		case err != nil && !strings.Contains(err.Error(), *s.Error):
+			failures = append(failures, fmt.Sprintf("signal %s (line %d): want it refused with %q, got %q", s.Name, s.Line, *s.Error, err.Error()))
+		case err == nil && s.Error != nil:
+			failures = append(failures, fmt.Sprintf("signal %s (line %d): want it refused with %q, but it was taken", s.Name, s.Line, *s.Error))
 		}
 	}
-	return later, nil
+	return later, failures
 }
 
 // fakeClock is the store's and the handlers' clock: it moves only when the
