@@ -97,16 +97,21 @@ func (e *Engine) Drive(ctx context.Context, opts *DriveOptions) (DriveResult, er
 			results = append(results, result)
 		}
 		res.Ran += len(steps)
+		more := res.Ran < cmp.Or(opts.MaxAttempts, 10_000)
 		rec := e.newFinishRecorder()
 		fc, eager := e.store.(storage.FinishClaimer)
-		if !eager || res.Ran >= cmp.Or(opts.MaxAttempts, 10_000) {
+		if eager && more {
+			_, steps, err = fc.FinishAndClaim(ctx, results, rec.plan, params)
+		} else {
 			_, err = e.store.FinishSteps(ctx, results, rec.plan)
 			steps = nil
-		} else {
-			_, steps, err = fc.FinishAndClaim(ctx, results, rec.plan, params)
 		}
-		if err == nil {
-			rec.report()
+		if err != nil {
+			break
+		}
+		rec.report()
+		if !eager && more {
+			steps, err = e.store.ClaimSteps(ctx, params)
 		}
 	}
 	if err != nil {
