@@ -461,7 +461,10 @@ func (p *fileParser) reply(n *yaml.Node, step string) (Reply, bool) {
 		return Reply{}, false
 	}
 	if len(m) != 1 {
-		p.errorf(resolve(n), "%s: give exactly one of output, error, permanentError or real: true", what)
+		if len(m) > 1 || len(resolve(n).Content) == 0 {
+			// (A mapping of unknown keys only is reported key by key.)
+			p.errorf(resolve(n), "%s: give exactly one of output, error, permanentError or real: true", what)
+		}
 		return Reply{}, false
 	}
 	var r Reply
