@@ -124,11 +124,15 @@ func WriteSummary(w io.Writer, results []*Result, elapsed time.Duration) {
 			failed++
 		}
 	}
+	cases := "cases"
+	if len(results) == 1 {
+		cases = "case"
+	}
 	if failed > 0 {
-		fmt.Fprintf(w, "FAIL: %d of %d cases failed (%s)\n", failed, len(results), roundDuration(elapsed))
+		fmt.Fprintf(w, "FAIL: %d of %d %s failed (%s)\n", failed, len(results), cases, roundDuration(elapsed))
 		return
 	}
-	fmt.Fprintf(w, "PASS: %d cases (%s)\n", len(results), roundDuration(elapsed))
+	fmt.Fprintf(w, "PASS: %d %s (%s)\n", len(results), cases, roundDuration(elapsed))
 }
 
 func roundDuration(d time.Duration) time.Duration {

@@ -119,6 +119,9 @@ func checkValue(what string, want *Match, got []byte) []string {
 	if diff == "" {
 		return nil
 	}
+	// go-cmp puts a non-breaking space in its output at random, to keep
+	// programs from parsing it; people copy it, and CI logs compare it.
+	diff = strings.ReplaceAll(diff, "\u00a0", " ")
 	return []string{fmt.Sprintf("%s differs (- want, + got):\n%s", label, strings.TrimRight(diff, "\n"))}
 }
 
