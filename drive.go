@@ -62,7 +62,9 @@ const driveLease = time.Hour
 // cancel, a retry).
 //
 // Claims, handler calls, the failure and retry policy and the plans are a
-// worker's own; only the waiting differs. Drive is meant for tests and
+// worker's own; only the waiting differs. What a worker's claim loop does
+// when a time comes due (today: expiring waits) Drive does too, so a new
+// kind of deadline is handled in both places, and NextWake must count it. Drive is meant for tests and
 // tools that own the store's clock (see dagruntest); a production process
 // runs Workers.
 func (e *Engine) Drive(ctx context.Context, opts *DriveOptions) (DriveResult, error) {

@@ -36,7 +36,7 @@ workflow file (FILE:LINE:COL: message).`,
 				return dagruntest.LoadWorkflows(c.workflowsDir)
 			})
 			if err != nil {
-				return c.printFileErrors(err, "read workflows")
+				return c.printFileErrors(err, "set --workflows or DAGRUN_WORKFLOWS")
 			}
 			files := args
 			if len(files) == 0 {
@@ -50,7 +50,7 @@ workflow file (FILE:LINE:COL: message).`,
 			}
 			parsed, err := dagruntest.ParseFiles(files, workflows)
 			if err != nil {
-				return c.printFileErrors(err, "read test files")
+				return c.printFileErrors(err, "check the test file paths")
 			}
 			runner, err := dagruntest.NewRunner(c.registry, workflows)
 			if err != nil {
@@ -81,11 +81,12 @@ workflow file (FILE:LINE:COL: message).`,
 }
 
 // printFileErrors prints a list of file errors one per line, as validate
-// does, and makes the command exit 2.
-func (c *cli) printFileErrors(err error, what string) error {
+// does, and makes the command exit 2; any other error is one line ending
+// with the hint.
+func (c *cli) printFileErrors(err error, hint string) error {
 	var list dag.ErrorList
 	if !errors.As(err, &list) {
-		return usageError(fmt.Errorf("%s: %w", what, err))
+		return usageError(fmt.Errorf("%w (%s)", err, hint))
 	}
 	for _, e := range list {
 		fmt.Fprintln(c.io.Stderr, e.Error())
