@@ -442,7 +442,7 @@ func (p *fileParser) checkMockedStep(k *yaml.Node, w *dag.Workflow) {
 		return
 	}
 	if s.Handler == "" {
-		p.errorf(k, "steps: step %q runs no handler, so there is nothing to mock (send a wait step's signal under signals:)", k.Value)
+		p.errorf(k, "steps: step %q runs no handler, so there is nothing to mock (send a wait step's signal under signals:; mock the steps of a workflow a step starts as WORKFLOW/STEP)", k.Value)
 	}
 }
 

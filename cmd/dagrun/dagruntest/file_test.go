@@ -89,7 +89,7 @@ func TestParseRejectsWhatCannotRun(t *testing.T) {
 		{name: "BadYAML", src: "workflow: [", want: "t.yaml:1:1: invalid YAML"},
 		{name: "NoCases", src: "workflow: pay\n", want: "t.yaml:1:1: cases: is required: a list of test cases"},
 		{name: "MockOfAWaitStep", src: "workflow: pay\ncases:\n  - name: x\n    steps: {approval: {output: 1}}\n",
-			want: `t.yaml:4:13: steps: step "approval" runs no handler, so there is nothing to mock (send a wait step's signal under signals:)`},
+			want: `t.yaml:4:13: steps: step "approval" runs no handler, so there is nothing to mock (send a wait step's signal under signals:;`},
 		{name: "MockOfAStepOfAnUnknownWorkflow", src: "workflow: pay\ncases:\n  - name: x\n    steps: {ship/label: {output: 1}}\n",
 			want: `t.yaml:4:13: steps: unknown workflow "ship" (available: pay)`},
 		{name: "EmptyReplyList", src: "workflow: pay\ncases:\n  - name: x\n    steps: {charge: []}\n",
