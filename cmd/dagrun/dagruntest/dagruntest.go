@@ -7,8 +7,8 @@
 // Each case runs the real engine (planner, expressions, retries, forEach,
 // waits) through dagrun.Engine.Drive, on a throwaway in-memory SQLite
 // store whose clock is fake: when nothing is ready, the clock jumps to the
-// next time something is due, so backoffs, durable sleeps and wait
-// timeouts take no time. `dagrun test` is this package on the command
+// next time something is due, so backoffs, durable sleeps, wait timeouts
+// and schedule ticks take no time. `dagrun test` is this package on the command
 // line; Go tests call [Run]:
 //
 //	func TestWorkflows(t *testing.T) {

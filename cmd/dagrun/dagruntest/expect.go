@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -46,6 +47,9 @@ func check(f *File, c *Case, inst *storage.Instance) []string {
 	}
 	out = append(out, checkValue("output", e.Output, inst.Output)...)
 	out = append(out, checkError("error", e.Error, inst.Error)...)
+	if e.CreatedAt != nil && !inst.CreatedAt.Equal(*e.CreatedAt) {
+		out = append(out, fmt.Sprintf("createdAt: want %s, got %s", e.CreatedAt.Format(time.RFC3339), inst.CreatedAt.UTC().Format(time.RFC3339Nano)))
+	}
 	for _, se := range e.Steps {
 		i := slices.IndexFunc(inst.Steps, func(s storage.Step) bool { return s.Name == se.Name })
 		if i < 0 {

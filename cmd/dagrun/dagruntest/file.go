@@ -40,6 +40,10 @@ type Case struct {
 	Input     json.RawMessage
 	// Start is the fake clock's time when the instance starts.
 	Start time.Time
+	// Scheduled: the workflow's schedule starts the instance, at its first
+	// tick after Start and with the schedule's input, instead of a start
+	// with Input.
+	Scheduled bool
 	// RunFor, when set, stops the case that long after the start (workflow
 	// time): the expectations then see the instance as it stands then,
 	// a step still waiting or sleeping.
@@ -100,6 +104,9 @@ type Expect struct {
 	Output     *Match
 	// Error is a text the instance's error must contain.
 	Error *string
+	// CreatedAt is when the instance must have been created, by the fake
+	// clock (a scheduled case's tick).
+	CreatedAt *time.Time
 	// Steps are the expectations of steps by name, in file order.
 	Steps []*StepExpect
 	// Events must appear in the history in this order, others may come in
@@ -341,7 +348,7 @@ func (p *fileParser) unknownWorkflow(name string) string {
 
 func (p *fileParser) testCase(n *yaml.Node, w *dag.Workflow) *Case {
 	n = resolve(n)
-	m := p.fields(n, "a case", "name", "input", "start", "runFor", "steps", "signals", "expect")
+	m := p.fields(n, "a case", "name", "input", "scheduled", "start", "runFor", "steps", "signals", "expect")
 	if m == nil {
 		return nil
 	}
@@ -367,6 +374,9 @@ func (p *fileParser) testCase(n *yaml.Node, w *dag.Workflow) *Case {
 			}
 			c.Start = t
 		}
+	}
+	if v := m["scheduled"]; v != nil {
+		c.Scheduled = p.scheduled(v, m["input"], w)
 	}
 	if v := m["runFor"]; v != nil {
 		c.RunFor = p.duration(v, "runFor", "a duration of workflow time, like 24h")
@@ -521,7 +531,7 @@ func (p *fileParser) signals(n *yaml.Node) []*Signal {
 }
 
 func (p *fileParser) expect(n *yaml.Node) Expect {
-	m := p.fields(n, "expect", "startError", "status", "output", "outputContains", "error", "steps", "events")
+	m := p.fields(n, "expect", "startError", "status", "output", "outputContains", "error", "createdAt", "steps", "events")
 	var e Expect
 	if m == nil {
 		return e
@@ -530,6 +540,14 @@ func (p *fileParser) expect(n *yaml.Node) Expect {
 	e.Status = p.status(m["status"], "expect.status", instanceStatuses)
 	e.Output = p.match(m["output"], m["outputContains"], "expect.output")
 	e.Error = p.optText(m["error"], "expect.error")
+	if s := p.optText(m["createdAt"], "expect.createdAt"); s != nil {
+		t, err := time.Parse(time.RFC3339, *s)
+		if err != nil {
+			p.errorf(m["createdAt"], "expect.createdAt must be an RFC 3339 time, like 2030-01-01T03:00:00Z: %v", err)
+		} else {
+			e.CreatedAt = &t
+		}
+	}
 	if v := m["steps"]; v != nil {
 		e.Steps = p.stepExpects(v)
 	}
@@ -586,6 +604,24 @@ func (p *fileParser) stepExpects(n *yaml.Node) []*StepExpect {
 		out = append(out, se)
 	}
 	return out
+}
+
+// scheduled reads scheduled: true, which needs a workflow with a schedule
+// and takes the place of input.
+func (p *fileParser) scheduled(n, input *yaml.Node, w *dag.Workflow) bool {
+	v := resolve(n)
+	switch {
+	case v.Tag != "!!bool":
+		p.errorf(v, "scheduled must be true or false")
+	case v.Value != "true":
+	case input != nil:
+		p.errorf(input, "a scheduled case takes its input from the schedule: leave input out")
+	case w != nil && len(w.Schedules) == 0:
+		p.errorf(v, "workflow %s has no schedule: to start it, give an input instead", w.Name)
+	default:
+		return true
+	}
+	return false
 }
 
 // duration reads a Go duration (30s, 80h) of 0 or more.

@@ -160,19 +160,29 @@ func (e *startError) Error() string { return e.err.Error() }
 // drive starts the case's instance and runs it until nothing is due, on
 // the fake clock.
 func drive(ctx context.Context, engine *dagrun.Engine, clock *fakeClock, workflow string, c *Case) (inst *storage.Instance, failures []string, err error) {
-	started, err := engine.Start(ctx, workflow, c.Input, nil)
+	var id string
+	if c.Scheduled {
+		id, err = startScheduled(ctx, engine, clock, workflow)
+	} else {
+		var started dagrun.StartResult
+		started, err = engine.Start(ctx, workflow, c.Input, nil)
+		id = started.ID
+	}
 	if err != nil {
 		return nil, nil, &startError{err}
 	}
+	// Signals and runFor count from the instance's start: a scheduled
+	// instance starts at its tick.
+	begin := clock.Now()
 	pending := make([]*Signal, len(c.Signals))
 	copy(pending, c.Signals)
 	opts := &dagrun.DriveOptions{Now: clock.Now}
 	for round := 0; ; round++ {
 		if round >= MaxRounds {
-			return nil, failures, fmt.Errorf("the instance did not settle within %d rounds (by %s of workflow time): does a step retry or sleep for ever?", MaxRounds, clock.Now().Sub(c.Start))
+			return nil, failures, fmt.Errorf("the instance did not settle within %d rounds (by %s of workflow time): does a step retry or sleep for ever?", MaxRounds, clock.Now().Sub(begin))
 		}
 		var refused []string
-		pending, refused = sendDue(ctx, engine, started.ID, c.Start, clock.Now(), pending)
+		pending, refused = sendDue(ctx, engine, id, begin, clock.Now(), pending)
 		failures = append(failures, refused...)
 		res, err := engine.Drive(ctx, opts)
 		if err != nil {
@@ -181,21 +191,53 @@ func drive(ctx context.Context, engine *dagrun.Engine, clock *fakeClock, workflo
 		// Drive ran everything due now: what comes next is due later.
 		next := res.NextWake
 		for _, s := range pending {
-			if at := c.Start.Add(s.After); next.IsZero() || at.Before(next) {
+			if at := begin.Add(s.After); next.IsZero() || at.Before(next) {
 				next = at
 			}
 		}
 		if next.IsZero() {
 			break // settled: finished, or waiting for what the case does not send
 		}
-		if c.RunFor > 0 && next.After(c.Start.Add(c.RunFor)) {
-			clock.advance(c.Start.Add(c.RunFor))
+		if c.RunFor > 0 && next.After(begin.Add(c.RunFor)) {
+			clock.advance(begin.Add(c.RunFor))
 			break
 		}
 		clock.advance(next)
 	}
-	inst, err = engine.Get(ctx, started.ID)
+	inst, err = engine.Get(ctx, id)
 	return inst, failures, err
+}
+
+// startScheduled runs the engine's scheduler on the fake clock, jumping
+// it from tick to tick, until the workflow's schedules have started an
+// instance, and returns its ID. A schedule paused or without a future tick
+// starts nothing: that is an error.
+func startScheduled(ctx context.Context, engine *dagrun.Engine, clock *fakeClock, workflow string) (string, error) {
+	scheduler, err := engine.NewScheduler(&dagrun.SchedulerConfig{Now: clock.Now})
+	if err == nil {
+		err = scheduler.Register(ctx)
+	}
+	for round := 0; err == nil && round < MaxRounds; round++ {
+		var next time.Time
+		if next, err = scheduler.FireDue(ctx); err != nil {
+			break
+		}
+		var started []storage.Instance
+		if started, err = engine.List(ctx, storage.ListParams{Workflow: workflow, Limit: 1}); err != nil {
+			break
+		}
+		if len(started) > 0 {
+			return started[0].ID, nil
+		}
+		if next.IsZero() {
+			return "", fmt.Errorf("the schedules of %s start no instance after %s", workflow, clock.Now().Format(time.RFC3339))
+		}
+		clock.advance(next)
+	}
+	if err == nil {
+		err = fmt.Errorf("the schedules of %s started no instance within %d ticks", workflow, MaxRounds)
+	}
+	return "", err
 }
 
 // sendDue sends the signals whose time has come, in file order, and

@@ -17,3 +17,13 @@ func TestShippedWorkflows(t *testing.T) {
 	orders.Register(registry)
 	dagruntest.Run(t, registry, "../../../workflows")
 }
+
+// TestScheduledCases: a scheduled case starts its instance through the
+// workflow's schedule, at its first tick by the fake clock (zones and
+// daylight saving included), with the schedule's input.
+func TestScheduledCases(t *testing.T) {
+	t.Parallel()
+	registry := handlers.NewRegistry()
+	handlers.RegisterBuiltins(registry)
+	dagruntest.Run(t, registry, "testdata/scheduled")
+}
