@@ -1,7 +1,11 @@
 package dagruntest_test
 
 import (
+	"os"
+	"regexp"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/dagrun/dagrun/cmd/dagrun/dagruntest"
 	"github.com/dagrun/dagrun/examples/orders"
@@ -26,4 +30,34 @@ func TestScheduledCases(t *testing.T) {
 	registry := handlers.NewRegistry()
 	handlers.RegisterBuiltins(registry)
 	dagruntest.Run(t, registry, "testdata/scheduled")
+}
+
+// TestDocumentedExamplesPass runs the complete test files the READMEs show
+// (the yaml blocks that start with workflow:), so the documentation cannot
+// drift from the format.
+func TestDocumentedExamplesPass(t *testing.T) {
+	t.Parallel()
+	workflows, err := dagruntest.LoadWorkflows("../../../workflows")
+	require.NoError(t, err)
+	registry := handlers.NewRegistry()
+	handlers.RegisterBuiltins(registry)
+	orders.Register(registry)
+	runner, err := dagruntest.NewRunner(registry, workflows)
+	require.NoError(t, err)
+	t.Cleanup(runner.Close)
+	block := regexp.MustCompile("(?s)```yaml\n(workflow: .*?)```")
+	found := 0
+	for _, doc := range []string{"../../../README.md", "../../../workflows/README.md"} {
+		src, err := os.ReadFile(doc)
+		require.NoError(t, err)
+		for _, m := range block.FindAllSubmatch(src, -1) {
+			found++
+			f, err := dagruntest.Parse(doc, m[1], workflows)
+			require.NoError(t, err, "%s:\n%s", doc, m[1])
+			for _, r := range runner.RunFile(t.Context(), f, nil) {
+				require.True(t, r.Passed(), "%s: %s: %v", doc, r.Name(), r.Failures)
+			}
+		}
+	}
+	require.GreaterOrEqual(t, found, 2)
 }
