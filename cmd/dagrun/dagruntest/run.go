@@ -302,6 +302,8 @@ type memStore struct {
 	db    *sql.DB
 	store storage.Store
 	clock *fakeClock
+	// resetSQL empties the tables; built at the first reset.
+	resetSQL string
 }
 
 func openMemStore() (*memStore, error) {
@@ -323,34 +325,31 @@ func openMemStore() (*memStore, error) {
 }
 
 // reset empties every table but the schema's version, so the next case
-// starts from a new database as far as the store can tell.
+// starts from a new database as far as the store can tell, in one call.
 func (m *memStore) reset(ctx context.Context) error {
-	rows, err := m.db.QueryContext(ctx, `SELECT name FROM sqlite_master WHERE type = 'table' AND name <> 'schema_migrations' AND name NOT LIKE 'sqlite\_%' ESCAPE '\'`)
-	if err != nil {
-		return err
-	}
-	var tables []string
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			_ = rows.Close()
+	if m.resetSQL == "" {
+		rows, err := m.db.QueryContext(ctx, `SELECT name FROM sqlite_master WHERE type = 'table'
+			AND name <> 'schema_migrations' AND (name NOT LIKE 'sqlite\_%' ESCAPE '\' OR name = 'sqlite_sequence')`)
+		if err != nil {
 			return err
 		}
-		tables = append(tables, name)
-	}
-	if err := rows.Close(); err != nil {
-		return err
-	}
-	// Foreign keys would make the order of the deletes matter.
-	stmts := []string{`PRAGMA foreign_keys = OFF`}
-	for _, t := range tables {
-		stmts = append(stmts, `DELETE FROM "`+t+`"`)
-	}
-	stmts = append(stmts, `DELETE FROM sqlite_sequence`, `PRAGMA foreign_keys = ON`)
-	for _, stmt := range stmts {
-		if _, err := m.db.ExecContext(ctx, stmt); err != nil && !strings.Contains(stmt, "sqlite_sequence") {
-			return fmt.Errorf("empty the test database: %w", err)
+		// Foreign keys would make the order of the deletes matter.
+		stmts := []string{`PRAGMA foreign_keys = OFF`}
+		for rows.Next() {
+			var name string
+			if err := rows.Scan(&name); err != nil {
+				_ = rows.Close()
+				return err
+			}
+			stmts = append(stmts, `DELETE FROM "`+name+`"`)
 		}
+		if err := rows.Close(); err != nil {
+			return err
+		}
+		m.resetSQL = strings.Join(append(stmts, `PRAGMA foreign_keys = ON`), ";\n")
+	}
+	if _, err := m.db.ExecContext(ctx, m.resetSQL); err != nil {
+		return fmt.Errorf("empty the test database: %w", err)
 	}
 	return nil
 }
