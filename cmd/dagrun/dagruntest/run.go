@@ -116,8 +116,9 @@ func (r *Runner) RunFiles(ctx context.Context, files []*File, filter *regexp.Reg
 	return results
 }
 
-// RunCase runs one case on a throwaway in-memory store whose clock is fake:
-// it starts the instance, then drives the engine round by round, and when
+// RunCase runs one case on an empty in-memory store of its own (a fresh
+// one, or one an earlier case used, emptied) whose clock is fake: it
+// starts the instance, then drives the engine round by round, and when
 // nothing is ready jumps the clock to the next time something is due (a
 // backoff, a durable sleep, a wait's timeout, a delayed signal), so hours
 // of workflow time take microseconds. It stops when nothing is due any
