@@ -1,8 +1,10 @@
 package app
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"regexp"
 	"time"
@@ -14,7 +16,10 @@ import (
 )
 
 func (c *cli) testCommand() *cobra.Command {
-	var run string
+	var (
+		run    string
+		asJSON bool
+	)
 	cmd := &cobra.Command{
 		Use:   "test [FILE...]",
 		Short: "Run workflow tests (every tests/*_test.yaml of --workflows by default) against mocked handlers, in memory, on a fake clock",
@@ -59,7 +64,9 @@ workflow file (FILE:LINE:COL: message).`,
 			defer runner.Close()
 			began := time.Now()
 			results := runner.RunFiles(cmd.Context(), parsed, filter, func(r *dagruntest.Result) {
-				dagruntest.WriteResult(c.io.Stdout, r)
+				if !asJSON {
+					dagruntest.WriteResult(c.io.Stdout, r)
+				}
 			})
 			if err := cmd.Context().Err(); err != nil {
 				return err
@@ -67,7 +74,13 @@ workflow file (FILE:LINE:COL: message).`,
 			if len(results) == 0 {
 				return usageError(fmt.Errorf("--run %q matches no case (a case's name is WORKFLOW/CASE)", run))
 			}
-			dagruntest.WriteSummary(c.io.Stdout, results, time.Since(began))
+			if asJSON {
+				if err := writeTestJSON(c.io.Stdout, results); err != nil {
+					return err
+				}
+			} else {
+				dagruntest.WriteSummary(c.io.Stdout, results, time.Since(began))
+			}
 			for _, r := range results {
 				if !r.Passed() {
 					return &exitError{code: ExitFailed}
@@ -77,7 +90,46 @@ workflow file (FILE:LINE:COL: message).`,
 		},
 	}
 	cmd.Flags().StringVar(&run, "run", "", "run only the cases whose WORKFLOW/CASE name matches this regular expression")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the results as one JSON object instead of lines (for CI)")
 	return cmd
+}
+
+// testCaseJSON is one case's result in dagrun test --json.
+type testCaseJSON struct {
+	Name       string   `json:"name"`
+	Workflow   string   `json:"workflow"`
+	Case       string   `json:"case"`
+	File       string   `json:"file"`
+	Line       int      `json:"line"`
+	Passed     bool     `json:"passed"`
+	DurationMs float64  `json:"durationMs"`
+	Failures   []string `json:"failures"`
+}
+
+// writeTestJSON prints {"passed": N, "failed": M, "cases": [...]}.
+func writeTestJSON(w io.Writer, results []*dagruntest.Result) error {
+	out := struct {
+		Passed int            `json:"passed"`
+		Failed int            `json:"failed"`
+		Cases  []testCaseJSON `json:"cases"`
+	}{Cases: make([]testCaseJSON, len(results))}
+	for i, r := range results {
+		if r.Passed() {
+			out.Passed++
+		} else {
+			out.Failed++
+		}
+		out.Cases[i] = testCaseJSON{
+			Name: r.Name(), Workflow: r.Workflow, Case: r.Case.Name, File: r.File, Line: r.Case.Line,
+			Passed: r.Passed(), DurationMs: float64(r.Duration.Microseconds()) / 1000, Failures: r.Failures,
+		}
+		if out.Cases[i].Failures == nil {
+			out.Cases[i].Failures = []string{}
+		}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
 }
 
 // printFileErrors prints a list of file errors one per line, as validate

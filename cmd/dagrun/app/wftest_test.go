@@ -1,6 +1,7 @@
 package app_test
 
 import (
+	"encoding/json"
 	"path/filepath"
 	"regexp"
 	"testing"
@@ -67,4 +68,34 @@ func TestTestExitCodes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTestJSON: --json prints one object with a result per case, the
+// failures of a failed one included, and keeps the exit code.
+func TestTestJSON(t *testing.T) {
+	t.Parallel()
+	b := wftestBundle(t)
+	res := b.run(t, "", "test", "--json", "testdata/wftest/fail_test.yaml", "../../../workflows/tests/order-processing_test.yaml")
+	require.Equal(t, 1, res.code, res.stderr)
+	require.Empty(t, res.stderr)
+	var out struct {
+		Passed, Failed int
+		Cases          []struct {
+			Name, File string
+			Line       int
+			Passed     bool
+			Failures   []string
+		}
+	}
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &out))
+	require.Equal(t, 1, out.Failed)
+	require.Equal(t, len(out.Cases)-1, out.Passed)
+	first := out.Cases[0]
+	require.Equal(t, "order-processing/wrong expectations", first.Name)
+	require.Equal(t, "testdata/wftest/fail_test.yaml", first.File)
+	require.Equal(t, 3, first.Line)
+	require.False(t, first.Passed)
+	require.Contains(t, first.Failures, "steps.charge.attempts: want 2, got 1")
+	require.True(t, out.Cases[1].Passed)
+	require.Empty(t, out.Cases[1].Failures)
 }
