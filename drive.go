@@ -94,6 +94,13 @@ func (e *Engine) Drive(ctx context.Context, opts *DriveOptions) (DriveResult, er
 		for _, step := range steps {
 			result, ok := e.runAttempt(handlerCtx, e.logger, step)
 			if !ok {
+				// ctx ended: give the claims back rather than leave them
+				// to the lease.
+				claims := make([]storage.Claim, len(steps))
+				for i, s := range steps {
+					claims[i] = s.Claim
+				}
+				_ = e.store.ReleaseSteps(context.WithoutCancel(ctx), claims)
 				return res, cmp.Or(ctx.Err(), errors.New("dagrun: drive: an attempt's result could not be recorded"))
 			}
 			results = append(results, result)
@@ -112,6 +119,7 @@ func (e *Engine) Drive(ctx context.Context, opts *DriveOptions) (DriveResult, er
 			break
 		}
 		rec.report()
+		e.notifyChanged() // for Follow
 		if !eager && more {
 			steps, err = e.store.ClaimSteps(ctx, params)
 		}

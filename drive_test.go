@@ -70,3 +70,26 @@ steps:
 		require.Equal(t, 1, step(t, inst, "a").Attempts)
 	})
 }
+
+// TestDriveGivesBackWhatItCouldNotFinish: when Drive's context ends while
+// a handler runs, the step is released (pending again, the attempt not
+// counted) rather than held until its lease runs out.
+func TestDriveGivesBackWhatItCouldNotFinish(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		ctx, cancel := context.WithCancel(t.Context())
+		registry := handlers.NewRegistry()
+		registry.Register("interrupted", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			cancel() // as SIGINT would, while the handler runs
+			<-ctx.Done()
+			return nil, ctx.Err()
+		})
+		b := setup(t, open, registry, "name: interrupted\nsteps:\n  - name: a\n    handler: interrupted\n")
+		id := b.start(t, "interrupted", `{}`)
+		_, err := b.engine.Drive(ctx, nil)
+		require.ErrorIs(t, err, context.Canceled)
+		inst, err := b.engine.Get(t.Context(), id)
+		require.NoError(t, err)
+		require.Equal(t, storage.StepPending, step(t, inst, "a").Status)
+	})
+}
