@@ -168,19 +168,31 @@ func (w *Worker) stopSteps(instanceID string, names map[string]bool) {
 // timeout, by the store's clock, so that a timeout holds whichever process
 // runs and whether or not a handler of the instance runs.
 func (w *Worker) expireInstances(ctx context.Context) {
-	rec := w.engine.newFinishRecorder()
-	n, err := w.engine.store.ExpireInstances(ctx, 100, rec.plan)
+	n, err := w.engine.expireInstances(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.logger.Error("dagrun: time out instances", slog.Any("error", err))
 		}
 		return
 	}
-	rec.report()
 	if n > 0 {
 		w.logger.Info("dagrun: instances timed out", slog.Int("instances", n))
-		w.engine.notifyChanged()
 	}
+}
+
+// expireInstances is what a Worker and Drive share of it: the sweep, and
+// stopping the local handlers of the instances it failed.
+func (e *Engine) expireInstances(ctx context.Context) (int, error) {
+	rec := e.newFinishRecorder()
+	n, err := e.store.ExpireInstances(ctx, 100, rec.plan)
+	if err != nil {
+		return 0, err
+	}
+	rec.report()
+	if n > 0 {
+		e.notifyChanged()
+	}
+	return n, nil
 }
 
 // wakeWhileBusy arms idle for the next timeout (a wait's, a workflow's)

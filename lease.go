@@ -94,16 +94,22 @@ func (w *Worker) recoverExpired(ctx context.Context) {
 // expireWaits fails the waiting steps whose deadline passed, by the
 // store's clock, so that a wait times out whichever process runs.
 func (w *Worker) expireWaits(ctx context.Context) {
-	rec := w.engine.newFinishRecorder()
-	n, err := w.engine.store.ExpireWaits(ctx, 100, rec.plan)
+	if _, err := w.engine.expireWaits(ctx); err != nil && ctx.Err() == nil {
+		w.logger.Error("dagrun: time out waiting steps", slog.Any("error", err))
+	}
+}
+
+// expireWaits fails up to a batch of waiting steps whose deadline passed
+// and returns how many it failed.
+func (e *Engine) expireWaits(ctx context.Context) (int, error) {
+	rec := e.newFinishRecorder()
+	n, err := e.store.ExpireWaits(ctx, 100, rec.plan)
 	if err != nil {
-		if ctx.Err() == nil {
-			w.logger.Error("dagrun: time out waiting steps", slog.Any("error", err))
-		}
-		return
+		return 0, err
 	}
 	rec.report()
 	if n > 0 {
-		w.engine.notifyChanged()
+		e.notifyChanged()
 	}
+	return n, nil
 }

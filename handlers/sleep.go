@@ -28,7 +28,7 @@ type SleepOutput struct {
 // again at or after the wake time it completes. A process restart in
 // between changes nothing.
 func sleep(ctx context.Context, in SleepInput) (SleepOutput, error) {
-	now := time.Now()
+	now := Now(ctx)
 	wake, err := wakeTime(Info(ctx).FirstStartedAt, now, in)
 	if err != nil {
 		return SleepOutput{}, Permanent(fmt.Errorf("sleep: %w", err))

@@ -175,6 +175,7 @@ func (c *cli) rootCommand() *cobra.Command {
 		c.signalCommand(),
 		c.queuesCommand(),
 		c.queueCommand(),
+		c.testCommand(),
 	)
 	for _, cmd := range root.Commands() {
 		cmd.SetFlagErrorFunc(flagError)

@@ -1,0 +1,147 @@
+package app
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dagrun/dagrun/cmd/dagrun/dagruntest"
+	"github.com/dagrun/dagrun/dag"
+)
+
+func (c *cli) testCommand() *cobra.Command {
+	var (
+		run    string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "test [FILE...]",
+		Short: "Run workflow tests (every tests/*_test.yaml of --workflows by default) against mocked handlers, in memory, on a fake clock",
+		Long: `Run workflow tests: each case starts its workflow on a throwaway in-memory
+database whose clock jumps to the next due time (so backoffs, sleeps and wait
+timeouts take no time), answers its steps with the case's mocks or this binary's
+handlers, and checks the expectations. One line per case, a diff on failure.
+Exit 0 when every case passed, 1 when one failed, 2 for an invalid test or
+workflow file (FILE:LINE:COL: message).`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var filter *regexp.Regexp
+			if run != "" {
+				var err error
+				if filter, err = regexp.Compile(run); err != nil {
+					return usageError(fmt.Errorf("invalid --run %q: %v", run, err))
+				}
+			}
+			workflows, err := whileRunning(cmd.Context(), func() ([]*dag.Workflow, error) {
+				return dagruntest.LoadWorkflows(c.workflowsDir)
+			})
+			if err != nil {
+				return c.printFileErrors(err, "set --workflows or DAGRUN_WORKFLOWS")
+			}
+			files := args
+			if len(files) == 0 {
+				if files, err = dagruntest.DefaultFiles(c.workflowsDir); err != nil {
+					return usageError(err)
+				}
+				if len(files) == 0 {
+					dir := filepath.Join(c.workflowsDir, dagruntest.TestsFolder)
+					return usageError(fmt.Errorf("no test files in %s: write cases in %s/WORKFLOW%s, or name the files to run", dir, dir, dagruntest.FileSuffix))
+				}
+			}
+			parsed, err := dagruntest.ParseFiles(files, workflows)
+			if err != nil {
+				return c.printFileErrors(err, "check the test file paths")
+			}
+			runner, err := dagruntest.NewRunner(c.registry, workflows)
+			if err != nil {
+				return err
+			}
+			defer runner.Close()
+			began := time.Now()
+			results := runner.RunFiles(cmd.Context(), parsed, filter, func(r *dagruntest.Result) {
+				if !asJSON {
+					dagruntest.WriteResult(c.io.Stdout, r)
+				}
+			})
+			if err := cmd.Context().Err(); err != nil {
+				return err
+			}
+			if len(results) == 0 {
+				return usageError(fmt.Errorf("--run %q matches no case (a case's name is WORKFLOW/CASE)", run))
+			}
+			if asJSON {
+				if err := writeTestJSON(c.io.Stdout, results); err != nil {
+					return err
+				}
+			} else {
+				dagruntest.WriteSummary(c.io.Stdout, results, time.Since(began))
+			}
+			for _, r := range results {
+				if !r.Passed() {
+					return &exitError{code: ExitFailed}
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&run, "run", "", "run only the cases whose WORKFLOW/CASE name matches this regular expression")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the results as one JSON object instead of lines (for CI)")
+	return cmd
+}
+
+// testCaseJSON is one case's result in dagrun test --json.
+type testCaseJSON struct {
+	Name       string   `json:"name"`
+	Workflow   string   `json:"workflow"`
+	Case       string   `json:"case"`
+	File       string   `json:"file"`
+	Line       int      `json:"line"`
+	Passed     bool     `json:"passed"`
+	DurationMs float64  `json:"durationMs"`
+	Failures   []string `json:"failures"`
+}
+
+// writeTestJSON prints {"passed": N, "failed": M, "cases": [...]}.
+func writeTestJSON(w io.Writer, results []*dagruntest.Result) error {
+	out := struct {
+		Passed int            `json:"passed"`
+		Failed int            `json:"failed"`
+		Cases  []testCaseJSON `json:"cases"`
+	}{Cases: make([]testCaseJSON, len(results))}
+	for i, r := range results {
+		if r.Passed() {
+			out.Passed++
+		} else {
+			out.Failed++
+		}
+		out.Cases[i] = testCaseJSON{
+			Name: r.Name(), Workflow: r.Workflow, Case: r.Case.Name, File: r.File, Line: r.Case.Line,
+			Passed: r.Passed(), DurationMs: float64(r.Duration.Microseconds()) / 1000, Failures: r.Failures,
+		}
+		if out.Cases[i].Failures == nil {
+			out.Cases[i].Failures = []string{}
+		}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}
+
+// printFileErrors prints a list of file errors one per line, as validate
+// does, and makes the command exit 2; any other error is one line ending
+// with the hint.
+func (c *cli) printFileErrors(err error, hint string) error {
+	var list dag.ErrorList
+	if !errors.As(err, &list) {
+		return usageError(fmt.Errorf("%w (%s)", err, hint))
+	}
+	for _, e := range list {
+		fmt.Fprintln(c.io.Stderr, e.Error())
+	}
+	return &exitError{code: ExitUsage}
+}

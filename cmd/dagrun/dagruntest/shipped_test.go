@@ -1,0 +1,63 @@
+package dagruntest_test
+
+import (
+	"os"
+	"regexp"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/cmd/dagrun/dagruntest"
+	"github.com/dagrun/dagrun/examples/orders"
+	"github.com/dagrun/dagrun/handlers"
+)
+
+// TestShippedWorkflows runs the tests of every workflow shipped in the
+// workflows folder, with the handlers the dagrun binary registers.
+func TestShippedWorkflows(t *testing.T) {
+	t.Parallel()
+	registry := handlers.NewRegistry()
+	handlers.RegisterBuiltins(registry)
+	orders.Register(registry)
+	dagruntest.Run(t, registry, "../../../workflows")
+}
+
+// TestScheduledCases: a scheduled case starts its instance through the
+// workflow's schedule, at its first tick by the fake clock (zones and
+// daylight saving included), with the schedule's input.
+func TestScheduledCases(t *testing.T) {
+	t.Parallel()
+	registry := handlers.NewRegistry()
+	handlers.RegisterBuiltins(registry)
+	dagruntest.Run(t, registry, "testdata/scheduled")
+}
+
+// TestDocumentedExamplesPass runs the complete test files the READMEs show
+// (the yaml blocks that start with workflow:), so the documentation cannot
+// drift from the format.
+func TestDocumentedExamplesPass(t *testing.T) {
+	t.Parallel()
+	workflows, err := dagruntest.LoadWorkflows("../../../workflows")
+	require.NoError(t, err)
+	registry := handlers.NewRegistry()
+	handlers.RegisterBuiltins(registry)
+	orders.Register(registry)
+	runner, err := dagruntest.NewRunner(registry, workflows)
+	require.NoError(t, err)
+	t.Cleanup(runner.Close)
+	block := regexp.MustCompile("(?s)```yaml\n(workflow: .*?)```")
+	found := 0
+	for _, doc := range []string{"../../../README.md", "../../../workflows/README.md"} {
+		src, err := os.ReadFile(doc)
+		require.NoError(t, err)
+		for _, m := range block.FindAllSubmatch(src, -1) {
+			found++
+			f, err := dagruntest.Parse(doc, m[1], workflows)
+			require.NoError(t, err, "%s:\n%s", doc, m[1])
+			for _, r := range runner.RunFile(t.Context(), f, nil) {
+				require.True(t, r.Passed(), "%s: %s: %v", doc, r.Name(), r.Failures)
+			}
+		}
+	}
+	require.GreaterOrEqual(t, found, 2)
+}
