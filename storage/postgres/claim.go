@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/dagrun/dagrun/storage"
 )
@@ -97,7 +98,8 @@ ev AS (
 	ORDER BY e.ord, e.k1, e.k2, e.k3, e.instance_id
 )
 SELECT id, instance_id, name, workflow, handler, queue, input, attempts, fence,
-	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until, item_index
+	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until, item_index,
+	(SELECT traceparent FROM {s}instances i WHERE i.id = u.instance_id)
 FROM u ORDER BY priority DESC, run_after, id`)
 	return b.String()
 }
@@ -215,9 +217,12 @@ func scanClaimed(row pgx.CollectableRow) (storage.ClaimedStep, error) {
 		backoff, maxBackoff, tmo int64
 		first, ready             *time.Time
 		lease                    time.Time
+		// NULL unless tracing is on, scanned without allocating.
+		traceParent pgtype.Text
 	)
 	err := row.Scan(&c.StepID, &c.InstanceID, &c.Step, &c.Workflow, &c.Handler, &c.Queue, &input, &c.Attempt, &c.Fence,
-		&c.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &first, &ready, &lease, &c.Item)
+		&c.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &first, &ready, &lease, &c.Item, &traceParent)
+	c.TraceParent = traceParent.String
 	c.Input = rawJSON(input)
 	c.Retry.Backoff = time.Duration(backoff) * time.Microsecond
 	c.Retry.MaxBackoff = time.Duration(maxBackoff) * time.Microsecond

@@ -33,14 +33,15 @@ WITH d AS (
 ),
 ins AS (
 	INSERT INTO {s}instances (id, workflow, definition_hash, status, input, output, error, idempotency_key, priority,
-		run_after, created_at, started_at, finished_at)
+		run_after, created_at, started_at, finished_at, traceparent, trace_caller)
 	SELECT r.id, r.workflow, r.hash, r.status, r.input, r.output, r.error, r.key, r.priority,
 		greatest({now}, r.run_after), {now},
 		CASE WHEN r.status = 'running' THEN {now} END,
-		CASE WHEN r.status IN ('completed', 'failed', 'cancelled') THEN {now} END
+		CASE WHEN r.status IN ('completed', 'failed', 'cancelled') THEN {now} END,
+		r.traceparent, r.trace_caller
 	FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::json[], $10::json[], $11::text[], $12::text[],
-			$13::int[], $14::timestamptz[])
-		WITH ORDINALITY AS r(id, workflow, hash, status, input, output, error, key, priority, run_after, ord)
+			$13::int[], $14::timestamptz[], $41::text[], $42::text[])
+		WITH ORDINALITY AS r(id, workflow, hash, status, input, output, error, key, priority, run_after, traceparent, trace_caller, ord)
 	ORDER BY r.ord
 	ON CONFLICT (workflow, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 	RETURNING id
@@ -238,7 +239,8 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 		rows.stInst, rows.stPos, rows.stNames, rows.stHandlers, rows.stQueues, rows.stWorkflows, rows.stDeps, rows.stStatuses,
 		rows.stMax, rows.stBackoff, rows.stMaxBackoff, rows.stTimeout, rows.stPriorities, rows.stInputs, rows.stErrors, rows.stRunAfters,
 		rows.evInst, rows.evSteps, rows.evTypes, rows.evMessages,
-		rows.stOutputs, rows.stForEach, rows.stCaps, rows.stContinue, rows.stSignals, rows.stWaitTimeouts).Query(func(dbRows pgx.Rows) error {
+		rows.stOutputs, rows.stForEach, rows.stCaps, rows.stContinue, rows.stSignals, rows.stWaitTimeouts,
+		rows.traceParents, rows.traceCallers).Query(func(dbRows pgx.Rows) error {
 		var err error
 		inserted, err = pgx.CollectRows(dbRows, pgx.RowTo[string])
 		return err
@@ -336,6 +338,7 @@ type createRows struct {
 	keys                                     []*string
 	priorities                               []int32
 	runAfters                                []*time.Time
+	traceParents, traceCallers               []*string
 
 	stInst, stNames, stHandlers, stQueues, stWorkflows, stDeps, stStatuses, stErrors []string
 	stPos, stMax, stPriorities                                                       []int32
@@ -382,6 +385,8 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance) {
 	r.keys = append(r.keys, key)
 	r.priorities = append(r.priorities, int32(p.Priority))
 	r.runAfters = append(r.runAfters, runAfter)
+	r.traceParents = append(r.traceParents, nilIfEmpty(p.TraceParent))
+	r.traceCallers = append(r.traceCallers, nilIfEmpty(p.TraceCaller))
 	for i, ns := range n.Steps {
 		sp := &p.Steps[i]
 		if ns.Status == storage.StepPending {
@@ -464,3 +469,12 @@ func arrayLiteral(names []string) string {
 
 // queueOf is a step's queue; "default" when unset.
 func queueOf(sp storage.StepSpec) string { return cmp.Or(sp.Queue, "default") }
+
+// nilIfEmpty stores an absent text as NULL, which costs a reader nothing
+// to scan.
+func nilIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}

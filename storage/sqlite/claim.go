@@ -14,7 +14,8 @@ import (
 
 // claimReturning lists what a claim hands the worker.
 const claimReturning = ` RETURNING id, instance_id, name, workflow, handler, queue, input, attempts, fence,
-	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until, priority, run_after, item_index + 1`
+	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until, priority, run_after, item_index + 1,
+	(SELECT traceparent FROM instances i WHERE i.id = steps.instance_id)`
 
 // claimShape is a claim's filter shape: how many queues (0, 1, several),
 // whether it is bound to one instance, whether it names handlers.
@@ -205,9 +206,11 @@ func scanClaimed(rows *sql.Rows) ([]claimedRow, error) {
 			// without allocating, into an int64, which database/sql sets
 			// without formatting it as text first.
 			itemPlus1 int64
+			// NULL unless tracing is on, scanned without allocating.
+			traceParent sql.NullString
 		)
 		if err := rows.Scan(&c.StepID, &c.InstanceID, &c.Step, &c.Workflow, &c.Handler, &c.Queue, &input, &c.Attempt, &c.Fence,
-			&c.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &first, &ready, &lease, &c.priority, &c.runAfter, &itemPlus1); err != nil {
+			&c.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &first, &ready, &lease, &c.priority, &c.runAfter, &itemPlus1, &traceParent); err != nil {
 			return nil, err
 		}
 		c.Input = rawJSON(input)
@@ -218,6 +221,7 @@ func scanClaimed(rows *sql.Rows) ([]claimedRow, error) {
 		c.FirstStartedAt = timeUS(first)
 		c.ReadyAt = timeUS(ready)
 		c.LeaseUntil = fromUS(lease)
+		c.TraceParent = traceParent.String
 		out = append(out, c)
 	}
 	return out, rows.Err()

@@ -162,8 +162,9 @@ func (t *txn) createMany(params []storage.CreateParams, plan storage.PlanFunc) (
 
 const (
 	insertInstancesSQL = `INSERT INTO instances (id, workflow, definition_hash, status, input, idem_key, priority,
-		run_after, created_at, output, error, finished_at) VALUES `
-	insertStepsSQL = `INSERT INTO steps (instance_id, position, name, handler, queue, workflow, priority, depends_on,
+		run_after, created_at, output, error, finished_at, traceparent, trace_caller) VALUES `
+	instanceInsertColumns = 14
+	insertStepsSQL        = `INSERT INTO steps (instance_id, position, name, handler, queue, workflow, priority, depends_on,
 		status, max_attempts, backoff_us, max_backoff_us, timeout_us, input, error, run_after, ready_at, finished_at,
 		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline) VALUES `
 	stepInsertColumns = 25
@@ -176,7 +177,7 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 		return nil
 	}
 	now := us(t.now)
-	rows := make([]any, 0, 12*len(instances))
+	rows := make([]any, 0, instanceInsertColumns*len(instances))
 	var (
 		steps    []any
 		expanded []expansion
@@ -192,7 +193,7 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 			finishedAt = now
 		}
 		rows = append(rows, p.ID, p.Workflow, p.DefinitionHash, string(n.Status), jsonArg(p.Input), key, p.Priority,
-			runAfter, now, jsonArg(n.Output), n.Error, finishedAt)
+			runAfter, now, jsonArg(n.Output), n.Error, finishedAt, nullIfEmpty(p.TraceParent), nullIfEmpty(p.TraceCaller))
 		for i, st := range n.Steps {
 			spec := &p.Steps[i]
 			deps := "[]"
@@ -226,7 +227,7 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 			t.event(p.ID, e.Step, e.Type, 0, e.Message)
 		}
 	}
-	if err := t.insertRows(insertInstancesSQL, 12, rows); err != nil {
+	if err := t.insertRows(insertInstancesSQL, instanceInsertColumns, rows); err != nil {
 		var se sqlite3.Error
 		if errors.As(err, &se) && se.Code == sqlite3.ErrConstraint && strings.Contains(se.Error(), "instances.id") {
 			return fmt.Errorf("%w: an instance with this ID already exists (%v)", storage.ErrConflict, err)
@@ -261,4 +262,13 @@ type expansion struct {
 	position   int
 	items      []json.RawMessage
 	runAfter   int64
+}
+
+// nullIfEmpty stores an absent text as NULL, which costs a reader nothing
+// to scan.
+func nullIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }

@@ -12,7 +12,7 @@ import (
 )
 
 const instanceColumns = `id, workflow, definition_hash, status, input, output, error, coalesce(idem_key, ''), priority,
-	run_after, created_at, started_at, finished_at`
+	run_after, created_at, started_at, finished_at, coalesce(traceparent, ''), coalesce(trace_caller, '')`
 
 type scanner interface{ Scan(...any) error }
 
@@ -24,7 +24,7 @@ func scanInstance(sc scanner, extra ...any) (storage.Instance, error) {
 		started, finished sql.NullInt64
 	)
 	dest := append([]any{&in.ID, &in.Workflow, &in.DefinitionHash, &in.Status, &input, &output, &in.Error, &in.Key, &in.Priority,
-		&runAfter, &created, &started, &finished}, extra...)
+		&runAfter, &created, &started, &finished, &in.TraceParent, &in.TraceCaller}, extra...)
 	if err := sc.Scan(dest...); err != nil {
 		return in, err
 	}

@@ -67,6 +67,8 @@ func Run(t *testing.T, h Harness) {
 		{"Presence", presenceTests},
 		{"Items", itemTests},
 		{"Signals", signalTests},
+		{"Logs", logTests},
+		{"Trace", traceTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
