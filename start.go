@@ -121,6 +121,9 @@ func (e *Engine) start(ctx context.Context, tx any, reqs []StartRequest) ([]Star
 		if req.Options.Delay > 0 {
 			p.RunAfter = now.Add(req.Options.Delay)
 		}
+		if e.tracing != nil {
+			p.TraceParent, p.TraceCaller = instanceTrace(ctx)
+		}
 		params[i] = p
 	}
 	rec := e.newFinishRecorder()
