@@ -251,6 +251,8 @@ func (w *Worker) claimParams(limit int) storage.ClaimParams {
 		Limit:      limit,
 		Lease:      w.config.Lease,
 		Handlers:   w.engine.claimHandlers(),
+		// Only a worker whose attempts have spans reads their parent.
+		TraceParent: w.engine.tracing != nil,
 	}
 }
 

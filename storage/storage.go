@@ -201,6 +201,10 @@ type ClaimParams struct {
 	// binaries, rolling deploys). Empty means any handler, for claimers
 	// that run every step; a worker never passes it empty.
 	Handlers []string
+	// TraceParent asks for each claimed step's ClaimedStep.TraceParent,
+	// which a worker with tracing on needs; without it the claim reads
+	// nothing more than it did before traces existed.
+	TraceParent bool
 }
 
 // TookAll reports whether a claim with these parameters that returned
@@ -243,8 +247,8 @@ type ClaimedStep struct {
 	LeaseUntil time.Time
 	// Item is the item's index for an item of a forEach step, -1 for a step.
 	Item int
-	// TraceParent is the instance's CreateParams.TraceParent: the parent of
-	// the attempt's span.
+	// TraceParent is the instance's CreateParams.TraceParent, the parent
+	// of the attempt's span, when ClaimParams.TraceParent asked for it.
 	TraceParent string
 }
 

@@ -154,11 +154,22 @@ var traceTests = map[string]func(*testing.T, *Harness){
 		require.Empty(t, b.get(plain).TraceParent)
 		require.Empty(t, b.get(plain).TraceCaller)
 
-		a := b.claimStep(id, "a")
-		require.Equal(t, tp, a.TraceParent, "every attempt's span finds its parent in its claim")
-		require.Empty(t, b.claimStep(plain, "a").TraceParent)
+		// A claim that asks gets it, for every attempt's span to find its
+		// parent; one that does not ask reads nothing more.
+		traced := func(id string) storage.ClaimedStep {
+			cs := b.claim(storage.ClaimParams{InstanceID: id, Limit: 1, Lease: time.Minute, TraceParent: true})
+			require.Len(t, cs, 1)
+			return cs[0]
+		}
+		a := traced(id)
+		require.Equal(t, tp, a.TraceParent)
+		require.Empty(t, traced(plain).TraceParent)
 		b.finish(completed(a.Claim, `1`))
-		require.Equal(t, tp, b.claimStep(id, "b").TraceParent)
+		p2 := params(spec("a"))
+		p2.TraceParent = tp
+		other := b.create(p2)[0].ID
+		require.Empty(t, b.claimStep(other, "a").TraceParent, "not asked for")
+		require.Equal(t, tp, traced(id).TraceParent)
 
 		list, err := b.store.ListInstances(b.ctx, storage.ListParams{})
 		require.NoError(t, err)
