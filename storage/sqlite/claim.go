@@ -214,7 +214,7 @@ func scanClaimed(rows *sql.Rows, withTrace bool) ([]claimedRow, error) {
 			// item_index + 1: 0 for a step, which the driver returns
 			// without allocating, into an int64, which database/sql sets
 			// without formatting it as text first.
-			itemPlus1 int64
+			itemPlus1   int64
 			traceParent sql.NullString
 		)
 		dest := [...]any{&c.StepID, &c.InstanceID, &c.Step, &c.Workflow, &c.Handler, &c.Queue, &input, &c.Attempt, &c.Fence,
