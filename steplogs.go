@@ -1,6 +1,7 @@
 package dagrun
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -108,6 +109,7 @@ type attemptLog struct {
 	key    storage.LogRecord // the attempt's identity; its other fields unused
 
 	mu           sync.Mutex
+	buf          bytes.Buffer // where attributes are rendered
 	pending      []storage.LogRecord
 	pendingBytes int
 	written      []int
@@ -132,10 +134,9 @@ func newAttemptLog(lw *logWriter, step *storage.ClaimedStep) *attemptLog {
 
 func recordSize(r *storage.LogRecord) int { return len(r.Message) + len(r.Attrs) + recordOverhead }
 
-// add keeps a record, dropping the oldest ones past the bound.
-func (al *attemptLog) add(r storage.LogRecord) {
-	al.mu.Lock()
-	defer al.mu.Unlock()
+// addLocked keeps a record, dropping the oldest ones past the bound; the
+// caller holds al.mu.
+func (al *attemptLog) addLocked(r storage.LogRecord) {
 	al.pending = append(al.pending, r)
 	al.pendingBytes += recordSize(&r)
 	for al.writtenBytes+al.pendingBytes > al.writer.limit {
@@ -189,30 +190,57 @@ func (al *attemptLog) take() (storage.LogTrim, []storage.LogRecord) {
 	return trim, records
 }
 
-// logHandler is the slog.Handler of one attempt's logger.
+// logHandler is the slog.Handler of one attempt's logger. The record's
+// attributes, with those of WithAttrs and the open groups, are rendered as
+// a JSON object by slog's own JSON handler, writing into the attempt's
+// buffer: it is created on the first record or WithAttrs, so an attempt
+// that logs nothing pays nothing for it.
 type logHandler struct {
 	log *attemptLog
-	// attrs are those of WithAttrs, each under the groups open when it was
-	// called; groups are the groups open now.
-	attrs  []slog.Attr
-	groups []string
+	// attrs is nil until needed on the attempt's own handler.
+	attrs slog.Handler
+}
+
+// attrsOptions leave out of the JSON what a record stores in its own
+// columns (a top-level attribute named time, level or msg is left out too).
+var attrsOptions = &slog.HandlerOptions{
+	Level: slog.LevelDebug - 1000,
+	ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+		if len(groups) == 0 && (a.Key == slog.TimeKey || a.Key == slog.LevelKey || a.Key == slog.MessageKey) {
+			return slog.Attr{}
+		}
+		return a
+	},
+}
+
+// json returns the handler that renders h's attributes; the caller holds
+// h.log.mu.
+func (h *logHandler) json() slog.Handler {
+	if h.attrs == nil {
+		h.attrs = slog.NewJSONHandler(&h.log.buf, attrsOptions)
+	}
+	return h.attrs
 }
 
 func (h *logHandler) Enabled(context.Context, slog.Level) bool { return true }
 
-func (h *logHandler) Handle(_ context.Context, r slog.Record) error {
-	attrs := make([]slog.Attr, 0, r.NumAttrs())
-	r.Attrs(func(a slog.Attr) bool {
-		attrs = append(attrs, a)
-		return true
-	})
+func (h *logHandler) Handle(ctx context.Context, r slog.Record) error {
 	rec := h.log.key
 	rec.Time, rec.Level, rec.Message = r.Time, r.Level.String(), cutText(r.Message, maxLogMessageBytes)
 	if rec.Time.IsZero() {
 		rec.Time = time.Now()
 	}
-	rec.Attrs = attrsJSON(append(slices.Clip(h.attrs), inGroups(h.groups, attrs)...))
-	h.log.add(rec)
+	al := h.log
+	al.mu.Lock()
+	defer al.mu.Unlock()
+	if r.NumAttrs() > 0 || h.attrs != nil {
+		al.buf.Reset()
+		r.Time = time.Time{}
+		if err := h.json().Handle(ctx, r); err == nil {
+			rec.Attrs = attrsJSON(al.buf.Bytes())
+		}
+	}
+	al.addLocked(rec)
 	return nil
 }
 
@@ -220,109 +248,29 @@ func (h *logHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 	if len(attrs) == 0 {
 		return h
 	}
-	out := *h
-	out.attrs = append(slices.Clip(h.attrs), inGroups(h.groups, attrs)...)
-	return &out
+	h.log.mu.Lock()
+	defer h.log.mu.Unlock()
+	return &logHandler{log: h.log, attrs: h.json().WithAttrs(attrs)}
 }
 
 func (h *logHandler) WithGroup(name string) slog.Handler {
 	if name == "" {
 		return h
 	}
-	out := *h
-	out.groups = append(slices.Clip(h.groups), name)
-	return &out
+	h.log.mu.Lock()
+	defer h.log.mu.Unlock()
+	return &logHandler{log: h.log, attrs: h.json().WithGroup(name)}
 }
 
-// inGroups nests attrs in the groups, outermost first.
-func inGroups(groups []string, attrs []slog.Attr) []slog.Attr {
-	if len(attrs) == 0 {
+// attrsJSON keeps a rendered attribute object: nil when it is empty, a
+// note of its size instead when it is too large to keep.
+func attrsJSON(b []byte) json.RawMessage {
+	b = bytes.TrimSpace(b)
+	if len(b) == 0 || string(b) == "{}" {
 		return nil
-	}
-	for i := len(groups) - 1; i >= 0; i-- {
-		attrs = []slog.Attr{{Key: groups[i], Value: slog.GroupValue(attrs...)}}
-	}
-	return attrs
-}
-
-// attrsJSON renders attributes as a JSON object (groups as nested objects,
-// merged when named twice), nil when there are none, and a note of its
-// size instead when it is too large to keep.
-func attrsJSON(attrs []slog.Attr) json.RawMessage {
-	if len(attrs) == 0 {
-		return nil
-	}
-	m := map[string]any{}
-	putAttrs(m, attrs)
-	if len(m) == 0 {
-		return nil
-	}
-	b, err := json.Marshal(m)
-	if err != nil {
-		b, _ = json.Marshal(map[string]string{"!error": "attributes not representable as JSON: " + err.Error()})
 	}
 	if len(b) > maxLogAttrsBytes {
-		b, _ = json.Marshal(map[string]string{"!dropped": fmt.Sprintf("%d bytes of attributes", len(b))})
+		return json.RawMessage(fmt.Sprintf(`{"!dropped":"%d bytes of attributes"}`, len(b)))
 	}
-	return b
-}
-
-func putAttrs(m map[string]any, attrs []slog.Attr) {
-	for _, a := range attrs {
-		v := a.Value.Resolve()
-		if v.Kind() == slog.KindGroup {
-			group := v.Group()
-			if len(group) == 0 {
-				continue
-			}
-			if a.Key == "" { // an unnamed group is inlined
-				putAttrs(m, group)
-				continue
-			}
-			sub, ok := m[a.Key].(map[string]any)
-			if !ok {
-				sub = map[string]any{}
-				m[a.Key] = sub
-			}
-			putAttrs(sub, group)
-			continue
-		}
-		if a.Key == "" {
-			continue
-		}
-		m[a.Key] = attrValue(v)
-	}
-}
-
-func attrValue(v slog.Value) any {
-	switch v.Kind() {
-	case slog.KindString:
-		return v.String()
-	case slog.KindInt64:
-		return v.Int64()
-	case slog.KindUint64:
-		return v.Uint64()
-	case slog.KindFloat64:
-		return v.Float64()
-	case slog.KindBool:
-		return v.Bool()
-	case slog.KindDuration:
-		return v.Duration().String()
-	case slog.KindTime:
-		return v.Time().Format(time.RFC3339Nano)
-	}
-	switch x := v.Any().(type) {
-	case error:
-		return x.Error()
-	case json.Marshaler:
-		if b, err := x.MarshalJSON(); err == nil && json.Valid(b) {
-			return json.RawMessage(b)
-		}
-	case fmt.Stringer:
-		return x.String()
-	}
-	if b, err := json.Marshal(v.Any()); err == nil {
-		return json.RawMessage(b)
-	}
-	return fmt.Sprint(v.Any())
+	return bytes.Clone(b)
 }
