@@ -217,7 +217,8 @@ func (t *tracing) endInstance(inst *storage.Instance) {
 }
 
 // endInstances emits the spans of instances that finished, reading them
-// back for their trace context and times; it runs off the caller's path.
+// back for their trace context and times: a read per instance, only when
+// tracing is on.
 func (e *Engine) endInstances(ids []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

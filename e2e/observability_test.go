@@ -202,3 +202,26 @@ func TestTracesAcrossWorkers(t *testing.T) {
 		require.Contains(t, bad.stderr, `has no step "nope"`)
 	})
 }
+
+// A start that follows its instance runs it in process and exits when it
+// finished: the instance's span and its attempts' are sent before it does.
+func TestTracedStartFollows(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, db string) {
+		receiver := newOTLPReceiver(t)
+		target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+		t.Cleanup(target.Close)
+		e := newEnv(t, db, map[string]string{"traced.yaml": tracedYAML})
+		e.extraEnv = receiver.env("follower")
+		e.mustRun(t, "start", "traced", "--input", `{"url":"`+target.URL+`"}`)
+
+		spans := receiver.received()
+		require.Len(t, spans, 4, "sent before the process exited")
+		names := map[string]bool{}
+		for _, s := range spans {
+			names[s.span.Name] = true
+			require.Equal(t, spans[0].span.TraceId, s.span.TraceId, "one trace")
+		}
+		require.Equal(t, map[string]bool{"workflow traced": true, "step first": true, "step call": true, "step last": true}, names)
+	})
+}
