@@ -12,6 +12,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/dagrun/dagrun/handlers"
 	"github.com/dagrun/dagrun/storage"
 )
@@ -85,7 +87,7 @@ func (w *Worker) execute(a *attempt) {
 	w.mu.Lock()
 	step := a.step // the heartbeat updates a.step.LeaseUntil under mu
 	w.mu.Unlock()
-	result, ok := w.engine.runAttempt(a.ctx, w.logger, step)
+	result, ok := w.engine.runAttempt(a.ctx, w.logger, w.logs, step)
 	ran := time.Since(a.began)
 	cause := context.Cause(a.ctx)
 
@@ -218,7 +220,12 @@ func (w *Worker) stopInstance(instanceID string) {
 // runAttempt runs one claimed step's handler and turns what it returned
 // into a StepResult. ok is false when the result must not be recorded
 // (the claim was lost or the worker is shutting down).
-func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, step storage.ClaimedStep) (storage.StepResult, bool) {
+func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, logs *logWriter, step storage.ClaimedStep) (result storage.StepResult, ok bool) {
+	if e.tracing != nil {
+		var span trace.Span
+		ctx, span = e.tracing.startAttempt(ctx, &step)
+		defer func() { endAttempt(span, result, ok) }()
+	}
 	logger = logger.With(slog.String("instance", step.InstanceID), slog.String("step", step.Step),
 		slog.String("handler", step.Handler), slog.Int("attempt", step.Attempt))
 	handler, found := e.registry.Lookup(step.Handler)
@@ -243,6 +250,9 @@ func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, step stora
 		FirstStartedAt: step.FirstStartedAt,
 		Item:           step.Item,
 	})
+	if logs != nil {
+		attemptCtx = handlers.WithLogHandler(attemptCtx, &newAttemptLog(logs, &step).handler)
+	}
 	if step.Timeout > 0 {
 		var cancel context.CancelFunc
 		attemptCtx, cancel = context.WithTimeout(attemptCtx, step.Timeout)
@@ -292,9 +302,13 @@ const maxErrorBytes = 16 << 10
 // storableText makes an error text safe to store: PostgreSQL refuses NUL
 // bytes and invalid UTF-8 in text, and a commit that can never succeed
 // must not be tried at all. Long texts keep their start.
-func storableText(s string) string {
-	if len(s) > maxErrorBytes {
-		s = s[:maxErrorBytes] + fmt.Sprintf("… (%d bytes cut)", len(s)-maxErrorBytes)
+func storableText(s string) string { return cutText(s, maxErrorBytes) }
+
+// cutText makes a text safe to store as storableText does, keeping at most
+// limit bytes of it.
+func cutText(s string, limit int) string {
+	if len(s) > limit {
+		s = s[:limit] + fmt.Sprintf("… (%d bytes cut)", len(s)-limit)
 	}
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	return strings.ReplaceAll(s, "\x00", "\uFFFD")

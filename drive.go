@@ -93,11 +93,15 @@ func (e *Engine) Drive(ctx context.Context, opts *DriveOptions) (DriveResult, er
 	if opts.Now != nil {
 		handlerCtx = handlers.WithClock(ctx, opts.Now)
 	}
+	// What the handlers log is stored as a worker stores it, once at the
+	// end rather than every so often.
+	logs := newLogWriter(e.store, e.logger, e.config.StepLogBytes)
+	defer logs.flush()
 	steps, err := e.store.ClaimSteps(ctx, params)
 	for err == nil && len(steps) > 0 {
 		results := make([]storage.StepResult, 0, len(steps))
 		for _, step := range steps {
-			result, ok := e.runAttempt(handlerCtx, e.logger, step)
+			result, ok := e.runAttempt(handlerCtx, e.logger, logs, step)
 			if !ok {
 				// ctx ended: give the claims back rather than leave them
 				// to the lease.

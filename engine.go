@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/handlers"
 	"github.com/dagrun/dagrun/storage"
@@ -57,6 +59,14 @@ type Config struct {
 	// Observer receives starts, finishes and attempts, for metrics.
 	// Default: none.
 	Observer Observer
+	// TracerProvider, when set, gets a span per instance and per step
+	// attempt; build it with sdktrace.WithIDGenerator(TraceIDGenerator()).
+	// Default: none, and no cost.
+	TracerProvider trace.TracerProvider
+	// StepLogBytes bounds what one attempt's handlers.Logger keeps: the
+	// last StepLogBytes of it, a marker line saying how much was dropped
+	// before. Default: DefaultStepLogBytes (64 KiB).
+	StepLogBytes int
 }
 
 func (c *Config) withDefaults() *Config {
@@ -67,6 +77,7 @@ func (c *Config) withDefaults() *Config {
 	out.MaxPlanInputBytes = cmp.Or(c.MaxPlanInputBytes, DefaultMaxPlanInputBytes)
 	out.MaxPlanExprSteps = cmp.Or(c.MaxPlanExprSteps, DefaultMaxPlanExprSteps)
 	out.MaxItems = cmp.Or(c.MaxItems, DefaultMaxItems)
+	out.StepLogBytes = cmp.Or(c.StepLogBytes, DefaultStepLogBytes)
 	if out.Observer == nil {
 		out.Observer = nopObserver{}
 	}
@@ -74,8 +85,8 @@ func (c *Config) withDefaults() *Config {
 }
 
 func (c *Config) validate() error {
-	if min(c.MaxInputBytes, c.MaxOutputBytes, c.MaxPlanInputBytes, c.MaxPlanExprSteps, c.MaxItems) < 0 {
-		return errors.New("dagrun: MaxInputBytes, MaxOutputBytes, MaxPlanInputBytes, MaxPlanExprSteps and MaxItems must not be negative")
+	if min(c.MaxInputBytes, c.MaxOutputBytes, c.MaxPlanInputBytes, c.MaxPlanExprSteps, c.MaxItems, c.StepLogBytes) < 0 {
+		return errors.New("dagrun: MaxInputBytes, MaxOutputBytes, MaxPlanInputBytes, MaxPlanExprSteps, MaxItems and StepLogBytes must not be negative")
 	}
 	seen := map[string]bool{}
 	for _, w := range c.Workflows {
@@ -97,6 +108,7 @@ type Engine struct {
 	config    *Config
 	logger    *slog.Logger
 	observer  Observer
+	tracing   *tracing // nil: tracing is off
 	workflows map[string]*dag.Workflow
 
 	// definitions caches parsed definition snapshots by content hash; an
@@ -130,6 +142,7 @@ func New(store storage.Store, registry *handlers.Registry, config *Config) (*Eng
 		config:    config,
 		logger:    config.Logger,
 		observer:  config.Observer,
+		tracing:   newTracing(config.TracerProvider, config.Logger),
 		workflows: make(map[string]*dag.Workflow, len(config.Workflows)),
 	}
 	for _, w := range config.Workflows {
@@ -270,6 +283,9 @@ func (e *Engine) Cancel(ctx context.Context, id string) error {
 	e.notifyChanged()
 	if inst, err := e.store.GetInstance(ctx, id); err == nil {
 		e.observer.InstanceFinished(inst.Workflow, storage.InstanceCancelled)
+		if e.tracing != nil {
+			e.tracing.endInstance(inst)
+		}
 	}
 	return nil
 }

@@ -95,6 +95,15 @@ func (r *finishRecorder) plan(state *storage.InstanceState) (*storage.Plan, erro
 func (r *finishRecorder) report() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.engine.tracing != nil && len(r.ended) > 0 {
+		// Before the caller goes on, so that a process exiting once its
+		// instance finished (a following start) has sent its span.
+		ids := make([]string, 0, len(r.ended))
+		for id := range r.ended {
+			ids = append(ids, id)
+		}
+		r.engine.endInstances(ids)
+	}
 	for id, f := range r.ended {
 		r.engine.observer.InstanceFinished(f.workflow, f.status)
 		if f.status != storage.InstanceCompleted {

@@ -125,6 +125,9 @@ func (e *Engine) start(ctx context.Context, tx any, reqs []StartRequest) ([]Star
 		if err := limitInstance(w, &p); err != nil {
 			return nil, err
 		}
+		if e.tracing != nil {
+			p.TraceParent, p.TraceCaller = instanceTrace(ctx)
+		}
 		params[i] = p
 	}
 	rec := e.newFinishRecorder()

@@ -76,6 +76,8 @@ type Worker struct {
 	config *WorkerConfig
 	logger *slog.Logger
 	slots  *slots
+	// logs writes what the handlers log.
+	logs *logWriter
 
 	mu sync.Mutex
 	// attempts holds every attempt not yet settled, by claim; newest is the
@@ -116,6 +118,7 @@ func (e *Engine) NewWorker(config *WorkerConfig) (*Worker, error) {
 		engine:      e,
 		config:      config,
 		logger:      e.logger.With(slog.String("worker", config.ID)),
+		logs:        newLogWriter(e.store, e.logger, e.config.StepLogBytes),
 		slots:       newSlots(config.Concurrency),
 		attempts:    map[attemptKey]*attempt{},
 		newest:      map[int64]attemptKey{},
@@ -149,6 +152,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	recorderCtx, stopRecorder := context.WithCancel(context.WithoutCancel(ctx))
 	recorderDone := make(chan struct{})
 	go func() { defer close(recorderDone); w.recordLoop(recorderCtx) }()
+	logsCtx, stopLogs := context.WithCancel(context.WithoutCancel(ctx))
+	logsDone := make(chan struct{})
+	go func() { defer close(logsDone); w.logs.run(logsCtx) }()
+	// Last, once no handler logs any more: the writer writes what is left.
+	defer func() { stopLogs(); <-logsDone }()
 	heartbeatCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
 	heartbeatDone := make(chan struct{})
 	go func() { defer close(heartbeatDone); w.heartbeatLoop(heartbeatCtx) }()
@@ -247,6 +255,8 @@ func (w *Worker) claimParams(limit int) storage.ClaimParams {
 		Limit:      limit,
 		Lease:      w.config.Lease,
 		Handlers:   w.engine.claimHandlers(),
+		// Only a worker whose attempts have spans reads their parent.
+		TraceParent: w.engine.tracing != nil,
 	}
 }
 

@@ -319,6 +319,13 @@ func TestBrowserLivePage(t *testing.T) {
 	)
 	browserRequireTrue(t, ctx, "the input stays open", `document.querySelector("#instance-input").open`)
 	browserRequireTrue(t, ctx, "the step's panel stays open", `document.querySelector("#step-name").textContent === "wait"`)
+	// The panel was open before the step logged anything: its logs arrive
+	// live.
+	browserDo(t, ctx, console, "see the step's logs arrive in its open panel",
+		chromedp.Poll[chromedp.Void](`document.querySelector("#step-logs").textContent.includes("http response")`,
+			chromedp.WithPollingTimeout(10*time.Second)),
+	)
+	browserRequireTrue(t, ctx, "the log line shows the status", `document.querySelector("#step-logs").textContent.includes("status=200")`)
 	browserRequireTrue(t, ctx, "the graph keeps its zoom and scroll position",
 		`document.querySelector("#zoom-level").textContent + " " + document.querySelector("#graph").scrollLeft === `+browserJS(zoom))
 	browserDo(t, ctx, console, "see the same page at 2400 px",

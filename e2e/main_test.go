@@ -3,8 +3,9 @@
 // and, when DAGRUN_TEST_POSTGRES is set, fresh PostgreSQL databases.
 //
 // It imports the standard library, testify, pgx (to create and drop test
-// databases and to inspect rows), the SQLite driver (integrity checks) and
-// chromedp (the browser test); never dagrun's own packages.
+// databases and to inspect rows), the SQLite driver (integrity checks),
+// chromedp (the browser test) and the OTLP protobuf types (the trace
+// receiver); never dagrun's own packages.
 package e2e
 
 import (

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 )
 
@@ -28,7 +29,8 @@ func RegisterBuiltins(r *Registry) {
 	r.Register("sleep", Typed(sleep))
 }
 
-func echo(_ context.Context, input json.RawMessage) (json.RawMessage, error) {
+func echo(ctx context.Context, input json.RawMessage) (json.RawMessage, error) {
+	Logger(ctx).Debug("echo", slog.Int("bytes", len(input)))
 	if isNull(input) {
 		return json.RawMessage("null"), nil
 	}

@@ -8,11 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
+
+	"go.opentelemetry.io/otel/propagation"
 )
 
 // HTTPInput is the input of the built-in http handler.
@@ -79,6 +82,12 @@ func doHTTP(ctx context.Context, client *http.Client, in HTTPInput) (HTTPOutput,
 	reqCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req = req.WithContext(reqCtx)
+	if req.Header.Get("Traceparent") == "" {
+		// The request joins the step attempt's trace, when there is one.
+		propagation.TraceContext{}.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	}
+	log := Logger(ctx).With(slog.String("method", req.Method), slog.String("url", loggableURL(req.URL)))
+	began := time.Now()
 	// reqErr makes the handler's own timeout readable: without it the
 	// error would be a bare "context deadline exceeded". url.Error is
 	// unwrapped because it repeats the method and URL that target holds. A
@@ -96,9 +105,12 @@ func doHTTP(ctx context.Context, client *http.Client, in HTTPInput) (HTTPOutput,
 
 	resp, err := client.Do(req)
 	if err != nil {
-		return HTTPOutput{}, reqErr(err)
+		err = reqErr(err)
+		log.Warn("http request failed", slog.Duration("duration", time.Since(began)), slog.Any("error", err))
+		return HTTPOutput{}, err
 	}
 	defer resp.Body.Close()
+	log.Info("http response", slog.Int("status", resp.StatusCode), slog.Duration("duration", time.Since(began)))
 
 	body, err := io.ReadAll(io.LimitReader(resp.Body, httpMaxBody+1))
 	if err != nil {
@@ -134,6 +146,23 @@ func doHTTP(ctx context.Context, client *http.Client, in HTTPInput) (HTTPOutput,
 		out.Body = json.RawMessage(body)
 	}
 	return out, nil
+}
+
+// loggableURL is the URL as the step's logs show it: without user
+// information, and with the value of every query parameter hidden, since
+// tokens and keys often travel there.
+func loggableURL(u *url.URL) string {
+	c := *u
+	c.User = nil
+	c.Fragment, c.RawFragment = "", ""
+	if c.RawQuery != "" {
+		q := c.Query()
+		for k := range q {
+			q[k] = []string{"xxxxx"}
+		}
+		c.RawQuery = q.Encode()
+	}
+	return c.String()
 }
 
 // newHTTPRequest validates in and builds the request it describes.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 )
 
@@ -34,8 +35,10 @@ func sleep(ctx context.Context, in SleepInput) (SleepOutput, error) {
 		return SleepOutput{}, Permanent(fmt.Errorf("sleep: %w", err))
 	}
 	if now.Before(wake) {
+		Logger(ctx).Info("sleeping", slog.String("until", wake.UTC().Format(time.RFC3339Nano)))
 		return SleepOutput{}, Snooze(wake)
 	}
+	Logger(ctx).Info("woke up", slog.String("slept_until", wake.UTC().Format(time.RFC3339Nano)))
 	return SleepOutput{SleptUntil: wake.UTC().Format(time.RFC3339Nano)}, nil
 }
 

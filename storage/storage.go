@@ -179,6 +179,12 @@ type CreateParams struct {
 	// order as admitted ones finish.
 	ConcurrencyKey   string
 	ConcurrencyLimit int
+	// TraceParent is the W3C traceparent of the instance's span, chosen at
+	// start ("" when tracing is off), and TraceCaller the span ID (16 hex
+	// digits) of the caller's span it is a child of ("" for a root span).
+	// Stored as given: the engine checks them.
+	TraceParent string
+	TraceCaller string
 	// Steps in definition order. All are created blocked; the PlanFunc passed
 	// to CreateInstances promotes the ready ones in the same transaction.
 	// Many CreateParams may share one slice: stores must not modify it.
@@ -211,6 +217,10 @@ type ClaimParams struct {
 	// binaries, rolling deploys). Empty means any handler, for claimers
 	// that run every step; a worker never passes it empty.
 	Handlers []string
+	// TraceParent asks for each claimed step's ClaimedStep.TraceParent,
+	// which a worker with tracing on needs; without it the claim reads
+	// nothing more than it did before traces existed.
+	TraceParent bool
 }
 
 // TookAll reports whether a claim with these parameters that returned
@@ -253,6 +263,9 @@ type ClaimedStep struct {
 	LeaseUntil time.Time
 	// Item is the item's index for an item of a forEach step, -1 for a step.
 	Item int
+	// TraceParent is the instance's CreateParams.TraceParent, the parent
+	// of the attempt's span, when ClaimParams.TraceParent asked for it.
+	TraceParent string
 }
 
 // Outcome is how an attempt ended.
@@ -426,6 +439,9 @@ type Instance struct {
 	// Paused is set between Operator.PauseInstance and ResumeInstance
 	// (never on a finished instance): its steps are not claimed.
 	Paused bool
+	// TraceParent and TraceCaller are as CreateParams gave them.
+	TraceParent string
+	TraceCaller string
 }
 
 // Step is one step row.
@@ -536,6 +552,48 @@ type ListParams struct {
 	Limit int
 	// BeforeID pages: only instances created before this one.
 	BeforeID string
+}
+
+// LogRecord is one record a handler logged during an attempt.
+type LogRecord struct {
+	// Seq orders the records of an instance; the store assigns it, growing
+	// with every record it stores.
+	Seq        int64
+	InstanceID string
+	Step       string
+	// Item is the item's index for an item of a forEach step, -1 for a step.
+	Item    int
+	Attempt int
+	Time    time.Time
+	// Level is the slog level's name: DEBUG, INFO, WARN or ERROR (with an
+	// offset such as INFO+2 for the levels between).
+	Level   string
+	Message string
+	// Attrs is a JSON object of the record's attributes, nil when it has none.
+	Attrs json.RawMessage
+}
+
+// LogTrim bounds what an attempt keeps: it drops the Drop oldest stored
+// records of one attempt, and the newest of those dropped is not deleted but
+// becomes a marker record saying Marker (level INFO, no attributes), so the
+// marker keeps its place before the records that remain.
+type LogTrim struct {
+	InstanceID string
+	Step       string
+	Item       int
+	Attempt    int
+	Drop       int
+	Marker     string
+}
+
+// LogsParams selects log records for ListLogs.
+type LogsParams struct {
+	InstanceID string
+	// Step, when set, selects one step's records; empty: every step's.
+	Step     string
+	AfterSeq int64
+	// Limit defaults to 1000 when zero.
+	Limit int
 }
 
 // PresenceTTL is how long a worker counts as live after it last announced
@@ -735,10 +793,22 @@ type Store interface {
 	Stats(ctx context.Context) (*Stats, error)
 
 	// Prune deletes finished instances that finished before olderThan, with
-	// their steps and events, and the definition snapshots no remaining
+	// their steps, events and logs, and the definition snapshots no remaining
 	// instance uses, in the same transaction; with dryRun it only counts
 	// the instances.
 	Prune(ctx context.Context, olderThan time.Time, dryRun bool) (int, error)
+
+	// AppendLogs stores step log records in one transaction: first it
+	// applies trims (each drops an attempt's oldest records, see LogTrim),
+	// then it appends records, giving each the next Seq in their order.
+	// Records of an instance that no longer exists are dropped silently.
+	AppendLogs(ctx context.Context, trims []LogTrim, records []LogRecord) error
+
+	// ListLogs returns the log records of an instance (of one step when
+	// p.Step is set, its items and attempts included) with Seq after
+	// p.AfterSeq, in Seq order. ErrNotFound when the instance does not
+	// exist.
+	ListLogs(ctx context.Context, p LogsParams) ([]LogRecord, error)
 
 	// AnnounceWorker records that worker w.ID is alive with w.Handlers and
 	// w.Queues, as of the store's clock: the first call sets StartedAt,

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/dagrun/dagrun/storage"
 )
@@ -98,7 +99,12 @@ ev AS (
 	ORDER BY e.ord, e.k1, e.k2, e.k3, e.instance_id
 )
 SELECT id, instance_id, name, workflow, handler, queue, input, attempts, fence,
-	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until, item_index
+	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until, item_index`)
+	if c.trace {
+		b.WriteString(`,
+	(SELECT traceparent FROM {s}instances i WHERE i.id = u.instance_id)`)
+	}
+	b.WriteString(`
 FROM u ORDER BY priority DESC, run_after, id`)
 	return b.String()
 }
@@ -110,6 +116,8 @@ type claimShape struct {
 	byInstance bool
 	byHandler  bool
 	capped     bool
+	// trace returns each step's instance's traceparent last.
+	trace bool
 }
 
 // claimQueries are built once per shape: the statement text stays constant,
@@ -120,8 +128,10 @@ var claimQueries = func() map[claimShape]string {
 		for _, i := range []bool{false, true} {
 			for _, h := range []bool{false, true} {
 				for _, capped := range []bool{false, true} {
-					c := claimShape{queues: q, byInstance: i, byHandler: h, capped: capped}
-					m[c] = claimSQL(c)
+					for _, tr := range []bool{false, true} {
+						c := claimShape{queues: q, byInstance: i, byHandler: h, capped: capped, trace: tr}
+						m[c] = claimSQL(c)
+					}
 				}
 			}
 		}
@@ -188,7 +198,8 @@ func (s *Store) claimStatement(p storage.ClaimParams, now *time.Time) (string, [
 // claimStatementFor is claimStatement, for the items of the locked
 // forEach steps parents when parents is not nil.
 func (s *Store) claimStatementFor(p storage.ClaimParams, now *time.Time, parents []int64) (string, []any) {
-	shape := claimShape{queues: min(len(p.Queues), 2), byInstance: p.InstanceID != "", byHandler: len(p.Handlers) > 0, capped: parents != nil}
+	shape := claimShape{queues: min(len(p.Queues), 2), byInstance: p.InstanceID != "", byHandler: len(p.Handlers) > 0, capped: parents != nil,
+		trace: p.TraceParent}
 	args := []any{now, p.Lease.Microseconds(), p.WorkerID, max(p.Limit, 1)}
 	switch len(p.Queues) {
 	case 0:
@@ -216,9 +227,14 @@ func scanClaimed(row pgx.CollectableRow) (storage.ClaimedStep, error) {
 		backoff, maxBackoff, tmo int64
 		first, ready             *time.Time
 		lease                    time.Time
+		traceParent              pgtype.Text
 	)
-	err := row.Scan(&c.StepID, &c.InstanceID, &c.Step, &c.Workflow, &c.Handler, &c.Queue, &input, &c.Attempt, &c.Fence,
-		&c.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &first, &ready, &lease, &c.Item)
+	dest := [...]any{&c.StepID, &c.InstanceID, &c.Step, &c.Workflow, &c.Handler, &c.Queue, &input, &c.Attempt, &c.Fence,
+		&c.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &first, &ready, &lease, &c.Item, &traceParent}
+	// The traceparent column is there when the claim asked for it.
+	n := min(len(dest), len(row.FieldDescriptions()))
+	err := row.Scan(dest[:n]...)
+	c.TraceParent = traceParent.String
 	c.Input = rawJSON(input)
 	c.Retry.Backoff = time.Duration(backoff) * time.Microsecond
 	c.Retry.MaxBackoff = time.Duration(maxBackoff) * time.Microsecond

@@ -34,7 +34,7 @@ WITH d AS (
 ins AS (
 	INSERT INTO {s}instances (id, workflow, definition_hash, status, input, output, error, idempotency_key, priority,
 		run_after, created_at, started_at, finished_at, timeout_us, failing, failed_step, deadline,
-		concurrency_key, concurrency_limit, held)
+		concurrency_key, concurrency_limit, held, traceparent, trace_caller)
 	SELECT r.id, r.workflow, r.hash, r.status, r.input, r.output, r.error, r.key, r.priority,
 		greatest({now}, r.run_after), {now},
 		CASE WHEN r.status = 'running' THEN {now} END,
@@ -44,11 +44,12 @@ ins AS (
 		-- failed at once and only runs its onFailure steps.
 		CASE WHEN r.status = 'running' AND r.timeout_us > 0 AND NOT r.failing
 			THEN {now} + r.timeout_us * interval '1 microsecond' END,
-		r.ckey, r.climit, r.held
+		r.ckey, r.climit, r.held, r.traceparent, r.trace_caller
 	FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::json[], $10::json[], $11::text[], $12::text[],
-			$13::int[], $14::timestamptz[], $41::bigint[], $42::bool[], $43::text[], $44::text[], $45::int[], $46::bool[])
+			$13::int[], $14::timestamptz[], $41::bigint[], $42::bool[], $43::text[], $44::text[], $45::int[], $46::bool[],
+			$51::text[], $52::text[])
 		WITH ORDINALITY AS r(id, workflow, hash, status, input, output, error, key, priority, run_after,
-			timeout_us, failing, failed_step, ckey, climit, held, ord)
+			timeout_us, failing, failed_step, ckey, climit, held, traceparent, trace_caller, ord)
 	ORDER BY r.ord
 	ON CONFLICT (workflow, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 	RETURNING id
@@ -261,7 +262,7 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 		rows.evInst, rows.evSteps, rows.evTypes, rows.evMessages,
 		rows.stOutputs, rows.stForEach, rows.stCaps, rows.stContinue, rows.stSignals, rows.stWaitTimeouts,
 		rows.timeouts, rows.failing, rows.failedSteps, rows.concurrencyKeys, rows.concurrencyLimits, rows.held,
-		rows.stOnFailure, rows.stKeys, rows.stLimits, rows.stHeld).Query(func(dbRows pgx.Rows) error {
+		rows.stOnFailure, rows.stKeys, rows.stLimits, rows.stHeld, rows.traceParents, rows.traceCallers).Query(func(dbRows pgx.Rows) error {
 		var err error
 		inserted, err = pgx.CollectRows(dbRows, pgx.RowTo[string])
 		return err
@@ -362,6 +363,7 @@ type createRows struct {
 	timeouts                                 []int64
 	failing                                  []bool
 	failedSteps                              []string
+	traceParents, traceCallers               []*string
 
 	stInst, stNames, stHandlers, stQueues, stWorkflows, stDeps, stStatuses, stErrors []string
 	stPos, stMax, stPriorities                                                       []int32
@@ -424,6 +426,8 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance, held bool) {
 	r.concurrencyKeys = append(r.concurrencyKeys, concurrencyKey)
 	r.concurrencyLimits = append(r.concurrencyLimits, int32(p.ConcurrencyLimit))
 	r.held = append(r.held, held)
+	r.traceParents = append(r.traceParents, nilIfEmpty(p.TraceParent))
+	r.traceCallers = append(r.traceCallers, nilIfEmpty(p.TraceCaller))
 	for i, ns := range n.Steps {
 		sp := &p.Steps[i]
 		if ns.Status == storage.StepPending {
@@ -514,3 +518,12 @@ func arrayLiteral(names []string) string {
 
 // queueOf is a step's queue; "default" when unset.
 func queueOf(sp storage.StepSpec) string { return cmp.Or(sp.Queue, "default") }
+
+// nilIfEmpty stores an absent text as NULL, which costs a reader nothing
+// to scan.
+func nilIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}

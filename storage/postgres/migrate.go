@@ -108,7 +108,7 @@ var legacyTables = []struct{ name, column string }{
 // of its own. They exist in a legacy layout only when a store ran with
 // Schema "public" explicitly, and move with the rest when it no longer
 // does. A migration that adds a table adds it here.
-var laterTables = []string{"workers", "schedules", "signals", "queue_limits"}
+var laterTables = []string{"workers", "schedules", "signals", "queue_limits", "step_logs"}
 
 // legacyLockKey is the advisory lock older versions took to migrate their
 // tables where search_path put them: taking it too keeps an older process

@@ -23,7 +23,8 @@ func (s *Store) read(ctx context.Context, fn func(tx pgx.Tx) error) error {
 const instanceColumns = `id, workflow, definition_hash, status, input, output, error, coalesce(idempotency_key, ''),
 	priority, run_after, created_at, started_at, finished_at, paused AND finished_at IS NULL,
 	timeout_us, CASE WHEN status = 'running' THEN deadline END,
-	status = 'running' AND failing, failed_step`
+	status = 'running' AND failing, failed_step,
+	coalesce(traceparent, ''), coalesce(trace_caller, '')`
 
 func scanInstance(row pgx.Row, extra ...any) (storage.Instance, error) {
 	var (
@@ -34,7 +35,7 @@ func scanInstance(row pgx.Row, extra ...any) (storage.Instance, error) {
 		deadline          *time.Time
 	)
 	dest := append([]any{&in.ID, &in.Workflow, &in.DefinitionHash, &in.Status, &input, &output, &in.Error, &in.Key,
-		&in.Priority, &in.RunAfter, &in.CreatedAt, &started, &finished, &in.Paused, &timeout, &deadline, &in.Failing, &in.FailedStep}, extra...)
+		&in.Priority, &in.RunAfter, &in.CreatedAt, &started, &finished, &in.Paused, &timeout, &deadline, &in.Failing, &in.FailedStep, &in.TraceParent, &in.TraceCaller}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return in, err
 	}
@@ -299,6 +300,7 @@ func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (in
 				s AS (DELETE FROM {s}steps WHERE instance_id IN (SELECT id FROM doomed)),
 				e AS (DELETE FROM {s}events WHERE instance_id IN (SELECT id FROM doomed)),
 				sg AS (DELETE FROM {s}signals WHERE instance_id IN (SELECT id FROM doomed)),
+				sl AS (DELETE FROM {s}step_logs WHERE instance_id IN (SELECT id FROM doomed)),
 				i AS (DELETE FROM {s}instances WHERE id IN (SELECT id FROM doomed) RETURNING workflow, definition_hash)
 				SELECT workflow, definition_hash, count(*) FROM i GROUP BY workflow, definition_hash`), olderThan, pruneBatch)
 			if err != nil {

@@ -16,12 +16,17 @@ import (
 const claimReturning = ` RETURNING id, instance_id, name, workflow, handler, queue, input, attempts, fence,
 	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until, priority, run_after, item_index + 1`
 
+// claimTraceParent is the column a claim with ClaimParams.TraceParent
+// returns last.
+const claimTraceParent = `, (SELECT traceparent FROM instances i WHERE i.id = steps.instance_id)`
+
 // claimShape is a claim's filter shape: how many queues (0, 1, several),
 // whether it is bound to one instance, whether it names handlers.
 type claimShape struct {
 	queues     int
 	byInstance bool
 	byHandler  bool
+	trace      bool
 }
 
 // trim cuts the claim arguments ?1..?7 down to the highest one the
@@ -40,7 +45,7 @@ func (c claimShape) trim(args []any) []any {
 }
 
 func shapeOf(p storage.ClaimParams) claimShape {
-	return claimShape{queues: min(len(p.Queues), 2), byInstance: p.InstanceID != "", byHandler: len(p.Handlers) > 0}
+	return claimShape{queues: min(len(p.Queues), 2), byInstance: p.InstanceID != "", byHandler: len(p.Handlers) > 0, trace: p.TraceParent}
 }
 
 // claimQuery returns the claim statement for one filter shape. The inner
@@ -70,6 +75,9 @@ WHERE id IN (SELECT id FROM steps WHERE status = 'pending' AND run_after <= ?1`)
 	b.WriteString(` AND (item_concurrency = 0 OR ` + underCap + `)`)
 	b.WriteString(` ORDER BY priority DESC, run_after, id LIMIT ?4)`)
 	b.WriteString(claimReturning)
+	if c.trace {
+		b.WriteString(claimTraceParent)
+	}
 	return b.String()
 }
 
@@ -89,8 +97,10 @@ var claimQueries = func() map[claimShape]string {
 	for q := 0; q <= 2; q++ {
 		for _, i := range []bool{false, true} {
 			for _, h := range []bool{false, true} {
-				c := claimShape{queues: q, byInstance: i, byHandler: h}
-				m[c] = claimQuery(c)
+				for _, tr := range []bool{false, true} {
+					c := claimShape{queues: q, byInstance: i, byHandler: h, trace: tr}
+					m[c] = claimQuery(c)
+				}
 			}
 		}
 	}
@@ -157,7 +167,7 @@ func (t *txn) claim(p storage.ClaimParams) ([]storage.ClaimedStep, error) {
 	if err != nil {
 		return nil, err
 	}
-	claimed, err := scanClaimed(rows)
+	claimed, err := scanClaimed(rows, shape.trace)
 	if err != nil {
 		return nil, err
 	}
@@ -191,7 +201,7 @@ func (t *txn) claim(p storage.ClaimParams) ([]storage.ClaimedStep, error) {
 	return out, t.startInstances(ids)
 }
 
-func scanClaimed(rows *sql.Rows) ([]claimedRow, error) {
+func scanClaimed(rows *sql.Rows, withTrace bool) ([]claimedRow, error) {
 	defer rows.Close()
 	var out []claimedRow
 	for rows.Next() {
@@ -204,10 +214,16 @@ func scanClaimed(rows *sql.Rows) ([]claimedRow, error) {
 			// item_index + 1: 0 for a step, which the driver returns
 			// without allocating, into an int64, which database/sql sets
 			// without formatting it as text first.
-			itemPlus1 int64
+			itemPlus1   int64
+			traceParent sql.NullString
 		)
-		if err := rows.Scan(&c.StepID, &c.InstanceID, &c.Step, &c.Workflow, &c.Handler, &c.Queue, &input, &c.Attempt, &c.Fence,
-			&c.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &first, &ready, &lease, &c.priority, &c.runAfter, &itemPlus1); err != nil {
+		dest := [...]any{&c.StepID, &c.InstanceID, &c.Step, &c.Workflow, &c.Handler, &c.Queue, &input, &c.Attempt, &c.Fence,
+			&c.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &first, &ready, &lease, &c.priority, &c.runAfter, &itemPlus1, &traceParent}
+		n := len(dest)
+		if !withTrace {
+			n--
+		}
+		if err := rows.Scan(dest[:n]...); err != nil {
 			return nil, err
 		}
 		c.Input = rawJSON(input)
@@ -218,6 +234,7 @@ func scanClaimed(rows *sql.Rows) ([]claimedRow, error) {
 		c.FirstStartedAt = timeUS(first)
 		c.ReadyAt = timeUS(ready)
 		c.LeaseUntil = fromUS(lease)
+		c.TraceParent = traceParent.String
 		out = append(out, c)
 	}
 	return out, rows.Err()

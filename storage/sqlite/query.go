@@ -14,7 +14,8 @@ import (
 const instanceColumns = `id, workflow, definition_hash, status, input, output, error, coalesce(idem_key, ''), priority,
 	run_after, created_at, started_at, finished_at, paused AND finished_at IS NULL,
 	timeout_us, CASE WHEN status = 'running' THEN deadline END,
-	status = 'running' AND failing, failed_step`
+	status = 'running' AND failing, failed_step,
+	coalesce(traceparent, ''), coalesce(trace_caller, '')`
 
 type scanner interface{ Scan(...any) error }
 
@@ -28,7 +29,7 @@ func scanInstance(sc scanner, extra ...any) (storage.Instance, error) {
 		deadline          sql.NullInt64
 	)
 	dest := append([]any{&in.ID, &in.Workflow, &in.DefinitionHash, &in.Status, &input, &output, &in.Error, &in.Key, &in.Priority,
-		&runAfter, &created, &started, &finished, &in.Paused, &timeout, &deadline, &in.Failing, &in.FailedStep}, extra...)
+		&runAfter, &created, &started, &finished, &in.Paused, &timeout, &deadline, &in.Failing, &in.FailedStep, &in.TraceParent, &in.TraceCaller}, extra...)
 	if err := sc.Scan(dest...); err != nil {
 		return in, err
 	}

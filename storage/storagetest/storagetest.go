@@ -70,6 +70,8 @@ func Run(t *testing.T, h Harness) {
 		{"Operations", operationTests},
 		{"Failure", failureTests},
 		{"Limits", limitTests},
+		{"Logs", logTests},
+		{"Trace", traceTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -176,6 +177,7 @@ func (c *cli) rootCommand() *cobra.Command {
 		c.queuesCommand(),
 		c.queueCommand(),
 		c.testCommand(),
+		c.logsCommand(),
 	)
 	for _, cmd := range root.Commands() {
 		cmd.SetFlagErrorFunc(flagError)
@@ -295,7 +297,27 @@ func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
 		return nil, err
 	}
 	c.cleanup = func() { _ = store.Close() }
-	return dagrun.New(store, c.registry, &dagrun.Config{Workflows: workflows, Logger: c.logger, Observer: c.observer, MaxItems: c.maxItems})
+	tp, err := c.tracerProvider(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if tp != nil {
+		closeStore := c.cleanup
+		c.cleanup = func() {
+			// Spans still batched go out before the process exits.
+			shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := tp.Shutdown(shutdownCtx); err != nil {
+				c.logger.Warn("tracing: spans not exported at exit", slog.Any("error", err))
+			}
+			closeStore()
+		}
+	}
+	config := &dagrun.Config{Workflows: workflows, Logger: c.logger, Observer: c.observer, MaxItems: c.maxItems}
+	if tp != nil {
+		config.TracerProvider = tp
+	}
+	return dagrun.New(store, c.registry, config)
 }
 
 // addMaxItemsFlag adds --max-items to a command whose process plans steps,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -18,6 +19,7 @@ import (
 	"github.com/dagrun/dagrun"
 	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
 	"github.com/dagrun/dagrun/dag"
+	"github.com/dagrun/dagrun/handlers"
 	"github.com/dagrun/dagrun/storage"
 )
 
@@ -62,6 +64,7 @@ func (c *cli) benchCommand() *cobra.Command {
 		instances   int
 		concurrency int
 		cpuProfile  string
+		stepLogs    int
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -89,6 +92,9 @@ func (c *cli) benchCommand() *cobra.Command {
 			if err := checkConcurrency(concurrency); err != nil {
 				return err
 			}
+			if stepLogs < 0 || stepLogs > 10000 {
+				return usageError(fmt.Errorf("invalid --step-logs %d: must be from 0 to 10000", stepLogs))
+			}
 			db := c.db
 			if !cmd.Flags().Changed("db") && c.io.Getenv("DAGRUN_DB") == "" {
 				dir, err := os.MkdirTemp("", "dagrun-bench-*")
@@ -98,7 +104,7 @@ func (c *cli) benchCommand() *cobra.Command {
 				defer os.RemoveAll(dir)
 				db = filepath.Join(dir, "bench.db")
 			}
-			b, err := c.newBench(cmd.Context(), db, concurrency)
+			b, err := c.newBench(cmd.Context(), db, concurrency, stepLogs)
 			if err != nil {
 				return err
 			}
@@ -130,6 +136,7 @@ func (c *cli) benchCommand() *cobra.Command {
 	f.IntVar(&instances, "instances", 0, "instances to run (default 2000 chain4, 1000 fanout, 5000 enqueue, 100 latency4; for map, its items: 10000)")
 	f.IntVar(&concurrency, "concurrency", dagrun.DefaultConcurrency, "worker concurrency")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
+	f.IntVar(&stepLogs, "step-logs", 0, "records each step's handler logs through handlers.Logger (the cost of step logs)")
 	return cmd
 }
 
@@ -156,10 +163,17 @@ type bench struct {
 	finished    *benchObserver
 }
 
-func (c *cli) newBench(ctx context.Context, db string, concurrency int) (*bench, error) {
+func (c *cli) newBench(ctx context.Context, db string, concurrency, stepLogs int) (*bench, error) {
+	registry := c.registry
+	if stepLogs > 0 {
+		registry = benchLoggingRegistry(stepLogs)
+	}
 	var workflows []*dag.Workflow
 	for _, src := range []string{benchChain4, benchFanout, benchMap} {
-		w, err := dag.Parse("", []byte(src), &dag.ParseOptions{HandlerExists: c.registry.Has})
+		if stepLogs > 0 {
+			src = strings.ReplaceAll(src, "handler: noop", "handler: "+benchLogHandler)
+		}
+		w, err := dag.Parse("", []byte(src), &dag.ParseOptions{HandlerExists: registry.Has})
 		if err != nil {
 			return nil, fmt.Errorf("bench workflow: %w (the binary must register the built-in noop handler)", err)
 		}
@@ -170,7 +184,7 @@ func (c *cli) newBench(ctx context.Context, db string, concurrency int) (*bench,
 		return nil, err
 	}
 	obs := &benchObserver{}
-	engine, err := dagrun.New(store, c.registry, &dagrun.Config{Workflows: workflows, Logger: c.logger, Observer: obs, MaxItems: max(c.maxItems, benchMaxItems)})
+	engine, err := dagrun.New(store, registry, &dagrun.Config{Workflows: workflows, Logger: c.logger, Observer: obs, MaxItems: max(c.maxItems, benchMaxItems)})
 	if err != nil {
 		_ = store.Close()
 		return nil, err
@@ -183,6 +197,24 @@ func (c *cli) newBench(ctx context.Context, db string, concurrency int) (*bench,
 }
 
 func (b *bench) close() { _ = b.store.Close() }
+
+// benchLogHandler replaces noop in the bench workflows under --step-logs.
+const benchLogHandler = "bench.log"
+
+// benchLoggingRegistry has the built-ins and a noop that logs n records
+// with two attributes each, as a handler reporting its progress would.
+func benchLoggingRegistry(n int) *handlers.Registry {
+	r := handlers.NewRegistry()
+	handlers.RegisterBuiltins(r)
+	r.Register(benchLogHandler, func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+		log := handlers.Logger(ctx)
+		for i := range n {
+			log.Info("working", slog.Int("record", i), slog.String("step", handlers.Info(ctx).Step))
+		}
+		return json.RawMessage("null"), nil
+	})
+	return r
+}
 
 func (b *bench) print(fields ...any) {
 	var sb strings.Builder

@@ -24,6 +24,7 @@ func (c *cli) startCommand() *cobra.Command {
 		detach   bool
 		jsonOut  bool
 		delayStr string
+		parent   string
 	)
 	cmd := &cobra.Command{
 		Use:   "start WORKFLOW",
@@ -47,11 +48,17 @@ func (c *cli) startCommand() *cobra.Command {
 				return usageError(err)
 			}
 			ctx := cmd.Context()
+			startCtx := ctx
+			if parent != "" {
+				if startCtx, err = dagrun.ContextWithTraceParent(ctx, parent); err != nil {
+					return usageError(fmt.Errorf("--traceparent: %v", err))
+				}
+			}
 			engine, err := c.engine(ctx)
 			if err != nil {
 				return err
 			}
-			res, err := engine.Start(ctx, args[0], raw, &opts)
+			res, err := engine.Start(startCtx, args[0], raw, &opts)
 			if err != nil {
 				var syntaxErr *json.SyntaxError
 				if errors.As(err, &syntaxErr) {
@@ -89,6 +96,7 @@ func (c *cli) startCommand() *cobra.Command {
 	f.StringVar(&delayStr, "delay", "", "delay before the first steps run, e.g. 10m (at most a year)")
 	f.BoolVar(&detach, "detach", false, "print only the instance ID and return; workers run it")
 	f.BoolVar(&jsonOut, "json", false, "print the whole instance object instead of its output, whatever the outcome")
+	f.StringVar(&parent, "traceparent", "", "W3C traceparent of a span the instance's span joins as a child (when OTEL_* variables turn tracing on)")
 	c.addMaxItemsFlag(cmd)
 	return cmd
 }

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/dagrun/dagrun"
 	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
 	"github.com/dagrun/dagrun/dag"
@@ -193,7 +195,10 @@ func (s *Server) startInstance(w http.ResponseWriter, r *http.Request) {
 	if bytes.Equal(bytes.TrimSpace(req.Input), []byte("null")) {
 		req.Input = nil // absent and null both mean {}
 	}
-	res, err := s.engine.Start(r.Context(), r.PathValue("name"), req.Input, &opts)
+	// A traceparent header makes the instance's span a child of the
+	// caller's; an invalid one is ignored, as W3C Trace Context asks.
+	ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	res, err := s.engine.Start(ctx, r.PathValue("name"), req.Input, &opts)
 	if err != nil {
 		s.fail(w, r, err)
 		return

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dagrun/dagrun"
 	"github.com/dagrun/dagrun/cmd/dagrun/app/web"
@@ -78,6 +79,8 @@ type setupOpts struct {
 	workflows []string
 	// tokens are named tokens (Config.Tokens).
 	tokens map[string]string
+	// tracerProvider, when set, turns tracing on.
+	tracerProvider trace.TracerProvider
 }
 
 func setup(t *testing.T, open func(t *testing.T) storage.Store, opts *setupOpts) *testBundle {
@@ -102,7 +105,7 @@ func setup(t *testing.T, open func(t *testing.T) storage.Store, opts *setupOpts)
 	}
 	store := open(t)
 	metrics := web.NewMetrics()
-	engine, err := dagrun.New(store, registry, &dagrun.Config{Workflows: workflows, Observer: metrics})
+	engine, err := dagrun.New(store, registry, &dagrun.Config{Workflows: workflows, Observer: metrics, TracerProvider: opts.tracerProvider})
 	require.NoError(t, err)
 	srv, err := web.NewServer(engine, &web.Config{Token: opts.token, Tokens: opts.tokens, Metrics: metrics, MaxBodyBytes: opts.maxBody})
 	require.NoError(t, err)

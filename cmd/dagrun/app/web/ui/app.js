@@ -743,6 +743,52 @@
   // the page shown (prev/next, a status filter), so a step of 10,000 items
   // costs what one of 50 does. A click on a row shows that item's input,
   // output and error below it.
+  // logsView is the live log of one step: what its handlers logged,
+  // oldest first, every attempt and item. Each refresh asks only for the
+  // records after the last one it has (after=next), and refreshes stop once
+  // the instance finished and a last read brought nothing new.
+  function logsView(instanceID, step) {
+    let next = 0, done = false, seq = 0, count = 0;
+    const list = el("ol", { class: "logs mono", id: "step-logs" });
+    const empty = el("p", { class: "muted small", id: "step-logs-empty" }, "No logs yet. Handlers log with handlers.Logger(ctx).");
+    const node = el("div", { class: "logs-box", "data-keep": "step-logs" }, empty, list);
+
+    function line(r) {
+      const where = (r.item !== undefined && r.item !== null ? "[" + r.item + "]" : "") + "#" + r.attempt;
+      const attrs = r.attrs ? Object.entries(flatten(r.attrs, "")).map(([k, v]) => " " + k + "=" + v).join("") : "";
+      return el("li", { class: "log-" + r.level.toLowerCase().replace(/[^a-z]/g, ""), "data-seq": r.seq },
+        el("span", { class: "when", title: fmtTime(r.time) }, fmtClock(r.time)),
+        el("span", { class: "level" }, r.level),
+        el("span", { class: "muted" }, where),
+        el("span", { class: "msg" }, r.message),
+        attrs ? el("span", { class: "attrs" }, attrs) : null);
+    }
+
+    function flatten(obj, prefix) {
+      const out = {};
+      for (const [k, v] of Object.entries(obj)) {
+        if (v !== null && typeof v === "object" && !Array.isArray(v)) Object.assign(out, flatten(v, prefix + k + "."));
+        else out[prefix + k] = typeof v === "string" ? v : JSON.stringify(v);
+      }
+      return out;
+    }
+
+    async function refresh() {
+      if (done) return;
+      const mine = ++seq;
+      const data = await api("GET", "instances/" + encodeURIComponent(instanceID) + "/steps/" + encodeURIComponent(step) + "/logs?after=" + next);
+      if (mine !== seq) return;
+      const atEnd = list.scrollTop + list.clientHeight >= list.scrollHeight - 4;
+      for (const r of data.records) append(list, line(r));
+      count += data.records.length;
+      next = data.next;
+      empty.hidden = count > 0;
+      if (atEnd) list.scrollTop = list.scrollHeight; // follow, unless scrolled up to read
+      if (data.finished && data.records.length === 0) done = true;
+    }
+    return { step, node, refresh };
+  }
+
   function itemsView(instanceID, step) {
     let offset = 0, status = "", seq = 0;
     const open = new Set();
@@ -935,6 +981,15 @@
       selected = selected === name ? null : name;
       render();
       if (items && items.step === selected) items.refresh().catch(showError);
+      if (logs && logs.step === selected) logs.refresh().catch(showError);
+    }
+
+    // logs is the live log of the selected step; like items it outlives
+    // the panel's redraws, so what it read and its scroll stay.
+    let logs = null;
+    function logsFor(s) {
+      if (!logs || logs.step !== s.name) logs = logsView(id, s.name);
+      return logs;
     }
 
     // items is the item table of the selected forEach step. It outlives
@@ -1157,6 +1212,7 @@
         s.status === "waiting" ? null : [el("h3", {}, "Output"), s.items
           ? el("p", { class: "muted", id: "step-output" }, "The list of the items' outputs, in index order. Click an item for its input and output.")
           : el("pre", { class: "json mono", id: "step-output", "data-keep": "step-output" }, pretty(s.output))],
+        s.signal ? null : [el("h3", {}, "Logs"), logsFor(s).node],
         events.length ? [el("h3", {}, "Attempts and events"), el("ol", { class: "timeline", "data-keep": "step-events" }, events.map((e) => eventItem(e, false)))] : null,
       ];
     }
@@ -1183,6 +1239,8 @@
     async function refresh(gen) {
       const data = await api("GET", "instances/" + encodeURIComponent(id));
       if (gen !== generation) return;
+      // Logs come while nothing else changes: read them on every poll.
+      if (logs && logs.step === selected) await logs.refresh();
       const text = JSON.stringify(data);
       if (text === lastJSON) return; // nothing changed; running durations tick on their own
       lastJSON = text;

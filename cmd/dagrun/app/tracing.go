@@ -1,0 +1,62 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+
+	"github.com/dagrun/dagrun"
+)
+
+// tracerProvider builds the OpenTelemetry tracer provider the standard
+// OTEL_* variables ask for, or nil when tracing is off: it is on when
+// OTEL_TRACES_EXPORTER is otlp, or unset while an OTLP endpoint is set
+// (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT), and
+// never under OTEL_SDK_DISABLED=true. Spans go over OTLP/HTTP with protobuf;
+// the exporter reads its endpoint, headers and timeout from the same
+// variables, the SDK its sampler (OTEL_TRACES_SAMPLER) and batching
+// (OTEL_BSP_*), the resource OTEL_SERVICE_NAME (default dagrun) and
+// OTEL_RESOURCE_ATTRIBUTES.
+func (c *cli) tracerProvider(ctx context.Context) (*sdktrace.TracerProvider, error) {
+	if strings.EqualFold(c.io.Getenv("OTEL_SDK_DISABLED"), "true") {
+		return nil, nil
+	}
+	switch exporter := strings.TrimSpace(c.io.Getenv("OTEL_TRACES_EXPORTER")); exporter {
+	case "none":
+		return nil, nil
+	case "":
+		if c.io.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" && c.io.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" {
+			return nil, nil
+		}
+	case "otlp":
+	default:
+		return nil, usageError(fmt.Errorf("OTEL_TRACES_EXPORTER=%q is not supported: use otlp or none", exporter))
+	}
+	protocol := c.io.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+	if protocol == "" {
+		protocol = c.io.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+	}
+	if protocol != "" && protocol != "http/protobuf" {
+		return nil, usageError(fmt.Errorf("OTLP protocol %q is not supported: use http/protobuf (set OTEL_EXPORTER_OTLP_PROTOCOL)", protocol))
+	}
+	exp, err := otlptracehttp.New(ctx)
+	if err != nil {
+		return nil, usageError(fmt.Errorf("tracing: OTLP exporter: %v (check the OTEL_EXPORTER_OTLP_* variables)", err))
+	}
+	res, err := resource.New(ctx,
+		resource.WithAttributes(semconv.ServiceName("dagrun")),
+		resource.WithFromEnv(), resource.WithTelemetrySDK())
+	if err != nil {
+		return nil, usageError(fmt.Errorf("tracing: resource: %v (check OTEL_RESOURCE_ATTRIBUTES)", err))
+	}
+	return sdktrace.NewTracerProvider(
+		sdktrace.WithBatcher(exp),
+		sdktrace.WithResource(res),
+		sdktrace.WithIDGenerator(dagrun.TraceIDGenerator()),
+	), nil
+}

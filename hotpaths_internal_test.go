@@ -1,0 +1,54 @@
+package dagrun
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"testing"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/dagrun/dagrun/handlers"
+	"github.com/dagrun/dagrun/storage"
+)
+
+// BenchmarkHotPaths measures what the engine does around one attempt of a
+// noop handler, the path every step takes: with tracing off (the default,
+// which must cost nothing), with the worker's step log writer (what every
+// attempt pays for step logs when its handler logs nothing), and with
+// tracing on.
+//
+//	go test -run '^$' -bench HotPaths -benchmem .
+func BenchmarkHotPaths(b *testing.B) {
+	registry := handlers.NewRegistry()
+	handlers.RegisterBuiltins(registry)
+	step := storage.ClaimedStep{
+		Claim:    storage.Claim{StepID: 1, InstanceID: "01a22cd6-75f6-7949-9367-a4c1c6c622a4", Step: "a", Fence: 1},
+		Workflow: "bench", Handler: "noop", Queue: "default", Input: json.RawMessage(`{}`), Attempt: 1, Item: -1,
+		TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	run := func(b *testing.B, config *Config, logs *logWriter) {
+		e, err := New(struct{ storage.Store }{}, registry, config)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx := context.Background()
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, ok := e.runAttempt(ctx, logger, logs, step); !ok {
+				b.Fatal("not recorded")
+			}
+		}
+	}
+	b.Run("Attempt", func(b *testing.B) { run(b, &Config{}, nil) })
+	b.Run("AttemptWithLogWriter", func(b *testing.B) {
+		run(b, &Config{}, newLogWriter(nil, logger, DefaultStepLogBytes))
+	})
+	b.Run("AttemptTraced", func(b *testing.B) {
+		tp := sdktrace.NewTracerProvider(sdktrace.WithIDGenerator(TraceIDGenerator()))
+		defer func() { _ = tp.Shutdown(context.Background()) }()
+		run(b, &Config{TracerProvider: tp}, nil)
+	})
+}

@@ -1,0 +1,276 @@
+package dagrun
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// DefaultStepLogBytes is how much of what one attempt logs is kept: its
+// last 64 KiB.
+const DefaultStepLogBytes = 64 << 10
+
+// logFlushInterval is how often a worker writes what its handlers logged:
+// one store transaction for all its attempts, so a step's logs show up
+// while it runs at a cost that does not grow with the steps it runs.
+const logFlushInterval = 200 * time.Millisecond
+
+// Bounds of one record: a longer message or attribute set is cut (the
+// attempt's bound applies on top).
+const (
+	maxLogMessageBytes = 16 << 10
+	maxLogAttrsBytes   = 16 << 10
+)
+
+// recordOverhead is what a record counts for beyond its message and
+// attributes, so that many empty records are bounded too.
+const recordOverhead = 32
+
+// logWriter writes what a worker's handlers log to the store, in batches.
+type logWriter struct {
+	store  storage.Store
+	logger *slog.Logger
+	limit  int
+
+	mu    sync.Mutex
+	dirty []*attemptLog // attempts with records or trims to write
+	wake  chan struct{}
+}
+
+func newLogWriter(store storage.Store, logger *slog.Logger, limit int) *logWriter {
+	return &logWriter{store: store, logger: logger, limit: limit, wake: make(chan struct{}, 1)}
+}
+
+// run writes every logFlushInterval until ctx ends, then writes what is
+// left once more.
+func (lw *logWriter) run(ctx context.Context) {
+	tick := time.NewTicker(logFlushInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			lw.flush()
+			return
+		case <-tick.C:
+			lw.flush()
+		}
+	}
+}
+
+// flush writes what every dirty attempt has to write, in one transaction.
+// Logs are best effort: a failed write is reported and not retried, so a
+// database that is down never holds records piling up in memory.
+func (lw *logWriter) flush() {
+	lw.mu.Lock()
+	dirty := lw.dirty
+	lw.dirty = nil
+	lw.mu.Unlock()
+	if len(dirty) == 0 {
+		return
+	}
+	var (
+		trims   []storage.LogTrim
+		records []storage.LogRecord
+	)
+	for _, al := range dirty {
+		trim, recs := al.take()
+		if trim.Drop > 0 {
+			trims = append(trims, trim)
+		}
+		records = append(records, recs...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := lw.store.AppendLogs(ctx, trims, records); err != nil {
+		lw.logger.Warn("dagrun: step logs not stored", slog.Int("records", len(records)), slog.Any("error", err))
+	}
+}
+
+func (lw *logWriter) markDirty(al *attemptLog) {
+	lw.mu.Lock()
+	lw.dirty = append(lw.dirty, al)
+	lw.mu.Unlock()
+}
+
+// attemptLog keeps what one attempt logs, bounded to its writer's limit:
+// the records not yet written, and the sizes of those written (oldest
+// first, a marker of size 0 in front once some were dropped), so that it
+// knows how many stored records to drop when newer ones push the attempt
+// over its bound.
+type attemptLog struct {
+	writer *logWriter
+	key    storage.LogRecord // the attempt's identity; its other fields unused
+
+	mu           sync.Mutex
+	buf          bytes.Buffer // where attributes are rendered
+	pending      []storage.LogRecord
+	pendingBytes int
+	written      []int
+	writtenBytes int
+	dropWritten  int   // stored records to drop at the next write
+	dropped      int64 // bytes dropped so far
+	markerDue    bool  // a marker is to be written or updated
+	queued       bool  // in the writer's dirty list
+
+	// handler is the attempt logger's own, allocated with it.
+	handler logHandler
+}
+
+// newAttemptLog returns the log of an attempt of step, kept by lw.
+func newAttemptLog(lw *logWriter, step *storage.ClaimedStep) *attemptLog {
+	al := &attemptLog{writer: lw, key: storage.LogRecord{
+		InstanceID: step.InstanceID, Step: step.Step, Item: step.Item, Attempt: step.Attempt,
+	}}
+	al.handler.log = al
+	return al
+}
+
+func recordSize(r *storage.LogRecord) int { return len(r.Message) + len(r.Attrs) + recordOverhead }
+
+// addLocked keeps a record, dropping the oldest ones past the bound; the
+// caller holds al.mu.
+func (al *attemptLog) addLocked(r storage.LogRecord) {
+	al.pending = append(al.pending, r)
+	al.pendingBytes += recordSize(&r)
+	for al.writtenBytes+al.pendingBytes > al.writer.limit {
+		if len(al.written) > 0 {
+			size := al.written[0]
+			al.written = al.written[1:]
+			al.writtenBytes -= size
+			al.dropWritten++
+			al.dropped += int64(size)
+		} else {
+			size := recordSize(&al.pending[0])
+			al.pending = slices.Delete(al.pending, 0, 1)
+			al.pendingBytes -= size
+			al.dropped += int64(size)
+		}
+		al.markerDue = true
+	}
+	if !al.queued {
+		al.queued = true
+		al.writer.markDirty(al)
+	}
+}
+
+// take hands the writer what to write, and counts it as written.
+func (al *attemptLog) take() (storage.LogTrim, []storage.LogRecord) {
+	al.mu.Lock()
+	defer al.mu.Unlock()
+	al.queued = false
+	var trim storage.LogTrim
+	records := al.pending
+	marker := fmt.Sprintf("… %d bytes of earlier logs dropped", al.dropped)
+	if al.markerDue {
+		if al.dropWritten > 0 {
+			// The newest dropped record becomes the marker, in its place.
+			trim = storage.LogTrim{InstanceID: al.key.InstanceID, Step: al.key.Step, Item: al.key.Item,
+				Attempt: al.key.Attempt, Drop: al.dropWritten, Marker: marker}
+		} else {
+			// Nothing stored was dropped: none was stored, so the marker
+			// is the first record written.
+			m := al.key
+			m.Time, m.Level, m.Message = time.Now(), slog.LevelInfo.String(), marker
+			records = append([]storage.LogRecord{m}, records...)
+		}
+		al.written = append([]int{0}, al.written...)
+	}
+	for i := range al.pending {
+		al.written = append(al.written, recordSize(&al.pending[i]))
+	}
+	al.writtenBytes += al.pendingBytes
+	al.pending, al.pendingBytes, al.dropWritten, al.markerDue = nil, 0, 0, false
+	return trim, records
+}
+
+// logHandler is the slog.Handler of one attempt's logger. The record's
+// attributes, with those of WithAttrs and the open groups, are rendered as
+// a JSON object by slog's own JSON handler, writing into the attempt's
+// buffer: it is created on the first record or WithAttrs, so an attempt
+// that logs nothing pays nothing for it.
+type logHandler struct {
+	log *attemptLog
+	// attrs is nil until needed on the attempt's own handler.
+	attrs slog.Handler
+}
+
+// attrsOptions leave out of the JSON what a record stores in its own
+// columns (a top-level attribute named time, level or msg is left out too).
+var attrsOptions = &slog.HandlerOptions{
+	Level: slog.LevelDebug - 1000,
+	ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+		if len(groups) == 0 && (a.Key == slog.TimeKey || a.Key == slog.LevelKey || a.Key == slog.MessageKey) {
+			return slog.Attr{}
+		}
+		return a
+	},
+}
+
+// json returns the handler that renders h's attributes; the caller holds
+// h.log.mu.
+func (h *logHandler) json() slog.Handler {
+	if h.attrs == nil {
+		h.attrs = slog.NewJSONHandler(&h.log.buf, attrsOptions)
+	}
+	return h.attrs
+}
+
+func (h *logHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *logHandler) Handle(ctx context.Context, r slog.Record) error {
+	rec := h.log.key
+	rec.Time, rec.Level, rec.Message = r.Time, r.Level.String(), cutText(r.Message, maxLogMessageBytes)
+	if rec.Time.IsZero() {
+		rec.Time = time.Now()
+	}
+	al := h.log
+	al.mu.Lock()
+	defer al.mu.Unlock()
+	if r.NumAttrs() > 0 || h.attrs != nil {
+		al.buf.Reset()
+		r.Time = time.Time{}
+		if err := h.json().Handle(ctx, r); err == nil {
+			rec.Attrs = attrsJSON(al.buf.Bytes())
+		}
+	}
+	al.addLocked(rec)
+	return nil
+}
+
+func (h *logHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	if len(attrs) == 0 {
+		return h
+	}
+	h.log.mu.Lock()
+	defer h.log.mu.Unlock()
+	return &logHandler{log: h.log, attrs: h.json().WithAttrs(attrs)}
+}
+
+func (h *logHandler) WithGroup(name string) slog.Handler {
+	if name == "" {
+		return h
+	}
+	h.log.mu.Lock()
+	defer h.log.mu.Unlock()
+	return &logHandler{log: h.log, attrs: h.json().WithGroup(name)}
+}
+
+// attrsJSON keeps a rendered attribute object: nil when it is empty, a
+// note of its size instead when it is too large to keep.
+func attrsJSON(b []byte) json.RawMessage {
+	b = bytes.TrimSpace(b)
+	if len(b) == 0 || string(b) == "{}" {
+		return nil
+	}
+	if len(b) > maxLogAttrsBytes {
+		return json.RawMessage(fmt.Sprintf(`{"!dropped":"%d bytes of attributes"}`, len(b)))
+	}
+	return bytes.Clone(b)
+}

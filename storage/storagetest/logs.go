@@ -1,0 +1,182 @@
+package storagetest
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// logRecord is one record of instance id's step at attempt, logged at the
+// suite's clock.
+func (b *bundle) logRecord(id, step string, attempt int, msg string) storage.LogRecord {
+	return storage.LogRecord{InstanceID: id, Step: step, Item: -1, Attempt: attempt, Time: b.now(), Level: "INFO", Message: msg}
+}
+
+func (b *bundle) listLogs(p storage.LogsParams) []storage.LogRecord {
+	b.t.Helper()
+	out, err := b.store.ListLogs(b.ctx, p)
+	require.NoError(b.t, err)
+	return out
+}
+
+func messages(rs []storage.LogRecord) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.Message
+	}
+	return out
+}
+
+var logTests = map[string]func(*testing.T, *Harness){
+	"AppendAndList": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(spec("a"), spec("b"))
+		require.Empty(t, b.listLogs(storage.LogsParams{InstanceID: id}))
+
+		first := b.logRecord(id, "a", 1, "one")
+		first.Level, first.Attrs = "WARN", json.RawMessage(`{"k":"v","n":{"m":1}}`)
+		item := b.logRecord(id, "a", 2, "item")
+		item.Item = 3
+		require.NoError(t, b.store.AppendLogs(b.ctx, nil, []storage.LogRecord{first, b.logRecord(id, "b", 1, "other step"), item}))
+		require.NoError(t, b.store.AppendLogs(b.ctx, nil, []storage.LogRecord{b.logRecord(id, "a", 2, "two")}))
+
+		all := b.listLogs(storage.LogsParams{InstanceID: id})
+		require.Equal(t, []string{"one", "other step", "item", "two"}, messages(all), "in the order stored")
+		for i := 1; i < len(all); i++ {
+			require.Greater(t, all[i].Seq, all[i-1].Seq)
+		}
+		got := all[0]
+		require.Equal(t, id, got.InstanceID)
+		require.Equal(t, "a", got.Step)
+		require.Equal(t, -1, got.Item)
+		require.Equal(t, 1, got.Attempt)
+		require.Equal(t, "WARN", got.Level)
+		require.True(t, got.Time.Equal(start), "time %v", got.Time)
+		require.JSONEq(t, `{"k":"v","n":{"m":1}}`, string(got.Attrs))
+		require.Nil(t, all[1].Attrs)
+		require.Equal(t, 3, all[2].Item)
+		require.Equal(t, 2, all[2].Attempt)
+
+		stepA := b.listLogs(storage.LogsParams{InstanceID: id, Step: "a"})
+		require.Equal(t, []string{"one", "item", "two"}, messages(stepA))
+		after := b.listLogs(storage.LogsParams{InstanceID: id, Step: "a", AfterSeq: stepA[0].Seq})
+		require.Equal(t, []string{"item", "two"}, messages(after), "a follower reads what came after its last seq")
+		require.Equal(t, []string{"one"}, messages(b.listLogs(storage.LogsParams{InstanceID: id, Limit: 1})))
+		require.Empty(t, b.listLogs(storage.LogsParams{InstanceID: id, AfterSeq: all[3].Seq}))
+	},
+
+	"UnknownInstance": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		_, err := b.store.ListLogs(b.ctx, storage.LogsParams{InstanceID: "no-such-instance"})
+		require.ErrorIs(t, err, storage.ErrNotFound)
+		// Records of an instance that is gone (pruned while its worker
+		// flushed them) are dropped without failing the others.
+		id := b.createOne(spec("a"))
+		require.NoError(t, b.store.AppendLogs(b.ctx, nil, []storage.LogRecord{
+			b.logRecord("no-such-instance", "a", 1, "lost"), b.logRecord(id, "a", 1, "kept"),
+		}))
+		require.Equal(t, []string{"kept"}, messages(b.listLogs(storage.LogsParams{InstanceID: id})))
+	},
+
+	"TrimKeepsNewestBehindMarker": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(spec("a"))
+		var recs []storage.LogRecord
+		for _, m := range []string{"r1", "r2", "r3", "r4"} {
+			recs = append(recs, b.logRecord(id, "a", 1, m))
+		}
+		recs[1].Attrs = json.RawMessage(`{"x":1}`)
+		other := b.logRecord(id, "a", 2, "next attempt")
+		require.NoError(t, b.store.AppendLogs(b.ctx, nil, append(recs, other)))
+
+		// Drop the two oldest of attempt 1: r1 goes, r2 becomes the marker.
+		trim := storage.LogTrim{InstanceID: id, Step: "a", Item: -1, Attempt: 1, Drop: 2, Marker: "… 10 bytes of earlier logs dropped"}
+		require.NoError(t, b.store.AppendLogs(b.ctx, []storage.LogTrim{trim}, []storage.LogRecord{b.logRecord(id, "a", 1, "r5")}))
+		got := b.listLogs(storage.LogsParams{InstanceID: id})
+		require.Equal(t, []string{"… 10 bytes of earlier logs dropped", "r3", "r4", "next attempt", "r5"}, messages(got))
+		require.Equal(t, "INFO", got[0].Level)
+		require.Nil(t, got[0].Attrs, "the marker has no attributes")
+
+		// Trimming again drops the old marker too; another attempt's
+		// records and an item's are untouched.
+		trim.Drop, trim.Marker = 2, "… 20 bytes of earlier logs dropped"
+		require.NoError(t, b.store.AppendLogs(b.ctx, []storage.LogTrim{trim}, nil))
+		require.Equal(t, []string{"… 20 bytes of earlier logs dropped", "r4", "next attempt", "r5"},
+			messages(b.listLogs(storage.LogsParams{InstanceID: id})))
+
+		// A trim of an attempt with fewer records than it drops does nothing.
+		trim.Attempt, trim.Drop = 3, 5
+		require.NoError(t, b.store.AppendLogs(b.ctx, []storage.LogTrim{trim}, nil))
+		require.Len(t, b.listLogs(storage.LogsParams{InstanceID: id}), 4)
+	},
+
+	"PrunedWithInstance": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		old := b.createOne(spec("a"))
+		kept := b.createOne(spec("a"))
+		require.NoError(t, b.store.AppendLogs(b.ctx, nil, []storage.LogRecord{
+			b.logRecord(old, "a", 1, "old"), b.logRecord(kept, "a", 1, "kept"),
+		}))
+		b.complete(old, "a", `1`)
+		b.clock.Advance(time.Hour)
+		n, err := b.store.Prune(b.ctx, b.now(), false)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		_, err = b.store.ListLogs(b.ctx, storage.LogsParams{InstanceID: old})
+		require.ErrorIs(t, err, storage.ErrNotFound)
+		require.Equal(t, []string{"kept"}, messages(b.listLogs(storage.LogsParams{InstanceID: kept})))
+
+		// An instance created again with the pruned one's ID (IDs are the
+		// caller's) does not inherit its logs.
+		p := params(spec("a"))
+		p.ID = old
+		b.create(p)
+		require.Empty(t, b.listLogs(storage.LogsParams{InstanceID: old}))
+	},
+}
+
+var traceTests = map[string]func(*testing.T, *Harness){
+	"StoredWithInstanceAndClaimed": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+		p := params(spec("a"), spec("b", "a"))
+		p.TraceParent, p.TraceCaller = tp, "00f067aa0ba902b7"
+		id := b.create(p)[0].ID
+		plain := b.createOne(spec("a"))
+
+		in := b.get(id)
+		require.Equal(t, tp, in.TraceParent)
+		require.Equal(t, "00f067aa0ba902b7", in.TraceCaller)
+		require.Empty(t, b.get(plain).TraceParent)
+		require.Empty(t, b.get(plain).TraceCaller)
+
+		// A claim that asks gets it, for every attempt's span to find its
+		// parent; one that does not ask reads nothing more.
+		traced := func(id string) storage.ClaimedStep {
+			cs := b.claim(storage.ClaimParams{InstanceID: id, Limit: 1, Lease: time.Minute, TraceParent: true})
+			require.Len(t, cs, 1)
+			return cs[0]
+		}
+		a := traced(id)
+		require.Equal(t, tp, a.TraceParent)
+		require.Empty(t, traced(plain).TraceParent)
+		b.finish(completed(a.Claim, `1`))
+		p2 := params(spec("a"))
+		p2.TraceParent = tp
+		other := b.create(p2)[0].ID
+		require.Empty(t, b.claimStep(other, "a").TraceParent, "not asked for")
+		require.Equal(t, tp, traced(id).TraceParent)
+
+		list, err := b.store.ListInstances(b.ctx, storage.ListParams{})
+		require.NoError(t, err)
+		for _, in := range list {
+			if in.ID == id {
+				require.Equal(t, tp, in.TraceParent)
+			}
+		}
+	},
+}
