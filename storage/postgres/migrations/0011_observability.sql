@@ -1,4 +1,4 @@
--- dagrun schema, version 8: trace context and step logs.
+-- dagrun schema, version 11: trace context and step logs.
 --
 -- traceparent is the W3C traceparent of the instance's span, chosen when
 -- it starts; trace_caller the span ID of the caller's span it is a child
