@@ -134,6 +134,11 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	failed := c.call(t, "GET /api/instances/{id}", "/api/instances/"+guarded, "", http.StatusOK).json(t)
 	require.Equal(t, "fragile", failed["failedStep"])
 
+	c.call(t, "GET /api/instances/{id}/logs", "/api/instances/"+greetID+"/logs?limit=10", "", http.StatusOK)
+	c.call(t, "GET /api/instances/{id}/logs", "/api/instances/"+greetID+"/logs?after=x", "", http.StatusBadRequest)
+	c.call(t, "GET /api/instances/{id}/steps/{step}/logs", "/api/instances/"+greetID+"/steps/hello/logs?after=0", "", http.StatusOK)
+	c.call(t, "GET /api/instances/{id}/steps/{step}/logs", "/api/instances/"+greetID+"/steps/nope/logs", "", http.StatusNotFound)
+
 	c.call(t, "GET /api/instances", "/api/instances", "", http.StatusOK)
 	c.call(t, "GET /api/instances", "/api/instances?workflow=greet&status=completed&limit=1", "", http.StatusOK)
 	c.call(t, "GET /api/instances", "/api/instances?status=bogus", "", http.StatusBadRequest)
