@@ -153,9 +153,11 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	c.call(t, "GET /api/instances/{id}/steps/{step}/items", "/api/instances/"+fanout+"/steps/square/items?offset=10&limit=5", "", http.StatusOK)
 	c.call(t, "GET /api/instances/{id}/steps/{step}/items", "/api/instances/"+fanout+"/steps/square/items?limit=0", "", http.StatusBadRequest)
 	c.call(t, "GET /api/instances/{id}/steps/{step}/items", "/api/instances/"+fanout+"/steps/nope/items", "", http.StatusNotFound)
-	c.call(t, "POST /api/instances/{id}/cancel", "/api/instances/"+fanout+"/cancel", "", http.StatusOK)
-	c.call(t, "POST /api/instances/{id}/cancel", "/api/instances/"+fanout+"/cancel", "", http.StatusConflict)
-	c.call(t, "POST /api/instances/{id}/retry", "/api/instances/"+fanout+"/retry", "", http.StatusOK)
+	// An instance waiting for a signal stays unfinished until cancelled.
+	waiting := c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/approval/instances", "", http.StatusCreated).json(t)["id"].(string)
+	c.call(t, "POST /api/instances/{id}/cancel", "/api/instances/"+waiting+"/cancel", "", http.StatusOK)
+	c.call(t, "POST /api/instances/{id}/cancel", "/api/instances/"+waiting+"/cancel", "", http.StatusConflict)
+	c.call(t, "POST /api/instances/{id}/retry", "/api/instances/"+waiting+"/retry", "", http.StatusOK)
 	c.call(t, "POST /api/instances/{id}/retry", "/api/instances/"+greetID+"/retry", "", http.StatusConflict)
 
 	c.call(t, "POST /api/instances/{id}/retry", "/api/instances/"+greetID+"/retry", `{"from": "nope"}`, http.StatusNotFound)
