@@ -260,7 +260,7 @@ func (e *Engine) Cancel(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
-	if err := e.store.CancelInstance(ctx, id, "cancelled by request"); err != nil {
+	if err := e.store.CancelInstance(ctx, id, "cancelled by request", e.plan); err != nil {
 		if errors.Is(err, storage.ErrConflict) {
 			return fmt.Errorf("instance %s is already finished: %w", id, err)
 		}

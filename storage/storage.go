@@ -696,8 +696,10 @@ type Store interface {
 	// and items (running ones included: their claims become stale).
 	// ErrConflict if the instance is already finished, ErrNotFound if
 	// absent. Its unfinished descendants (child instances, recursively)
-	// are cancelled in the same transaction.
-	CancelInstance(ctx context.Context, id, reason string) error
+	// are cancelled in the same transaction. plan is called for the parent
+	// instance of a child cancelled this way, whose workflow step the
+	// cancellation fails (see StepChange.Children).
+	CancelInstance(ctx context.Context, id, reason string, plan PlanFunc) error
 
 	// RetryInstance re-arms a failed or cancelled instance: its failed and
 	// cancelled steps become blocked with attempts reset, the instance

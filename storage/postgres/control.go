@@ -41,7 +41,7 @@ ORDER BY id FOR NO KEY UPDATE`
 // CancelInstance implements storage.Store. Running steps are cancelled too:
 // their claims go stale, so heartbeats report them lost and their handlers
 // are stopped.
-func (s *Store) CancelInstance(ctx context.Context, id, reason string) error {
+func (s *Store) CancelInstance(ctx context.Context, id, reason string, plan storage.PlanFunc) error {
 	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
 		l, err := s.lockOne(ctx, tx, id, false)
 		if err != nil {

@@ -9,7 +9,7 @@ import (
 )
 
 // CancelInstance implements storage.Store.
-func (s *Store) CancelInstance(ctx context.Context, id, reason string) error {
+func (s *Store) CancelInstance(ctx context.Context, id, reason string, plan storage.PlanFunc) error {
 	return s.write(ctx, "cancel instance", func(t *txn) error {
 		status, err := t.instanceStatus(id)
 		if err != nil {
