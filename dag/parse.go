@@ -146,7 +146,7 @@ type rawStep struct {
 	node                                                                          *yaml.Node
 	misspelt                                                                      map[string]bool
 	Name, Handler, DependsOn, Input, When, Retry, Timeout, Queue, ContinueOnError *yaml.Node
-	ForEach, Concurrency, Wait                                                    *yaml.Node
+	ForEach, Concurrency, Wait, Workflow                                          *yaml.Node
 }
 
 type rawWait struct {
@@ -180,7 +180,7 @@ func (r *rawStep) fields() []field {
 	return []field{{"name", &r.Name}, {"handler", &r.Handler}, {"dependsOn", &r.DependsOn},
 		{"input", &r.Input}, {"when", &r.When}, {"retry", &r.Retry}, {"timeout", &r.Timeout},
 		{"queue", &r.Queue}, {"continueOnError", &r.ContinueOnError}, {"forEach", &r.ForEach},
-		{"concurrency", &r.Concurrency}, {"wait", &r.Wait}}
+		{"concurrency", &r.Concurrency}, {"wait", &r.Wait}, {"workflow", &r.Workflow}}
 }
 
 func (r *rawRetry) fields() []field {

@@ -81,8 +81,15 @@ type Step struct {
 	Concurrency int
 	// Wait, when set, makes the step a wait step: instead of running a
 	// handler it waits for a signal sent to its instance.
-	Wait      *Wait
-	Line, Col int // position of the step in the file
+	Wait *Wait
+	// Workflow, when set, makes the step a workflow step: instead of
+	// running a handler it starts an instance of the workflow of that
+	// name (its child), with Input as the child's input, and completes
+	// with the child's output. WorkflowLine and WorkflowCol are where the
+	// name is written, for checks across files.
+	Workflow                  string
+	WorkflowLine, WorkflowCol int
+	Line, Col                 int // position of the step in the file
 }
 
 // Wait is a wait step's wait: for a signal named Signal (default: the
