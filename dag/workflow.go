@@ -22,6 +22,7 @@ type Workflow struct {
 	byName            map[string]*Step
 	order             []*Step // topological order, computed once at parse
 	nameLine, nameCol int     // position of the name, for LoadDir's duplicate check
+	file              string  // the file name given to Parse, for CheckCalls' positions
 }
 
 // RetryPolicy says how often and how fast a failed step is tried again:
