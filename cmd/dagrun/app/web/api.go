@@ -210,7 +210,17 @@ type instanceList struct {
 
 func (s *Server) listInstances(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	p := storage.ListParams{Workflow: q.Get("workflow"), BeforeID: q.Get("before"), Limit: defaultListLimit}
+	p := storage.ListParams{Workflow: q.Get("workflow"), BeforeID: q.Get("before"), Limit: defaultListLimit, Parent: q.Get("parent")}
+	// Top-level instances only, unless ?all=true or ?parent=ID (a child
+	// is listed under its parent).
+	switch all := q.Get("all"); all {
+	case "", "false":
+		p.TopLevel = p.Parent == ""
+	case "true":
+	default:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid all %q: use true or false", all))
+		return
+	}
 	if st := q.Get("status"); st != "" {
 		switch status := storage.InstanceStatus(st); status {
 		case storage.InstancePending, storage.InstanceRunning, storage.InstanceCompleted, storage.InstanceFailed, storage.InstanceCancelled:

@@ -657,7 +657,7 @@
       el("div", { class: "items-bar" }, filter, range, el("span", { class: "spacer" }), prev, next),
       el("div", { class: "items-scroll", "data-keep": "items" },
         el("table", { id: "items-table" },
-          el("thead", {}, el("tr", {}, ["#", "Status", "Attempts", "Duration", "Error"].map((h) => el("th", {}, h)))),
+          el("thead", {}, el("tr", {}, ["#", "Status", "Attempts", "Duration", "Error", "Child"].map((h) => el("th", {}, h)))),
           tbody)));
     let page = null;
 
@@ -687,26 +687,28 @@
       prev.disabled = page.offset === 0;
       next.disabled = page.offset + n >= page.total;
       rows(JSON.stringify([page, [...open]]), () => {
-        if (!n) return el("tr", {}, el("td", { colspan: 5, class: "empty" }, status ? "No " + status + " items." : "No items yet."));
+        if (!n) return el("tr", {}, el("td", { colspan: 6, class: "empty" }, status ? "No " + status + " items." : "No items yet."));
         return page.items.map((it) => {
           const row = el("tr", { class: "clickable", "data-index": it.index, tabindex: 0, "aria-expanded": String(open.has(it.index)) },
             el("td", { class: "num" }, String(it.index)),
             el("td", {}, badge(it.status)),
             el("td", { class: "num" }, String(it.attempts)),
             el("td", { class: "num" }, duration(it.startedAt, it.status === "running" ? null : it.finishedAt || it.startedAt)),
-            el("td", { class: "item-error", title: it.error || "" }, it.error || ""));
+            el("td", { class: "item-error", title: it.error || "" }, it.error || ""),
+            // An item of a forEach workflow step runs as a child instance.
+            el("td", { class: "mono" }, it.child ? el("a", { href: "#/instances/" + encodeURIComponent(it.child), class: "item-child", title: it.child }, shortID(it.child)) : ""));
           const toggle = () => {
             if (open.has(it.index)) open.delete(it.index); else open.add(it.index);
             draw();
             const again = tbody.querySelector('tr[data-index="' + it.index + '"]');
             if (again) again.focus();
           };
-          row.addEventListener("click", toggle);
+          row.addEventListener("click", (ev) => { if (!ev.target.closest("a")) toggle(); });
           row.addEventListener("keydown", (ev) => {
             if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); toggle(); }
           });
           if (!open.has(it.index)) return row;
-          return [row, el("tr", { class: "item-detail", "data-detail": it.index }, el("td", { colspan: 5 },
+          return [row, el("tr", { class: "item-detail", "data-detail": it.index }, el("td", { colspan: 6 },
             el("div", { class: "muted" }, "Input"), jsonBlock(it.input),
             el("div", { class: "muted" }, "Output"), jsonBlock(it.output),
             it.error !== null ? el("div", { class: "error-box" }, it.error) : null,
@@ -906,6 +908,10 @@
           ? { status: s.status, label: "waiting", detail: s.signal, title: "signal " + s.signal + ", times out " + fmtTime(s.deadline), until: s.deadline, untilSuffix: " left" }
           : { status: s.status, label: "waiting", detail: "signal " + s.signal, title: "signal " + s.signal + ", no timeout" };
       }
+      if (s.workflow && !s.items) {
+        // A workflow step runs no handler: its node names the child workflow.
+        return { status: s.status, label: s.status, detail: "\u21B3 " + s.workflow, title: "workflow " + s.workflow + (s.children ? ", child instance " + s.children[0] : ""), since: s.startedAt && !s.finishedAt ? s.startedAt : null };
+      }
       if (s.status === "pending" && s.runAfter && Date.parse(s.runAfter) > Date.now()) {
         return { status: s.status, label: "pending", title: "runs at " + fmtTime(s.runAfter), until: s.runAfter, untilLead: "runs in " };
       }
@@ -934,7 +940,8 @@
     function renderHead() {
       const finished = ["completed", "failed", "cancelled"].includes(inst.status);
       return [
-        el("div", { class: "crumbs" }, link("/", "Instances"), " / ", shortID(inst.id)),
+        el("div", { class: "crumbs" }, link("/", "Instances"), " / ",
+          inst.parent ? [link("/instances/" + encodeURIComponent(inst.parent.id), shortID(inst.parent.id)), " / "] : null, shortID(inst.id)),
         el("div", { class: "page-head" },
           el("h1", {}, inst.workflow, badge(inst.status)),
           el("span", { class: "spacer" }),
@@ -955,6 +962,13 @@
         ["Priority", String(inst.priority)],
       ];
       if (inst.key !== null) rows.push(["Key", el("span", { class: "mono value" }, inst.key)]);
+      if (inst.parent) {
+        // A child instance names the step (and item) of the instance that started it.
+        const p = inst.parent;
+        rows.push(["Parent", el("span", { class: "value", id: "parent" },
+          el("a", { href: "#/instances/" + encodeURIComponent(p.id), class: "mono", id: "parent-link", title: p.id }, shortID(p.id)),
+          " step ", el("span", { class: "mono", id: "parent-step" }, p.step), p.item !== undefined ? " item " + p.item : "")]);
+      }
       return [
         el("div", { class: "meta" }, rows.map(([k, v]) => el("div", {}, el("span", {}, k), v instanceof Node ? v : el("span", { class: "value" }, v)))),
         inst.error !== null ? el("div", { class: "error-box", id: "instance-error" }, inst.error) : null,
@@ -991,13 +1005,18 @@
           el("span", { class: "spacer" }), el("button", { type: "button", onclick: () => select(null) }, "Close")),
         el("div", { class: "kv" },
           s.signal ? [el("span", {}, "Waits for"), el("span", { class: "mono", id: "step-signal" }, "signal " + s.signal)]
-            : [el("span", {}, "Handler"), el("span", { class: "mono" }, s.handler),
-              el("span", {}, "Queue"), el("span", { class: "mono" }, s.queue)],
+            : s.workflow ? [el("span", {}, "Workflow"), el("span", { class: "mono", id: "step-workflow" }, link("/workflows/" + encodeURIComponent(s.workflow), s.workflow)),
+              // A forEach workflow step's children are in its item table.
+              s.items ? null : [el("span", {}, "Child instance"), el("span", { class: "mono", id: "step-child" }, s.children
+                ? el("a", { href: "#/instances/" + encodeURIComponent(s.children[0]), id: "step-child-link", title: s.children[0] }, shortID(s.children[0]))
+                : "not started")]]
+              : [el("span", {}, "Handler"), el("span", { class: "mono" }, s.handler),
+                el("span", {}, "Queue"), el("span", { class: "mono" }, s.queue)],
           s.status === "waiting" ? [el("span", {}, "Times out"), el("span", { id: "step-deadline" },
             s.deadline ? [fmtTime(s.deadline), " (", countdown(s.deadline, "", " left"), ")"] : "never")] : null,
           s.status === "pending" && s.runAfter ? [el("span", {}, "Runs at"), el("span", { id: "step-run-after" },
             fmtTime(s.runAfter), " (", countdown(s.runAfter, "in "), ")")] : null,
-          s.items || s.signal ? null : [el("span", {}, "Attempts"), el("span", {}, String(s.attempts))],
+          s.items || s.signal || s.workflow ? null : [el("span", {}, "Attempts"), el("span", {}, String(s.attempts))],
           el("span", {}, "Started"), el("span", {}, fmtTime(s.startedAt)),
           el("span", {}, "Finished"), el("span", {}, fmtTime(s.finishedAt)),
           el("span", {}, "Duration"), el("span", { id: "step-duration" }, duration(s.startedAt, s.finishedAt)),
