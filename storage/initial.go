@@ -35,6 +35,10 @@ type NewStep struct {
 	// completed directly.
 	Items  []json.RawMessage
 	Output json.RawMessage
+	// Children are the child instances of a workflow step the plan
+	// started (Status running), one per item for a forEach step: the
+	// store creates them once the step's row (and items) exist.
+	Children []CreateParams
 }
 
 // Finished reports whether the step ends with its creation (skipped, failed
@@ -66,12 +70,16 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 		Steps:  make([]NewStep, len(p.Steps)),
 		Events: []NewEvent{{Type: EventInstanceCreated}},
 	}
+	if p.Parent != nil {
+		n.Events[0].Message = ChildCreatedMessage(p.Parent)
+	}
 	state := InstanceState{
 		ID:             p.ID,
 		Workflow:       p.Workflow,
 		DefinitionHash: p.DefinitionHash,
 		Status:         InstancePending,
 		Input:          p.Input,
+		Depth:          p.Depth,
 		Steps:          make([]StepState, len(p.Steps)),
 		LoadDefinition: loadDefinition,
 	}
@@ -119,6 +127,23 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 			s.Error = c.Error
 			n.event(c.Name, EventStepFailed, c.Error)
 		case StepRunning:
+			if len(c.Children) > 0 || p.Steps[i].Workflow != "" {
+				if err := CheckChildren(p.ID, &p.Steps[i], c); err != nil {
+					return nil, err
+				}
+				s.Input, s.Items, s.Children = c.Input, c.Items, c.Children
+				if len(c.Items) > 0 {
+					n.event(c.Name, EventStepReady, fmt.Sprintf("%d items", len(c.Items)))
+				}
+				n.event(c.Name, EventStepStarted, ChildrenStartedMessage(c.Children))
+				if n.Status == InstancePending {
+					// A step that starts a child has started its
+					// instance, as a claimed step would have.
+					n.Status = InstanceRunning
+					n.event("", EventInstanceStarted, "")
+				}
+				break
+			}
 			if err := CheckExpansion(p.ID, &p.Steps[i], c); err != nil {
 				return nil, err
 			}
@@ -139,7 +164,7 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 		n.Status, n.Output, n.Error = ic.Status, ic.Output, ic.Error
 		for i := range n.Steps {
 			if s := &n.Steps[i]; !s.Finished() {
-				s.Status, s.Items = StepCancelled, nil
+				s.Status, s.Items, s.Children = StepCancelled, nil, nil
 				n.event(p.Steps[i].Name, EventStepCancelled, ic.Error)
 			}
 		}

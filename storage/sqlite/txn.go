@@ -24,6 +24,9 @@ type txn struct {
 	events []any // eventColumns values per event, see event
 	// replan are instances to plan again: see plan.
 	replan []string
+	// planFn is the PlanFunc of the transition under way, for the
+	// children a plan starts (see startChildren).
+	planFn storage.PlanFunc
 }
 
 const (

@@ -67,6 +67,7 @@ func Run(t *testing.T, h Harness) {
 		{"Presence", presenceTests},
 		{"Items", itemTests},
 		{"Signals", signalTests},
+		{"Subflows", subflowTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
