@@ -191,8 +191,8 @@ output: ${{ steps.post.output.child }}
 // though its child still runs.
 const parentChildMismatches = `SELECT count(*) FROM instances c JOIN steps s
 	ON s.instance_id = c.parent_id AND s.name = c.parent_step
-	WHERE (c.status IN ('completed', 'failed', 'cancelled') AND s.status = 'running')
-	   OR (c.status IN ('pending', 'running') AND s.status IN ('completed', 'failed'))`
+	WHERE ((c.status IN ('completed', 'failed', 'cancelled') AND s.status = 'running')
+	   OR (c.status IN ('pending', 'running') AND s.status IN ('completed', 'failed', 'cancelled'))) AND c.parent_item = -1`
 
 // TestCrashSubflowWorkersKilled runs many parents whose children run on
 // three worker processes, SIGKILLs a worker again and again while steps of
