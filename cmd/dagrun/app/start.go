@@ -156,21 +156,29 @@ func (c *cli) readJSONFlag(flag, spec string) (json.RawMessage, error) {
 // followLease is the claim lease of a following start's in-process worker.
 const followLease = 10 * time.Second
 
-// follow runs an in-process worker for one instance and reports its
-// progress until it finishes. Other workers may run its steps too.
+// follow runs in-process workers for one instance (and its child
+// instances) and reports its progress until it finishes. Other workers may
+// run its steps too.
 func (c *cli) follow(ctx context.Context, engine *dagrun.Engine, id string, jsonOut bool, skip skipMode) error {
 	// A shorter lease than a long-lived worker's: if this process is killed
 	// while following, another worker takes the step over within seconds.
-	worker, err := engine.NewWorker(&dagrun.WorkerConfig{InstanceID: id, Lease: followLease})
-	if err != nil {
+	workers := newFamilyWorkers(context.WithoutCancel(ctx), engine, followLease)
+	if err := workers.serve(id); err != nil {
 		return err
 	}
-	workerCtx, stopWorker := context.WithCancel(context.WithoutCancel(ctx))
-	workerDone := make(chan error, 1)
-	go func() { workerDone <- worker.Run(workerCtx) }()
+	// The instance's children, and theirs, get workers of their own.
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		if inst, err := engine.Get(watchCtx, id); err == nil && hasWorkflowSteps(inst) {
+			workers.watch(watchCtx, id)
+		}
+	}()
 	defer func() {
-		stopWorker()
-		<-workerDone
+		stopWatch()
+		<-watchDone
+		workers.stopAll()
 	}()
 
 	progress := newProgress(c.io.Stderr, skip)
