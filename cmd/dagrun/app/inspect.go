@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -118,9 +119,19 @@ func writeItemTable(w io.Writer, id string, page *view.StepItems, now time.Time)
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "INDEX\tSTATUS\tATTEMPTS\tDURATION\tERROR")
+	// The items of a forEach workflow step each run as a child instance.
+	children := step.Workflow != ""
+	if children {
+		fmt.Fprintln(tw, "INDEX\tSTATUS\tCHILD\tDURATION\tERROR")
+	} else {
+		fmt.Fprintln(tw, "INDEX\tSTATUS\tATTEMPTS\tDURATION\tERROR")
+	}
 	for _, it := range page.Items {
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\n", it.Index, it.Status, it.Attempts,
+		third := strconv.Itoa(it.Attempts)
+		if children {
+			third = cmp.Or(it.Child, "-")
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", it.Index, it.Status, third,
 			runDuration(it.StartedAt, it.FinishedAt, it.Status == storage.StepRunning, now), truncate(oneLineString(it.Error), 80))
 	}
 	return tw.Flush()
