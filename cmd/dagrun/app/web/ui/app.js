@@ -378,6 +378,10 @@
     const statusSel = el("select", { id: "filter-status" }, el("option", { value: "" }, "any status"),
       STATUSES.map((s) => el("option", { value: s }, s)));
     statusSel.value = params.get("status") || "";
+    // Child instances (started by workflow steps) are listed under their
+    // parent's page unless asked for here.
+    const allBox = el("input", { type: "checkbox", id: "filter-all" });
+    allBox.checked = params.get("all") === "true";
     const count = el("span", { class: "count" });
     const tbody = el("tbody");
     const rows = section(tbody);
@@ -389,11 +393,13 @@
       const q = new URLSearchParams();
       if (workflowSel.value) q.set("workflow", workflowSel.value);
       if (statusSel.value) q.set("status", statusSel.value);
+      if (allBox.checked) q.set("all", "true");
       const qs = q.toString();
       location.hash = "#/" + (qs ? "?" + qs : "");
     }
     workflowSel.addEventListener("change", navigate);
     statusSel.addEventListener("change", navigate);
+    allBox.addEventListener("change", navigate);
     more.addEventListener("click", () => { pages++; refresh(generation).catch(showError); });
 
     append(main, [
@@ -402,6 +408,7 @@
         el("div", { class: "filters" },
           el("div", {}, el("label", { for: "filter-workflow" }, "Workflow"), workflowSel),
           el("div", {}, el("label", { for: "filter-status" }, "Status"), statusSel),
+          el("div", {}, el("label", { for: "filter-all" }, allBox, " child instances too")),
           count),
         el("table", {},
           el("thead", {}, el("tr", {}, ["Instance", "Workflow", "Status", "Steps", "Created", "Duration"].map((h) => el("th", {}, h)))),
@@ -423,6 +430,7 @@
       const q = new URLSearchParams({ limit: String(Math.min(500, 50 * pages)) });
       if (params.get("workflow")) q.set("workflow", params.get("workflow"));
       if (params.get("status")) q.set("status", params.get("status"));
+      if (params.get("all") === "true") q.set("all", "true");
       const data = await api("GET", "instances?" + q.toString());
       if (gen !== generation) return;
       next = data.next;
