@@ -517,6 +517,11 @@
           svg("text", { class: "name", x: 14, y: 20 }, fitText(n.id, n.width - 24, NAME_FONT)),
           state, sub, progress.g);
         g.addEventListener("click", () => onSelect(n.id));
+        // A workflow step's node opens its child instance on a double click.
+        g.addEventListener("dblclick", () => {
+          const child = nodes.get(n.id).child;
+          if (child) location.hash = "#/instances/" + encodeURIComponent(child);
+        });
         g.addEventListener("keydown", (ev) => {
           if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); onSelect(n.id); }
         });
@@ -542,6 +547,7 @@
         if (info.until) setUntil(v.sub, info.until, prefix, info.untilLead, info.untilSuffix);
         else setSince(v.sub, info.since, prefix);
         v.progress.set(info.items);
+        v.child = info.child || null;
       }
       for (const { edge, path } of edges) {
         const hot = selected && (edge.from === selected || edge.to === selected);
@@ -918,7 +924,9 @@
       }
       if (s.workflow && !s.items) {
         // A workflow step runs no handler: its node names the child workflow.
-        return { status: s.status, label: s.status, detail: "\u21B3 " + s.workflow, title: "workflow " + s.workflow + (s.children ? ", child instance " + s.children[0] : ""), since: s.startedAt && !s.finishedAt ? s.startedAt : null };
+        const child = s.children ? s.children[0] : null;
+        return { status: s.status, label: s.status, detail: "\u21B3 " + s.workflow, child,
+          title: "workflow " + s.workflow + (child ? ", child instance " + child + " (double-click to open it)" : ""), since: s.startedAt && !s.finishedAt ? s.startedAt : null };
       }
       if (s.status === "pending" && s.runAfter && Date.parse(s.runAfter) > Date.now()) {
         return { status: s.status, label: "pending", title: "runs at " + fmtTime(s.runAfter), until: s.runAfter, untilLead: "runs in " };
