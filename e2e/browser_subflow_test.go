@@ -111,6 +111,19 @@ func TestBrowserSubflow(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "#/instances/"+started.ID, hash)
 
+	// The workflow step's node opens the child on a double click too.
+	browserDo(t, ctx, console, "double-click the workflow step's node",
+		chromedp.DoubleClick(chromedp.CSS(`#graph g.node[data-step="inner"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#parent-link")),
+	)
+	hash, err = chromedp.Run(ctx, chromedp.Evaluate[string](`location.hash`))
+	require.NoError(t, err)
+	require.Equal(t, "#/instances/"+child, hash)
+	browserDo(t, ctx, console, "back to the parent",
+		chromedp.Click(chromedp.CSS("#parent-link")),
+		chromedp.WaitVisible(chromedp.CSS(`#graph g.node[data-step="each"]`)),
+	)
+
 	browserDo(t, ctx, console, "open the forEach workflow step's items",
 		chromedp.Click(chromedp.CSS(`#graph g.node[data-step="each"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#items-table tr[data-index="1"] a.item-child`)),
