@@ -225,6 +225,7 @@ func buildStepSpecs(w *dag.Workflow) []storage.StepSpec {
 			ForEach:         s.ForEach != nil,
 			ItemConcurrency: s.Concurrency,
 			ContinueOnError: s.ContinueOnError,
+			Workflow:        s.Workflow,
 		}
 		if s.Wait != nil {
 			specs[i].Wait = &storage.WaitSpec{Signal: s.Wait.Signal, Timeout: s.Wait.Timeout}

@@ -84,10 +84,10 @@ func CheckChildren(instanceID string, spec *StepSpec, c StepChange) error {
 }
 
 // ChildParams returns the CreateParams of the children of step name of
-// instance parentID (at depth parentDepth), with the Parent and Depth the
-// store sets, and a RunAfter no earlier than the parent's runAfter: a
-// delayed parent's children wait with it.
-func ChildParams(parentID string, parentDepth int, name string, c StepChange, runAfter time.Time) []CreateParams {
+// instance parentID (at depth parentDepth, with priority), with the
+// Parent, Depth and Priority the store sets, and a RunAfter no earlier
+// than the parent's runAfter: a delayed parent's children wait with it.
+func ChildParams(parentID string, parentDepth, priority int, name string, c StepChange, runAfter time.Time) []CreateParams {
 	out := make([]CreateParams, len(c.Children))
 	for i, ch := range c.Children {
 		item := -1
@@ -96,6 +96,7 @@ func ChildParams(parentID string, parentDepth int, name string, c StepChange, ru
 		}
 		ch.Parent = &ParentRef{InstanceID: parentID, Step: name, Item: item}
 		ch.Depth = parentDepth + 1
+		ch.Priority = priority
 		if runAfter.After(ch.RunAfter) {
 			ch.RunAfter = runAfter
 		}

@@ -20,20 +20,21 @@ import (
 // startChildren makes the workflow step of row stepID (of instance
 // parentID, at depth) running, with no lease, expanding its items first
 // for a forEach step, records each child's ID on its row, and creates the
-// children with the transaction's PlanFunc. A child that finished at once
+// children, at the parent's priority, with the transaction's PlanFunc. A child that finished at once
 // settles the step there and then.
 func (t *txn) startChildren(parentID string, depth int, stepID int64, c storage.StepChange, runAfter int64) error {
 	var (
 		name, childWorkflow string
 		forEach             bool
+		priority            int
 	)
-	if err := t.queryRow(`SELECT name, child_workflow, for_each FROM steps WHERE id = ?`, stepID).Scan(&name, &childWorkflow, &forEach); err != nil {
+	if err := t.queryRow(`SELECT name, child_workflow, for_each, priority FROM steps WHERE id = ?`, stepID).Scan(&name, &childWorkflow, &forEach, &priority); err != nil {
 		return fmt.Errorf("workflow step %d: %w", stepID, err)
 	}
 	if err := storage.CheckChildren(parentID, &storage.StepSpec{Name: name, Workflow: childWorkflow, ForEach: forEach}, c); err != nil {
 		return err
 	}
-	children := storage.ChildParams(parentID, depth, name, c, fromUS(runAfter))
+	children := storage.ChildParams(parentID, depth, priority, name, c, fromUS(runAfter))
 	for i := range children {
 		if err := validateCreate(&children[i]); err != nil {
 			return fmt.Errorf("plan for instance %s starts a child of step %s: %w", parentID, name, err)
