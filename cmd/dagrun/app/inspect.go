@@ -192,8 +192,8 @@ func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 	for _, s := range inst.Steps {
 		// A forEach step never runs a handler itself: its items have the attempts.
 		attempts := strconv.Itoa(s.Attempts)
-		if s.Items != nil {
-			attempts = "-"
+		if s.Items != nil || s.Workflow != "" {
+			attempts = "-" // a workflow step's child has the attempts
 		}
 		handler := s.Handler
 		switch {
