@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -209,12 +210,34 @@ func TestCrashSubflowWorkersKilled(t *testing.T) {
 		probe := newRelProbe(t, 150*time.Millisecond)
 		e := newEnv(t, db, subflowProbe())
 		e.mustRun(t, "validate")
+		// Every parent is there before the workers start, so that many
+		// steps of parents and children are in flight at each kill.
+		started := e.startDetachedMany(t, "crashparent", probe.input(), parents)
 		workerArgs := []string{"worker", "--concurrency", "4", "--lease", "1s", "--poll", "100ms"}
 		var workers []*process
 		for range 3 {
 			workers = append(workers, e.spawn(t, workerArgs...))
 		}
-		started := e.startDetachedMany(t, "crashparent", probe.input(), parents)
+
+		// Meanwhile the database is sampled for a disagreement, each
+		// sample one query, so one snapshot.
+		var samples, mismatches atomic.Int64
+		stopSampling := make(chan struct{})
+		sampled := make(chan struct{})
+		go func() {
+			defer close(sampled)
+			for {
+				select {
+				case <-stopSampling:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+				if n, err := dbIntErr(db, parentChildMismatches); err == nil {
+					samples.Add(1)
+					mismatches.Add(int64(n))
+				}
+			}
+		}()
 
 		// Three probe requests per parent: pre, and the child's a and b.
 		requests := parents * 3
@@ -235,6 +258,11 @@ func TestCrashSubflowWorkersKilled(t *testing.T) {
 			w.kill(t)
 		}
 		require.Zero(t, dbInt(t, db, parentChildMismatches), "a workflow step disagrees with its child")
+		close(stopSampling)
+		<-sampled
+		t.Logf("%d samples of the database while workers were killed", samples.Load())
+		require.Positive(t, samples.Load())
+		require.Zero(t, mismatches.Load(), "a sample found a workflow step that disagrees with its child")
 		fresh := e.spawn(t, workerArgs...)
 		waitFor(t, 120*time.Second, "every parent and child to finish", func() bool {
 			for _, inst := range e.listAll(t, "--all") {
@@ -246,6 +274,9 @@ func TestCrashSubflowWorkersKilled(t *testing.T) {
 		})
 		fresh.stop(t)
 		require.Zero(t, dbInt(t, db, parentChildMismatches))
+		require.Equal(t, parents, dbInt(t, db, `SELECT count(*) FROM instances c JOIN steps s
+			ON s.instance_id = c.parent_id AND s.name = c.parent_step
+			WHERE s.status = 'completed' AND c.status = 'completed'`), "the agreement query's join pairs each child with its parent's step")
 
 		require.Len(t, e.listAll(t), parents)
 		require.Len(t, e.listAll(t, "--all"), 2*parents, "one child per parent, never a second")
