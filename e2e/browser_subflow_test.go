@@ -88,6 +88,7 @@ func TestBrowserSubflow(t *testing.T) {
 	workflow, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS("#step-workflow")))
 	require.NoError(t, err)
 	require.Equal(t, "doubler", workflow)
+	browserScreenshot(t, ctx, "browser-subflow-parent.png")
 	browserDo(t, ctx, console, "follow the link to the child",
 		chromedp.Click(chromedp.CSS("#step-child-link")),
 		chromedp.WaitVisible(chromedp.CSS("#parent-link")),
