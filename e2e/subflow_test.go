@@ -122,7 +122,8 @@ steps:
 
 // TestSubflowCancelCascade cancels a parent through the CLI while its
 // child, and the child's own child, wait: all three end cancelled, and the
-// parent's workflow step with them.
+// parent's workflow step with them. A retry of the parent brings all three
+// back, and a retry of the child alone is refused.
 func TestSubflowCancelCascade(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, db string) {
@@ -160,6 +161,24 @@ func TestSubflowCancelCascade(t *testing.T) {
 		require.Equal(t, "completed", parent.Steps[parent.step(t, "before")].Status)
 		res = e.run(t, "cancel", child)
 		require.Equal(t, 2, res.code, "a child already cancelled with its parent:\n%s", res.stderr)
+
+		// A child is retried through its parent, which retries it, and its
+		// own child: the signal then finishes all three.
+		res = e.run(t, "retry", child)
+		require.Equal(t, 2, res.code)
+		require.Contains(t, res.stderr, "retry "+id+" instead")
+		e.mustRun(t, "retry", id, "--detach")
+		waitFor(t, 30*time.Second, "the grandchild to wait again", func() bool {
+			return e.status(t, grandchild).Steps[0].Status == "waiting"
+		})
+		require.Len(t, e.listAll(t, "--parent", id), 1, "the retry re-used the child")
+		e.mustRun(t, "signal", grandchild, "go")
+		waitFor(t, 30*time.Second, "the parent to complete", func() bool {
+			return e.status(t, id).Status == "completed"
+		})
+		for _, x := range []string{child, grandchild} {
+			require.Equal(t, "completed", e.status(t, x).Status, "instance %s", x)
+		}
 		worker.stop(t)
 	})
 }
