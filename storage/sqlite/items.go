@@ -267,19 +267,10 @@ func itemChildren(ctx context.Context, tx *sql.Tx, instances []storage.Instance)
 	})
 }
 
-// forEachSteps returns the expanded forEach steps of instances that keep
-// says to, by row ID, with their IDs as a JSON array for json_each.
+// forEachSteps is storage.ForEachSteps with the IDs as a JSON array, for
+// json_each.
 func forEachSteps(instances []storage.Instance, keep func(*storage.Step) bool) (map[int64]*storage.Step, string) {
-	byID := map[int64]*storage.Step{}
-	var ids []int64
-	for i := range instances {
-		for j := range instances[i].Steps {
-			if st := &instances[i].Steps[j]; st.Items != nil && keep(st) {
-				byID[st.ID] = st
-				ids = append(ids, st.ID)
-			}
-		}
-	}
+	byID, ids := storage.ForEachSteps(instances, keep)
 	b, _ := json.Marshal(ids) // integers always marshal
 	return byID, string(b)
 }
