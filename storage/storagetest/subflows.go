@@ -2,6 +2,7 @@ package storagetest
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -377,6 +378,79 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 		b.completeWith(plan, children[0], "c", `1`)
 		b.completeWith(plan, children[1], "c", `1`)
 		require.Equal(t, storage.InstanceCompleted, b.get(id).Status)
+	},
+
+	// The crash points between a child's end and its parent step's
+	// settlement: the plan of the parent fails inside the transaction that
+	// finishes the child, and everything that transaction did is undone.
+	"FailedParentPlanUndoesTheChildsCompletion": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		plan := callPlan(map[string][]storage.StepSpec{"call": {spec("c")}})
+		id := b.createWith(plan, params(callSpec("call")))
+		child := b.child(id, "call").ID
+		c := b.claimStep(child, "c")
+		crash := func(st *storage.InstanceState) (*storage.Plan, error) {
+			if st.ID == id {
+				return nil, errors.New("crash while settling the parent")
+			}
+			return plan(st)
+		}
+		_, err := b.store.FinishSteps(b.ctx, []storage.StepResult{completed(c.Claim, `1`)}, crash)
+		require.Error(t, err)
+		require.Equal(t, storage.InstanceRunning, b.get(child).Status, "the child's completion was undone with its parent's")
+		require.Equal(t, storage.StepRunning, b.status(child, "c"))
+		call := step(t, b.get(id), "call")
+		require.Equal(t, storage.StepRunning, call.Status)
+		require.Nil(t, call.Output)
+		lost, err := b.store.ExtendLeases(b.ctx, []storage.Claim{c.Claim}, time.Minute)
+		require.NoError(t, err)
+		require.Empty(t, lost, "the attempt still holds its claim, so its result can be recorded again")
+
+		require.Equal(t, []storage.FinishResult{{Accepted: true}}, b.finishWith(plan, completed(c.Claim, `1`)))
+		require.Equal(t, storage.InstanceCompleted, b.get(child).Status)
+		require.Equal(t, storage.InstanceCompleted, b.get(id).Status)
+	},
+
+	"FailedParentPlanUndoesTheChildsCancellation": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		plan := callPlan(map[string][]storage.StepSpec{"call": {spec("c")}})
+		id := b.createWith(plan, params(callSpec("call")))
+		child := b.child(id, "call").ID
+		crash := func(st *storage.InstanceState) (*storage.Plan, error) {
+			if st.ID == id {
+				return nil, errors.New("crash while settling the parent")
+			}
+			return plan(st)
+		}
+		require.Error(t, b.store.CancelInstance(b.ctx, child, "stop", crash))
+		require.Equal(t, storage.InstancePending, b.get(child).Status, "the cancellation was undone")
+		require.Equal(t, storage.StepRunning, b.status(id, "call"))
+		require.Equal(t, storage.InstanceRunning, b.get(id).Status)
+	},
+
+	"FailedChildPlanUndoesTheParentsStep": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		plan := callPlan(map[string][]storage.StepSpec{"call": {spec("c")}})
+		id := b.createWith(plan, params(spec("a"), callSpec("call", "a")))
+		c := b.claimStep(id, "a")
+		crash := func(st *storage.InstanceState) (*storage.Plan, error) {
+			if st.ID != id {
+				return nil, errors.New("crash while planning the child")
+			}
+			return plan(st)
+		}
+		_, err := b.store.FinishSteps(b.ctx, []storage.StepResult{completed(c.Claim, `1`)}, crash)
+		require.Error(t, err)
+		in := b.get(id)
+		require.Equal(t, storage.StepRunning, step(t, in, "a").Status, "a's completion was undone")
+		require.Equal(t, storage.StepBlocked, step(t, in, "call").Status)
+		all, err := b.store.ListInstances(b.ctx, storage.ListParams{})
+		require.NoError(t, err)
+		require.Len(t, all, 1, "no child was left behind")
+
+		b.finishWith(plan, completed(c.Claim, `1`))
+		require.Equal(t, storage.StepRunning, b.status(id, "call"))
+		require.Len(t, step(t, b.get(id), "call").Children, 1)
 	},
 
 	"ListFilters": func(t *testing.T, h *Harness) {
