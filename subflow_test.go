@@ -327,3 +327,22 @@ func (b *testBundle) runWorkerUntil(t *testing.T, done func() bool) {
 	cancel()
 	<-stopped
 }
+
+func TestUnknownChildWorkflowFailsTheStepForGood(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		// Loading a folder refuses this; an engine given it must not loop.
+		b := setup(t, open, nil, `
+name: lost
+steps:
+  - name: call
+    workflow: nowhere
+`)
+		res, err := b.engine.Start(context.Background(), "lost", nil, nil)
+		require.NoError(t, err)
+		inst, err := b.engine.Get(context.Background(), res.ID)
+		require.NoError(t, err)
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, `workflow step: unknown workflow "nowhere" (available: lost)`, step(t, inst, "call").Error)
+	})
+}

@@ -370,7 +370,9 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 		in := b.get(id)
 		require.Equal(t, storage.InstanceFailed, in.Status)
 		require.Equal(t, "item 1 failed: child instance "+children[1]+" failed: step c failed", step(t, in, "each").Error)
-		require.Equal(t, storage.InstanceCancelled, b.get(children[0]).Status, "the other item's child is cancelled with its step")
+		other := b.get(children[0])
+		require.Equal(t, storage.InstanceCancelled, other.Status, "the other item's child is cancelled with its step")
+		require.Equal(t, "parent instance "+id+" failed", other.Error)
 
 		require.NoError(t, b.store.RetryInstance(b.ctx, id, plan))
 		require.Equal(t, storage.StepPending, b.status(children[1], "c"))
