@@ -34,7 +34,7 @@ type loaded struct {
 // never be promoted) and cannot deadlock one another. NO KEY UPDATE is the
 // weakest row lock that conflicts with itself.
 const lockInstancesSQL = `
-SELECT id, workflow, definition_hash, status, input
+SELECT id, workflow, definition_hash, status, input, depth
 FROM {s}instances WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`
 
 // queueLock queues the lock of the given instances (duplicates and unknown
@@ -45,7 +45,7 @@ func (s *Store) queueLock(b *pgx.Batch, ids []string, into map[string]*loaded) {
 			st    storage.InstanceState
 			input []byte
 		)
-		_, err := pgx.ForEachRow(rows, []any{&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input}, func() error {
+		_, err := pgx.ForEachRow(rows, []any{&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input, &st.Depth}, func() error {
 			l := &loaded{state: st}
 			l.state.Input = rawJSON(input)
 			into[st.ID] = l

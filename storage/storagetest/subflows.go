@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -199,6 +200,25 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 			}
 		}
 		require.Equal(t, storage.StepCompleted, b.status(ids[3], "leaf"))
+	},
+
+	"PlanSeesTheDepth": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		calls := callPlan(map[string][]storage.StepSpec{"call": {spec("c1"), callSpec("deeper", "c1")}, "deeper": {spec("leaf")}})
+		var seen sync.Map // instance ID -> depth its plans saw
+		plan := func(st *storage.InstanceState) (*storage.Plan, error) {
+			seen.Store(st.ID, st.Depth)
+			return calls(st)
+		}
+		id := b.createWith(plan, params(callSpec("call")))
+		child := b.child(id, "call").ID
+		b.completeWith(plan, child, "c1", `1`)
+		depth, _ := seen.Load(child)
+		require.Equal(t, 1, depth, "the plan of a child's later step sees its depth")
+		grandchild := b.child(child, "deeper")
+		require.Equal(t, 2, grandchild.Depth)
+		depth, _ = seen.Load(grandchild.ID)
+		require.Equal(t, 2, depth)
 	},
 
 	"ChildFinishedAtCreationSettlesAtOnce": func(t *testing.T, h *Harness) {
