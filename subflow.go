@@ -30,7 +30,7 @@ func (p *planner) startChildren(step *dag.Step, change storage.StepChange, input
 	e := p.engine
 	w, err := e.lookupWorkflow(step.Workflow)
 	if err != nil {
-		return fail("%v: load it with this workflow", err)
+		return fail("workflow step: %v", err)
 	}
 	depth := p.state.Depth + 1
 	if depth > p.config.MaxDepth {

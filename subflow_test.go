@@ -327,3 +327,87 @@ func (b *testBundle) runWorkerUntil(t *testing.T, done func() bool) {
 	cancel()
 	<-stopped
 }
+
+func TestUnknownChildWorkflowFailsTheStepForGood(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		// Loading a folder refuses this; an engine given it must not loop.
+		b := setup(t, open, nil, `
+name: lost
+steps:
+  - name: call
+    workflow: nowhere
+`)
+		res, err := b.engine.Start(context.Background(), "lost", nil, nil)
+		require.NoError(t, err)
+		inst, err := b.engine.Get(context.Background(), res.ID)
+		require.NoError(t, err)
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, `workflow step: unknown workflow "nowhere" (available: lost)`, step(t, inst, "call").Error)
+	})
+}
+
+// crashingStore fails the first commit of a child's last step as a crash
+// half-way through it would: the parent's plan fails inside the very
+// transaction that completed the child, which then rolls back whole.
+type crashingStore struct {
+	storage.Store
+	crashed atomic.Bool
+	seen    chan afterCrash
+}
+
+// afterCrash is the child's status and its parent step's, right after
+// the crash.
+type afterCrash struct {
+	child storage.InstanceStatus
+	step  storage.StepStatus
+}
+
+func (s *crashingStore) FinishSteps(ctx context.Context, rs []storage.StepResult, plan storage.PlanFunc) ([]storage.FinishResult, error) {
+	if len(rs) != 1 || rs[0].Claim.Step != "label" || s.crashed.Swap(true) {
+		return s.Store.FinishSteps(ctx, rs, plan)
+	}
+	child := rs[0].Claim.InstanceID
+	_, err := s.Store.FinishSteps(ctx, rs, func(st *storage.InstanceState) (*storage.Plan, error) {
+		if st.ID != child {
+			return nil, errors.New("crash while settling the parent")
+		}
+		return plan(st)
+	})
+	in, getErr := s.Store.GetInstance(ctx, child)
+	if getErr == nil {
+		parent, _ := s.Store.GetInstance(ctx, in.Parent.InstanceID)
+		s.seen <- afterCrash{in.Status, parentStep(parent, in.Parent.Step)}
+	}
+	return nil, err
+}
+
+func parentStep(in *storage.Instance, name string) storage.StepStatus {
+	for _, s := range in.Steps {
+		if s.Name == name {
+			return s.Status
+		}
+	}
+	return ""
+}
+
+func TestACrashBetweenChildAndParentLeavesNeitherHalfDone(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		crashing := &crashingStore{Store: open(t), seen: make(chan afterCrash, 1)}
+		b := setup(t, func(*testing.T) storage.Store { return crashing }, shipRegistry(nil), shippingWorkflow, fulfilmentWorkflow)
+		b.runWorker(t, nil)
+		id := b.start(t, "fulfilment", `{"orderId": 5}`)
+		select {
+		case seen := <-crashing.seen:
+			require.Equal(t, afterCrash{storage.InstanceRunning, storage.StepRunning}, seen,
+				"after the crash the child is still running, and so is its parent's step")
+		case <-time.After(20 * time.Second):
+			t.Fatal("the child's step was never finished")
+		}
+		// The worker records the result again, and both complete together.
+		inst := b.wait(t, id)
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		requireJSON(t, `{"tracking": "T-5"}`, inst.Output)
+	})
+}

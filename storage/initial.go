@@ -228,3 +228,20 @@ func CountItem(c *ItemCounts, status StepStatus, n int) {
 		c.Cancelled += n
 	}
 }
+
+// ForEachSteps returns the expanded forEach steps of instances for which
+// keep holds, by row ID, and their IDs in order: what a backend fills in
+// from the items (their counts, their children) with one query.
+func ForEachSteps(instances []Instance, keep func(*Step) bool) (map[int64]*Step, []int64) {
+	byID := map[int64]*Step{}
+	var ids []int64
+	for i := range instances {
+		for j := range instances[i].Steps {
+			if st := &instances[i].Steps[j]; st.Items != nil && keep(st) {
+				byID[st.ID] = st
+				ids = append(ids, st.ID)
+			}
+		}
+	}
+	return byID, ids
+}

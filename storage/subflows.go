@@ -35,15 +35,13 @@ func ChildError(childID string, status InstanceStatus, msg string) string {
 }
 
 // ParentFinishedMessage is why an unfinished child is cancelled when its
-// parent instance finishes first (cancelled, or failed by another step).
+// parent instance finishes first: cancelled, or failed (by another step,
+// or by another item of the same forEach workflow step).
 func ParentFinishedMessage(parentID string, status InstanceStatus) string {
-	return fmt.Sprintf("parent instance %s was %s", parentID, status)
-}
-
-// ItemCancelledMessage is why the child of a forEach item is cancelled
-// when its step fails through another item (reason).
-func ItemCancelledMessage(parentID, step, reason string) string {
-	return fmt.Sprintf("step %s of parent instance %s failed: %s", step, parentID, reason)
+	if status == InstanceCancelled {
+		return fmt.Sprintf("parent instance %s was cancelled", parentID)
+	}
+	return fmt.Sprintf("parent instance %s failed", parentID)
 }
 
 // RetryChildError is why RetryInstance refuses a child instance: its

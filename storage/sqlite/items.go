@@ -130,30 +130,9 @@ func (t *txn) settleItems(parents []int64) ([]string, error) {
 // cancelItems cancels the unfinished items of one forEach step; running
 // ones lose their claims, which their workers see at the next heartbeat.
 func (t *txn) cancelItems(parentID int64, reason string) error {
-	rows, err := t.query(`UPDATE steps SET status = 'cancelled', finished_at = ?, lease_until = NULL
-		WHERE parent_id = ? AND status IN ('pending', 'running') RETURNING instance_id, name, child_id`, us(t.now), parentID)
-	if err != nil {
-		return err
-	}
-	var instanceID, name string
-	var children []string
-	if err := eachRow(rows, func(sc scanner) error {
-		var child string
-		err := sc.Scan(&instanceID, &name, &child)
-		if child != "" {
-			children = append(children, child)
-		}
-		return err
-	}); err != nil {
-		return err
-	}
-	// The children of a forEach workflow step's cancelled items end with them.
-	for _, child := range children {
-		if err := t.finishInstance(child, storage.InstanceCancelled, nil, storage.ItemCancelledMessage(instanceID, name, reason), true); err != nil {
-			return err
-		}
-	}
-	return nil
+	_, err := t.exec(`UPDATE steps SET status = 'cancelled', finished_at = ?, lease_until = NULL
+		WHERE parent_id = ? AND status IN ('pending', 'running')`, us(t.now), parentID)
+	return err
 }
 
 // ListItems implements storage.Store.
@@ -267,19 +246,10 @@ func itemChildren(ctx context.Context, tx *sql.Tx, instances []storage.Instance)
 	})
 }
 
-// forEachSteps returns the expanded forEach steps of instances that keep
-// says to, by row ID, with their IDs as a JSON array for json_each.
+// forEachSteps is storage.ForEachSteps with the IDs as a JSON array, for
+// json_each.
 func forEachSteps(instances []storage.Instance, keep func(*storage.Step) bool) (map[int64]*storage.Step, string) {
-	byID := map[int64]*storage.Step{}
-	var ids []int64
-	for i := range instances {
-		for j := range instances[i].Steps {
-			if st := &instances[i].Steps[j]; st.Items != nil && keep(st) {
-				byID[st.ID] = st
-				ids = append(ids, st.ID)
-			}
-		}
-	}
+	byID, ids := storage.ForEachSteps(instances, keep)
 	b, _ := json.Marshal(ids) // integers always marshal
 	return byID, string(b)
 }

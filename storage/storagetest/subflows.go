@@ -2,8 +2,10 @@ package storagetest
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -200,6 +202,25 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, storage.StepCompleted, b.status(ids[3], "leaf"))
 	},
 
+	"PlanSeesTheDepth": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		calls := callPlan(map[string][]storage.StepSpec{"call": {spec("c1"), callSpec("deeper", "c1")}, "deeper": {spec("leaf")}})
+		var seen sync.Map // instance ID -> depth its plans saw
+		plan := func(st *storage.InstanceState) (*storage.Plan, error) {
+			seen.Store(st.ID, st.Depth)
+			return calls(st)
+		}
+		id := b.createWith(plan, params(callSpec("call")))
+		child := b.child(id, "call").ID
+		b.completeWith(plan, child, "c1", `1`)
+		depth, _ := seen.Load(child)
+		require.Equal(t, 1, depth, "the plan of a child's later step sees its depth")
+		grandchild := b.child(child, "deeper")
+		require.Equal(t, 2, grandchild.Depth)
+		depth, _ = seen.Load(grandchild.ID)
+		require.Equal(t, 2, depth)
+	},
+
 	"ChildFinishedAtCreationSettlesAtOnce": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		plan := callPlan(map[string][]storage.StepSpec{"call": {spec("skipme")}})
@@ -369,7 +390,9 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 		in := b.get(id)
 		require.Equal(t, storage.InstanceFailed, in.Status)
 		require.Equal(t, "item 1 failed: child instance "+children[1]+" failed: step c failed", step(t, in, "each").Error)
-		require.Equal(t, storage.InstanceCancelled, b.get(children[0]).Status, "the other item's child is cancelled with its step")
+		other := b.get(children[0])
+		require.Equal(t, storage.InstanceCancelled, other.Status, "the other item's child is cancelled with its step")
+		require.Equal(t, "parent instance "+id+" failed", other.Error)
 
 		require.NoError(t, b.store.RetryInstance(b.ctx, id, plan))
 		require.Equal(t, storage.StepPending, b.status(children[1], "c"))
@@ -377,6 +400,79 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 		b.completeWith(plan, children[0], "c", `1`)
 		b.completeWith(plan, children[1], "c", `1`)
 		require.Equal(t, storage.InstanceCompleted, b.get(id).Status)
+	},
+
+	// The crash points between a child's end and its parent step's
+	// settlement: the plan of the parent fails inside the transaction that
+	// finishes the child, and everything that transaction did is undone.
+	"FailedParentPlanUndoesTheChildsCompletion": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		plan := callPlan(map[string][]storage.StepSpec{"call": {spec("c")}})
+		id := b.createWith(plan, params(callSpec("call")))
+		child := b.child(id, "call").ID
+		c := b.claimStep(child, "c")
+		crash := func(st *storage.InstanceState) (*storage.Plan, error) {
+			if st.ID == id {
+				return nil, errors.New("crash while settling the parent")
+			}
+			return plan(st)
+		}
+		_, err := b.store.FinishSteps(b.ctx, []storage.StepResult{completed(c.Claim, `1`)}, crash)
+		require.Error(t, err)
+		require.Equal(t, storage.InstanceRunning, b.get(child).Status, "the child's completion was undone with its parent's")
+		require.Equal(t, storage.StepRunning, b.status(child, "c"))
+		call := step(t, b.get(id), "call")
+		require.Equal(t, storage.StepRunning, call.Status)
+		require.Nil(t, call.Output)
+		lost, err := b.store.ExtendLeases(b.ctx, []storage.Claim{c.Claim}, time.Minute)
+		require.NoError(t, err)
+		require.Empty(t, lost, "the attempt still holds its claim, so its result can be recorded again")
+
+		require.Equal(t, []storage.FinishResult{{Accepted: true}}, b.finishWith(plan, completed(c.Claim, `1`)))
+		require.Equal(t, storage.InstanceCompleted, b.get(child).Status)
+		require.Equal(t, storage.InstanceCompleted, b.get(id).Status)
+	},
+
+	"FailedParentPlanUndoesTheChildsCancellation": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		plan := callPlan(map[string][]storage.StepSpec{"call": {spec("c")}})
+		id := b.createWith(plan, params(callSpec("call")))
+		child := b.child(id, "call").ID
+		crash := func(st *storage.InstanceState) (*storage.Plan, error) {
+			if st.ID == id {
+				return nil, errors.New("crash while settling the parent")
+			}
+			return plan(st)
+		}
+		require.Error(t, b.store.CancelInstance(b.ctx, child, "stop", crash))
+		require.Equal(t, storage.InstancePending, b.get(child).Status, "the cancellation was undone")
+		require.Equal(t, storage.StepRunning, b.status(id, "call"))
+		require.Equal(t, storage.InstanceRunning, b.get(id).Status)
+	},
+
+	"FailedChildPlanUndoesTheParentsStep": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		plan := callPlan(map[string][]storage.StepSpec{"call": {spec("c")}})
+		id := b.createWith(plan, params(spec("a"), callSpec("call", "a")))
+		c := b.claimStep(id, "a")
+		crash := func(st *storage.InstanceState) (*storage.Plan, error) {
+			if st.ID != id {
+				return nil, errors.New("crash while planning the child")
+			}
+			return plan(st)
+		}
+		_, err := b.store.FinishSteps(b.ctx, []storage.StepResult{completed(c.Claim, `1`)}, crash)
+		require.Error(t, err)
+		in := b.get(id)
+		require.Equal(t, storage.StepRunning, step(t, in, "a").Status, "a's completion was undone")
+		require.Equal(t, storage.StepBlocked, step(t, in, "call").Status)
+		all, err := b.store.ListInstances(b.ctx, storage.ListParams{})
+		require.NoError(t, err)
+		require.Len(t, all, 1, "no child was left behind")
+
+		b.finishWith(plan, completed(c.Claim, `1`))
+		require.Equal(t, storage.StepRunning, b.status(id, "call"))
+		require.Len(t, step(t, b.get(id), "call").Children, 1)
 	},
 
 	"ListFilters": func(t *testing.T, h *Harness) {
