@@ -86,6 +86,14 @@ func TestSubflowExample(t *testing.T) {
 		all := e.mustRun(t, "list", "--all").stdout
 		require.Regexp(t, `(?m)^`+childID+` +shipping +completed +2/2 .* `+parent.ID+` ship$`, all)
 
+		// Without an email, as the README starts it, nobody is notified.
+		res = e.mustRun(t, "start", "order-fulfilment", "--input", `{"orderId": "A-1002", "items": [{"sku": "book", "qty": 2}], "totalAmount": 42.5}`, "--json")
+		var second instance
+		require.NoError(t, json.Unmarshal([]byte(res.stdout), &second), res.stdout)
+		require.Equal(t, "completed", second.Status)
+		quiet := e.status(t, second.Steps[second.step(t, "ship")].Children[0])
+		require.Equal(t, "skipped", quiet.Steps[quiet.step(t, "notify")].Status)
+
 		// The one-file original still runs, to the same shape of output.
 		res = e.mustRun(t, "start", "order-processing", "--input", input)
 		require.Regexp(t, `"trackingNo": "TRK-[0-9A-F]{10}"`, res.stdout)
