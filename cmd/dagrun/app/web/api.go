@@ -69,6 +69,9 @@ type stepDef struct {
 	Concurrency int  `json:"concurrency"`
 	// Wait is a wait step's wait (its handler is empty); null for others.
 	Wait *waitDef `json:"wait"`
+	// Workflow is the child workflow a workflow step runs (its handler is
+	// empty); absent for others.
+	Workflow string `json:"workflow,omitempty"`
 }
 
 // waitDef is what a wait step waits for. The UI reads Schema to offer
@@ -123,6 +126,7 @@ func newWorkflowDetail(wf *dag.Workflow) workflowDetail {
 			ContinueOnError: st.ContinueOnError,
 			ForEach:         st.ForEach != nil,
 			Concurrency:     st.Concurrency,
+			Workflow:        st.Workflow,
 		}
 		if st.Timeout > 0 {
 			t := st.Timeout.String()

@@ -75,5 +75,11 @@ func TestListChildren(t *testing.T) {
 		require.Equal(t, []string{}, list("?parent=no-such-id"))
 		require.Equal(t, []string{child}, list("?all=true&workflow=greet&parent="+parent))
 		requireError(t, b.do(t, http.MethodGet, "/api/instances?all=yes", ""), http.StatusBadRequest, `invalid all "yes": use true or false`)
+
+		// The definition names the workflow a step runs; other steps have no key.
+		def := b.do(t, http.MethodGet, "/api/workflows/wrap", "").json(t)
+		require.Equal(t, "greet", def["steps"].([]any)[0].(map[string]any)["workflow"])
+		def = b.do(t, http.MethodGet, "/api/workflows/greet", "").json(t)
+		require.NotContains(t, def["steps"].([]any)[0].(map[string]any), "workflow")
 	})
 }

@@ -1187,6 +1187,7 @@
       let detail = s && s.when ? "when " + s.when : (s && s.queue !== "default" ? "queue " + s.queue : "");
       if (s && s.forEach) detail = "for each item" + (s.concurrency ? ", " + s.concurrency + " at once" : "") + (detail ? " \u00B7 " + detail : "");
       if (s && s.wait) return { status: "definition", label: "wait", detail: "signal " + s.wait.signal + (s.wait.timeout ? " \u00B7 " + s.wait.timeout : "") };
+      if (s && s.workflow) return { status: "definition", label: "\u21B3 " + s.workflow, detail: detail || "workflow step" };
       return { status: "definition", label: s ? s.handler : "", detail };
     }
     function renderSide() {
@@ -1203,12 +1204,15 @@
           s.wait ? [
             el("span", {}, "Waits for"), el("span", { class: "mono" }, "signal " + s.wait.signal),
             el("span", {}, "Times out"), el("span", {}, s.wait.timeout ? "after " + s.wait.timeout : "never"),
+          ] : s.workflow ? [
+            // A workflow step runs its child workflow, not a handler.
+            el("span", {}, "Workflow"), el("span", { class: "mono", id: "def-workflow" }, link("/workflows/" + encodeURIComponent(s.workflow), s.workflow)),
           ] : [
             el("span", {}, "Handler"), el("span", { class: "mono" }, s.handler),
             el("span", {}, "Queue"), el("span", { class: "mono" }, s.queue),
           ],
           el("span", {}, "Depends on"), el("span", {}, s.dependsOn.join(", ") || "–"),
-          s.wait ? null : [
+          s.wait || s.workflow ? null : [
             el("span", {}, "Retry"), el("span", {}, s.retry.maxAttempts + " attempts, backoff " + s.retry.backoff + " up to " + s.retry.maxBackoff),
             el("span", {}, "Timeout"), el("span", {}, s.timeout || "none"),
           ],
