@@ -657,8 +657,11 @@
   // the page shown (prev/next, a status filter), so a step of 10,000 items
   // costs what one of 50 does. A click on a row shows that item's input,
   // output and error below it.
-  function itemsView(instanceID, step) {
+  // withChildren adds a column linking each item's child instance, for a
+  // forEach workflow step.
+  function itemsView(instanceID, step, withChildren) {
     let offset = 0, status = "", seq = 0;
+    const cols = withChildren ? 6 : 5;
     const open = new Set();
     const filter = el("select", { id: "items-status", "aria-label": "item status" },
       el("option", { value: "" }, "all items"), STATUSES.map((st) => el("option", { value: st }, st)));
@@ -671,7 +674,7 @@
       el("div", { class: "items-bar" }, filter, range, el("span", { class: "spacer" }), prev, next),
       el("div", { class: "items-scroll", "data-keep": "items" },
         el("table", { id: "items-table" },
-          el("thead", {}, el("tr", {}, ["#", "Status", "Attempts", "Duration", "Error", "Child"].map((h) => el("th", {}, h)))),
+          el("thead", {}, el("tr", {}, ["#", "Status", "Attempts", "Duration", "Error"].concat(withChildren ? ["Child"] : []).map((h) => el("th", {}, h)))),
           tbody)));
     let page = null;
 
@@ -701,7 +704,7 @@
       prev.disabled = page.offset === 0;
       next.disabled = page.offset + n >= page.total;
       rows(JSON.stringify([page, [...open]]), () => {
-        if (!n) return el("tr", {}, el("td", { colspan: 6, class: "empty" }, status ? "No " + status + " items." : "No items yet."));
+        if (!n) return el("tr", {}, el("td", { colspan: cols, class: "empty" }, status ? "No " + status + " items." : "No items yet."));
         return page.items.map((it) => {
           const row = el("tr", { class: "clickable", "data-index": it.index, tabindex: 0, "aria-expanded": String(open.has(it.index)) },
             el("td", { class: "num" }, String(it.index)),
@@ -710,7 +713,7 @@
             el("td", { class: "num" }, duration(it.startedAt, it.status === "running" ? null : it.finishedAt || it.startedAt)),
             el("td", { class: "item-error", title: it.error || "" }, it.error || ""),
             // An item of a forEach workflow step runs as a child instance.
-            el("td", { class: "mono" }, it.child ? el("a", { href: "#/instances/" + encodeURIComponent(it.child), class: "item-child", title: it.child }, shortID(it.child)) : ""));
+            withChildren ? el("td", { class: "mono" }, it.child ? el("a", { href: "#/instances/" + encodeURIComponent(it.child), class: "item-child", title: it.child }, shortID(it.child)) : "") : null);
           const toggle = () => {
             if (open.has(it.index)) open.delete(it.index); else open.add(it.index);
             draw();
@@ -722,7 +725,7 @@
             if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); toggle(); }
           });
           if (!open.has(it.index)) return row;
-          return [row, el("tr", { class: "item-detail", "data-detail": it.index }, el("td", { colspan: 6 },
+          return [row, el("tr", { class: "item-detail", "data-detail": it.index }, el("td", { colspan: cols },
             el("div", { class: "muted" }, "Input"), jsonBlock(it.input),
             el("div", { class: "muted" }, "Output"), jsonBlock(it.output),
             it.error !== null ? el("div", { class: "error-box" }, it.error) : null,
@@ -858,7 +861,7 @@
     // page, filter and scroll stay while counts change.
     let items = null;
     function itemsFor(s) {
-      if (!items || items.step !== s.name) items = itemsView(id, s.name);
+      if (!items || items.step !== s.name) items = itemsView(id, s.name, !!s.workflow);
       return items;
     }
 
