@@ -117,6 +117,9 @@ func validateList(p storage.ListParams) error {
 	if err := storage.CheckText(p.BeforeID, storage.MaxIDBytes); err != nil {
 		return &ArgumentError{Name: "page cursor (before)", Reason: "it " + err.Error()}
 	}
+	if err := storage.CheckText(p.Parent, storage.MaxIDBytes); err != nil {
+		return &ArgumentError{Name: "parent filter", Reason: "it " + err.Error()}
+	}
 	switch p.Status {
 	case "", storage.InstancePending, storage.InstanceRunning, storage.InstanceCompleted, storage.InstanceFailed, storage.InstanceCancelled:
 	default:

@@ -67,6 +67,10 @@ type Config struct {
 	// last StepLogBytes of it, a marker line saying how much was dropped
 	// before. Default: DefaultStepLogBytes (64 KiB).
 	StepLogBytes int
+	// MaxDepth bounds how deep workflow steps nest: a workflow step of an
+	// instance at this depth (a top-level instance is at 0) fails for good
+	// instead of starting a child. Default: DefaultMaxDepth (10).
+	MaxDepth int
 }
 
 func (c *Config) withDefaults() *Config {
@@ -78,6 +82,7 @@ func (c *Config) withDefaults() *Config {
 	out.MaxPlanExprSteps = cmp.Or(c.MaxPlanExprSteps, DefaultMaxPlanExprSteps)
 	out.MaxItems = cmp.Or(c.MaxItems, DefaultMaxItems)
 	out.StepLogBytes = cmp.Or(c.StepLogBytes, DefaultStepLogBytes)
+	out.MaxDepth = cmp.Or(c.MaxDepth, DefaultMaxDepth)
 	if out.Observer == nil {
 		out.Observer = nopObserver{}
 	}
@@ -85,8 +90,8 @@ func (c *Config) withDefaults() *Config {
 }
 
 func (c *Config) validate() error {
-	if min(c.MaxInputBytes, c.MaxOutputBytes, c.MaxPlanInputBytes, c.MaxPlanExprSteps, c.MaxItems, c.StepLogBytes) < 0 {
-		return errors.New("dagrun: MaxInputBytes, MaxOutputBytes, MaxPlanInputBytes, MaxPlanExprSteps, MaxItems and StepLogBytes must not be negative")
+	if min(c.MaxInputBytes, c.MaxOutputBytes, c.MaxPlanInputBytes, c.MaxPlanExprSteps, c.MaxItems, c.StepLogBytes, c.MaxDepth) < 0 {
+		return errors.New("dagrun: MaxInputBytes, MaxOutputBytes, MaxPlanInputBytes, MaxPlanExprSteps, MaxItems, StepLogBytes and MaxDepth must not be negative")
 	}
 	seen := map[string]bool{}
 	for _, w := range c.Workflows {
@@ -266,20 +271,23 @@ func (e *Engine) List(ctx context.Context, p storage.ListParams) ([]storage.Inst
 	return e.store.ListInstances(ctx, p)
 }
 
-// Cancel cancels an unfinished instance. Running handlers see their context
-// cancelled at once in this process, and at their worker's next heartbeat
-// in others.
+// Cancel cancels an unfinished instance and its unfinished descendants
+// (child instances). Running handlers see their context cancelled at once
+// in this process, and at their worker's next heartbeat in others. A
+// cancelled child fails its parent's workflow step.
 func (e *Engine) Cancel(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
-	if err := e.store.CancelInstance(ctx, id, "cancelled by request"); err != nil {
+	rec := e.newFinishRecorder()
+	if err := e.store.CancelInstance(ctx, id, "cancelled by request", rec.plan); err != nil {
 		if errors.Is(err, storage.ErrConflict) {
 			return fmt.Errorf("instance %s is already finished: %w", id, err)
 		}
 		return err
 	}
-	e.stopLocalAttempts(id)
+	e.stopLocalTree(ctx, id)
+	rec.report()
 	e.notifyChanged()
 	if inst, err := e.store.GetInstance(ctx, id); err == nil {
 		e.observer.InstanceFinished(inst.Workflow, storage.InstanceCancelled)
@@ -291,13 +299,18 @@ func (e *Engine) Cancel(ctx context.Context, id string) error {
 }
 
 // Retry re-arms a failed or cancelled instance: failed and cancelled steps
-// run again with fresh attempts, completed outputs are kept.
+// run again with fresh attempts, completed outputs are kept. A failed
+// workflow step runs again by retrying its child the same way. A child
+// instance is retried only through its parent.
 func (e *Engine) Retry(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
 	rec := e.newFinishRecorder()
 	if err := e.store.RetryInstance(ctx, id, rec.plan); err != nil {
+		if inst, getErr := e.store.GetInstance(ctx, id); errors.Is(err, storage.ErrConflict) && getErr == nil && inst.Parent != nil {
+			return err // a child: the store's message says to retry its parent
+		}
 		if errors.Is(err, storage.ErrConflict) {
 			return fmt.Errorf("instance %s is not failed or cancelled, so there is nothing to retry: %w", id, err)
 		}

@@ -64,7 +64,11 @@ func (p *planner) expand(step *dag.Step, env *dag.Env) storage.StepChange {
 		items[i] = raw
 	}
 	env.Item, env.Index = nil, 0
-	return storage.StepChange{Name: step.Name, Status: storage.StepRunning, Items: items}
+	change := storage.StepChange{Name: step.Name, Status: storage.StepRunning, Items: items}
+	if step.Workflow != "" {
+		return p.startChildren(step, change, items)
+	}
+	return change
 }
 
 // jsonType names the JSON type of a decoded value, for messages.

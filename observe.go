@@ -1,6 +1,7 @@
 package dagrun
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -107,9 +108,10 @@ func (r *finishRecorder) report() {
 	for id, f := range r.ended {
 		r.engine.observer.InstanceFinished(f.workflow, f.status)
 		if f.status != storage.InstanceCompleted {
-			// Its running steps were cancelled with it: stop this
-			// process's handlers now rather than at their next heartbeat.
-			r.engine.stopLocalAttempts(id)
+			// Its running steps and its descendants were cancelled with
+			// it: stop this process's handlers now rather than at their
+			// next heartbeat.
+			r.engine.stopLocalTree(context.Background(), id)
 		}
 	}
 	r.ended = nil

@@ -235,6 +235,7 @@ func buildStepSpecs(w *dag.Workflow) []storage.StepSpec {
 			ItemConcurrency: s.Concurrency,
 			ContinueOnError: s.ContinueOnError,
 			OnFailure:       s.OnFailure,
+			Workflow:        s.Workflow,
 		}
 		if s.KeyConcurrency != nil {
 			specs[i].ConcurrencyLimit = s.KeyConcurrency.Limit

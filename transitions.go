@@ -35,7 +35,7 @@ func (e *Engine) plan(state *storage.InstanceState) (*storage.Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := planner{w: w, state: state, config: e.config, status: make(map[string]storage.StepStatus, len(state.Steps)), index: make(map[string]int, len(state.Steps))}
+	p := planner{w: w, state: state, engine: e, config: e.config, status: make(map[string]storage.StepStatus, len(state.Steps)), index: make(map[string]int, len(state.Steps))}
 	for i, s := range state.Steps {
 		p.status[s.Name] = s.Status
 		p.index[s.Name] = i
@@ -46,6 +46,7 @@ func (e *Engine) plan(state *storage.InstanceState) (*storage.Plan, error) {
 type planner struct {
 	w      *dag.Workflow
 	state  *storage.InstanceState
+	engine *Engine // the workflows a workflow step starts, and new IDs
 	config *Config // the size limits
 	status map[string]storage.StepStatus
 	index  map[string]int
@@ -177,6 +178,12 @@ func (p *planner) resolve(step *dag.Step) storage.StepChange {
 	}
 	if step.Wait != nil {
 		return storage.StepChange{Name: step.Name, Status: storage.StepWaiting, Input: input}
+	}
+	if step.Workflow != "" {
+		if step.Input == nil {
+			input = json.RawMessage("{}") // the input of a start without one
+		}
+		return p.startChildren(step, storage.StepChange{Name: step.Name, Status: storage.StepRunning, Input: input}, []json.RawMessage{input})
 	}
 	change := storage.StepChange{Name: step.Name, Status: storage.StepPending, Input: input}
 	if err := limitStep(step, env, &change); err != nil {

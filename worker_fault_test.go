@@ -16,6 +16,7 @@ import (
 	"github.com/dagrun/dagrun"
 	"github.com/dagrun/dagrun/handlers"
 	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/storagetest"
 )
 
 // A step cancelled and retried within one heartbeat is claimed again by
@@ -63,7 +64,7 @@ steps:
 		// Cancel in the store, as another process would: this worker only
 		// learns of it at its next heartbeat, after the retry.
 		ctx := context.Background()
-		require.NoError(t, b.store.CancelInstance(ctx, id, "by test"))
+		require.NoError(t, b.store.CancelInstance(ctx, id, "by test", storagetest.Plan))
 		require.NoError(t, b.engine.Retry(ctx, id))
 
 		require.NotEqual(t, "never cancelled", (<-firstCause).Error(), "the older attempt's handler must see its context cancelled")

@@ -22,7 +22,10 @@
 //
 // Parse reports every error of a file, not just the first, each as
 // FILE:LINE:COL: message (see Error and ErrorList), one line each, written for
-// the person who has to fix the file.
+// the person who has to fix the file. Workflow steps name workflows of other
+// files, so their calls are checked once the folder is parsed (CheckCalls,
+// which LoadDir runs): unknown names, call cycles, and required child input
+// that a literal input lacks.
 //
 // # Decisions where the design is silent
 //

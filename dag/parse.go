@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -50,6 +51,7 @@ func Parse(filename string, src []byte, opts *ParseOptions) (*Workflow, error) {
 		sortErrors(p.c.errs)
 		return nil, p.c.errs
 	}
+	w.file = filename
 	return w, nil
 }
 
@@ -78,8 +80,10 @@ func readWorkflowFile(path string) ([]byte, error) {
 // starting with "." are skipped as editor leftovers). It returns the valid
 // workflows sorted by name and an ErrorList of all errors of all files (nil if
 // none): one broken file does not hide the others. Two files declaring the same
-// workflow name are an error. Only a failure to list dir is returned as a plain
-// error.
+// workflow name are an error, and so are the calls between workflows that
+// CheckCalls refuses: a workflow with such a call is left out too, so that
+// no instance starts one that could never finish. Only a failure to list
+// dir is returned as a plain error.
 func LoadDir(dir string, opts *ParseOptions) ([]*Workflow, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -89,6 +93,7 @@ func LoadDir(dir string, opts *ParseOptions) ([]*Workflow, error) {
 		wfs    []*Workflow
 		errs   ErrorList
 		byName = map[string]string{}
+		broken = map[string]string{} // workflows whose file has errors, by the name the file gives
 	)
 	for _, e := range entries {
 		name := e.Name()
@@ -104,6 +109,7 @@ func LoadDir(dir string, opts *ParseOptions) ([]*Workflow, error) {
 		}
 		w, err := Parse(path, src, opts)
 		if err != nil {
+			broken[strings.TrimSuffix(name, ext)] = path
 			var l ErrorList
 			if errors.As(err, &l) {
 				errs = append(errs, l...)
@@ -120,6 +126,9 @@ func LoadDir(dir string, opts *ParseOptions) ([]*Workflow, error) {
 		byName[w.Name] = path
 		wfs = append(wfs, w)
 	}
+	callErrs, bad := checkCalls(wfs, broken)
+	errs = append(errs, callErrs...)
+	wfs = slices.DeleteFunc(wfs, func(w *Workflow) bool { return bad[w.Name] })
 	sort.Slice(wfs, func(i, j int) bool { return wfs[i].Name < wfs[j].Name })
 	if len(errs) > 0 {
 		sortErrors(errs)
@@ -147,7 +156,7 @@ type rawStep struct {
 	node                                                                          *yaml.Node
 	misspelt                                                                      map[string]bool
 	Name, Handler, DependsOn, Input, When, Retry, Timeout, Queue, ContinueOnError *yaml.Node
-	ForEach, Concurrency, Wait                                                    *yaml.Node
+	ForEach, Concurrency, Wait, Workflow                                          *yaml.Node
 }
 
 type rawWait struct {
@@ -182,7 +191,7 @@ func (r *rawStep) fields() []field {
 	return []field{{"name", &r.Name}, {"handler", &r.Handler}, {"dependsOn", &r.DependsOn},
 		{"input", &r.Input}, {"when", &r.When}, {"retry", &r.Retry}, {"timeout", &r.Timeout},
 		{"queue", &r.Queue}, {"continueOnError", &r.ContinueOnError}, {"forEach", &r.ForEach},
-		{"concurrency", &r.Concurrency}, {"wait", &r.Wait}}
+		{"concurrency", &r.Concurrency}, {"wait", &r.Wait}, {"workflow", &r.Workflow}}
 }
 
 func (r *rawRetry) fields() []field {

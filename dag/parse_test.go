@@ -172,7 +172,7 @@ func TestParseFileAndLoadDir(t *testing.T) {
 	}())
 	var list ErrorList
 	require.True(t, errors.As(err, &list))
-	require.Equal(t, filepath.Join(dir, "broken.yaml")+`:3:5: step "a": missing required key "handler" or "wait" (the registered handler that runs it, e.g. handler: echo, or the signal it waits for, e.g. wait: {signal: approve})`+"\n"+
+	require.Equal(t, filepath.Join(dir, "broken.yaml")+`:3:5: step "a": missing required key "handler", "wait" or "workflow" (the registered handler that runs it, e.g. handler: echo, the signal it waits for, e.g. wait: {signal: approve}, or the workflow it starts, e.g. workflow: shipping)`+"\n"+
 		filepath.Join(dir, "zeta.yml")+`:1:7: workflow "zeta" is already defined in `+filepath.Join(dir, "zeta.yaml")+`: keep only one of the two files`, err.Error())
 
 	_, err = LoadDir(filepath.Join(dir, "nope"), nil)
@@ -326,4 +326,32 @@ onFailure:
 	require.Equal(t, "refund", order[0].Name)
 	require.Equal(t, "notify", order[1].Name)
 	require.Len(t, w.TopologicalOrder(), 1)
+}
+
+func TestParseWorkflowStep(t *testing.T) {
+	t.Parallel()
+	w, err := Parse("", []byte(`name: fulfil
+defaults: {retry: {maxAttempts: 5}, queue: fast}
+steps:
+  - name: pick
+    handler: echo
+  - name: ship
+    dependsOn: [pick]
+    workflow: shipping
+    input: {orderId: "${{ steps.pick.output.id }}"}
+    continueOnError: true
+  - name: each
+    forEach: [1, 2]
+    workflow: shipping
+`), testOptions())
+	require.NoError(t, err)
+	ship := w.Step("ship")
+	require.Equal(t, "shipping", ship.Workflow)
+	require.Equal(t, [2]int{8, 15}, [2]int{ship.WorkflowLine, ship.WorkflowCol}, "where the name is written, for checks across files")
+	require.Empty(t, ship.Handler)
+	require.NotNil(t, ship.Input)
+	require.True(t, ship.ContinueOnError)
+	require.Equal(t, "shipping", w.Step("each").Workflow)
+	require.NotNil(t, w.Step("each").ForEach)
+	require.Empty(t, w.Step("pick").Workflow)
 }

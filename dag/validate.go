@@ -411,7 +411,11 @@ func (p *parser) step(b *stepBuild, def defaults) {
 	}
 	switch {
 	case r.Handler != nil && r.Wait != nil:
-		p.c.at(r.Wait, `%s: a step has exactly one of "handler" and "wait": remove one`, b.label)
+		p.c.at(r.Wait, `%s: a step has exactly one of "handler", "wait" and "workflow": remove one`, b.label)
+	case r.Workflow != nil && (r.Handler != nil || r.Wait != nil):
+		p.c.at(r.Workflow, `%s: a step has exactly one of "handler", "wait" and "workflow": remove one`, b.label)
+	case r.Workflow != nil:
+		p.workflowStep(b)
 	case r.Wait != nil:
 		s.Wait = p.wait(r.Wait, b.label, s.Name)
 		if r.ForEach != nil {
@@ -421,8 +425,8 @@ func (p *parser) step(b *stepBuild, def defaults) {
 			p.c.at(r.Timeout, `%s: "timeout" bounds a handler's attempt; a wait step's timeout is wait.timeout`, b.label)
 		}
 	case r.Handler == nil:
-		if !r.misspelt["handler"] && !r.misspelt["wait"] {
-			p.c.at(r.node, `%s: missing required key "handler" or "wait" (the registered handler that runs it, e.g. handler: echo, or the signal it waits for, e.g. wait: {signal: approve})`, b.label)
+		if !r.misspelt["handler"] && !r.misspelt["wait"] && !r.misspelt["workflow"] {
+			p.c.at(r.node, `%s: missing required key "handler", "wait" or "workflow" (the registered handler that runs it, e.g. handler: echo, the signal it waits for, e.g. wait: {signal: approve}, or the workflow it starts, e.g. workflow: shipping)`, b.label)
 		}
 	default:
 		if h, ok := p.text(r.Handler, b.label, `"handler"`); ok {

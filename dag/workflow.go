@@ -31,6 +31,7 @@ type Workflow struct {
 	order             []*Step // topological order, computed once at parse
 	failureOrder      []*Step // the same for OnFailure
 	nameLine, nameCol int     // position of the name, for LoadDir's duplicate check
+	file              string  // the file name given to Parse, for CheckCalls' positions
 }
 
 // RetryPolicy says how often and how fast a failed step is tried again:
@@ -97,7 +98,14 @@ type Step struct {
 	Wait *Wait
 	// OnFailure marks a step of the workflow's onFailure: list.
 	OnFailure bool
-	Line, Col int // position of the step in the file
+	// Workflow, when set, makes the step a workflow step: instead of
+	// running a handler it starts an instance of the workflow of that
+	// name (its child), with Input as the child's input, and completes
+	// with the child's output. WorkflowLine and WorkflowCol are where the
+	// name is written, for checks across files.
+	Workflow                  string
+	WorkflowLine, WorkflowCol int
+	Line, Col                 int // position of the step in the file
 }
 
 // Wait is a wait step's wait: for a signal named Signal (default: the

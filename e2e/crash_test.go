@@ -538,17 +538,31 @@ func sqliteInt(t *testing.T, path, query string) int {
 // dbInt runs a query returning one integer on either backend (--db value).
 func dbInt(t *testing.T, db, query string) int {
 	t.Helper()
+	n, err := dbIntErr(db, query)
+	require.NoError(t, err, query)
+	return n
+}
+
+// dbIntErr is dbInt for a goroutine other than the test's.
+func dbIntErr(db, query string) (int, error) {
+	var n int
 	if !strings.HasPrefix(db, "postgres") {
-		return sqliteInt(t, strings.TrimPrefix(db, "sqlite:"), query)
+		conn, err := sql.Open("sqlite3", "file:"+strings.TrimPrefix(db, "sqlite:")+"?_busy_timeout=10000")
+		if err != nil {
+			return 0, err
+		}
+		defer conn.Close()
+		return n, conn.QueryRow(query).Scan(&n)
 	}
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, db)
-	require.NoError(t, err)
+	if err != nil {
+		return 0, err
+	}
 	defer conn.Close(ctx)
 	// dagrun's tables live in their own schema.
-	_, err = conn.Exec(ctx, "SET search_path TO dagrun")
-	require.NoError(t, err)
-	var n int
-	require.NoError(t, conn.QueryRow(ctx, query).Scan(&n), query)
-	return n
+	if _, err := conn.Exec(ctx, "SET search_path TO dagrun"); err != nil {
+		return 0, err
+	}
+	return n, conn.QueryRow(ctx, query).Scan(&n)
 }

@@ -212,7 +212,14 @@ type instance struct {
 		Output    json.RawMessage `json:"output"`
 		Error     *string         `json:"error"`
 		StartedAt *string         `json:"startedAt"`
+		Workflow  string          `json:"workflow"`
+		Children  []string        `json:"children"`
 	} `json:"steps"`
+	Parent *struct {
+		ID   string `json:"id"`
+		Step string `json:"step"`
+		Item *int   `json:"item"`
+	} `json:"parent"`
 	Events []struct {
 		Type    string `json:"type"`
 		Step    string `json:"step"`

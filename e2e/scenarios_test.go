@@ -706,7 +706,7 @@ func TestValidateAndGraph(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "unused.db", nil)
 	res := e.mustRun(t, "validate")
-	require.Equal(t, "ok greet-everyone (2 steps)\nok order-processing (4 steps)\nok refund-approval (4 steps)\n", res.stdout)
+	require.Equal(t, "ok greet-everyone (2 steps)\nok order-fulfilment (3 steps)\nok order-processing (4 steps)\nok refund-approval (4 steps)\nok shipping (2 steps)\n", res.stdout)
 	require.Empty(t, res.stderr)
 
 	e = newEnv(t, "unused.db", map[string]string{"broken.yaml": brokenWorkflow})
@@ -721,7 +721,7 @@ func TestValidateAndGraph(t *testing.T) {
 	// The whole folder: the good file passes, the bad one fails the run.
 	res = e.run(t, "validate")
 	require.Equal(t, 2, res.code)
-	require.Equal(t, "ok greet-everyone (2 steps)\nok order-processing (4 steps)\nok refund-approval (4 steps)\n", res.stdout)
+	require.Equal(t, "ok greet-everyone (2 steps)\nok order-fulfilment (3 steps)\nok order-processing (4 steps)\nok refund-approval (4 steps)\nok shipping (2 steps)\n", res.stdout)
 	require.Equal(t, strings.Count(golden0(t, "validate-broken"), "\n"), strings.Count(res.stderr, "\n"))
 
 	golden(t, "graph-mermaid", e.mustRun(t, "graph", "order-processing", "--format", "mermaid").stdout)

@@ -41,6 +41,10 @@ type NewStep struct {
 	Output json.RawMessage
 	// ConcurrencyKey is a pending step's StepChange.ConcurrencyKey.
 	ConcurrencyKey string
+	// Children are the child instances of a workflow step the plan
+	// started (Status running), one per item for a forEach step: the
+	// store creates them once the step's row (and items) exist.
+	Children []CreateParams
 }
 
 // Finished reports whether the step ends with its creation (skipped, failed
@@ -72,12 +76,16 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 		Steps:  make([]NewStep, len(p.Steps)),
 		Events: []NewEvent{{Type: EventInstanceCreated}},
 	}
+	if p.Parent != nil {
+		n.Events[0].Message = ChildCreatedMessage(p.Parent)
+	}
 	state := InstanceState{
 		ID:             p.ID,
 		Workflow:       p.Workflow,
 		DefinitionHash: p.DefinitionHash,
 		Status:         InstancePending,
 		Input:          p.Input,
+		Depth:          p.Depth,
 		Steps:          make([]StepState, len(p.Steps)),
 		LoadDefinition: loadDefinition,
 	}
@@ -125,6 +133,23 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 			s.Error = c.Error
 			n.event(c.Name, EventStepFailed, c.Error)
 		case StepRunning:
+			if len(c.Children) > 0 || p.Steps[i].Workflow != "" {
+				if err := CheckChildren(p.ID, &p.Steps[i], c); err != nil {
+					return nil, err
+				}
+				s.Input, s.Items, s.Children = c.Input, c.Items, c.Children
+				if len(c.Items) > 0 {
+					n.event(c.Name, EventStepReady, fmt.Sprintf("%d items", len(c.Items)))
+				}
+				n.event(c.Name, EventStepStarted, ChildrenStartedMessage(c.Children))
+				if n.Status == InstancePending {
+					// A step that starts a child has started its
+					// instance, as a claimed step would have.
+					n.Status = InstanceRunning
+					n.event("", EventInstanceStarted, "")
+				}
+				break
+			}
 			if err := CheckExpansion(p.ID, &p.Steps[i], c); err != nil {
 				return nil, err
 			}
@@ -148,7 +173,7 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 		n.Status, n.Output, n.Error = ic.Status, ic.Output, ic.Error
 		for i := range n.Steps {
 			if s := &n.Steps[i]; !s.Finished() {
-				s.Status, s.Items = StepCancelled, nil
+				s.Status, s.Items, s.Children = StepCancelled, nil, nil
 				n.event(p.Steps[i].Name, EventStepCancelled, ic.Error)
 			}
 		}
@@ -233,4 +258,21 @@ func CountItem(c *ItemCounts, status StepStatus, n int) {
 	case StepCancelled, StepSkipped:
 		c.Cancelled += n
 	}
+}
+
+// ForEachSteps returns the expanded forEach steps of instances for which
+// keep holds, by row ID, and their IDs in order: what a backend fills in
+// from the items (their counts, their children) with one query.
+func ForEachSteps(instances []Instance, keep func(*Step) bool) (map[int64]*Step, []int64) {
+	byID := map[int64]*Step{}
+	var ids []int64
+	for i := range instances {
+		for j := range instances[i].Steps {
+			if st := &instances[i].Steps[j]; st.Items != nil && keep(st) {
+				byID[st.ID] = st
+				ids = append(ids, st.ID)
+			}
+		}
+	}
+	return byID, ids
 }

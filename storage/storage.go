@@ -123,6 +123,17 @@ type StepSpec struct {
 	// step name may hold a slot at once per key value (StepChange's
 	// ConcurrencyKey); see HeldUntil.
 	ConcurrencyLimit int
+	// Workflow names the child workflow a workflow step starts; such a row
+	// runs no handler: it is running, with no lease, while its child runs.
+	Workflow string
+}
+
+// ParentRef names the step (and item, for forEach) whose child an instance is.
+type ParentRef struct {
+	InstanceID string
+	Step       string
+	// Item is the item index for a child of a forEach item, -1 otherwise.
+	Item int
 }
 
 // WaitSpec is what a wait step waits for: a signal of this name sent to its
@@ -189,6 +200,11 @@ type CreateParams struct {
 	// to CreateInstances promotes the ready ones in the same transaction.
 	// Many CreateParams may share one slice: stores must not modify it.
 	Steps []StepSpec
+	// Parent is set by the store for the children a plan creates (see
+	// StepChange.Children); callers of CreateInstances leave it nil.
+	Parent *ParentRef
+	// Depth is 0 for a top-level instance, its parent's Depth+1 for a child.
+	Depth int
 }
 
 // CreateResult tells what CreateInstances did for one CreateParams.
@@ -306,6 +322,8 @@ type InstanceState struct {
 	DefinitionHash string
 	Status         InstanceStatus
 	Input          json.RawMessage
+	// Depth is 0 for a top-level instance, its parent's Depth+1 for a child.
+	Depth int
 	// Steps in definition order.
 	Steps []StepState
 	// Failure is the instance's recorded failure while its onFailure
@@ -384,6 +402,19 @@ type StepChange struct {
 	// ConcurrencyKey is the key value of a step made pending whose spec has
 	// a ConcurrencyLimit; empty: the step is not limited.
 	ConcurrencyKey string
+	// Children, with Status running, starts a workflow step: the store
+	// creates one child instance per entry in the same transaction (with
+	// Items set too for forEach with workflow: Children[i] belongs to item
+	// i, and each item is then running with no lease, like its step). The
+	// store sets each child's Parent, creates it with its steps, plans it
+	// with the same PlanFunc, and records the child's ID on the step (or
+	// item) row. The step (item) stays running, never claimed nor
+	// lease-recovered, until its child finishes: in the transaction that
+	// finishes the child, a completed child completes it with the child's
+	// output; a failed or cancelled child fails it for good ("child
+	// instance ID failed: ERROR", "child instance ID was cancelled"); the
+	// parent instance is then planned as after any step's change.
+	Children []CreateParams
 }
 
 // InstanceChange finishes an instance.
@@ -442,6 +473,11 @@ type Instance struct {
 	// TraceParent and TraceCaller are as CreateParams gave them.
 	TraceParent string
 	TraceCaller string
+	// Parent names the step whose child this instance is; nil for a
+	// top-level instance.
+	Parent *ParentRef
+	// Depth is 0 for a top-level instance, its parent's Depth+1 for a child.
+	Depth int
 }
 
 // Step is one step row.
@@ -472,6 +508,11 @@ type Step struct {
 	Items *ItemCounts
 	// OnFailure marks a step of the instance's onFailure steps.
 	OnFailure bool
+	// Workflow is the child workflow of a workflow step ("" for others).
+	Workflow string
+	// Children are the IDs of the step's child instances, in item order for
+	// forEach (nil: none started).
+	Children []string
 }
 
 // ItemCounts counts the items of a forEach step by status.
@@ -491,6 +532,9 @@ type Item struct {
 	StartedAt  *time.Time
 	FinishedAt *time.Time
 	WorkerID   string
+	// Child is the item's child instance ID, for an item of a forEach
+	// workflow step ("" otherwise).
+	Child string
 }
 
 // ItemsParams pages the items of one step, in index order.
@@ -552,6 +596,11 @@ type ListParams struct {
 	Limit int
 	// BeforeID pages: only instances created before this one.
 	BeforeID string
+	// Parent, when set, returns only the children of this instance.
+	Parent string
+	// TopLevel returns only instances without a parent (what the CLI and
+	// the API list by default).
+	TopLevel bool
 }
 
 // LogRecord is one record a handler logged during an attempt.
@@ -755,15 +804,21 @@ type Store interface {
 	// CancelInstance cancels an unfinished instance and its unfinished steps
 	// and items (running ones included: their claims become stale).
 	// ErrConflict if the instance is already finished, ErrNotFound if
-	// absent.
-	CancelInstance(ctx context.Context, id, reason string) error
+	// absent. Its unfinished descendants (child instances, recursively)
+	// are cancelled in the same transaction. plan is called for the parent
+	// instance of a child cancelled this way, whose workflow step the
+	// cancellation fails (see StepChange.Children).
+	CancelInstance(ctx context.Context, id, reason string, plan PlanFunc) error
 
 	// RetryInstance re-arms a failed or cancelled instance: its failed and
 	// cancelled steps become blocked with attempts reset, the instance
 	// running, then plan promotes the ready ones. Completed outputs stay. A
 	// forEach step that expanded runs again instead: its failed and
 	// cancelled items become pending with attempts reset, its completed
-	// ones keep their outputs.
+	// ones keep their outputs. A failed workflow step with a child runs
+	// again by retrying its child the same way (recursively) instead of
+	// starting a new one. A child whose parent instance is finished is
+	// ErrConflict: retry the parent instead.
 	RetryInstance(ctx context.Context, id string, plan PlanFunc) error
 
 	// SendSignal stores a signal and, when its step is waiting, completes
@@ -795,7 +850,8 @@ type Store interface {
 	// Prune deletes finished instances that finished before olderThan, with
 	// their steps, events and logs, and the definition snapshots no remaining
 	// instance uses, in the same transaction; with dryRun it only counts
-	// the instances.
+	// the instances. Child instances go with their top-level ancestor, and
+	// only with it (they are not counted).
 	Prune(ctx context.Context, olderThan time.Time, dryRun bool) (int, error)
 
 	// AppendLogs stores step log records in one transaction: first it

@@ -83,7 +83,7 @@ func TestNoTimeFromTheProcess(t *testing.T) {
 	require.NoError(t, s.ReleaseSteps(ctx, []storage.Claim{cs[0].Claim}))
 	_, err = s.RecoverExpired(ctx, 0, storagetest.Plan)
 	require.NoError(t, err)
-	require.NoError(t, s.CancelInstance(ctx, res[1].ID, "stop"))
+	require.NoError(t, s.CancelInstance(ctx, res[1].ID, "stop", storagetest.Plan))
 	require.NoError(t, s.RetryInstance(ctx, res[1].ID, storagetest.Plan))
 	_, err = s.Stats(ctx)
 	require.NoError(t, err)

@@ -2,9 +2,11 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -41,7 +43,10 @@ ORDER BY id FOR NO KEY UPDATE`
 // CancelInstance implements storage.Store. Running steps are cancelled too:
 // their claims go stale, so heartbeats report them lost and their handlers
 // are stopped.
-func (s *Store) CancelInstance(ctx context.Context, id, reason string) error {
+func (s *Store) CancelInstance(ctx context.Context, id, reason string, plan storage.PlanFunc) error {
+	if plan == nil {
+		return errors.New("postgres: cancel instance: nil PlanFunc")
+	}
 	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
 		l, err := s.lockOne(ctx, tx, id, false)
 		if err != nil {
@@ -50,9 +55,9 @@ func (s *Store) CancelInstance(ctx context.Context, id, reason string) error {
 		if status := l.state.Status; status.Finished() {
 			return fmt.Errorf("instance %s is already %s: %w", id, status, storage.ErrConflict)
 		}
+		st.plan = plan
 		st.tail.Queue(s.q(lockUnfinishedStepsSQL), id)
-		st.tail.Queue(s.q(finishInstancesSQL), s.now(),
-			[]string{id}, []string{string(storage.InstanceCancelled)}, []*string{nil}, []string{reason})
+		s.queueFinish(st, s.now(), []string{id}, []string{string(storage.InstanceCancelled)}, []json.RawMessage{nil}, []string{reason})
 		s.queueActor(ctx, st, id)
 		return nil
 	})
@@ -74,7 +79,12 @@ WITH it AS (
 		run_after = {now}, ready_at = {now}, first_started_at = NULL, started_at = NULL, finished_at = NULL,
 		lease_until = NULL, worker_id = ''
 	WHERE parent_id IN (SELECT id FROM {s}steps WHERE instance_id = $2 AND item_index = -1 AND name = ANY($3))
-		AND status IN ('failed', 'cancelled')
+		AND status IN ('failed', 'cancelled') AND child_id = ''
+),
+-- A workflow step (or item) with a child runs again by retrying its child.
+ch AS (
+	UPDATE {s}steps SET status = 'running', output = NULL, error = '', finished_at = NULL, lease_until = NULL
+	WHERE instance_id = $2 AND child_id <> '' AND status IN ('failed', 'cancelled')
 ),
 fe AS (
 	UPDATE {s}steps SET status = 'running', output = NULL, error = '', finished_at = NULL
@@ -84,7 +94,7 @@ st AS (
 	UPDATE {s}steps SET status = 'blocked', attempts = 0, input = NULL, output = NULL, error = '',
 		run_after = NULL, ready_at = NULL, first_started_at = NULL, started_at = NULL, finished_at = NULL,
 		lease_until = NULL, worker_id = '', deadline = NULL
-	WHERE instance_id = $2 AND item_index = -1 AND status IN ('failed', 'cancelled') AND NOT name = ANY($3)
+	WHERE instance_id = $2 AND item_index = -1 AND status IN ('failed', 'cancelled') AND NOT name = ANY($3) AND child_id = ''
 ),
 i AS (
 	UPDATE {s}instances SET status = 'running', output = NULL, error = '', finished_at = NULL,
@@ -100,44 +110,40 @@ SELECT s.name FROM {s}steps s
 WHERE s.instance_id = $1 AND s.item_index = -1 AND s.for_each AND s.status IN ('failed', 'cancelled')
 	AND EXISTS (SELECT 1 FROM {s}steps i WHERE i.parent_id = s.id)`
 
+// childrenToRetrySQL lists the failed and cancelled workflow steps and
+// items of an instance that have a child, with their child's status.
+const childrenToRetrySQL = `
+SELECT s.name, s.item_index, s.child_id, i.status, i.output FROM {s}steps s JOIN {s}instances i ON i.id = s.child_id
+WHERE s.instance_id = $1 AND s.child_id <> '' AND s.status IN ('failed', 'cancelled')
+ORDER BY s.child_id`
+
 // RetryInstance implements storage.Store.
 func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanFunc) error {
 	if plan == nil {
 		return errors.New("postgres: retry instance: nil PlanFunc")
 	}
 	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
-		l, err := s.lockOne(ctx, tx, id, true)
+		var (
+			parent     *string
+			parentStep string
+		)
+		err := tx.QueryRow(ctx, s.q(`SELECT parent_id, parent_step FROM {s}instances WHERE id = $1`), id).Scan(&parent, &parentStep)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("instance %s: %w", id, storage.ErrNotFound)
+		}
 		if err != nil {
 			return err
 		}
-		if status := l.state.Status; status != storage.InstanceFailed && status != storage.InstanceCancelled {
-			return fmt.Errorf("instance %s is %s, only a failed or cancelled instance can be retried: %w", id, status, storage.ErrConflict)
+		if parent != nil {
+			return storage.RetryChildError(id, &storage.ParentRef{InstanceID: *parent, Step: parentStep})
 		}
 		now := s.now()
-		rows, err := tx.Query(ctx, s.q(expandedToRetrySQL), id)
+		st.plan = plan
+		ls, err := s.retryOne(ctx, tx, st, now, id)
 		if err != nil {
 			return err
 		}
-		expanded, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return err
-		}
-		st.tail.Queue(s.q(retrySQL), now, id, expanded)
-		// The plan sees the state retrySQL leaves, which it runs before
-		// the plan's changes, in the same round trip.
-		l.state.Status = storage.InstanceRunning
-		for i := range l.state.Steps {
-			ss := &l.state.Steps[i]
-			switch {
-			case slices.Contains(expanded, ss.Name):
-				*ss = storage.StepState{Name: ss.Name, DependsOn: ss.DependsOn, Status: storage.StepRunning}
-				st.ready(l.queues[i])
-			case ss.Status == storage.StepFailed || ss.Status == storage.StepCancelled:
-				*ss = storage.StepState{Name: ss.Name, DependsOn: ss.DependsOn, Status: storage.StepBlocked}
-			}
-		}
-		s.rearmFailure(st, now, l)
-		if err := s.planAndApply(st, now, []*loaded{l}, plan); err != nil {
+		if err := s.planAndApply(st, now, ls, plan); err != nil {
 			return err
 		}
 		s.queueActor(ctx, st, id)
@@ -147,4 +153,83 @@ func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanF
 		return s.fail("retry instance", err)
 	}
 	return nil
+}
+
+// retryOne re-arms a failed or cancelled instance and, through its
+// workflow steps, its failed and cancelled children (locked after it, as a
+// cancel locks them); it returns them locked, in the state the retry
+// leaves, to plan.
+func (s *Store) retryOne(ctx context.Context, tx pgx.Tx, st *txState, now *time.Time, id string) ([]*loaded, error) {
+	l, err := s.lockOne(ctx, tx, id, true)
+	if err != nil {
+		return nil, err
+	}
+	if status := l.state.Status; status != storage.InstanceFailed && status != storage.InstanceCancelled {
+		return nil, fmt.Errorf("instance %s is %s, only a failed or cancelled instance can be retried: %w", id, status, storage.ErrConflict)
+	}
+	rows, err := tx.Query(ctx, s.q(expandedToRetrySQL), id)
+	if err != nil {
+		return nil, err
+	}
+	expanded, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	type child struct {
+		ref    storage.ParentRef
+		id     string
+		status storage.InstanceStatus
+		output []byte
+	}
+	rows, err = tx.Query(ctx, s.q(childrenToRetrySQL), id)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		children []child
+		c        child
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&c.ref.Step, &c.ref.Item, &c.id, &c.status, &c.output}, func() error {
+		c.ref.InstanceID = id
+		c.output = append([]byte(nil), c.output...)
+		children = append(children, c)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	st.tail.Queue(s.q(retrySQL), now, id, expanded)
+	// The plan sees the state retrySQL leaves, which it runs before
+	// the plan's changes, in the same round trip.
+	l.state.Status = storage.InstanceRunning
+	for i := range l.state.Steps {
+		ss := &l.state.Steps[i]
+		rerun := slices.ContainsFunc(children, func(c child) bool { return c.ref.Item < 0 && c.ref.Step == ss.Name })
+		switch {
+		case slices.Contains(expanded, ss.Name):
+			*ss = storage.StepState{Name: ss.Name, DependsOn: ss.DependsOn, Status: storage.StepRunning}
+			st.ready(l.queues[i])
+		case rerun:
+			*ss = storage.StepState{Name: ss.Name, DependsOn: ss.DependsOn, Status: storage.StepRunning}
+		case ss.Status == storage.StepFailed || ss.Status == storage.StepCancelled:
+			*ss = storage.StepState{Name: ss.Name, DependsOn: ss.DependsOn, Status: storage.StepBlocked}
+		}
+	}
+	// Its onFailure steps run again only if it fails again.
+	s.rearmFailure(st, now, l)
+	out := []*loaded{l}
+	for _, c := range children {
+		switch c.status {
+		case storage.InstanceFailed, storage.InstanceCancelled:
+			more, err := s.retryOne(ctx, tx, st, now, c.id)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, more...)
+		case storage.InstanceCompleted:
+			// Settled as it would have been when the child completed.
+			ref := c.ref
+			st.finished = append(st.finished, finishedInstance{id: c.id, status: c.status, output: rawJSON(c.output), parent: &ref})
+		}
+	}
+	return out, nil
 }

@@ -34,7 +34,7 @@ WITH d AS (
 ins AS (
 	INSERT INTO {s}instances (id, workflow, definition_hash, status, input, output, error, idempotency_key, priority,
 		run_after, created_at, started_at, finished_at, timeout_us, failing, failed_step, deadline,
-		concurrency_key, concurrency_limit, held, traceparent, trace_caller)
+		concurrency_key, concurrency_limit, held, traceparent, trace_caller, parent_id, parent_step, parent_item, depth)
 	SELECT r.id, r.workflow, r.hash, r.status, r.input, r.output, r.error, r.key, r.priority,
 		greatest({now}, r.run_after), {now},
 		CASE WHEN r.status = 'running' THEN {now} END,
@@ -44,12 +44,13 @@ ins AS (
 		-- failed at once and only runs its onFailure steps.
 		CASE WHEN r.status = 'running' AND r.timeout_us > 0 AND NOT r.failing
 			THEN {now} + r.timeout_us * interval '1 microsecond' END,
-		r.ckey, r.climit, r.held, r.traceparent, r.trace_caller
+		r.ckey, r.climit, r.held, r.traceparent, r.trace_caller, r.parent_id, r.parent_step, r.parent_item, r.depth
 	FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::json[], $10::json[], $11::text[], $12::text[],
 			$13::int[], $14::timestamptz[], $41::bigint[], $42::bool[], $43::text[], $44::text[], $45::int[], $46::bool[],
-			$51::text[], $52::text[])
+			$51::text[], $52::text[], $53::text[], $54::text[], $55::int[], $56::int[])
 		WITH ORDINALITY AS r(id, workflow, hash, status, input, output, error, key, priority, run_after,
-			timeout_us, failing, failed_step, ckey, climit, held, traceparent, trace_caller, ord)
+			timeout_us, failing, failed_step, ckey, climit, held, traceparent, trace_caller,
+			parent_id, parent_step, parent_item, depth, ord)
 	ORDER BY r.ord
 	ON CONFLICT (workflow, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 	RETURNING id
@@ -58,7 +59,7 @@ st AS (
 	INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, depends_on, status,
 		max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after, ready_at, finished_at,
 		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline, on_failure,
-		concurrency_key, concurrency_limit, held_by_instance, queue_limited)
+		concurrency_key, concurrency_limit, held_by_instance, queue_limited, child_workflow)
 	SELECT x.instance_id, x.position, x.name, x.handler, x.queue, x.workflow, x.depends_on::text[], x.status,
 		x.max_attempts, x.backoff_us, x.max_backoff_us, x.timeout_us, x.priority, x.input, x.error,
 		CASE WHEN x.status = 'pending' THEN greatest({now}, x.run_after) END,
@@ -68,15 +69,16 @@ st AS (
 		CASE WHEN x.status = 'waiting' AND x.wait_timeout_us > 0
 			THEN greatest({now}, x.run_after) + x.wait_timeout_us * interval '1 microsecond' END,
 		x.on_failure,
-		x.ckey, x.climit, x.held, NOT x.for_each AND EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = x.queue)
+		x.ckey, x.climit, x.held, NOT x.for_each AND EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = x.queue),
+		x.child_workflow
 	FROM unnest($15::text[], $16::int[], $17::text[], $18::text[], $19::text[], $20::text[], $21::text[], $22::text[],
 			$23::int[], $24::bigint[], $25::bigint[], $26::bigint[], $27::int[], $28::json[], $29::text[], $30::timestamptz[],
 			$35::json[], $36::bool[], $37::int[], $38::bool[], $39::text[], $40::bigint[], $47::bool[],
-			$48::text[], $49::int[], $50::bool[])
+			$48::text[], $49::int[], $50::bool[], $57::text[])
 		AS x(instance_id, position, name, handler, queue, workflow, depends_on, status,
 			max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after,
 			output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, on_failure,
-			ckey, climit, held)
+			ckey, climit, held, child_workflow)
 	JOIN ins ON ins.id = x.instance_id
 	ORDER BY x.instance_id, x.position
 ),
@@ -201,6 +203,7 @@ func validateCreate(params []storage.CreateParams) error {
 }
 
 func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Time, params []storage.CreateParams, plan storage.PlanFunc) ([]storage.CreateResult, error) {
+	st.plan = plan
 	results := make([]storage.CreateResult, len(params))
 	owners, err := s.keyOwners(ctx, tx, params)
 	if err != nil {
@@ -262,7 +265,8 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 		rows.evInst, rows.evSteps, rows.evTypes, rows.evMessages,
 		rows.stOutputs, rows.stForEach, rows.stCaps, rows.stContinue, rows.stSignals, rows.stWaitTimeouts,
 		rows.timeouts, rows.failing, rows.failedSteps, rows.concurrencyKeys, rows.concurrencyLimits, rows.held,
-		rows.stOnFailure, rows.stKeys, rows.stLimits, rows.stHeld, rows.traceParents, rows.traceCallers).Query(func(dbRows pgx.Rows) error {
+		rows.stOnFailure, rows.stKeys, rows.stLimits, rows.stHeld, rows.traceParents, rows.traceCallers,
+		rows.parentIDs, rows.parentSteps, rows.parentItems, rows.depths, rows.stChildWorkflows).Query(func(dbRows pgx.Rows) error {
 		var err error
 		inserted, err = pgx.CollectRows(dbRows, pgx.RowTo[string])
 		return err
@@ -282,8 +286,23 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 	// in now that it has a row (the expansion's event came with the
 	// creation's).
 	for _, x := range rows.expansions {
-		if created[x.instanceID] {
-			s.queueExpandAtCreation(st, now, x.instanceID, x.name, x.items)
+		if !created[x.instanceID] {
+			continue
+		}
+		if len(x.children) > 0 {
+			change := storage.StepChange{Name: x.name, Status: storage.StepRunning, Input: x.input, Items: x.items, Children: x.children}
+			if err := s.queueStartChildren(st, now, x.instanceID, change, false); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		s.queueExpandAtCreation(st, now, x.instanceID, x.name, x.items)
+	}
+	// A child its plan finished at once settles its parent's step, once
+	// the parent's row is written (see followUp).
+	for _, n := range rows.finishedChildren {
+		if created[n.Params.ID] {
+			st.finished = append(st.finished, finishedInstance{id: n.Params.ID, status: n.Status, output: n.Output, error: n.Error, parent: n.Params.Parent})
 		}
 	}
 
@@ -376,7 +395,14 @@ type createRows struct {
 	stSignals                                                                        []string
 	stWaitTimeouts                                                                   []int64
 	stOnFailure                                                                      []bool
+	stChildWorkflows                                                                 []string
 	expansions                                                                       []expansion
+
+	parentIDs        []*string
+	parentSteps      []string
+	parentItems      []int32
+	depths           []int32
+	finishedChildren []*storage.NewInstance
 
 	evInst, evSteps, evTypes, evMessages []string
 
@@ -428,6 +454,19 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance, held bool) {
 	r.held = append(r.held, held)
 	r.traceParents = append(r.traceParents, nilIfEmpty(p.TraceParent))
 	r.traceCallers = append(r.traceCallers, nilIfEmpty(p.TraceCaller))
+	if p.Parent != nil {
+		r.parentIDs = append(r.parentIDs, &p.Parent.InstanceID)
+		r.parentSteps = append(r.parentSteps, p.Parent.Step)
+		r.parentItems = append(r.parentItems, int32(p.Parent.Item))
+		if n.Status.Finished() {
+			r.finishedChildren = append(r.finishedChildren, n)
+		}
+	} else {
+		r.parentIDs = append(r.parentIDs, nil)
+		r.parentSteps = append(r.parentSteps, "")
+		r.parentItems = append(r.parentItems, -1)
+	}
+	r.depths = append(r.depths, int32(p.Depth))
 	for i, ns := range n.Steps {
 		sp := &p.Steps[i]
 		if ns.Status == storage.StepPending {
@@ -443,7 +482,7 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance, held bool) {
 		status := ns.Status
 		if status == storage.StepRunning {
 			status = storage.StepBlocked
-			r.expansions = append(r.expansions, expansion{p.ID, sp.Name, ns.Items})
+			r.expansions = append(r.expansions, expansion{p.ID, sp.Name, ns.Input, ns.Items, ns.Children})
 			st.ready(queueOf(*sp))
 		}
 		if status == storage.StepWaiting && sp.Wait != nil && sp.Wait.Timeout > 0 {
@@ -460,6 +499,7 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance, held bool) {
 		}
 		r.stSignals = append(r.stSignals, signal)
 		r.stWaitTimeouts = append(r.stWaitTimeouts, waitTimeout)
+		r.stChildWorkflows = append(r.stChildWorkflows, sp.Workflow)
 		r.stCaps = append(r.stCaps, int32(sp.ItemConcurrency))
 		r.stMax = append(r.stMax, int32(max(1, sp.Retry.MaxAttempts)))
 		r.stBackoff = append(r.stBackoff, sp.Retry.Backoff.Microseconds())
@@ -485,10 +525,13 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance, held bool) {
 	}
 }
 
-// expansion is a forEach step a creation's plan expanded at once.
+// expansion is a forEach step a creation's plan expanded at once, or a
+// workflow step it started (children set).
 type expansion struct {
 	instanceID, name string
+	input            json.RawMessage
 	items            []json.RawMessage
+	children         []storage.CreateParams
 }
 
 // arrayLiteral spells names as a PostgreSQL text[] literal, every element

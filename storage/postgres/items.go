@@ -168,7 +168,7 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 		if err != nil {
 			return err
 		}
-		rows, err := s.pool.Query(ctx, s.q(`SELECT item_index, status, attempts, input, output, error, started_at, finished_at, worker_id
+		rows, err := s.pool.Query(ctx, s.q(`SELECT item_index, status, attempts, input, output, error, started_at, finished_at, worker_id, child_id
 			FROM {s}steps WHERE parent_id = $1 AND ($4 = '' OR status = $4) ORDER BY item_index LIMIT $2 OFFSET $3`),
 			parentID, limit, max(p.Offset, 0), string(p.Status))
 		if err != nil {
@@ -179,7 +179,7 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 			input, output     []byte
 			started, finished *time.Time
 		)
-		_, err = pgx.ForEachRow(rows, []any{&it.Index, &it.Status, &it.Attempts, &input, &output, &it.Error, &started, &finished, &it.WorkerID}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&it.Index, &it.Status, &it.Attempts, &input, &output, &it.Error, &started, &finished, &it.WorkerID, &it.Child}, func() error {
 			it.Input, it.Output = rawJSON(append([]byte(nil), input...)), rawJSON(append([]byte(nil), output...))
 			if input == nil {
 				it.Input = nil
@@ -212,16 +212,7 @@ const itemCountsSQL = `SELECT parent_id, status, count(*) FROM {s}steps WHERE pa
 func (s *Store) itemCounts(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, instances []storage.Instance) error {
-	byID := map[int64]*storage.Step{}
-	var ids []int64
-	for i := range instances {
-		for j := range instances[i].Steps {
-			if st := &instances[i].Steps[j]; st.Items != nil {
-				byID[st.ID] = st
-				ids = append(ids, st.ID)
-			}
-		}
-	}
+	byID, ids := storage.ForEachSteps(instances, func(*storage.Step) bool { return true })
 	if len(ids) == 0 {
 		return nil
 	}
@@ -236,6 +227,31 @@ func (s *Store) itemCounts(ctx context.Context, q interface {
 	)
 	_, err = pgx.ForEachRow(rows, []any{&id, &status, &n}, func() error {
 		storage.CountItem(byID[id].Items, status, n)
+		return nil
+	})
+	return err
+}
+
+// itemChildren fills in the child IDs of the forEach workflow steps of
+// instances, in item order.
+func (s *Store) itemChildren(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, instances []storage.Instance) error {
+	byID, ids := storage.ForEachSteps(instances, func(st *storage.Step) bool { return st.Workflow != "" })
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := q.Query(ctx, s.q(`SELECT parent_id, child_id FROM {s}steps
+		WHERE parent_id = ANY($1) AND child_id <> '' ORDER BY parent_id, item_index`), ids)
+	if err != nil {
+		return err
+	}
+	var (
+		id    int64
+		child string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &child}, func() error {
+		byID[id].Children = append(byID[id].Children, child)
 		return nil
 	})
 	return err

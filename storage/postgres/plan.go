@@ -37,7 +37,7 @@ type loaded struct {
 // never be promoted) and cannot deadlock one another. NO KEY UPDATE is the
 // weakest row lock that conflicts with itself.
 const lockInstancesSQL = `
-SELECT id, workflow, definition_hash, status, input, timeout_us, failing, error, failed_step
+SELECT id, workflow, definition_hash, status, input, timeout_us, failing, error, failed_step, depth
 FROM {s}instances WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`
 
 // queueLock queues the lock of the given instances (duplicates and unknown
@@ -52,7 +52,7 @@ func (s *Store) queueLock(b *pgx.Batch, ids []string, into map[string]*loaded) {
 			failure storage.Failure
 		)
 		_, err := pgx.ForEachRow(rows, []any{&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input,
-			&timeout, &failing, &failure.Error, &failure.Step}, func() error {
+			&timeout, &failing, &failure.Error, &failure.Step, &st.Depth}, func() error {
 			l := &loaded{state: st, timeout: timeout}
 			l.state.Input = rawJSON(input)
 			if failing {
@@ -211,7 +211,7 @@ i AS (
 	UPDATE {s}instances i SET status = x.status, output = x.output, error = x.error, finished_at = {now}
 	FROM x
 	WHERE i.id = x.id AND i.finished_at IS NULL
-	RETURNING i.id, i.status, i.error
+	RETURNING i.id, i.status, i.error, i.output, i.parent_id, i.parent_step, i.parent_item
 ),
 c AS (
 	UPDATE {s}steps s SET status = 'cancelled', finished_at = {now}, lease_until = NULL, deadline = NULL
@@ -230,7 +230,7 @@ e AS (
 	SELECT ev.instance_id, ev.step, ev.type, ev.attempt, ev.message, {now}
 	FROM ev ORDER BY ev.instance_id, ev.ord, ev.position
 )
-SELECT id FROM i`
+SELECT id, status, error, output, parent_id, parent_step, parent_item FROM i`
 
 // planAndApply asks plan once about each unfinished instance (locked, with
 // its steps loaded), in id order, checks the answers against the states,
@@ -238,6 +238,7 @@ SELECT id FROM i`
 // holds the cascade (a skipped step unblocking its dependents), so plan is
 // not asked again.
 func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan storage.PlanFunc) error {
+	st.plan = plan
 	slices.SortFunc(ls, func(a, b *loaded) int { return strings.Compare(a.state.ID, b.state.ID) })
 	var (
 		sc stepChanges
@@ -288,7 +289,7 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 	// (onFailure steps made ready stay so), before the finishes.
 	s.queueFailures(st, now, &fc)
 	if len(ic.ids) > 0 {
-		st.tail.Queue(s.q(finishInstancesSQL), now, ic.ids, ic.statuses, ic.outputs, ic.errors)
+		s.queueFinish(st, now, ic.ids, ic.statuses, ic.outputs, ic.errors)
 	}
 	return nil
 }
@@ -314,7 +315,11 @@ func (c *stepChanges) add(st *txState, now *time.Time, s *Store, l *loaded, chan
 		switch ch.Status {
 		case storage.StepPending, storage.StepSkipped, storage.StepFailed, storage.StepCompleted:
 		case storage.StepRunning:
-			if err := storage.CheckExpansion(is.ID, nil, ch); err != nil {
+			if len(ch.Children) > 0 {
+				if err := storage.CheckChildren(is.ID, nil, ch); err != nil {
+					return false, err
+				}
+			} else if err := storage.CheckExpansion(is.ID, nil, ch); err != nil {
 				return false, err
 			}
 		case storage.StepWaiting:
@@ -336,6 +341,12 @@ func (c *stepChanges) add(st *txState, now *time.Time, s *Store, l *loaded, chan
 			delivered = true
 		}
 		is.Steps[i].Status = ch.Status
+		if ch.Status == storage.StepRunning && len(ch.Children) > 0 {
+			if err := s.queueStartChildren(st, now, is.ID, ch, true); err != nil {
+				return false, err
+			}
+			continue
+		}
 		if ch.Status == storage.StepRunning {
 			st.ready(l.queues[i])
 			s.queueExpand(st, now, is.ID, ch.Name, ch.Items)

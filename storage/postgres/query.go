@@ -24,7 +24,8 @@ const instanceColumns = `id, workflow, definition_hash, status, input, output, e
 	priority, run_after, created_at, started_at, finished_at, paused AND finished_at IS NULL,
 	timeout_us, CASE WHEN status = 'running' THEN deadline END,
 	status = 'running' AND failing, failed_step,
-	coalesce(traceparent, ''), coalesce(trace_caller, '')`
+	coalesce(traceparent, ''), coalesce(trace_caller, ''),
+	parent_id, parent_step, parent_item, depth`
 
 func scanInstance(row pgx.Row, extra ...any) (storage.Instance, error) {
 	var (
@@ -34,10 +35,18 @@ func scanInstance(row pgx.Row, extra ...any) (storage.Instance, error) {
 		timeout           int64
 		deadline          *time.Time
 	)
+	var (
+		parent *string
+		ref    storage.ParentRef
+	)
 	dest := append([]any{&in.ID, &in.Workflow, &in.DefinitionHash, &in.Status, &input, &output, &in.Error, &in.Key,
-		&in.Priority, &in.RunAfter, &in.CreatedAt, &started, &finished, &in.Paused, &timeout, &deadline, &in.Failing, &in.FailedStep, &in.TraceParent, &in.TraceCaller}, extra...)
+		&in.Priority, &in.RunAfter, &in.CreatedAt, &started, &finished, &in.Paused, &timeout, &deadline, &in.Failing, &in.FailedStep, &in.TraceParent, &in.TraceCaller, &parent, &ref.Step, &ref.Item, &in.Depth}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return in, err
+	}
+	if parent != nil {
+		ref.InstanceID = *parent
+		in.Parent = &ref
 	}
 	in.Input, in.Output = rawJSON(input), rawJSON(output)
 	in.RunAfter, in.CreatedAt = in.RunAfter.UTC(), in.CreatedAt.UTC()
@@ -48,7 +57,7 @@ func scanInstance(row pgx.Row, extra ...any) (storage.Instance, error) {
 
 const stepColumns = `instance_id, id, name, handler, queue, depends_on, status, attempts, max_attempts,
 	backoff_us, max_backoff_us, timeout_us, input, output, error, run_after, ready_at, started_at, finished_at,
-	lease_until, worker_id, for_each, wait_signal, deadline, on_failure`
+	lease_until, worker_id, for_each, wait_signal, deadline, on_failure, child_workflow, child_id`
 
 // collectSteps scans step rows and hands each to add with its instance.
 func collectSteps(rows pgx.Rows, add func(instanceID string, st storage.Step)) error {
@@ -60,10 +69,11 @@ func collectSteps(rows pgx.Rows, add func(instanceID string, st storage.Step)) e
 		runAfter, ready, started, finished, leaseUntil *time.Time
 		deadline                                       *time.Time
 		forEach                                        bool
+		child                                          string
 	)
 	_, err := pgx.ForEachRow(rows, []any{&instanceID, &st.ID, &st.Name, &st.Handler, &st.Queue, &st.DependsOn, &st.Status,
 		&st.Attempts, &st.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &input, &output, &st.Error, &runAfter, &ready,
-		&started, &finished, &leaseUntil, &st.WorkerID, &forEach, &st.Signal, &deadline, &st.OnFailure}, func() error {
+		&started, &finished, &leaseUntil, &st.WorkerID, &forEach, &st.Signal, &deadline, &st.OnFailure, &st.Workflow, &child}, func() error {
 		if len(st.DependsOn) == 0 {
 			st.DependsOn = nil
 		}
@@ -76,6 +86,9 @@ func collectSteps(rows pgx.Rows, add func(instanceID string, st storage.Step)) e
 		st.Deadline = utcPtr(deadline)
 		if forEach {
 			st.Items = &storage.ItemCounts{}
+		}
+		if child != "" {
+			st.Children = []string{child}
 		}
 		add(instanceID, st)
 		st = storage.Step{}
@@ -114,7 +127,10 @@ func (s *Store) GetInstance(ctx context.Context, id string) (*storage.Instance, 
 		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
 			return err
 		}
-		return s.itemCounts(ctx, tx, []storage.Instance{in})
+		if err := s.itemCounts(ctx, tx, []storage.Instance{in}); err != nil {
+			return err
+		}
+		return s.itemChildren(ctx, tx, []storage.Instance{in})
 	})
 	if err != nil {
 		return nil, s.fail("get instance", err)
@@ -148,6 +164,12 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 	if p.BeforeID != "" {
 		add("id < $?", p.BeforeID)
 	}
+	if p.Parent != "" {
+		add("parent_id = $?", p.Parent)
+	}
+	if p.TopLevel {
+		where = append(where, "parent_id IS NULL")
+	}
 	q := `SELECT ` + instanceColumns + ` FROM {s}instances`
 	if len(where) > 0 {
 		q += ` WHERE ` + strings.Join(where, " AND ")
@@ -179,7 +201,10 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 		}); err != nil {
 			return err
 		}
-		return s.itemCounts(ctx, tx, out)
+		if err := s.itemCounts(ctx, tx, out); err != nil {
+			return err
+		}
+		return s.itemChildren(ctx, tx, out)
 	})
 	if err != nil {
 		return nil, s.fail("list instances", err)
@@ -280,7 +305,7 @@ func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (in
 	if dryRun {
 		var n int
 		err := s.pool.QueryRow(ctx, s.q(`SELECT count(*) FROM {s}instances
-			WHERE finished_at IS NOT NULL AND finished_at < $1`), olderThan).Scan(&n)
+			WHERE finished_at IS NOT NULL AND finished_at < $1 AND parent_id IS NULL`), olderThan).Scan(&n)
 		if err != nil {
 			return 0, s.fail("prune", err)
 		}
@@ -292,17 +317,22 @@ func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (in
 		err := s.inTx(ctx, func(tx pgx.Tx, _ *txState) error {
 			// No foreign keys cascade (migration 2): the statement deletes
 			// the steps and events itself.
+			// Children go with their top-level ancestor, and only with it.
 			rows, err := tx.Query(ctx, s.q(`
-				WITH doomed AS (
-					SELECT id FROM {s}instances WHERE finished_at IS NOT NULL AND finished_at < $1
+				WITH RECURSIVE top AS (
+					SELECT id FROM {s}instances WHERE finished_at IS NOT NULL AND finished_at < $1 AND parent_id IS NULL
 					ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED
+				),
+				doomed (id, top) AS (
+					SELECT id, true FROM top
+					UNION ALL SELECT c.id, false FROM {s}instances c JOIN doomed ON c.parent_id = doomed.id
 				),
 				s AS (DELETE FROM {s}steps WHERE instance_id IN (SELECT id FROM doomed)),
 				e AS (DELETE FROM {s}events WHERE instance_id IN (SELECT id FROM doomed)),
 				sg AS (DELETE FROM {s}signals WHERE instance_id IN (SELECT id FROM doomed)),
 				sl AS (DELETE FROM {s}step_logs WHERE instance_id IN (SELECT id FROM doomed)),
-				i AS (DELETE FROM {s}instances WHERE id IN (SELECT id FROM doomed) RETURNING workflow, definition_hash)
-				SELECT workflow, definition_hash, count(*) FROM i GROUP BY workflow, definition_hash`), olderThan, pruneBatch)
+				i AS (DELETE FROM {s}instances WHERE id IN (SELECT id FROM doomed) RETURNING workflow, definition_hash, parent_id IS NULL AS top)
+				SELECT workflow, definition_hash, count(*) FILTER (WHERE top) FROM i GROUP BY workflow, definition_hash`), olderThan, pruneBatch)
 			if err != nil {
 				return err
 			}

@@ -356,6 +356,15 @@ type txState struct {
 	// it could see: none is left for this process's other claimers, so
 	// its subscribers need no signal.
 	quiet bool
+
+	// store and plan serve the follow-ups of child instances (see
+	// followUp): the workflow steps whose children to create (starts),
+	// and the instances the tail finished (finished), whose parents'
+	// steps to settle and whose unfinished children to cancel.
+	store    *Store
+	plan     storage.PlanFunc
+	starts   []childStart
+	finished []finishedInstance
 }
 
 func (st *txState) ready(queue string) {
@@ -369,23 +378,44 @@ func (st *txState) ready(queue string) {
 // whatever their number. The payload is "ORIGIN:QUEUES": the notifying
 // store's origin (empty for a caller's transaction, whose commit this
 // store's own subscribers must hear about too) and the queues of the steps.
+//
+// What the tail did may call for more in the same transaction: creating
+// the children of the workflow steps it started, settling the parent step
+// of a child it finished, cancelling the children of an instance it ended.
+// Those follow-ups queue a new tail, sent in turn, until none is left (a
+// NOTIFY is delivered at the commit wherever it was sent).
 func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel, origin string) error {
-	if len(st.readyQueues) > 0 {
-		queues := make([]string, 0, len(st.readyQueues))
-		for q := range st.readyQueues {
-			queues = append(queues, q)
+	notified := 0
+	for {
+		if n := len(st.readyQueues); n > notified {
+			notified = n
+			queues := make([]string, 0, len(st.readyQueues))
+			for q := range st.readyQueues {
+				queues = append(queues, q)
+			}
+			slices.Sort(queues)
+			list := strings.Join(queues, ",")
+			if len(list) > 7000 { // payloads must stay under 8000 bytes
+				list = ""
+			}
+			st.tail.Queue("SELECT pg_notify($1, $2)", channel, origin+":"+list)
 		}
-		slices.Sort(queues)
-		list := strings.Join(queues, ",")
-		if len(list) > 7000 { // payloads must stay under 8000 bytes
-			list = ""
+		if st.tail.Len() > 0 {
+			if err := tx.SendBatch(ctx, &st.tail).Close(); err != nil {
+				return err
+			}
+			st.tail = pgx.Batch{}
 		}
-		st.tail.Queue("SELECT pg_notify($1, $2)", channel, origin+":"+list)
+		if len(st.starts) == 0 && len(st.finished) == 0 {
+			return nil
+		}
+		// The follow-ups may make steps ready that an eager claim on the
+		// tail did not see.
+		st.quiet = false
+		if err := st.store.followUp(ctx, tx, st); err != nil {
+			return err
+		}
 	}
-	if st.tail.Len() == 0 {
-		return nil
-	}
-	return tx.SendBatch(ctx, &st.tail).Close()
 }
 
 // newOrigin returns a random tag for a store's notifications.
@@ -409,7 +439,7 @@ var txOptions = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 // subscribers are signalled directly after it (unless st.quiet).
 func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx, st *txState) error) error {
 	return s.retry(ctx, func() error {
-		st := &txState{}
+		st := &txState{store: s}
 		err := pgx.BeginTxFunc(ctx, s.pool, txOptions, func(tx pgx.Tx) error {
 			if err := fn(tx, st); err != nil {
 				return err
@@ -453,7 +483,7 @@ func (s *Store) inCallerTx(ctx context.Context, caller any, fn func(tx pgx.Tx, s
 	if !ok || outer == nil {
 		return fmt.Errorf("postgres: the caller's transaction must be a pgx.Tx, got %T", caller)
 	}
-	st := &txState{}
+	st := &txState{store: s}
 	err := pgx.BeginFunc(ctx, outer, func(tx pgx.Tx) error {
 		if err := fn(tx, st); err != nil {
 			return err

@@ -424,7 +424,7 @@ func TestPruneTakesStepsAndEvents(t *testing.T) {
 	ctx := t.Context()
 	res, err := s.CreateInstances(ctx, nil, []storage.CreateParams{params(spec("a"), spec("b", "a")), params(spec("a"))}, storagetest.Plan)
 	require.NoError(t, err)
-	require.NoError(t, s.CancelInstance(ctx, res[0].ID, "done with it"))
+	require.NoError(t, s.CancelInstance(ctx, res[0].ID, "done with it", storagetest.Plan))
 
 	n, err := s.Prune(ctx, time.Now().Add(time.Minute), false)
 	require.NoError(t, err)
@@ -450,7 +450,7 @@ func TestPruneKeepsDefinitionOfUncommittedStart(t *testing.T) {
 	old.DefinitionHash = "h-" + s.cfg.Schema
 	_, err := s.CreateInstances(ctx, nil, []storage.CreateParams{old}, storagetest.Plan)
 	require.NoError(t, err)
-	require.NoError(t, s.CancelInstance(ctx, old.ID, "done with it"))
+	require.NoError(t, s.CancelInstance(ctx, old.ID, "done with it", storagetest.Plan))
 
 	tx, err := s.pool.Begin(ctx)
 	require.NoError(t, err)

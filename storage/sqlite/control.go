@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 
@@ -9,7 +10,10 @@ import (
 )
 
 // CancelInstance implements storage.Store.
-func (s *Store) CancelInstance(ctx context.Context, id, reason string) error {
+func (s *Store) CancelInstance(ctx context.Context, id, reason string, plan storage.PlanFunc) error {
+	if plan == nil {
+		return errors.New("sqlite: cancel instance: nil PlanFunc")
+	}
 	return s.writeBy(ctx, "cancel instance", func(t *txn) error {
 		status, err := t.instanceStatus(id)
 		if err != nil {
@@ -18,7 +22,10 @@ func (s *Store) CancelInstance(ctx context.Context, id, reason string) error {
 		if status.Finished() {
 			return fmt.Errorf("instance %s is already %s: %w", id, status, storage.ErrConflict)
 		}
-		return t.finishInstance(id, storage.InstanceCancelled, nil, reason, true)
+		if err := t.finishInstance(id, storage.InstanceCancelled, nil, reason, true); err != nil {
+			return err
+		}
+		return t.planReplan(plan)
 	})
 }
 
@@ -28,52 +35,78 @@ func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanF
 		return errors.New("sqlite: retry instance: nil PlanFunc")
 	}
 	err := s.writeBy(ctx, "retry instance", func(t *txn) error {
-		status, err := t.instanceStatus(id)
+		t.planFn = plan
+		var parent sql.NullString
+		var parentStep string
+		err := t.queryRow(`SELECT parent_id, parent_step FROM instances WHERE id = ?`, id).Scan(&parent, &parentStep)
+		if err != nil {
+			return fmt.Errorf("instance %s: %w", id, interpretError("", err))
+		}
+		if parent.Valid {
+			return storage.RetryChildError(id, &storage.ParentRef{InstanceID: parent.String, Step: parentStep})
+		}
+		retried, err := t.retryOne(id)
 		if err != nil {
 			return err
 		}
-		if status != storage.InstanceFailed && status != storage.InstanceCancelled {
-			return fmt.Errorf("instance %s is %s, only a failed or cancelled instance can be retried: %w", id, status, storage.ErrConflict)
-		}
-		// Re-armed steps start over: attempts, error and timings reset;
-		// the fence is kept so that claims from before stay stale. A
-		// forEach step that expanded keeps its items and runs again,
-		// re-running only its failed and cancelled items; completed ones
-		// keep their outputs.
-		now := us(t.now)
-		if _, err := t.exec(`UPDATE steps SET status = 'pending', attempts = 0, output = NULL, error = '',
-				run_after = ?2, ready_at = ?2, first_started_at = NULL, started_at = NULL, finished_at = NULL,
-				lease_until = NULL, worker_id = ''
-			WHERE parent_id IN (SELECT id FROM steps WHERE instance_id = ?1 AND item_index = -1 AND for_each
-				AND status IN ('failed', 'cancelled')) AND status IN ('failed', 'cancelled')`, id, now); err != nil {
-			return err
-		}
-		if _, err := t.exec(`UPDATE steps SET status = 'running', output = NULL, error = '', finished_at = NULL
-			WHERE instance_id = ? AND item_index = -1 AND for_each AND status IN ('failed', 'cancelled')
-				AND EXISTS (SELECT 1 FROM steps i WHERE i.parent_id = steps.id)`, id); err != nil {
-			return err
-		}
-		if _, err := t.exec(`UPDATE steps SET status = 'blocked', attempts = 0, input = NULL, output = NULL, error = '',
-				run_after = 0, ready_at = NULL, first_started_at = NULL, started_at = NULL, finished_at = NULL,
-				lease_until = NULL, worker_id = '', deadline = NULL
-			WHERE instance_id = ? AND item_index = -1 AND status IN ('failed', 'cancelled')`, id); err != nil {
-			return err
-		}
-		if _, err := t.exec(`UPDATE instances SET status = 'running', output = NULL, error = '', finished_at = NULL,
-			started_at = coalesce(started_at, ?), paused = 0 WHERE id = ?`, now, id); err != nil {
-			return err
-		}
-		if err := t.rearmFailure(id); err != nil {
-			return err
-		}
-		t.event(id, "", storage.EventInstanceRetried, 0, "")
-		return t.plan([]string{id}, plan)
+		return t.plan(retried, plan)
 	})
 	if err != nil {
 		return err
 	}
 	s.notify()
 	return nil
+}
+
+// retryOne re-arms a failed or cancelled instance and, through its
+// workflow steps, its failed and cancelled children; it returns the
+// instances it re-armed, to plan.
+func (t *txn) retryOne(id string) ([]string, error) {
+	status, err := t.instanceStatus(id)
+	if err != nil {
+		return nil, err
+	}
+	if status != storage.InstanceFailed && status != storage.InstanceCancelled {
+		return nil, fmt.Errorf("instance %s is %s, only a failed or cancelled instance can be retried: %w", id, status, storage.ErrConflict)
+	}
+	// Re-armed steps start over: attempts, error and timings reset;
+	// the fence is kept so that claims from before stay stale. A
+	// forEach step that expanded keeps its items and runs again,
+	// re-running only its failed and cancelled items; completed ones
+	// keep their outputs. A workflow step (or item) with a child runs
+	// again by retrying its child.
+	now := us(t.now)
+	if _, err := t.exec(`UPDATE steps SET status = 'pending', attempts = 0, output = NULL, error = '',
+			run_after = ?2, ready_at = ?2, first_started_at = NULL, started_at = NULL, finished_at = NULL,
+			lease_until = NULL, worker_id = ''
+		WHERE parent_id IN (SELECT id FROM steps WHERE instance_id = ?1 AND item_index = -1 AND for_each
+			AND status IN ('failed', 'cancelled')) AND status IN ('failed', 'cancelled') AND child_id = ''`, id, now); err != nil {
+		return nil, err
+	}
+	if _, err := t.exec(`UPDATE steps SET status = 'running', output = NULL, error = '', finished_at = NULL
+		WHERE instance_id = ? AND item_index = -1 AND for_each AND status IN ('failed', 'cancelled')
+			AND EXISTS (SELECT 1 FROM steps i WHERE i.parent_id = steps.id)`, id); err != nil {
+		return nil, err
+	}
+	if _, err := t.exec(`UPDATE instances SET status = 'running', output = NULL, error = '', finished_at = NULL,
+		started_at = coalesce(started_at, ?), paused = 0 WHERE id = ?`, now, id); err != nil {
+		return nil, err
+	}
+	if err := t.rearmFailure(id); err != nil {
+		return nil, err
+	}
+	t.event(id, "", storage.EventInstanceRetried, 0, "")
+	children, err := t.retryChildren(id)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := t.exec(`UPDATE steps SET status = 'blocked', attempts = 0, input = NULL, output = NULL, error = '',
+			run_after = 0, ready_at = NULL, first_started_at = NULL, started_at = NULL, finished_at = NULL,
+			lease_until = NULL, worker_id = '', deadline = NULL, child_id = ''
+		WHERE instance_id = ? AND item_index = -1 AND status IN ('failed', 'cancelled')`, id); err != nil {
+		return nil, err
+	}
+	return append([]string{id}, children...), nil
 }
 
 func (t *txn) instanceStatus(id string) (storage.InstanceStatus, error) {

@@ -110,11 +110,25 @@ func validateCreate(p *storage.CreateParams) error {
 	return nil
 }
 
-// createMany creates the instances of one call with a handful of
-// multi-row statements whatever their number: each instance is planned in
-// memory (every step blocked, then the plan applied), so each row is
-// inserted once in its initial state instead of being inserted and updated.
+// createMany creates the instances of one call, then plans the parents
+// whose children finished at once (see create).
 func (t *txn) createMany(params []storage.CreateParams, plan storage.PlanFunc) ([]storage.CreateResult, error) {
+	results, err := t.create(params, plan)
+	if err != nil {
+		return nil, err
+	}
+	return results, t.planReplan(plan)
+}
+
+// create creates instances with a handful of multi-row statements whatever
+// their number: each instance is planned in memory (every step blocked,
+// then the plan applied), so each row is inserted once in its initial
+// state instead of being inserted and updated. The children a plan starts
+// are created the same way, recursively; a parent whose child finished at
+// once is left in t.replan for the caller to plan, when no plan of it is
+// under way.
+func (t *txn) create(params []storage.CreateParams, plan storage.PlanFunc) ([]storage.CreateResult, error) {
+	t.planFn = plan
 	results := make([]storage.CreateResult, len(params))
 	keys := map[[2]string]string{} // (workflow, key) -> ID created in this call
 	definitions := map[string]*storage.CreateParams{}
@@ -157,19 +171,26 @@ func (t *txn) createMany(params []storage.CreateParams, plan storage.PlanFunc) (
 	if err := t.insertInstances(instances); err != nil {
 		return nil, err
 	}
+	for _, n := range instances {
+		if n.Params.Parent != nil && n.Status.Finished() {
+			if err := t.childFinished(n.Params.ID, n.Params.Parent, n.Status, n.Output, n.Error); err != nil {
+				return nil, err
+			}
+		}
+	}
 	return results, nil
 }
 
 const (
 	insertInstancesSQL = `INSERT INTO instances (id, workflow, definition_hash, status, input, idem_key, priority,
 		run_after, created_at, output, error, finished_at, timeout_us, failing, failed_step,
-		concurrency_key, concurrency_limit, held, traceparent, trace_caller) VALUES `
+		concurrency_key, concurrency_limit, held, traceparent, trace_caller, parent_id, parent_step, parent_item, depth) VALUES `
 	insertStepsSQL = `INSERT INTO steps (instance_id, position, name, handler, queue, workflow, priority, depends_on,
 		status, max_attempts, backoff_us, max_backoff_us, timeout_us, input, error, run_after, ready_at, finished_at,
 		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline, on_failure,
-		concurrency_key, concurrency_limit, held_by_instance) VALUES `
-	instanceInsertColumns = 20
-	stepInsertColumns     = 29
+		concurrency_key, concurrency_limit, held_by_instance, child_workflow) VALUES `
+	instanceInsertColumns = 24
+	stepInsertColumns     = 30
 )
 
 // insertInstances inserts the instance rows, their step rows and their
@@ -202,9 +223,14 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 		if p.ConcurrencyLimit > 0 {
 			concurrencyKey = p.ConcurrencyKey
 		}
+		var parentID, parentStep, parentItem any = nil, "", -1
+		if p.Parent != nil {
+			parentID, parentStep, parentItem = p.Parent.InstanceID, p.Parent.Step, p.Parent.Item
+		}
 		rows = append(rows, p.ID, p.Workflow, p.DefinitionHash, string(n.Status), jsonArg(p.Input), key, p.Priority,
 			runAfter, now, jsonArg(n.Output), n.Error, finishedAt, p.Timeout.Microseconds(), n.Failing, n.FailedStep,
-			concurrencyKey, p.ConcurrencyLimit, held[p.ID], nullIfEmpty(p.TraceParent), nullIfEmpty(p.TraceCaller))
+			concurrencyKey, p.ConcurrencyLimit, held[p.ID], nullIfEmpty(p.TraceParent), nullIfEmpty(p.TraceCaller),
+			parentID, parentStep, parentItem, p.Depth)
 		for i, st := range n.Steps {
 			spec := &p.Steps[i]
 			deps := "[]"
@@ -225,7 +251,7 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 			} else if st.Status == storage.StepRunning {
 				// Inserted blocked, expanded once its row has an ID.
 				status = storage.StepBlocked
-				expanded = append(expanded, expansion{p.ID, i, st.Items, runAfter})
+				expanded = append(expanded, expansion{n, i, runAfter})
 			} else if st.Finished() {
 				finishedAt = now
 			}
@@ -233,7 +259,7 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 				string(status), max(spec.Retry.MaxAttempts, 1), spec.Retry.Backoff.Microseconds(), spec.Retry.MaxBackoff.Microseconds(),
 				spec.Timeout.Microseconds(), jsonArg(st.Input), st.Error, stepRunAfter, readyAt, finishedAt,
 				jsonArg(st.Output), spec.ForEach, spec.ItemConcurrency, spec.ContinueOnError, signal, waitTimeout, deadline, spec.OnFailure,
-				stepKey(spec, st.ConcurrencyKey), spec.ConcurrencyLimit, held[p.ID])
+				stepKey(spec, st.ConcurrencyKey), spec.ConcurrencyLimit, held[p.ID], spec.Workflow)
 		}
 		for _, e := range n.Events {
 			t.event(p.ID, e.Step, e.Type, 0, e.Message)
@@ -260,23 +286,31 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 		}
 	}
 	for _, x := range expanded {
+		p, st := x.n.Params, &x.n.Steps[x.position]
 		var id int64
-		if err := t.queryRow(`SELECT id FROM steps WHERE instance_id = ? AND item_index = -1 AND position = ?`, x.instanceID, x.position).Scan(&id); err != nil {
+		if err := t.queryRow(`SELECT id FROM steps WHERE instance_id = ? AND item_index = -1 AND position = ?`, p.ID, x.position).Scan(&id); err != nil {
 			return err
 		}
-		if err := t.expand(id, x.items, x.runAfter); err != nil {
+		var err error
+		if len(st.Children) > 0 {
+			change := storage.StepChange{Name: p.Steps[x.position].Name, Status: storage.StepRunning, Input: st.Input, Items: st.Items, Children: st.Children}
+			err = t.startChildren(p.ID, p.Depth, id, change, x.runAfter)
+		} else {
+			err = t.expand(id, st.Items, x.runAfter)
+		}
+		if err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// expansion is a forEach step a creation's plan expanded at once.
+// expansion is a forEach step a creation's plan expanded at once, or a
+// workflow step it started.
 type expansion struct {
-	instanceID string
-	position   int
-	items      []json.RawMessage
-	runAfter   int64
+	n        *storage.NewInstance
+	position int
+	runAfter int64
 }
 
 // nullIfEmpty stores an absent text as NULL, which costs a reader nothing

@@ -160,7 +160,7 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 		if err != nil {
 			return err
 		}
-		q := `SELECT item_index, status, attempts, input, output, error, started_at, finished_at, worker_id
+		q := `SELECT item_index, status, attempts, input, output, error, started_at, finished_at, worker_id, child_id
 			FROM steps WHERE parent_id = ?1`
 		if p.Status != "" {
 			q += ` AND status = ?4`
@@ -180,7 +180,7 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 				input, output     []byte
 				started, finished sql.NullInt64
 			)
-			if err := sc.Scan(&it.Index, &it.Status, &it.Attempts, &input, &output, &it.Error, &started, &finished, &it.WorkerID); err != nil {
+			if err := sc.Scan(&it.Index, &it.Status, &it.Attempts, &input, &output, &it.Error, &started, &finished, &it.WorkerID, &it.Child); err != nil {
 				return err
 			}
 			it.Input, it.Output = rawJSON(input), rawJSON(output)
@@ -198,25 +198,12 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 // itemCounts fills in the item counts of the forEach steps of instances,
 // with one grouped query that reads only the items' status index.
 func itemCounts(ctx context.Context, tx *sql.Tx, instances []storage.Instance) error {
-	byID := map[int64]*storage.Step{}
-	var ids []int64
-	for i := range instances {
-		for j := range instances[i].Steps {
-			if st := &instances[i].Steps[j]; st.Items != nil {
-				byID[st.ID] = st
-				ids = append(ids, st.ID)
-			}
-		}
-	}
-	if len(ids) == 0 {
+	byID, ids := forEachSteps(instances, func(*storage.Step) bool { return true })
+	if len(byID) == 0 {
 		return nil
 	}
-	b, err := json.Marshal(ids)
-	if err != nil {
-		return err
-	}
 	rows, err := tx.QueryContext(ctx, `SELECT parent_id, status, count(*) FROM steps
-		WHERE parent_id IN (SELECT value FROM json_each(?)) GROUP BY parent_id, status`, string(b))
+		WHERE parent_id IN (SELECT value FROM json_each(?)) GROUP BY parent_id, status`, ids)
 	if err != nil {
 		return err
 	}
@@ -232,4 +219,37 @@ func itemCounts(ctx context.Context, tx *sql.Tx, instances []storage.Instance) e
 		storage.CountItem(byID[id].Items, status, n)
 		return nil
 	})
+}
+
+// itemChildren fills in the child IDs of the forEach workflow steps of
+// instances, in item order.
+func itemChildren(ctx context.Context, tx *sql.Tx, instances []storage.Instance) error {
+	byID, ids := forEachSteps(instances, func(st *storage.Step) bool { return st.Workflow != "" })
+	if len(byID) == 0 {
+		return nil
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT parent_id, child_id FROM steps
+		WHERE parent_id IN (SELECT value FROM json_each(?)) AND child_id <> '' ORDER BY parent_id, item_index`, ids)
+	if err != nil {
+		return err
+	}
+	return eachRow(rows, func(sc scanner) error {
+		var (
+			id    int64
+			child string
+		)
+		if err := sc.Scan(&id, &child); err != nil {
+			return err
+		}
+		byID[id].Children = append(byID[id].Children, child)
+		return nil
+	})
+}
+
+// forEachSteps is storage.ForEachSteps with the IDs as a JSON array, for
+// json_each.
+func forEachSteps(instances []storage.Instance, keep func(*storage.Step) bool) (map[int64]*storage.Step, string) {
+	byID, ids := storage.ForEachSteps(instances, keep)
+	b, _ := json.Marshal(ids) // integers always marshal
+	return byID, string(b)
 }

@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -15,6 +16,7 @@ type loaded struct {
 	paused   bool    // the instance is paused: see due
 	timeout  int64   // the instance's timeout_us
 	ids      []int64 // step row IDs, parallel to state.Steps
+	child    bool    // it has a parent instance
 }
 
 // loadMany reads instances and their steps inside the transaction, with
@@ -25,7 +27,7 @@ func (t *txn) loadMany(ids []string) (map[string]*loaded, error) {
 		return nil, err
 	}
 	out := make(map[string]*loaded, len(ids))
-	rows, err := t.query(`SELECT id, workflow, definition_hash, status, input, run_after, paused, timeout_us, failing, error, failed_step FROM instances
+	rows, err := t.query(`SELECT id, workflow, definition_hash, status, input, run_after, paused, timeout_us, failing, error, failed_step, depth, parent_id IS NOT NULL FROM instances
 		WHERE id IN (SELECT value FROM json_each(?))`, string(idsJSON))
 	if err != nil {
 		return nil, err
@@ -39,7 +41,7 @@ func (t *txn) loadMany(ids []string) (map[string]*loaded, error) {
 			failure storage.Failure
 		)
 		if err := sc.Scan(&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input, &l.runAfter, &l.paused, &l.timeout,
-			&failing, &failure.Error, &failure.Step); err != nil {
+			&failing, &failure.Error, &failure.Step, &st.Depth, &l.child); err != nil {
 			return err
 		}
 		if failing {
@@ -98,6 +100,7 @@ func (t *txn) plan(ids []string, plan storage.PlanFunc) error {
 	if len(ids) == 0 {
 		return nil
 	}
+	t.planFn = plan
 	ls, err := t.loadMany(ids)
 	if err != nil {
 		return err
@@ -123,8 +126,9 @@ func (t *txn) plan(ids []string, plan storage.PlanFunc) error {
 		return err
 	}
 	// A wait step that became ready and found its signal completed at
-	// once, after its instance's plan was computed: plan it again for
-	// the dependents. Each round completes steps, so this ends.
+	// once, after its instance's plan was computed, or a workflow step
+	// whose child finished: plan its instance again for the dependents.
+	// Each round finishes steps, so this ends.
 	if replan := t.replan; len(replan) > 0 {
 		t.replan = nil
 		return t.plan(replan, plan)
@@ -180,10 +184,23 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 				c.Error, now, l.ids[i])
 			t.event(id, c.Name, storage.EventStepFailed, 0, c.Error)
 		case storage.StepRunning:
-			if err = storage.CheckExpansion(id, nil, c); err == nil {
+			if len(c.Items) > 0 {
+				t.event(id, c.Name, storage.EventStepReady, 0, fmt.Sprintf("%d items", len(c.Items)))
+			}
+			if len(c.Children) > 0 {
+				// A step that starts a child has started its instance,
+				// as a claimed step would have.
+				if l.state.Status == storage.InstancePending {
+					if err = t.startInstances([]string{id}); err != nil {
+						return err
+					}
+					l.state.Status = storage.InstanceRunning
+				}
+				t.event(id, c.Name, storage.EventStepStarted, 0, storage.ChildrenStartedMessage(c.Children))
+				err = t.startChildren(id, l.state.Depth, l.ids[i], c, max(now, l.runAfter))
+			} else if err = storage.CheckExpansion(id, nil, c); err == nil {
 				err = t.expand(l.ids[i], c.Items, l.due(now))
 			}
-			t.event(id, c.Name, storage.EventStepReady, 0, fmt.Sprintf("%d items", len(c.Items)))
 		case storage.StepCompleted:
 			_, err = t.exec(`UPDATE steps SET status = 'completed', output = ?, finished_at = ? WHERE id = ?`,
 				jsonArg(c.Output), now, l.ids[i])
@@ -228,7 +245,8 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 		for _, st := range l.state.Steps {
 			unfinished = unfinished || !st.Status.Finished()
 		}
-		if unfinished || ic.Error != "" {
+		// A child's finish settles its parent's step: not batched.
+		if unfinished || ic.Error != "" || l.child {
 			if err := t.finishInstance(id, ic.Status, ic.Output, ic.Error, unfinished); err != nil {
 				return err
 			}
@@ -289,18 +307,43 @@ func (l *loaded) index(name string) int {
 
 // finishInstance finishes the instance and, with cancelSteps, cancels
 // every step not yet finished, running ones included (their claims go
-// stale). The caller knows when there are none, the common case of a
-// completed instance.
+// stale), and every unfinished child instance. The caller knows when there
+// are none, the common case of a completed instance. It is the one place
+// an instance finishes (but for a batch of completions of top-level
+// instances, see collect), so it settles the parent's step of a child.
 func (t *txn) finishInstance(id string, status storage.InstanceStatus, output json.RawMessage, msg string, cancelSteps bool) error {
 	now := us(t.now)
-	if _, err := t.exec(`UPDATE instances SET status = ?, output = ?, error = ?, finished_at = ? WHERE id = ?`,
-		status, jsonArg(output), msg, now, id); err != nil {
+	var (
+		parentID   sql.NullString
+		parentStep string
+		parentItem int
+	)
+	if err := t.queryRow(`UPDATE instances SET status = ?, output = ?, error = ?, finished_at = ? WHERE id = ?
+		RETURNING parent_id, parent_step, parent_item`,
+		status, jsonArg(output), msg, now, id).Scan(&parentID, &parentStep, &parentItem); err != nil {
 		return err
 	}
-	if !cancelSteps {
-		t.event(id, "", storage.InstanceEventOf(status), 0, msg)
+	if cancelSteps {
+		if err := t.cancelSteps(id, msg); err != nil {
+			return err
+		}
+	}
+	if status != storage.InstanceCompleted {
+		// A completed instance has no unfinished step, so no running child.
+		if err := t.cancelChildren(id, status); err != nil {
+			return err
+		}
+	}
+	t.event(id, "", storage.InstanceEventOf(status), 0, msg)
+	if !parentID.Valid {
 		return nil
 	}
+	return t.childFinished(id, &storage.ParentRef{InstanceID: parentID.String, Step: parentStep, Item: parentItem}, status, output, msg)
+}
+
+// cancelSteps cancels the unfinished steps and items of a finished instance.
+func (t *txn) cancelSteps(id, msg string) error {
+	now := us(t.now)
 	const cancel = `UPDATE steps SET status = 'cancelled', finished_at = ?, lease_until = NULL, deadline = NULL
 		WHERE instance_id = ? AND status IN ('blocked', 'pending', 'running', 'waiting') RETURNING name, attempts, item_index`
 	rows, err := t.query(cancel, now, id)
@@ -320,11 +363,7 @@ func (t *txn) finishInstance(id string, status storage.InstanceStatus, output js
 			t.event(id, name, storage.EventStepCancelled, attempts, msg)
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	t.event(id, "", storage.InstanceEventOf(status), 0, msg)
-	return nil
+	return rows.Err()
 }
 
 // definition returns a loader of the definition snapshot, valid while the

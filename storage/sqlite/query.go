@@ -15,7 +15,8 @@ const instanceColumns = `id, workflow, definition_hash, status, input, output, e
 	run_after, created_at, started_at, finished_at, paused AND finished_at IS NULL,
 	timeout_us, CASE WHEN status = 'running' THEN deadline END,
 	status = 'running' AND failing, failed_step,
-	coalesce(traceparent, ''), coalesce(trace_caller, '')`
+	coalesce(traceparent, ''), coalesce(trace_caller, ''),
+	parent_id, parent_step, parent_item, depth`
 
 type scanner interface{ Scan(...any) error }
 
@@ -27,11 +28,18 @@ func scanInstance(sc scanner, extra ...any) (storage.Instance, error) {
 		started, finished sql.NullInt64
 		timeout           int64
 		deadline          sql.NullInt64
+		parent            sql.NullString
+		ref               storage.ParentRef
 	)
 	dest := append([]any{&in.ID, &in.Workflow, &in.DefinitionHash, &in.Status, &input, &output, &in.Error, &in.Key, &in.Priority,
-		&runAfter, &created, &started, &finished, &in.Paused, &timeout, &deadline, &in.Failing, &in.FailedStep, &in.TraceParent, &in.TraceCaller}, extra...)
+		&runAfter, &created, &started, &finished, &in.Paused, &timeout, &deadline, &in.Failing, &in.FailedStep, &in.TraceParent, &in.TraceCaller,
+		&parent, &ref.Step, &ref.Item, &in.Depth}, extra...)
 	if err := sc.Scan(dest...); err != nil {
 		return in, err
+	}
+	if parent.Valid {
+		ref.InstanceID = parent.String
+		in.Parent = &ref
 	}
 	in.Input, in.Output = rawJSON(input), rawJSON(output)
 	in.RunAfter, in.CreatedAt = fromUS(runAfter), fromUS(created)
@@ -42,7 +50,7 @@ func scanInstance(sc scanner, extra ...any) (storage.Instance, error) {
 
 const stepColumns = `instance_id, id, name, handler, queue, depends_on, status, attempts, max_attempts, backoff_us, max_backoff_us,
 	timeout_us, input, output, error, run_after, ready_at, started_at, finished_at, lease_until, worker_id, for_each,
-	wait_signal, deadline, on_failure`
+	wait_signal, deadline, on_failure, child_workflow, child_id`
 
 func scanStep(sc scanner) (string, storage.Step, error) {
 	var (
@@ -53,10 +61,11 @@ func scanStep(sc scanner) (string, storage.Step, error) {
 		ready, started, finished, leaseUntil sql.NullInt64
 		deadline                             sql.NullInt64
 		forEach                              bool
+		child                                string
 	)
 	if err := sc.Scan(&instanceID, &st.ID, &st.Name, &st.Handler, &st.Queue, &deps, &st.Status, &st.Attempts, &st.Retry.MaxAttempts,
 		&backoff, &maxBackoff, &tmo, &input, &output, &st.Error, &runAfter, &ready, &started, &finished, &leaseUntil, &st.WorkerID, &forEach,
-		&st.Signal, &deadline, &st.OnFailure); err != nil {
+		&st.Signal, &deadline, &st.OnFailure, &st.Workflow, &child); err != nil {
 		return "", st, err
 	}
 	if err := json.Unmarshal(deps, &st.DependsOn); err != nil {
@@ -77,6 +86,9 @@ func scanStep(sc scanner) (string, storage.Step, error) {
 	st.Deadline = ptrUS(deadline)
 	if forEach {
 		st.Items = &storage.ItemCounts{}
+	}
+	if child != "" {
+		st.Children = []string{child}
 	}
 	return instanceID, st, nil
 }
@@ -103,6 +115,9 @@ func (s *Store) GetInstance(ctx context.Context, id string) (*storage.Instance, 
 			return err
 		}
 		if err := itemCounts(ctx, tx, []storage.Instance{in}); err != nil {
+			return err
+		}
+		if err := itemChildren(ctx, tx, []storage.Instance{in}); err != nil {
 			return err
 		}
 		rows, err = tx.QueryContext(ctx, `SELECT id, instance_id, step, type, attempt, message, at, actor FROM events WHERE instance_id = ? ORDER BY id`, id)
@@ -163,6 +178,12 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 	if p.BeforeID != "" {
 		where, args = append(where, "id < ?"), append(args, p.BeforeID)
 	}
+	if p.Parent != "" {
+		where, args = append(where, "parent_id = ?"), append(args, p.Parent)
+	}
+	if p.TopLevel {
+		where = append(where, "parent_id IS NULL")
+	}
 	q := `SELECT ` + instanceColumns + ` FROM instances`
 	if len(where) > 0 {
 		q += ` WHERE ` + strings.Join(where, " AND ")
@@ -208,7 +229,10 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 		}); err != nil {
 			return err
 		}
-		return itemCounts(ctx, tx, out)
+		if err := itemCounts(ctx, tx, out); err != nil {
+			return err
+		}
+		return itemChildren(ctx, tx, out)
 	})
 	if err != nil {
 		return nil, err
@@ -367,7 +391,7 @@ func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (in
 		var n int
 		err := s.read(ctx, "prune", func(tx *sql.Tx) error {
 			return tx.QueryRowContext(ctx, `SELECT count(*) FROM instances
-				WHERE finished_at IS NOT NULL AND finished_at < ?`, bound).Scan(&n)
+				WHERE finished_at IS NOT NULL AND finished_at < ? AND parent_id IS NULL`, bound).Scan(&n)
 		})
 		return n, err
 	}
@@ -376,18 +400,27 @@ func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (in
 		n := 0
 		err := s.write(ctx, "prune", func(t *txn) error {
 			n = 0
-			rows, err := t.query(`DELETE FROM instances WHERE id IN (SELECT id FROM instances
-				WHERE finished_at IS NOT NULL AND finished_at < ? LIMIT ?) RETURNING workflow, definition_hash`, bound, pruneBatch)
+			// Children go with their top-level ancestor, and only with it.
+			rows, err := t.query(`WITH RECURSIVE tree (id) AS (
+					SELECT id FROM (SELECT id FROM instances
+						WHERE finished_at IS NOT NULL AND finished_at < ? AND parent_id IS NULL LIMIT ?)
+					UNION ALL SELECT i.id FROM instances i JOIN tree ON i.parent_id = tree.id)
+				DELETE FROM instances WHERE id IN tree RETURNING workflow, definition_hash, parent_id IS NULL`, bound, pruneBatch)
 			if err != nil {
 				return err
 			}
 			definitions := map[[2]string]bool{}
 			if err := eachRow(rows, func(sc scanner) error {
-				var workflow, hash string
-				if err := sc.Scan(&workflow, &hash); err != nil {
+				var (
+					workflow, hash string
+					top            bool
+				)
+				if err := sc.Scan(&workflow, &hash, &top); err != nil {
 					return err
 				}
-				n++
+				if top {
+					n++
+				}
 				definitions[[2]string{workflow, hash}] = true
 				return nil
 			}); err != nil {

@@ -27,6 +27,9 @@ type txn struct {
 	// timedOut are instances plan marks as past their workflow timeout
 	// (see ExpireInstances), by ID.
 	timedOut map[string]bool
+	// planFn is the PlanFunc of the transition under way, for the
+	// children a plan starts (see startChildren).
+	planFn storage.PlanFunc
 }
 
 const (

@@ -43,7 +43,7 @@ var cancelTests = map[string]func(*testing.T, *Harness){
 		b.complete(id, "done", `1`)
 		c := b.claimStep(id, "run")
 		b.clock.Advance(time.Second)
-		require.NoError(t, b.store.CancelInstance(b.ctx, id, "operator said so"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "operator said so", Plan))
 
 		in := b.get(id)
 		require.Equal(t, storage.InstanceCancelled, in.Status)
@@ -69,13 +69,13 @@ var cancelTests = map[string]func(*testing.T, *Harness){
 
 	"Errors": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
-		require.ErrorIs(t, b.store.CancelInstance(b.ctx, "no-such-instance", "x"), storage.ErrNotFound)
+		require.ErrorIs(t, b.store.CancelInstance(b.ctx, "no-such-instance", "x", Plan), storage.ErrNotFound)
 		id := b.createOne(spec("a"))
-		require.NoError(t, b.store.CancelInstance(b.ctx, id, "x"))
-		require.ErrorIs(t, b.store.CancelInstance(b.ctx, id, "again"), storage.ErrConflict)
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "x", Plan))
+		require.ErrorIs(t, b.store.CancelInstance(b.ctx, id, "again", Plan), storage.ErrConflict)
 		done := b.createOne(spec("a"))
 		b.complete(done, "a", `1`)
-		require.ErrorIs(t, b.store.CancelInstance(b.ctx, done, "x"), storage.ErrConflict)
+		require.ErrorIs(t, b.store.CancelInstance(b.ctx, done, "x", Plan), storage.ErrConflict)
 		require.Equal(t, storage.InstanceCompleted, b.get(done).Status)
 	},
 }
@@ -125,7 +125,7 @@ var retryTests = map[string]func(*testing.T, *Harness){
 		b := h.setup(t)
 		id := b.createOne(spec("a"), spec("b", "a"))
 		c := b.claimStep(id, "a")
-		require.NoError(t, b.store.CancelInstance(b.ctx, id, "oops"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "oops", Plan))
 		require.NoError(t, b.store.RetryInstance(b.ctx, id, Plan))
 		in := b.get(id)
 		require.Equal(t, storage.InstanceRunning, in.Status)

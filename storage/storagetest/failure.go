@@ -319,7 +319,7 @@ var failureTests = map[string]func(*testing.T, *Harness){
 		id := b.createFailing(failureParams(0, spec("a"), onFailureSpec("onfail-x"), onFailureSpec("onfail-y")))
 		b.finishFailing(failedFor(b.claimStep(id, "a").Claim, "boom"))
 		cx := b.claimStep(id, "onfail-x")
-		require.NoError(t, b.store.CancelInstance(b.ctx, id, "cancelled by request"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "cancelled by request", FailurePlan))
 		in := b.get(id)
 		require.Equal(t, storage.InstanceCancelled, in.Status)
 		require.False(t, in.Failing)

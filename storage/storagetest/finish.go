@@ -235,7 +235,7 @@ var finishTests = map[string]func(*testing.T, *Harness){
 
 		cancelled := b.createOne(spec("a"))
 		c := b.claimStep(cancelled, "a")
-		require.NoError(t, b.store.CancelInstance(b.ctx, cancelled, "by test"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, cancelled, "by test", Plan))
 
 		res := b.finish(completed(first.Claim, `1`), completed(c.Claim, `2`), completed(second.Claim, `3`))
 		require.Equal(t, []storage.FinishResult{{}, {Cancelled: true}, {Accepted: true}}, res)

@@ -332,7 +332,7 @@ var itemTests = map[string]func(*testing.T, *Harness){
 		b := h.setup(t)
 		id := b.createItems(3, eachSpec("each"))
 		got := b.claimItems(id, "each", 1)
-		require.NoError(t, b.store.CancelInstance(b.ctx, id, "stop"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "stop", Plan))
 		in := b.get(id)
 		require.Equal(t, storage.StepCancelled, step(t, in, "each").Status)
 		require.Equal(t, &storage.ItemCounts{Total: 3, Cancelled: 3}, step(t, in, "each").Items)
@@ -454,7 +454,7 @@ var itemTests = map[string]func(*testing.T, *Harness){
 	"PruneDeletesItems": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		id := b.createItems(3, eachSpec("each"))
-		require.NoError(t, b.store.CancelInstance(b.ctx, id, "stop"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "stop", Plan))
 		b.clock.Advance(time.Hour)
 		n, err := b.store.Prune(b.ctx, b.now(), false)
 		require.NoError(t, err)

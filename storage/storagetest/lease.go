@@ -126,7 +126,7 @@ var leaseTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, 2, n)
 		b.clock.Advance(time.Second)
 		newer := b.claimStep(stale, "a")
-		require.NoError(t, b.store.CancelInstance(b.ctx, cancelled, "stop"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, cancelled, "stop", Plan))
 
 		lost, err = b.store.ExtendLeases(b.ctx, []storage.Claim{hc.Claim, sc.Claim, cc.Claim, newer.Claim}, 30*time.Second)
 		require.NoError(t, err)

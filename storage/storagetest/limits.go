@@ -127,7 +127,7 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		require.True(t, b.held(more[0]))
 		require.Equal(t, []string{ids[1]}, b.claimAll())
 		// A cancel frees the slot too.
-		require.NoError(t, b.store.CancelInstance(b.ctx, ids[1], "x"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, ids[1], "x", Plan))
 		require.Equal(t, []string{more[0]}, b.claimAll())
 	},
 	"InstanceKeyCountsOneCallsOwnInstances": func(t *testing.T, h *Harness) {
@@ -140,7 +140,7 @@ var limitTests = map[string]func(*testing.T, *Harness){
 	"CancelledHeldInstanceFreesNothing": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
 		ids := b.createKeyed(keyed("a", 1, 0), keyed("a", 1, 0), keyed("a", 1, 0))
-		require.NoError(t, b.store.CancelInstance(b.ctx, ids[1], "x"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, ids[1], "x", Plan))
 		require.Equal(t, []string{ids[0]}, b.claimAll())
 		require.True(t, b.held(ids[2]))
 	},

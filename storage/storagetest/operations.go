@@ -135,7 +135,7 @@ var operationTests = map[string]func(*testing.T, *Harness){
 		require.ErrorIs(t, b.op().RetryFrom(b.ctx, id, "a", Plan), storage.ErrConflict, "a running instance")
 		require.Equal(t, storage.StepRunning, b.status(id, "a"), "a refusal changes nothing")
 
-		require.NoError(t, b.store.CancelInstance(b.ctx, id, "x"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "x", Plan))
 		err = b.op().RetryFrom(b.ctx, id, "nope", Plan)
 		require.ErrorIs(t, err, storage.ErrNotFound)
 		require.ErrorContains(t, err, `no step "nope" (its steps: a, b)`)
@@ -223,7 +223,7 @@ var operationTests = map[string]func(*testing.T, *Harness){
 		}
 		require.ErrorIs(t, b.op().SkipStep(b.ctx, id, "nope", nil, Plan), storage.ErrNotFound)
 		require.ErrorIs(t, b.op().SkipStep(b.ctx, "no-such-instance", "a", nil, Plan), storage.ErrNotFound)
-		require.NoError(t, b.store.CancelInstance(b.ctx, id, "x"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "x", Plan))
 		err := b.op().SkipStep(b.ctx, id, "c", nil, Plan)
 		require.ErrorIs(t, err, storage.ErrConflict, "a cancelled instance")
 		require.Equal(t, storage.StepCancelled, b.status(id, "c"))
@@ -344,7 +344,7 @@ var operationTests = map[string]func(*testing.T, *Harness){
 		require.ErrorContains(t, err, "is not paused")
 		require.NoError(t, b.op().PauseInstance(b.ctx, id))
 		require.ErrorIs(t, b.op().PauseInstance(b.ctx, id), storage.ErrConflict)
-		require.NoError(t, b.store.CancelInstance(b.ctx, id, "x"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "x", Plan))
 		in := b.get(id)
 		require.False(t, in.Paused, "a finished instance is not paused")
 		err = b.op().PauseInstance(b.ctx, id)
@@ -362,7 +362,7 @@ var operationTests = map[string]func(*testing.T, *Harness){
 		b := h.setup(t)
 		hb := b.byHand()
 		id := b.createOne(spec("a"))
-		require.NoError(t, hb.store.CancelInstance(hb.ctx, id, "stop"))
+		require.NoError(t, hb.store.CancelInstance(hb.ctx, id, "stop", Plan))
 		in := b.get(id)
 		require.Equal(t, "alice", events(in, "", storage.EventInstanceCancelled)[0].Actor)
 		require.Equal(t, "alice", events(in, "a", storage.EventStepCancelled)[0].Actor)
@@ -479,7 +479,7 @@ var operationTests = map[string]func(*testing.T, *Harness){
 			wg.Add(2)
 			go func() {
 				defer wg.Done()
-				cancelErr = b.store.CancelInstance(b.ctx, id, "stop")
+				cancelErr = b.store.CancelInstance(b.ctx, id, "stop", Plan)
 			}()
 			go func() {
 				defer wg.Done()

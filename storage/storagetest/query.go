@@ -155,7 +155,7 @@ var statsTests = map[string]func(*testing.T, *Harness){
 		other := params(spec("a"))
 		other.Workflow = "other"
 		b.create(other)
-		require.NoError(t, b.store.CancelInstance(b.ctx, other.ID, "x"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, other.ID, "x", Plan))
 
 		st, err := b.store.Stats(b.ctx)
 		require.NoError(t, err)
@@ -284,7 +284,7 @@ var pruneTests = map[string]func(*testing.T, *Harness){
 		b.complete(unfinished, "a", `1`)
 		b.clock.Advance(time.Hour)
 		recent := b.createOne(spec("a"))
-		require.NoError(t, b.store.CancelInstance(b.ctx, recent, "x"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, recent, "x", Plan))
 		bound := b.now().Add(-30 * time.Minute)
 
 		n, err := b.store.Prune(b.ctx, bound, true)

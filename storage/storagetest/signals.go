@@ -115,7 +115,7 @@ var signalTests = map[string]func(*testing.T, *Harness){
 	"FinishedOrMissingInstanceRefuses": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		id := b.createOne(waitSpec("await-a", "a", 0))
-		require.NoError(t, b.store.CancelInstance(b.ctx, id, "no"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "no", Plan))
 		w := step(t, b.get(id), "await-a")
 		require.Equal(t, storage.StepCancelled, w.Status, "cancelling cancels a waiting step")
 		_, err := b.signal(storage.SignalParams{InstanceID: id, Name: "a"})
@@ -169,7 +169,7 @@ var signalTests = map[string]func(*testing.T, *Harness){
 	"CancelledWaitIsReArmedByRetry": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		id := b.createOne(waitSpec("await-a", "a", time.Hour), spec("after", "await-a"))
-		require.NoError(t, b.store.CancelInstance(b.ctx, id, "by hand"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "by hand", Plan))
 		w := step(t, b.get(id), "await-a")
 		require.Equal(t, storage.StepCancelled, w.Status)
 		require.Nil(t, w.Deadline)

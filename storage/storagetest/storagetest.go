@@ -72,6 +72,7 @@ func Run(t *testing.T, h Harness) {
 		{"Limits", limitTests},
 		{"Logs", logTests},
 		{"Trace", traceTests},
+		{"Subflows", subflowTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

@@ -223,6 +223,32 @@ func TestValidate(t *testing.T) {
 	golden(t, "validate-invalid", res.stderr)
 }
 
+// TestValidateCalls: validate checks the workflow steps across the files
+// of the folder, and a file given by name against the folder; start
+// refuses a workflow in a call cycle with the same error.
+func TestValidateCalls(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.env["DAGRUN_WORKFLOWS"] = "testdata/calls"
+	res := b.run(t, "", "validate")
+	require.Equal(t, app.ExitUsage, res.code)
+	require.Equal(t, "ok fine (1 steps)\nok shipping (1 steps)\n", res.stdout)
+	golden(t, "validate-calls", res.stderr)
+
+	res = b.run(t, "", "validate", "testdata/calls/loop-b.yaml", "testdata/calls/fine.yaml")
+	require.Equal(t, app.ExitUsage, res.code)
+	require.Equal(t, "ok fine (1 steps)\n", res.stdout)
+	require.Equal(t, `testdata/calls/loop-b.yaml:6:15: step "call-a": workflow call cycle loop-b -> loop-a -> loop-b: each instance would start another without end; remove one of these workflow steps`+"\n", res.stderr)
+
+	res = b.run(t, "", "start", "loop-a")
+	require.Equal(t, app.ExitUsage, res.code)
+	require.Contains(t, res.stderr, `dagrun: workflow loop-a is invalid: testdata/calls/loop-a.yaml:4:15: step "call-b": workflow call cycle loop-a -> loop-b -> loop-a`)
+	require.Contains(t, res.stderr, "list every error with: dagrun validate testdata/calls/loop-a.yaml")
+	res = b.run(t, "", "graph", "partial")
+	require.Equal(t, app.ExitUsage, res.code)
+	require.Contains(t, res.stderr, `step "ship": workflow "shipping" requires the input property "orderId"`)
+}
+
 // TestErrorLines records the one-line errors of common mistakes in one
 // golden file, so a change to any wording shows up in review.
 func TestErrorLines(t *testing.T) {
@@ -263,7 +289,8 @@ func TestErrorLines(t *testing.T) {
 		{args: []string{"graph", "nope"}, code: app.ExitUsage},
 		{args: []string{"graph", "greet", "--format", "svg"}, code: app.ExitUsage},
 		{args: []string{"lsit"}, code: app.ExitUsage},
-		{args: []string{"list", "--all"}, code: app.ExitUsage},
+		{args: []string{"list", "--every"}, code: app.ExitUsage},
+		{args: []string{"list", "--all", "--parent", "no-such-id"}, code: app.ExitUsage},
 		{args: []string{"--log-level", "loud", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "mysql://localhost/x", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "sqlite:", "list"}, code: app.ExitUsage},

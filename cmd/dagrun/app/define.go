@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -18,6 +19,9 @@ func (c *cli) validateCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "validate [FILE...]",
 		Short: "Check workflow files (every file of --workflows by default), printing FILE:LINE:COL: message per error",
+		Long: "Validate checks each file on its own, then the workflow steps across files: the workflows they call\n" +
+			"must exist (in the files given or the --workflows folder), must not call each other in a cycle, and must get\n" +
+			"the inputs they require.",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			files := args
 			if len(files) == 0 {
@@ -27,25 +31,25 @@ func (c *cli) validateCommand() *cobra.Command {
 				}
 			}
 			opts := &dag.ParseOptions{HandlerExists: c.registry.Has}
+			checked, err := whileRunning(cmd.Context(), func() ([]fileCheck, error) { return c.checkFiles(files, len(args) > 0, opts), nil })
+			if err != nil {
+				return err
+			}
 			bad := 0
-			for _, file := range files {
-				w, err := whileRunning(cmd.Context(), func() (*dag.Workflow, error) { return dag.ParseFile(file, opts) })
-				if hasExitCode(err) {
-					return err
-				}
-				if err != nil {
-					bad++
-					var list dag.ErrorList
-					if errors.As(err, &list) {
-						for _, e := range list {
-							fmt.Fprintln(c.io.Stderr, e.Error())
-						}
-					} else {
-						fmt.Fprintf(c.io.Stderr, "%s: %v\n", file, err)
-					}
+			for _, f := range checked {
+				if f.err == nil {
+					fmt.Fprintf(c.io.Stdout, "ok %s (%d steps)\n", f.workflow.Name, len(f.workflow.Steps))
 					continue
 				}
-				fmt.Fprintf(c.io.Stdout, "ok %s (%d steps)\n", w.Name, len(w.Steps))
+				bad++
+				var list dag.ErrorList
+				if errors.As(f.err, &list) {
+					for _, e := range list {
+						fmt.Fprintln(c.io.Stderr, e.Error())
+					}
+				} else {
+					fmt.Fprintf(c.io.Stderr, "%s: %v\n", f.file, f.err)
+				}
 			}
 			if bad > 0 {
 				return &exitError{code: ExitUsage}
@@ -53,6 +57,75 @@ func (c *cli) validateCommand() *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// fileCheck is what validate found in one file: its workflow, or its errors.
+type fileCheck struct {
+	file     string
+	workflow *dag.Workflow
+	err      error
+}
+
+// checkFiles parses each file, then checks the calls between workflows.
+// Files given by name may call the workflows of the folder too, so with
+// withFolder the folder's other workflows are parsed as well, to check the
+// calls against, but their own errors are not reported.
+func (c *cli) checkFiles(files []string, withFolder bool, opts *dag.ParseOptions) []fileCheck {
+	out := make([]fileCheck, len(files))
+	var (
+		valid  []*dag.Workflow
+		named  = map[string]bool{}
+		broken = map[string]string{}
+	)
+	note := func(path string, w *dag.Workflow, err error) {
+		switch {
+		case err == nil:
+			if !named[w.Name] {
+				named[w.Name] = true
+				valid = append(valid, w)
+			}
+		default:
+			name := strings.TrimSuffix(strings.TrimSuffix(filepath.Base(path), ".yaml"), ".yml")
+			if _, ok := broken[name]; !ok {
+				broken[name] = path
+			}
+		}
+	}
+	for i, file := range files {
+		w, err := dag.ParseFile(file, opts)
+		out[i] = fileCheck{file: file, workflow: w, err: err}
+		note(file, w, err)
+	}
+	if withFolder {
+		others, _ := workflowFiles(c.workflowsDir)
+		for _, file := range others {
+			if slices.Contains(files, file) {
+				continue
+			}
+			w, err := dag.ParseFile(file, opts)
+			if err == nil && named[w.Name] {
+				continue // a file given by name stands for its workflow
+			}
+			note(file, w, err)
+		}
+	}
+	calls := dag.CheckCalls(valid, broken)
+	for i := range out {
+		f := &out[i]
+		if f.err != nil {
+			continue
+		}
+		var mine dag.ErrorList
+		for _, e := range calls {
+			if e.File == f.file {
+				mine = append(mine, e)
+			}
+		}
+		if len(mine) > 0 {
+			f.err = mine
+		}
+	}
+	return out
 }
 
 // workflowFiles lists the YAML files of a workflows folder.
@@ -117,6 +190,15 @@ func (c *cli) findWorkflow(ctx context.Context, name string) (*dag.Workflow, err
 			if hasExitCode(err) {
 				return nil, err
 			}
+			if err == nil && callsWorkflows(w) {
+				// Its calls are checked against the rest of the folder, as
+				// every load of the folder does.
+				checked, waitErr := whileRunning(ctx, func() ([]fileCheck, error) { return c.checkFiles([]string{path}, true, opts), nil })
+				if waitErr != nil {
+					return nil, waitErr
+				}
+				err = checked[0].err
+			}
 			if err != nil {
 				return nil, usageError(invalidWorkflowError(name, path, err))
 			}
@@ -135,6 +217,16 @@ func (c *cli) findWorkflow(ctx context.Context, name string) (*dag.Workflow, err
 		return nil, usageError(fmt.Errorf("unknown workflow %q: no valid workflows in %s (check them with: dagrun validate)", name, c.workflowsDir))
 	}
 	return nil, usageError(fmt.Errorf("unknown workflow %q (available: %s)", name, strings.Join(names, ", ")))
+}
+
+// callsWorkflows reports whether a workflow has workflow steps.
+func callsWorkflows(w *dag.Workflow) bool {
+	for _, s := range w.Steps {
+		if s.Workflow != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // invalidWorkflowError sums up a workflow file's validation errors on one

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -118,9 +119,19 @@ func writeItemTable(w io.Writer, id string, page *view.StepItems, now time.Time)
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "INDEX\tSTATUS\tATTEMPTS\tDURATION\tERROR")
+	// The items of a forEach workflow step each run as a child instance.
+	children := step.Workflow != ""
+	if children {
+		fmt.Fprintln(tw, "INDEX\tSTATUS\tCHILD\tDURATION\tERROR")
+	} else {
+		fmt.Fprintln(tw, "INDEX\tSTATUS\tATTEMPTS\tDURATION\tERROR")
+	}
 	for _, it := range page.Items {
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\n", it.Index, it.Status, it.Attempts,
+		third := strconv.Itoa(it.Attempts)
+		if children {
+			third = cmp.Or(it.Child, "-")
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", it.Index, it.Status, third,
 			runDuration(it.StartedAt, it.FinishedAt, it.Status == storage.StepRunning, now), truncate(oneLineString(it.Error), 80))
 	}
 	return tw.Flush()
@@ -148,6 +159,9 @@ func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "Instance:\t%s\n", inst.ID)
 	fmt.Fprintf(tw, "Workflow:\t%s\n", inst.Workflow)
+	if inst.Parent != nil {
+		fmt.Fprintf(tw, "Parent:\t%s\n", parentLine(inst.Parent))
+	}
 	fmt.Fprintf(tw, "Status:\t%s\n", statusText(inst))
 	fmt.Fprintf(tw, "Created:\t%s\n", view.Time(inst.CreatedAt))
 	writeTimeout(tw, inst, now)
@@ -182,11 +196,14 @@ func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 	for _, s := range inst.Steps {
 		// A forEach step never runs a handler itself: its items have the attempts.
 		attempts := strconv.Itoa(s.Attempts)
-		if s.Items != nil {
-			attempts = "-"
+		if s.Items != nil || s.Workflow != "" {
+			attempts = "-" // a workflow step's child has the attempts
 		}
 		handler := s.Handler
-		if handler == "" { // a wait step: see writeWakes
+		switch {
+		case s.Workflow != "": // see writeChildren
+			handler = "workflow:" + s.Workflow
+		case handler == "": // a wait step: see writeWakes
 			handler = "-"
 		}
 		row := []any{stepLabel(s), handler, s.Status, attempts, stepDuration(s, now)}
@@ -207,9 +224,49 @@ func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 	if forEach != "" {
 		fmt.Fprintf(w, "\nItems of a forEach step: dagrun status %s --step %s\n", inst.ID, forEach)
 	}
+	writeChildren(w, inst)
 	writeWakes(w, inst, now)
 	writeOperations(w, inst)
 	return nil
+}
+
+// parentLine names the step (and item) that started a child instance, with
+// the command that shows it.
+func parentLine(p *storage.ParentRef) string {
+	step := "step " + p.Step
+	if p.Item >= 0 {
+		step += fmt.Sprintf(", item %d", p.Item)
+	}
+	return fmt.Sprintf("%s (%s): dagrun status %s", p.InstanceID, step, p.InstanceID)
+}
+
+// maxChildrenShown bounds the child IDs status prints for one step; a
+// forEach workflow step may have thousands, which list --parent pages.
+const maxChildrenShown = 5
+
+// writeChildren names the child instances of the workflow steps, with the
+// command that shows them.
+func writeChildren(w io.Writer, inst *storage.Instance) {
+	first := true
+	for _, s := range inst.Steps {
+		if len(s.Children) == 0 {
+			continue
+		}
+		if first {
+			fmt.Fprintln(w)
+			first = false
+		}
+		if len(s.Children) == 1 && s.Items == nil {
+			fmt.Fprintf(w, "%s runs workflow %s as child instance %s: dagrun status %s\n", s.Name, s.Workflow, s.Children[0], s.Children[0])
+			continue
+		}
+		shown, more := s.Children, ""
+		if len(shown) > maxChildrenShown {
+			shown, more = shown[:maxChildrenShown], fmt.Sprintf(" and %d more", len(s.Children)-maxChildrenShown)
+		}
+		fmt.Fprintf(w, "%s runs workflow %s as %d child instances: %s%s (dagrun list --parent %s)\n",
+			s.Name, s.Workflow, len(s.Children), strings.Join(shown, ", "), more, inst.ID)
+	}
 }
 
 // timeLeft writes a time to come as a person reads it: to the second, or
@@ -284,11 +341,14 @@ func (c *cli) listCommand() *cobra.Command {
 		p       storage.ListParams
 		status  string
 		jsonOut bool
+		all     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List instances, newest first",
-		Args:  exactArgs(0, "list [--workflow W] [--status S] [--limit N] [--json]"),
+		Long: "List lists the instances started from outside (by start, the API or a schedule); --all adds the child\n" +
+			"instances that workflow steps started, and --parent ID lists the children of one instance.",
+		Args: exactArgs(0, "list [--workflow W] [--status S] [--all | --parent ID] [--limit N] [--json]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if status != "" {
 				s := storage.InstanceStatus(status)
@@ -302,6 +362,10 @@ func (c *cli) listCommand() *cobra.Command {
 			if p.Limit < 1 || p.Limit > dagrun.MaxListLimit {
 				return usageError(fmt.Errorf("invalid --limit %d: use a number from 1 to %d", p.Limit, dagrun.MaxListLimit))
 			}
+			if all && p.Parent != "" {
+				return usageError(errors.New("--all and --parent exclude each other: --parent ID lists the children of one instance, --all every instance"))
+			}
+			p.TopLevel = !all && p.Parent == ""
 			ctx := cmd.Context()
 			engine, err := c.engine(ctx)
 			if err != nil {
@@ -318,14 +382,31 @@ func (c *cli) listCommand() *cobra.Command {
 				}
 				return writeJSON(c.io.Stdout, out)
 			}
+			// Only a list that may mix children and others says whose each is.
+			withParent := all || p.Parent != ""
 			tw := tabwriter.NewWriter(c.io.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tWORKFLOW\tSTATUS\tSTEPS\tCREATED\tDURATION")
+			if withParent {
+				fmt.Fprintln(tw, "ID\tWORKFLOW\tSTATUS\tSTEPS\tCREATED\tDURATION\tPARENT")
+			} else {
+				fmt.Fprintln(tw, "ID\tWORKFLOW\tSTATUS\tSTEPS\tCREATED\tDURATION")
+			}
 			for _, inst := range list {
 				dur := "-"
 				if inst.FinishedAt != nil {
 					dur = roundDuration(inst.FinishedAt.Sub(inst.CreatedAt))
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", inst.ID, inst.Workflow, statusText(&inst), stepCounts(inst.Steps), view.Time(inst.CreatedAt), dur)
+				row := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", inst.ID, inst.Workflow, statusText(&inst), stepCounts(inst.Steps), view.Time(inst.CreatedAt), dur)
+				if withParent {
+					parent := "-"
+					if inst.Parent != nil {
+						parent = inst.Parent.InstanceID + " " + inst.Parent.Step
+						if inst.Parent.Item >= 0 {
+							parent += fmt.Sprintf("[%d]", inst.Parent.Item)
+						}
+					}
+					row += "\t" + parent
+				}
+				fmt.Fprintln(tw, row)
 			}
 			return tw.Flush()
 		},
@@ -335,6 +416,8 @@ func (c *cli) listCommand() *cobra.Command {
 	f.StringVar(&status, "status", "", "only instances with this status")
 	f.IntVar(&p.Limit, "limit", 50, "at most this many instances")
 	f.BoolVar(&jsonOut, "json", false, "print a JSON array of instance objects")
+	f.BoolVar(&all, "all", false, "list child instances (started by workflow steps) too")
+	f.StringVar(&p.Parent, "parent", "", "list only the child instances of this instance")
 	return cmd
 }
 

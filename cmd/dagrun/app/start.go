@@ -134,6 +134,10 @@ func (c *cli) retryCommand() *cobra.Command {
 				}
 			} else if err := engine.Retry(byCLI(ctx), args[0]); err != nil {
 				if errors.Is(err, storage.ErrConflict) {
+					if inst, getErr := engine.Get(ctx, args[0]); getErr == nil && inst.Parent != nil {
+						// A child is retried through its parent; the error says which.
+						return usageError(err)
+					}
 					return conflictError(ctx, engine, args[0], "", "only a failed or cancelled instance can be retried", err)
 				}
 				return instanceError(args[0], err)
@@ -185,21 +189,29 @@ func (c *cli) readJSONFlag(flag, spec string) (json.RawMessage, error) {
 // followLease is the claim lease of a following start's in-process worker.
 const followLease = 10 * time.Second
 
-// follow runs an in-process worker for one instance and reports its
-// progress until it finishes. Other workers may run its steps too.
+// follow runs in-process workers for one instance (and its child
+// instances) and reports its progress until it finishes. Other workers may
+// run its steps too.
 func (c *cli) follow(ctx context.Context, engine *dagrun.Engine, id string, jsonOut bool, skip skipMode) error {
 	// A shorter lease than a long-lived worker's: if this process is killed
 	// while following, another worker takes the step over within seconds.
-	worker, err := engine.NewWorker(&dagrun.WorkerConfig{InstanceID: id, Lease: followLease})
-	if err != nil {
+	workers := newFamilyWorkers(context.WithoutCancel(ctx), engine, followLease)
+	if err := workers.serve(id); err != nil {
 		return err
 	}
-	workerCtx, stopWorker := context.WithCancel(context.WithoutCancel(ctx))
-	workerDone := make(chan error, 1)
-	go func() { workerDone <- worker.Run(workerCtx) }()
+	// The instance's children, and theirs, get workers of their own.
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		if inst, err := engine.Get(watchCtx, id); err == nil && hasWorkflowSteps(inst) {
+			workers.watch(watchCtx, id)
+		}
+	}()
 	defer func() {
-		stopWorker()
-		<-workerDone
+		stopWatch()
+		<-watchDone
+		workers.stopAll()
 	}()
 
 	progress := newProgress(c.io.Stderr, skip)

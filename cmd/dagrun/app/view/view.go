@@ -41,6 +41,30 @@ type Instance struct {
 	Deadline   *string `json:"deadline,omitempty"`
 	FailedStep *string `json:"failedStep,omitempty"`
 	Failing    bool    `json:"failing,omitempty"`
+	// Parent names the workflow step that started this instance; absent
+	// for an instance started from outside.
+	Parent *Parent `json:"parent,omitempty"`
+}
+
+// Parent is the step (and, for a forEach step, the item) whose child an
+// instance is.
+type Parent struct {
+	ID   string `json:"id"`
+	Step string `json:"step"`
+	Item *int   `json:"item,omitempty"`
+}
+
+// NewParent converts a stored parent reference; nil stays nil.
+func NewParent(p *storage.ParentRef) *Parent {
+	if p == nil {
+		return nil
+	}
+	out := &Parent{ID: p.InstanceID, Step: p.Step}
+	if p.Item >= 0 {
+		item := p.Item
+		out.Item = &item
+	}
+	return out
 }
 
 // Step is one step of an Instance, in definition order.
@@ -79,6 +103,12 @@ type Step struct {
 	// Held is true for a pending step a concurrency limit holds back until
 	// a slot frees (it then has no runAfter).
 	Held bool `json:"held,omitempty"`
+	// Workflow is the workflow a workflow step starts as its child;
+	// Children the IDs of the instances it started, in item order for a
+	// forEach step. Both are absent for other steps, Children also before
+	// the step starts.
+	Workflow string   `json:"workflow,omitempty"`
+	Children []string `json:"children,omitempty"`
 }
 
 // MaxInlineItemsOutput bounds the output of a forEach step that the
@@ -137,6 +167,9 @@ type Item struct {
 	StartedAt  *string         `json:"startedAt"`
 	FinishedAt *string         `json:"finishedAt"`
 	WorkerID   *string         `json:"workerId"`
+	// Child is the instance an item of a forEach workflow step started;
+	// absent for other items.
+	Child string `json:"child,omitempty"`
 }
 
 // ItemPage is one page of a step's items, in index order: the CLI's
@@ -164,6 +197,7 @@ func NewItemPage(items []storage.Item, offset, limit, total int) ItemPage {
 			StartedAt:  optTime(it.StartedAt),
 			FinishedAt: optTime(it.FinishedAt),
 			WorkerID:   optString(it.WorkerID),
+			Child:      it.Child,
 		}
 	}
 	return out
@@ -199,6 +233,7 @@ func NewInstance(inst *storage.Instance) Instance {
 		Deadline:   optTime(inst.Deadline),
 		FailedStep: optString(inst.FailedStep),
 		Failing:    inst.Failing,
+		Parent:     NewParent(inst.Parent),
 	}
 	if inst.Timeout > 0 {
 		out.Timeout = storage.FormatDuration(inst.Timeout)
@@ -229,6 +264,8 @@ func NewInstance(inst *storage.Instance) Instance {
 			OutputOmitted: omitted,
 			Signal:        s.Signal,
 			OnFailure:     s.OnFailure,
+			Workflow:      s.Workflow,
+			Children:      s.Children,
 		}
 		if s.Status == storage.StepWaiting {
 			out.Steps[i].Deadline = optTime(s.Deadline)

@@ -44,3 +44,75 @@ func TestInstanceLeavesItemsOut(t *testing.T) {
 	require.JSONEq(t, `[{"t": 1}, null]`, string(got.Steps[0].Output), "a few items' outputs are inlined")
 	require.False(t, got.Steps[0].OutputOmitted)
 }
+
+// TestInstanceParentAndChildren: a child instance names its parent's step
+// (and item, for a forEach step); a workflow step names its workflow and
+// its children; top-level instances, other steps and other items carry
+// none of these keys, so their objects are as before.
+func TestInstanceParentAndChildren(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		inst *storage.Instance
+		want string
+	}{
+		{
+			name: "top-level parent",
+			inst: &storage.Instance{ID: "p1", Workflow: "order-fulfilment", Status: storage.InstanceRunning, Steps: []storage.Step{
+				{Name: "charge", Handler: "orders.charge", Status: storage.StepCompleted},
+				{Name: "ship", Workflow: "shipping", Status: storage.StepRunning, Children: []string{"c1"}},
+				{Name: "later", Workflow: "shipping", Status: storage.StepBlocked},
+			}},
+			want: `{"steps": [{"name": "charge"}, {"name": "ship", "workflow": "shipping", "children": ["c1"]}, {"name": "later", "workflow": "shipping"}]}`,
+		},
+		{
+			name: "child of a step",
+			inst: &storage.Instance{ID: "c1", Workflow: "shipping", Status: storage.InstanceRunning, Depth: 1,
+				Parent: &storage.ParentRef{InstanceID: "p1", Step: "ship", Item: -1}},
+			want: `{"parent": {"id": "p1", "step": "ship"}, "steps": []}`,
+		},
+		{
+			name: "child of an item",
+			inst: &storage.Instance{ID: "c2", Workflow: "shipping", Status: storage.InstanceRunning, Depth: 1,
+				Parent: &storage.ParentRef{InstanceID: "p1", Step: "ship-each", Item: 0}},
+			want: `{"parent": {"id": "p1", "step": "ship-each", "item": 0}, "steps": []}`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			data, err := json.Marshal(view.NewInstance(tt.inst))
+			require.NoError(t, err)
+			// Compare only the keys this feature adds.
+			var full map[string]any
+			require.NoError(t, json.Unmarshal(data, &full))
+			picked := map[string]any{"steps": []any{}}
+			if p, ok := full["parent"]; ok {
+				picked["parent"] = p
+			}
+			for _, s := range full["steps"].([]any) {
+				step := s.(map[string]any)
+				keep := map[string]any{"name": step["name"]}
+				for _, k := range []string{"workflow", "children"} {
+					if v, ok := step[k]; ok {
+						keep[k] = v
+					}
+				}
+				picked["steps"] = append(picked["steps"].([]any), keep)
+			}
+			got, err := json.Marshal(picked)
+			require.NoError(t, err)
+			require.JSONEq(t, tt.want, string(got))
+		})
+	}
+
+	page := view.NewItemPage([]storage.Item{{Index: 0, Status: storage.StepRunning, Child: "c2"}, {Index: 1, Status: storage.StepPending}}, 0, 2, 2)
+	data, err := json.Marshal(page)
+	require.NoError(t, err)
+	var items struct {
+		Items []map[string]any `json:"items"`
+	}
+	require.NoError(t, json.Unmarshal(data, &items))
+	require.Equal(t, "c2", items.Items[0]["child"])
+	require.NotContains(t, items.Items[1], "child", "an item without a child has no child key")
+}

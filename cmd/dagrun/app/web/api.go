@@ -75,6 +75,9 @@ type stepDef struct {
 	Concurrency int  `json:"concurrency"`
 	// Wait is a wait step's wait (its handler is empty); null for others.
 	Wait *waitDef `json:"wait"`
+	// Workflow is the child workflow a workflow step runs (its handler is
+	// empty); absent for others.
+	Workflow string `json:"workflow,omitempty"`
 }
 
 // waitDef is what a wait step waits for. The UI reads Schema to offer
@@ -140,6 +143,7 @@ func newStepDef(st *dag.Step) stepDef {
 		ContinueOnError: st.ContinueOnError,
 		ForEach:         st.ForEach != nil,
 		Concurrency:     st.Concurrency,
+		Workflow:        st.Workflow,
 	}
 	if st.Timeout > 0 {
 		t := st.Timeout.String()
@@ -225,7 +229,17 @@ type instanceList struct {
 
 func (s *Server) listInstances(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	p := storage.ListParams{Workflow: q.Get("workflow"), BeforeID: q.Get("before"), Limit: defaultListLimit}
+	p := storage.ListParams{Workflow: q.Get("workflow"), BeforeID: q.Get("before"), Limit: defaultListLimit, Parent: q.Get("parent")}
+	// Top-level instances only, unless ?all=true or ?parent=ID (a child
+	// is listed under its parent).
+	switch all := q.Get("all"); all {
+	case "", "false":
+		p.TopLevel = p.Parent == ""
+	case "true":
+	default:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid all %q: use true or false", all))
+		return
+	}
 	if st := q.Get("status"); st != "" {
 		switch status := storage.InstanceStatus(st); status {
 		case storage.InstancePending, storage.InstanceRunning, storage.InstanceCompleted, storage.InstanceFailed, storage.InstanceCancelled:

@@ -379,6 +379,10 @@
     const statusSel = el("select", { id: "filter-status" }, el("option", { value: "" }, "any status"),
       STATUSES.map((s) => el("option", { value: s }, s)));
     statusSel.value = params.get("status") || "";
+    // Child instances (started by workflow steps) are listed under their
+    // parent's page unless asked for here.
+    const allBox = el("input", { type: "checkbox", id: "filter-all" });
+    allBox.checked = params.get("all") === "true";
     const count = el("span", { class: "count" });
     const tbody = el("tbody");
     const rows = section(tbody);
@@ -391,11 +395,13 @@
       const q = new URLSearchParams();
       if (workflowSel.value) q.set("workflow", workflowSel.value);
       if (statusSel.value) q.set("status", statusSel.value);
+      if (allBox.checked) q.set("all", "true");
       const qs = q.toString();
       location.hash = "#/" + (qs ? "?" + qs : "");
     }
     workflowSel.addEventListener("change", navigate);
     statusSel.addEventListener("change", navigate);
+    allBox.addEventListener("change", navigate);
     more.addEventListener("click", () => { pages++; refresh(generation).catch(showError); });
 
     append(main, [
@@ -404,6 +410,7 @@
         el("div", { class: "filters" },
           el("div", {}, el("label", { for: "filter-workflow" }, "Workflow"), workflowSel),
           el("div", {}, el("label", { for: "filter-status" }, "Status"), statusSel),
+          el("div", {}, el("label", { for: "filter-all" }, allBox, " child instances too")),
           count),
         bulk.bar,
         el("table", { id: "instances" },
@@ -426,6 +433,7 @@
       const q = new URLSearchParams({ limit: String(Math.min(500, 50 * pages)) });
       if (params.get("workflow")) q.set("workflow", params.get("workflow"));
       if (params.get("status")) q.set("status", params.get("status"));
+      if (params.get("all") === "true") q.set("all", "true");
       const data = await api("GET", "instances?" + q.toString());
       if (gen !== generation) return;
       next = data.next;
@@ -609,6 +617,11 @@
           svg("text", { class: "name", x: 14, y: 20 }, fitText(n.id, n.width - 24, NAME_FONT)),
           state, sub, progress.g);
         g.addEventListener("click", () => onSelect(n.id));
+        // A workflow step's node opens its child instance on a double click.
+        g.addEventListener("dblclick", () => {
+          const child = nodes.get(n.id).child;
+          if (child) location.hash = "#/instances/" + encodeURIComponent(child);
+        });
         g.addEventListener("keydown", (ev) => {
           if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); onSelect(n.id); }
         });
@@ -634,6 +647,7 @@
         if (info.until) setUntil(v.sub, info.until, prefix, info.untilLead, info.untilSuffix);
         else setSince(v.sub, info.since, prefix);
         v.progress.set(info.items);
+        v.child = info.child || null;
       }
       for (const { edge, path } of edges) {
         const hot = selected && (edge.from === selected || edge.to === selected);
@@ -789,8 +803,11 @@
     return { step, node, refresh };
   }
 
-  function itemsView(instanceID, step) {
+  // withChildren adds a column linking each item's child instance, for a
+  // forEach workflow step.
+  function itemsView(instanceID, step, withChildren) {
     let offset = 0, status = "", seq = 0;
+    const cols = withChildren ? 6 : 5;
     const open = new Set();
     const filter = el("select", { id: "items-status", "aria-label": "item status" },
       el("option", { value: "" }, "all items"), STATUSES.map((st) => el("option", { value: st }, st)));
@@ -803,7 +820,7 @@
       el("div", { class: "items-bar" }, filter, range, el("span", { class: "spacer" }), prev, next),
       el("div", { class: "items-scroll", "data-keep": "items" },
         el("table", { id: "items-table" },
-          el("thead", {}, el("tr", {}, ["#", "Status", "Attempts", "Duration", "Error"].map((h) => el("th", {}, h)))),
+          el("thead", {}, el("tr", {}, ["#", "Status", "Attempts", "Duration", "Error"].concat(withChildren ? ["Child"] : []).map((h) => el("th", {}, h)))),
           tbody)));
     let page = null;
 
@@ -833,26 +850,28 @@
       prev.disabled = page.offset === 0;
       next.disabled = page.offset + n >= page.total;
       rows(JSON.stringify([page, [...open]]), () => {
-        if (!n) return el("tr", {}, el("td", { colspan: 5, class: "empty" }, status ? "No " + status + " items." : "No items yet."));
+        if (!n) return el("tr", {}, el("td", { colspan: cols, class: "empty" }, status ? "No " + status + " items." : "No items yet."));
         return page.items.map((it) => {
           const row = el("tr", { class: "clickable", "data-index": it.index, tabindex: 0, "aria-expanded": String(open.has(it.index)) },
             el("td", { class: "num" }, String(it.index)),
             el("td", {}, badge(it.status)),
             el("td", { class: "num" }, String(it.attempts)),
             el("td", { class: "num" }, duration(it.startedAt, it.status === "running" ? null : it.finishedAt || it.startedAt)),
-            el("td", { class: "item-error", title: it.error || "" }, it.error || ""));
+            el("td", { class: "item-error", title: it.error || "" }, it.error || ""),
+            // An item of a forEach workflow step runs as a child instance.
+            withChildren ? el("td", { class: "mono" }, it.child ? el("a", { href: "#/instances/" + encodeURIComponent(it.child), class: "item-child", title: it.child }, shortID(it.child)) : "") : null);
           const toggle = () => {
             if (open.has(it.index)) open.delete(it.index); else open.add(it.index);
             draw();
             const again = tbody.querySelector('tr[data-index="' + it.index + '"]');
             if (again) again.focus();
           };
-          row.addEventListener("click", toggle);
+          row.addEventListener("click", (ev) => { if (!ev.target.closest("a")) toggle(); });
           row.addEventListener("keydown", (ev) => {
             if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); toggle(); }
           });
           if (!open.has(it.index)) return row;
-          return [row, el("tr", { class: "item-detail", "data-detail": it.index }, el("td", { colspan: 5 },
+          return [row, el("tr", { class: "item-detail", "data-detail": it.index }, el("td", { colspan: cols },
             el("div", { class: "muted" }, "Input"), jsonBlock(it.input),
             el("div", { class: "muted" }, "Output"), jsonBlock(it.output),
             it.error !== null ? el("div", { class: "error-box" }, it.error) : null,
@@ -997,7 +1016,7 @@
     // page, filter and scroll stay while counts change.
     let items = null;
     function itemsFor(s) {
-      if (!items || items.step !== s.name) items = itemsView(id, s.name);
+      if (!items || items.step !== s.name) items = itemsView(id, s.name, !!s.workflow);
       return items;
     }
 
@@ -1064,6 +1083,12 @@
       if (s.status === "pending" && s.held) {
         return { status: s.status, label: "held", title: "waits for a slot of its concurrency limit" };
       }
+      if (s.workflow && !s.items) {
+        // A workflow step runs no handler: its node names the child workflow.
+        const child = s.children ? s.children[0] : null;
+        return { status: s.status, label: s.status, detail: "\u21B3 " + s.workflow, child,
+          title: "workflow " + s.workflow + (child ? ", child instance " + child + " (double-click to open it)" : ""), since: s.startedAt && !s.finishedAt ? s.startedAt : null };
+      }
       if (s.status === "pending" && s.runAfter && Date.parse(s.runAfter) > Date.now()) {
         return { status: s.status, label: "pending", title: "runs at " + fmtTime(s.runAfter), until: s.runAfter, untilLead: "runs in " };
       }
@@ -1092,7 +1117,8 @@
     function renderHead() {
       const finished = ["completed", "failed", "cancelled"].includes(inst.status);
       return [
-        el("div", { class: "crumbs" }, link("/", "Instances"), " / ", shortID(inst.id)),
+        el("div", { class: "crumbs" }, link("/", "Instances"), " / ",
+          inst.parent ? [link("/instances/" + encodeURIComponent(inst.parent.id), shortID(inst.parent.id)), " / "] : null, shortID(inst.id)),
         el("div", { class: "page-head" },
           el("h1", {}, inst.workflow, badge(inst.status), inst.paused ? el("span", { class: "badge paused", id: "paused" }, "paused") : null),
           el("span", { class: "spacer" }),
@@ -1155,6 +1181,13 @@
       ];
       if (inst.key !== null) rows.push(["Key", el("span", { class: "mono value" }, inst.key)]);
       rows.push(...failureRows(inst));
+      if (inst.parent) {
+        // A child instance names the step (and item) of the instance that started it.
+        const p = inst.parent;
+        rows.push(["Parent", el("span", { class: "value", id: "parent" },
+          el("a", { href: "#/instances/" + encodeURIComponent(p.id), class: "mono", id: "parent-link", title: p.id }, shortID(p.id)),
+          " step ", el("span", { class: "mono", id: "parent-step" }, p.step), p.item !== undefined ? " item " + p.item : "")]);
+      }
       return [
         el("div", { class: "meta" }, rows.map(([k, v]) => el("div", {}, el("span", {}, k), v instanceof Node ? v : el("span", { class: "value" }, v)))),
         inst.error !== null ? el("div", { class: "error-box", id: "instance-error" }, inst.error) : null,
@@ -1193,13 +1226,18 @@
         stepActions(s),
         el("div", { class: "kv" },
           s.signal ? [el("span", {}, "Waits for"), el("span", { class: "mono", id: "step-signal" }, "signal " + s.signal)]
-            : [el("span", {}, "Handler"), el("span", { class: "mono" }, s.handler),
-              el("span", {}, "Queue"), el("span", { class: "mono" }, s.queue)],
+            : s.workflow ? [el("span", {}, "Workflow"), el("span", { class: "mono", id: "step-workflow" }, link("/workflows/" + encodeURIComponent(s.workflow), s.workflow)),
+              // A forEach workflow step's children are in its item table.
+              s.items ? null : [el("span", {}, "Child instance"), el("span", { class: "mono", id: "step-child" }, s.children
+                ? el("a", { href: "#/instances/" + encodeURIComponent(s.children[0]), id: "step-child-link", title: s.children[0] }, shortID(s.children[0]))
+                : "not started")]]
+              : [el("span", {}, "Handler"), el("span", { class: "mono" }, s.handler),
+                el("span", {}, "Queue"), el("span", { class: "mono" }, s.queue)],
           s.status === "waiting" ? [el("span", {}, "Times out"), el("span", { id: "step-deadline" },
             s.deadline ? [fmtTime(s.deadline), " (", countdown(s.deadline, "", " left"), ")"] : "never")] : null,
           s.status === "pending" && s.runAfter ? [el("span", {}, "Runs at"), el("span", { id: "step-run-after" },
             fmtTime(s.runAfter), " (", countdown(s.runAfter, "in "), ")")] : null,
-          s.items || s.signal ? null : [el("span", {}, "Attempts"), el("span", {}, String(s.attempts))],
+          s.items || s.signal || s.workflow ? null : [el("span", {}, "Attempts"), el("span", {}, String(s.attempts))],
           el("span", {}, "Started"), el("span", {}, fmtTime(s.startedAt)),
           el("span", {}, "Finished"), el("span", {}, fmtTime(s.finishedAt)),
           el("span", {}, "Duration"), el("span", { id: "step-duration" }, duration(s.startedAt, s.finishedAt)),
@@ -1428,6 +1466,7 @@
       let detail = s && s.when ? "when " + s.when : (s && s.queue !== "default" ? "queue " + s.queue : "");
       if (s && s.forEach) detail = "for each item" + (s.concurrency ? ", " + s.concurrency + " at once" : "") + (detail ? " \u00B7 " + detail : "");
       if (s && s.wait) return { status: "definition", label: "wait", detail: "signal " + s.wait.signal + (s.wait.timeout ? " \u00B7 " + s.wait.timeout : "") };
+      if (s && s.workflow) return { status: "definition", label: "\u21B3 " + s.workflow, detail: detail || "workflow step" };
       return { status: "definition", label: s ? s.handler : "", detail };
     }
     function renderSide() {
@@ -1444,12 +1483,15 @@
           s.wait ? [
             el("span", {}, "Waits for"), el("span", { class: "mono" }, "signal " + s.wait.signal),
             el("span", {}, "Times out"), el("span", {}, s.wait.timeout ? "after " + s.wait.timeout : "never"),
+          ] : s.workflow ? [
+            // A workflow step runs its child workflow, not a handler.
+            el("span", {}, "Workflow"), el("span", { class: "mono", id: "def-workflow" }, link("/workflows/" + encodeURIComponent(s.workflow), s.workflow)),
           ] : [
             el("span", {}, "Handler"), el("span", { class: "mono" }, s.handler),
             el("span", {}, "Queue"), el("span", { class: "mono" }, s.queue),
           ],
           el("span", {}, "Depends on"), el("span", {}, s.dependsOn.join(", ") || "–"),
-          s.wait ? null : [
+          s.wait || s.workflow ? null : [
             el("span", {}, "Retry"), el("span", {}, s.retry.maxAttempts + " attempts, backoff " + s.retry.backoff + " up to " + s.retry.maxBackoff),
             el("span", {}, "Timeout"), el("span", {}, s.timeout || "none"),
           ],

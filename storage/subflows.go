@@ -1,0 +1,104 @@
+package storage
+
+import (
+	"fmt"
+	"time"
+)
+
+// What a store writes for child instances, the same on every backend.
+
+// ChildCreatedMessage is the message of a child's instance.created event:
+// whose child it is.
+func ChildCreatedMessage(p *ParentRef) string {
+	if p.Item >= 0 {
+		return fmt.Sprintf("child of instance %s, step %s, item %d", p.InstanceID, p.Step, p.Item)
+	}
+	return fmt.Sprintf("child of instance %s, step %s", p.InstanceID, p.Step)
+}
+
+// ChildrenStartedMessage is the message of the step.started event of a
+// workflow step whose children were created.
+func ChildrenStartedMessage(children []CreateParams) string {
+	if len(children) == 1 {
+		return "child instance " + children[0].ID
+	}
+	return fmt.Sprintf("%d child instances", len(children))
+}
+
+// ChildError is the error of a workflow step (or item) whose child ended
+// with status (failed or cancelled) and error msg.
+func ChildError(childID string, status InstanceStatus, msg string) string {
+	if status == InstanceCancelled {
+		return fmt.Sprintf("child instance %s was cancelled", childID)
+	}
+	return fmt.Sprintf("child instance %s failed: %s", childID, msg)
+}
+
+// ParentFinishedMessage is why an unfinished child is cancelled when its
+// parent instance finishes first: cancelled, or failed (by another step,
+// or by another item of the same forEach workflow step).
+func ParentFinishedMessage(parentID string, status InstanceStatus) string {
+	if status == InstanceCancelled {
+		return fmt.Sprintf("parent instance %s was cancelled", parentID)
+	}
+	return fmt.Sprintf("parent instance %s failed", parentID)
+}
+
+// RetryChildError is why RetryInstance refuses a child instance: its
+// parent step failed with it, so only retrying the parent brings the two
+// back together.
+func RetryChildError(id string, p *ParentRef) error {
+	return fmt.Errorf("instance %s is a child of instance %s (step %s): retry %s instead, which retries this child: %w",
+		id, p.InstanceID, p.Step, p.InstanceID, ErrConflict)
+}
+
+// CheckChildren checks a StepChange that starts a workflow step: the step
+// must be one (when spec is known), have a child per item for a forEach
+// step or exactly one otherwise, and each child must be new and keyless.
+func CheckChildren(instanceID string, spec *StepSpec, c StepChange) error {
+	if spec != nil && spec.Workflow == "" {
+		return fmt.Errorf("plan for instance %s starts children of step %q, which is not a workflow step", instanceID, c.Name)
+	}
+	want := 1
+	if len(c.Items) > 0 || (spec != nil && spec.ForEach) {
+		want = len(c.Items)
+		if err := CheckExpansion(instanceID, spec, c); err != nil {
+			return err
+		}
+	}
+	if len(c.Children) != want {
+		return fmt.Errorf("plan for instance %s starts %d children of step %q, want %d (one per item of a forEach step, else one)", instanceID, len(c.Children), c.Name, want)
+	}
+	for i := range c.Children {
+		ch := &c.Children[i]
+		switch {
+		case ch.ID == "":
+			return fmt.Errorf("plan for instance %s starts a child of step %q without an ID", instanceID, c.Name)
+		case ch.Key != "":
+			return fmt.Errorf("plan for instance %s starts child %s of step %q with an idempotency key: children take none", instanceID, ch.ID, c.Name)
+		}
+	}
+	return nil
+}
+
+// ChildParams returns the CreateParams of the children of step name of
+// instance parentID (at depth parentDepth, with priority), with the
+// Parent, Depth and Priority the store sets, and a RunAfter no earlier
+// than the parent's runAfter: a delayed parent's children wait with it.
+func ChildParams(parentID string, parentDepth, priority int, name string, c StepChange, runAfter time.Time) []CreateParams {
+	out := make([]CreateParams, len(c.Children))
+	for i, ch := range c.Children {
+		item := -1
+		if len(c.Items) > 0 {
+			item = i
+		}
+		ch.Parent = &ParentRef{InstanceID: parentID, Step: name, Item: item}
+		ch.Depth = parentDepth + 1
+		ch.Priority = priority
+		if runAfter.After(ch.RunAfter) {
+			ch.RunAfter = runAfter
+		}
+		out[i] = ch
+	}
+	return out
+}

@@ -1,0 +1,413 @@
+package dagrun_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/dag"
+	"github.com/dagrun/dagrun/handlers"
+	"github.com/dagrun/dagrun/storage"
+)
+
+// shippingWorkflow is a sub-workflow: its input needs an orderId.
+const shippingWorkflow = `
+name: shipping
+input:
+  type: object
+  required: [orderId]
+  properties:
+    orderId: {type: integer}
+steps:
+  - name: label
+    handler: ship
+    input: {orderId: "${{ input.orderId }}"}
+output:
+  tracking: ${{ steps.label.output.tracking }}
+`
+
+// fulfilmentWorkflow calls shipping, then reads its output.
+const fulfilmentWorkflow = `
+name: fulfilment
+steps:
+  - name: pick
+    handler: echo
+    input: {orderId: "${{ input.orderId }}"}
+  - name: ship
+    dependsOn: [pick]
+    workflow: shipping
+    input: {orderId: "${{ steps.pick.output.orderId }}"}
+  - name: notify
+    dependsOn: [ship]
+    handler: echo
+    input: {tracking: "${{ steps.ship.output.tracking }}"}
+output: ${{ steps.notify.output }}
+`
+
+// shipRegistry's ship handler returns a tracking number for the order, or
+// fails for good for order 0.
+func shipRegistry(ship handlers.Handler) *handlers.Registry {
+	r := handlers.NewRegistry()
+	if ship == nil {
+		ship = func(_ context.Context, in json.RawMessage) (json.RawMessage, error) {
+			var v struct{ OrderID int }
+			if err := json.Unmarshal(in, &v); err != nil {
+				return nil, err
+			}
+			if v.OrderID == 0 {
+				return nil, handlers.Permanent(errors.New("no such order"))
+			}
+			return json.Marshal(map[string]any{"tracking": "T-" + itoa(v.OrderID)})
+		}
+	}
+	r.Register("ship", ship)
+	return r
+}
+
+func childOf(t *testing.T, inst *storage.Instance, name string) string {
+	t.Helper()
+	st := step(t, inst, name)
+	require.Len(t, st.Children, 1, "step %s has one child", name)
+	return st.Children[0]
+}
+
+func TestWorkflowStepCompletesWithItsChildsOutput(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, shipRegistry(nil), shippingWorkflow, fulfilmentWorkflow)
+		b.runWorker(t, nil)
+		ctx := context.Background()
+		res, err := b.engine.Start(ctx, "fulfilment", json.RawMessage(`{"orderId": 42}`), &dagrun.StartOptions{Priority: 5})
+		require.NoError(t, err)
+		inst := b.wait(t, res.ID)
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		requireJSON(t, `{"tracking": "T-42"}`, inst.Output)
+		ship := step(t, inst, "ship")
+		require.Equal(t, "shipping", ship.Workflow)
+		requireJSON(t, `{"tracking": "T-42"}`, ship.Output)
+
+		child, err := b.engine.Get(ctx, childOf(t, inst, "ship"))
+		require.NoError(t, err)
+		require.Equal(t, storage.InstanceCompleted, child.Status)
+		require.Equal(t, &storage.ParentRef{InstanceID: inst.ID, Step: "ship", Item: -1}, child.Parent)
+		require.Equal(t, 1, child.Depth)
+		require.Equal(t, 5, child.Priority, "a child runs at its parent's priority")
+		requireJSON(t, `{"orderId": 42}`, child.Input)
+		w, _ := b.engine.Workflow("shipping")
+		require.Equal(t, w.Hash, child.DefinitionHash, "the child runs under its own workflow's snapshot")
+
+		top, err := b.engine.List(ctx, storage.ListParams{TopLevel: true})
+		require.NoError(t, err)
+		require.Len(t, top, 1)
+		require.Equal(t, inst.ID, top[0].ID)
+	})
+}
+
+func TestChildFailureFailsTheParentStep(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, shipRegistry(nil), shippingWorkflow, fulfilmentWorkflow)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "fulfilment", `{"orderId": 0}`))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		child := childOf(t, inst, "ship")
+		want := "child instance " + child + " failed: step label failed: no such order"
+		require.Equal(t, want, step(t, inst, "ship").Error)
+		require.Equal(t, "step ship failed: "+want, inst.Error)
+		require.Equal(t, storage.StepCancelled, step(t, inst, "notify").Status)
+	})
+}
+
+func TestRetryOfTheParentRetriesTheFailedChild(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		var fail atomic.Bool
+		fail.Store(true)
+		var calls atomic.Int32
+		registry := shipRegistry(func(_ context.Context, in json.RawMessage) (json.RawMessage, error) {
+			calls.Add(1)
+			if fail.Load() {
+				return nil, handlers.Permanent(errors.New("carrier down"))
+			}
+			return json.RawMessage(`{"tracking": "T-1"}`), nil
+		})
+		b := setup(t, open, registry, shippingWorkflow, fulfilmentWorkflow)
+		b.runWorker(t, nil)
+		ctx := context.Background()
+		id := b.start(t, "fulfilment", `{"orderId": 1}`)
+		inst := b.wait(t, id)
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		child := childOf(t, inst, "ship")
+
+		err := b.engine.Retry(ctx, child)
+		require.ErrorIs(t, err, storage.ErrConflict)
+		require.Contains(t, err.Error(), "retry "+id+" instead")
+
+		fail.Store(false)
+		require.NoError(t, b.engine.Retry(ctx, id))
+		inst = b.wait(t, id)
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		require.Equal(t, child, childOf(t, inst, "ship"), "the same child ran again")
+		require.Equal(t, 1, step(t, inst, "pick").Attempts, "completed steps are kept")
+		require.Equal(t, int32(2), calls.Load())
+	})
+}
+
+func TestInvalidChildInputFailsTheStepForGood(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, shipRegistry(nil), shippingWorkflow, `
+name: sloppy
+steps:
+  - name: ship
+    workflow: shipping
+    input: {orderId: "not a number"}
+`)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "sloppy", ``))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		ship := step(t, inst, "ship")
+		require.Empty(t, ship.Children, "no child was created")
+		require.Equal(t, "input for workflow shipping: input does not match the workflow's schema: at /orderId: got string, want integer", ship.Error)
+		all, err := b.engine.List(context.Background(), storage.ListParams{})
+		require.NoError(t, err)
+		require.Len(t, all, 1)
+	})
+}
+
+func TestDepthLimitStopsRecursion(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		// A workflow that calls itself: validation across files refuses
+		// it, but an engine given one must still stop.
+		w, err := dag.Parse("", []byte(`
+name: forever
+steps:
+  - name: again
+    workflow: forever
+`), nil)
+		require.NoError(t, err)
+		store := open(t)
+		engine, err := dagrun.New(store, handlers.NewRegistry(), &dagrun.Config{Workflows: []*dag.Workflow{w}, MaxDepth: 3})
+		require.NoError(t, err)
+		ctx := context.Background()
+		res, err := engine.Start(ctx, "forever", nil, nil)
+		require.NoError(t, err)
+		inst, err := engine.Get(ctx, res.ID)
+		require.NoError(t, err)
+		require.Equal(t, storage.InstanceFailed, inst.Status, "every level failed in the creating transaction")
+		ids := []string{res.ID}
+		for depth := 1; depth <= 3; depth++ {
+			child, err := engine.Get(ctx, childOf(t, inst, "again"))
+			require.NoError(t, err)
+			require.Equal(t, depth, child.Depth)
+			require.Equal(t, storage.InstanceFailed, child.Status)
+			ids = append(ids, child.ID)
+			inst = child
+		}
+		require.Equal(t, "sub-workflow depth limit 3 reached: instance "+inst.ID+" (workflow forever) is at depth 3 and cannot start workflow forever; stop the recursion, or raise the engine's depth limit",
+			step(t, inst, "again").Error)
+		require.Empty(t, step(t, inst, "again").Children)
+	})
+}
+
+func TestForEachWorkflowStartsOneChildPerItem(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, shipRegistry(nil), shippingWorkflow, `
+name: batch
+steps:
+  - name: each
+    forEach: ${{ input.orders }}
+    workflow: shipping
+    input: {orderId: "${{ item }}"}
+output: ${{ steps.each.output }}
+`)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "batch", `{"orders": [3, 1, 2]}`))
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		requireJSON(t, `[{"tracking": "T-3"}, {"tracking": "T-1"}, {"tracking": "T-2"}]`, inst.Output)
+		require.Len(t, step(t, inst, "each").Children, 3)
+	})
+}
+
+func TestCancelOfTheParentStopsTheChildsHandlers(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		started := make(chan struct{})
+		stopped := make(chan error, 1)
+		registry := shipRegistry(func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			close(started)
+			<-ctx.Done()
+			stopped <- context.Cause(ctx)
+			return nil, ctx.Err()
+		})
+		b := setup(t, open, registry, shippingWorkflow, fulfilmentWorkflow)
+		// A long lease: only the cancel itself can stop the handler in time.
+		b.runWorker(t, &dagrun.WorkerConfig{Lease: time.Minute})
+		id := b.start(t, "fulfilment", `{"orderId": 7}`)
+		<-started
+		ctx := context.Background()
+		require.NoError(t, b.engine.Cancel(ctx, id))
+		select {
+		case <-stopped:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the child's handler was not stopped")
+		}
+		inst := b.wait(t, id)
+		require.Equal(t, storage.InstanceCancelled, inst.Status)
+		child, err := b.engine.Get(ctx, childOf(t, inst, "ship"))
+		require.NoError(t, err)
+		require.Equal(t, storage.InstanceCancelled, child.Status)
+		require.Equal(t, "parent instance "+id+" was cancelled", child.Error)
+	})
+}
+
+// A worker dies in the middle of the child's step: its lease expires,
+// another worker takes the step over, and the parent still completes with
+// the child's output.
+func TestChildStepOfADeadWorkerIsRecoveredAndTheParentCompletes(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, shipRegistry(nil), shippingWorkflow, fulfilmentWorkflow)
+		ctx := context.Background()
+		id := b.start(t, "fulfilment", `{"orderId": 9}`)
+		// A worker that cannot ship runs pick, which starts the child; then
+		// a worker claims the child's step and dies holding it.
+		b.runWorkerUntil(t, func() bool {
+			inst, err := b.engine.Get(ctx, id)
+			require.NoError(t, err)
+			return len(step(t, inst, "ship").Children) == 1
+		})
+		claimed, err := b.store.ClaimSteps(ctx, storage.ClaimParams{WorkerID: "dies", Limit: 10, Lease: 50 * time.Millisecond})
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		require.Equal(t, "label", claimed[0].Step)
+
+		// A second engine, as another process would run, recovers it.
+		second, err := dagrun.New(b.store, b.registry, &dagrun.Config{Workflows: b.engine.Workflows()})
+		require.NoError(t, err)
+		b.engine = second
+		b.runWorker(t, &dagrun.WorkerConfig{Lease: 200 * time.Millisecond})
+		inst := b.wait(t, id)
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		requireJSON(t, `{"tracking": "T-9"}`, inst.Output)
+		child, err := b.engine.Get(ctx, childOf(t, inst, "ship"))
+		require.NoError(t, err)
+		require.Equal(t, 2, step(t, child, "label").Attempts, "the dead worker's attempt counted")
+		res, err := b.store.FinishSteps(ctx, []storage.StepResult{{Claim: claimed[0].Claim, Outcome: storage.OutcomeCompleted, Output: json.RawMessage(`{"tracking": "stale"}`)}},
+			func(*storage.InstanceState) (*storage.Plan, error) {
+				return nil, errors.New("a stale result must not be planned")
+			})
+		require.NoError(t, err)
+		require.False(t, res[0].Accepted, "the dead worker's late result is fenced off")
+	})
+}
+
+// runWorkerUntil runs a worker with only the built-in handlers, on an
+// engine of its own, until done holds, then stops it and waits for it.
+func (b *testBundle) runWorkerUntil(t *testing.T, done func() bool) {
+	t.Helper()
+	builtins := handlers.NewRegistry()
+	handlers.RegisterBuiltins(builtins)
+	engine, err := dagrun.New(b.store, builtins, &dagrun.Config{Workflows: b.engine.Workflows()})
+	require.NoError(t, err)
+	worker, err := engine.NewWorker(&dagrun.WorkerConfig{Poll: 10 * time.Millisecond})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); _ = worker.Run(ctx) }()
+	require.Eventually(t, done, 20*time.Second, 10*time.Millisecond)
+	cancel()
+	<-stopped
+}
+
+func TestUnknownChildWorkflowFailsTheStepForGood(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		// Loading a folder refuses this; an engine given it must not loop.
+		b := setup(t, open, nil, `
+name: lost
+steps:
+  - name: call
+    workflow: nowhere
+`)
+		res, err := b.engine.Start(context.Background(), "lost", nil, nil)
+		require.NoError(t, err)
+		inst, err := b.engine.Get(context.Background(), res.ID)
+		require.NoError(t, err)
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, `workflow step: unknown workflow "nowhere" (available: lost)`, step(t, inst, "call").Error)
+	})
+}
+
+// crashingStore fails the first commit of a child's last step as a crash
+// half-way through it would: the parent's plan fails inside the very
+// transaction that completed the child, which then rolls back whole.
+type crashingStore struct {
+	storage.Store
+	crashed atomic.Bool
+	seen    chan afterCrash
+}
+
+// afterCrash is the child's status and its parent step's, right after
+// the crash.
+type afterCrash struct {
+	child storage.InstanceStatus
+	step  storage.StepStatus
+}
+
+func (s *crashingStore) FinishSteps(ctx context.Context, rs []storage.StepResult, plan storage.PlanFunc) ([]storage.FinishResult, error) {
+	if len(rs) != 1 || rs[0].Claim.Step != "label" || s.crashed.Swap(true) {
+		return s.Store.FinishSteps(ctx, rs, plan)
+	}
+	child := rs[0].Claim.InstanceID
+	_, err := s.Store.FinishSteps(ctx, rs, func(st *storage.InstanceState) (*storage.Plan, error) {
+		if st.ID != child {
+			return nil, errors.New("crash while settling the parent")
+		}
+		return plan(st)
+	})
+	in, getErr := s.Store.GetInstance(ctx, child)
+	if getErr == nil {
+		parent, _ := s.Store.GetInstance(ctx, in.Parent.InstanceID)
+		s.seen <- afterCrash{in.Status, parentStep(parent, in.Parent.Step)}
+	}
+	return nil, err
+}
+
+func parentStep(in *storage.Instance, name string) storage.StepStatus {
+	for _, s := range in.Steps {
+		if s.Name == name {
+			return s.Status
+		}
+	}
+	return ""
+}
+
+func TestACrashBetweenChildAndParentLeavesNeitherHalfDone(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		crashing := &crashingStore{Store: open(t), seen: make(chan afterCrash, 1)}
+		b := setup(t, func(*testing.T) storage.Store { return crashing }, shipRegistry(nil), shippingWorkflow, fulfilmentWorkflow)
+		b.runWorker(t, nil)
+		id := b.start(t, "fulfilment", `{"orderId": 5}`)
+		select {
+		case seen := <-crashing.seen:
+			require.Equal(t, afterCrash{storage.InstanceRunning, storage.StepRunning}, seen,
+				"after the crash the child is still running, and so is its parent's step")
+		case <-time.After(20 * time.Second):
+			t.Fatal("the child's step was never finished")
+		}
+		// The worker records the result again, and both complete together.
+		inst := b.wait(t, id)
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		requireJSON(t, `{"tracking": "T-5"}`, inst.Output)
+	})
+}
