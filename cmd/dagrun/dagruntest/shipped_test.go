@@ -2,6 +2,7 @@ package dagruntest_test
 
 import (
 	"os"
+	"path/filepath"
 	"regexp"
 	"testing"
 
@@ -20,6 +21,19 @@ func TestShippedWorkflows(t *testing.T) {
 	handlers.RegisterBuiltins(registry)
 	orders.Register(registry)
 	dagruntest.Run(t, registry, "../../../workflows")
+}
+
+// TestEveryShippedWorkflowHasTests keeps the rule that a workflow in
+// workflows/ comes with its cases in workflows/tests/.
+func TestEveryShippedWorkflowHasTests(t *testing.T) {
+	t.Parallel()
+	workflows, err := dagruntest.LoadWorkflows("../../../workflows")
+	require.NoError(t, err)
+	require.NotEmpty(t, workflows)
+	for _, w := range workflows {
+		_, err := os.Stat(filepath.Join("../../../workflows/tests", w.Name+"_test.yaml"))
+		require.NoError(t, err, "workflow %s has no workflows/tests/%s_test.yaml", w.Name, w.Name)
+	}
 }
 
 // TestScheduledCases: a scheduled case starts its instance through the

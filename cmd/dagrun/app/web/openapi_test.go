@@ -32,6 +32,14 @@ onFailure:
     input: {error: "${{ workflow.error }}"}
 `
 
+// callerYAML runs greet as a child instance.
+const callerYAML = `name: caller
+steps:
+  - name: child
+    workflow: greet
+    input: {name: ada}
+`
+
 // contract validates real requests and responses against the served
 // OpenAPI document and remembers which routes and statuses were seen.
 type contract struct {
@@ -107,7 +115,7 @@ func (c *contract) call(t *testing.T, route, path, body string, want int) *respo
 // against it.
 func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	t.Parallel()
-	b := setup(t, openSQLite, &setupOpts{token: "s3cret", worker: true, workflows: []string{approvalYAML, nightlyYAML, fanoutYAML, guardedYAML}})
+	b := setup(t, openSQLite, &setupOpts{token: "s3cret", worker: true, workflows: []string{approvalYAML, nightlyYAML, fanoutYAML, guardedYAML, callerYAML}})
 	c := newContract(t, b)
 
 	c.call(t, "GET /healthz", "/healthz", "", http.StatusOK)
@@ -138,6 +146,15 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	c.call(t, "GET /api/instances/{id}/logs", "/api/instances/"+greetID+"/logs?after=x", "", http.StatusBadRequest)
 	c.call(t, "GET /api/instances/{id}/steps/{step}/logs", "/api/instances/"+greetID+"/steps/hello/logs?after=0", "", http.StatusOK)
 	c.call(t, "GET /api/instances/{id}/steps/{step}/logs", "/api/instances/"+greetID+"/steps/nope/logs", "", http.StatusNotFound)
+
+	c.call(t, "GET /api/workflows/{name}", "/api/workflows/caller", "", http.StatusOK)
+	caller := c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/caller/instances", "", http.StatusCreated).json(t)["id"].(string)
+	require.Equal(t, storage.InstanceCompleted, b.wait(t, caller).Status)
+	c.call(t, "GET /api/instances/{id}", "/api/instances/"+caller, "", http.StatusOK)
+	children := c.call(t, "GET /api/instances", "/api/instances?parent="+caller, "", http.StatusOK).json(t)["instances"].([]any)
+	require.Len(t, children, 1)
+	c.call(t, "GET /api/instances/{id}", "/api/instances/"+children[0].(map[string]any)["id"].(string), "", http.StatusOK)
+	c.call(t, "GET /api/instances", "/api/instances?all=true", "", http.StatusOK)
 
 	c.call(t, "GET /api/instances", "/api/instances", "", http.StatusOK)
 	c.call(t, "GET /api/instances", "/api/instances?workflow=greet&status=completed&limit=1", "", http.StatusOK)
