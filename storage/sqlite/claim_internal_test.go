@@ -102,6 +102,21 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 	}
 }
 
+// TestPromoteReadsDelayedIndex checks that moving due steps into the claim
+// indexes reads only the index of delayed steps, never the ready ones nor
+// the table.
+func TestPromoteReadsDelayedIndex(t *testing.T) {
+	t.Parallel()
+	s, err := Open(t.Context(), filepath.Join(t.TempDir(), "dagrun.db"), nil)
+	require.NoError(t, err)
+	defer s.Close()
+	plan := explain(t, s, promoteSQL, 0)
+	t.Log(plan)
+	require.Contains(t, plan, "steps_delayed")
+	require.NotContains(t, plan, "SCAN steps\n")
+	require.NotContains(t, plan, "steps_ready")
+}
+
 // TestGroupCompleteLooksUpByRowID checks that a group commit finds each
 // step by its primary key rather than scanning.
 func TestGroupCompleteLooksUpByRowID(t *testing.T) {
