@@ -548,3 +548,34 @@ func TestOwnNotificationsNotRelayed(t *testing.T) {
 	case <-time.After(300 * time.Millisecond):
 	}
 }
+
+// TestInstanceCountsFoldGoneProcesses: the count rows of server processes
+// that are gone are folded into shard 0 without changing any count.
+func TestInstanceCountsFoldGoneProcesses(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	ctx := t.Context()
+	gone, err := Open(ctx, testURL(t), &Config{Schema: s.cfg.Schema, MaxConns: 2})
+	require.NoError(t, err)
+	ps := []storage.CreateParams{params(spec("a")), params(spec("a")), params(spec("a"))}
+	_, err = gone.CreateInstances(ctx, nil, ps, storagetest.Plan)
+	require.NoError(t, err)
+	require.NoError(t, gone.CancelInstance(ctx, ps[0].ID, "x"))
+	require.NoError(t, gone.Close())
+
+	goneRows := func() int {
+		var n int
+		require.NoError(t, s.pool.QueryRow(ctx, s.q(`SELECT count(*) FROM {s}instance_counts
+			WHERE shard <> 0 AND shard NOT IN (SELECT pid FROM pg_stat_activity)`)).Scan(&n))
+		return n
+	}
+	require.Eventually(t, func() bool { return goneRows() > 0 }, 10*time.Second, 10*time.Millisecond,
+		"the closed pool's server processes end")
+	_, err = s.pool.Exec(ctx, s.q(compactCountsSQL))
+	require.NoError(t, err)
+	require.Zero(t, goneRows())
+	st, err := s.Stats(ctx)
+	require.NoError(t, err)
+	require.Len(t, st.Workflows, 1)
+	require.Equal(t, map[storage.InstanceStatus]int{storage.InstancePending: 2, storage.InstanceCancelled: 1}, st.Workflows[0].Instances)
+}
