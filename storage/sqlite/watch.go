@@ -2,16 +2,29 @@ package sqlite
 
 import (
 	"context"
+	"path/filepath"
 	"time"
+
+	"github.com/fsnotify/fsnotify"
 )
 
-// dataVersionPoll is how often a store with subscribers asks SQLite whether
-// another process committed, so that a start in another process reaches an
-// idle worker within milliseconds instead of at its next poll. A look reads
-// the WAL index in shared memory, no disk, about 5 µs of CPU; waking up to
-// look costs more (on the project's VM about 100 µs of CPU per timer wake
-// of an otherwise idle Go process), which is why it is 20 ms and not less.
-const dataVersionPoll = 20 * time.Millisecond
+// Wake-ups from other processes. Another process's commit appends to the
+// file's write-ahead log; the store watches the log's folder for writes
+// (inotify on Linux: no wake-up at all while nothing is written) and then
+// asks SQLite, through PRAGMA data_version on the writer connection,
+// whether the write was a commit of another connection. Where the folder
+// cannot be watched, it asks every dataVersionPoll instead.
+const (
+	// dataVersionPoll is how often a store that cannot watch the folder
+	// looks. A look reads the WAL index in shared memory, no disk, about
+	// 5 µs of CPU; waking up to look costs more (on the project's VM about
+	// 100 µs of CPU per timer wake of an otherwise idle Go process).
+	dataVersionPoll = 20 * time.Millisecond
+	// lookGap spaces the looks that writes trigger: a busy process writes
+	// its own log many times a second, and each look takes the writer
+	// connection for a moment.
+	lookGap = 2 * time.Millisecond
+)
 
 // watcher is the goroutine that turns other processes' commits into
 // Subscribe signals; cancel stops it, ready is closed once it read the
@@ -57,13 +70,9 @@ func (s *Store) stopWatchLocked() *watcher {
 // it hid is found by the worker's polling.
 func (s *Store) watchDataVersion(ctx context.Context, w *watcher) {
 	defer close(w.done)
-	var (
-		last  int64
-		known bool
-	)
 	// A context that is never done: with one, database/sql and the driver
-	// start a goroutine per query to watch it, which would be most of an
-	// idle look's cost. The look is short; stopping waits for it.
+	// start a goroutine per query to watch it. The look is short; stopping
+	// waits for it.
 	never := context.Background()
 	stmt, err := s.w.PrepareContext(never, `PRAGMA data_version`)
 	if err != nil {
@@ -71,6 +80,10 @@ func (s *Store) watchDataVersion(ctx context.Context, w *watcher) {
 		return
 	}
 	defer stmt.Close()
+	var (
+		last  int64
+		known bool
+	)
 	look := func() {
 		var v int64
 		if err := stmt.QueryRowContext(never).Scan(&v); err != nil {
@@ -82,16 +95,79 @@ func (s *Store) watchDataVersion(ctx context.Context, w *watcher) {
 		}
 		last, known = v, true
 	}
+
+	// Watch the folder, not the log: SQLite deletes the log when the last
+	// connection closes and creates it again.
+	var events <-chan fsnotify.Event
+	fw, err := fsnotify.NewWatcher()
+	if err == nil {
+		if err = fw.Add(filepath.Dir(s.path)); err != nil {
+			_ = fw.Close()
+		}
+	}
+	if err == nil {
+		defer fw.Close()
+		events = fw.Events
+	}
 	look()
 	close(w.ready)
-	tick := time.NewTicker(dataVersionPoll)
-	defer tick.Stop()
+
+	var poll <-chan time.Time
+	if events == nil {
+		tick := time.NewTicker(dataVersionPoll)
+		defer tick.Stop()
+		poll = tick.C
+	}
+	log := s.path + "-wal"
+	var errs <-chan error
+	if events != nil {
+		errs = fw.Errors
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-poll:
+		case ev, ok := <-events:
+			if !ok {
+				return
+			}
+			if !logWrite(ev, log) {
+				continue
+			}
+		case <-errs: // events were lost (queue overflow): look anyway
+		}
+		for more := true; more; {
 			look()
+			more = false
+			if events == nil {
+				break
+			}
+			// Writes within the gap gather into one more look.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(lookGap):
+			}
+			more = drain(events, log)
+		}
+	}
+}
+
+func logWrite(ev fsnotify.Event, log string) bool {
+	return ev.Name == log && ev.Has(fsnotify.Write|fsnotify.Create)
+}
+
+// drain takes the events already queued and reports whether one was a
+// write to log.
+func drain(events <-chan fsnotify.Event, log string) bool {
+	found := false
+	for {
+		select {
+		case ev := <-events:
+			found = found || logWrite(ev, log)
+		default:
+			return found
 		}
 	}
 }
