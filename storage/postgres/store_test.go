@@ -294,6 +294,18 @@ func TestPromoteReadsDelayedIndex(t *testing.T) {
 	}
 }
 
+// TestReadyStepsReadIndexes: the figures' ready counts (Stats, unserved
+// handlers) read the partial indexes of pending steps, never the table
+// (which, with sequential scans discouraged, also cost a JIT compile).
+func TestReadyStepsReadIndexes(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	for mode, plan := range explainPlans(t, s, `SELECT workflow, queue, count(*) FROM `+readySteps+` GROUP BY workflow, queue`, nil) {
+		require.NotContains(t, plan, "Seq Scan on steps", "%s:\n%s", mode, plan)
+		require.Contains(t, plan, "steps_delayed", "%s:\n%s", mode, plan)
+	}
+}
+
 // TestCrossStoreFanIn: workers on two stores with pools of their own run
 // fan-in workflows concurrently; every step runs once and every join is
 // promoted exactly once, with no deadlock surfacing as an error.

@@ -78,6 +78,18 @@ WHERE id IN (SELECT id FROM steps WHERE status = 'pending' AND ` + readyTerm + `
 // come. A claim names it so that the planner may use those indexes.
 const readyTerm = `(promoted = 1 OR run_after <= ready_at)`
 
+// readySteps is the ready (pending and due) steps and items as a FROM
+// item with the columns the figures need: read from the claims' index and
+// the delayed steps' (due, not promoted yet by a claim), never from the
+// whole table. ?1 is now.
+const readySteps = `(
+	SELECT workflow, queue, handler, run_after FROM steps
+	WHERE status = 'pending' AND ` + readyTerm + ` AND run_after <= ?1
+	UNION ALL
+	SELECT workflow, queue, handler, run_after FROM steps
+	WHERE status = 'pending' AND promoted = 0 AND run_after > ready_at AND run_after <= ?1
+) ready`
+
 // promoteSQL moves into the claim indexes the delayed steps whose time has
 // come (?1 is now), earliest first, a bounded number per claim so that no
 // claim holds the writer for long when very many fall due at once. It

@@ -257,8 +257,8 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 		}); err != nil {
 			return err
 		}
-		rows, err = tx.QueryContext(ctx, `SELECT workflow, queue, count(*), min(run_after) FROM steps
-			WHERE status = 'pending' AND run_after <= ? GROUP BY workflow, queue`, now)
+		rows, err = tx.QueryContext(ctx, `SELECT workflow, queue, count(*), min(run_after) FROM `+readySteps+`
+			GROUP BY workflow, queue`, now)
 		if err != nil {
 			return err
 		}
