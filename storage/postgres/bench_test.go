@@ -98,3 +98,28 @@ func BenchmarkHotPaths(b *testing.B) {
 func BenchmarkItems(b *testing.B) {
 	storagetest.BenchmarkItems(b, func(b *testing.B) storage.Store { return openTestStore(b, nil) })
 }
+
+// statsHistory is how many finished instances BenchmarkStats puts in the
+// database before it measures a scrape.
+const statsHistory = 1_000_000
+
+// BenchmarkStats measures Stats (what a /metrics scrape reads) with
+// statsHistory finished instances of ten workflows in the schema:
+// go test -run '^$' -bench Stats -benchtime 200x ./storage/postgres
+func BenchmarkStats(b *testing.B) {
+	s := openTestStore(b, nil)
+	_, err := s.pool.Exec(b.Context(), s.q(`
+		INSERT INTO {s}instances (id, workflow, definition_hash, status, run_after, created_at, started_at, finished_at)
+		SELECT 'old-' || lpad(g::text, 8, '0'), 'wf' || (g % 10), 'h',
+			CASE WHEN g % 7 = 0 THEN 'failed' ELSE 'completed' END, now(), now(), now(), now()
+		FROM generate_series(1, $1::int) g`), statsHistory)
+	require.NoError(b, err)
+	_, err = s.pool.Exec(b.Context(), s.q(`ANALYZE {s}instances`))
+	require.NoError(b, err)
+	b.ResetTimer()
+	for range b.N {
+		st, err := s.Stats(b.Context())
+		require.NoError(b, err)
+		require.Len(b, st.Workflows, 10)
+	}
+}

@@ -38,7 +38,7 @@ func claimSQL(c claimShape) string {
 	b.WriteString(`
 WITH cand AS (
 	SELECT id FROM {s}steps
-	WHERE status = 'pending' AND run_after <= {now}`)
+	WHERE status = 'pending' AND (promoted OR run_after <= ready_at) AND run_after <= {now}`)
 	next := 5 // the next parameter number
 	switch {
 	case c.queues == 1:
@@ -71,7 +71,7 @@ WITH cand AS (
 u AS (
 	UPDATE {s}steps s SET status = 'running', attempts = s.attempts + 1, fence = s.fence + 1,
 		started_at = {now}, first_started_at = coalesce(s.first_started_at, {now}),
-		lease_until = {clock} + $2::bigint * interval '1 microsecond', worker_id = $3
+		lease_until = {clock} + $2::bigint * interval '1 microsecond', worker_id = $3, promoted = false
 	FROM cand WHERE s.id = cand.id
 	RETURNING s.id, s.instance_id, s.name, s.workflow, s.handler, s.queue, s.input, s.attempts, s.fence,
 		s.max_attempts, s.backoff_us, s.max_backoff_us, s.timeout_us, s.first_started_at, s.ready_at,
@@ -108,6 +108,22 @@ SELECT id, instance_id, name, workflow, handler, queue, input, attempts, fence,
 FROM u ORDER BY priority DESC, run_after, id`)
 	return b.String()
 }
+
+// promoteSQL moves into the claim indexes the delayed steps whose time has
+// come ($1 is now), earliest first, a bounded number per claim so that no
+// claim runs long when very many fall due at once. A step made pending
+// when it was not yet due (run_after later than ready_at: a delayed start,
+// a retry backoff, a snooze) sits in steps_delayed, outside the claim
+// indexes, until then; so a claim walks only steps it may take, however
+// many wait for their time at a higher priority. It reads only
+// steps_delayed (one probe when none is due) and skips the rows another
+// claim is promoting.
+const promoteSQL = `
+UPDATE {s}steps SET promoted = true WHERE id IN (
+	SELECT id FROM {s}steps
+	WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after <= {now}
+	ORDER BY run_after LIMIT 1000
+	FOR NO KEY UPDATE SKIP LOCKED)`
 
 // claimShape is a claim's filter shape: how many queues (0, 1, several),
 // whether it is bound to one instance, whether it names handlers.
@@ -154,6 +170,7 @@ func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storag
 	// index, nearly always empty.
 	err := s.retry(ctx, func() error {
 		var b pgx.Batch
+		b.Queue(s.q(promoteSQL), args[0])
 		b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 			var err error
 			out, err = pgx.CollectRows(rows, scanClaimed)
@@ -181,6 +198,7 @@ func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storag
 // claimers, so the transaction signals none.
 func (s *Store) queueClaim(st *txState, p storage.ClaimParams, now *time.Time, into *[]storage.ClaimedStep) {
 	sql, args := s.claimStatement(p, now)
+	st.tail.Queue(s.q(promoteSQL), now)
 	st.tail.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 		claimed, err := pgx.CollectRows(rows, scanClaimed)
 		*into = claimed

@@ -266,12 +266,15 @@ const underCap = `(SELECT count(*) FROM {s}steps r WHERE r.parent_id = {s}steps.
 		AND q.item_index < {s}steps.item_index AND q.run_after <= {now}) < {s}steps.item_concurrency`
 
 // readySteps is the ready (pending and due) steps and items, as a FROM
-// item: read from the two partial indexes of pending rows, the claims'
-// (steps and uncapped items) and the capped items', never from the whole
-// table.
+// item: read from the partial indexes of pending rows, the claims' (steps
+// and uncapped items), the delayed ones' (due, not promoted yet by a
+// claim) and the capped items', never from the whole table.
 const readySteps = `(
 	SELECT workflow, queue, handler, run_after FROM {s}steps
-	WHERE status = 'pending' AND item_concurrency = 0 AND run_after <= {now}
+	WHERE status = 'pending' AND item_concurrency = 0 AND (promoted OR run_after <= ready_at) AND run_after <= {now}
+	UNION ALL
+	SELECT workflow, queue, handler, run_after FROM {s}steps
+	WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after <= {now} AND item_concurrency = 0
 	UNION ALL
 	SELECT workflow, queue, handler, run_after FROM {s}steps
 	WHERE status = 'pending' AND item_concurrency > 0 AND run_after <= {now}

@@ -108,7 +108,11 @@ var legacyTables = []struct{ name, column string }{
 // of its own. They exist in a legacy layout only when a store ran with
 // Schema "public" explicitly, and move with the rest when it no longer
 // does. A migration that adds a table adds it here.
-var laterTables = []string{"workers", "schedules", "signals", "queue_limits", "step_logs"}
+var laterTables = []string{"workers", "schedules", "signals", "queue_limits", "step_logs", "instance_counts"}
+
+// laterFunctions are the trigger functions (without arguments) migrations
+// added: they move with the tables, and their fixed search_path with them.
+var laterFunctions = []string{"count_instances"}
 
 // legacyLockKey is the advisory lock older versions took to migrate their
 // tables where search_path put them: taking it too keeps an older process
@@ -143,6 +147,21 @@ func (s *Store) adoptLegacy(ctx context.Context, tx pgx.Tx) error {
 	for _, name := range laterTables {
 		if _, err := tx.Exec(ctx, "ALTER TABLE IF EXISTS "+pgx.Identifier{from, name}.Sanitize()+" SET SCHEMA "+pgx.Identifier{s.cfg.Schema}.Sanitize()); err != nil {
 			return fmt.Errorf("moving dagrun's table %s from schema %s to %s: %w", name, from, s.cfg.Schema, err)
+		}
+	}
+	to := pgx.Identifier{s.cfg.Schema}.Sanitize()
+	for _, name := range laterFunctions {
+		var found bool
+		if err := tx.QueryRow(ctx, "SELECT to_regprocedure($1) IS NOT NULL", pgx.Identifier{from, name}.Sanitize()+"()").Scan(&found); err != nil {
+			return err
+		}
+		if !found {
+			continue
+		}
+		fn := pgx.Identifier{from, name}.Sanitize() + "()"
+		moved := pgx.Identifier{s.cfg.Schema, name}.Sanitize() + "()"
+		if _, err := tx.Exec(ctx, "ALTER FUNCTION "+fn+" SET SCHEMA "+to+"; ALTER FUNCTION "+moved+" SET search_path = "+to); err != nil {
+			return fmt.Errorf("moving dagrun's function %s from schema %s to %s: %w", name, from, s.cfg.Schema, err)
 		}
 	}
 	s.cfg.Logger.Info("postgres: moved the tables of an older dagrun into their own schema",

@@ -213,13 +213,17 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 }
 
 // Stats implements storage.Store: five aggregate queries in one round trip
+// (instance counts from instance_counts, not from the instances)
 // over one snapshot. Running, stuck and ready counts read only the partial
 // indexes of running and pending steps, grouped by workflow and queue at
 // once; the percentiles read only the steps of the storage.StatsWindow most
 // recently finished instances, however much history is kept.
 func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 	now := s.now()
-	var sb storage.StatsBuilder
+	var (
+		sb   storage.StatsBuilder
+		gone int // rows of instance_counts left by processes that are gone
+	)
 	err := s.read(ctx, func(tx pgx.Tx) error {
 		sb.Reset()
 		var (
@@ -228,10 +232,17 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			q  string
 			n  int
 		)
-		b.Queue(s.q(`SELECT workflow, status, count(*) FROM {s}instances GROUP BY workflow, status`)).Query(func(rows pgx.Rows) error {
-			var status storage.InstanceStatus
-			_, err := pgx.ForEachRow(rows, []any{&wf, &status, &n}, func() error {
-				sb.Instances(wf, status, n)
+		b.Queue(s.q(countsSQL)).Query(func(rows pgx.Rows) error {
+			var (
+				status storage.InstanceStatus
+				shards int
+			)
+			gone = 0
+			_, err := pgx.ForEachRow(rows, []any{&wf, &status, &n, &shards}, func() error {
+				if n != 0 {
+					sb.Instances(wf, status, n)
+				}
+				gone += shards
 				return nil
 			})
 			return err
@@ -289,8 +300,44 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 	if err != nil {
 		return nil, s.fail("stats", err)
 	}
+	if gone > compactCountsAbove {
+		if _, err := s.pool.Exec(ctx, s.q(compactCountsSQL)); err != nil {
+			return nil, s.fail("stats: fold instance counts", err)
+		}
+	}
 	return sb.Stats(), nil
 }
+
+// countsSQL sums each workflow's instances per status from
+// instance_counts (see migration 9), with how many of the rows summed
+// belong to server processes that are gone.
+const countsSQL = `
+SELECT workflow, status, sum(n)::bigint, count(*) FILTER (WHERE shard <> 0 AND shard NOT IN (SELECT pid FROM pg_stat_activity))
+FROM {s}instance_counts GROUP BY workflow, status`
+
+// compactCountsAbove is how many rows of gone processes Stats lets
+// instance_counts hold before it folds them into shard 0: a pool replaces
+// its connections (each a new process) every hour or so, and each leaves a
+// row per (workflow, status) it changed.
+const compactCountsAbove = 256
+
+// compactCountsSQL folds the rows of processes that are gone into shard 0.
+// A process's rows change only in its own transactions, so a gone one's
+// are final; the advisory lock lets one folder at a time write shard 0,
+// and SKIP LOCKED passes over a row a new process with a reused pid is
+// writing, so folding never waits for a writer nor deadlocks with one.
+const compactCountsSQL = `
+WITH gone AS (
+	DELETE FROM {s}instance_counts WHERE ctid IN (
+		SELECT ctid FROM {s}instance_counts
+		WHERE shard <> 0 AND shard NOT IN (SELECT pid FROM pg_stat_activity)
+			AND pg_try_advisory_xact_lock(hashtext('dagrun:instance_counts'))
+		FOR UPDATE SKIP LOCKED)
+	RETURNING workflow, status, n
+)
+INSERT INTO {s}instance_counts AS c (workflow, status, shard, n)
+SELECT workflow, status, 0, sum(n)::bigint FROM gone GROUP BY workflow, status
+ON CONFLICT (workflow, status, shard) DO UPDATE SET n = c.n + excluded.n`
 
 // pruneBatch bounds how many instances one prune transaction deletes, so
 // that a large prune never holds many locks or a long transaction.

@@ -67,7 +67,7 @@ func tablesIn(t *testing.T, s *Store, schema string) []string {
 	return names
 }
 
-var dagrunTables = []string{"definitions", "events", "instances", "queue_limits", "schedules", "schema_migrations", "signals", "step_logs", "steps", "workers"}
+var dagrunTables = []string{"definitions", "events", "instance_counts", "instances", "queue_limits", "schedules", "schema_migrations", "signals", "step_logs", "steps", "workers"}
 
 // runOneStep creates a two-step chain, claims and completes its first step,
 // and returns the instance's ID.

@@ -203,10 +203,13 @@ func (s *Store) waitTimeouts(ctx context.Context, tx pgx.Tx, ids []string) ([]in
 
 // nextWakeSQL is the earliest time after now at which a pending step of
 // the claimer's queues ($2, empty: all) and handlers ($3, empty: all)
-// becomes claimable, or a waiting step times out.
+// becomes claimable, or a waiting step times out. Only a step of
+// steps_delayed can become due later (one in the claim indexes was due
+// when it was made pending), so it reads that index, never the whole queue.
 const nextWakeSQL = `
 SELECT least(
-	(SELECT min(run_after) FROM {s}steps WHERE status = 'pending' AND run_after > {now}
+	(SELECT min(run_after) FROM {s}steps
+		WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after > {now}
 		AND run_after < timestamptz 'epoch' + interval '87658200 hours' -- not held back by a pause
 		AND run_after < '9999-01-01 00:00:00+00' -- held steps wait for a slot, not a time
 		AND (cardinality($2::text[]) = 0 OR queue = ANY($2)) AND (cardinality($3::text[]) = 0 OR handler = ANY($3))),

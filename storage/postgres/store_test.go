@@ -243,28 +243,66 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 		{claimShape{queues: 2, byHandler: true}, []any{[]string{"default", "other"}, []string{"h"}}, "steps_ready"},
 		{claimShape{queues: 1, byInstance: true, byHandler: true}, []any{"default", "x", []string{"h"}}, "steps_"},
 	}
-	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
-		for _, c := range cases {
-			err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = "+mode); err != nil {
-					return err
-				}
-				args := append([]any{nil, time.Minute.Microseconds(), "w", 10}, c.args...)
-				rows, err := tx.Query(ctx, "EXPLAIN "+s.q(claimQueries[c.shape]), args...)
-				if err != nil {
-					return err
-				}
-				lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-				if err != nil {
-					return err
-				}
-				plan := strings.Join(lines, "\n")
-				require.Contains(t, plan, "Index Scan using "+c.index, "%s %v:\n%s", mode, c.shape, plan)
-				require.NotContains(t, plan, "Seq Scan on steps", "%s %v:\n%s", mode, c.shape, plan)
-				return nil
-			})
-			require.NoError(t, err)
+	for _, c := range cases {
+		args := append([]any{nil, time.Minute.Microseconds(), "w", 10}, c.args...)
+		for mode, plan := range explainPlans(t, s, claimQueries[c.shape], args...) {
+			require.Contains(t, plan, "Index Scan using "+c.index, "%s %v:\n%s", mode, c.shape, plan)
+			require.NotContains(t, plan, "Seq Scan on steps", "%s %v:\n%s", mode, c.shape, plan)
 		}
+	}
+}
+
+// explainPlans returns the plan of query for the planner's custom and
+// generic plans, by plan_cache_mode.
+func explainPlans(t *testing.T, s *Store, query string, args ...any) map[string]string {
+	t.Helper()
+	plans := map[string]string{}
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		err := pgx.BeginFunc(t.Context(), s.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(t.Context(), "SET LOCAL plan_cache_mode = "+mode); err != nil {
+				return err
+			}
+			rows, err := tx.Query(t.Context(), "EXPLAIN "+s.q(query), args...)
+			if err != nil {
+				return err
+			}
+			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			plans[mode] = strings.Join(lines, "\n")
+			return err
+		})
+		require.NoError(t, err)
+	}
+	return plans
+}
+
+// TestPromoteReadsDelayedIndex: moving due steps into the claim indexes
+// reads the index of delayed steps, for custom and generic plans, never the
+// table however many steps it holds.
+func TestPromoteReadsDelayedIndex(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	ctx := t.Context()
+	_, err := s.pool.Exec(ctx, s.q(`
+		INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, run_after, finished_at)
+		SELECT 'old-' || lpad(g::text, 8, '0'), p, 's' || p, 'h', 'default', 'wf', 'completed', now(), now()
+		FROM generate_series(1, 5000) g, generate_series(0, 3) p;
+		ANALYZE {s}steps;`))
+	require.NoError(t, err)
+	for mode, plan := range explainPlans(t, s, promoteSQL, nil) {
+		require.Contains(t, plan, "Index Scan using steps_delayed", "%s:\n%s", mode, plan)
+		require.NotContains(t, plan, "Seq Scan on steps", "%s:\n%s", mode, plan)
+	}
+}
+
+// TestReadyStepsReadIndexes: the figures' ready counts (Stats, unserved
+// handlers) read the partial indexes of pending steps, never the table
+// (which, with sequential scans discouraged, also cost a JIT compile).
+func TestReadyStepsReadIndexes(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	for mode, plan := range explainPlans(t, s, `SELECT workflow, queue, count(*) FROM `+readySteps+` GROUP BY workflow, queue`, nil) {
+		require.NotContains(t, plan, "Seq Scan on steps", "%s:\n%s", mode, plan)
+		require.Contains(t, plan, "steps_delayed", "%s:\n%s", mode, plan)
 	}
 }
 
@@ -521,4 +559,35 @@ func TestOwnNotificationsNotRelayed(t *testing.T) {
 		require.FailNow(t, "signalled again: the listener relayed the store's own NOTIFY")
 	case <-time.After(300 * time.Millisecond):
 	}
+}
+
+// TestInstanceCountsFoldGoneProcesses: the count rows of server processes
+// that are gone are folded into shard 0 without changing any count.
+func TestInstanceCountsFoldGoneProcesses(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	ctx := t.Context()
+	gone, err := Open(ctx, testURL(t), &Config{Schema: s.cfg.Schema, MaxConns: 2})
+	require.NoError(t, err)
+	ps := []storage.CreateParams{params(spec("a")), params(spec("a")), params(spec("a"))}
+	_, err = gone.CreateInstances(ctx, nil, ps, storagetest.Plan)
+	require.NoError(t, err)
+	require.NoError(t, gone.CancelInstance(ctx, ps[0].ID, "x"))
+	require.NoError(t, gone.Close())
+
+	goneRows := func() int {
+		var n int
+		require.NoError(t, s.pool.QueryRow(ctx, s.q(`SELECT count(*) FROM {s}instance_counts
+			WHERE shard <> 0 AND shard NOT IN (SELECT pid FROM pg_stat_activity)`)).Scan(&n))
+		return n
+	}
+	require.Eventually(t, func() bool { return goneRows() > 0 }, 10*time.Second, 10*time.Millisecond,
+		"the closed pool's server processes end")
+	_, err = s.pool.Exec(ctx, s.q(compactCountsSQL))
+	require.NoError(t, err)
+	require.Zero(t, goneRows())
+	st, err := s.Stats(ctx)
+	require.NoError(t, err)
+	require.Len(t, st.Workflows, 1)
+	require.Equal(t, map[storage.InstanceStatus]int{storage.InstancePending: 2, storage.InstanceCancelled: 1}, st.Workflows[0].Instances)
 }

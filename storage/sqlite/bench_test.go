@@ -1,6 +1,7 @@
 package sqlite_test
 
 import (
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
@@ -89,4 +90,35 @@ func BenchmarkItems(b *testing.B) {
 		b.Cleanup(func() { _ = s.Close() })
 		return s
 	})
+}
+
+// statsHistory is how many finished instances BenchmarkStats puts in the
+// database before it measures a scrape.
+const statsHistory = 1_000_000
+
+// BenchmarkStats measures Stats (what a /metrics scrape reads) with
+// statsHistory finished instances of ten workflows in the file:
+// go test -run '^$' -bench Stats -benchtime 200x ./storage/sqlite
+func BenchmarkStats(b *testing.B) {
+	path := filepath.Join(b.TempDir(), "bench.db")
+	s, err := sqlite.Open(b.Context(), path, nil)
+	require.NoError(b, err)
+	require.NoError(b, s.Close())
+	db, err := sql.Open("sqlite3", sqlite.DSN(path))
+	require.NoError(b, err)
+	_, err = db.ExecContext(b.Context(), `INSERT INTO definitions (hash, workflow, source) VALUES ('h', 'wf', 'x');
+		WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < ?)
+		INSERT INTO instances (id, workflow, definition_hash, status, run_after, created_at, started_at, finished_at)
+		SELECT printf('old-%08d', i), 'wf' || (i % 10), 'h', CASE WHEN i % 7 = 0 THEN 'failed' ELSE 'completed' END, i, i, i, i + 1 FROM c`, statsHistory)
+	require.NoError(b, err)
+	require.NoError(b, db.Close())
+	s, err = sqlite.Open(b.Context(), path, nil)
+	require.NoError(b, err)
+	defer s.Close()
+	b.ResetTimer()
+	for range b.N {
+		st, err := s.Stats(b.Context())
+		require.NoError(b, err)
+		require.Len(b, st.Workflows, 10)
+	}
 }

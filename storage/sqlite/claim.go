@@ -58,8 +58,8 @@ func shapeOf(p storage.ClaimParams) claimShape {
 func claimQuery(c claimShape) string {
 	var b strings.Builder
 	b.WriteString(`UPDATE steps SET status = 'running', attempts = attempts + 1, fence = fence + 1,
-	started_at = ?1, first_started_at = coalesce(first_started_at, ?1), lease_until = ?2, worker_id = ?3
-WHERE id IN (SELECT id FROM steps WHERE status = 'pending' AND run_after <= ?1`)
+	started_at = ?1, first_started_at = coalesce(first_started_at, ?1), lease_until = ?2, worker_id = ?3, promoted = 0
+WHERE id IN (SELECT id FROM steps WHERE status = 'pending' AND ` + readyTerm + ` AND run_after <= ?1`)
 	switch {
 	case c.queues == 1:
 		b.WriteString(` AND queue = ?5`)
@@ -80,6 +80,31 @@ WHERE id IN (SELECT id FROM steps WHERE status = 'pending' AND run_after <= ?1`)
 	}
 	return b.String()
 }
+
+// readyTerm is the partial-index term of the claim indexes: a pending step
+// that was due when it was made pending, or whose time promote found had
+// come. A claim names it so that the planner may use those indexes.
+const readyTerm = `(promoted = 1 OR run_after <= ready_at)`
+
+// readySteps is the ready (pending and due) steps and items as a FROM
+// item with the columns the figures need: read from the claims' index and
+// the delayed steps' (due, not promoted yet by a claim), never from the
+// whole table. ?1 is now.
+const readySteps = `(
+	SELECT workflow, queue, handler, run_after FROM steps
+	WHERE status = 'pending' AND ` + readyTerm + ` AND run_after <= ?1
+	UNION ALL
+	SELECT workflow, queue, handler, run_after FROM steps
+	WHERE status = 'pending' AND promoted = 0 AND run_after > ready_at AND run_after <= ?1
+) ready`
+
+// promoteSQL moves into the claim indexes the delayed steps whose time has
+// come (?1 is now), earliest first, a bounded number per claim so that no
+// claim holds the writer for long when very many fall due at once. It
+// reads only steps_delayed, one seek when none is due.
+const promoteSQL = `UPDATE steps SET promoted = 1 WHERE id IN (SELECT id FROM steps
+	WHERE status = 'pending' AND promoted = 0 AND run_after > ready_at AND run_after <= ?1
+	ORDER BY run_after LIMIT 1000)`
 
 // underCap holds for an item of a forEach step with a concurrency cap
 // when its running siblings and the claimable pending ones before it, which
@@ -160,6 +185,9 @@ func (t *txn) claim(p storage.ClaimParams) ([]storage.ClaimedStep, error) {
 			return nil, err
 		}
 		args[6] = string(b)
+	}
+	if _, err := t.exec(promoteSQL, now); err != nil {
+		return nil, err
 	}
 	shape := shapeOf(p)
 	args = shape.trim(args)

@@ -102,6 +102,41 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 	}
 }
 
+// TestPromoteReadsDelayedIndex checks that moving due steps into the claim
+// indexes reads only the index of delayed steps, never the ready ones nor
+// the table.
+func TestPromoteReadsDelayedIndex(t *testing.T) {
+	t.Parallel()
+	s, err := Open(t.Context(), filepath.Join(t.TempDir(), "dagrun.db"), nil)
+	require.NoError(t, err)
+	defer s.Close()
+	plan := explain(t, s, promoteSQL, 0)
+	t.Log(plan)
+	require.Contains(t, plan, "steps_delayed")
+	require.NotContains(t, plan, "SCAN steps\n")
+	require.NotContains(t, plan, "steps_ready")
+}
+
+// TestReadyStepsReadIndexes checks that the figures' ready counts (Stats,
+// unserved handlers) read the indexes of pending steps, never the table.
+func TestReadyStepsReadIndexes(t *testing.T) {
+	t.Parallel()
+	s, err := Open(t.Context(), filepath.Join(t.TempDir(), "dagrun.db"), nil)
+	require.NoError(t, err)
+	defer s.Close()
+	for _, q := range []string{`SELECT workflow, queue, count(*) FROM ` + readySteps + ` GROUP BY workflow, queue`, unservedSQL} {
+		plan := explain(t, s, q, 0, 0)
+		t.Log(plan)
+		for _, l := range strings.Split(plan, "\n") {
+			if strings.HasPrefix(l, "SCAN steps") || strings.HasPrefix(l, "SEARCH steps") {
+				require.Contains(t, l, " USING ", "reads steps without an index:\n%s", plan)
+			}
+		}
+		require.Contains(t, plan, "steps_ready")
+		require.Contains(t, plan, "steps_delayed")
+	}
+}
+
 // TestGroupCompleteLooksUpByRowID checks that a group commit finds each
 // step by its primary key rather than scanning.
 func TestGroupCompleteLooksUpByRowID(t *testing.T) {

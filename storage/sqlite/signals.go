@@ -228,7 +228,10 @@ func appendOnce(ids []string, id string) []string {
 	return append(ids, id)
 }
 
-// NextWake implements storage.Store.
+// NextWake implements storage.Store. Only a step of steps_delayed can
+// become due later (one in the claim indexes was due when it was made
+// pending), so the pending side reads that index from now on, never the
+// whole queue.
 func (s *Store) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time, error) {
 	now := us(s.now())
 	queues, err := json.Marshal(p.Queues)
@@ -242,8 +245,9 @@ func (s *Store) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time,
 	var next sql.NullInt64
 	err = s.read(ctx, "next wake", func(tx *sql.Tx) error {
 		return tx.QueryRowContext(ctx, `SELECT min(t) FROM (
-			SELECT min(run_after) AS t FROM steps WHERE status = 'pending' AND run_after > ?1 AND run_after < `+heldUS+`
-				AND run_after < `+pauseShift+` -- held steps wait for a slot, paused ones for a resume, not a time
+			SELECT min(run_after) AS t FROM steps
+				WHERE status = 'pending' AND promoted = 0 AND run_after > ready_at AND run_after > ?1
+				AND run_after < `+heldUS+` AND run_after < `+pauseShift+` -- held steps wait for a slot, paused ones for a resume, not a time
 				AND (?2 = '[]' OR ?2 = 'null' OR queue IN (SELECT value FROM json_each(?2)))
 				AND (?3 = '[]' OR ?3 = 'null' OR handler IN (SELECT value FROM json_each(?3)))
 			UNION ALL

@@ -84,6 +84,9 @@ type Store struct {
 
 	mu   sync.Mutex
 	subs map[chan struct{}]struct{}
+	// watch turns other processes' commits into signals while anyone
+	// subscribes; nil otherwise.
+	watch *watcher
 
 	// file is the database file as first opened, to notice when the path
 	// names another file (deleted, or replaced by a copy) while this
@@ -202,13 +205,23 @@ func (s *Store) Close() error {
 	if !s.own {
 		return nil
 	}
+	s.mu.Lock()
+	w := s.stopWatchLocked()
+	s.mu.Unlock()
+	if w != nil {
+		<-w.done
+	}
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 
 // Subscribe returns a channel that receives a value after this process
-// commits a change that may have made steps ready. Signals coalesce: the
-// channel holds at most one. cancel stops the signals; the channel is not
-// closed, so a receiver never mistakes cancellation for a signal.
+// commits a change that may have made steps ready, and, for a store from
+// Open, within milliseconds of another process committing anything (see
+// watchDataVersion; a store from New cannot pin a connection of the
+// caller's pool to watch, and relies on polling for other processes).
+// Signals coalesce: the channel holds at most one. cancel stops the
+// signals; the channel is not closed, so a receiver never mistakes
+// cancellation for a signal.
 func (s *Store) Subscribe() (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	s.mu.Lock()
@@ -216,12 +229,21 @@ func (s *Store) Subscribe() (<-chan struct{}, func()) {
 		s.subs = make(map[chan struct{}]struct{})
 	}
 	s.subs[ch] = struct{}{}
+	w := s.startWatchLocked()
 	s.mu.Unlock()
+	if w != nil {
+		// A commit made after Subscribe returns must differ from the
+		// version the watcher compares with.
+		<-w.ready
+	}
 	var once sync.Once
 	return ch, func() {
 		once.Do(func() {
 			s.mu.Lock()
 			delete(s.subs, ch)
+			if len(s.subs) == 0 {
+				s.stopWatchLocked()
+			}
 			s.mu.Unlock()
 		})
 	}

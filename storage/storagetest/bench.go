@@ -18,6 +18,7 @@ func Benchmark(b *testing.B, newStore func(b *testing.B) storage.Store) {
 	b.Run("Claim", func(b *testing.B) { benchClaim(b, newStore(b)) })
 	b.Run("CompleteAndUnblock", func(b *testing.B) { benchComplete(b, newStore(b)) })
 	b.Run("ClaimPastUnserved", func(b *testing.B) { benchClaimPastUnserved(b, newStore(b)) })
+	b.Run("ClaimPastFuture", func(b *testing.B) { benchClaimPastFuture(b, newStore(b)) })
 }
 
 // benchBatch is how many steps one claim or one group commit carries, as a
@@ -72,6 +73,29 @@ func benchClaimPastUnserved(b *testing.B, s storage.Store) {
 	theirs := spec("s1")
 	theirs.Handler = "h.theirs"
 	benchInstances(b, s, unservedBacklog, theirs)
+	benchClaim(b, s)
+}
+
+// futureBacklog is how many steps that cannot run yet sit in the store in
+// ClaimPastFuture: the scale the claim must not notice.
+const futureBacklog = 200_000
+
+// benchClaimPastFuture measures claiming as benchClaim does, with
+// futureBacklog instances beside the claimable ones that no claim may take
+// yet, each at a higher priority than theirs: a delayed first step (run
+// after an hour) followed by a blocked one, so half a delayed step and
+// half a blocked one per instance. A claim must not walk past them.
+func benchClaimPastFuture(b *testing.B, s storage.Store) {
+	for done := 0; done < futureBacklog; done += 1000 {
+		ps := make([]storage.CreateParams, min(1000, futureBacklog-done))
+		for i := range ps {
+			ps[i] = params(spec("s1"), spec("s2", "s1"))
+			ps[i].Priority = 10
+			ps[i].RunAfter = time.Now().Add(time.Hour)
+		}
+		_, err := s.CreateInstances(b.Context(), nil, ps, Plan)
+		require.NoError(b, err)
+	}
 	benchClaim(b, s)
 }
 

@@ -213,6 +213,48 @@ var claimTests = map[string]func(*testing.T, *Harness){
 		require.Len(t, b.claim(storage.ClaimParams{}), 1, "a failed claim takes nothing")
 	},
 
+	"FutureStepsKeepTheirPriorityOnceDue": func(t *testing.T, h *Harness) {
+		// Steps that are not due yet never come before due ones, whatever
+		// their priority; once due they take their place in claim order,
+		// and a step retried again waits for its new time.
+		b := h.setup(t)
+		delayed := params(spec("a"))
+		delayed.Priority = 9
+		delayed.RunAfter = start.Add(time.Minute)
+		b.create(delayed)
+		low := b.createOne(spec("a"))
+		got := b.claim(storage.ClaimParams{Limit: 10})
+		require.Len(t, got, 1)
+		require.Equal(t, low, got[0].InstanceID)
+		retried := b.createOne(spec("a"))
+		c := b.claimStep(retried, "a")
+		b.finish(storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeRetry, Error: "x", RunAfter: start.Add(30 * time.Second)})
+		b.clock.Advance(40 * time.Second)
+		lowLater := b.createOne(spec("a"))
+
+		b.clock.Advance(20 * time.Second)
+		var order []string
+		for range 3 {
+			got := b.claim(storage.ClaimParams{Limit: 1})
+			require.Len(t, got, 1)
+			order = append(order, got[0].InstanceID)
+			if got[0].InstanceID == retried {
+				c = got[0]
+			}
+		}
+		require.Equal(t, []string{delayed.ID, retried, lowLater}, order, "priority first, then the time each became due")
+
+		b.finish(storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeSnooze, RunAfter: b.now().Add(time.Hour)})
+		require.Empty(t, b.claim(storage.ClaimParams{Limit: 10}), "a step claimed once must wait for its next time again")
+		next, err := b.store.NextWake(b.ctx, storage.ClaimParams{})
+		require.NoError(t, err)
+		require.True(t, next.Equal(b.now().Add(time.Hour)), "next wake %v", next)
+		b.clock.Advance(time.Hour)
+		got = b.claim(storage.ClaimParams{Limit: 10})
+		require.Len(t, got, 1)
+		require.Equal(t, retried, got[0].InstanceID)
+	},
+
 	"NotBeforeRunAfter": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		id := b.createOne(spec("a"))

@@ -57,6 +57,7 @@ func Run(t *testing.T, h Harness) {
 		{"Retry", retryTests},
 		{"Query", queryTests},
 		{"Stats", statsTests},
+		{"Counts", countTests},
 		{"Prune", pruneTests},
 		{"CallerTx", txTests},
 		{"Subscribe", subscribeTests},

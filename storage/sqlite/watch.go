@@ -1,0 +1,173 @@
+package sqlite
+
+import (
+	"context"
+	"path/filepath"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// Wake-ups from other processes. Another process's commit appends to the
+// file's write-ahead log; the store watches the log's folder for writes
+// (inotify on Linux: no wake-up at all while nothing is written) and then
+// asks SQLite, through PRAGMA data_version on the writer connection,
+// whether the write was a commit of another connection. Where the folder
+// cannot be watched, it asks every dataVersionPoll instead.
+const (
+	// dataVersionPoll is how often a store that cannot watch the folder
+	// looks. A look reads the WAL index in shared memory, no disk, about
+	// 5 µs of CPU; waking up to look costs more (on the project's VM about
+	// 100 µs of CPU per timer wake of an otherwise idle Go process).
+	dataVersionPoll = 20 * time.Millisecond
+	// lookGap spaces the looks that writes trigger: a busy process writes
+	// its own log many times a second, and each look takes the writer
+	// connection for a moment.
+	lookGap = 2 * time.Millisecond
+)
+
+// watcher is the goroutine that turns other processes' commits into
+// Subscribe signals; cancel stops it, ready is closed once it read the
+// version every later commit is compared with, done once it returned.
+type watcher struct {
+	cancel context.CancelFunc
+	ready  chan struct{}
+	done   chan struct{}
+}
+
+// startWatchLocked starts the watcher if the store opened the file itself
+// and none runs, and returns the running one (nil if none). The caller
+// holds s.mu, and waits for ready after releasing it.
+func (s *Store) startWatchLocked() *watcher {
+	if s.watch != nil || !s.own || s.path == "" {
+		return s.watch
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &watcher{cancel: cancel, ready: make(chan struct{}), done: make(chan struct{})}
+	s.watch = w
+	go s.watchDataVersion(ctx, w)
+	return w
+}
+
+// stopWatchLocked stops the watcher without waiting for it (it may be
+// waiting for s.mu to signal). The caller holds s.mu.
+func (s *Store) stopWatchLocked() *watcher {
+	w := s.watch
+	if w != nil {
+		w.cancel()
+		s.watch = nil
+	}
+	return w
+}
+
+// watchDataVersion signals the subscribers whenever PRAGMA data_version
+// changes on the writer connection. SQLite changes it on a connection when
+// another connection committed, never for the connection's own commits:
+// on the writer, whose pool holds exactly one connection, it changes only
+// for other processes' commits, which is what Subscribe cannot otherwise
+// learn of (this process's own commits signal through notify already, so
+// they cost no second wake-up). An error forgets the last value: a commit
+// it hid is found by the worker's polling.
+func (s *Store) watchDataVersion(ctx context.Context, w *watcher) {
+	defer close(w.done)
+	// A context that is never done: with one, database/sql and the driver
+	// start a goroutine per query to watch it. The look is short; stopping
+	// waits for it.
+	never := context.Background()
+	stmt, err := s.w.PrepareContext(never, `PRAGMA data_version`)
+	if err != nil {
+		close(w.ready)
+		return
+	}
+	defer stmt.Close()
+	var (
+		last  int64
+		known bool
+	)
+	look := func() {
+		var v int64
+		if err := stmt.QueryRowContext(never).Scan(&v); err != nil {
+			known = false
+			return
+		}
+		if known && v != last {
+			s.notify()
+		}
+		last, known = v, true
+	}
+
+	// Watch the folder, not the log: SQLite deletes the log when the last
+	// connection closes and creates it again.
+	var events <-chan fsnotify.Event
+	fw, err := fsnotify.NewWatcher()
+	if err == nil {
+		if err = fw.Add(filepath.Dir(s.path)); err != nil {
+			_ = fw.Close()
+		}
+	}
+	if err == nil {
+		defer fw.Close()
+		events = fw.Events
+	}
+	look()
+	close(w.ready)
+
+	var poll <-chan time.Time
+	if events == nil {
+		tick := time.NewTicker(dataVersionPoll)
+		defer tick.Stop()
+		poll = tick.C
+	}
+	log := s.path + "-wal"
+	var errs <-chan error
+	if events != nil {
+		errs = fw.Errors
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-poll:
+		case ev, ok := <-events:
+			if !ok {
+				return
+			}
+			if !logWrite(ev, log) {
+				continue
+			}
+		case <-errs: // events were lost (queue overflow): look anyway
+		}
+		for more := true; more; {
+			look()
+			more = false
+			if events == nil {
+				break
+			}
+			// Writes within the gap gather into one more look.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(lookGap):
+			}
+			more = drain(events, log)
+		}
+	}
+}
+
+func logWrite(ev fsnotify.Event, log string) bool {
+	return ev.Name == log && ev.Has(fsnotify.Write|fsnotify.Create)
+}
+
+// drain takes the events already queued and reports whether one was a
+// write to log.
+func drain(events <-chan fsnotify.Event, log string) bool {
+	found := false
+	for {
+		select {
+		case ev := <-events:
+			found = found || logWrite(ev, log)
+		default:
+			return found
+		}
+	}
+}
