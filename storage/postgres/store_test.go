@@ -572,7 +572,7 @@ func TestInstanceCountsFoldGoneProcesses(t *testing.T) {
 	ps := []storage.CreateParams{params(spec("a")), params(spec("a")), params(spec("a"))}
 	_, err = gone.CreateInstances(ctx, nil, ps, storagetest.Plan)
 	require.NoError(t, err)
-	require.NoError(t, gone.CancelInstance(ctx, ps[0].ID, "x"))
+	require.NoError(t, gone.CancelInstance(ctx, ps[0].ID, "x", storagetest.Plan))
 	require.NoError(t, gone.Close())
 
 	goneRows := func() int {

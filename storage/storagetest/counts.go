@@ -60,7 +60,7 @@ var countTests = map[string]func(*testing.T, *Harness){
 		c := b.claimStep(fails, "a")
 		b.finish(storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeFailed, Error: "x"})
 		b.requireExactCounts("fail")
-		require.NoError(t, b.store.CancelInstance(b.ctx, cancels, "x"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, cancels, "x", Plan))
 		b.requireExactCounts("cancel")
 		c = b.claimStep(retries, "a")
 		b.finish(storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeFailed, Error: "x"})
