@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -109,27 +108,10 @@ ORDER BY deadline LIMIT $2`
 // ExpireInstances implements storage.TimeoutStore. A limit below 1 means
 // 1000.
 func (s *Store) ExpireInstances(ctx context.Context, limit int, plan storage.PlanFunc) (int, error) {
-	if plan == nil {
-		return 0, errors.New("postgres: expire instances: nil PlanFunc")
-	}
-	if limit < 1 {
-		limit = 1000
-	}
-	var n int
-	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
-		n = 0
-		now := s.now()
-		rows, err := tx.Query(ctx, s.q(expiredInstancesSQL), now, limit)
-		if err != nil {
-			return err
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil || len(ids) == 0 {
-			return err
-		}
+	return s.sweep(ctx, "expire instances", expiredInstancesSQL, limit, plan, func(tx pgx.Tx, st *txState, now *time.Time, ids []string) (int, error) {
 		ls, err := s.lock(ctx, tx, ids)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		var expired []*loaded
 		var b pgx.Batch
@@ -146,21 +128,13 @@ func (s *Store) ExpireInstances(ctx context.Context, limit int, plan storage.Pla
 			}
 		}
 		if len(expired) == 0 {
-			return nil
+			return 0, nil
 		}
 		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
-			return err
+			return 0, err
 		}
-		n = len(expired)
-		if err := s.planAndApply(st, now, expired, checkedTimeout(plan)); err != nil {
-			return err
-		}
-		return nil
+		return len(expired), s.planAndApply(st, now, expired, checkedTimeout(plan))
 	})
-	if err != nil {
-		return 0, s.fail("expire instances", err)
-	}
-	return n, nil
 }
 
 // checkedTimeout wraps plan so that a timed-out instance always ends or

@@ -128,17 +128,56 @@ RETURNING 1`
 
 // ExpireWaits implements storage.Store. A limit below 1 means 1000.
 func (s *Store) ExpireWaits(ctx context.Context, limit int, plan storage.PlanFunc) (int, error) {
+	return s.sweep(ctx, "expire waits", expiredWaitsSQL, limit, plan, func(tx pgx.Tx, st *txState, now *time.Time, ids []string) (int, error) {
+		// Lock first, as every transaction that changes an instance's
+		// steps does, then fail the steps still waiting.
+		var b pgx.Batch
+		s.queueLock(&b, ids, map[string]*loaded{})
+		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+			return 0, err
+		}
+		timeouts, texts, err := s.waitTimeouts(ctx, tx, ids)
+		if err != nil {
+			return 0, err
+		}
+		rows, err := tx.Query(ctx, s.q(expireWaitsSQL), now, ids, texts, timeouts)
+		if err != nil {
+			return 0, err
+		}
+		failed, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if err != nil {
+			return 0, err
+		}
+		ls, err := s.lock(ctx, tx, ids)
+		if err != nil {
+			return 0, err
+		}
+		touched := make([]*loaded, 0, len(ls))
+		for _, l := range ls {
+			touched = append(touched, l)
+		}
+		return len(failed), s.planAndApply(st, now, touched, plan)
+	})
+}
+
+// sweep is what the sweeps of passed deadlines share: in one transaction,
+// it reads up to limit (below 1: 1000) instance IDs with query (whose
+// parameters are now and the limit) and, when there are any, hands them
+// to expire, which returns how many it ended. op names the sweep in
+// errors.
+func (s *Store) sweep(ctx context.Context, op, query string, limit int, plan storage.PlanFunc,
+	expire func(tx pgx.Tx, st *txState, now *time.Time, ids []string) (int, error)) (int, error) {
 	if plan == nil {
-		return 0, errors.New("postgres: expire waits: nil PlanFunc")
+		return 0, fmt.Errorf("postgres: %s: nil PlanFunc", op)
 	}
 	if limit < 1 {
 		limit = 1000
 	}
 	var n int
 	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
-		n = 0
+		n = 0 // a retried transaction starts over
 		now := s.now()
-		rows, err := tx.Query(ctx, s.q(expiredWaitsSQL), now, limit)
+		rows, err := tx.Query(ctx, s.q(query), now, limit)
 		if err != nil {
 			return err
 		}
@@ -146,38 +185,11 @@ func (s *Store) ExpireWaits(ctx context.Context, limit int, plan storage.PlanFun
 		if err != nil || len(ids) == 0 {
 			return err
 		}
-		// Lock first, as every transaction that changes an instance's
-		// steps does, then fail the steps still waiting.
-		var b pgx.Batch
-		s.queueLock(&b, ids, map[string]*loaded{})
-		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
-			return err
-		}
-		timeouts, texts, err := s.waitTimeouts(ctx, tx, ids)
-		if err != nil {
-			return err
-		}
-		rows, err = tx.Query(ctx, s.q(expireWaitsSQL), now, ids, texts, timeouts)
-		if err != nil {
-			return err
-		}
-		failed, err := pgx.CollectRows(rows, pgx.RowTo[int])
-		if err != nil {
-			return err
-		}
-		n = len(failed)
-		ls, err := s.lock(ctx, tx, ids)
-		if err != nil {
-			return err
-		}
-		touched := make([]*loaded, 0, len(ls))
-		for _, l := range ls {
-			touched = append(touched, l)
-		}
-		return s.planAndApply(st, now, touched, plan)
+		n, err = expire(tx, st, now, ids)
+		return err
 	})
 	if err != nil {
-		return 0, s.fail("expire waits", err)
+		return 0, s.fail(op, err)
 	}
 	return n, nil
 }
