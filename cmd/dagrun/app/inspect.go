@@ -582,3 +582,17 @@ func (c *cli) handlersCommand() *cobra.Command {
 	cmd.Flags().BoolVar(&workers, "workers", false, "list the live workers of the database (any binary) with the handlers each registered")
 	return cmd
 }
+
+// statusText is an instance's status as status and list show it: a paused
+// one says so, and a failed instance whose onFailure steps run is still
+// running, and says why.
+func statusText(inst *storage.Instance) string {
+	text := string(inst.Status)
+	if inst.Failing {
+		text += " (failed; running its onFailure steps)"
+	}
+	if inst.Paused {
+		text += " (paused)"
+	}
+	return text
+}

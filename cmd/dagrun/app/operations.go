@@ -21,20 +21,6 @@ const cliActor = "cli"
 // byCLI is ctx with the command line as the actor of its operations.
 func byCLI(ctx context.Context) context.Context { return storage.WithActor(ctx, cliActor) }
 
-// statusText is an instance's status as status and list show it: a paused
-// one says so, and a failed instance whose onFailure steps run is still
-// running, and says why.
-func statusText(inst *storage.Instance) string {
-	text := string(inst.Status)
-	if inst.Failing {
-		text += " (failed; running its onFailure steps)"
-	}
-	if inst.Paused {
-		text += " (paused)"
-	}
-	return text
-}
-
 // writeOperations lists what was done to an instance by hand, and by whom.
 func writeOperations(w io.Writer, inst *storage.Instance) {
 	first := true
