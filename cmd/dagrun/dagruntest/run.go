@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -327,32 +328,86 @@ func openMemStore() (*memStore, error) {
 
 // reset empties every table but the schema's version, so the next case
 // starts from a new database as far as the store can tell, in one call.
+// It deletes a table's rows before those of the tables it references,
+// rather than turning foreign keys off for a moment: changing that pragma
+// expires every prepared statement, and preparing them anew (triggers and
+// all) would cost more than the case itself.
 func (m *memStore) reset(ctx context.Context) error {
 	if m.resetSQL == "" {
-		rows, err := m.db.QueryContext(ctx, `SELECT name FROM sqlite_master WHERE type = 'table'
-			AND name <> 'schema_migrations' AND (name NOT LIKE 'sqlite\_%' ESCAPE '\' OR name = 'sqlite_sequence')`)
+		order, err := deleteOrder(ctx, m.db)
 		if err != nil {
-			return err
+			return fmt.Errorf("empty the test database: %w", err)
 		}
-		// Foreign keys would make the order of the deletes matter.
-		stmts := []string{`PRAGMA foreign_keys = OFF`}
-		for rows.Next() {
-			var name string
-			if err := rows.Scan(&name); err != nil {
-				_ = rows.Close()
-				return err
-			}
-			stmts = append(stmts, `DELETE FROM "`+name+`"`)
+		stmts := make([]string, len(order))
+		for i, name := range order {
+			stmts[i] = `DELETE FROM "` + name + `"`
 		}
-		if err := rows.Close(); err != nil {
-			return err
-		}
-		m.resetSQL = strings.Join(append(stmts, `PRAGMA foreign_keys = ON`), ";\n")
+		m.resetSQL = strings.Join(stmts, ";\n")
 	}
 	if _, err := m.db.ExecContext(ctx, m.resetSQL); err != nil {
 		return fmt.Errorf("empty the test database: %w", err)
 	}
 	return nil
+}
+
+// deleteOrder lists the tables to empty, each before the tables its
+// foreign keys reference.
+func deleteOrder(ctx context.Context, db *sql.DB) ([]string, error) {
+	rows, err := db.QueryContext(ctx, `SELECT m.name, coalesce(f."table", '') FROM sqlite_master m
+		LEFT JOIN pragma_foreign_key_list(m.name) f
+		WHERE m.type = 'table' AND m.name <> 'schema_migrations'
+			AND (m.name NOT LIKE 'sqlite\_%' ESCAPE '\' OR m.name = 'sqlite_sequence')
+		ORDER BY m.name`)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	references := map[string][]string{}
+	for rows.Next() {
+		var name, referenced string
+		if err := rows.Scan(&name, &referenced); err != nil {
+			_ = rows.Close()
+			return nil, err
+		}
+		if _, seen := references[name]; !seen {
+			names = append(names, name)
+			references[name] = nil
+		}
+		if referenced != "" && referenced != name {
+			references[name] = append(references[name], referenced)
+		}
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	// A table goes after every table that references it: emit a table once
+	// no remaining table references it.
+	var order []string
+	emitted := map[string]bool{}
+	for len(order) < len(names) {
+		progressed := false
+		for _, name := range names {
+			if emitted[name] || referencedByRemaining(name, names, references, emitted) {
+				continue
+			}
+			order = append(order, name)
+			emitted[name] = true
+			progressed = true
+		}
+		if !progressed {
+			return nil, errors.New("the schema's foreign keys form a cycle")
+		}
+	}
+	return order, nil
+}
+
+func referencedByRemaining(table string, names []string, references map[string][]string, emitted map[string]bool) bool {
+	for _, other := range names {
+		if !emitted[other] && other != table && slices.Contains(references[other], table) {
+			return true
+		}
+	}
+	return false
 }
 
 func (m *memStore) close() { _ = m.store.Close(); _ = m.db.Close() }
