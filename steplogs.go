@@ -109,7 +109,7 @@ type attemptLog struct {
 	key    storage.LogRecord // the attempt's identity; its other fields unused
 
 	mu           sync.Mutex
-	buf          bytes.Buffer // where attributes are rendered
+	buf          []byte // where attributes are rendered
 	pending      []storage.LogRecord
 	pendingBytes int
 	written      []int
@@ -128,7 +128,7 @@ func newAttemptLog(lw *logWriter, step *storage.ClaimedStep) *attemptLog {
 	al := &attemptLog{writer: lw, key: storage.LogRecord{
 		InstanceID: step.InstanceID, Step: step.Step, Item: step.Item, Attempt: step.Attempt,
 	}}
-	al.handler.log = al
+	al.handler = logHandler{log: al, attrs: newAttrsJSON()}
 	return al
 }
 
@@ -167,8 +167,8 @@ func (al *attemptLog) take() (storage.LogTrim, []storage.LogRecord) {
 	al.queued = false
 	var trim storage.LogTrim
 	records := al.pending
-	marker := fmt.Sprintf("… %d bytes of earlier logs dropped", al.dropped)
 	if al.markerDue {
+		marker := fmt.Sprintf("… %d bytes of earlier logs dropped", al.dropped)
 		if al.dropWritten > 0 {
 			// The newest dropped record becomes the marker, in its place.
 			trim = storage.LogTrim{InstanceID: al.key.InstanceID, Step: al.key.Step, Item: al.key.Item,
@@ -192,39 +192,16 @@ func (al *attemptLog) take() (storage.LogTrim, []storage.LogRecord) {
 
 // logHandler is the slog.Handler of one attempt's logger. The record's
 // attributes, with those of WithAttrs and the open groups, are rendered as
-// a JSON object by slog's own JSON handler, writing into the attempt's
-// buffer: it is created on the first record or WithAttrs, so an attempt
-// that logs nothing pays nothing for it.
+// a JSON object the way slog's JSON handler renders them (see attrsJSON),
+// into the attempt's buffer.
 type logHandler struct {
-	log *attemptLog
-	// attrs is nil until needed on the attempt's own handler.
-	attrs slog.Handler
-}
-
-// attrsOptions leave out of the JSON what a record stores in its own
-// columns (a top-level attribute named time, level or msg is left out too).
-var attrsOptions = &slog.HandlerOptions{
-	Level: slog.LevelDebug - 1000,
-	ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
-		if len(groups) == 0 && (a.Key == slog.TimeKey || a.Key == slog.LevelKey || a.Key == slog.MessageKey) {
-			return slog.Attr{}
-		}
-		return a
-	},
-}
-
-// json returns the handler that renders h's attributes; the caller holds
-// h.log.mu.
-func (h *logHandler) json() slog.Handler {
-	if h.attrs == nil {
-		h.attrs = slog.NewJSONHandler(&h.log.buf, attrsOptions)
-	}
-	return h.attrs
+	log   *attemptLog
+	attrs attrsJSON
 }
 
 func (h *logHandler) Enabled(context.Context, slog.Level) bool { return true }
 
-func (h *logHandler) Handle(ctx context.Context, r slog.Record) error {
+func (h *logHandler) Handle(_ context.Context, r slog.Record) error {
 	rec := h.log.key
 	rec.Time, rec.Level, rec.Message = r.Time, r.Level.String(), cutText(r.Message, maxLogMessageBytes)
 	if rec.Time.IsZero() {
@@ -233,13 +210,8 @@ func (h *logHandler) Handle(ctx context.Context, r slog.Record) error {
 	al := h.log
 	al.mu.Lock()
 	defer al.mu.Unlock()
-	if r.NumAttrs() > 0 || h.attrs != nil {
-		al.buf.Reset()
-		r.Time = time.Time{}
-		if err := h.json().Handle(ctx, r); err == nil {
-			rec.Attrs = attrsJSON(al.buf.Bytes())
-		}
-	}
+	al.buf = h.attrs.render(al.buf[:0], r)
+	rec.Attrs = keptAttrs(al.buf)
 	al.addLocked(rec)
 	return nil
 }
@@ -248,24 +220,19 @@ func (h *logHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 	if len(attrs) == 0 {
 		return h
 	}
-	h.log.mu.Lock()
-	defer h.log.mu.Unlock()
-	return &logHandler{log: h.log, attrs: h.json().WithAttrs(attrs)}
+	return &logHandler{log: h.log, attrs: h.attrs.withAttrs(attrs)}
 }
 
 func (h *logHandler) WithGroup(name string) slog.Handler {
 	if name == "" {
 		return h
 	}
-	h.log.mu.Lock()
-	defer h.log.mu.Unlock()
-	return &logHandler{log: h.log, attrs: h.json().WithGroup(name)}
+	return &logHandler{log: h.log, attrs: h.attrs.withGroup(name)}
 }
 
-// attrsJSON keeps a rendered attribute object: nil when it is empty, a
+// keptAttrs keeps a rendered attribute object: nil when it is empty, a
 // note of its size instead when it is too large to keep.
-func attrsJSON(b []byte) json.RawMessage {
-	b = bytes.TrimSpace(b)
+func keptAttrs(b []byte) json.RawMessage {
 	if len(b) == 0 || string(b) == "{}" {
 		return nil
 	}

@@ -1,0 +1,247 @@
+package dagrun
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+// attrsJSON renders slog attributes as one JSON object, as slog's own
+// JSON handler renders them (same keys, values, groups and escaping), but
+// into a buffer the caller reuses: an attempt's records cost no handler of
+// their own and no allocation beyond the bytes kept. What the attributes of
+// With and the groups of WithGroup add is rendered once, when they are
+// added, as the handler's prefix.
+type attrsJSON struct {
+	// prefix is what With and WithGroup added, rendered: the inside of
+	// the top-level object, with open groups that hold attributes.
+	prefix []byte
+	// open is how many groups prefix leaves open.
+	open int
+	// empty reports whether the innermost open level of prefix holds no
+	// attribute yet, so the next one needs no comma before it.
+	empty bool
+	// groups are opened by WithGroup but hold no attribute yet: slog
+	// leaves out a group without attributes, so they are rendered only
+	// when one comes.
+	groups []string
+}
+
+func newAttrsJSON() attrsJSON { return attrsJSON{empty: true} }
+
+// withAttrs returns the renderer with attrs added to every record.
+func (a attrsJSON) withAttrs(attrs []slog.Attr) attrsJSON {
+	if !anyShown(attrs) {
+		return a
+	}
+	out := attrsJSON{prefix: bytes.Clone(a.prefix), open: a.open, empty: a.empty}
+	buf, empty := out.openGroups(out.prefix, a.groups, out.empty)
+	out.open += len(a.groups)
+	for _, at := range attrs {
+		buf, empty = appendAttr(buf, at, empty, out.open == 0)
+	}
+	out.prefix, out.empty = buf, empty
+	return out
+}
+
+// withGroup returns the renderer with the attributes that come after it
+// in group name.
+func (a attrsJSON) withGroup(name string) attrsJSON {
+	out := a
+	out.groups = append(a.groups[:len(a.groups):len(a.groups)], name)
+	return out
+}
+
+// render appends to buf the JSON object of r's attributes under the
+// renderer's prefix and groups.
+func (a attrsJSON) render(buf []byte, r slog.Record) []byte {
+	buf = append(buf, '{')
+	buf = append(buf, a.prefix...)
+	open, empty := a.open, a.empty
+	if r.NumAttrs() > 0 {
+		var shown bool
+		r.Attrs(func(at slog.Attr) bool {
+			shown = shownAttr(at)
+			return !shown
+		})
+		if shown {
+			buf, empty = a.openGroups(buf, a.groups, empty)
+			open += len(a.groups)
+			r.Attrs(func(at slog.Attr) bool {
+				buf, empty = appendAttr(buf, at, empty, open == 0)
+				return true
+			})
+		}
+	}
+	for range open {
+		buf = append(buf, '}')
+	}
+	return append(buf, '}')
+}
+
+func (a attrsJSON) openGroups(buf []byte, groups []string, empty bool) ([]byte, bool) {
+	for _, g := range groups {
+		if !empty {
+			buf = append(buf, ',')
+		}
+		buf = appendJSONString(buf, g)
+		buf = append(buf, ':', '{')
+		empty = true
+	}
+	return buf, empty
+}
+
+// anyShown reports whether rendering attrs writes anything.
+func anyShown(attrs []slog.Attr) bool {
+	for _, at := range attrs {
+		if shownAttr(at) {
+			return true
+		}
+	}
+	return false
+}
+
+// shownAttr reports whether slog's JSON handler writes at: not an empty
+// attribute, nor a group without attributes.
+func shownAttr(at slog.Attr) bool {
+	at.Value = at.Value.Resolve()
+	if at.Value.Kind() == slog.KindGroup {
+		return anyShown(at.Value.Group())
+	}
+	return !at.Equal(slog.Attr{})
+}
+
+// appendAttr appends at after a comma unless the level is empty, and
+// reports whether the level is still empty. At the top level, attributes
+// named time, level or msg are left out: a record stores those in columns
+// of its own.
+func appendAttr(buf []byte, at slog.Attr, empty, top bool) ([]byte, bool) {
+	at.Value = at.Value.Resolve()
+	if at.Value.Kind() == slog.KindGroup {
+		members := at.Value.Group()
+		if !anyShown(members) {
+			return buf, empty
+		}
+		if at.Key == "" {
+			for _, m := range members {
+				buf, empty = appendAttr(buf, m, empty, top)
+			}
+			return buf, empty
+		}
+		if !empty {
+			buf = append(buf, ',')
+		}
+		buf = appendJSONString(buf, at.Key)
+		buf = append(buf, ':', '{')
+		inner := true
+		for _, m := range members {
+			buf, inner = appendAttr(buf, m, inner, false)
+		}
+		return append(buf, '}'), false
+	}
+	if at.Equal(slog.Attr{}) || top && (at.Key == slog.TimeKey || at.Key == slog.LevelKey || at.Key == slog.MessageKey) {
+		return buf, empty
+	}
+	if !empty {
+		buf = append(buf, ',')
+	}
+	buf = appendJSONString(buf, at.Key)
+	buf = append(buf, ':')
+	return appendJSONValue(buf, at.Value), false
+}
+
+// appendJSONValue writes v as slog's JSON handler does: durations in
+// nanoseconds, times as RFC 3339, errors as their
+// message, anything else through encoding/json (or, when that fails, the
+// error slog would write).
+func appendJSONValue(buf []byte, v slog.Value) []byte {
+	switch v.Kind() {
+	case slog.KindString:
+		return appendJSONString(buf, v.String())
+	case slog.KindInt64:
+		return strconv.AppendInt(buf, v.Int64(), 10)
+	case slog.KindUint64:
+		return strconv.AppendUint(buf, v.Uint64(), 10)
+	case slog.KindBool:
+		return strconv.AppendBool(buf, v.Bool())
+	case slog.KindDuration:
+		return strconv.AppendInt(buf, int64(v.Duration()), 10)
+	case slog.KindTime:
+		buf = append(buf, '"')
+		buf = v.Time().AppendFormat(buf, time.RFC3339Nano)
+		return append(buf, '"')
+	case slog.KindFloat64:
+		return appendJSONMarshal(buf, v.Float64())
+	default:
+		a := v.Any()
+		if err, ok := a.(error); ok {
+			if _, marshals := a.(json.Marshaler); !marshals {
+				return appendJSONString(buf, err.Error())
+			}
+		}
+		return appendJSONMarshal(buf, a)
+	}
+}
+
+func appendJSONMarshal(buf []byte, v any) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return appendJSONString(buf, "!ERROR:"+err.Error())
+	}
+	return append(buf, bytes.TrimRight(b.Bytes(), "\n")...)
+}
+
+// appendJSONString writes s as a JSON string, escaped as slog escapes it
+// (no HTML escaping; U+2028 and U+2029 escaped; invalid UTF-8 replaced).
+func appendJSONString(buf []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	buf = append(buf, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			buf = append(buf, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				buf = append(buf, '\\', c)
+			case '\n':
+				buf = append(buf, '\\', 'n')
+			case '\r':
+				buf = append(buf, '\\', 'r')
+			case '\t':
+				buf = append(buf, '\\', 't')
+			default:
+				buf = append(buf, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			buf = append(buf, s[start:i]...)
+			buf = append(buf, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			buf = append(buf, s[start:i]...)
+			buf = append(buf, '\\', 'u', '2', '0', '2', hex[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	buf = append(buf, s[start:]...)
+	return append(buf, '"')
+}
