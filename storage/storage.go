@@ -312,6 +312,14 @@ type StepResult struct {
 	// later of the two applies.
 	RunAfter time.Time
 	Delay    time.Duration
+	// Logs are what the attempt logged that no AppendLogs stored yet, and
+	// LogTrim (when its Drop is positive) the attempt's stored records
+	// they push out: the store writes them as AppendLogs would, in the
+	// transaction that records the result, whether or not the result is
+	// accepted (they are what the attempt did). A step's last records then
+	// cost no write of their own.
+	Logs    []LogRecord
+	LogTrim LogTrim
 }
 
 // InstanceState is what a PlanFunc sees: the instance and all its steps as

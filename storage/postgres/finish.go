@@ -168,6 +168,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 			return err
 		})
 		s.queueLoadSteps(ctx, tx, &b, instanceIDs, locked)
+		s.queueResultLogs(&b, results)
 		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
 			return err
 		}

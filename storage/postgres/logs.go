@@ -41,6 +41,27 @@ func (s *Store) AppendLogs(ctx context.Context, trims []storage.LogTrim, records
 	if len(trims) == 0 && len(records) == 0 {
 		return nil
 	}
+	err := s.inTx(ctx, func(tx pgx.Tx, _ *txState) error {
+		var b pgx.Batch
+		s.queueAppendLogs(&b, trims, records)
+		return tx.SendBatch(ctx, &b).Close()
+	})
+	if err != nil {
+		return s.fail("append logs", err)
+	}
+	return nil
+}
+
+// queueAppendLogs queues on b what AppendLogs writes.
+func (s *Store) queueAppendLogs(b *pgx.Batch, trims []storage.LogTrim, records []storage.LogRecord) {
+	for _, tr := range trims {
+		if tr.Drop > 0 {
+			b.Queue(s.q(trimLogsSQL), tr.InstanceID, tr.Step, tr.Attempt, tr.Item, tr.Drop, tr.Marker)
+		}
+	}
+	if len(records) == 0 {
+		return
+	}
 	var (
 		instances, steps, levels, messages []string
 		items, attempts                    []int32
@@ -53,22 +74,23 @@ func (s *Store) AppendLogs(ctx context.Context, trims []storage.LogTrim, records
 		ats, levels, messages = append(ats, r.Time), append(levels, r.Level), append(messages, r.Message)
 		attrs = append(attrs, jsonOrNil(r.Attrs))
 	}
-	err := s.inTx(ctx, func(tx pgx.Tx, _ *txState) error {
-		var b pgx.Batch
-		for _, tr := range trims {
-			if tr.Drop > 0 {
-				b.Queue(s.q(trimLogsSQL), tr.InstanceID, tr.Step, tr.Attempt, tr.Item, tr.Drop, tr.Marker)
-			}
+	b.Queue(s.q(appendLogsSQL), instances, steps, items, attempts, ats, levels, messages, attrs)
+}
+
+// queueResultLogs queues on b what the attempts of results logged (see
+// storage.StepResult.Logs).
+func (s *Store) queueResultLogs(b *pgx.Batch, results []storage.StepResult) {
+	var (
+		trims   []storage.LogTrim
+		records []storage.LogRecord
+	)
+	for i := range results {
+		if r := &results[i]; r.LogTrim.Drop > 0 {
+			trims = append(trims, r.LogTrim)
 		}
-		if len(records) > 0 {
-			b.Queue(s.q(appendLogsSQL), instances, steps, items, attempts, ats, levels, messages, attrs)
-		}
-		return tx.SendBatch(ctx, &b).Close()
-	})
-	if err != nil {
-		return s.fail("append logs", err)
+		records = append(records, results[i].Logs...)
 	}
-	return nil
+	s.queueAppendLogs(b, trims, records)
 }
 
 // ListLogs implements storage.Store.

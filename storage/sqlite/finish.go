@@ -94,6 +94,9 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				ready = true
 			}
 		}
+		if err := t.appendResultLogs(results); err != nil {
+			return err
+		}
 		settled, err := t.settleItems(parents)
 		if err != nil {
 			return err

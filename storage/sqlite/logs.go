@@ -23,26 +23,48 @@ func (s *Store) AppendLogs(ctx context.Context, trims []storage.LogTrim, records
 	if len(trims) == 0 && len(records) == 0 {
 		return nil
 	}
-	return s.write(ctx, "append logs", func(t *txn) error {
-		for _, tr := range trims {
-			if err := t.trimLogs(tr); err != nil {
-				return err
-			}
+	return s.write(ctx, "append logs", func(t *txn) error { return t.appendLogs(trims, records) })
+}
+
+// appendLogs is AppendLogs inside the transaction.
+func (t *txn) appendLogs(trims []storage.LogTrim, records []storage.LogRecord) error {
+	for _, tr := range trims {
+		if err := t.trimLogs(tr); err != nil {
+			return err
 		}
-		args := make([]any, 0, logColumns*len(records))
-		for _, r := range records {
-			args = append(args, r.InstanceID, r.Step, r.Item, r.Attempt, us(r.Time), r.Level, r.Message, jsonArg(r.Attrs))
+	}
+	args := make([]any, 0, logColumns*len(records))
+	for _, r := range records {
+		args = append(args, r.InstanceID, r.Step, r.Item, r.Attempt, us(r.Time), r.Level, r.Message, jsonArg(r.Attrs))
+	}
+	for len(args) > 0 {
+		n := min(len(args)/logColumns, maxRowsPerInsert)
+		q := valuesSQL(insertLogsHead, logColumns, n) + `) WHERE column1 IN (SELECT id FROM instances)`
+		if _, err := t.exec(q, args[:n*logColumns]...); err != nil {
+			return fmt.Errorf("insert logs: %w", err)
 		}
-		for len(args) > 0 {
-			n := min(len(args)/logColumns, maxRowsPerInsert)
-			q := valuesSQL(insertLogsHead, logColumns, n) + `) WHERE column1 IN (SELECT id FROM instances)`
-			if _, err := t.exec(q, args[:n*logColumns]...); err != nil {
-				return fmt.Errorf("insert logs: %w", err)
-			}
-			args = args[n*logColumns:]
+		args = args[n*logColumns:]
+	}
+	return nil
+}
+
+// appendResultLogs stores what the attempts of results logged (see
+// storage.StepResult.Logs).
+func (t *txn) appendResultLogs(results []storage.StepResult) error {
+	var (
+		trims   []storage.LogTrim
+		records []storage.LogRecord
+	)
+	for i := range results {
+		if r := &results[i]; r.LogTrim.Drop > 0 {
+			trims = append(trims, r.LogTrim)
 		}
+		records = append(records, results[i].Logs...)
+	}
+	if len(trims) == 0 && len(records) == 0 {
 		return nil
-	})
+	}
+	return t.appendLogs(trims, records)
 }
 
 // trimLogs drops an attempt's oldest records, turning the newest of them

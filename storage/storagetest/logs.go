@@ -114,6 +114,30 @@ var logTests = map[string]func(*testing.T, *Harness){
 		require.Len(t, b.listLogs(storage.LogsParams{InstanceID: id}), 4)
 	},
 
+	"FinishStoresTheAttemptsLogs": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(spec("a"), spec("b"))
+		a := b.claimStep(id, "a")
+		// A record flushed while the attempt ran, then the last ones with
+		// the result, pushing the first out.
+		require.NoError(t, b.store.AppendLogs(b.ctx, nil, []storage.LogRecord{b.logRecord(id, "a", 1, "early")}))
+		done := completed(a.Claim, `1`)
+		done.Logs = []storage.LogRecord{b.logRecord(id, "a", 1, "late 1"), b.logRecord(id, "a", 1, "late 2")}
+		done.LogTrim = storage.LogTrim{InstanceID: id, Step: "a", Item: -1, Attempt: 1, Drop: 1, Marker: "… 5 bytes of earlier logs dropped"}
+		require.Equal(t, []storage.FinishResult{{Accepted: true}}, b.finish(done))
+		require.Equal(t, []string{"… 5 bytes of earlier logs dropped", "late 1", "late 2"},
+			messages(b.listLogs(storage.LogsParams{InstanceID: id, Step: "a"})))
+
+		// A result the store refuses (its claim is stale) still leaves
+		// what its attempt logged.
+		bc := b.claimStep(id, "b")
+		stale := completed(storage.Claim{InstanceID: id, StepID: bc.StepID, Fence: bc.Fence + 1}, `2`)
+		stale.Logs = []storage.LogRecord{b.logRecord(id, "b", 1, "from a lost attempt")}
+		require.False(t, b.finish(stale)[0].Accepted)
+		require.Equal(t, []string{"from a lost attempt"}, messages(b.listLogs(storage.LogsParams{InstanceID: id, Step: "b"})))
+		require.Equal(t, storage.StepRunning, step(t, b.get(id), "b").Status)
+	},
+
 	"PrunedWithInstance": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		old := b.createOne(spec("a"))
