@@ -226,14 +226,18 @@ func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, logs *logW
 		ctx, span = e.tracing.startAttempt(ctx, &step)
 		defer func() { endAttempt(span, result, ok) }()
 	}
-	logger = logger.With(slog.String("instance", step.InstanceID), slog.String("step", step.Step),
-		slog.String("handler", step.Handler), slog.Int("attempt", step.Attempt))
+	// Built only for the rare attempt that has something to say: With
+	// costs more than the rest of a quick attempt's bookkeeping.
+	attemptLogger := func() *slog.Logger {
+		return logger.With(slog.String("instance", step.InstanceID), slog.String("step", step.Step),
+			slog.String("handler", step.Handler), slog.Int("attempt", step.Attempt))
+	}
 	handler, found := e.registry.Lookup(step.Handler)
 	if !found {
 		// Another binary with this handler may share the database, so this
 		// is an ordinary failed attempt rather than a permanent failure.
 		err := fmt.Errorf("handler %q is not registered in this worker (registered: %v)", step.Handler, e.registry.Names())
-		logger.Error("dagrun: unknown handler", slog.Any("error", err))
+		attemptLogger().Error("dagrun: unknown handler", slog.Any("error", err))
 		return e.failure(step, err), true
 	}
 
@@ -251,7 +255,15 @@ func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, logs *logW
 		Item:           step.Item,
 	})
 	if logs != nil {
-		attemptCtx = handlers.WithLogHandler(attemptCtx, &newAttemptLog(logs, &step).handler)
+		al := newAttemptLog(logs, &step)
+		attemptCtx = handlers.WithLogHandler(attemptCtx, &al.handler)
+		// What the attempt logged and no flush wrote yet goes with its
+		// result, in the transaction that records it.
+		defer func() {
+			if ok {
+				result.LogTrim, result.Logs = al.take()
+			}
+		}()
 	}
 	if step.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -268,7 +280,7 @@ func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, logs *logW
 	if err == nil {
 		output, err = e.checkOutput(output)
 		if err != nil {
-			logger.Warn("dagrun: bad handler output", slog.Any("error", err))
+			attemptLogger().Warn("dagrun: bad handler output", slog.Any("error", err))
 			return storage.StepResult{Claim: step.Claim, Outcome: storage.OutcomeFailed, Error: err.Error()}, true
 		}
 		return storage.StepResult{Claim: step.Claim, Outcome: storage.OutcomeCompleted, Output: output}, true
@@ -280,7 +292,7 @@ func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, logs *logW
 	if errors.As(err, &snooze) {
 		return storage.StepResult{Claim: step.Claim, Outcome: storage.OutcomeSnooze, RunAfter: snooze.Until}, true
 	}
-	logger.Info("dagrun: attempt failed", slog.Any("error", err))
+	attemptLogger().Info("dagrun: attempt failed", slog.Any("error", err))
 	return e.failure(step, err), true
 }
 

@@ -3,6 +3,7 @@ package dagrun_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -92,6 +93,53 @@ steps:
 	for i := 2; i < len(chatty); i++ {
 		require.Less(t, chatty[i-1].Message, chatty[i].Message, "the newest lines, in order")
 	}
+}
+
+// logsRefusingStore refuses every AppendLogs, as a database would that
+// is too busy for the worker's periodic writes.
+type logsRefusingStore struct{ storage.Store }
+
+func (logsRefusingStore) AppendLogs(context.Context, []storage.LogTrim, []storage.LogRecord) error {
+	return errors.New("refused")
+}
+
+// TestStepLogsGoWithTheResult: what an attempt logged is stored in the
+// transaction that records its result, so it is there as soon as the
+// step is finished, without any write of its own.
+func TestStepLogsGoWithTheResult(t *testing.T) {
+	t.Parallel()
+	registry := handlers.NewRegistry()
+	registry.Register("talk", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+		log := handlers.Logger(ctx)
+		log.Info("first", slog.Int("attempt", handlers.Info(ctx).Attempt))
+		log.Info("second")
+		if handlers.Info(ctx).Attempt == 1 {
+			return nil, fmt.Errorf("try again")
+		}
+		return nil, nil
+	})
+	b := obsBundle(t, registry, &dagrun.Config{}, `name: logs
+steps:
+  - {name: talk, handler: talk, retry: {maxAttempts: 2, backoff: 1ms}}
+`)
+	engine, err := dagrun.New(logsRefusingStore{b.store}, registry, &dagrun.Config{Workflows: b.engine.Workflows()})
+	require.NoError(t, err)
+	b.engine = engine
+	b.runWorker(t, nil)
+	id := b.start(t, "logs", `{}`)
+	require.Equal(t, storage.InstanceCompleted, b.wait(t, id).Status)
+	got, err := b.store.ListLogs(context.Background(), storage.LogsParams{InstanceID: id})
+	require.NoError(t, err)
+	require.Equal(t, []string{"first", "second", "first", "second"}, messages(got))
+	require.Equal(t, []int{1, 1, 2, 2}, []int{got[0].Attempt, got[1].Attempt, got[2].Attempt, got[3].Attempt})
+}
+
+func messages(rs []storage.LogRecord) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.Message
+	}
+	return out
 }
 
 // spansBy indexes ended spans by name.
