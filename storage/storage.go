@@ -322,6 +322,18 @@ type StepResult struct {
 	LogTrim LogTrim
 }
 
+// ResultLogs gathers what results carry for the store to write as
+// AppendLogs would (see StepResult.Logs).
+func ResultLogs(results []StepResult) (trims []LogTrim, records []LogRecord) {
+	for i := range results {
+		if r := &results[i]; r.LogTrim.Drop > 0 {
+			trims = append(trims, r.LogTrim)
+		}
+		records = append(records, results[i].Logs...)
+	}
+	return trims, records
+}
+
 // InstanceState is what a PlanFunc sees: the instance and all its steps as
 // they are inside the transaction, after the triggering change was applied.
 type InstanceState struct {

@@ -80,16 +80,7 @@ func (s *Store) queueAppendLogs(b *pgx.Batch, trims []storage.LogTrim, records [
 // queueResultLogs queues on b what the attempts of results logged (see
 // storage.StepResult.Logs).
 func (s *Store) queueResultLogs(b *pgx.Batch, results []storage.StepResult) {
-	var (
-		trims   []storage.LogTrim
-		records []storage.LogRecord
-	)
-	for i := range results {
-		if r := &results[i]; r.LogTrim.Drop > 0 {
-			trims = append(trims, r.LogTrim)
-		}
-		records = append(records, results[i].Logs...)
-	}
+	trims, records := storage.ResultLogs(results)
 	s.queueAppendLogs(b, trims, records)
 }
 

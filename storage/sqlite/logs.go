@@ -51,16 +51,7 @@ func (t *txn) appendLogs(trims []storage.LogTrim, records []storage.LogRecord) e
 // appendResultLogs stores what the attempts of results logged (see
 // storage.StepResult.Logs).
 func (t *txn) appendResultLogs(results []storage.StepResult) error {
-	var (
-		trims   []storage.LogTrim
-		records []storage.LogRecord
-	)
-	for i := range results {
-		if r := &results[i]; r.LogTrim.Drop > 0 {
-			trims = append(trims, r.LogTrim)
-		}
-		records = append(records, results[i].Logs...)
-	}
+	trims, records := storage.ResultLogs(results)
 	if len(trims) == 0 && len(records) == 0 {
 		return nil
 	}
