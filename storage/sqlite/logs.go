@@ -15,7 +15,8 @@ const (
 	// others (the foreign key would).
 	insertLogsHead = `INSERT INTO step_logs (instance_id, step, item, attempt, at, level, message, attrs)
 	SELECT column1, column2, column3, column4, column5, column6, column7, column8 FROM (VALUES `
-	logColumns = 8
+	insertLogsTail = `) WHERE column1 IN (SELECT id FROM instances)`
+	logColumns     = 8
 )
 
 // AppendLogs implements storage.Store.
@@ -37,13 +38,10 @@ func (t *txn) appendLogs(trims []storage.LogTrim, records []storage.LogRecord) e
 	for _, r := range records {
 		args = append(args, r.InstanceID, r.Step, r.Item, r.Attempt, us(r.Time), r.Level, r.Message, jsonArg(r.Attrs))
 	}
-	for len(args) > 0 {
-		n := min(len(args)/logColumns, maxRowsPerInsert)
-		q := valuesSQL(insertLogsHead, logColumns, n) + `) WHERE column1 IN (SELECT id FROM instances)`
-		if _, err := t.exec(q, args[:n*logColumns]...); err != nil {
-			return fmt.Errorf("insert logs: %w", err)
-		}
-		args = args[n*logColumns:]
+	// Power-of-two batches, as for events: the statements stay prepared
+	// whatever the number of records a finish brings.
+	if err := t.insertRowsThen(insertLogsHead, insertLogsTail, logColumns, args); err != nil {
+		return fmt.Errorf("insert logs: %w", err)
 	}
 	return nil
 }

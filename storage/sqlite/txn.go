@@ -62,10 +62,15 @@ const maxRowsPerInsert = 256
 // driver's prepared-statement cache, and a batch of n rows takes about
 // n/256 + log2(256) executions instead of n.
 func (t *txn) insertRows(head string, cols int, args []any) error {
+	return t.insertRowsThen(head, "", cols, args)
+}
+
+// insertRowsThen is insertRows with tail after the VALUES list.
+func (t *txn) insertRowsThen(head, tail string, cols int, args []any) error {
 	for len(args) > 0 {
 		rows := min(maxRowsPerInsert, 1<<(bits.Len(uint(len(args)/cols))-1))
 		n := rows * cols
-		if _, err := t.tx.ExecContext(t.ctx, valuesSQL(head, cols, rows), args[:n]...); err != nil {
+		if _, err := t.tx.ExecContext(t.ctx, valuesSQL(head, cols, rows)+tail, args[:n]...); err != nil {
 			return err
 		}
 		args = args[n:]
