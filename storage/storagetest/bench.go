@@ -213,3 +213,26 @@ func historyInstance(b *testing.B, s storage.Store, fill HistoryFiller, n int) s
 	fill(b, s, p.ID, n-len(in.Events))
 	return p.ID
 }
+
+// BenchmarkFollowPoll measures what a follower of an instance reads when
+// nothing happened since its last look (a FollowEvents call with the
+// cursor of the previous one), with 10 events in the history and with
+// 100,000: it must cost the same.
+func BenchmarkFollowPoll(b *testing.B, newStore func(b *testing.B) storage.Store, fill HistoryFiller) {
+	for _, n := range []int{10, 100_000} {
+		b.Run(fmt.Sprintf("events=%d", n), func(b *testing.B) {
+			s := newStore(b)
+			id := historyInstance(b, s, fill, n)
+			_, cursor, err := s.FollowEvents(b.Context(), id, "")
+			require.NoError(b, err)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				events, next, err := s.FollowEvents(b.Context(), id, cursor)
+				require.NoError(b, err)
+				require.Empty(b, events)
+				cursor = next
+			}
+		})
+	}
+}
