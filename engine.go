@@ -255,12 +255,22 @@ func (e *Engine) Definition(inst *storage.Instance) (*dag.Workflow, error) {
 	})
 }
 
-// Get returns an instance with its steps and history.
+// Get returns an instance with its steps and the latest events of its
+// history (storage.InstanceEvents of them; Events pages the rest).
 func (e *Engine) Get(ctx context.Context, id string) (*storage.Instance, error) {
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
 	return e.store.GetInstance(ctx, id)
+}
+
+// Events returns a page of an instance's history: its events after
+// p.AfterID in ID order, at most p.Limit (see storage.Store.ListEvents).
+func (e *Engine) Events(ctx context.Context, p storage.EventsParams) ([]storage.Event, error) {
+	if err := checkID(p.InstanceID); err != nil {
+		return nil, err
+	}
+	return e.store.ListEvents(ctx, p)
 }
 
 // List returns instances, newest first.

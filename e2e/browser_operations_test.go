@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
@@ -36,17 +35,9 @@ func TestBrowserOperations(t *testing.T) {
 	const token = "browser-ops-token"
 	base := browserServe(t, binary, dir, workflows, token)
 	apiClient := &browserAPI{base: base, token: token}
-	start := func(workflow string) string {
-		t.Helper()
-		var started struct {
-			ID string `json:"id"`
-		}
-		apiClient.call(t, http.MethodPost, "/api/workflows/"+workflow+"/instances", "", http.StatusCreated, &started)
-		return started.ID
-	}
-	done := start("ops")
+	done := apiClient.start(t, "ops")
 	require.Eventually(t, func() bool { return apiClient.status(t, done) == "completed" }, 15*time.Second, 20*time.Millisecond)
-	held := []string{start("hold"), start("hold")}
+	held := []string{apiClient.start(t, "hold"), apiClient.start(t, "hold")}
 	for _, id := range held {
 		require.Eventually(t, func() bool { return apiClient.status(t, id) == "running" }, 15*time.Second, 20*time.Millisecond)
 	}

@@ -706,6 +706,16 @@ func (a *browserAPI) call(t *testing.T, method, path, body string, wantStatus in
 	}
 }
 
+// start starts an instance of workflow without input and returns its ID.
+func (a *browserAPI) start(t *testing.T, workflow string) string {
+	t.Helper()
+	var started struct {
+		ID string `json:"id"`
+	}
+	a.call(t, http.MethodPost, "/api/workflows/"+workflow+"/instances", "", http.StatusCreated, &started)
+	return started.ID
+}
+
 func (a *browserAPI) instanceJSON(t *testing.T, id string) string {
 	t.Helper()
 	var inst json.RawMessage

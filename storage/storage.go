@@ -460,7 +460,8 @@ type FinishResult struct {
 	Cancelled bool
 }
 
-// Instance is an instance with its steps and, from GetInstance, its events.
+// Instance is an instance with its steps and, from GetInstance, its latest
+// events.
 type Instance struct {
 	ID             string
 	Workflow       string
@@ -484,7 +485,10 @@ type Instance struct {
 	StartedAt  *time.Time
 	FinishedAt *time.Time
 	Steps      []Step
-	Events     []Event
+	// Events are, from GetInstance, the latest InstanceEvents events of the
+	// history in ID order; EventsTruncated tells that older ones exist.
+	Events          []Event
+	EventsTruncated bool
 	// Definition is the snapshot source; set by GetInstance only.
 	Definition []byte
 	// Paused is set between Operator.PauseInstance and ResumeInstance
@@ -852,8 +856,28 @@ type Store interface {
 	// engine) validates the name and payload first.
 	SendSignal(ctx context.Context, p SignalParams, plan PlanFunc) (SignalResult, error)
 
-	// GetInstance returns the instance with steps, events and definition.
+	// GetInstance returns the instance with its steps, its definition and
+	// the latest InstanceEvents events of its history: its cost does not
+	// grow with the history's length.
 	GetInstance(ctx context.Context, id string) (*Instance, error)
+
+	// ListEvents returns a page of an instance's history: the events with
+	// an ID above p.AfterID, in ID order, at most p.Limit. ErrNotFound when
+	// the instance does not exist. On PostgreSQL a transaction may commit
+	// after another that took greater event IDs, so an event can appear
+	// behind a page already read: a follower uses FollowEvents instead.
+	ListEvents(ctx context.Context, p EventsParams) ([]Event, error)
+
+	// FollowEvents returns the events of an instance's history that a
+	// follower has not seen, and the cursor of its next call. The zero
+	// cursor returns the latest FollowTail events in ID order; every later
+	// call the events that became visible since the call that returned its
+	// cursor, in ID order, whatever their IDs: along a chain of cursors no
+	// event is returned twice and none is missed, even one whose
+	// transaction committed after another that took greater IDs. It reads
+	// only those events, however long the history. ErrNotFound when the
+	// instance does not exist.
+	FollowEvents(ctx context.Context, instanceID string, cursor EventCursor) ([]Event, EventCursor, error)
 
 	// ListInstances returns instances with their steps (no events), newest
 	// first.

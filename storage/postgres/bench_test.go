@@ -123,3 +123,26 @@ func BenchmarkStats(b *testing.B) {
 		require.Len(b, st.Workflows, 10)
 	}
 }
+
+// BenchmarkGetInstance reads an instance with 10 and with 100,000 events:
+// DAGRUN_TEST_POSTGRES=... go test -run '^$' -bench 'GetInstance|FollowPoll' -benchmem ./storage/postgres
+func BenchmarkGetInstance(b *testing.B) {
+	storagetest.BenchmarkGetInstance(b, func(b *testing.B) storage.Store { return openTestStore(b, nil) }, fillHistory)
+}
+
+// BenchmarkFollowPoll looks for new events of an instance with 10 and with
+// 100,000 events, when there are none.
+func BenchmarkFollowPoll(b *testing.B) {
+	storagetest.BenchmarkFollowPoll(b, func(b *testing.B) storage.Store { return openTestStore(b, nil) }, fillHistory)
+}
+
+// fillHistory appends n events to an instance's history with one INSERT.
+func fillHistory(b *testing.B, st storage.Store, id string, n int) {
+	s := st.(*Store)
+	_, err := s.pool.Exec(b.Context(), s.q(`INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
+		SELECT $1, 'a', CASE WHEN g % 2 = 1 THEN 'step.started' ELSE 'step.snoozed' END, 1, '', now()
+		FROM generate_series(1, $2::int) g`), id, n)
+	require.NoError(b, err)
+	_, err = s.pool.Exec(b.Context(), s.q(`ANALYZE {s}events`))
+	require.NoError(b, err)
+}

@@ -130,5 +130,15 @@ func TestConformance(t *testing.T) {
 			t.Cleanup(func() { _ = tx.Rollback(ctx) })
 			return tx, func() error { return tx.Commit(ctx) }, func() error { return tx.Rollback(ctx) }
 		},
+		AppendEventTx: func(t *testing.T, st storage.Store, id string, typ storage.EventType) func() error {
+			s := st.(*Store)
+			ctx := context.WithoutCancel(t.Context())
+			tx, err := s.Pool().Begin(ctx)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = tx.Rollback(ctx) })
+			_, err = tx.Exec(ctx, s.q(`INSERT INTO {s}events (instance_id, type, at) VALUES ($1, $2, now())`), id, string(typ))
+			require.NoError(t, err)
+			return func() error { return tx.Commit(ctx) }
+		},
 	})
 }

@@ -115,13 +115,17 @@ func (s *Store) GetInstance(ctx context.Context, id string) (*storage.Instance, 
 		b.Queue(s.q(`SELECT `+stepColumns+` FROM {s}steps WHERE instance_id = $1 AND item_index = -1 ORDER BY position`), id).Query(func(rows pgx.Rows) error {
 			return collectSteps(rows, func(_ string, st storage.Step) { in.Steps = append(in.Steps, st) })
 		})
-		b.Queue(s.q(`SELECT id, instance_id, step, type, attempt, message, at, actor FROM {s}events WHERE instance_id = $1 ORDER BY id`), id).Query(func(rows pgx.Rows) error {
+		// One more than shown tells whether older events exist.
+		b.Queue(s.q(`SELECT * FROM (`+latestEventsSQL+`) e ORDER BY id`), id, storage.InstanceEvents+1).Query(func(rows pgx.Rows) error {
 			var e storage.Event
 			_, err := pgx.ForEachRow(rows, []any{&e.ID, &e.InstanceID, &e.Step, &e.Type, &e.Attempt, &e.Message, &e.At, &e.Actor}, func() error {
 				e.At = e.At.UTC()
 				in.Events = append(in.Events, e)
 				return nil
 			})
+			if len(in.Events) > storage.InstanceEvents {
+				in.Events, in.EventsTruncated = in.Events[1:], true
+			}
 			return err
 		})
 		if err := tx.SendBatch(ctx, &b).Close(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -121,4 +122,45 @@ func BenchmarkStats(b *testing.B) {
 		require.NoError(b, err)
 		require.Len(b, st.Workflows, 10)
 	}
+}
+
+// BenchmarkGetInstance reads an instance with 10 and with 100,000 events:
+// go test -run '^$' -bench 'GetInstance|FollowPoll' -benchmem ./storage/sqlite
+func BenchmarkGetInstance(b *testing.B) {
+	var h historyBench
+	storagetest.BenchmarkGetInstance(b, h.newStore, h.fill)
+}
+
+// BenchmarkFollowPoll looks for new events of an instance with 10 and with
+// 100,000 events, when there are none.
+func BenchmarkFollowPoll(b *testing.B) {
+	var h historyBench
+	storagetest.BenchmarkFollowPoll(b, h.newStore, h.fill)
+}
+
+// historyBench opens the stores of the history benchmarks and fills their
+// instances' histories with one INSERT through a pool of its own.
+type historyBench struct {
+	paths sync.Map // storage.Store -> file path
+}
+
+func (h *historyBench) newStore(b *testing.B) storage.Store {
+	path := filepath.Join(b.TempDir(), "bench.db")
+	s, err := sqlite.Open(b.Context(), path, nil)
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = s.Close() })
+	h.paths.Store(s, path)
+	return s
+}
+
+func (h *historyBench) fill(b *testing.B, s storage.Store, id string, n int) {
+	path, ok := h.paths.Load(s)
+	require.True(b, ok)
+	db, err := sql.Open("sqlite3", sqlite.DSN(path.(string)))
+	require.NoError(b, err)
+	defer db.Close()
+	_, err = db.ExecContext(b.Context(), `WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < ?)
+		INSERT INTO events (instance_id, step, type, attempt, message, at)
+		SELECT ?, 'a', CASE WHEN i % 2 = 1 THEN 'step.started' ELSE 'step.snoozed' END, 1, '', i FROM c`, n, id)
+	require.NoError(b, err)
 }

@@ -120,23 +120,12 @@ func (s *Store) GetInstance(ctx context.Context, id string) (*storage.Instance, 
 		if err := itemChildren(ctx, tx, []storage.Instance{in}); err != nil {
 			return err
 		}
-		rows, err = tx.QueryContext(ctx, `SELECT id, instance_id, step, type, attempt, message, at, actor FROM events WHERE instance_id = ? ORDER BY id`, id)
-		if err != nil {
-			return err
+		// One more than shown tells whether older events exist.
+		in.Events, err = latestEvents(ctx, tx, id, storage.InstanceEvents+1)
+		if len(in.Events) > storage.InstanceEvents {
+			in.Events, in.EventsTruncated = in.Events[1:], true
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var (
-				e  storage.Event
-				at int64
-			)
-			if err := rows.Scan(&e.ID, &e.InstanceID, &e.Step, &e.Type, &e.Attempt, &e.Message, &at, &e.Actor); err != nil {
-				return err
-			}
-			e.At = fromUS(at)
-			in.Events = append(in.Events, e)
-		}
-		return rows.Err()
+		return err
 	})
 	if err != nil {
 		return nil, err

@@ -177,3 +177,62 @@ func BenchmarkItems(b *testing.B, newStore func(b *testing.B) storage.Store) {
 		b.ReportMetric(float64(benchItems*b.N)/b.Elapsed().Seconds(), "items/s")
 	})
 }
+
+// HistoryFiller appends n events to instance id's history the fastest way
+// a backend has (a benchmark's setup, not something the store offers).
+type HistoryFiller func(b *testing.B, s storage.Store, id string, n int)
+
+// BenchmarkGetInstance measures GetInstance of a two-step instance whose
+// history holds 10 events and 100,000: the read must cost the same
+// whatever the history's length.
+func BenchmarkGetInstance(b *testing.B, newStore func(b *testing.B) storage.Store, fill HistoryFiller) {
+	for _, n := range []int{10, 100_000} {
+		b.Run(fmt.Sprintf("events=%d", n), func(b *testing.B) {
+			s := newStore(b)
+			id := historyInstance(b, s, fill, n)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				in, err := s.GetInstance(b.Context(), id)
+				require.NoError(b, err)
+				require.Len(b, in.Steps, 2)
+			}
+		})
+	}
+}
+
+// historyInstance creates a two-step instance and fills its history up to
+// n events.
+func historyInstance(b *testing.B, s storage.Store, fill HistoryFiller, n int) string {
+	b.Helper()
+	p := params(spec("a"), spec("b", "a"))
+	_, err := s.CreateInstances(b.Context(), nil, []storage.CreateParams{p}, Plan)
+	require.NoError(b, err)
+	in, err := s.GetInstance(b.Context(), p.ID)
+	require.NoError(b, err)
+	fill(b, s, p.ID, n-len(in.Events))
+	return p.ID
+}
+
+// BenchmarkFollowPoll measures what a follower of an instance reads when
+// nothing happened since its last look (a FollowEvents call with the
+// cursor of the previous one), with 10 events in the history and with
+// 100,000: it must cost the same.
+func BenchmarkFollowPoll(b *testing.B, newStore func(b *testing.B) storage.Store, fill HistoryFiller) {
+	for _, n := range []int{10, 100_000} {
+		b.Run(fmt.Sprintf("events=%d", n), func(b *testing.B) {
+			s := newStore(b)
+			id := historyInstance(b, s, fill, n)
+			_, cursor, err := s.FollowEvents(b.Context(), id, "")
+			require.NoError(b, err)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				events, next, err := s.FollowEvents(b.Context(), id, cursor)
+				require.NoError(b, err)
+				require.Empty(b, events)
+				cursor = next
+			}
+		})
+	}
+}

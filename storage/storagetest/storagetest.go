@@ -37,6 +37,14 @@ type Harness struct {
 	// functions that commit and roll it back. Optional: when nil, the
 	// caller-transaction tests are skipped.
 	BeginTx func(t *testing.T, s storage.Store) (tx any, commit, rollback func() error)
+
+	// AppendEventTx begins a transaction of its own on the database behind
+	// s that appends an event of type typ to instance id's history, taking
+	// the event's ID at once, and returns a function that commits it.
+	// Optional: nil for a backend whose writers take event IDs one
+	// transaction at a time, in commit order (the test of an event that
+	// commits after a greater one is then skipped).
+	AppendEventTx func(t *testing.T, s storage.Store, id string, typ storage.EventType) (commit func() error)
 }
 
 // Run runs the whole suite against the backend h describes.
@@ -72,6 +80,7 @@ func Run(t *testing.T, h Harness) {
 		{"Failure", failureTests},
 		{"Limits", limitTests},
 		{"Logs", logTests},
+		{"Events", eventTests},
 		{"Trace", traceTests},
 		{"Subflows", subflowTests},
 	}

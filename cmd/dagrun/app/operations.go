@@ -21,7 +21,9 @@ const cliActor = "cli"
 // byCLI is ctx with the command line as the actor of its operations.
 func byCLI(ctx context.Context) context.Context { return storage.WithActor(ctx, cliActor) }
 
-// writeOperations lists what was done to an instance by hand, and by whom.
+// writeOperations lists what was done to an instance by hand, and by whom,
+// among the latest events Get returned (a long history's older ones are
+// not read).
 func writeOperations(w io.Writer, inst *storage.Instance) {
 	first := true
 	for _, e := range inst.Events {
@@ -29,7 +31,11 @@ func writeOperations(w io.Writer, inst *storage.Instance) {
 			continue
 		}
 		if first {
-			fmt.Fprintln(w, "\nBy hand:")
+			if inst.EventsTruncated {
+				fmt.Fprintf(w, "\nBy hand (in the latest %d events):\n", len(inst.Events))
+			} else {
+				fmt.Fprintln(w, "\nBy hand:")
+			}
 			first = false
 		}
 		what := string(e.Type)

@@ -74,3 +74,21 @@ func TestOperations(t *testing.T) {
 	res = b.run(t, "", "list", "--workflow", "checkout")
 	require.Contains(t, res.stdout, "running (paused)")
 }
+
+// TestStatusOfALongHistory: status reads only the latest events of an
+// instance, and says so above what was done by hand among them.
+func TestStatusOfALongHistory(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := strings.TrimSpace(b.run(t, "", "start", "refund", "--detach").stdout)
+	require.NotEmpty(t, id)
+	for range 51 {
+		for _, verb := range []string{"pause", "resume"} {
+			res := b.run(t, "", verb, id)
+			require.Equal(t, app.ExitOK, res.code, res.stderr)
+		}
+	}
+	out := b.run(t, "", "status", id).stdout
+	require.Contains(t, out, "\nBy hand (in the latest 100 events):\n")
+	require.Equal(t, 100, strings.Count(out, "(by cli)"))
+}

@@ -17,7 +17,6 @@ type progress struct {
 	w       io.Writer
 	skip    skipMode
 	first   bool
-	seen    map[int64]bool
 	started map[string]time.Time // step -> when its latest attempt started
 }
 
@@ -32,11 +31,13 @@ const (
 )
 
 func newProgress(w io.Writer, skip skipMode) *progress {
-	return &progress{w: w, skip: skip, first: true, seen: map[int64]bool{}, started: map[string]time.Time{}}
+	return &progress{w: w, skip: skip, first: true, started: map[string]time.Time{}}
 }
 
-func (p *progress) observe(inst *storage.Instance) {
-	events := inst.Events
+// observe prints the lines of events, the news since its last call
+// (dagrun.Engine.Follow gives each event once; the first call gets the
+// history so far).
+func (p *progress) observe(inst *storage.Instance, events []storage.Event) {
 	if p.first {
 		p.first = false
 		cut := 0
@@ -51,19 +52,13 @@ func (p *progress) observe(inst *storage.Instance) {
 			}
 		}
 		for _, ev := range events[:cut] {
-			p.seen[ev.ID] = true
 			if ev.Type == storage.EventStepStarted {
 				p.started[ev.Step] = ev.At
 			}
 		}
+		events = events[cut:]
 	}
-	// Events are in ID order; tracking IDs rather than a count keeps this
-	// right if a concurrent transaction's event becomes visible late.
 	for _, ev := range events {
-		if p.seen[ev.ID] {
-			continue
-		}
-		p.seen[ev.ID] = true
 		if line := p.line(inst, ev); line != "" {
 			fmt.Fprintln(p.w, line)
 		}

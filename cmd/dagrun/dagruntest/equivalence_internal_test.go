@@ -84,6 +84,7 @@ func runUnderWorker(t *testing.T, registry *handlers.Registry, runner *Runner, w
 		inst, err = engine.Get(ctx, started.ID)
 		return err == nil && inst.Status.Finished() && !hasUnfinishedSteps(inst)
 	}, 30*time.Second, 10*time.Millisecond)
+	require.NoError(t, readHistory(ctx, engine, inst))
 	return inst
 }
 

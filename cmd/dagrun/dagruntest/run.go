@@ -207,7 +207,37 @@ func drive(ctx context.Context, engine *dagrun.Engine, clock *fakeClock, workflo
 		clock.advance(next)
 	}
 	inst, err = engine.Get(ctx, id)
+	if err == nil {
+		err = readHistory(ctx, engine, inst)
+	}
 	return inst, failures, err
+}
+
+// historyPage is how many events readHistory reads at a time.
+const historyPage = 1000
+
+// readHistory gives inst its whole history, where Get gave only the latest
+// events: a case's expected events are looked for in all of it.
+func readHistory(ctx context.Context, engine *dagrun.Engine, inst *storage.Instance) error {
+	if !inst.EventsTruncated {
+		return nil
+	}
+	var all []storage.Event
+	for {
+		var after int64
+		if len(all) > 0 {
+			after = all[len(all)-1].ID
+		}
+		page, err := engine.Events(ctx, storage.EventsParams{InstanceID: inst.ID, AfterID: after, Limit: historyPage})
+		if err != nil {
+			return fmt.Errorf("read the history of instance %s: %w", inst.ID, err)
+		}
+		if len(page) == 0 {
+			inst.Events, inst.EventsTruncated = all, false
+			return nil
+		}
+		all = append(all, page...)
+	}
 }
 
 // startScheduled runs the engine's scheduler on the fake clock, jumping

@@ -46,6 +46,15 @@ func TestScheduledCases(t *testing.T) {
 	dagruntest.Run(t, registry, "testdata/scheduled")
 }
 
+// TestLongHistory: a case's expected events are looked for in the whole
+// history, also where it is longer than the latest events Get returns.
+func TestLongHistory(t *testing.T) {
+	t.Parallel()
+	registry := handlers.NewRegistry()
+	handlers.RegisterBuiltins(registry)
+	dagruntest.Run(t, registry, "testdata/history")
+}
+
 // TestDocumentedExamplesPass runs the complete test files the READMEs show
 // (the yaml blocks that start with workflow:), so the documentation cannot
 // drift from the format.

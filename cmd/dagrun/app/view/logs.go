@@ -74,13 +74,7 @@ func LoadLogs(ctx context.Context, store storage.Store, id, step string, after i
 // CheckLogPaging validates an after and a limit from outside; prefix is
 // how the caller names its parameters ("--" for flags).
 func CheckLogPaging(after int64, limit int, prefix string) error {
-	if after < 0 {
-		return fmt.Errorf("invalid %safter %d: must not be negative", prefix, after)
-	}
-	if limit < 1 || limit > MaxLogLimit {
-		return fmt.Errorf("invalid %slimit %d: must be from 1 to %d", prefix, limit, MaxLogLimit)
-	}
-	return nil
+	return checkPaging(after, limit, MaxLogLimit, prefix)
 }
 
 // WriteLogLine prints one record as a line: time, level, step#attempt

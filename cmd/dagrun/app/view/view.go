@@ -28,7 +28,12 @@ type Instance struct {
 	StartedAt  *string         `json:"startedAt"`
 	FinishedAt *string         `json:"finishedAt"`
 	Steps      []Step          `json:"steps"`
-	Events     []Event         `json:"events,omitempty"`
+	// Events are the latest storage.InstanceEvents events of the history,
+	// oldest first; EventsTruncated, present and true, tells that older
+	// ones exist, which the API's events route pages. Lists carry no
+	// events.
+	Events          []Event `json:"events,omitempty"`
+	EventsTruncated bool    `json:"eventsTruncated,omitempty"`
 	// Paused is true while the instance is paused (dagrun pause): its
 	// steps are not claimed; absent otherwise.
 	Paused bool `json:"paused,omitempty"`
@@ -277,8 +282,9 @@ func NewInstance(inst *storage.Instance) Instance {
 		}
 	}
 	for _, ev := range inst.Events {
-		out.Events = append(out.Events, Event{At: Time(ev.At), Type: string(ev.Type), Step: ev.Step, Attempt: ev.Attempt, Message: ev.Message, Actor: ev.Actor})
+		out.Events = append(out.Events, NewEvent(ev))
 	}
+	out.EventsTruncated = inst.EventsTruncated
 	return out
 }
 

@@ -36,7 +36,9 @@
 //	     limit 1..500 (default 50); pass next as before for the next page.
 //	     List items carry steps but no events.
 //	GET  /api/instances/{id}
-//	     the instance with "events", plus "graph": its steps laid out.
+//	     the instance with "events", the latest 100 of its history (and
+//	     "eventsTruncated": true when older ones exist), plus "graph": its
+//	     steps laid out.
 //	     A waiting step carries "signal" and "deadline" (null: no timeout);
 //	     a pending step "runAfter", when it may run. A forEach step carries "items": {"total", "pending", "running",
 //	     "completed", "failed", "cancelled"}, counts only, and "output":
@@ -54,6 +56,12 @@
 //	     order, limit 1..1000 (default 100); total counts the items in
 //	     status S (all when no status). A step without items answers an
 //	     empty page; 404 for an unknown instance or step.
+//	GET  /api/instances/{id}/events?after=ID&limit=N
+//	     {"events": [{"id", "at", "type", ...}], "next": ID}: a page of the
+//	     history in ID order, the events after the event ID after (default
+//	     0: from the first), limit 1..1000 (default 100); next, present
+//	     when more follow, is the after of the next page. 404 for an
+//	     unknown instance.
 //	POST /api/instances/{id}/cancel   200 with the instance; 409 if finished
 //	POST /api/instances/{id}/retry    200 with the instance; 409 unless failed
 //	                                  or cancelled

@@ -22,26 +22,8 @@ type logPage struct {
 }
 
 func (s *Server) listLogs(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	var (
-		after int64
-		limit = view.DefaultLogLimit
-		err   error
-	)
-	if raw := q.Get("after"); raw != "" {
-		if after, err = strconv.ParseInt(raw, 10, 64); err != nil {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid after %q: want a whole number, the next of the previous page", raw))
-			return
-		}
-	}
-	if raw := q.Get("limit"); raw != "" {
-		if limit, err = strconv.Atoi(raw); err != nil {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid limit %q: want a whole number", raw))
-			return
-		}
-	}
-	if err := view.CheckLogPaging(after, limit, ""); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+	after, limit, ok := pageParams(w, r, "the next of the previous page", view.DefaultLogLimit, view.CheckLogPaging)
+	if !ok {
 		return
 	}
 	id := r.PathValue("id")
@@ -60,4 +42,31 @@ func (s *Server) listLogs(w http.ResponseWriter, r *http.Request) {
 		page.Next = records[len(records)-1].Seq
 	}
 	writeJSON(w, http.StatusOK, page)
+}
+
+// pageParams reads the after and limit parameters of a paged route (after
+// defaults to 0, limit to defaultLimit), and answers 400 and returns false
+// when they are not whole numbers or check refuses them. afterIs says what
+// a caller passes as after.
+func pageParams(w http.ResponseWriter, r *http.Request, afterIs string, defaultLimit int, check func(after int64, limit int, prefix string) error) (after int64, limit int, ok bool) {
+	q := r.URL.Query()
+	limit = defaultLimit
+	var err error
+	if raw := q.Get("after"); raw != "" {
+		if after, err = strconv.ParseInt(raw, 10, 64); err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid after %q: want a whole number, %s", raw, afterIs))
+			return 0, 0, false
+		}
+	}
+	if raw := q.Get("limit"); raw != "" {
+		if limit, err = strconv.Atoi(raw); err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid limit %q: want a whole number", raw))
+			return 0, 0, false
+		}
+	}
+	if err := check(after, limit, ""); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return 0, 0, false
+	}
+	return after, limit, true
 }

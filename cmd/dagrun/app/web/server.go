@@ -145,6 +145,7 @@ func (s *Server) routes() {
 	api("GET /api/instances", s.listInstances)
 	api("GET /api/instances/{id}", s.getInstance)
 	api("GET /api/instances/{id}/steps/{step}/items", s.listItems)
+	api("GET /api/instances/{id}/events", s.listEvents)
 	api("GET /api/instances/{id}/logs", s.listLogs)
 	api("GET /api/instances/{id}/steps/{step}/logs", s.listLogs)
 	api("POST /api/instances/{id}/cancel", s.cancelInstance)

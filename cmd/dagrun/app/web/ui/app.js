@@ -968,6 +968,93 @@
     return { step: step.name, node };
   }
 
+  // ---- Instance history ----
+
+  const EVENTS_PAGE = 100;
+  // TAIL_PAGES bounds the pages one refresh of a live tail reads; past
+  // them "Load more" reads on.
+  const TAIL_PAGES = 5;
+  // TAIL_LAG is how many refreshes back a live tail starts reading again.
+  // On PostgreSQL an event takes its ID before its transaction commits, so
+  // it can become visible after events with greater IDs: asking again from
+  // the last ID known a few refreshes ago (and skipping the IDs already
+  // read) picks up such a late event.
+  const TAIL_LAG = 3;
+
+  // historyView is an instance's history, read a page at a time, never
+  // whole: the first page when the page opens, the next one on "Load
+  // more", and once it has read up to the end, the new events at each
+  // change of the instance (a live tail). It keeps what it read by event
+  // ID, for the timeline and the step panel; render draws one event.
+  function historyView(instanceID, render) {
+    const byID = new Map();
+    let events = [];     // what was read, in ID order
+    let after = 0;       // the greatest ID read page after page
+    let more = true;     // events follow `after`; true until the first page came
+    let marks = [];      // `after` at the last TAIL_LAG tail reads
+    let seq = 0;
+    let version = 0;     // grows whenever events change
+    const list = el("ol", { class: "timeline", id: "timeline" });
+    const rows = section(list);
+    const moreButton = el("button", { type: "button", id: "events-more", hidden: true, title: "Read the next " + EVENTS_PAGE + " events" }, "Load more");
+    const count = el("span", { class: "muted small", id: "events-count" });
+    const node = el("div", { id: "history" }, list, el("div", { class: "actions history-bar" }, count, moreButton));
+    moreButton.addEventListener("click", () => {
+      readFrom(after, 1).then(draw).catch(showError);
+    });
+
+    // readFrom reads up to pages pages of events after the ID from.
+    async function readFrom(from, pages) {
+      const mine = ++seq;
+      for (let i = 0; i < pages; i++) {
+        const page = await api("GET", "instances/" + encodeURIComponent(instanceID) + "/events?limit=" + EVENTS_PAGE + "&after=" + from);
+        if (mine !== seq) return;
+        let added = false;
+        for (const e of page.events) {
+          if (byID.has(e.id)) continue;
+          byID.set(e.id, e);
+          added = true;
+        }
+        if (added) {
+          events = [...byID.values()].sort((a, b) => a.id - b.id);
+          version++;
+        }
+        if (page.events.length) {
+          from = page.events[page.events.length - 1].id;
+          after = Math.max(after, from);
+        }
+        more = page.next !== undefined;
+        if (!more) return;
+      }
+    }
+
+    function draw() {
+      rows(String(version), () => events.length ? events.map((e) => render(e, true)) : el("li", { class: "muted" }, "No events yet."));
+      moreButton.hidden = !more;
+      count.textContent = events.length + (events.length === 1 ? " event" : " events") + (more ? " read so far" : "");
+    }
+
+    // refresh reads the first page, or, once the end was reached, the new
+    // events: called when the instance changed.
+    async function refresh() {
+      if (version === 0 && after === 0) {
+        await readFrom(0, 1);
+      } else if (!more) {
+        marks.push(after);
+        if (marks.length > TAIL_LAG) marks = marks.slice(-TAIL_LAG);
+        await readFrom(marks[0], TAIL_PAGES);
+      }
+      draw();
+    }
+    return {
+      node, refresh,
+      // of returns the events read so far of one step, and whether more
+      // of the history is unread.
+      of: (step) => ({ events: events.filter((e) => e.step === step), partial: more }),
+      version: () => version,
+    };
+  }
+
   // ---- Instance page ----
 
   // The page is made of sections that each redraw only when their own
@@ -982,17 +1069,17 @@
     const ioNode = el("div");
     const legendNode = el("div");
     const side = el("div", { class: "card side", id: "details" });
-    const timeline = el("ol", { class: "timeline", id: "timeline" });
+    const history = historyView(id, eventItem);
     const graph = graphView(select);
     const head = section(headNode), meta = section(metaNode), io = section(ioNode);
-    const legendSection = section(legendNode), sideSection = section(side), timelineSection = section(timeline);
+    const legendSection = section(legendNode), sideSection = section(side);
     append(main, [
       headNode,
       el("div", { class: "card" }, metaNode, ioNode),
       el("div", { class: "layout" },
         el("div", {},
           el("div", { class: "card" }, el("div", { class: "card-head" }, el("h2", {}, "Graph"), graph.tools), graph.wrap, legendNode),
-          el("div", { class: "card" }, el("h2", {}, "History"), timeline)),
+          el("div", { class: "card" }, el("h2", {}, "History"), history.node)),
         side),
     ]);
 
@@ -1100,7 +1187,7 @@
     }
 
     function render() {
-      const { steps, events, graph: _, ...instance } = inst;
+      const { steps, events: _events, eventsTruncated: _truncated, graph: _, ...instance } = inst;
       const counts = countSteps(steps);
       stepsByName = new Map(steps.map((st) => [st.name, st]));
       head(JSON.stringify([inst.status, inst.workflow, inst.paused]), renderHead);
@@ -1109,9 +1196,8 @@
       graph.set(inst.graph, stepInfo, selected);
       legendSection(JSON.stringify(counts), () => legend(counts));
       const s = selected && steps.find((x) => x.name === selected);
-      sideSection(s ? JSON.stringify([s, inst.status, (events || []).filter((e) => e.step === s.name)])
+      sideSection(s ? JSON.stringify([s, inst.status, history.version()])
         : JSON.stringify(steps.map((st) => [st.name, st.status, st.startedAt, st.finishedAt])), renderSide);
-      timelineSection(JSON.stringify([inst.createdAt, events]), renderTimeline);
     }
 
     function renderHead() {
@@ -1219,7 +1305,7 @@
           }))),
         ];
       }
-      const events = (inst.events || []).filter((e) => e.step === s.name);
+      const { events, partial } = history.of(s.name);
       return [
         el("div", { class: "page-head" }, el("h2", { id: "step-name" }, s.name), badge(s.status),
           el("span", { class: "spacer" }), el("button", { type: "button", onclick: () => select(null) }, "Close")),
@@ -1251,7 +1337,8 @@
           ? el("p", { class: "muted", id: "step-output" }, "The list of the items' outputs, in index order. Click an item for its input and output.")
           : el("pre", { class: "json mono", id: "step-output", "data-keep": "step-output" }, pretty(s.output))],
         s.signal ? null : [el("h3", {}, "Logs"), logsFor(s).node],
-        events.length ? [el("h3", {}, "Attempts and events"), el("ol", { class: "timeline", "data-keep": "step-events" }, events.map((e) => eventItem(e, false)))] : null,
+        events.length ? [el("h3", {}, "Attempts and events"), el("ol", { class: "timeline", "data-keep": "step-events" }, events.map((e) => eventItem(e, false))),
+          partial ? el("p", { class: "muted small", id: "step-events-partial" }, "Among the events read so far: load more in History.") : null] : null,
       ];
     }
 
@@ -1268,12 +1355,6 @@
         e.actor ? el("span", { class: "actor muted" }, " by " + e.actor) : null);
     }
 
-    function renderTimeline() {
-      const events = inst.events || [];
-      if (!events.length) return el("li", { class: "muted" }, "No events yet.");
-      return events.map((e) => eventItem(e, true));
-    }
-
     async function refresh(gen) {
       const data = await api("GET", "instances/" + encodeURIComponent(id));
       if (gen !== generation) return;
@@ -1284,6 +1365,10 @@
       lastJSON = text;
       inst = data;
       document.title = inst.workflow + " " + shortID(inst.id) + " · " + inst.status + " · dagrun";
+      // The instance object's events change with every new event: the
+      // history reads what is new only then.
+      await history.refresh();
+      if (gen !== generation) return;
       render();
       // The shown page of items changes only when the counts do.
       if (items && items.step === selected) await items.refresh();
