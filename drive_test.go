@@ -109,11 +109,19 @@ steps:
 		id := b.start(t, "bounded", `{}`)
 		res, err := b.engine.Drive(t.Context(), &dagrun.DriveOptions{InstanceID: id})
 		require.NoError(t, err)
-		require.False(t, res.NextWake.IsZero(), "the deadline is a wake")
+		// A loaded machine may reach the first Drive after the deadline;
+		// before it, the deadline is what Drive says to wake for.
+		if res.Expired == 0 {
+			require.False(t, res.NextWake.IsZero(), "the deadline is a wake")
+		}
+		expired := res.Expired
 		require.Eventually(t, func() bool {
 			res, err := b.engine.Drive(t.Context(), &dagrun.DriveOptions{InstanceID: id})
-			return err == nil && res.Expired == 1
+			require.NoError(t, err)
+			expired += res.Expired
+			return expired > 0
 		}, 10*time.Second, 10*time.Millisecond)
+		require.Equal(t, 1, expired)
 		inst, err := b.engine.Get(t.Context(), id)
 		require.NoError(t, err)
 		require.Equal(t, storage.InstanceFailed, inst.Status)
