@@ -24,11 +24,14 @@ type subscriber struct {
 // listener connection, which LISTENs on the store's channel: every commit,
 // in any process, that makes steps ready sends one NOTIFY there. Commits of
 // this store also signal its subscribers directly, without the round trip.
+// Behind PgBouncer (Config.PgBouncer) there is no listener: a LISTEN holds
+// a session, which transaction pooling does not keep, so subscribers hear
+// only of this store's own commits and poll for the others.
 func (s *Store) Subscribe() (<-chan struct{}, func()) {
 	sub := &subscriber{ch: make(chan struct{}, 1)}
 	s.subsMu.Lock()
 	s.subs[sub] = struct{}{}
-	if s.listener == nil && !s.closed {
+	if s.listener == nil && !s.closed && !s.cfg.PgBouncer {
 		s.listener = s.startListener()
 	}
 	s.subsMu.Unlock()
