@@ -21,14 +21,15 @@ import (
 	"github.com/dagrun/dagrun/storage/storagetest"
 )
 
-// sessionSettings reads the settings dagrun sets for its statements, as
-// q sees them.
+// sessionSettings reads the settings dagrun sets for its statements
+// (statement_timeout, enable_seqscan, jit), as q sees them.
 func sessionSettings(t *testing.T, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
-}) (statementTimeout, enableSeqscan string) {
+}) []string {
 	t.Helper()
-	require.NoError(t, q.QueryRow(t.Context(), "SELECT current_setting('statement_timeout'), current_setting('enable_seqscan')").Scan(&statementTimeout, &enableSeqscan))
-	return statementTimeout, enableSeqscan
+	var timeout, seqscan, jit string
+	require.NoError(t, q.QueryRow(t.Context(), "SELECT current_setting('statement_timeout'), current_setting('enable_seqscan'), current_setting('jit')").Scan(&timeout, &seqscan, &jit))
+	return []string{timeout, seqscan, jit}
 }
 
 // TestPgBouncerURL: pgbouncer=true leaves dagrun's settings out of the
@@ -46,13 +47,11 @@ func TestPgBouncerURL(t *testing.T) {
 	plain, err := pgx.Connect(t.Context(), testURL(t))
 	require.NoError(t, err)
 	defer plain.Close(context.WithoutCancel(t.Context()))
-	serverTimeout, serverSeqscan := sessionSettings(t, plain)
+	server := sessionSettings(t, plain)
 
 	s := open(t, PgBouncerParam, "true", "statement_timeout", "5000")
 	require.True(t, s.cfg.PgBouncer)
-	timeout, seqscan := sessionSettings(t, s.Pool())
-	require.Equal(t, []string{serverTimeout, serverSeqscan}, []string{timeout, seqscan},
-		"the session holds the server's defaults: nothing was sent at startup")
+	require.Equal(t, server, sessionSettings(t, s.Pool()), "the session holds the server's defaults: nothing was sent at startup")
 	require.Equal(t, pgx.QueryExecModeCacheDescribe, s.Pool().Config().ConnConfig.DefaultQueryExecMode)
 	transactions := map[string]func(context.Context, func(pgx.Tx) error) error{
 		"write": func(ctx context.Context, fn func(pgx.Tx) error) error {
@@ -62,8 +61,7 @@ func TestPgBouncerURL(t *testing.T) {
 	}
 	for name, inTx := range transactions {
 		require.NoError(t, inTx(t.Context(), func(tx pgx.Tx) error {
-			timeout, seqscan := sessionSettings(t, tx)
-			require.Equal(t, []string{"5s", "off"}, []string{timeout, seqscan}, "in a %s transaction", name)
+			require.Equal(t, []string{"5s", "off", "off"}, sessionSettings(t, tx), "in a %s transaction", name)
 			return nil
 		}))
 	}
@@ -79,8 +77,7 @@ func TestPgBouncerURL(t *testing.T) {
 	t.Run("false", func(t *testing.T) {
 		s := open(t, PgBouncerParam, "false")
 		require.False(t, s.cfg.PgBouncer)
-		timeout, seqscan := sessionSettings(t, s.Pool())
-		require.Equal(t, []string{"30s", "off"}, []string{timeout, seqscan})
+		require.Equal(t, []string{"30s", "off", "off"}, sessionSettings(t, s.Pool()))
 	})
 	t.Run("invalid", func(t *testing.T) {
 		_, err := Open(t.Context(), withQuery(t, testURL(t), SchemaParam, schema, PgBouncerParam, "maybe"), &Config{MaxConns: 1})

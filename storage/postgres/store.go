@@ -135,9 +135,9 @@ type Config struct {
 	// and nothing set on a session lasts. The store then keeps no LISTEN
 	// connection (a worker finds the steps other processes make ready at
 	// its poll instead), and Open sends no runtime parameter of its own
-	// at connection startup (PgBouncer refuses them): statement_timeout
-	// and enable_seqscan go with each of the store's transactions as SET
-	// LOCAL instead, and queries use pgx's QueryExecModeCacheDescribe,
+	// at connection startup (PgBouncer refuses them): statement_timeout,
+	// enable_seqscan and jit go with each of the store's transactions as
+	// SET LOCAL instead, and queries use pgx's QueryExecModeCacheDescribe,
 	// which prepares no named statement on the server. Default false, or
 	// the URL's pgbouncer=true. With New, only the listener is left out:
 	// the caller's pool must already use such a query mode.
@@ -277,13 +277,22 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 		// a query with no index path still runs, as a scan.
 		params["enable_seqscan"] = "off"
 	}
+	if _, ok := params["jit"]; !ok {
+		// The store's statements are short, and a JIT compile costs a
+		// third of a second or more. A disabled sequential scan costs
+		// 10^10 in the planner's sums, so a statement whose table has no
+		// index for it (the workers table, scanned for stale rows at every
+		// announce) passed jit_above_cost and was compiled each time it
+		// ran: measured, a worker's announce took 1 to 2 s of server CPU.
+		params["jit"] = "off"
+	}
 	var local map[string]string
 	if cfg.PgBouncer {
 		// PgBouncer refuses runtime parameters at startup, and a SET on a
 		// session would stay with whichever server connection ran it:
 		// these go with each transaction instead.
 		local = map[string]string{}
-		for _, name := range []string{"statement_timeout", "enable_seqscan"} {
+		for _, name := range []string{"statement_timeout", "enable_seqscan", "jit"} {
 			local[name] = params[name]
 			delete(params, name)
 		}
