@@ -188,6 +188,8 @@ type Store struct {
 	// them, since the store signals its subscribers itself after each
 	// commit (see inTx).
 	origin string
+	// notifier sends the notifications of the store's own commits.
+	notifier *notifier
 
 	subsMu sync.Mutex
 	subs   map[*subscriber]struct{}
@@ -347,6 +349,17 @@ func newStore(ctx context.Context, pool *pgxpool.Pool, owns bool, cfg *Config, l
 		_, _ = h.Write([]byte(cfg.Schema))
 		s.channel = fmt.Sprintf("%s.%x", ChannelPrefix, h.Sum64())
 	}
+	s.notifier = &notifier{
+		origin: s.origin,
+		send: func(ctx context.Context, payload string) error {
+			_, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", s.channel, payload)
+			return err
+		},
+		failed: func(err error) {
+			s.cfg.Logger.Warn("postgres: could not tell other processes of ready steps; their workers find them at their next poll",
+				"channel", s.channel, "error", firstLine(interpretError(err).Error()))
+		},
+	}
 	s.markers = strings.NewReplacer("{s}", s.prefix, "{now}", nowSQL, "{clock}", clockSQL)
 	if err := s.migrate(ctx); err != nil {
 		return nil, err
@@ -365,6 +378,7 @@ func (s *Store) Close() error {
 	if l != nil {
 		l.stop()
 	}
+	s.notifier.close()
 	if s.ownsPool {
 		s.pool.Close()
 	}
@@ -446,31 +460,22 @@ func (st *txState) ready(queue string) {
 	st.readyQueues[queue] = struct{}{}
 }
 
-// finish sends the tail and, when steps were made pending, one NOTIFY
-// whatever their number. The payload is "ORIGIN:QUEUES": the notifying
-// store's origin (empty for a caller's transaction, whose commit this
-// store's own subscribers must hear about too) and the queues of the steps.
+// finish sends the tail. In a caller's transaction, which the store does
+// not see commit, it also sends one NOTIFY on channel, whatever the number
+// of steps made pending; the store's own transactions pass no channel and
+// notify after their commit (see notifier).
 //
 // What the tail did may call for more in the same transaction: creating
 // the children of the workflow steps it started, settling the parent step
 // of a child it finished, cancelling the children of an instance it ended.
 // Those follow-ups queue a new tail, sent in turn, until none is left (a
 // NOTIFY is delivered at the commit wherever it was sent).
-func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel, origin string) error {
+func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel string) error {
 	notified := 0
 	for {
-		if n := len(st.readyQueues); n > notified {
+		if n := len(st.readyQueues); n > notified && channel != "" {
 			notified = n
-			queues := make([]string, 0, len(st.readyQueues))
-			for q := range st.readyQueues {
-				queues = append(queues, q)
-			}
-			slices.Sort(queues)
-			list := strings.Join(queues, ",")
-			if len(list) > 7000 { // payloads must stay under 8000 bytes
-				list = ""
-			}
-			st.tail.Queue("SELECT pg_notify($1, $2)", channel, origin+":"+list)
+			st.tail.Queue("SELECT pg_notify($1, $2)", channel, payload("", st.readyQueues))
 		}
 		if st.tail.Len() > 0 {
 			if err := tx.SendBatch(ctx, &st.tail).Close(); err != nil {
@@ -525,9 +530,9 @@ func beginWith(opts pgx.TxOptions, local map[string]string) pgx.TxOptions {
 
 // inTx runs fn in a transaction of the store's own, retrying it when
 // PostgreSQL aborts it with a serialization failure or a deadlock; fn must
-// therefore be safe to run again. When it made steps pending, one NOTIFY
-// goes out with the commit for other processes, and this store's
-// subscribers are signalled directly after it (unless st.quiet).
+// therefore be safe to run again. When it made steps pending, other
+// processes get a NOTIFY once it committed (see notifier), and this
+// store's subscribers are signalled directly (unless st.quiet).
 func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx, st *txState) error) error {
 	return s.retry(ctx, func() error {
 		st := &txState{store: s}
@@ -535,10 +540,13 @@ func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx, st *txState) error)
 			if err := fn(tx, st); err != nil {
 				return err
 			}
-			return st.finish(ctx, tx, s.channel, s.origin)
+			return st.finish(ctx, tx, "")
 		})
-		if err == nil && len(st.readyQueues) > 0 && !st.quiet {
-			s.broadcast()
+		if err == nil && len(st.readyQueues) > 0 {
+			s.notifier.add(st.readyQueues)
+			if !st.quiet {
+				s.broadcast()
+			}
 		}
 		return err
 	})
@@ -579,7 +587,7 @@ func (s *Store) inCallerTx(ctx context.Context, caller any, fn func(tx pgx.Tx, s
 		if err := fn(tx, st); err != nil {
 			return err
 		}
-		return st.finish(ctx, tx, s.channel, "")
+		return st.finish(ctx, tx, s.channel)
 	})
 	if err != nil {
 		return interpretError(err)
