@@ -120,8 +120,9 @@ func (w *Worker) store(batch []finished, lastErr error) []storage.FinishResult {
 			if tries >= limit || !w.holdsAny(batch) || errors.Is(lastErr, storage.ErrDatabaseLost) {
 				break
 			}
-			w.logger.Error("dagrun: finish steps", slog.Any("error", lastErr), slog.Int("results", len(batch)), slog.Duration("retry_in", delay))
-			time.Sleep(delay)
+			wait := jitter(delay)
+			w.logger.Error("dagrun: finish steps", slog.Any("error", lastErr), slog.Int("results", len(batch)), slog.Duration("retry_in", wait))
+			time.Sleep(wait)
 			delay = min(2*delay, maxCommitRetry)
 		}
 		tries++

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"sync"
 	"time"
@@ -209,8 +210,9 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 					return err
 				}
 				errorDelay = min(max(2*errorDelay, 50*time.Millisecond), 5*time.Second)
-				w.logger.ErrorContext(ctx, "dagrun: claim steps", slog.Any("error", err), slog.Duration("retry_in", errorDelay))
-				sleepCtx(ctx, errorDelay)
+				wait := jitter(errorDelay)
+				w.logger.ErrorContext(ctx, "dagrun: claim steps", slog.Any("error", err), slog.Duration("retry_in", wait))
+				sleepCtx(ctx, wait)
 				continue
 			}
 			errorDelay = 0
@@ -450,6 +452,16 @@ func (w *Worker) releaseUnfinished() {
 		return
 	}
 	w.logger.Info("dagrun: released unfinished steps", slog.Int("steps", len(claims)))
+}
+
+// jitter returns a duration drawn between d/2 and d: workers that failed
+// together (a database that turned them all away) then do not all come
+// back together.
+func jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d-d/2)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {

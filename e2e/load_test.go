@@ -109,16 +109,21 @@ func TestLoad(t *testing.T) {
 	}
 }
 
+// echoNoop is the load workflows' YAML: echo the input's n, then a noop.
+func echoNoop(name string) string {
+	return "name: " + name + `
+steps:
+  - {name: a, handler: echo, input: {n: "${{ input.n }}"}}
+  - {name: b, handler: noop, dependsOn: [a]}
+`
+}
+
 func runLoad(t *testing.T, bin, db string, n int) {
 	const (
 		workers     = 4
 		concurrency = 10
 	)
-	e := newEnv(t, db, map[string]string{"load.yaml": `name: load
-steps:
-  - {name: a, handler: echo, input: {n: "${{ input.n }}"}}
-  - {name: b, handler: noop, dependsOn: [a]}
-`})
+	e := newEnv(t, db, map[string]string{"load.yaml": echoNoop("load")})
 	e.mustRun(t, "list") // creates the schema before the processes start
 
 	var procs []*process

@@ -29,13 +29,20 @@ import (
 // skips the test without DAGRUN_TEST_POSTGRES (fails under CI=true).
 func requirePostgres(t *testing.T) string {
 	t.Helper()
+	skipWithoutPostgres(t)
+	return newPostgresDB(t)
+}
+
+// skipWithoutPostgres skips the test without DAGRUN_TEST_POSTGRES (fails
+// it under CI=true).
+func skipWithoutPostgres(t *testing.T) {
+	t.Helper()
 	if os.Getenv("DAGRUN_TEST_POSTGRES") == "" {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("DAGRUN_TEST_POSTGRES is not set; Postgres e2e tests are required under CI=true")
 		}
 		t.Skip("DAGRUN_TEST_POSTGRES is not set")
 	}
-	return newPostgresDB(t)
 }
 
 // TestPGFaultConnectionsKilled runs 40 three-step chains on two workers
@@ -163,4 +170,107 @@ func TestPGFaultConnectionsKilled(t *testing.T) {
 	}
 	t.Logf("after the faults, the listener woke the idle worker: %d instances done in %s", len(wakeIDs), time.Since(wakeBegan).Round(time.Millisecond))
 	waker.stop(t)
+}
+
+// roleDB creates a login role limited to limit connections at once and a
+// fresh database it owns, both dropped after the test, and returns the
+// database's URL as the role and as the test's superuser.
+func roleDB(t *testing.T, limit int) (asRole, asAdmin, role string) {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, os.Getenv("DAGRUN_TEST_POSTGRES"))
+	require.NoError(t, err)
+	role = fmt.Sprintf("dagrun_e2e_role_%d", time.Now().UnixNano())
+	_, err = admin.Exec(ctx, fmt.Sprintf("CREATE ROLE %s LOGIN CONNECTION LIMIT %d", role, limit))
+	require.NoError(t, err)
+	// Registered before the database's cleanup, so it runs after it.
+	t.Cleanup(func() {
+		ctx := context.WithoutCancel(ctx)
+		_, _ = admin.Exec(ctx, "DROP ROLE IF EXISTS "+role)
+		_ = admin.Close(ctx)
+	})
+	asAdmin = newPostgresDB(t)
+	u, err := url.Parse(asAdmin)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, "ALTER DATABASE "+strings.TrimPrefix(u.Path, "/")+" OWNER TO "+role)
+	require.NoError(t, err)
+	u.User = url.User(role)
+	return u.String(), asAdmin, role
+}
+
+// TestPGFaultConnectionsRefused: a server with no connection slot left.
+// A worker that cannot get its first connection exits 3 with one line
+// that names the problem and the ways out. A running worker whose
+// connections are cut while the server refuses new ones stays up, retries
+// at a bounded, jittered pace instead of in a storm, and once it is let
+// back in runs the instances started meanwhile, each step once.
+//
+// The role's CONNECTION LIMIT stands in for max_connections: the same
+// SQLSTATE 53300, without filling a server other tests share.
+func TestPGFaultConnectionsRefused(t *testing.T) {
+	t.Parallel()
+	skipWithoutPostgres(t)
+	db, adminDB, role := roleDB(t, 2) // a worker's pool connection and its listener
+	e := newEnv(t, db, map[string]string{"refused.yaml": echoNoop("refused")})
+	operator := *e
+	operator.db = adminDB // a superuser, whom the role's limit does not bind
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, adminDB)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close(context.WithoutCancel(ctx)) })
+	setLimit := func(n int) {
+		t.Helper()
+		_, err := admin.Exec(ctx, fmt.Sprintf("ALTER ROLE %s CONNECTION LIMIT %d", role, n))
+		require.NoError(t, err)
+	}
+	connected := func() int {
+		var n int
+		require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE usename = $1", role).Scan(&n))
+		return n
+	}
+
+	e.mustRun(t, "list") // migrates, as the role
+	setLimit(0)
+	refused := e.run(t, "worker")
+	require.Equal(t, 3, refused.code, "stderr:\n%s", refused.stderr)
+	line := strings.TrimSpace(refused.stderr)
+	require.NotContains(t, line, "\n", "one line")
+	for _, want := range []string{"dagrun: storage unavailable: ", `too many connections for role "` + role + `"`, "run fewer workers", "pool_max_conns=N", "pgbouncer=true"} {
+		require.Contains(t, line, want)
+	}
+
+	setLimit(2)
+	worker := e.spawn(t, "worker", "--concurrency", "4")
+	waitFor(t, 30*time.Second, "the worker's pool connection and listener", func() bool { return connected() == 2 })
+
+	// Cut its connections while no new one is allowed, and start work
+	// meanwhile.
+	setLimit(0)
+	require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid)
+		FROM pg_stat_activity WHERE usename = $1) k`, role).Scan(new(int)))
+	before := strings.Count(worker.stderr.String(), "SQLSTATE 53300")
+	ids := operator.startDetachedMany(t, "refused", `{"n": 1}`, 5)
+	const outage = 4 * time.Second
+	time.Sleep(outage)
+	require.True(t, worker.running(), "the worker exited while refused (code %d):\n%s", worker.code, worker.stderr.String())
+	attempts := strings.Count(worker.stderr.String(), "SQLSTATE 53300") - before
+	t.Logf("%d refused connection attempts logged in %s", attempts, outage)
+	require.Positive(t, attempts, "the worker never tried to reconnect")
+	// Doubling from 50ms (claims) and 100ms (the listener) to 5s, each
+	// wait drawn from its upper half: about a dozen tries in all; a loop
+	// without backoff would make hundreds.
+	require.Less(t, attempts, 30, "the worker retried in a storm:\n%s", worker.stderr.String())
+
+	setLimit(2)
+	operator.waitAllFinished(t, 30*time.Second, len(ids))
+	for _, id := range ids {
+		inst := operator.status(t, id)
+		require.Equal(t, "completed", inst.Status)
+		for _, s := range inst.Steps {
+			require.Equal(t, 1, s.Attempts, "step %s of %s", s.Name, id)
+		}
+	}
+	require.Zero(t, duplicateCompletions(t, adminDB))
+	waitFor(t, 30*time.Second, "the listener to be back", func() bool { return connected() == 2 })
+	worker.stop(t)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -41,38 +42,38 @@ func (e *unavailableError) Error() string   { return e.msg }
 func (e *unavailableError) Unwrap() []error { return []error{storage.ErrUnavailable, e.err} }
 
 // unavailable reports whether err means the database cannot be used at all
-// (server down, DNS, authentication, unknown database), with a one-line
-// message naming the server and what to do. The message never includes the
-// password: it is built from the host, port, user and database only.
+// (server down, DNS, authentication, unknown database, no connection slot
+// left), with a one-line message naming the server and what to do. The
+// message never includes the password: it is built from the host, port,
+// user and database only.
 func unavailable(err error) (string, bool) {
-	var ce *pgconn.ConnectError
-	if !errors.As(err, &ce) {
-		// Errors of an established connection that died mid-way.
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) && (pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03") {
-			return fmt.Sprintf("%s: postgres is shutting down or not accepting connections (%s): retry later", storage.ErrUnavailable, pe.Message), true
-		}
-		return "", false
-	}
-	where := "postgres"
-	if ce.Config != nil {
-		where = fmt.Sprintf("postgres at %s (user %q, database %q)", net.JoinHostPort(ce.Config.Host, fmt.Sprint(ce.Config.Port)), ce.Config.User, ce.Config.Database)
-	}
 	var (
+		ce  *pgconn.ConnectError
 		pe  *pgconn.PgError
 		dns *net.DNSError
 		op  *net.OpError
 	)
+	where := "postgres"
+	if errors.As(err, &ce) && ce.Config != nil {
+		where = fmt.Sprintf("postgres at %s (user %q, database %q)", net.JoinHostPort(ce.Config.Host, fmt.Sprint(ce.Config.Port)), ce.Config.User, ce.Config.Database)
+	}
+	if errors.As(err, &pe) {
+		if hint, ok := connectHint(pe); ok {
+			return fmt.Sprintf("%s: %s: %s (SQLSTATE %s): %s", storage.ErrUnavailable, where, pe.Message, pe.Code, hint), true
+		}
+	}
+	if ce == nil {
+		// Errors of an established connection that died mid-way.
+		if pe != nil && (pe.Code == "57P01" || pe.Code == "57P02") {
+			return fmt.Sprintf("%s: %s is shutting down (%s): retry later", storage.ErrUnavailable, where, pe.Message), true
+		}
+		return "", false
+	}
 	switch {
-	case errors.As(err, &pe):
+	case pe != nil:
 		hint := "check the user, password and database in the database URL"
-		switch pe.Code {
-		case "3D000":
+		if pe.Code == "3D000" {
 			hint = "create the database or fix its name in the database URL"
-		case "53300":
-			hint = "the server has too many connections; lower MaxConns or raise max_connections"
-		case "57P03":
-			hint = "the server is starting up or shutting down; retry shortly"
 		}
 		return fmt.Sprintf("%s: %s: %s: %s", storage.ErrUnavailable, where, pe.Message, hint), true
 	case errors.As(err, &dns):
@@ -88,6 +89,29 @@ func unavailable(err error) (string, bool) {
 		}
 		return fmt.Sprintf("%s: %s: %s", storage.ErrUnavailable, where, cause), true
 	}
+}
+
+// connectHint says what to do when the server or PgBouncer turns a
+// connection away for want of room, because it accepts none now, or (for
+// PgBouncer) because of a startup parameter, and reports whether pe is one
+// of those refusals.
+func connectHint(pe *pgconn.PgError) (string, bool) {
+	switch {
+	case pe.Code == "53300": // too_many_connections: max_connections, or a role's or database's CONNECTION LIMIT
+		return "every connection the server allows is taken: run fewer workers, give each a smaller pool " +
+			"(pool_max_conns=N in the database URL; a worker needs 1, plus 1 for its listener), " +
+			"or connect through PgBouncer in transaction-pooling mode with pgbouncer=true in the URL", true
+	case pe.Code == "57P03": // cannot_connect_now: starting up, shutting down, in recovery
+		return "the server is not accepting connections now (starting up, shutting down or in recovery): retry once it is up", true
+	case pe.Code == "08P01" && strings.Contains(pe.Message, "max_client_conn"):
+		// PgBouncer's own limit on its clients.
+		return "PgBouncer has as many clients as its max_client_conn allows: raise max_client_conn in pgbouncer.ini, " +
+			"run fewer workers, or give each a smaller pool (pool_max_conns=N in the database URL)", true
+	case pe.Code == "08P01" && strings.HasPrefix(pe.Message, "unsupported startup parameter"):
+		return "add pgbouncer=true to the database URL, so that dagrun sends PgBouncer no setting of its own, " +
+			"and take any other such setting out of the URL (or list it in PgBouncer's ignore_startup_parameters)", true
+	}
+	return "", false
 }
 
 // isRetryable reports whether a transaction aborted by err can simply run

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"testing"
 	"time"
@@ -160,5 +161,30 @@ func TestPoolSizeFromURL(t *testing.T) {
 			defer s.Close()
 			require.Equal(t, c.want, s.Pool().Config().MaxConns)
 		})
+	}
+}
+
+// TestConnectRefused: a server with no connection slot left for the store
+// (here the role's CONNECTION LIMIT; max_connections gives the same
+// SQLSTATE 53300) makes Open fail with storage.ErrUnavailable and one line
+// that names the problem and the ways out.
+func TestConnectRefused(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	role := fmt.Sprintf("dagrun_refused_%d", time.Now().UnixNano())
+	_, err := sharedPool(t).Exec(ctx, "CREATE ROLE "+role+" LOGIN CONNECTION LIMIT 0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = sharedPool(t).Exec(context.WithoutCancel(ctx), "DROP ROLE IF EXISTS "+role) })
+	u, err := url.Parse(testURL(t))
+	require.NoError(t, err)
+	u.User = url.User(role)
+
+	_, err = Open(ctx, u.String(), &Config{MaxConns: 1})
+	require.ErrorIs(t, err, storage.ErrUnavailable)
+	msg := err.Error()
+	t.Log(msg)
+	require.NotContains(t, msg, "\n")
+	for _, want := range []string{`too many connections for role "` + role + `"`, "SQLSTATE 53300", "run fewer workers", "pool_max_conns=N", "pgbouncer=true"} {
+		require.Contains(t, msg, want)
 	}
 }

@@ -3,6 +3,7 @@ package postgres
 import (
 	"cmp"
 	"context"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,11 +24,14 @@ type subscriber struct {
 // listener connection, which LISTENs on the store's channel: every commit,
 // in any process, that makes steps ready sends one NOTIFY there. Commits of
 // this store also signal its subscribers directly, without the round trip.
+// Behind PgBouncer (Config.PgBouncer) there is no listener: a LISTEN holds
+// a session, which transaction pooling does not keep, so subscribers hear
+// only of this store's own commits and poll for the others.
 func (s *Store) Subscribe() (<-chan struct{}, func()) {
 	sub := &subscriber{ch: make(chan struct{}, 1)}
 	s.subsMu.Lock()
 	s.subs[sub] = struct{}{}
-	if s.listener == nil && !s.closed {
+	if s.listener == nil && !s.closed && !s.cfg.PgBouncer {
 		s.listener = s.startListener()
 	}
 	s.subsMu.Unlock()
@@ -81,10 +85,13 @@ func (l *listener) stop() {
 // listen keeps one connection LISTENing until ctx ends, with pgxlisten.
 // The connection is its own, not the pool's: it stays busy for the store's
 // life and must not take a slot from transactions. When it dies, listen
-// reconnects with exponential backoff, and then signals every subscriber
-// once, since notifications sent while it was down are lost. The backoff
-// grows only while attempts keep failing to LISTEN: a connection that got
-// that far resets it, so each outage starts again from ListenerRetryMin.
+// reconnects with a jittered exponential backoff, and then signals every
+// subscriber once, since notifications sent while it was down are lost.
+// The backoff grows only while attempts keep failing to LISTEN: a
+// connection that got that far resets it, so each outage starts again
+// from ListenerRetryMin. A server that turns connections away (too many
+// clients) thus sees each listener try again at most every
+// ListenerRetryMax, at scattered times, while its worker polls.
 func (s *Store) listen(ctx context.Context, l *listener) {
 	r := &relay{store: s, listener: l, backoff: s.cfg.ListenerRetryMin}
 	pl := &pgxlisten.Listener{
@@ -114,7 +121,7 @@ func (r *relay) connect(ctx context.Context) (*pgx.Conn, error) {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-time.After(r.backoff):
+		case <-time.After(jitter(r.backoff)):
 		}
 		r.backoff = min(r.backoff*2, r.store.cfg.ListenerRetryMax)
 	}
@@ -134,6 +141,15 @@ func (r *relay) logError(ctx context.Context, err error) {
 	}
 	r.store.cfg.Logger.Warn("postgres: listener connection lost; reconnecting",
 		"channel", r.store.channel, "retry_in", r.backoff, "error", firstLine(interpretError(err).Error()))
+}
+
+// jitter returns a duration drawn between d/2 and d, so that processes
+// that failed together do not retry together.
+func jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d-d/2)
 }
 
 // HandleBacklog runs once LISTEN succeeded. It resets the backoff and,

@@ -29,6 +29,9 @@ func (s *Store) migrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if s.migrated(ctx, ms) {
+		return nil
+	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		// A migration may legitimately run long (an index on a big
 		// table): Config.StatementTimeout is for the store's own
@@ -91,6 +94,22 @@ func (s *Store) migrate(ctx context.Context) error {
 		return fmt.Errorf("postgres: migrating schema: %w", interpretError(err))
 	}
 	return nil
+}
+
+// migrated reports whether the schema already has every migration in ms,
+// as it has when a process starts beside others of the same version: a
+// fleet of workers started at once then does not queue, one at a time,
+// for the migration lock (20 workers waited 16 s for it in all). Any
+// doubt, an error included (no schema yet), says no: the locked path
+// decides.
+func (s *Store) migrated(ctx context.Context, ms []migrate.Migration) bool {
+	versions := make([]int32, len(ms))
+	for i, m := range ms {
+		versions[i] = int32(m.Version)
+	}
+	var n int
+	err := s.pool.QueryRow(ctx, s.q("SELECT count(*) FROM {s}schema_migrations WHERE version = ANY($1)"), versions).Scan(&n)
+	return err == nil && n == len(ms)
 }
 
 // legacyTables are the tables dagrun made before it had a schema of its

@@ -123,13 +123,7 @@ func TestConformance(t *testing.T) {
 		NewStore: func(t *testing.T, now func() time.Time) storage.Store {
 			return openTestStore(t, &Config{Now: now})
 		},
-		BeginTx: func(t *testing.T, s storage.Store) (any, func() error, func() error) {
-			ctx := context.WithoutCancel(t.Context())
-			tx, err := s.(*Store).Pool().Begin(ctx)
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = tx.Rollback(ctx) })
-			return tx, func() error { return tx.Commit(ctx) }, func() error { return tx.Rollback(ctx) }
-		},
+		BeginTx: beginCallerTx,
 		AppendEventTx: func(t *testing.T, st storage.Store, id string, typ storage.EventType) func() error {
 			s := st.(*Store)
 			ctx := context.WithoutCancel(t.Context())
@@ -141,4 +135,14 @@ func TestConformance(t *testing.T) {
 			return func() error { return tx.Commit(ctx) }
 		},
 	})
+}
+
+// beginCallerTx is the suite's BeginTx: a transaction of the caller's own
+// on the store's pool.
+func beginCallerTx(t *testing.T, s storage.Store) (tx any, commit, rollback func() error) {
+	ctx := context.WithoutCancel(t.Context())
+	ptx, err := s.(*Store).Pool().Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ptx.Rollback(ctx) })
+	return ptx, func() error { return ptx.Commit(ctx) }, func() error { return ptx.Rollback(ctx) }
 }

@@ -16,7 +16,7 @@ import (
 // several queries of one answer (an instance, its steps, its events) see
 // one snapshot.
 func (s *Store) read(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, fn)
+	err := pgx.BeginTxFunc(ctx, s.pool, s.readTx, fn)
 	return interpretError(err)
 }
 

@@ -36,13 +36,16 @@ func newDatabase(t *testing.T) string {
 	return u.String()
 }
 
-// withQuery returns rawURL with one more query parameter.
-func withQuery(t *testing.T, rawURL, key, value string) string {
+// withQuery returns rawURL with the query parameters keyValues (name,
+// value, name, value...) set.
+func withQuery(t testing.TB, rawURL string, keyValues ...string) string {
 	t.Helper()
 	u, err := url.Parse(rawURL)
 	require.NoError(t, err)
 	q := u.Query()
-	q.Set(key, value)
+	for i := 0; i+1 < len(keyValues); i += 2 {
+		q.Set(keyValues[i], keyValues[i+1])
+	}
 	u.RawQuery = q.Encode()
 	return u.String()
 }

@@ -36,6 +36,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -74,6 +75,11 @@ const (
 	// the schema. Open removes it before connecting: the server never
 	// sees it.
 	SchemaParam = "dagrun_schema"
+	// PgBouncerParam is the URL query parameter (or DSN keyword) that
+	// says the URL leads to PgBouncer in transaction-pooling mode
+	// (pgbouncer=true): see Config.PgBouncer. Open removes it before
+	// connecting.
+	PgBouncerParam = "pgbouncer"
 )
 
 // Config configures a Store. The zero value (or a nil *Config) is valid.
@@ -116,9 +122,26 @@ type Config struct {
 	Logger *slog.Logger
 
 	// ListenerRetryMin and ListenerRetryMax bound the exponential backoff
-	// between reconnects of the LISTEN connection. Defaults 100ms and 5s.
+	// between reconnects of the LISTEN connection; each wait is drawn
+	// between half the current backoff and all of it, so that listeners
+	// turned away together do not all come back together. Defaults 100ms
+	// and 5s.
 	ListenerRetryMin time.Duration
 	ListenerRetryMax time.Duration
+
+	// PgBouncer says the pool's connections go through PgBouncer (or
+	// another pooler) in transaction-pooling mode, where consecutive
+	// transactions of one client may run on different server connections
+	// and nothing set on a session lasts. The store then keeps no LISTEN
+	// connection (a worker finds the steps other processes make ready at
+	// its poll instead), and Open sends no runtime parameter of its own
+	// at connection startup (PgBouncer refuses them): statement_timeout,
+	// enable_seqscan and jit go with each of the store's transactions as
+	// SET LOCAL instead, and queries use pgx's QueryExecModeCacheDescribe,
+	// which prepares no named statement on the server. Default false, or
+	// the URL's pgbouncer=true. With New, only the listener is left out:
+	// the caller's pool must already use such a query mode.
+	PgBouncer bool
 }
 
 func (c *Config) withDefaults() *Config {
@@ -134,6 +157,7 @@ func (c *Config) withDefaults() *Config {
 		Logger:           cmp.Or(c.Logger, slog.Default()),
 		ListenerRetryMin: cmp.Or(c.ListenerRetryMin, min(100*time.Millisecond, cmp.Or(c.ListenerRetryMax, time.Hour))),
 		ListenerRetryMax: cmp.Or(c.ListenerRetryMax, max(5*time.Second, c.ListenerRetryMin)),
+		PgBouncer:        c.PgBouncer,
 	}
 }
 
@@ -164,12 +188,19 @@ type Store struct {
 	// them, since the store signals its subscribers itself after each
 	// commit (see inTx).
 	origin string
+	// notifier sends the notifications of the store's own commits.
+	notifier *notifier
 
 	subsMu sync.Mutex
 	subs   map[*subscriber]struct{}
 	// listener is started by the first Subscribe and stopped by Close.
 	listener *listener
 	closed   bool
+
+	// writeTx and readTx begin the store's own transactions: READ
+	// COMMITTED for writes, REPEATABLE READ read-only for reads, each with
+	// the SET LOCALs of the settings a pooler would not keep on a session.
+	writeTx, readTx pgx.TxOptions
 }
 
 // New returns a Store on a ready pool, migrating the schema first. Close does
@@ -178,7 +209,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("postgres: New needs a non-nil pool")
 	}
-	return newStore(ctx, pool, false, cfg)
+	return newStore(ctx, pool, false, cfg, nil)
 }
 
 // Open builds a pool from a postgres:// URL (or key=value DSN), sized by
@@ -199,18 +230,26 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 		return nil, fmt.Errorf("postgres: invalid database URL: %v", firstLine(err.Error()))
 	}
 	// pgconn keeps settings it does not know as runtime parameters to send
-	// to the server, which would refuse this one.
-	urlSchema := pcfg.ConnConfig.RuntimeParams[SchemaParam]
-	delete(pcfg.ConnConfig.RuntimeParams, SchemaParam)
-	if !explicitSchema && urlSchema != "" {
-		c := Config{}
-		if cfg != nil {
-			c = *cfg
-		}
-		c.Schema = urlSchema
-		cfg = &c
+	// to the server, which would refuse dagrun's own.
+	params := pcfg.ConnConfig.RuntimeParams
+	urlSchema := params[SchemaParam]
+	delete(params, SchemaParam)
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
 	}
-	cfg = cfg.withDefaults()
+	if v, ok := params[PgBouncerParam]; ok {
+		delete(params, PgBouncerParam)
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("postgres: invalid database URL: %s=%q: use %s=true or %s=false", PgBouncerParam, v, PgBouncerParam, PgBouncerParam)
+		}
+		c.PgBouncer = c.PgBouncer || on
+	}
+	if !explicitSchema && urlSchema != "" {
+		c.Schema = urlSchema
+	}
+	cfg = c.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -219,18 +258,18 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 	if explicitMaxConns || !strings.Contains(url, "pool_max_conns") {
 		pcfg.MaxConns = cfg.MaxConns
 	}
-	if _, ok := pcfg.ConnConfig.RuntimeParams["application_name"]; !ok {
-		pcfg.ConnConfig.RuntimeParams["application_name"] = cfg.ApplicationName
+	if _, ok := params["application_name"]; !ok {
+		params["application_name"] = cfg.ApplicationName
 	}
-	if _, ok := pcfg.ConnConfig.RuntimeParams["statement_timeout"]; explicitTimeout || !ok {
+	if _, ok := params["statement_timeout"]; explicitTimeout || !ok {
 		// In milliseconds, PostgreSQL's unit for a bare number; 0 disables.
 		ms := max(cfg.StatementTimeout.Milliseconds(), 0)
 		if cfg.StatementTimeout > 0 {
 			ms = max(ms, 1) // a sub-millisecond timeout must not disable it
 		}
-		pcfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(ms, 10)
+		params["statement_timeout"] = strconv.FormatInt(ms, 10)
 	}
-	if _, ok := pcfg.ConnConfig.RuntimeParams["enable_seqscan"]; !ok {
+	if _, ok := params["enable_seqscan"]; !ok {
 		// Every statement of the store reaches its rows through an index.
 		// A young database has no statistics yet (or statistics from when
 		// it was empty), and the planner then believed steps held one row
@@ -238,7 +277,38 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 		// made a burst of N starts cost O(N²) until autovacuum's first
 		// ANALYZE. Discouraging sequential scans keeps the index paths;
 		// a query with no index path still runs, as a scan.
-		pcfg.ConnConfig.RuntimeParams["enable_seqscan"] = "off"
+		params["enable_seqscan"] = "off"
+	}
+	if _, ok := params["jit"]; !ok {
+		// The store's statements are short, and a JIT compile costs a
+		// third of a second or more. A disabled sequential scan costs
+		// 10^10 in the planner's sums, so a statement whose table has no
+		// index for it (the workers table, scanned for stale rows at every
+		// announce) passed jit_above_cost and was compiled each time it
+		// ran: measured, a worker's announce took 1 to 2 s of server CPU.
+		params["jit"] = "off"
+	}
+	var local map[string]string
+	if cfg.PgBouncer {
+		// PgBouncer refuses runtime parameters at startup, and a SET on a
+		// session would stay with whichever server connection ran it:
+		// these go with each transaction instead.
+		local = map[string]string{}
+		for _, name := range []string{"statement_timeout", "enable_seqscan", "jit"} {
+			local[name] = params[name]
+			delete(params, name)
+		}
+		if !strings.Contains(url, "default_query_exec_mode") {
+			// Named prepared statements live on one server connection,
+			// which the next transaction may not get. This mode prepares
+			// none: it describes a statement once (on whichever
+			// connection) and sends every execution with a Parse of its
+			// own, encoded as without PgBouncer, in the types the server
+			// described. pgx's exec mode (default_query_exec_mode=exec in
+			// the URL) works too, but guesses each parameter's type from
+			// its Go type.
+			pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+		}
 	}
 	if _, ok := pcfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !ok {
 		// The store's statements are prepared once per connection and run
@@ -257,7 +327,7 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 		pool.Close()
 		return nil, interpretError(err)
 	}
-	s, err := newStore(ctx, pool, true, cfg)
+	s, err := newStore(ctx, pool, true, cfg, local)
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -265,7 +335,9 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 	return s, nil
 }
 
-func newStore(ctx context.Context, pool *pgxpool.Pool, owns bool, cfg *Config) (*Store, error) {
+// newStore builds the store; local holds the settings (name to value) its
+// transactions set for themselves with SET LOCAL.
+func newStore(ctx context.Context, pool *pgxpool.Pool, owns bool, cfg *Config, local map[string]string) (*Store, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -278,11 +350,24 @@ func newStore(ctx context.Context, pool *pgxpool.Pool, owns bool, cfg *Config) (
 		channel:  ChannelPrefix + "." + cfg.Schema,
 		origin:   newOrigin(),
 		subs:     make(map[*subscriber]struct{}),
+		writeTx:  beginWith(pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, local),
+		readTx:   beginWith(pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, local),
 	}
 	if len(s.channel) > 63 { // PostgreSQL's limit on channel names
 		h := fnv.New64a()
 		_, _ = h.Write([]byte(cfg.Schema))
 		s.channel = fmt.Sprintf("%s.%x", ChannelPrefix, h.Sum64())
+	}
+	s.notifier = &notifier{
+		origin: s.origin,
+		send: func(ctx context.Context, payload string) error {
+			_, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", s.channel, payload)
+			return err
+		},
+		failed: func(err error) {
+			s.cfg.Logger.Warn("postgres: could not tell other processes of ready steps; their workers find them at their next poll",
+				"channel", s.channel, "error", firstLine(interpretError(err).Error()))
+		},
 	}
 	s.markers = strings.NewReplacer("{s}", s.prefix, "{now}", nowSQL, "{clock}", clockSQL)
 	if err := s.migrate(ctx); err != nil {
@@ -302,6 +387,7 @@ func (s *Store) Close() error {
 	if l != nil {
 		l.stop()
 	}
+	s.notifier.close()
 	if s.ownsPool {
 		s.pool.Close()
 	}
@@ -383,31 +469,22 @@ func (st *txState) ready(queue string) {
 	st.readyQueues[queue] = struct{}{}
 }
 
-// finish sends the tail and, when steps were made pending, one NOTIFY
-// whatever their number. The payload is "ORIGIN:QUEUES": the notifying
-// store's origin (empty for a caller's transaction, whose commit this
-// store's own subscribers must hear about too) and the queues of the steps.
+// finish sends the tail. In a caller's transaction, which the store does
+// not see commit, it also sends one NOTIFY on channel, whatever the number
+// of steps made pending; the store's own transactions pass no channel and
+// notify after their commit (see notifier).
 //
 // What the tail did may call for more in the same transaction: creating
 // the children of the workflow steps it started, settling the parent step
 // of a child it finished, cancelling the children of an instance it ended.
 // Those follow-ups queue a new tail, sent in turn, until none is left (a
 // NOTIFY is delivered at the commit wherever it was sent).
-func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel, origin string) error {
+func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel string) error {
 	notified := 0
 	for {
-		if n := len(st.readyQueues); n > notified {
+		if n := len(st.readyQueues); n > notified && channel != "" {
 			notified = n
-			queues := make([]string, 0, len(st.readyQueues))
-			for q := range st.readyQueues {
-				queues = append(queues, q)
-			}
-			slices.Sort(queues)
-			list := strings.Join(queues, ",")
-			if len(list) > 7000 { // payloads must stay under 8000 bytes
-				list = ""
-			}
-			st.tail.Queue("SELECT pg_notify($1, $2)", channel, origin+":"+list)
+			st.tail.Queue("SELECT pg_notify($1, $2)", channel, payload("", st.readyQueues))
 		}
 		if st.tail.Len() > 0 {
 			if err := tx.SendBatch(ctx, &st.tail).Close(); err != nil {
@@ -436,27 +513,49 @@ func newOrigin() string {
 // failures and deadlocks before the error is returned.
 const maxTxAttempts = 5
 
-// txOptions: the locking protocol (lock the instance, then read what
-// sibling transactions committed meanwhile) relies on READ COMMITTED, so it
-// is asked for explicitly whatever the server's default.
-var txOptions = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+// beginWith returns opts, whose BEGIN also sets local's settings for the
+// transaction, in the same round trip, when there are any. The store's
+// writes ask for READ COMMITTED explicitly, whatever the server's default:
+// the locking protocol (lock the instance, then read what sibling
+// transactions committed meanwhile) relies on it.
+func beginWith(opts pgx.TxOptions, local map[string]string) pgx.TxOptions {
+	if len(local) == 0 {
+		return opts
+	}
+	names := slices.Sorted(maps.Keys(local))
+	var sb strings.Builder
+	sb.WriteString("BEGIN ISOLATION LEVEL ")
+	sb.WriteString(strings.ToUpper(string(opts.IsoLevel)))
+	if opts.AccessMode != "" {
+		sb.WriteString(" " + strings.ToUpper(string(opts.AccessMode)))
+	}
+	for _, name := range names {
+		// A string literal is valid for every setting, numbers included.
+		fmt.Fprintf(&sb, "; SET LOCAL %s = '%s'", pgx.Identifier{name}.Sanitize(), strings.ReplaceAll(local[name], "'", "''"))
+	}
+	opts.BeginQuery = sb.String()
+	return opts
+}
 
 // inTx runs fn in a transaction of the store's own, retrying it when
 // PostgreSQL aborts it with a serialization failure or a deadlock; fn must
-// therefore be safe to run again. When it made steps pending, one NOTIFY
-// goes out with the commit for other processes, and this store's
-// subscribers are signalled directly after it (unless st.quiet).
+// therefore be safe to run again. When it made steps pending, other
+// processes get a NOTIFY once it committed (see notifier), and this
+// store's subscribers are signalled directly (unless st.quiet).
 func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx, st *txState) error) error {
 	return s.retry(ctx, func() error {
 		st := &txState{store: s}
-		err := pgx.BeginTxFunc(ctx, s.pool, txOptions, func(tx pgx.Tx) error {
+		err := pgx.BeginTxFunc(ctx, s.pool, s.writeTx, func(tx pgx.Tx) error {
 			if err := fn(tx, st); err != nil {
 				return err
 			}
-			return st.finish(ctx, tx, s.channel, s.origin)
+			return st.finish(ctx, tx, "")
 		})
-		if err == nil && len(st.readyQueues) > 0 && !st.quiet {
-			s.broadcast()
+		if err == nil && len(st.readyQueues) > 0 {
+			s.notifier.add(st.readyQueues)
+			if !st.quiet {
+				s.broadcast()
+			}
 		}
 		return err
 	})
@@ -497,7 +596,7 @@ func (s *Store) inCallerTx(ctx context.Context, caller any, fn func(tx pgx.Tx, s
 		if err := fn(tx, st); err != nil {
 			return err
 		}
-		return st.finish(ctx, tx, s.channel, "")
+		return st.finish(ctx, tx, s.channel)
 	})
 	if err != nil {
 		return interpretError(err)

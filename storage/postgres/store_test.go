@@ -208,6 +208,39 @@ func TestConcurrentMigration(t *testing.T) {
 	}
 }
 
+// TestMigratedSchemaOpensWithoutTheLock: a store opened on a schema that
+// has every migration already does not wait for the migration lock, which
+// a fleet of workers starting at once would otherwise queue for one by
+// one; a schema that lacks one still waits for it.
+func TestMigratedSchemaOpensWithoutTheLock(t *testing.T) {
+	t.Parallel()
+	migrated := openTestStore(t, nil).cfg.Schema
+	fresh := newSchema(t)
+	ctx := t.Context()
+	holder, err := sharedPool(t).Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	for _, schema := range []string{migrated, fresh} {
+		_, err := holder.Exec(ctx, "SELECT pg_advisory_lock($1, hashtext($2))", migrateLockClass, "dagrun:"+schema)
+		require.NoError(t, err)
+		defer func() {
+			_, err := holder.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1, hashtext($2))", migrateLockClass, "dagrun:"+schema)
+			require.NoError(t, err)
+		}()
+	}
+
+	openCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s, err := Open(openCtx, testURL(t), &Config{Schema: migrated, MaxConns: 1})
+	require.NoError(t, err, "a migrated schema waited for the migration lock")
+	require.NoError(t, s.Close())
+
+	waitCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	_, err = Open(waitCtx, testURL(t), &Config{Schema: fresh, MaxConns: 1})
+	require.Error(t, err, "a schema to migrate did not wait for the lock")
+}
+
 // TestClaimUsesPartialIndex: with many finished steps and few pending ones,
 // every claim shape reads a partial index of pending steps, for the
 // planner's custom and generic plans alike (pgx prepares statements, so the

@@ -119,6 +119,9 @@ type cli struct {
 	// observer, when set before engine() is called, receives the engine's
 	// metrics events (serve sets it to its Prometheus metrics).
 	observer dagrun.Observer
+	// conns, when set before engine() is called, sizes a PostgreSQL pool
+	// (see openStore); zero is commandConns.
+	conns int32
 }
 
 func (c *cli) rootCommand() *cobra.Command {
@@ -292,7 +295,7 @@ func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
 		// Bad files do not stop the others from being used; say so once.
 		c.logger.Warn("some workflow files have errors; run `dagrun validate` for details", slog.Int("errors", len(list)))
 	}
-	store, err := openStore(ctx, c.db, c.dbSchema, c.logger)
+	store, err := openStore(ctx, c.db, c.dbSchema, c.logger, c.conns)
 	if err != nil {
 		return nil, err
 	}

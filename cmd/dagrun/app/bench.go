@@ -179,7 +179,7 @@ func (c *cli) newBench(ctx context.Context, db string, concurrency, stepLogs int
 		}
 		workflows = append(workflows, w)
 	}
-	store, err := openStore(ctx, db, c.dbSchema, c.logger)
+	store, err := openStore(ctx, db, c.dbSchema, c.logger, followConns)
 	if err != nil {
 		return nil, err
 	}

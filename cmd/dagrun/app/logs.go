@@ -59,7 +59,7 @@ func (c *cli) logsCommand() *cobra.Command {
 
 // openLogStore opens the store alone: reading logs needs no workflows.
 func (c *cli) openLogStore(ctx context.Context) (storage.Store, error) {
-	store, err := openStore(ctx, c.db, c.dbSchema, c.logger)
+	store, err := openStore(ctx, c.db, c.dbSchema, c.logger, commandConns)
 	if err != nil {
 		return nil, err
 	}

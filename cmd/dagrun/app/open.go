@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -11,17 +12,39 @@ import (
 	"github.com/dagrun/dagrun/storage/sqlite"
 )
 
+// PostgreSQL pool sizes, the connections a command's store may hold at
+// once, unless the URL's pool_max_conns says otherwise (it wins: it is the
+// operator's). A worker's loops (claims, group commits, heartbeats, step
+// logs, the scheduler) each run one statement or transaction at a time; a
+// claim takes up to --concurrency steps and a commit records up to 256
+// results in one transaction. So what a worker needs does not grow with
+// --concurrency: one connection drained a backlog as fast as two or ten
+// at --concurrency 10, 100, 1,000 and 5,000 (README, Performance). The
+// store's listener, when it has one, is a connection of its own on top.
+const (
+	workerConns  = 1
+	followConns  = 2                        // start, retry and bench: a worker, and a starter or follower beside it
+	serveConns   = postgres.DefaultMaxConns // concurrent HTTP requests
+	commandConns = 1                        // every other command: one statement at a time
+)
+
 // openStore picks the backend from the --db value: postgres:// and
 // postgresql:// select PostgreSQL; sqlite:PATH or a plain path selects
 // SQLite. Any other scheme is a usage error rather than a file name.
 // schema (--db-schema) names PostgreSQL's schema for dagrun's tables;
 // empty leaves it to the URL's dagrun_schema parameter, else "dagrun".
-func openStore(ctx context.Context, db, schema string, logger *slog.Logger) (storage.Store, error) {
+// conns sizes a PostgreSQL pool when the URL has no pool_max_conns (zero:
+// commandConns).
+func openStore(ctx context.Context, db, schema string, logger *slog.Logger, conns int32) (storage.Store, error) {
 	switch {
 	case db == "":
 		return nil, usageError(fmt.Errorf("--db is empty: give a SQLite path or a postgres:// URL"))
 	case strings.HasPrefix(db, "postgres://"), strings.HasPrefix(db, "postgresql://"):
-		return postgres.Open(ctx, db, &postgres.Config{Schema: schema, Logger: logger})
+		cfg := &postgres.Config{Schema: schema, Logger: logger}
+		if !strings.Contains(db, "pool_max_conns") {
+			cfg.MaxConns = cmp.Or(conns, commandConns)
+		}
+		return postgres.Open(ctx, db, cfg)
 	case strings.HasPrefix(db, "sqlite:"):
 		path := strings.TrimPrefix(strings.TrimPrefix(db, "sqlite:"), "//")
 		if path == "" {

@@ -83,6 +83,10 @@ func (c *cli) serve(ctx context.Context, addr string, auth web.Config, withWorke
 	// The engine reports to the metrics, so they must exist before it.
 	metrics := web.NewMetrics()
 	c.observer = metrics
+	c.conns = serveConns
+	if withWorker {
+		c.conns += workerConns
+	}
 	engine, err := c.engine(ctx)
 	if err != nil {
 		return err

@@ -54,6 +54,7 @@ func (c *cli) startCommand() *cobra.Command {
 					return usageError(fmt.Errorf("--traceparent: %v", err))
 				}
 			}
+			c.conns = followConns
 			engine, err := c.engine(ctx)
 			if err != nil {
 				return err
@@ -123,6 +124,7 @@ func (c *cli) retryCommand() *cobra.Command {
 				}
 				return c.bulk(ctx, &sel, "retry", "retried", (*dagrun.Engine).RetrySelected)
 			}
+			c.conns = followConns
 			engine, err := c.engine(ctx)
 			if err != nil {
 				return err

@@ -47,6 +47,7 @@ func (c *cli) workerCommand() *cobra.Command {
 				return usageError(err)
 			}
 			ctx := cmd.Context()
+			c.conns = workerConns
 			engine, err := c.engine(ctx)
 			if err != nil {
 				return err

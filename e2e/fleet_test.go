@@ -1,0 +1,386 @@
+package e2e
+
+// Fleet tests: many worker processes on one PostgreSQL server whose
+// max_connections is the default 100, connected directly and through a
+// PgBouncer in transaction-pooling mode that the test starts itself. Every
+// instance of a queued backlog completes, no worker exits, no transition is
+// recorded twice, and an operator's psql and dagrun CLI still get in while
+// the fleet runs.
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+const (
+	// fleetConcurrency is each worker's --concurrency.
+	fleetConcurrency = 10
+	// pgbouncerPoolSize is how many server connections PgBouncer opens to
+	// the database at most, whatever the number of its clients.
+	pgbouncerPoolSize = 20
+)
+
+// fleetRun is one fleet: its size and how it reaches the server.
+type fleetRun struct {
+	via     string // "direct" or "pgbouncer"
+	workers int
+}
+
+func (r fleetRun) String() string { return fmt.Sprintf("%s-%d", r.via, r.workers) }
+
+// fleetPlan reads DAGRUN_E2E_FLEET: unset, small fleets on a small backlog
+// (CI's run, seconds long); "1", the full size: a 4,000-instance backlog
+// drained by 40 workers connected directly and by 60 through PgBouncer; a
+// list such as "direct:2,direct:4,pgbouncer:60", those fleets, one after
+// the other, each on a 4,000-instance backlog of its own.
+// DAGRUN_E2E_FLEET_INSTANCES sets another backlog size.
+func fleetPlan(t *testing.T) (runs []fleetRun, instances int) {
+	t.Helper()
+	runs, instances = fleetRuns(t)
+	if v := os.Getenv("DAGRUN_E2E_FLEET_INSTANCES"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err, "DAGRUN_E2E_FLEET_INSTANCES")
+		require.Positive(t, n, "DAGRUN_E2E_FLEET_INSTANCES")
+		instances = n
+	}
+	return runs, instances
+}
+
+func fleetRuns(t *testing.T) (runs []fleetRun, instances int) {
+	t.Helper()
+	switch v := os.Getenv("DAGRUN_E2E_FLEET"); v {
+	case "":
+		return []fleetRun{{"direct", 4}, {"pgbouncer", 6}}, 300
+	case "1":
+		return []fleetRun{{"direct", 40}, {"pgbouncer", 60}}, 4000
+	default:
+		for _, item := range strings.Split(v, ",") {
+			via, n, ok := strings.Cut(strings.TrimSpace(item), ":")
+			workers, err := strconv.Atoi(n)
+			if !ok || err != nil || workers < 1 || (via != "direct" && via != "pgbouncer") {
+				t.Fatalf("DAGRUN_E2E_FLEET=%q: use 1, or a list of direct:N and pgbouncer:N", v)
+			}
+			runs = append(runs, fleetRun{via, workers})
+		}
+		return runs, 4000
+	}
+}
+
+// TestFleet drains a backlog of two-step instances (echo, then noop) with
+// each fleet of fleetPlan, one after the other, with the binary built
+// without the race detector, and logs one line of figures per fleet. The
+// full size, whose figures the README quotes:
+//
+//	DAGRUN_E2E_FLEET=1 go test ./e2e -run TestFleet -v -timeout 30m
+func TestFleet(t *testing.T) {
+	skipWithoutPostgres(t)
+	runs, instances := fleetPlan(t)
+	bin := plainBinary(t)
+	for _, run := range runs {
+		t.Run(run.String(), func(t *testing.T) {
+			runFleet(t, bin, run, instances)
+		})
+	}
+}
+
+func runFleet(t *testing.T, bin string, run fleetRun, n int) {
+	db := newPostgresDB(t)
+	e := newEnv(t, db, map[string]string{"fleet.yaml": echoNoop("fleet")})
+	e.mustRun(t, "list") // creates the schema before the processes start
+
+	// The backlog, queued before any worker runs.
+	server, base := e.serveAPI(t, bin)
+	enqueue(t, base, "fleet", n, 16)
+	server.stop(t)
+
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, db)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close(context.WithoutCancel(ctx)) })
+	var maxConns, reserved int
+	require.NoError(t, admin.QueryRow(ctx, `SELECT current_setting('max_connections')::int,
+		current_setting('superuser_reserved_connections')::int`).Scan(&maxConns, &reserved))
+
+	// The workers' connections go by a name of their own.
+	fleet := *e
+	fleet.db = withParam(t, db, "application_name", "dagrun-fleet")
+	if run.via == "pgbouncer" {
+		fleet.db = withParam(t, startPgBouncer(t, db), "application_name", "dagrun-fleet")
+	}
+	began := time.Now()
+	workers := make([]*process, run.workers)
+	for i := range workers {
+		workers[i] = fleet.spawnBinary(t, bin, "worker", "--concurrency", strconv.Itoa(fleetConcurrency))
+	}
+	var checks *operatorChecks
+	var (
+		completed                     int
+		peakServer, peakDB, peakFleet int
+		allUp                         time.Time
+	)
+	deadline := time.Now().Add(time.Duration(n)*25*time.Millisecond + 2*time.Minute)
+	for completed < n {
+		require.False(t, time.Now().After(deadline), "%d of %d instances completed after %s", completed, n, time.Since(began))
+		for _, w := range workers {
+			require.True(t, w.running(), "a worker exited (code %d):\n%s", w.code, w.stderr.String())
+		}
+		if allUp.IsZero() && workersUp(workers) {
+			allUp = time.Now()
+			checks = startOperatorChecks(e, bin)
+		}
+		var server, inDB, ofFleet int
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE datname = current_database()),
+			count(*) FILTER (WHERE application_name LIKE 'dagrun-fleet%')
+			FROM pg_stat_activity WHERE backend_type = 'client backend'`).Scan(&server, &inDB, &ofFleet))
+		peakServer, peakDB, peakFleet = max(peakServer, server), max(peakDB, inDB), max(peakFleet, ofFleet)
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM dagrun.instances WHERE status = 'completed'`).Scan(&completed))
+		time.Sleep(100 * time.Millisecond)
+	}
+	elapsed := time.Since(began)
+	require.NotNil(t, checks, "the instances completed before every worker had started")
+	checks.stop()
+
+	// Every worker is still up and stops cleanly.
+	for _, w := range workers {
+		w.signal(t, syscall.SIGTERM)
+	}
+	for _, w := range workers {
+		require.Equal(t, 0, w.wait(t, 30*time.Second), "worker exit code; stderr:\n%s", w.stderr.String())
+		require.NotContains(t, w.stderr.String(), "level=ERROR", "a worker logged an error")
+		require.NotContains(t, w.stderr.String(), "too many clients", "the server refused a worker")
+	}
+
+	// Each transition once: one attempt per step, one step.started and one
+	// step.completed per step, one instance.completed per instance.
+	require.Equal(t, n, dbInt(t, db, `SELECT count(*) FROM instances WHERE status = 'completed'`))
+	require.Zero(t, dbInt(t, db, `SELECT count(*) FROM steps WHERE status <> 'completed' OR attempts <> 1`), "steps run more than once")
+	require.Zero(t, dbInt(t, db, `SELECT count(*) FROM (SELECT 1 FROM events
+		WHERE type IN ('step.started', 'step.completed', 'instance.started', 'instance.completed')
+		GROUP BY instance_id, step, type, attempt HAVING count(*) > 1) d`), "transitions recorded twice")
+	require.Equal(t, 2*n, dbInt(t, db, `SELECT count(*) FROM events WHERE type = 'step.completed'`))
+	require.Zero(t, dbInt(t, db, `SELECT count(*) FROM events
+		WHERE type IN ('step.lease_expired', 'step.released', 'step.retrying', 'step.failed')`), "attempts lost or failed")
+
+	t.Logf("fleet=%s workers=%d concurrency=%d instances=%d seconds=%.1f instances_per_s=%.0f all_up_s=%.1f "+
+		"peak_server_conns=%d peak_db_conns=%d peak_fleet_conns=%d max_connections=%d operator_checks=%s",
+		run.via, run.workers, fleetConcurrency, n, elapsed.Seconds(), float64(n)/elapsed.Seconds(),
+		allUp.Sub(began).Seconds(), peakServer, peakDB, peakFleet, maxConns, checks)
+
+	// A worker holds one pool connection and its listener; through
+	// PgBouncer the database sees PgBouncer's pool and the operator's few.
+	if run.via == "direct" {
+		require.LessOrEqual(t, peakFleet, 2*run.workers, "connections of the fleet's workers")
+	} else {
+		const others = 3 + 1 // the operator's checks, each one connection, and the test's own
+		require.LessOrEqual(t, peakDB, pgbouncerPoolSize+others, "connections to the database")
+	}
+	// An ordinary role still finds a free slot at the fleet's peak.
+	require.LessOrEqual(t, peakServer+2, maxConns-reserved, "the fleet left no connection for anyone else")
+	checks.require(t)
+}
+
+// workersUp reports whether every worker logged that it started.
+func workersUp(workers []*process) bool {
+	for _, w := range workers {
+		if !strings.Contains(w.stderr.String(), "dagrun worker started") {
+			return false
+		}
+	}
+	return true
+}
+
+// operatorChecks connects as an operator would once every worker is up,
+// over and over until the fleet is done: psql directly, and `dagrun stats`
+// and `dagrun list` with the direct URL.
+type operatorChecks struct {
+	done chan struct{}
+	wg   sync.WaitGroup
+
+	mu       sync.Mutex
+	passed   map[string]int
+	failures []string
+}
+
+func startOperatorChecks(e *env, bin string) *operatorChecks {
+	c := &operatorChecks{done: make(chan struct{}), passed: map[string]int{}}
+	checks := map[string]func(ctx context.Context) *exec.Cmd{
+		"psql": func(ctx context.Context) *exec.Cmd {
+			return exec.CommandContext(ctx, "psql", e.db, "-XAtc", "SELECT 1")
+		},
+		"stats": func(ctx context.Context) *exec.Cmd { return e.binaryCommand(ctx, bin, "stats", "--json") },
+		"list":  func(ctx context.Context) *exec.Cmd { return e.binaryCommand(ctx, bin, "list", "--limit", "5") },
+	}
+	for name, build := range checks {
+		c.wg.Go(func() {
+			for pause := time.Duration(0); ; pause = 500 * time.Millisecond {
+				select {
+				case <-c.done:
+					return
+				case <-time.After(pause):
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				out, err := build(ctx).CombinedOutput()
+				cancel()
+				c.mu.Lock()
+				if err != nil {
+					c.failures = append(c.failures, fmt.Sprintf("%s: %v: %s", name, err, strings.TrimSpace(string(out))))
+				} else {
+					c.passed[name]++
+				}
+				c.mu.Unlock()
+			}
+		})
+	}
+	return c
+}
+
+// stop ends the checks and waits for the ones running.
+func (c *operatorChecks) stop() *operatorChecks {
+	close(c.done)
+	c.wg.Wait()
+	return c
+}
+
+func (c *operatorChecks) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return fmt.Sprintf("psql:%d,stats:%d,list:%d,failed:%d", c.passed["psql"], c.passed["stats"], c.passed["list"], len(c.failures))
+}
+
+// require checks that no check failed and that each passed at least once.
+func (c *operatorChecks) require(t *testing.T) {
+	t.Helper()
+	require.Empty(t, c.failures, "an operator could not connect while the fleet ran")
+	for _, name := range []string{"psql", "stats", "list"} {
+		require.Positive(t, c.passed[name], "no %s check passed while the fleet ran", name)
+	}
+}
+
+// binaryCommand is command with another dagrun binary.
+func (e *env) binaryCommand(ctx context.Context, bin string, args ...string) *exec.Cmd {
+	cmd := e.command(ctx, args...)
+	cmd.Path, cmd.Args[0] = bin, bin
+	return cmd
+}
+
+// startPgBouncer runs a PgBouncer in transaction-pooling mode in front of
+// the server of db, on a free port, for the test's duration, and returns
+// the URL of db through it with pgbouncer=true. It skips the test when
+// PgBouncer is not installed (fails under CI=true).
+func startPgBouncer(t *testing.T, db string) string {
+	t.Helper()
+	path, err := exec.LookPath("pgbouncer")
+	if err != nil {
+		path, err = exec.LookPath("/usr/sbin/pgbouncer")
+	}
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("pgbouncer is not installed; CI needs it (apt-get install pgbouncer)")
+		}
+		t.Skip("pgbouncer is not installed (apt-get install pgbouncer)")
+	}
+	server, err := url.Parse(db)
+	require.NoError(t, err)
+	port := freePort(t)
+	dir := t.TempDir()
+	require.NoError(t, os.Chmod(dir, 0o755)) // PgBouncer may run as another user
+	password, _ := server.User.Password()
+	auth := fmt.Sprintf("%q %q\n", server.User.Username(), password)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "userlist.txt"), []byte(auth), 0o644))
+	config := fmt.Sprintf(`[databases]
+* = host=%s port=%s
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %d
+unix_socket_dir =
+auth_type = trust
+auth_file = %s
+pool_mode = transaction
+default_pool_size = %d
+max_db_connections = %d
+max_client_conn = 1000
+`, server.Hostname(), cmp.Or(server.Port(), "5432"), port, filepath.Join(dir, "userlist.txt"), pgbouncerPoolSize, pgbouncerPoolSize)
+	configPath := filepath.Join(dir, "pgbouncer.ini")
+	require.NoError(t, os.WriteFile(configPath, []byte(config), 0o644))
+	args := []string{configPath}
+	if os.Geteuid() == 0 {
+		// PgBouncer refuses to run as root.
+		account := "postgres"
+		if _, err := user.Lookup(account); err != nil {
+			account = "nobody"
+		}
+		args = append([]string{"-u", account}, args...)
+	}
+	cmd := exec.Command(path, args...)
+	var logs syncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	require.NoError(t, cmd.Start())
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("pgbouncer log:\n%s", logs.String())
+		}
+	})
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	waitFor(t, 10*time.Second, "pgbouncer to listen", func() bool {
+		select {
+		case <-exited:
+			t.Fatalf("pgbouncer exited:\n%s", logs.String())
+		default:
+		}
+		conn, err := net.Dial("tcp", addr)
+		if err == nil {
+			_ = conn.Close()
+		}
+		return err == nil
+	})
+	through := *server
+	through.Host = addr
+	return withParam(t, through.String(), "pgbouncer", "true")
+}
+
+// withParam returns rawURL with the query parameter name set to value.
+func withParam(t *testing.T, rawURL, name, value string) string {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set(name, value)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// freePort returns a TCP port of 127.0.0.1 that nothing listened on a
+// moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

@@ -1,0 +1,184 @@
+package postgres
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/storagetest"
+)
+
+// sessionSettings reads the settings dagrun sets for its statements
+// (statement_timeout, enable_seqscan, jit), as q sees them.
+func sessionSettings(t *testing.T, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) []string {
+	t.Helper()
+	var timeout, seqscan, jit string
+	require.NoError(t, q.QueryRow(t.Context(), "SELECT current_setting('statement_timeout'), current_setting('enable_seqscan'), current_setting('jit')").Scan(&timeout, &seqscan, &jit))
+	return []string{timeout, seqscan, jit}
+}
+
+// TestPgBouncerURL: pgbouncer=true leaves dagrun's settings out of the
+// connection startup (PgBouncer refuses any it does not know) and sets them
+// with SET LOCAL in each transaction of the store instead, the URL's
+// statement_timeout included; queries prepare no named statement; and no
+// listener connection is opened. The server is reached directly here: what
+// the sessions hold is what PgBouncer would pass on.
+func TestPgBouncerURL(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	open := func(t *testing.T, keyValues ...string) *Store {
+		return openURL(t, withQuery(t, testURL(t), append([]string{SchemaParam, schema}, keyValues...)...), &Config{MaxConns: 1})
+	}
+	plain, err := pgx.Connect(t.Context(), testURL(t))
+	require.NoError(t, err)
+	defer plain.Close(context.WithoutCancel(t.Context()))
+	server := sessionSettings(t, plain)
+
+	s := open(t, PgBouncerParam, "true", "statement_timeout", "5000")
+	require.True(t, s.cfg.PgBouncer)
+	require.Equal(t, server, sessionSettings(t, s.Pool()), "the session holds the server's defaults: nothing was sent at startup")
+	require.Equal(t, pgx.QueryExecModeCacheDescribe, s.Pool().Config().ConnConfig.DefaultQueryExecMode)
+	transactions := map[string]func(context.Context, func(pgx.Tx) error) error{
+		"write": func(ctx context.Context, fn func(pgx.Tx) error) error {
+			return s.inTx(ctx, func(tx pgx.Tx, _ *txState) error { return fn(tx) })
+		},
+		"read": s.read,
+	}
+	for name, inTx := range transactions {
+		require.NoError(t, inTx(t.Context(), func(tx pgx.Tx) error {
+			require.Equal(t, []string{"5s", "off", "off"}, sessionSettings(t, tx), "in a %s transaction", name)
+			return nil
+		}))
+	}
+	_, unsubscribe := s.Subscribe()
+	defer unsubscribe()
+	time.Sleep(100 * time.Millisecond) // a listener would have connected by now
+	require.Zero(t, s.listenerPID(), "a store behind PgBouncer started a listener")
+
+	t.Run("query mode from the URL", func(t *testing.T) {
+		s := open(t, PgBouncerParam, "1", "default_query_exec_mode", "exec")
+		require.Equal(t, pgx.QueryExecModeExec, s.Pool().Config().ConnConfig.DefaultQueryExecMode)
+	})
+	t.Run("false", func(t *testing.T) {
+		s := open(t, PgBouncerParam, "false")
+		require.False(t, s.cfg.PgBouncer)
+		require.Equal(t, []string{"30s", "off", "off"}, sessionSettings(t, s.Pool()))
+	})
+	t.Run("invalid", func(t *testing.T) {
+		_, err := Open(t.Context(), withQuery(t, testURL(t), SchemaParam, schema, PgBouncerParam, "maybe"), &Config{MaxConns: 1})
+		require.EqualError(t, err, `postgres: invalid database URL: pgbouncer="maybe": use pgbouncer=true or pgbouncer=false`)
+	})
+}
+
+// TestPgBouncerConformance runs the conformance suite through a PgBouncer
+// in transaction-pooling mode with three server connections for all the
+// suite's parallel stores, so that consecutive transactions of one store
+// land on connections other stores used in between: anything the store
+// left on a session (a prepared statement, a setting, a LISTEN, an
+// advisory lock) would be missing or in another's way. Skipped without
+// the pgbouncer program (failed under CI=true).
+func TestPgBouncerConformance(t *testing.T) {
+	t.Parallel()
+	bouncer := startPgBouncer(t, testURL(t), 3)
+	storagetest.Run(t, storagetest.Harness{
+		NewStore: func(t *testing.T, now func() time.Time) storage.Store {
+			return openURL(t, withQuery(t, bouncer, SchemaParam, newSchema(t)), &Config{Now: now, MaxConns: 4})
+		},
+		BeginTx: beginCallerTx,
+	})
+}
+
+// startPgBouncer runs PgBouncer in transaction-pooling mode in front of the
+// server of serverURL, with poolSize server connections per database, on a
+// free port until the test ends, and returns serverURL through it with
+// pgbouncer=true.
+func startPgBouncer(t *testing.T, serverURL string, poolSize int) string {
+	t.Helper()
+	path, err := exec.LookPath("pgbouncer")
+	if err != nil {
+		path, err = exec.LookPath("/usr/sbin/pgbouncer")
+	}
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("pgbouncer is not installed; CI needs it (apt-get install pgbouncer)")
+		}
+		t.Skip("pgbouncer is not installed (apt-get install pgbouncer)")
+	}
+	server, err := url.Parse(serverURL)
+	require.NoError(t, err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	_, port, _ := net.SplitHostPort(addr)
+	require.NoError(t, l.Close())
+
+	dir := t.TempDir()
+	require.NoError(t, os.Chmod(dir, 0o755)) // PgBouncer may run as another user
+	password, _ := server.User.Password()
+	users := filepath.Join(dir, "userlist.txt")
+	require.NoError(t, os.WriteFile(users, fmt.Appendf(nil, "%q %q\n", server.User.Username(), password), 0o644))
+	config := filepath.Join(dir, "pgbouncer.ini")
+	require.NoError(t, os.WriteFile(config, fmt.Appendf(nil, `[databases]
+* = host=%s port=%s
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %s
+unix_socket_dir =
+auth_type = trust
+auth_file = %s
+pool_mode = transaction
+default_pool_size = %d
+max_client_conn = 1000
+`, server.Hostname(), cmp.Or(server.Port(), "5432"), port, users, poolSize), 0o644))
+	args := []string{config}
+	if os.Geteuid() == 0 { // PgBouncer refuses to run as root
+		account := "postgres"
+		if _, err := user.Lookup(account); err != nil {
+			account = "nobody"
+		}
+		args = append([]string{"-u", account}, args...)
+	}
+	logs, err := os.Create(filepath.Join(dir, "pgbouncer.log"))
+	require.NoError(t, err)
+	defer logs.Close() // the process has its own descriptor
+	cmd := exec.Command(path, args...)
+	cmd.Stdout, cmd.Stderr = logs, logs
+	require.NoError(t, cmd.Start())
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+	require.Eventually(t, func() bool {
+		conn, err := net.Dial("tcp", addr)
+		if err == nil {
+			_ = conn.Close()
+		}
+		return err == nil
+	}, 10*time.Second, 20*time.Millisecond, "pgbouncer did not listen")
+	through := *server
+	through.Host = net.JoinHostPort("127.0.0.1", port)
+	return withQuery(t, through.String(), PgBouncerParam, "true")
+}
