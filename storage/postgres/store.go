@@ -310,16 +310,6 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 			pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 		}
 	}
-	if _, ok := params["plan_cache_mode"]; !ok && !cfg.PgBouncer {
-		// (Through PgBouncer no statement stays prepared, see above.)
-		// The store's statements are prepared once per connection and run
-		// thousands of times with arrays and IDs whose values never change
-		// the plan (every one goes through an index, see enable_seqscan).
-		// With custom plans the server plans each of them again at every
-		// execution, which was a fifth of a step's latency (latency4 p50
-		// 28 -> 21-25 ms on a loaded machine).
-		params["plan_cache_mode"] = "force_generic_plan"
-	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, interpretError(err)
