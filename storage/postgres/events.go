@@ -14,9 +14,18 @@ import (
 const eventFields = `id, instance_id, step, type, attempt, message, at, actor`
 
 // latestEventsSQL reads an instance's latest $2 events, newest first,
-// walking events_instance_id backwards from its end: as cheap at 100,000
+// walking events_pkey (instance_id, id) backwards from its end: as cheap at 100,000
 // events as at 10.
 const latestEventsSQL = `SELECT ` + eventFields + ` FROM {s}events WHERE instance_id = $1 ORDER BY id DESC LIMIT $2`
+
+// eventsAfterSQL reads a page of an instance's events: those after ID $2,
+// at most $3.
+const eventsAfterSQL = `SELECT ` + eventFields + ` FROM {s}events WHERE instance_id = $1 AND id > $2 ORDER BY id LIMIT $3`
+
+// unseenEventsSQL reads the events of an instance that the snapshot $2 did
+// not see (see FollowEvents).
+const unseenEventsSQL = `SELECT ` + eventFields + ` FROM {s}events
+	WHERE instance_id = $1 AND tx >= pg_snapshot_xmin($2::pg_snapshot) AND NOT pg_visible_in_snapshot(tx, $2::pg_snapshot)`
 
 // ListEvents implements storage.Store: one statement, which finds the
 // instance and reads its page of events.
@@ -25,8 +34,7 @@ func (s *Store) ListEvents(ctx context.Context, p storage.EventsParams) ([]stora
 	if limit <= 0 {
 		limit = 100
 	}
-	events, _, err := s.instanceEvents(ctx, p.InstanceID, `SELECT `+eventFields+` FROM {s}events
-		WHERE instance_id = $1 AND id > $2 ORDER BY id LIMIT $3`, p.AfterID, limit)
+	events, _, err := s.instanceEvents(ctx, p.InstanceID, eventsAfterSQL, p.AfterID, limit)
 	if err != nil {
 		return nil, s.fail("list events", err)
 	}
@@ -48,9 +56,7 @@ func (s *Store) FollowEvents(ctx context.Context, id string, cursor storage.Even
 	if cursor == "" {
 		events, snapshot, err = s.instanceEvents(ctx, id, latestEventsSQL, storage.FollowTail)
 	} else {
-		events, snapshot, err = s.instanceEvents(ctx, id, `SELECT `+eventFields+` FROM {s}events
-			WHERE instance_id = $1 AND tx >= pg_snapshot_xmin($2::pg_snapshot) AND NOT pg_visible_in_snapshot(tx, $2::pg_snapshot)`,
-			string(cursor))
+		events, snapshot, err = s.instanceEvents(ctx, id, unseenEventsSQL, string(cursor))
 	}
 	if err != nil {
 		return nil, "", s.fail("follow events", err)
@@ -58,13 +64,19 @@ func (s *Store) FollowEvents(ctx context.Context, id string, cursor storage.Even
 	return events, storage.EventCursor(snapshot), nil
 }
 
+// instanceEventsSQL wraps query, a select of an instance's events, in the
+// statement instanceEvents runs.
+func instanceEventsSQL(query string) string {
+	return `SELECT pg_current_snapshot()::text, e.* FROM {s}instances i
+		LEFT JOIN LATERAL (` + query + `) e ON true WHERE i.id = $1 ORDER BY e.id`
+}
+
 // instanceEvents runs query, a select of eventFields whose $1 is the
 // instance ID and whose further parameters are args, for an instance that
 // must exist, and returns the events in ID order with the snapshot they
 // were read in: one statement, so one snapshot.
 func (s *Store) instanceEvents(ctx context.Context, id, query string, args ...any) ([]storage.Event, string, error) {
-	rows, err := s.pool.Query(ctx, s.q(`SELECT pg_current_snapshot()::text, e.* FROM {s}instances i
-		LEFT JOIN LATERAL (`+query+`) e ON true WHERE i.id = $1 ORDER BY e.id`), append([]any{id}, args...)...)
+	rows, err := s.db.Query(ctx, s.q(instanceEventsSQL(query)), append([]any{id}, args...)...)
 	if err != nil {
 		return nil, "", err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -286,26 +287,87 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 }
 
 // explainPlans returns the plan of query for the planner's custom and
-// generic plans, by plan_cache_mode.
+// generic plans, by plan_cache_mode. The generic plan is the one of a
+// prepared statement (EXPLAIN EXECUTE): EXPLAIN of a statement with bound
+// parameters always plans for their values, whatever plan_cache_mode says.
 func explainPlans(t *testing.T, s *Store, query string, args ...any) map[string]string {
 	t.Helper()
 	plans := map[string]string{}
+	// A generic plan holds for any values: EXECUTE passes NULLs, as its
+	// parameters cannot be bound.
+	nulls := strings.Repeat("NULL, ", len(args))
 	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 		err := pgx.BeginFunc(t.Context(), s.pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(t.Context(), "SET LOCAL plan_cache_mode = "+mode); err != nil {
 				return err
 			}
-			rows, err := tx.Query(t.Context(), "EXPLAIN "+s.q(query), args...)
+			explain := "EXPLAIN " + s.q(query)
+			if mode == "force_generic_plan" {
+				if _, err := tx.Exec(t.Context(), "PREPARE dagrun_explained AS "+s.q(query)); err != nil {
+					return err
+				}
+				explain = "EXPLAIN EXECUTE dagrun_explained"
+				if nulls != "" {
+					explain += "(" + strings.TrimSuffix(nulls, ", ") + ")"
+				}
+			}
+			values := args
+			if mode == "force_generic_plan" {
+				values = nil
+			}
+			rows, err := tx.Query(t.Context(), explain, values...)
 			if err != nil {
 				return err
 			}
 			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 			plans[mode] = strings.Join(lines, "\n")
+			if err != nil {
+				return err
+			}
+			if mode == "force_generic_plan" {
+				// A prepared statement outlives the transaction.
+				_, err = tx.Exec(t.Context(), "DEALLOCATE dagrun_explained")
+			}
 			return err
 		})
 		require.NoError(t, err)
 	}
 	return plans
+}
+
+// TestEventReadsNameTheInstance: every read of an instance's events, custom
+// or generic plan, looks up that instance's rows in events_pkey, however
+// many events other instances have. A plan keyed on the event ID alone
+// would walk other instances' later events to fill a page.
+func TestEventReadsNameTheInstance(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	ctx := t.Context()
+	_, err := s.pool.Exec(ctx, s.q(`
+		INSERT INTO {s}instances (id, workflow, definition_hash, status, run_after, created_at, finished_at)
+		SELECT 'i-' || g, 'wf', 'h', 'completed', now(), now(), now() FROM generate_series(1, 10) g;
+		INSERT INTO {s}events (instance_id, type, at)
+		SELECT 'i-' || (g % 10 + 1), 'step.completed', now() FROM generate_series(1, 40000) g;
+		ANALYZE {s}instances; ANALYZE {s}events;`))
+	require.NoError(t, err)
+	snapshot := ""
+	require.NoError(t, s.pool.QueryRow(ctx, "SELECT pg_current_snapshot()::text").Scan(&snapshot))
+	reads := []struct {
+		name  string
+		query string
+		args  []any
+	}{
+		{"page after an ID", eventsAfterSQL, []any{"i-7", int64(100), 100}},
+		{"latest", latestEventsSQL, []any{"i-7", 100}},
+		{"unseen by a snapshot", unseenEventsSQL, []any{"i-7", snapshot}},
+	}
+	for _, r := range reads {
+		for mode, plan := range explainPlans(t, s, instanceEventsSQL(r.query), r.args...) {
+			require.Regexp(t, `(Index (Only )?Scan( Backward)? using|Bitmap Index Scan on) events_\w+[\s\S]*?Index Cond: \(\(?instance_id = `, plan,
+				"%s, %s:\n%s", r.name, mode, plan)
+			require.NotContains(t, plan, "Seq Scan on events", "%s, %s:\n%s", r.name, mode, plan)
+		}
+	}
 }
 
 // TestPromoteReadsDelayedIndex: moving due steps into the claim indexes
@@ -623,4 +685,84 @@ func TestInstanceCountsFoldGoneProcesses(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, st.Workflows, 1)
 	require.Equal(t, map[storage.InstanceStatus]int{storage.InstancePending: 2, storage.InstanceCancelled: 1}, st.Workflows[0].Instances)
+}
+
+// TestGenericPlansUseIndexes: the store's connections plan its statements
+// generically (plan_cache_mode), so each statement's generic plan must
+// reach the big tables (steps, events, instances, step logs, signals)
+// through an index, never by scanning them, with a history of 5,000
+// finished instances in place.
+func TestGenericPlansUseIndexes(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	ctx := t.Context()
+	_, err := s.pool.Exec(ctx, s.q(`
+		INSERT INTO {s}instances (id, workflow, definition_hash, status, run_after, created_at, finished_at)
+		SELECT 'old-' || lpad(g::text, 8, '0'), 'wf', 'h1', 'completed', now(), now(), now()
+		FROM generate_series(1, 5000) g;
+		INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, run_after, finished_at)
+		SELECT 'old-' || lpad(g::text, 8, '0'), p, 's' || p, 'h', 'default', 'wf', 'completed', now(), now()
+		FROM generate_series(1, 5000) g, generate_series(0, 3) p;
+		INSERT INTO {s}events (instance_id, type, at)
+		SELECT 'old-' || lpad(g::text, 8, '0'), 'step.completed', now() FROM generate_series(1, 5000) g, generate_series(0, 3) p;
+		ANALYZE {s}instances; ANALYZE {s}steps; ANALYZE {s}events;`))
+	require.NoError(t, err)
+	statements := map[string]string{
+		"promote": promoteSQL, "extend": extendSQL, "release": releaseSQL, "finish": finishSQL,
+		"expired leases": expiredSQL, "recover": recoverSQL, "create": createSQL, "existing": existingSQL,
+		"lock instances": lockInstancesSQL, "load steps": loadStepStatesSQL, "load signals": loadSignalsSQL,
+		"apply step changes": applyStepChangesSQL, "finish instances": finishInstancesSQL,
+		"expand": expandSQL, "settle items": settleSQL, "item counts": itemCountsSQL,
+		"capped pending": cappedPendingSQL, "capped parents": cappedParentsSQL,
+		"trim logs": trimLogsSQL, "append logs": appendLogsSQL,
+		"record failures": recordFailuresSQL, "expired instances": expiredInstancesSQL,
+		"expired waits": expiredWaitsSQL, "expire waits": expireWaitsSQL, "next wake": nextWakeSQL,
+		"deliver": deliverSQL, "start workflow step": startWorkflowStepSQL, "settle child": settleChildSQL,
+		"latest events": instanceEventsSQL(latestEventsSQL), "events after": instanceEventsSQL(eventsAfterSQL),
+		"unseen events": instanceEventsSQL(unseenEventsSQL),
+	}
+	for shape, sql := range claimQueries {
+		statements[fmt.Sprintf("claim %+v", shape)] = sql
+	}
+	scan := regexp.MustCompile(`Seq Scan on (steps|events|instances|step_logs|signals)\b`)
+	for name, sql := range statements {
+		plan := genericPlan(t, s, sql)
+		require.NotRegexp(t, scan, plan, "%s:\n%s", name, plan)
+	}
+}
+
+// genericPlan returns the generic plan of query: the plan a prepared
+// statement runs for any values (EXPLAIN EXECUTE with NULLs).
+func genericPlan(t *testing.T, s *Store, query string) string {
+	t.Helper()
+	var plan string
+	err := pgx.BeginFunc(t.Context(), s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(t.Context(), "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(t.Context(), "PREPARE dagrun_generic AS "+s.q(query)); err != nil {
+			return err
+		}
+		var params int
+		if err := tx.QueryRow(t.Context(), "SELECT cardinality(parameter_types) FROM pg_prepared_statements WHERE name = 'dagrun_generic'").Scan(&params); err != nil {
+			return err
+		}
+		explain := "EXPLAIN EXECUTE dagrun_generic"
+		if params > 0 {
+			explain += "(" + strings.TrimSuffix(strings.Repeat("NULL, ", params), ", ") + ")"
+		}
+		rows, err := tx.Query(t.Context(), explain)
+		if err != nil {
+			return err
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		plan = strings.Join(lines, "\n")
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(t.Context(), "DEALLOCATE dagrun_generic")
+		return err
+	})
+	require.NoError(t, err)
+	return plan
 }
