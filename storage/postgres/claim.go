@@ -177,7 +177,7 @@ func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storag
 			return err
 		})
 		b.Queue(s.q(cappedPendingSQL), s.now()).QueryRow(func(row pgx.Row) error { return row.Scan(&capped) })
-		return s.pool.SendBatch(ctx, &b).Close()
+		return s.db.SendBatch(ctx, &b).Close()
 	})
 	if err != nil {
 		return nil, s.fail("claim steps", err)
@@ -293,7 +293,7 @@ func (s *Store) ExtendLeases(ctx context.Context, claims []storage.Claim, lease 
 	ids, fences := claimArrays(claims)
 	var lost []storage.Claim
 	err := s.retry(ctx, func() error {
-		rows, err := s.pool.Query(ctx, s.q(extendSQL), s.now(), ids, fences, lease.Microseconds())
+		rows, err := s.db.Query(ctx, s.q(extendSQL), s.now(), ids, fences, lease.Microseconds())
 		if err != nil {
 			return err
 		}

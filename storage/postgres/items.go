@@ -153,11 +153,11 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 	err := s.retry(ctx, func() error {
 		out = nil
 		var parentID int64
-		err := s.pool.QueryRow(ctx, s.q(`SELECT id FROM {s}steps WHERE instance_id = $1 AND item_index = -1 AND name = $2`),
+		err := s.db.QueryRow(ctx, s.q(`SELECT id FROM {s}steps WHERE instance_id = $1 AND item_index = -1 AND name = $2`),
 			p.InstanceID, p.Step).Scan(&parentID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			var exists bool
-			if err := s.pool.QueryRow(ctx, s.q(`SELECT EXISTS (SELECT 1 FROM {s}instances WHERE id = $1)`), p.InstanceID).Scan(&exists); err != nil {
+			if err := s.db.QueryRow(ctx, s.q(`SELECT EXISTS (SELECT 1 FROM {s}instances WHERE id = $1)`), p.InstanceID).Scan(&exists); err != nil {
 				return err
 			}
 			if !exists {
@@ -168,7 +168,7 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 		if err != nil {
 			return err
 		}
-		rows, err := s.pool.Query(ctx, s.q(`SELECT item_index, status, attempts, input, output, error, started_at, finished_at, worker_id, child_id
+		rows, err := s.db.Query(ctx, s.q(`SELECT item_index, status, attempts, input, output, error, started_at, finished_at, worker_id, child_id
 			FROM {s}steps WHERE parent_id = $1 AND ($4 = '' OR status = $4) ORDER BY item_index LIMIT $2 OFFSET $3`),
 			parentID, limit, max(p.Offset, 0), string(p.Status))
 		if err != nil {

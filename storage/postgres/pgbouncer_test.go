@@ -65,6 +65,27 @@ func TestPgBouncerURL(t *testing.T) {
 			return nil
 		}))
 	}
+	// Claims, heartbeats and single reads are transactions of their own:
+	// their batch sets the settings first.
+	require.Equal(t, []string{"5s", "off", "off"}, sessionSettings(t, s.db), "a statement of its own")
+	rows, err := s.db.Query(t.Context(), "SELECT current_setting('jit') FROM generate_series(1, 3)")
+	require.NoError(t, err)
+	jits, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"off", "off", "off"}, jits)
+	var b pgx.Batch
+	var batched string
+	b.Queue("SELECT current_setting('enable_seqscan')").QueryRow(func(row pgx.Row) error { return row.Scan(&batched) })
+	require.NoError(t, s.db.SendBatch(t.Context(), &b).Close())
+	require.Equal(t, "off", batched, "in a batch")
+	_, err = s.db.Exec(t.Context(), "SELECT pg_sleep(0.01)")
+	require.NoError(t, err)
+	require.Equal(t, server, sessionSettings(t, s.Pool()), "the settings stayed with their statements")
+	require.ErrorIs(t, s.db.QueryRow(t.Context(), "SELECT 1 WHERE false").Scan(new(int)), pgx.ErrNoRows)
+	claimed, err := s.ClaimSteps(t.Context(), storage.ClaimParams{WorkerID: "w", Limit: 1, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Empty(t, claimed)
+
 	_, unsubscribe := s.Subscribe()
 	defer unsubscribe()
 	time.Sleep(100 * time.Millisecond) // a listener would have connected by now

@@ -16,7 +16,7 @@ import (
 // several queries of one answer (an instance, its steps, its events) see
 // one snapshot.
 func (s *Store) read(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	err := pgx.BeginTxFunc(ctx, s.pool, s.readTx, fn)
+	err := s.runTx(ctx, readBegin, fn)
 	return interpretError(err)
 }
 
@@ -305,7 +305,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 		return nil, s.fail("stats", err)
 	}
 	if gone > compactCountsAbove {
-		if _, err := s.pool.Exec(ctx, s.q(compactCountsSQL)); err != nil {
+		if _, err := s.db.Exec(ctx, s.q(compactCountsSQL)); err != nil {
 			return nil, s.fail("stats: fold instance counts", err)
 		}
 	}
@@ -355,7 +355,7 @@ const pruneBatch = 500
 func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (int, error) {
 	if dryRun {
 		var n int
-		err := s.pool.QueryRow(ctx, s.q(`SELECT count(*) FROM {s}instances
+		err := s.db.QueryRow(ctx, s.q(`SELECT count(*) FROM {s}instances
 			WHERE finished_at IS NOT NULL AND finished_at < $1 AND parent_id IS NULL`), olderThan).Scan(&n)
 		if err != nil {
 			return 0, s.fail("prune", err)

@@ -74,7 +74,7 @@ func (s *Store) RegisterSchedules(ctx context.Context, p storage.RegisterSchedul
 
 // ListSchedules implements storage.Store.
 func (s *Store) ListSchedules(ctx context.Context) ([]storage.Schedule, error) {
-	rows, err := s.pool.Query(ctx, s.q(`SELECT `+scheduleColumns+scheduleFrom+` ORDER BY s.workflow, s.position`))
+	rows, err := s.db.Query(ctx, s.q(`SELECT `+scheduleColumns+scheduleFrom+` ORDER BY s.workflow, s.position`))
 	if err != nil {
 		return nil, s.fail("list schedules", err)
 	}
@@ -144,7 +144,7 @@ func (s *Store) FireSchedule(ctx context.Context, p storage.FireParams, plan sto
 
 // SetSchedulePaused implements storage.Store.
 func (s *Store) SetSchedulePaused(ctx context.Context, p storage.SetPausedParams) error {
-	tag, err := s.pool.Exec(ctx, s.q(`UPDATE {s}schedules SET
+	tag, err := s.db.Exec(ctx, s.q(`UPDATE {s}schedules SET
 			last_tick = CASE WHEN paused AND NOT $2 THEN greatest(last_tick, $3) ELSE last_tick END,
 			paused = $2, updated_at = {now}
 		WHERE workflow = $4 AND position = $5`), s.now(), p.Paused, p.Now, p.Workflow, p.Index)

@@ -36,9 +36,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"maps"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -176,7 +174,10 @@ func (c *Config) validate() error {
 
 // Store is a storage.Store on PostgreSQL. It is safe for concurrent use.
 type Store struct {
-	pool     *pgxpool.Pool
+	pool *pgxpool.Pool
+	// db runs the statements that are transactions of their own, with
+	// dagrun's settings when the sessions cannot hold them.
+	db       autocommitter
 	ownsPool bool
 	cfg      *Config
 	// prefix qualifies table names (`"schema".`).
@@ -197,10 +198,10 @@ type Store struct {
 	listener *listener
 	closed   bool
 
-	// writeTx and readTx begin the store's own transactions: READ
-	// COMMITTED for writes, REPEATABLE READ read-only for reads, each with
-	// the SET LOCALs of the settings a pooler would not keep on a session.
-	writeTx, readTx pgx.TxOptions
+	// settings sets, for one transaction, the settings a pooler would not
+	// keep on a session: empty when the sessions hold them (see
+	// autocommitFor).
+	settings string
 }
 
 // New returns a Store on a ready pool, migrating the schema first. Close does
@@ -341,9 +342,9 @@ func newStore(ctx context.Context, pool *pgxpool.Pool, owns bool, cfg *Config, l
 		channel:  ChannelPrefix + "." + cfg.Schema,
 		origin:   newOrigin(),
 		subs:     make(map[*subscriber]struct{}),
-		writeTx:  beginWith(pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, local),
-		readTx:   beginWith(pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, local),
+		settings: settingsSQL(local),
 	}
+	s.db = autocommitFor(pool, s.settings)
 	if len(s.channel) > 63 { // PostgreSQL's limit on channel names
 		h := fnv.New64a()
 		_, _ = h.Write([]byte(cfg.Schema))
@@ -504,30 +505,6 @@ func newOrigin() string {
 // failures and deadlocks before the error is returned.
 const maxTxAttempts = 5
 
-// beginWith returns opts, whose BEGIN also sets local's settings for the
-// transaction, in the same round trip, when there are any. The store's
-// writes ask for READ COMMITTED explicitly, whatever the server's default:
-// the locking protocol (lock the instance, then read what sibling
-// transactions committed meanwhile) relies on it.
-func beginWith(opts pgx.TxOptions, local map[string]string) pgx.TxOptions {
-	if len(local) == 0 {
-		return opts
-	}
-	names := slices.Sorted(maps.Keys(local))
-	var sb strings.Builder
-	sb.WriteString("BEGIN ISOLATION LEVEL ")
-	sb.WriteString(strings.ToUpper(string(opts.IsoLevel)))
-	if opts.AccessMode != "" {
-		sb.WriteString(" " + strings.ToUpper(string(opts.AccessMode)))
-	}
-	for _, name := range names {
-		// A string literal is valid for every setting, numbers included.
-		fmt.Fprintf(&sb, "; SET LOCAL %s = '%s'", pgx.Identifier{name}.Sanitize(), strings.ReplaceAll(local[name], "'", "''"))
-	}
-	opts.BeginQuery = sb.String()
-	return opts
-}
-
 // inTx runs fn in a transaction of the store's own, retrying it when
 // PostgreSQL aborts it with a serialization failure or a deadlock; fn must
 // therefore be safe to run again. When it made steps pending, other
@@ -536,7 +513,7 @@ func beginWith(opts pgx.TxOptions, local map[string]string) pgx.TxOptions {
 func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx, st *txState) error) error {
 	return s.retry(ctx, func() error {
 		st := &txState{store: s}
-		err := pgx.BeginTxFunc(ctx, s.pool, s.writeTx, func(tx pgx.Tx) error {
+		err := s.runTx(ctx, writeBegin, func(tx pgx.Tx) error {
 			if err := fn(tx, st); err != nil {
 				return err
 			}

@@ -26,7 +26,7 @@ func (s *Store) AnnounceWorker(ctx context.Context, w storage.WorkerInfo) error 
 		return errors.New("postgres: announce worker: empty worker ID")
 	}
 	err := s.retry(ctx, func() error {
-		_, err := s.pool.Exec(ctx, s.q(announceSQL), s.now(), w.ID, names(w.Handlers), storage.PresenceTTL.Microseconds(), names(w.Queues))
+		_, err := s.db.Exec(ctx, s.q(announceSQL), s.now(), w.ID, names(w.Handlers), storage.PresenceTTL.Microseconds(), names(w.Queues))
 		return err
 	})
 	if err != nil {
@@ -37,7 +37,7 @@ func (s *Store) AnnounceWorker(ctx context.Context, w storage.WorkerInfo) error 
 
 // RemoveWorker implements storage.Store.
 func (s *Store) RemoveWorker(ctx context.Context, id string) error {
-	if _, err := s.pool.Exec(ctx, s.q(`DELETE FROM {s}workers WHERE id = $1`), id); err != nil {
+	if _, err := s.db.Exec(ctx, s.q(`DELETE FROM {s}workers WHERE id = $1`), id); err != nil {
 		return s.fail("remove worker", err)
 	}
 	return nil
@@ -45,7 +45,7 @@ func (s *Store) RemoveWorker(ctx context.Context, id string) error {
 
 // ListWorkers implements storage.Store.
 func (s *Store) ListWorkers(ctx context.Context) ([]storage.WorkerInfo, error) {
-	rows, err := s.pool.Query(ctx, s.q(`SELECT id, handlers, queues, started_at, last_seen FROM {s}workers
+	rows, err := s.db.Query(ctx, s.q(`SELECT id, handlers, queues, started_at, last_seen FROM {s}workers
 		WHERE last_seen >= {now} - $2 * interval '1 microsecond' ORDER BY id`), s.now(), storage.PresenceTTL.Microseconds())
 	if err != nil {
 		return nil, s.fail("list workers", err)
