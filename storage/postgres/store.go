@@ -289,8 +289,20 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 		// ran: measured, a worker's announce took 1 to 2 s of server CPU.
 		params["jit"] = "off"
 	}
+	if _, ok := params["plan_cache_mode"]; !ok {
+		// The store runs the same few statements all the time, through
+		// pgx's cache of prepared statements: with generic plans each is
+		// planned once per connection, not at every execution (planning
+		// was about a quarter of the server's time per step, measured in
+		// its statement log). TestGenericPlansUseIndexes checks that every
+		// one of them keeps its index paths with generic plans.
+		params["plan_cache_mode"] = "force_generic_plan"
+	}
 	var local map[string]string
 	if cfg.PgBouncer {
+		// Behind PgBouncer statements are not prepared, so there is no
+		// plan to keep.
+		delete(params, "plan_cache_mode")
 		// PgBouncer refuses runtime parameters at startup, and a SET on a
 		// session would stay with whichever server connection ran it:
 		// these go with each transaction instead.
