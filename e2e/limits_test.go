@@ -253,16 +253,16 @@ func gaps(starts []int64) []int64 {
 	return out
 }
 
-// TestQueueRateUnderContention checks a queue rate of 10 steps a second
+// TestQueueRateUnderContention checks a queue rate of 25 steps a second
 // under four workers at concurrency 50: the starts the history records over
-// more than 20 seconds come at that rate, within 10% (the slope of a
+// more than 8 seconds come at that rate, within 10% (the slope of a
 // least-squares fit of the starts over time).
 func TestQueueRateUnderContention(t *testing.T) {
 	t.Parallel()
 	bin := plainBinary(t)
 	const (
-		rate      = 10.0
-		instances = 220 // 21.9 s of starts at 10/s
+		rate      = 25.0
+		instances = 220 // 8.8 s of starts at 25/s
 	)
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
@@ -271,7 +271,7 @@ func TestQueueRateUnderContention(t *testing.T) {
 steps:
   - {name: a, handler: echo, queue: rated, input: {n: "${{ input.n }}"}}
 `})
-			e.mustRun(t, "queue", "set", "rated", "--rate", "10/s")
+			e.mustRun(t, "queue", "set", "rated", "--rate", "25/s")
 			contend(t, e, bin, "rated", instances, 2*time.Minute)
 			var starts []int64
 			for _, r := range historyRuns(t, db) {
@@ -284,7 +284,7 @@ steps:
 			measured := fitRate(starts)
 			t.Logf("%d starts over %s: %.2f a second fitted, %.2f first to last (limit %.0f); first gaps %v ms",
 				len(starts), span, measured, overall, rate, gaps(starts[:6]))
-			require.Greater(t, span, 20*time.Second)
+			require.Greater(t, span, 8*time.Second)
 			require.InEpsilon(t, rate, measured, 0.10)
 			// The rate spaces the start times as steps become ready; a
 			// worker that claims late starts the steps that came due
