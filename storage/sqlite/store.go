@@ -84,6 +84,10 @@ type Store struct {
 
 	mu   sync.Mutex
 	subs map[chan struct{}]struct{}
+	// checkpoints copies the write-ahead log into the database off the
+	// writer (see checkpoint.go); nil for a pool from New or in memory.
+	checkpoints *checkpointer
+
 	// watch turns other processes' commits into signals while anyone
 	// subscribes; nil otherwise.
 	watch *watcher
@@ -165,6 +169,18 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 	r.SetMaxOpenConns(cfg.ReadConns)
 	r.SetMaxIdleConns(cfg.ReadConns)
 	s.r = r
+	if s.file != nil {
+		// See checkpoint.go. Should the writer's connection be replaced,
+		// the new one checkpoints at SQLite's default, as before.
+		if _, err := w.ExecContext(ctx, fmt.Sprintf("PRAGMA wal_autocheckpoint = %d", writerCheckpointPages)); err != nil {
+			_ = errors.Join(r.Close(), w.Close())
+			return nil, interpretError(path, err)
+		}
+		if s.checkpoints, err = openCheckpointer(path, cfg.BusyTimeout); err != nil {
+			_ = errors.Join(r.Close(), w.Close())
+			return nil, interpretError(path, err)
+		}
+	}
 	return s, nil
 }
 
@@ -211,7 +227,11 @@ func (s *Store) Close() error {
 	if w != nil {
 		<-w.done
 	}
-	return errors.Join(s.r.Close(), s.w.Close())
+	var checkpoints error
+	if s.checkpoints != nil {
+		checkpoints = s.checkpoints.close()
+	}
+	return errors.Join(checkpoints, s.r.Close(), s.w.Close())
 }
 
 // Subscribe returns a channel that receives a value after this process
@@ -344,6 +364,9 @@ func (s *Store) write(ctx context.Context, op string, fn func(t *txn) error) err
 	}
 	if err := tx.Commit(); err != nil {
 		return s.fail(op, err)
+	}
+	if s.checkpoints != nil {
+		s.checkpoints.kick()
 	}
 	return nil
 }
