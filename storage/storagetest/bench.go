@@ -16,7 +16,8 @@ import (
 // in the same transaction. Run them with -benchmem; each op is one step.
 func Benchmark(b *testing.B, newStore func(b *testing.B) storage.Store) {
 	b.Run("Claim", func(b *testing.B) { benchClaim(b, newStore(b)) })
-	b.Run("CompleteAndUnblock", func(b *testing.B) { benchComplete(b, newStore(b)) })
+	b.Run("CompleteAndUnblock", func(b *testing.B) { benchComplete(b, newStore(b), 0) })
+	b.Run("CompleteWithLogs", func(b *testing.B) { benchComplete(b, newStore(b), 1) })
 	b.Run("ClaimPastUnserved", func(b *testing.B) { benchClaimPastUnserved(b, newStore(b)) })
 	b.Run("ClaimPastFuture", func(b *testing.B) { benchClaimPastFuture(b, newStore(b)) })
 }
@@ -100,8 +101,9 @@ func benchClaimPastFuture(b *testing.B, s storage.Store) {
 }
 
 // benchComplete measures completing claimed first steps, benchBatch per
-// group commit, each making its instance's second step ready.
-func benchComplete(b *testing.B, s storage.Store) {
+// group commit, each making its instance's second step ready, each result
+// carrying logs records its attempt logged (what step logs cost the store).
+func benchComplete(b *testing.B, s storage.Store, logs int) {
 	benchInstances(b, s, b.N+benchBatch)
 	var claimed []storage.ClaimedStep
 	for len(claimed) < b.N {
@@ -118,6 +120,12 @@ func benchComplete(b *testing.B, s storage.Store) {
 		results := make([]storage.StepResult, len(batch))
 		for j, c := range batch {
 			results[j] = storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeCompleted, Output: output}
+			for range logs {
+				results[j].Logs = append(results[j].Logs, storage.LogRecord{
+					InstanceID: c.InstanceID, Step: c.Step, Item: c.Item, Attempt: c.Attempt, Time: time.Now(),
+					Level: "INFO", Message: "charged the card", Attrs: json.RawMessage(`{"amount":42}`),
+				})
+			}
 		}
 		res, err := s.FinishSteps(b.Context(), results, Plan)
 		require.NoError(b, err)
