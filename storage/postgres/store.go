@@ -134,9 +134,11 @@ type Config struct {
 	// connection (a worker finds the steps other processes make ready at
 	// its poll instead), and Open sends no runtime parameter of its own
 	// at connection startup (PgBouncer refuses them): statement_timeout,
-	// enable_seqscan and jit go with each of the store's transactions as
-	// SET LOCAL instead, and queries use pgx's QueryExecModeCacheDescribe,
-	// which prepares no named statement on the server. Default false, or
+	// enable_seqscan and jit go with each of the store's transactions and
+	// single statements instead, in their first batch, for that
+	// transaction only (set_config(..., true)); queries use pgx's
+	// QueryExecModeCacheDescribe, which prepares no named statement on the
+	// server. Default false, or
 	// the URL's pgbouncer=true. With New, only the listener is left out:
 	// the caller's pool must already use such a query mode.
 	PgBouncer bool
@@ -340,7 +342,7 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 }
 
 // newStore builds the store; local holds the settings (name to value) its
-// transactions set for themselves with SET LOCAL.
+// transactions and single statements set for themselves (settingsSQL).
 func newStore(ctx context.Context, pool *pgxpool.Pool, owns bool, cfg *Config, local map[string]string) (*Store, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
