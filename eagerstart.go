@@ -70,7 +70,11 @@ func (e *Engine) reserveEager(n int) (*Worker, int) {
 func (e *Engine) createEagerly(ctx context.Context, params []storage.CreateParams, plan storage.PlanFunc) ([]storage.CreateResult, error) {
 	cc, ok := e.store.(storage.CreateClaimer)
 	if !ok {
-		return e.store.CreateInstances(ctx, nil, params, plan)
+		created, err := e.store.CreateInstances(ctx, nil, params, plan)
+		if err == nil && wakesLater(params) {
+			e.recheckLocalWorkers()
+		}
+		return created, err
 	}
 	roots := 0
 	for _, p := range params {
@@ -84,18 +88,37 @@ func (e *Engine) createEagerly(ctx context.Context, params []storage.CreateParam
 	// proves nothing else was ready, so the store wakes no claim loop of
 	// this process for an empty claim.
 	w, reserved := e.reserveEager(roots + 1)
+	var (
+		created []storage.CreateResult
+		err     error
+	)
 	if w == nil {
-		return e.store.CreateInstances(ctx, nil, params, plan)
+		created, err = e.store.CreateInstances(ctx, nil, params, plan)
+	} else {
+		var claimed []storage.ClaimedStep
+		created, claimed, err = cc.CreateAndClaim(ctx, params, plan, w.claimParams(reserved))
+		w.adopt(reserved, claimed)
 	}
-	created, claimed, err := cc.CreateAndClaim(ctx, params, plan, w.claimParams(reserved))
-	w.adopt(reserved, claimed)
 	if err == nil && wakesLater(params) {
-		// The store wakes no claim loop after a claim that took every
-		// ready step; but a delayed step or a wait's deadline is a time
-		// the worker must learn of to wake at it rather than at a poll.
-		w.recheck()
+		// The store wakes claim loops for steps made ready, not for
+		// times: a delayed step, a wait's deadline or the workflow's
+		// timeout is something every local worker must learn of to wake
+		// at it rather than at a poll. One that looked for its next wake
+		// time just before this commit would otherwise sleep on.
+		e.recheckLocalWorkers()
 	}
 	return created, err
+}
+
+// recheckLocalWorkers makes every running worker of this engine claim and
+// look for its next wake time again.
+func (e *Engine) recheckLocalWorkers() {
+	e.local.mu.Lock()
+	workers := append([]*Worker(nil), e.local.list...)
+	e.local.mu.Unlock()
+	for _, w := range workers {
+		w.recheck()
+	}
 }
 
 // wakesLater reports whether instances have steps that are due only later,

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -322,5 +323,47 @@ onFailure:
 		undo := step(t, inst, "undo")
 		require.Equal(t, storage.StepCompleted, undo.Status)
 		requireJSON(t, `[{"n":1,"why":"step boom failed: card declined"},{"n":2,"why":"step boom failed: card declined"},{"n":3,"why":"step boom failed: card declined"}]`, undo.Output)
+	})
+}
+
+// nextWakeCounting counts the store's NextWake calls. Embedding only
+// storage.Store, it also hides the optional CreateClaimer and
+// FinishClaimer, so starts claim nothing eagerly.
+type nextWakeCounting struct {
+	storage.Store
+	looked *atomic.Int32
+}
+
+func (s *nextWakeCounting) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time, error) {
+	s.looked.Add(1)
+	return s.Store.NextWake(ctx, p)
+}
+
+// TestStartWakesIdleWorkersForItsDeadline: a start that makes no step ready
+// but sets a time to keep (a workflow timeout over a wait step) makes the
+// idle workers of its process look for their next wake time again. A
+// worker that looked just before the start committed, and claimed nothing
+// in it, otherwise slept until its poll or its next lease recovery (seen
+// under load: the timeout came 15 s late).
+func TestStartWakesIdleWorkersForItsDeadline(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		var looked atomic.Int32
+		counting := func(t *testing.T) storage.Store { return &nextWakeCounting{Store: open(t), looked: &looked} }
+		b := setup(t, counting, nil, `
+name: approval
+timeout: 300ms
+steps:
+  - name: approve
+    wait: {signal: approve}
+`)
+		b.runWorker(t, &dagrun.WorkerConfig{Poll: time.Hour, Lease: time.Hour})
+		require.Eventually(t, func() bool { return looked.Load() > 0 }, 10*time.Second, time.Millisecond,
+			"the worker never looked for its next wake time")
+		started := time.Now()
+		inst := b.wait(t, b.start(t, "approval", `{}`))
+		require.Less(t, time.Since(started), 10*time.Second, "at its time, not at a poll or a lease recovery")
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, "workflow timed out after 300ms", inst.Error)
 	})
 }
