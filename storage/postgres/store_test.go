@@ -252,16 +252,7 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 	ctx := t.Context()
 	_, err := s.CreateInstances(ctx, nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
 	require.NoError(t, err)
-	// 5000 finished instances with 4 completed steps each.
-	_, err = s.pool.Exec(ctx, s.q(`
-		INSERT INTO {s}instances (id, workflow, definition_hash, status, run_after, created_at, finished_at)
-		SELECT 'old-' || lpad(g::text, 8, '0'), 'wf', 'h1', 'completed', now(), now(), now()
-		FROM generate_series(1, 5000) g;
-		INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, run_after, finished_at)
-		SELECT 'old-' || lpad(g::text, 8, '0'), p, 's' || p, 'h', 'default', 'wf', 'completed', now(), now()
-		FROM generate_series(1, 5000) g, generate_series(0, 3) p;
-		ANALYZE {s}instances; ANALYZE {s}steps;`))
-	require.NoError(t, err)
+	fillFinishedHistory(t, s, 5000, false)
 
 	cases := []struct {
 		shape claimShape
@@ -287,52 +278,51 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 }
 
 // explainPlans returns the plan of query for the planner's custom and
-// generic plans, by plan_cache_mode. The generic plan is the one of a
-// prepared statement (EXPLAIN EXECUTE): EXPLAIN of a statement with bound
-// parameters always plans for their values, whatever plan_cache_mode says.
+// generic plans, by plan_cache_mode: the custom one for args, and the
+// generic one as genericPlan finds it.
 func explainPlans(t *testing.T, s *Store, query string, args ...any) map[string]string {
 	t.Helper()
-	plans := map[string]string{}
-	// A generic plan holds for any values: EXECUTE passes NULLs, as its
-	// parameters cannot be bound.
-	nulls := strings.Repeat("NULL, ", len(args))
-	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
-		err := pgx.BeginFunc(t.Context(), s.pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(t.Context(), "SET LOCAL plan_cache_mode = "+mode); err != nil {
-				return err
-			}
-			explain := "EXPLAIN " + s.q(query)
-			if mode == "force_generic_plan" {
-				if _, err := tx.Exec(t.Context(), "PREPARE dagrun_explained AS "+s.q(query)); err != nil {
-					return err
-				}
-				explain = "EXPLAIN EXECUTE dagrun_explained"
-				if nulls != "" {
-					explain += "(" + strings.TrimSuffix(nulls, ", ") + ")"
-				}
-			}
-			values := args
-			if mode == "force_generic_plan" {
-				values = nil
-			}
-			rows, err := tx.Query(t.Context(), explain, values...)
-			if err != nil {
-				return err
-			}
-			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			plans[mode] = strings.Join(lines, "\n")
-			if err != nil {
-				return err
-			}
-			if mode == "force_generic_plan" {
-				// A prepared statement outlives the transaction.
-				_, err = tx.Exec(t.Context(), "DEALLOCATE dagrun_explained")
-			}
+	var custom string
+	err := pgx.BeginFunc(t.Context(), s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(t.Context(), "SET LOCAL plan_cache_mode = force_custom_plan"); err != nil {
 			return err
-		})
+		}
+		rows, err := tx.Query(t.Context(), "EXPLAIN "+s.q(query), args...)
+		if err != nil {
+			return err
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		custom = strings.Join(lines, "\n")
+		return err
+	})
+	require.NoError(t, err)
+	return map[string]string{"force_custom_plan": custom, "force_generic_plan": genericPlan(t, s, query)}
+}
+
+// fillFinishedHistory inserts n finished instances of workflow wf with 4
+// completed steps each (and, with events, a step.completed event per
+// step), then analyzes the tables: the history a busy store's statements
+// must not walk.
+func fillFinishedHistory(t *testing.T, s *Store, n int, events bool) {
+	t.Helper()
+	statements := []string{`
+		INSERT INTO {s}instances (id, workflow, definition_hash, status, run_after, created_at, finished_at)
+		SELECT 'old-' || lpad(g::text, 8, '0'), 'wf', 'h1', 'completed', now(), now(), now()
+		FROM generate_series(1, $1::int) g`, `
+		INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, run_after, finished_at)
+		SELECT 'old-' || lpad(g::text, 8, '0'), p, 's' || p, 'h', 'default', 'wf', 'completed', now(), now()
+		FROM generate_series(1, $1::int) g, generate_series(0, 3) p`}
+	if events {
+		statements = append(statements, `
+		INSERT INTO {s}events (instance_id, type, at)
+		SELECT 'old-' || lpad(g::text, 8, '0'), 'step.completed', now() FROM generate_series(1, $1::int) g, generate_series(0, 3) p`)
+	}
+	for _, stmt := range statements {
+		_, err := s.pool.Exec(t.Context(), s.q(stmt), n)
 		require.NoError(t, err)
 	}
-	return plans
+	_, err := s.pool.Exec(t.Context(), s.q(`ANALYZE {s}instances; ANALYZE {s}steps; ANALYZE {s}events`))
+	require.NoError(t, err)
 }
 
 // TestEventReadsNameTheInstance: every read of an instance's events, custom
@@ -695,18 +685,7 @@ func TestInstanceCountsFoldGoneProcesses(t *testing.T) {
 func TestGenericPlansUseIndexes(t *testing.T) {
 	t.Parallel()
 	s := openTestStore(t, nil)
-	ctx := t.Context()
-	_, err := s.pool.Exec(ctx, s.q(`
-		INSERT INTO {s}instances (id, workflow, definition_hash, status, run_after, created_at, finished_at)
-		SELECT 'old-' || lpad(g::text, 8, '0'), 'wf', 'h1', 'completed', now(), now(), now()
-		FROM generate_series(1, 5000) g;
-		INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, run_after, finished_at)
-		SELECT 'old-' || lpad(g::text, 8, '0'), p, 's' || p, 'h', 'default', 'wf', 'completed', now(), now()
-		FROM generate_series(1, 5000) g, generate_series(0, 3) p;
-		INSERT INTO {s}events (instance_id, type, at)
-		SELECT 'old-' || lpad(g::text, 8, '0'), 'step.completed', now() FROM generate_series(1, 5000) g, generate_series(0, 3) p;
-		ANALYZE {s}instances; ANALYZE {s}steps; ANALYZE {s}events;`))
-	require.NoError(t, err)
+	fillFinishedHistory(t, s, 5000, true)
 	statements := map[string]string{
 		"promote": promoteSQL, "extend": extendSQL, "release": releaseSQL, "finish": finishSQL,
 		"expired leases": expiredSQL, "recover": recoverSQL, "create": createSQL, "existing": existingSQL,
