@@ -81,8 +81,10 @@ func quoteLiteral(s string) string {
 // send sends b with the settings first and reads their result, so that
 // the caller reads b's own results in order.
 func (p *settingPool) send(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	b.QueuedQueries = append([]*pgx.QueuedQuery{{SQL: p.settings}}, b.QueuedQueries...)
-	br := p.pool.SendBatch(ctx, b)
+	// A batch of its own: the caller's stays as it was, should it send
+	// it again (a retry).
+	withSettings := &pgx.Batch{QueuedQueries: append([]*pgx.QueuedQuery{{SQL: p.settings}}, b.QueuedQueries...)}
+	br := p.pool.SendBatch(ctx, withSettings)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
 		return failedBatch{err}
