@@ -34,7 +34,10 @@ const (
 // store's commits, at most one per checkpointEvery; it runs none while
 // nothing is committed, so an idle store does not wake.
 type checkpointer struct {
-	conn   *sql.DB
+	conn *sql.DB
+	// fileOK runs before each checkpoint; a checkpoint after an error
+	// would hide it (see openCheckpointer).
+	fileOK func() error
 	kicked chan struct{}
 	stop   chan struct{}
 	done   chan struct{}
@@ -42,14 +45,17 @@ type checkpointer struct {
 }
 
 // openCheckpointer starts a checkpointer on a connection of its own to the
-// database file at path.
-func openCheckpointer(path string, busy time.Duration) (*checkpointer, error) {
+// database file at path. It checkpoints only while fileOK returns nil: a
+// checkpoint copies the log's pages back into a file truncated under the
+// store and grows it to its full size again, with zeros for every page not
+// in the log, and the truncation the store would have seen is gone.
+func openCheckpointer(path string, busy time.Duration, fileOK func() error) (*checkpointer, error) {
 	conn, err := sql.Open("sqlite3", dsn(path, busy, false))
 	if err != nil {
 		return nil, err
 	}
 	conn.SetMaxOpenConns(1)
-	c := &checkpointer{conn: conn, kicked: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	c := &checkpointer{conn: conn, fileOK: fileOK, kicked: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go c.run()
 	return c, nil
 }
@@ -70,15 +76,23 @@ func (c *checkpointer) run() {
 		case <-c.stop:
 			return
 		}
-		// A busy checkpoint (another process's running) or any other
-		// failure only leaves the copying to the writer's own.
-		_, _ = c.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)")
+		if c.fileOK() != nil {
+			return // the file is lost; the store says so from now on
+		}
+		c.checkpoint()
 		select {
 		case <-time.After(checkpointEvery):
 		case <-c.stop:
 			return
 		}
 	}
+}
+
+// checkpoint copies what it can of the log into the database file. A busy
+// checkpoint (another process's running) or any other failure only leaves
+// the copying to the writer's own.
+func (c *checkpointer) checkpoint() {
+	_, _ = c.conn.ExecContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)")
 }
 
 // close stops the checkpointer and closes its connection.

@@ -41,7 +41,7 @@ func TestCheckpointsRunOffTheWriter(t *testing.T) {
 	// The writer checkpoints within its commit, so it would have by now.
 	require.Equal(t, before, fileSize(t, path), "the writer checkpointed a log of a few pages")
 
-	s.checkpoints, err = openCheckpointer(path, s.busy)
+	s.checkpoints, err = openCheckpointer(path, s.busy, s.checkFile)
 	require.NoError(t, err)
 	ps[0].ID = "i-last"
 	_, err = s.CreateInstances(t.Context(), nil, ps[:1], storagetest.Plan)
@@ -55,4 +55,33 @@ func fileSize(t *testing.T, path string) int64 {
 	fi, err := os.Stat(path)
 	require.NoError(t, err)
 	return fi.Size()
+}
+
+// TestCheckpointerLeavesATruncatedFileTruncated: a checkpoint after the
+// file was truncated under the store would copy the log back into it and
+// hide the truncation (the file at full size again, zeros where the pages
+// not in the log were); the checkpointer stops instead, and the store
+// reports the database lost.
+func TestCheckpointerLeavesATruncatedFileTruncated(t *testing.T) {
+	t.Parallel()
+	s, path := openCheckpointed(t)
+
+	// Commits the checkpointer has not copied yet: the log holds them.
+	require.NoError(t, s.checkpoints.close())
+	p := storage.CreateParams{ID: "i-1", Workflow: "wf", DefinitionHash: "h1", Definition: []byte("name: wf\n"),
+		Input: json.RawMessage(`{}`), Steps: []storage.StepSpec{{Name: "a", Handler: "h", Queue: "default"}}}
+	_, err := s.CreateInstances(t.Context(), nil, []storage.CreateParams{p}, storagetest.Plan)
+	require.NoError(t, err)
+
+	require.NoError(t, os.Truncate(path, 0))
+	s.checkpoints, err = openCheckpointer(path, s.busy, s.checkFile)
+	require.NoError(t, err)
+	s.checkpoints.kick()
+	select {
+	case <-s.checkpoints.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the checkpointer went on after the file was truncated")
+	}
+	require.Zero(t, fileSize(t, path), "a checkpoint wrote into the truncated file")
+	require.ErrorIs(t, s.checkFile(), storage.ErrDatabaseLost)
 }

@@ -15,6 +15,17 @@ import (
 // (its page cache may answer without them).
 func TestCheckFileSeesTruncation(t *testing.T) {
 	t.Parallel()
+	s, path := openCheckpointed(t)
+	require.NoError(t, os.Truncate(path, 0))
+	err := s.checkFile()
+	require.ErrorIs(t, err, storage.ErrDatabaseLost)
+	require.ErrorContains(t, err, "was truncated")
+}
+
+// openCheckpointed opens a store on a new file and checkpoints it, so that
+// the file holds the whole database and the store has seen its header.
+func openCheckpointed(t *testing.T) (*Store, string) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "dagrun.db")
 	s, err := Open(t.Context(), path, nil)
 	require.NoError(t, err)
@@ -22,9 +33,5 @@ func TestCheckFileSeesTruncation(t *testing.T) {
 	_, err = s.w.ExecContext(t.Context(), `PRAGMA wal_checkpoint(TRUNCATE)`)
 	require.NoError(t, err)
 	require.NoError(t, s.checkFile())
-
-	require.NoError(t, os.Truncate(path, 0))
-	err = s.checkFile()
-	require.ErrorIs(t, err, storage.ErrDatabaseLost)
-	require.ErrorContains(t, err, "was truncated")
+	return s, path
 }

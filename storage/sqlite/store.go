@@ -176,7 +176,7 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 			_ = errors.Join(r.Close(), w.Close())
 			return nil, interpretError(path, err)
 		}
-		if s.checkpoints, err = openCheckpointer(path, cfg.BusyTimeout); err != nil {
+		if s.checkpoints, err = openCheckpointer(path, cfg.BusyTimeout, s.checkFile); err != nil {
 			_ = errors.Join(r.Close(), w.Close())
 			return nil, interpretError(path, err)
 		}
