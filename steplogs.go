@@ -126,7 +126,7 @@ type attemptLog struct {
 // newAttemptLog returns the log of an attempt of step, kept by lw.
 func newAttemptLog(lw *logWriter, step *storage.ClaimedStep) *attemptLog {
 	al := &attemptLog{writer: lw, key: storage.LogRecord{
-		InstanceID: step.InstanceID, Step: step.Step, Item: step.Item, Attempt: step.Attempt,
+		StepID: step.StepID, InstanceID: step.InstanceID, Step: step.Step, Item: step.Item, Attempt: step.Attempt,
 	}}
 	al.handler = logHandler{log: al, attrs: newAttrsJSON()}
 	return al

@@ -631,7 +631,11 @@ type ListParams struct {
 type LogRecord struct {
 	// Seq orders the records of an instance; the store assigns it, growing
 	// with every record it stores.
-	Seq        int64
+	Seq int64
+	// StepID, when set, is the Claim.StepID of the attempt: a store may
+	// find the step by it rather than by InstanceID and Step, which it
+	// must match.
+	StepID     int64
 	InstanceID string
 	Step       string
 	// Item is the item's index for an item of a forEach step, -1 for a step.

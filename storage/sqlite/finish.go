@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -47,6 +48,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		claimed = nil
 		var touched []string // instances to plan, in first-touched order
 		var parents []int64  // forEach steps whose items finished
+		logRows := make([]int64, len(results))
 		completedIn, err := t.completeMany(results)
 		if err != nil {
 			return err
@@ -75,6 +77,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				continue
 			}
 			out[i].Accepted = true
+			logRows[i] = cmp.Or(parent, r.Claim.StepID)
 			if parent != 0 {
 				if status == storage.StepCompleted || status == storage.StepFailed {
 					if !slices.Contains(parents, parent) {
@@ -94,7 +97,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				ready = true
 			}
 		}
-		if err := t.appendResultLogs(results); err != nil {
+		if err := t.appendResultLogs(results, logRows); err != nil {
 			return err
 		}
 		settled, err := t.settleItems(parents)

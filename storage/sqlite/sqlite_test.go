@@ -181,4 +181,62 @@ func TestMigrate(t *testing.T) {
 		_, err = sqlite.Open(t.Context(), path, nil)
 		require.ErrorContains(t, err, "upgrade dagrun")
 	})
+
+	// Version 14 keys step logs by their step's row: what a file of
+	// version 13 holds is kept, in its order, an item's under its step.
+	t.Run("StepLogsByStepRow", func(t *testing.T) {
+		t.Parallel()
+		path := filepath.Join(t.TempDir(), "dagrun.db")
+		s, err := sqlite.Open(t.Context(), path, nil)
+		require.NoError(t, err)
+		spec := func(name string) storage.StepSpec {
+			return storage.StepSpec{Name: name, Handler: "h", Queue: "default"}
+		}
+		p := storage.CreateParams{ID: "i-1", Workflow: "wf", DefinitionHash: "h1", Definition: []byte("name: wf\n"), Steps: []storage.StepSpec{spec("a"), spec("b")}}
+		_, err = s.CreateInstances(t.Context(), nil, []storage.CreateParams{p}, storagetest.Plan)
+		require.NoError(t, err)
+		require.NoError(t, s.Close())
+
+		db, err := sql.Open("sqlite3", sqlite.DSN(path))
+		require.NoError(t, err)
+		defer db.Close()
+		for _, q := range []string{
+			`DROP TABLE step_logs`,
+			`CREATE TABLE step_logs (seq INTEGER PRIMARY KEY, instance_id TEXT NOT NULL REFERENCES instances (id) ON DELETE CASCADE,
+				step TEXT NOT NULL, item INTEGER NOT NULL, attempt INTEGER NOT NULL, at INTEGER NOT NULL,
+				level TEXT NOT NULL, message TEXT NOT NULL, attrs TEXT)`,
+			`CREATE INDEX step_logs_attempt ON step_logs (instance_id, step, attempt, item, seq)`,
+			`INSERT INTO step_logs (seq, instance_id, step, item, attempt, at, level, message, attrs) VALUES
+				(7, 'i-1', 'b', -1, 1, 1, 'INFO', 'first', NULL),
+				(9, 'i-1', 'a', 2, 1, 2, 'WARN', 'an item', '{"k":1}'),
+				(12, 'i-1', 'b', -1, 2, 3, 'INFO', 'last', NULL)`,
+			`DELETE FROM schema_migrations WHERE version = 14`,
+		} {
+			_, err := db.Exec(q)
+			require.NoError(t, err, q)
+		}
+
+		s, err = sqlite.Open(t.Context(), path, nil)
+		require.NoError(t, err)
+		defer s.Close()
+		got, err := s.ListLogs(t.Context(), storage.LogsParams{InstanceID: "i-1"})
+		require.NoError(t, err)
+		type kept struct {
+			Seq           int64
+			Step          string
+			Item, Attempt int
+			Message       string
+		}
+		var keptLogs []kept
+		for _, r := range got {
+			keptLogs = append(keptLogs, kept{r.Seq, r.Step, r.Item, r.Attempt, r.Message})
+		}
+		require.Equal(t, []kept{{7, "b", -1, 1, "first"}, {9, "a", 2, 1, "an item"}, {12, "b", -1, 2, "last"}}, keptLogs)
+		require.JSONEq(t, `{"k":1}`, string(got[1].Attrs))
+		require.NoError(t, s.AppendLogs(t.Context(), nil, []storage.LogRecord{{InstanceID: "i-1", Step: "a", Item: -1, Attempt: 1, Level: "INFO", Message: "new"}}))
+		got, err = s.ListLogs(t.Context(), storage.LogsParams{InstanceID: "i-1", AfterSeq: 12})
+		require.NoError(t, err)
+		require.Len(t, got, 1)
+		require.Greater(t, got[0].Seq, int64(12), "seqs go on growing")
+	})
 }

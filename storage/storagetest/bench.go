@@ -122,7 +122,7 @@ func benchComplete(b *testing.B, s storage.Store, logs int) {
 			results[j] = storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeCompleted, Output: output}
 			for range logs {
 				results[j].Logs = append(results[j].Logs, storage.LogRecord{
-					InstanceID: c.InstanceID, Step: c.Step, Item: c.Item, Attempt: c.Attempt, Time: time.Now(),
+					StepID: c.StepID, InstanceID: c.InstanceID, Step: c.Step, Item: c.Item, Attempt: c.Attempt, Time: time.Now(),
 					Level: "INFO", Message: "charged the card", Attrs: json.RawMessage(`{"amount":42}`),
 				})
 			}

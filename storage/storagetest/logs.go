@@ -138,6 +138,43 @@ var logTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, storage.StepRunning, step(t, b.get(id), "b").Status)
 	},
 
+	"ByClaimedRow": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createItems(2, eachSpec("each"))
+		other := b.createOne(spec("each"))
+		items := b.claimItems(id, "each", 10)
+		require.Len(t, items, 2)
+		record := func(c storage.ClaimedStep, msg string) storage.LogRecord {
+			r := b.logRecord(c.InstanceID, c.Step, c.Attempt, msg)
+			r.StepID, r.Item = c.StepID, c.Item
+			return r
+		}
+		// A StepID that does not name a row of the record's step (here
+		// another instance's) is not trusted: the record goes by name.
+		misdirected := record(items[0], "other instance")
+		misdirected.InstanceID = other
+		misdirected.Item = -1
+		require.NoError(t, b.store.AppendLogs(b.ctx, nil, []storage.LogRecord{record(items[1], "item 1"), misdirected}))
+		done := make([]storage.StepResult, len(items))
+		for i, c := range items {
+			done[i] = completed(c.Claim, `1`)
+		}
+		done[0].Logs = []storage.LogRecord{record(items[0], "item 0")}
+		require.Equal(t, []storage.FinishResult{{Accepted: true}, {Accepted: true}}, b.finishItems(done...))
+		require.Equal(t, storage.InstanceCompleted, b.get(id).Status)
+
+		got := b.listLogs(storage.LogsParams{InstanceID: id, Step: "each"})
+		require.Equal(t, []string{"item 1", "item 0"}, messages(got))
+		require.Equal(t, []int{1, 0}, []int{got[0].Item, got[1].Item})
+		require.Equal(t, "each", got[0].Step)
+		require.Equal(t, []string{"other instance"}, messages(b.listLogs(storage.LogsParams{InstanceID: other})))
+
+		// Retrying the forEach step replaces its items; what the old ones
+		// logged stays, as a retried step's earlier attempts' logs do.
+		require.NoError(t, b.op().RetryFrom(b.ctx, id, "each", ItemsPlan))
+		require.Equal(t, []string{"item 1", "item 0"}, messages(b.listLogs(storage.LogsParams{InstanceID: id})))
+	},
+
 	"PrunedWithInstance": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		old := b.createOne(spec("a"))
