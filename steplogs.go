@@ -121,6 +121,13 @@ type attemptLog struct {
 
 	// handler is the attempt logger's own, allocated with it.
 	handler logHandler
+
+	// Room for what most attempts log, allocated with the attemptLog
+	// rather than one allocation each on its first record: a worker
+	// running short steps pays them for every attempt.
+	firstPending [2]storage.LogRecord
+	firstWritten [4]int
+	firstBuf     [128]byte
 }
 
 // newAttemptLog returns the log of an attempt of step, kept by lw.
@@ -129,6 +136,9 @@ func newAttemptLog(lw *logWriter, step *storage.ClaimedStep) *attemptLog {
 		StepID: step.StepID, InstanceID: step.InstanceID, Step: step.Step, Item: step.Item, Attempt: step.Attempt,
 	}}
 	al.handler = logHandler{log: al, attrs: newAttrsJSON()}
+	// The result that takes the pending records owns them from then on:
+	// take leaves pending nil, so later records are appended elsewhere.
+	al.pending, al.written, al.buf = al.firstPending[:0], al.firstWritten[:0], al.firstBuf[:0]
 	return al
 }
 

@@ -89,7 +89,7 @@ func (t *txn) appendResultLogs(results []storage.StepResult, logRows []int64) er
 				other = append(other, rec)
 				continue
 			}
-			known = append(known, logRows[i], rec.Item, rec.Attempt, us(rec.Time), rec.Level, rec.Message, jsonArg(rec.Attrs))
+			known = append(known, logRows[i], int64(rec.Item), int64(rec.Attempt), us(rec.Time), levelArg(rec.Level), rec.Message, jsonArg(rec.Attrs))
 		}
 	}
 	if len(trims) == 0 && len(known) == 0 && len(other) == 0 {
@@ -166,4 +166,16 @@ func (s *Store) ListLogs(ctx context.Context, p storage.LogsParams) ([]storage.L
 		})
 	})
 	return out, err
+}
+
+// levelArgs are the usual levels' names, boxed once: a record's arguments
+// cost the writer an allocation each.
+var levelArgs = map[string]any{"DEBUG": "DEBUG", "INFO": "INFO", "WARN": "WARN", "ERROR": "ERROR"}
+
+// levelArg is level as a statement argument.
+func levelArg(level string) any {
+	if a, ok := levelArgs[level]; ok {
+		return a
+	}
+	return level
 }
