@@ -485,8 +485,12 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance, held bool) {
 			r.expansions = append(r.expansions, expansion{p.ID, sp.Name, ns.Input, ns.Items, ns.Children})
 			st.ready(queueOf(*sp))
 		}
-		if status == storage.StepWaiting && sp.Wait != nil && sp.Wait.Timeout > 0 {
-			st.ready(queueOf(*sp)) // idle workers learn of the deadline
+		if status == storage.StepWaiting && (sp.Wait != nil && sp.Wait.Timeout > 0 || p.Timeout > 0) {
+			// Idle workers learn of the wait's deadline, or of the
+			// workflow's: an instance that starts only waiting makes no
+			// step ready, and another process's worker would otherwise
+			// see the deadline only at its next poll.
+			st.ready(queueOf(*sp))
 		}
 		r.stStatuses = append(r.stStatuses, string(status))
 		r.stOutputs = append(r.stOutputs, jsonOrNil(ns.Output))

@@ -93,17 +93,25 @@ func awaitListener(t *testing.T, s *Store, not uint32) uint32 {
 	return pid
 }
 
+// listenedTo opens a store and another one on its schema, as a second
+// process would, and returns the first with the signals of a subscriber
+// of the second, listening and with nothing pending.
+func listenedTo(t *testing.T) (*Store, <-chan struct{}) {
+	t.Helper()
+	a := openTestStore(t, nil)
+	b := openInSchema(t, a.cfg.Schema, nil)
+	ch, cancel := b.Subscribe()
+	t.Cleanup(cancel)
+	awaitListener(t, b, 0)
+	drain(ch)
+	return a, ch
+}
+
 // TestNotifyWakesOtherStore: a commit in one store (one process) wakes a
 // subscriber of another store with its own pool, through LISTEN/NOTIFY.
 func TestNotifyWakesOtherStore(t *testing.T) {
 	t.Parallel()
-	a := openTestStore(t, nil)
-	b := openInSchema(t, a.cfg.Schema, nil)
-
-	ch, cancel := b.Subscribe()
-	defer cancel()
-	awaitListener(t, b, 0)
-	drain(ch)
+	a, ch := listenedTo(t)
 
 	_, err := a.CreateInstances(t.Context(), nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
 	require.NoError(t, err)
@@ -123,6 +131,26 @@ func TestNotifyWakesOtherStore(t *testing.T) {
 	}
 	require.NoError(t, tx.Commit(t.Context()))
 	awaitSignal(t, ch, 2*time.Second, "the caller's commit")
+}
+
+// TestNotifyTellsOfADeadline: an instance that starts only waiting makes
+// no step ready, but its workflow timeout is a time another process's
+// idle worker must wake at: the create notifies.
+func TestNotifyTellsOfADeadline(t *testing.T) {
+	t.Parallel()
+	a, ch := listenedTo(t)
+
+	// storagetest.Plan makes a step whose name begins with "await" wait.
+	wait := spec("await-approval")
+	wait.Handler, wait.Wait = "", &storage.WaitSpec{Signal: "approval"}
+	p := params(wait)
+	p.Timeout = time.Hour
+	_, err := a.CreateInstances(t.Context(), nil, []storage.CreateParams{p}, storagetest.Plan)
+	require.NoError(t, err)
+	awaitSignal(t, ch, 2*time.Second, "a create with a workflow timeout")
+	in, err := a.GetInstance(t.Context(), p.ID)
+	require.NoError(t, err)
+	require.Equal(t, storage.StepWaiting, in.Steps[0].Status, "the instance started only waiting")
 }
 
 // TestNotifyDebounced: one transaction making many steps ready sends one
