@@ -92,9 +92,6 @@ func (t *txn) appendResultLogs(results []storage.StepResult, logRows []int64) er
 			known = append(known, logRows[i], int64(rec.Item), int64(rec.Attempt), us(rec.Time), levelArg(rec.Level), rec.Message, jsonArg(rec.Attrs))
 		}
 	}
-	if len(trims) == 0 && len(known) == 0 && len(other) == 0 {
-		return nil
-	}
 	// Trims first: a trim counts the records stored before this result's.
 	if err := t.appendLogs(trims, nil); err != nil {
 		return err
