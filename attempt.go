@@ -255,8 +255,8 @@ func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, logs *logW
 		Item:           step.Item,
 	})
 	if logs != nil {
-		al := newAttemptLog(logs, &step)
-		attemptCtx = handlers.WithLogHandler(attemptCtx, &al.handler)
+		al := newLazyAttemptLog(logs, &step)
+		attemptCtx = handlers.WithLogHandler(attemptCtx, al)
 		// What the attempt logged and no flush wrote yet goes with its
 		// result, in the transaction that records it.
 		defer func() {

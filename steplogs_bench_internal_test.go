@@ -38,7 +38,7 @@ func BenchmarkStepLogs(b *testing.B) {
 	for b.Loop() {
 		i++
 		step.Attempt = i
-		ctx := handlers.WithLogHandler(context.Background(), &newAttemptLog(lw, &step).handler)
+		ctx := handlers.WithLogHandler(context.Background(), newLazyAttemptLog(lw, &step))
 		log := handlers.Logger(ctx)
 		for r := range 2 {
 			log.Info("working", slog.Int("record", r), slog.String("step", "a"))
