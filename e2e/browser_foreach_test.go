@@ -36,17 +36,25 @@ steps:
 `, browserForEachItems-1)
 
 // browserHeartbeat starts a page timer that records the longest gap
-// between its 50 ms ticks: a page that freezes (long tasks rendering
-// thousands of rows, say) shows it as a long gap.
+// between its 50 ms ticks, and records the longest task the page's main
+// thread ran (the Long Tasks API reports those over 50 ms). A page that
+// freezes (rendering thousands of rows, say) shows it as a long task; a
+// long gap with no long task is a machine too loaded to schedule the page.
 const browserHeartbeat = `(() => {
-	window.__beat = { last: performance.now(), maxGap: 0, ticks: 0 };
+	window.__beat = { last: performance.now(), maxGap: 0, ticks: 0, longestTask: 0, longTasks: 0 };
 	setInterval(() => {
 		const now = performance.now();
 		window.__beat.maxGap = Math.max(window.__beat.maxGap, now - window.__beat.last);
 		window.__beat.last = now;
 		window.__beat.ticks++;
 	}, 50);
-	return true;
+	new PerformanceObserver((list) => {
+		for (const task of list.getEntries()) {
+			window.__beat.longestTask = Math.max(window.__beat.longestTask, task.duration);
+			window.__beat.longTasks++;
+		}
+	}).observe({ type: "longtask" });
+	return PerformanceObserver.supportedEntryTypes.includes("longtask");
 })()`
 
 // TestBrowserForEach opens an instance whose forEach step has 10,000 items
@@ -144,13 +152,22 @@ func TestBrowserForEach(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(node+".s-failed")),
 		chromedp.Poll[chromedp.Void](`document.querySelector('`+node+` text.sub').textContent === "9,990/10,000 \u00B7 10 failed"`),
 	)
+	// Each item logged its request: the panel keeps the newest lines and
+	// says where the others are.
+	browserDo(t, ctx, console, "the log panel keeps the newest lines",
+		chromedp.Poll[chromedp.Void](`!document.querySelector("#step-logs-cut").hidden &&
+			document.querySelector("#step-logs-cut").textContent.includes("dagrun logs") &&
+			document.querySelectorAll("#step-logs li").length === 200`),
+	)
 	beat, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]float64](`window.__beat`))
 	require.NoError(t, err)
-	t.Logf("while the items ran: longest gap of a 50 ms page timer %.0f ms over %.0f ticks; slowest evaluate round trip %s",
-		beat["maxGap"], beat["ticks"], slowest.Round(time.Millisecond))
-	// A frozen page stops its timers and leaves scripts waiting: seconds,
-	// not the tens of milliseconds measured here.
-	require.Less(t, beat["maxGap"], 3000.0, "the page froze")
+	t.Logf("while the items ran: longest task %.0f ms (%.0f over 50 ms); longest gap of a 50 ms page timer %.0f ms over %.0f ticks; slowest evaluate round trip %s",
+		beat["longestTask"], beat["longTasks"], beat["maxGap"], beat["ticks"], slowest.Round(time.Millisecond))
+	// A frozen page runs a task of seconds and leaves scripts waiting, not
+	// the tens of milliseconds measured here. The timer's gap is logged,
+	// not asserted: on a loaded machine it counts the time the page was
+	// not scheduled at all (3.1 s in one CI run on a loaded machine).
+	require.Less(t, beat["longestTask"], 1000.0, "the page froze")
 	require.Less(t, slowest, 3*time.Second, "the page froze")
 
 	browserDo(t, ctx, console, "filter the failed items",
