@@ -189,6 +189,7 @@ func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storag
 		}
 		out = append(out, capped...)
 	}
+	s.claimers.claimed(p, false, len(out))
 	return out, nil
 }
 

@@ -197,6 +197,9 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 	if err != nil {
 		return nil, nil, s.fail("finish steps", err)
 	}
+	if claim != nil {
+		s.claimers.claimed(*claim, true, len(claimed))
+	}
 	return out, claimed, nil
 }
 

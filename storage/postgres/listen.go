@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgxlisten"
 )
 
 // subscriber is one Subscribe call's channel, buffered so that signals
@@ -61,8 +59,9 @@ func (s *Store) broadcast() {
 type listener struct {
 	cancel context.CancelFunc
 	done   chan struct{}
-	// pid is the backend process ID of the current connection, 0 while
-	// disconnected (tests terminate it to exercise reconnects).
+	// pid is the backend process ID of the current connection once it
+	// first LISTENed, 0 before and while disconnected (tests terminate it
+	// to exercise reconnects).
 	pid atomic.Uint32
 }
 
@@ -82,37 +81,41 @@ func (l *listener) stop() {
 	<-l.done
 }
 
-// listen keeps one connection LISTENing until ctx ends, with pgxlisten.
-// The connection is its own, not the pool's: it stays busy for the store's
+// listen keeps one connection until ctx ends, LISTENing on the store's
+// channel while one of its claimers waits for work (see claimers). The
+// connection is its own, not the pool's: it stays busy for the store's
 // life and must not take a slot from transactions. When it dies, listen
-// reconnects with a jittered exponential backoff, and then signals every
-// subscriber once, since notifications sent while it was down are lost.
-// The backoff grows only while attempts keep failing to LISTEN: a
-// connection that got that far resets it, so each outage starts again
-// from ListenerRetryMin. A server that turns connections away (too many
-// clients) thus sees each listener try again at most every
-// ListenerRetryMax, at scattered times, while its worker polls.
+// reconnects with a jittered exponential backoff. Every LISTEN but the
+// first one of the first connection signals every subscriber once, since
+// notifications sent while the store did not listen are lost. The backoff
+// grows only while attempts keep failing: a connection that got as far as
+// a LISTEN resets it, so each outage starts again from ListenerRetryMin. A server that turns
+// connections away (too many clients) thus sees each listener try again
+// at most every ListenerRetryMax, at scattered times, while its worker
+// polls.
 func (s *Store) listen(ctx context.Context, l *listener) {
 	r := &relay{store: s, listener: l, backoff: s.cfg.ListenerRetryMin}
-	pl := &pgxlisten.Listener{
-		Connect:  r.connect,
-		LogError: r.logError,
-		// pgxlisten waits a fixed delay between attempts; connect waits
-		// the backoff instead.
-		ReconnectDelay: -1,
+	for ctx.Err() == nil {
+		conn, err := r.connect(ctx)
+		if err == nil {
+			err = r.serve(ctx, conn)
+			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			_ = conn.Close(closeCtx)
+			cancel()
+		}
+		r.logError(ctx, err)
 	}
-	pl.Handle(s.channel, r)
-	_ = pl.Listen(ctx) // returns only when ctx ends
 }
 
 // relay connects the listener and turns notifications on the store's
-// channel into signals for its subscribers. pgxlisten calls all its
-// methods from its one goroutine.
+// channel into signals for its subscribers, from the listener's one
+// goroutine.
 type relay struct {
 	store    *Store
 	listener *listener
 	backoff  time.Duration
 	connects int
+	listened bool // a LISTEN succeeded before on this connection or another
 }
 
 func (r *relay) connect(ctx context.Context) (*pgx.Conn, error) {
@@ -135,6 +138,55 @@ func (r *relay) connect(ctx context.Context) (*pgx.Conn, error) {
 	return pgx.ConnectConfig(ctx, cc)
 }
 
+// serve runs one connection until it fails or ctx ends: it LISTENs while
+// the store's claimers want wake-ups and relays what arrives, and
+// UNLISTENs once they have all been busy for a while. A wait for a
+// notification is never cut short: the listener UNLISTENs after the next
+// one, which a busy fleet sends often, and while it does not listen it
+// waits for a claimer to start waiting.
+func (r *relay) serve(ctx context.Context, conn *pgx.Conn) error {
+	s := r.store
+	channel := pgx.Identifier{s.channel}.Sanitize()
+	listening := false
+	for {
+		if want := s.claimers.wanted(time.Now()); want != listening {
+			statement := "UNLISTEN " + channel
+			if want {
+				statement = "LISTEN " + channel
+			}
+			if _, err := conn.Exec(ctx, statement); err != nil {
+				return err
+			}
+			listening = want
+			if listening {
+				r.listener.pid.Store(conn.PgConn().PID())
+				r.backoff = s.cfg.ListenerRetryMin
+				if r.connects > 1 || r.listened {
+					s.broadcast()
+				}
+				r.listened = true
+			}
+		}
+		if !listening {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-s.claimers.started:
+			}
+			continue
+		}
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		// The store's own notifications are skipped: it signalled its own
+		// subscribers when it committed.
+		if origin, _, _ := strings.Cut(n.Payload, ":"); origin != s.origin {
+			s.broadcast()
+		}
+	}
+}
+
 func (r *relay) logError(ctx context.Context, err error) {
 	if ctx.Err() != nil {
 		return // closing
@@ -150,27 +202,6 @@ func jitter(d time.Duration) time.Duration {
 		return d
 	}
 	return d/2 + rand.N(d-d/2)
-}
-
-// HandleBacklog runs once LISTEN succeeded. It resets the backoff and,
-// after a reconnect, signals every subscriber, since notifications sent
-// while the connection was down are lost.
-func (r *relay) HandleBacklog(_ context.Context, _ string, conn *pgx.Conn) error {
-	r.listener.pid.Store(conn.PgConn().PID())
-	r.backoff = r.store.cfg.ListenerRetryMin
-	if r.connects > 1 {
-		r.store.broadcast()
-	}
-	return nil
-}
-
-// HandleNotification skips the store's own notifications: it signalled its
-// own subscribers when it committed.
-func (r *relay) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
-	if origin, _, _ := strings.Cut(n.Payload, ":"); origin != r.store.origin {
-		r.store.broadcast()
-	}
-	return nil
 }
 
 // listenerPID returns the backend PID of the listener connection, 0 when

@@ -6,8 +6,10 @@
 // instance row (in sorted id order), so two siblings finishing at once in
 // separate transactions serialize and a fan-in join is promoted exactly once.
 // Commits that make steps ready send one pg_notify on the store's channel,
-// which a single listener connection per Store (kept by pgxlisten) turns
-// into Subscribe signals for idle workers; polling stays the fallback.
+// which a single listener connection per Store turns into Subscribe signals
+// for idle workers; polling stays the fallback. The listener listens only
+// while one of the store's claimers waits for work, so a fleet whose
+// workers are all busy is not woken by every commit.
 //
 // Every lease, run-after, ready time and event time comes from the
 // database server's clock, read inside the statements that write them, so
@@ -26,7 +28,7 @@
 // is moved into the schema then.
 //
 // It may import only storage, storage/internal/migrate, the standard library,
-// pgx and pgxlisten.
+// and pgx.
 package postgres
 
 import (
@@ -198,6 +200,8 @@ type Store struct {
 	subs   map[*subscriber]struct{}
 	// listener is started by the first Subscribe and stopped by Close.
 	listener *listener
+	// claimers tells the listener when to listen.
+	claimers *claimers
 	closed   bool
 
 	// settings sets, for one transaction, the settings a pooler would not
@@ -356,6 +360,7 @@ func newStore(ctx context.Context, pool *pgxpool.Pool, owns bool, cfg *Config, l
 		channel:  ChannelPrefix + "." + cfg.Schema,
 		origin:   newOrigin(),
 		subs:     make(map[*subscriber]struct{}),
+		claimers: newClaimers(),
 		settings: settingsSQL(local),
 	}
 	s.db = autocommitFor(pool, s.settings)

@@ -1,0 +1,94 @@
+package postgres
+
+import (
+	"sync"
+	"time"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// listenSettle is how long every claimer of a store must have been busy
+// before its listener stops listening, so that a worker whose slots free
+// up and fill again between two steps does not make it UNLISTEN and
+// LISTEN again each time.
+const listenSettle = 200 * time.Millisecond
+
+// claimers tracks whether a store needs its listener. A NOTIFY is
+// delivered to every listening connection of the server, and with a fleet
+// of workers that all have work, each commit woke every other worker's
+// listener and process only for the wake-up to be ignored: a worker whose
+// every slot is taken claims again when a slot frees, not when told. So a
+// store listens only while one of its claimers may wait for work: none
+// has claimed yet, or the last claim of a worker's claim loop
+// (ClaimSteps) or of its recorder (FinishAndClaim) came back with fewer
+// steps than it asked for. The two are kept apart because they run at
+// once and share the worker's free slots: a short claim of one and a full
+// claim of the other may leave the worker with a free slot and nothing
+// ready, and the full one must not hide the short one. When one starts
+// waiting, the listener LISTENs again and then signals every subscriber
+// once, for the steps made ready while it did not listen.
+type claimers struct {
+	mu sync.Mutex
+	// short holds, by claimer, whether its last claim came back short.
+	short map[claimer]bool
+	// waiting counts the claimers in short whose last claim came back
+	// short.
+	waiting int
+	// busySince is when the last waiting claimer got work.
+	busySince time.Time
+	// started is signalled when a claimer starts waiting.
+	started chan struct{}
+}
+
+// claimer is one worker's claim loop or its recorder.
+type claimer struct {
+	workerID string
+	finish   bool // FinishAndClaim rather than ClaimSteps
+}
+
+func newClaimers() *claimers {
+	return &claimers{short: map[claimer]bool{}, started: make(chan struct{}, 1)}
+}
+
+// claimed records a claim of p that returned n steps, made by ClaimSteps or
+// (finish) by FinishAndClaim.
+func (c *claimers) claimed(p storage.ClaimParams, finish bool, n int) {
+	if p.Limit <= 0 {
+		return // a finish that claimed nothing: no news of the claimer
+	}
+	short := n < p.Limit
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := claimer{p.WorkerID, finish}
+	was, known := c.short[key]
+	if known && was == short {
+		return
+	}
+	c.short[key] = short
+	switch {
+	case short:
+		c.waiting++
+		if c.waiting == 1 {
+			select {
+			case c.started <- struct{}{}:
+			default:
+			}
+		}
+	default:
+		if known {
+			c.waiting--
+		}
+		if c.waiting == 0 {
+			c.busySince = time.Now()
+		}
+	}
+}
+
+// wanted reports whether the listener should listen now: before the first
+// claim, while a claimer waits, and for listenSettle after the last one
+// got work.
+func (c *claimers) wanted(now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.short) == 0 || c.waiting > 0 || now.Sub(c.busySince) < listenSettle
+}

@@ -1,0 +1,118 @@
+package postgres
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/storagetest"
+)
+
+// TestListenerRestsWhileClaimersAreBusy: a store whose claimers all have
+// work stops listening, so other processes' commits no longer wake it;
+// once one of its claims comes back short it listens again, signals its
+// subscribers for what it may have missed, and relays notifications again.
+func TestListenerRestsWhileClaimersAreBusy(t *testing.T) {
+	t.Parallel()
+	other := openTestStore(t, nil)
+	s := openInSchema(t, other.cfg.Schema, nil)
+	ch, cancel := s.Subscribe()
+	t.Cleanup(cancel)
+	pid := awaitListener(t, s, 0)
+	create := func() {
+		t.Helper()
+		_, err := other.CreateInstances(t.Context(), nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
+		require.NoError(t, err)
+	}
+	lastStatement := func() string {
+		t.Helper()
+		var query string
+		require.NoError(t, sharedPool(t).QueryRow(t.Context(), "SELECT query FROM pg_stat_activity WHERE pid = $1", int32(pid)).Scan(&query))
+		return query
+	}
+	claim := func(limit int) int {
+		t.Helper()
+		claimed, err := s.ClaimSteps(t.Context(), storage.ClaimParams{WorkerID: "w", Limit: limit, Lease: time.Minute})
+		require.NoError(t, err)
+		return len(claimed)
+	}
+
+	create()
+	create()
+	require.Equal(t, 1, claim(1), "a claim that takes all it asked for: the worker is busy")
+	// The listener stops after the next notification once the claimer has
+	// been busy for listenSettle.
+	require.Eventually(t, func() bool {
+		create()
+		return lastStatement() == `UNLISTEN "`+s.channel+`"`
+	}, 10*time.Second, 50*time.Millisecond, "the listener kept listening while every claimer was busy")
+	drain(ch)
+	create()
+	select {
+	case <-ch:
+		require.FailNow(t, "a busy store was woken by another process's commit")
+	case <-time.After(300 * time.Millisecond):
+	}
+
+	// The steps made ready meanwhile are waiting: a short claim takes them
+	// and makes the store listen again, with a signal for the next claim.
+	require.Less(t, claim(100), 100)
+	awaitSignal(t, ch, 10*time.Second, "the listener listened again")
+	require.Equal(t, `LISTEN "`+s.channel+`"`, lastStatement())
+	create()
+	awaitSignal(t, ch, 10*time.Second, "another process's commit, listening again")
+}
+
+// TestClaimersWanted: the listener is wanted before any claim, while a
+// claimer's last claim came back short, and for listenSettle after the
+// last such claimer got work; a full claim of a worker's recorder does not
+// hide a short one of its claim loop, which may have left a slot free.
+func TestClaimersWanted(t *testing.T) {
+	type claim struct {
+		worker string
+		finish bool
+		limit  int
+		got    int
+	}
+	cases := []struct {
+		name   string
+		claims []claim
+		want   bool
+	}{
+		{"no claim yet", nil, true},
+		{"full claim", []claim{{"w", false, 2, 2}}, false},
+		{"short claim", []claim{{"w", false, 2, 1}}, true},
+		{"a finish that claims nothing tells nothing", []claim{{"w", false, 2, 2}, {"w", true, 0, 0}}, false},
+		{"short, then full", []claim{{"w", false, 2, 1}, {"w", false, 2, 2}}, false},
+		{"claim loop short, recorder full", []claim{{"w", false, 2, 1}, {"w", true, 3, 3}}, true},
+		{"recorder short, claim loop full", []claim{{"w", true, 3, 1}, {"w", false, 2, 2}}, true},
+		{"one worker busy, another waiting", []claim{{"a", false, 2, 2}, {"b", false, 2, 0}}, true},
+		{"both busy", []claim{{"a", false, 2, 2}, {"b", true, 1, 1}}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newClaimers()
+			for _, cl := range tc.claims {
+				c.claimed(storage.ClaimParams{WorkerID: cl.worker, Limit: cl.limit}, cl.finish, cl.got)
+			}
+			require.Equal(t, tc.want, c.wanted(time.Now().Add(listenSettle)))
+		})
+	}
+
+	t.Run("settle", func(t *testing.T) {
+		c := newClaimers()
+		c.claimed(storage.ClaimParams{WorkerID: "w", Limit: 2}, false, 1)
+		c.claimed(storage.ClaimParams{WorkerID: "w", Limit: 2}, false, 2)
+		require.True(t, c.wanted(time.Now()), "stopped listening the moment the last waiting claimer got work")
+		require.False(t, c.wanted(time.Now().Add(listenSettle)))
+	})
+	t.Run("a claimer starting to wait is told", func(t *testing.T) {
+		c := newClaimers()
+		c.claimed(storage.ClaimParams{WorkerID: "w", Limit: 2}, false, 2)
+		require.Empty(t, c.started)
+		c.claimed(storage.ClaimParams{WorkerID: "w", Limit: 2}, false, 0)
+		require.Len(t, c.started, 1)
+	})
+}
