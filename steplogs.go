@@ -125,16 +125,27 @@ type attemptLog struct {
 
 	// Room for what most attempts log, allocated with the attemptLog
 	// rather than one allocation each on its first record: a worker
-	// running short steps pays them for every attempt.
+	// running short steps that log pays them for every attempt.
 	firstPending [2]storage.LogRecord
 	firstWritten [4]int
 	firstBuf     [128]byte
 }
 
-// newAttemptLog returns the log of an attempt of step, kept by lw.
-func newAttemptLog(lw *logWriter, step *storage.ClaimedStep) *attemptLog {
+// attemptIdentity is what names an attempt's records.
+type attemptIdentity struct {
+	stepID           int64
+	instanceID, step string
+	item, attempt    int
+}
+
+func identityOf(step *storage.ClaimedStep) attemptIdentity {
+	return attemptIdentity{stepID: step.StepID, instanceID: step.InstanceID, step: step.Step, item: step.Item, attempt: step.Attempt}
+}
+
+// newAttemptLog returns the log of the attempt id, kept by lw.
+func newAttemptLog(lw *logWriter, id attemptIdentity) *attemptLog {
 	al := &attemptLog{writer: lw, key: storage.LogRecord{
-		StepID: step.StepID, InstanceID: step.InstanceID, Step: step.Step, Item: step.Item, Attempt: step.Attempt,
+		StepID: id.stepID, InstanceID: id.instanceID, Step: id.step, Item: id.item, Attempt: id.attempt,
 	}}
 	al.handler = logHandler{log: al, attrs: newAttrsJSON()}
 	// The result that takes the pending records owns them from then on:
@@ -150,16 +161,12 @@ func newAttemptLog(lw *logWriter, step *storage.ClaimedStep) *attemptLog {
 // nothing three times what the rest of its attempt costs (BenchmarkHotPaths).
 type lazyAttemptLog struct {
 	writer *logWriter
-	// The attempt's identity, as newAttemptLog takes it.
-	stepID           int64
-	instanceID, step string
-	item, attemptNum int
-	log              atomic.Pointer[attemptLog]
+	id     attemptIdentity
+	log    atomic.Pointer[attemptLog]
 }
 
 func newLazyAttemptLog(lw *logWriter, step *storage.ClaimedStep) *lazyAttemptLog {
-	return &lazyAttemptLog{writer: lw, stepID: step.StepID, instanceID: step.InstanceID, step: step.Step,
-		item: step.Item, attemptNum: step.Attempt}
+	return &lazyAttemptLog{writer: lw, id: identityOf(step)}
 }
 
 // get returns the attempt's log, made by whichever of the handler's
@@ -168,9 +175,7 @@ func (l *lazyAttemptLog) get() *attemptLog {
 	if al := l.log.Load(); al != nil {
 		return al
 	}
-	al := newAttemptLog(l.writer, &storage.ClaimedStep{
-		Claim: storage.Claim{StepID: l.stepID, InstanceID: l.instanceID, Step: l.step}, Item: l.item, Attempt: l.attemptNum,
-	})
+	al := newAttemptLog(l.writer, l.id)
 	if !l.log.CompareAndSwap(nil, al) {
 		return l.log.Load()
 	}
