@@ -89,10 +89,10 @@ func (l *listener) stop() {
 // first one of the first connection signals every subscriber once, since
 // notifications sent while the store did not listen are lost. The backoff
 // grows only while attempts keep failing: a connection that got as far as
-// a LISTEN resets it, so each outage starts again from ListenerRetryMin. A server that turns
-// connections away (too many clients) thus sees each listener try again
-// at most every ListenerRetryMax, at scattered times, while its worker
-// polls.
+// a LISTEN resets it, so each outage starts again from ListenerRetryMin.
+// A server that turns connections away (too many clients) thus sees each
+// listener try again at most every ListenerRetryMax, at scattered times,
+// while its worker polls.
 func (s *Store) listen(ctx context.Context, l *listener) {
 	r := &relay{store: s, listener: l, backoff: s.cfg.ListenerRetryMin}
 	for ctx.Err() == nil {

@@ -809,8 +809,8 @@
       next = data.next;
       empty.hidden = count > 0;
       cut.hidden = count <= LOG_LINES_SHOWN;
-      cut.textContent = "The newest " + LOG_LINES_SHOWN.toLocaleString("en-US") + " of " + count.toLocaleString("en-US") +
-        " records; dagrun logs " + instanceID + " " + step + " shows them all.";
+      cut.textContent = "The newest " + LOG_LINES_SHOWN.toLocaleString("en-US") + " of the " + count.toLocaleString("en-US") +
+        " records read; dagrun logs " + instanceID + " " + step + " shows them all.";
       if (atEnd) list.scrollTop = list.scrollHeight; // follow, unless scrolled up to read
       if (data.finished && data.records.length === 0) done = true;
     }
