@@ -13,11 +13,26 @@ import (
 // TestListenerRestsWhileClaimersAreBusy: a store whose claimers all have
 // work stops listening, so other processes' commits no longer wake it;
 // once one of its claims comes back short it listens again, signals its
-// subscribers for what it may have missed, and relays notifications again.
+// subscribers for what it may have missed, and relays notifications again,
+// also when its connection died while it rested (it finds out at the
+// LISTEN and reconnects).
 func TestListenerRestsWhileClaimersAreBusy(t *testing.T) {
 	t.Parallel()
-	other := openTestStore(t, nil)
-	s := openInSchema(t, other.cfg.Schema, nil)
+	for _, killed := range []bool{false, true} {
+		name := "ConnectionAlive"
+		if killed {
+			name = "ConnectionKilledWhileResting"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			listenerRests(t, killed)
+		})
+	}
+}
+
+func listenerRests(t *testing.T, killWhileResting bool) {
+	other := openTestStore(t, &Config{ListenerRetryMin: 10 * time.Millisecond, ListenerRetryMax: 100 * time.Millisecond})
+	s := openInSchema(t, other.cfg.Schema, &Config{ListenerRetryMin: 10 * time.Millisecond, ListenerRetryMax: 100 * time.Millisecond})
 	ch, cancel := s.Subscribe()
 	t.Cleanup(cancel)
 	pid := awaitListener(t, s, 0)
@@ -55,12 +70,21 @@ func TestListenerRestsWhileClaimersAreBusy(t *testing.T) {
 		require.FailNow(t, "a busy store was woken by another process's commit")
 	case <-time.After(300 * time.Millisecond):
 	}
+	if killWhileResting {
+		var done bool
+		require.NoError(t, sharedPool(t).QueryRow(t.Context(), "SELECT pg_terminate_backend($1)", int32(pid)).Scan(&done))
+		require.True(t, done)
+	}
 
 	// The steps made ready meanwhile are waiting: a short claim takes them
 	// and makes the store listen again, with a signal for the next claim.
 	require.Less(t, claim(100), 100)
 	awaitSignal(t, ch, 10*time.Second, "the listener listened again")
+	if killWhileResting {
+		pid = awaitListener(t, s, pid)
+	}
 	require.Equal(t, `LISTEN "`+s.channel+`"`, lastStatement())
+	drain(ch)
 	create()
 	awaitSignal(t, ch, 10*time.Second, "another process's commit, listening again")
 }
