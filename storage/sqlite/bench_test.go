@@ -159,8 +159,8 @@ func (h *historyBench) fill(b *testing.B, s storage.Store, id string, n int) {
 	db, err := sql.Open("sqlite3", sqlite.DSN(path.(string)))
 	require.NoError(b, err)
 	defer db.Close()
-	_, err = db.ExecContext(b.Context(), `WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < ?)
-		INSERT INTO events (instance_id, step, type, attempt, message, at)
-		SELECT ?, 'a', CASE WHEN i % 2 = 1 THEN 'step.started' ELSE 'step.snoozed' END, 1, '', i FROM c`, n, id)
+	_, err = db.ExecContext(b.Context(), `WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < ?1)
+		INSERT INTO events (instance_key, instance_id, step, type, attempt, message, at)
+		SELECT (SELECT key FROM instance_keys WHERE id = ?2), ?2, 'a', CASE WHEN i % 2 = 1 THEN 'step.started' ELSE 'step.snoozed' END, 1, '', i FROM c`, n, id)
 	require.NoError(b, err)
 }

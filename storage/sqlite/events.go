@@ -13,12 +13,16 @@ import (
 // above every committed one, so events become visible in ID order: a
 // follower's cursor is the greatest ID it has seen.
 
+// instanceKey is the key events name an instance by (see migration 15),
+// from its ID.
+const instanceKey = `(SELECT key FROM instance_keys WHERE id = ?)`
+
 // eventFields are the columns of a storage.Event, in the order queryEvents scans them.
 const eventFields = `id, instance_id, step, type, attempt, message, at, actor`
 
 // latestEventsSQL reads an instance's latest events, newest first, walking
 // events_instance backwards from its end: as cheap at 100,000 events as at 10.
-const latestEventsSQL = `SELECT ` + eventFields + ` FROM events WHERE instance_id = ? ORDER BY id DESC LIMIT CAST(? AS INTEGER)`
+const latestEventsSQL = `SELECT ` + eventFields + ` FROM events WHERE instance_key = ` + instanceKey + ` ORDER BY id DESC LIMIT CAST(? AS INTEGER)`
 
 // ListEvents implements storage.Store.
 func (s *Store) ListEvents(ctx context.Context, p storage.EventsParams) ([]storage.Event, error) {
@@ -32,7 +36,7 @@ func (s *Store) ListEvents(ctx context.Context, p storage.EventsParams) ([]stora
 			return err
 		}
 		var err error
-		out, err = queryEvents(ctx, tx, `SELECT `+eventFields+` FROM events WHERE instance_id = ? AND id > ? ORDER BY id LIMIT CAST(? AS INTEGER)`,
+		out, err = queryEvents(ctx, tx, `SELECT `+eventFields+` FROM events WHERE instance_key = `+instanceKey+` AND id > ? ORDER BY id LIMIT CAST(? AS INTEGER)`,
 			p.InstanceID, p.AfterID, limit)
 		return err
 	})
@@ -58,7 +62,7 @@ func (s *Store) FollowEvents(ctx context.Context, id string, cursor storage.Even
 		if cursor == "" {
 			out, err = latestEvents(ctx, tx, id, storage.FollowTail)
 		} else {
-			out, err = queryEvents(ctx, tx, `SELECT `+eventFields+` FROM events WHERE instance_id = ? AND id > ? ORDER BY id`, id, after)
+			out, err = queryEvents(ctx, tx, `SELECT `+eventFields+` FROM events WHERE instance_key = `+instanceKey+` AND id > ? ORDER BY id`, id, after)
 		}
 		return err
 	})

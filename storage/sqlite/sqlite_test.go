@@ -200,7 +200,7 @@ func TestMigrate(t *testing.T) {
 		db, err := sql.Open("sqlite3", sqlite.DSN(path))
 		require.NoError(t, err)
 		defer db.Close()
-		for _, q := range []string{
+		for _, q := range append([]string{
 			`DROP TABLE step_logs`,
 			`CREATE TABLE step_logs (seq INTEGER PRIMARY KEY, instance_id TEXT NOT NULL REFERENCES instances (id) ON DELETE CASCADE,
 				step TEXT NOT NULL, item INTEGER NOT NULL, attempt INTEGER NOT NULL, at INTEGER NOT NULL,
@@ -211,7 +211,7 @@ func TestMigrate(t *testing.T) {
 				(9, 'i-1', 'a', 2, 1, 2, 'WARN', 'an item', '{"k":1}'),
 				(12, 'i-1', 'b', -1, 2, 3, 'INFO', 'last', NULL)`,
 			`DELETE FROM schema_migrations WHERE version = 14`,
-		} {
+		}, undoVersion15...) {
 			_, err := db.Exec(q)
 			require.NoError(t, err, q)
 		}
@@ -239,4 +239,76 @@ func TestMigrate(t *testing.T) {
 		require.Len(t, got, 1)
 		require.Greater(t, got[0].Seq, int64(12), "seqs go on growing")
 	})
+
+	// Version 15 indexes events by their instance's integer key: the
+	// history a file of version 14 holds is kept, in its order, and goes
+	// with its instance.
+	t.Run("EventsByInstanceKey", func(t *testing.T) {
+		t.Parallel()
+		path := filepath.Join(t.TempDir(), "dagrun.db")
+		s, err := sqlite.Open(t.Context(), path, nil)
+		require.NoError(t, err)
+		var ps []storage.CreateParams
+		for _, id := range []string{"i-1", "i-2"} {
+			ps = append(ps, storage.CreateParams{ID: id, Workflow: "wf", DefinitionHash: "h1", Definition: []byte("name: wf\n"),
+				Steps: []storage.StepSpec{{Name: "a", Handler: "h", Queue: "default"}, {Name: "b", Handler: "h", Queue: "default", DependsOn: []string{"a"}}}})
+		}
+		_, err = s.CreateInstances(t.Context(), nil, ps, storagetest.Plan)
+		require.NoError(t, err)
+		before, err := s.ListEvents(t.Context(), storage.EventsParams{InstanceID: "i-1"})
+		require.NoError(t, err)
+		require.NotEmpty(t, before)
+		require.NoError(t, s.Close())
+
+		db, err := sql.Open("sqlite3", sqlite.DSN(path))
+		require.NoError(t, err)
+		defer db.Close()
+		for _, q := range undoVersion15 {
+			_, err := db.Exec(q)
+			require.NoError(t, err, q)
+		}
+
+		s, err = sqlite.Open(t.Context(), path, nil)
+		require.NoError(t, err)
+		defer s.Close()
+		after, err := s.ListEvents(t.Context(), storage.EventsParams{InstanceID: "i-1"})
+		require.NoError(t, err)
+		require.Equal(t, before, after)
+
+		// New events go on after the kept ones, under the right instance.
+		_, err = s.CreateInstances(t.Context(), nil, []storage.CreateParams{{ID: "i-3", Workflow: "wf", DefinitionHash: "h1",
+			Definition: []byte("name: wf\n"), Steps: []storage.StepSpec{{Name: "a", Handler: "h", Queue: "default"}}}}, storagetest.Plan)
+		require.NoError(t, err)
+		third, err := s.ListEvents(t.Context(), storage.EventsParams{InstanceID: "i-3"})
+		require.NoError(t, err)
+		require.NotEmpty(t, third)
+		require.Greater(t, third[0].ID, before[len(before)-1].ID)
+		for _, e := range third {
+			require.Equal(t, "i-3", e.InstanceID)
+		}
+
+		// An instance's history goes with it.
+		var left int
+		_, err = db.Exec(`DELETE FROM instances WHERE id = 'i-1'`)
+		require.NoError(t, err)
+		require.NoError(t, db.QueryRow(`SELECT count(*) FROM events WHERE instance_id = 'i-1'`).Scan(&left))
+		require.Zero(t, left, "events of a deleted instance")
+		require.NoError(t, db.QueryRow(`SELECT count(*) FROM events WHERE instance_id = 'i-2'`).Scan(&left))
+		require.NotZero(t, left, "events of the other instances")
+	})
+}
+
+// undoVersion15 turns a file's events back into those of version 14 (see
+// migration 15), so that opening it migrates them again.
+var undoVersion15 = []string{
+	`DROP TRIGGER instances_key`,
+	`CREATE TABLE events_v14 (id INTEGER PRIMARY KEY, instance_id TEXT NOT NULL REFERENCES instances (id) ON DELETE CASCADE,
+		step TEXT NOT NULL DEFAULT '', type TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0, message TEXT NOT NULL DEFAULT '',
+		at INTEGER NOT NULL, actor TEXT NOT NULL DEFAULT '')`,
+	`INSERT INTO events_v14 SELECT id, instance_id, step, type, attempt, message, at, actor FROM events`,
+	`DROP TABLE events`,
+	`ALTER TABLE events_v14 RENAME TO events`,
+	`CREATE INDEX events_instance ON events (instance_id, id)`,
+	`DROP TABLE instance_keys`,
+	`DELETE FROM schema_migrations WHERE version = 15`,
 }

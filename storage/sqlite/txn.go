@@ -33,8 +33,15 @@ type txn struct {
 }
 
 const (
-	insertEventsSQL = `INSERT INTO events (instance_id, step, type, attempt, message, at) VALUES `
-	eventColumns    = 6
+	// insertEventsHead takes the rows of a VALUES list (instance, step,
+	// type, attempt, message, time) and stores each under its instance's
+	// key (see migration 15). The VALUES list is the only table scanned,
+	// so the events take their IDs in the order given.
+	insertEventsHead = `INSERT INTO events (instance_key, instance_id, step, type, attempt, message, at)
+	SELECT (SELECT k.key FROM instance_keys AS k WHERE k.id = v.column1), v.column1, v.column2, v.column3, v.column4, v.column5, v.column6
+	FROM (VALUES `
+	insertEventsTail = `) AS v`
+	eventColumns     = 6
 )
 
 // event queues one history entry for flushEvents.
@@ -47,7 +54,7 @@ func (t *txn) flushEvents() error {
 	if len(t.events) == 0 {
 		return nil
 	}
-	err := t.insertRows(insertEventsSQL, eventColumns, t.events)
+	err := t.insertRowsThen(insertEventsHead, insertEventsTail, eventColumns, t.events)
 	t.events = t.events[:0]
 	return err
 }
