@@ -46,7 +46,9 @@ const (
 
 // Main runs the CLI with the process's arguments and standard streams, and
 // returns the exit code. SIGINT and SIGTERM cancel the command's context.
+// Unless GOGC is set, it sets the collector's target to defaultGCPercent.
 func Main(registry *handlers.Registry) int {
+	tuneGC(os.Getenv)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return Run(ctx, os.Args[1:], &IO{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}, registry)
