@@ -2,7 +2,7 @@
 -- instance.
 --
 -- events_instance indexed each event under its instance's ID, 36
--- characters: about 45 bytes an entry, and the index took 13% of chain4's
+-- characters: about 45 bytes an entry, and the index took 12% of chain4's
 -- throughput (measured by dropping it). instance_keys gives every instance
 -- an integer key, in creation order, kept by a trigger for every way an
 -- instance is inserted; events name their instance by it, so an entry is
