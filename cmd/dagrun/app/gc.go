@@ -6,14 +6,14 @@ import "runtime/debug"
 // process whose environment does not set one: the heap may grow to three
 // times what is live between collections, where Go's default is twice.
 //
-// A worker's live heap is small (tens of megabytes) and what it allocates
-// is short-lived: rows read to plan an instance, results, records. At
-// Go's default the collector ran about every four megabytes allocated and
-// took 10-12% of the CPU of a chain4 bench on two cores, where its mark
-// workers take cycles from the SQLite writer that sets the pace. At 200,
-// chain4 on SQLite ran 10% faster for 11 MB more resident memory
-// (12 rounds, see the README's Performance section). Set GOGC (or
-// GOMEMLIMIT, which still applies) to choose otherwise.
+// A worker's live heap is small and what it allocates is short-lived:
+// rows read to plan an instance, results, records. At Go's default the
+// collector took 10-12% of the CPU of a chain4 bench on two cores, where
+// its mark workers take cycles from the SQLite writer that sets the pace.
+// At 200, chain4 on SQLite ran 10% faster for 17 MB more resident memory
+// (57 to 74 MB; six rounds alternating with Go's default, see the README's
+// Performance section). Set GOGC (or GOMEMLIMIT, which still applies) to
+// choose otherwise.
 const defaultGCPercent = 200
 
 // gcPercent returns the GOGC target Main sets, and whether to set one:
