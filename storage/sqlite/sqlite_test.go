@@ -200,7 +200,7 @@ func TestMigrate(t *testing.T) {
 		db, err := sql.Open("sqlite3", sqlite.DSN(path))
 		require.NoError(t, err)
 		defer db.Close()
-		for _, q := range append([]string{
+		execAll(t, db, append([]string{
 			`DROP TABLE step_logs`,
 			`CREATE TABLE step_logs (seq INTEGER PRIMARY KEY, instance_id TEXT NOT NULL REFERENCES instances (id) ON DELETE CASCADE,
 				step TEXT NOT NULL, item INTEGER NOT NULL, attempt INTEGER NOT NULL, at INTEGER NOT NULL,
@@ -211,10 +211,7 @@ func TestMigrate(t *testing.T) {
 				(9, 'i-1', 'a', 2, 1, 2, 'WARN', 'an item', '{"k":1}'),
 				(12, 'i-1', 'b', -1, 2, 3, 'INFO', 'last', NULL)`,
 			`DELETE FROM schema_migrations WHERE version = 14`,
-		}, undoVersion15...) {
-			_, err := db.Exec(q)
-			require.NoError(t, err, q)
-		}
+		}, undoVersion15...))
 
 		s, err = sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -263,10 +260,7 @@ func TestMigrate(t *testing.T) {
 		db, err := sql.Open("sqlite3", sqlite.DSN(path))
 		require.NoError(t, err)
 		defer db.Close()
-		for _, q := range undoVersion15 {
-			_, err := db.Exec(q)
-			require.NoError(t, err, q)
-		}
+		execAll(t, db, undoVersion15)
 
 		s, err = sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -296,6 +290,15 @@ func TestMigrate(t *testing.T) {
 		require.NoError(t, db.QueryRow(`SELECT count(*) FROM events WHERE instance_id = 'i-2'`).Scan(&left))
 		require.NotZero(t, left, "events of the other instances")
 	})
+}
+
+// execAll runs the statements in turn on db.
+func execAll(t *testing.T, db *sql.DB, statements []string) {
+	t.Helper()
+	for _, q := range statements {
+		_, err := db.Exec(q)
+		require.NoError(t, err, q)
+	}
 }
 
 // undoVersion15 turns a file's events back into those of version 14 (see
