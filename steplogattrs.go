@@ -6,7 +6,8 @@ import (
 	"log/slog"
 	"strconv"
 	"time"
-	"unicode/utf8"
+
+	"github.com/dagrun/dagrun/storage"
 )
 
 // attrsJSON renders slog attributes as one JSON object, as slog's own
@@ -87,7 +88,7 @@ func (a attrsJSON) openGroups(buf []byte, groups []string, empty bool) ([]byte, 
 		if !empty {
 			buf = append(buf, ',')
 		}
-		buf = appendJSONString(buf, g)
+		buf = storage.AppendJSONString(buf, g)
 		buf = append(buf, ':', '{')
 		empty = true
 	}
@@ -134,7 +135,7 @@ func appendAttr(buf []byte, at slog.Attr, empty, top bool) ([]byte, bool) {
 		if !empty {
 			buf = append(buf, ',')
 		}
-		buf = appendJSONString(buf, at.Key)
+		buf = storage.AppendJSONString(buf, at.Key)
 		buf = append(buf, ':', '{')
 		inner := true
 		for _, m := range members {
@@ -148,7 +149,7 @@ func appendAttr(buf []byte, at slog.Attr, empty, top bool) ([]byte, bool) {
 	if !empty {
 		buf = append(buf, ',')
 	}
-	buf = appendJSONString(buf, at.Key)
+	buf = storage.AppendJSONString(buf, at.Key)
 	buf = append(buf, ':')
 	return appendJSONValue(buf, at.Value), false
 }
@@ -160,7 +161,7 @@ func appendAttr(buf []byte, at slog.Attr, empty, top bool) ([]byte, bool) {
 func appendJSONValue(buf []byte, v slog.Value) []byte {
 	switch v.Kind() {
 	case slog.KindString:
-		return appendJSONString(buf, v.String())
+		return storage.AppendJSONString(buf, v.String())
 	case slog.KindInt64:
 		return strconv.AppendInt(buf, v.Int64(), 10)
 	case slog.KindUint64:
@@ -179,7 +180,7 @@ func appendJSONValue(buf []byte, v slog.Value) []byte {
 		a := v.Any()
 		if err, ok := a.(error); ok {
 			if _, marshals := a.(json.Marshaler); !marshals {
-				return appendJSONString(buf, err.Error())
+				return storage.AppendJSONString(buf, err.Error())
 			}
 		}
 		return appendJSONMarshal(buf, a)
@@ -191,57 +192,7 @@ func appendJSONMarshal(buf []byte, v any) []byte {
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(v); err != nil {
-		return appendJSONString(buf, "!ERROR:"+err.Error())
+		return storage.AppendJSONString(buf, "!ERROR:"+err.Error())
 	}
 	return append(buf, bytes.TrimRight(b.Bytes(), "\n")...)
-}
-
-// appendJSONString writes s as a JSON string, escaped as slog escapes it
-// (no HTML escaping; U+2028 and U+2029 escaped; invalid UTF-8 replaced).
-func appendJSONString(buf []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	buf = append(buf, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		if c := s[i]; c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			buf = append(buf, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				buf = append(buf, '\\', c)
-			case '\n':
-				buf = append(buf, '\\', 'n')
-			case '\r':
-				buf = append(buf, '\\', 'r')
-			case '\t':
-				buf = append(buf, '\\', 't')
-			default:
-				buf = append(buf, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			buf = append(buf, s[start:i]...)
-			buf = append(buf, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		if r == '\u2028' || r == '\u2029' {
-			buf = append(buf, s[start:i]...)
-			buf = append(buf, '\\', 'u', '2', '0', '2', hex[r&0xf])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	buf = append(buf, s[start:]...)
-	return append(buf, '"')
 }
