@@ -107,7 +107,7 @@ func (lw *logWriter) markDirty(al *attemptLog) {
 // over its bound.
 type attemptLog struct {
 	writer *logWriter
-	key    storage.LogRecord // the attempt's identity; its other fields unused
+	id     attemptIdentity
 
 	mu           sync.Mutex
 	buf          []byte // where attributes are rendered
@@ -125,11 +125,16 @@ type attemptLog struct {
 
 	// Room for what most attempts log, allocated with the attemptLog
 	// rather than one allocation each on its first record: a worker
-	// running short steps that log pays them for every attempt.
-	firstPending [2]storage.LogRecord
-	firstWritten [4]int
-	firstBuf     [128]byte
+	// running short steps that log pays them for every attempt. Kept
+	// small: the collector scans all of it, for every attempt that logs
+	// (the attributes' buffer, holding no pointers, costs it nothing and
+	// is allocated apart).
+	firstPending [1]storage.LogRecord
+	firstWritten [2]int
 }
+
+// attrsBufferSize is what an attempt's attribute buffer starts with.
+const attrsBufferSize = 128
 
 // attemptIdentity is what names an attempt's records.
 type attemptIdentity struct {
@@ -138,19 +143,22 @@ type attemptIdentity struct {
 	item, attempt    int
 }
 
+// record is a record of the attempt, its other fields unset.
+func (id *attemptIdentity) record() storage.LogRecord {
+	return storage.LogRecord{StepID: id.stepID, InstanceID: id.instanceID, Step: id.step, Item: id.item, Attempt: id.attempt}
+}
+
 func identityOf(step *storage.ClaimedStep) attemptIdentity {
 	return attemptIdentity{stepID: step.StepID, instanceID: step.InstanceID, step: step.Step, item: step.Item, attempt: step.Attempt}
 }
 
 // newAttemptLog returns the log of the attempt id, kept by lw.
 func newAttemptLog(lw *logWriter, id attemptIdentity) *attemptLog {
-	al := &attemptLog{writer: lw, key: storage.LogRecord{
-		StepID: id.stepID, InstanceID: id.instanceID, Step: id.step, Item: id.item, Attempt: id.attempt,
-	}}
+	al := &attemptLog{writer: lw, id: id}
 	al.handler = logHandler{log: al, attrs: newAttrsJSON()}
 	// The result that takes the pending records owns them from then on:
 	// take leaves pending nil, so later records are appended elsewhere.
-	al.pending, al.written, al.buf = al.firstPending[:0], al.firstWritten[:0], al.firstBuf[:0]
+	al.pending, al.written = al.firstPending[:0], al.firstWritten[:0]
 	return al
 }
 
@@ -249,12 +257,12 @@ func (al *attemptLog) take() (storage.LogTrim, []storage.LogRecord) {
 		marker := fmt.Sprintf("… %d bytes of earlier logs dropped", al.dropped)
 		if al.dropWritten > 0 {
 			// The newest dropped record becomes the marker, in its place.
-			trim = storage.LogTrim{InstanceID: al.key.InstanceID, Step: al.key.Step, Item: al.key.Item,
-				Attempt: al.key.Attempt, Drop: al.dropWritten, Marker: marker}
+			trim = storage.LogTrim{InstanceID: al.id.instanceID, Step: al.id.step, Item: al.id.item,
+				Attempt: al.id.attempt, Drop: al.dropWritten, Marker: marker}
 		} else {
 			// Nothing stored was dropped: none was stored, so the marker
 			// is the first record written.
-			m := al.key
+			m := al.id.record()
 			m.Time, m.Level, m.Message = time.Now(), slog.LevelInfo.String(), marker
 			records = append([]storage.LogRecord{m}, records...)
 		}
@@ -280,7 +288,7 @@ type logHandler struct {
 func (h *logHandler) Enabled(context.Context, slog.Level) bool { return true }
 
 func (h *logHandler) Handle(_ context.Context, r slog.Record) error {
-	rec := h.log.key
+	rec := h.log.id.record()
 	rec.Time, rec.Level, rec.Message = r.Time, r.Level.String(), cutText(r.Message, maxLogMessageBytes)
 	if rec.Time.IsZero() {
 		rec.Time = time.Now()
@@ -288,6 +296,9 @@ func (h *logHandler) Handle(_ context.Context, r slog.Record) error {
 	al := h.log
 	al.mu.Lock()
 	defer al.mu.Unlock()
+	if al.buf == nil {
+		al.buf = make([]byte, 0, attrsBufferSize)
+	}
 	al.buf = h.attrs.render(al.buf[:0], r)
 	rec.Attrs = keptAttrs(al.buf)
 	al.addLocked(rec)
