@@ -49,6 +49,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		var touched []string // instances to plan, in first-touched order
 		var parents []int64  // forEach steps whose items finished
 		logRows := make([]int64, len(results))
+		logsKept := make([]bool, len(results))
 		completedIn, err := t.completeMany(results)
 		if err != nil {
 			return err
@@ -64,6 +65,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 			if completedIn != nil && r.Outcome == storage.OutcomeCompleted {
 				done := completedIn[r.Claim.StepID]
 				instanceID, parent, status = done.instanceID, done.parent, storage.StepCompleted
+				logsKept[i] = done.logsKept
 			} else {
 				instanceID, parent, status, err = t.finish(r)
 			}
@@ -97,7 +99,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				ready = true
 			}
 		}
-		if err := t.appendResultLogs(results, logRows); err != nil {
+		if err := t.appendResultLogs(results, logRows, logsKept); err != nil {
 			return err
 		}
 		settled, err := t.settleItems(parents)
@@ -147,7 +149,9 @@ const completeManyQuery = `UPDATE steps SET status = 'completed', output = c.val
 // completeMany applies every completion of a group commit with one
 // statement and returns where each step it completed belongs, keyed by
 // step ID; it returns nil, having done nothing, when a step appears twice
-// in results (then results apply one by one, in order).
+// in results (then results apply one by one, in order). A completed
+// step's event carries what its attempt logged, when it can (see
+// logsOfCompletion); the completion says so.
 func (t *txn) completeMany(results []storage.StepResult) (map[int64]completion, error) {
 	seen := make(map[int64]bool, len(results))
 	var rows [][3]any
@@ -172,24 +176,57 @@ func (t *txn) completeMany(results []storage.StepResult) (map[int64]completion, 
 	if err != nil {
 		return nil, err
 	}
+	type completed struct {
+		id, parent int64
+		instanceID string
+		name       string
+		attempts   int
+	}
+	var steps []completed
 	err = eachRow(q, func(sc scanner) error {
-		var (
-			id, parent int64
-			instanceID string
-			name       string
-			attempts   int
-		)
-		if err := sc.Scan(&id, &instanceID, &name, &attempts, &parent); err != nil {
+		var c completed
+		if err := sc.Scan(&c.id, &c.instanceID, &c.name, &c.attempts, &c.parent); err != nil {
 			return err
 		}
-		done[id] = completion{instanceID, parent}
-		if parent == 0 { // items have no events of their own
-			t.event(instanceID, name, storage.EventStepCompleted, attempts, "")
-		}
+		steps = append(steps, c)
 		return nil
 	})
 	if err != nil {
 		return nil, err
+	}
+	var logsOf map[int64][]storage.LogRecord
+	for i := range results {
+		if r := &results[i]; r.Outcome == storage.OutcomeCompleted && len(r.Logs) > 0 {
+			if logsOf == nil {
+				logsOf = make(map[int64][]storage.LogRecord)
+			}
+			logsOf[r.Claim.StepID] = r.Logs
+		}
+	}
+	packed := make([]string, len(steps))
+	var n int
+	for i, c := range steps {
+		if c.parent == 0 && logsOfCompletion(logsOf[c.id], c.instanceID, c.name, c.attempts) {
+			packed[i] = packLogs(logsOf[c.id])
+			n += len(logsOf[c.id])
+		}
+	}
+	var seq int64
+	if n > 0 {
+		if seq, err = t.takeLogSeqs(n); err != nil {
+			return nil, err
+		}
+	}
+	for i, c := range steps {
+		done[c.id] = completion{instanceID: c.instanceID, parent: c.parent, logsKept: packed[i] != ""}
+		switch {
+		case c.parent != 0: // items have no events of their own
+		case packed[i] != "":
+			t.eventWithLogs(c.instanceID, c.name, storage.EventStepCompleted, c.attempts, seq, packed[i])
+			seq += int64(len(logsOf[c.id]))
+		default:
+			t.event(c.instanceID, c.name, storage.EventStepCompleted, c.attempts, "")
+		}
 	}
 	return done, nil
 }
@@ -199,6 +236,7 @@ func (t *txn) completeMany(results []storage.StepResult) (map[int64]completion, 
 type completion struct {
 	instanceID string
 	parent     int64
+	logsKept   bool // its event carries what the attempt logged
 }
 
 // cancelledUnder reports whether the step was cancelled while claim held

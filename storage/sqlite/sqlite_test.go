@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -186,20 +187,7 @@ func TestMigrate(t *testing.T) {
 	// version 13 holds is kept, in its order, an item's under its step.
 	t.Run("StepLogsByStepRow", func(t *testing.T) {
 		t.Parallel()
-		path := filepath.Join(t.TempDir(), "dagrun.db")
-		s, err := sqlite.Open(t.Context(), path, nil)
-		require.NoError(t, err)
-		spec := func(name string) storage.StepSpec {
-			return storage.StepSpec{Name: name, Handler: "h", Queue: "default"}
-		}
-		p := storage.CreateParams{ID: "i-1", Workflow: "wf", DefinitionHash: "h1", Definition: []byte("name: wf\n"), Steps: []storage.StepSpec{spec("a"), spec("b")}}
-		_, err = s.CreateInstances(t.Context(), nil, []storage.CreateParams{p}, storagetest.Plan)
-		require.NoError(t, err)
-		require.NoError(t, s.Close())
-
-		db, err := sql.Open("sqlite3", sqlite.DSN(path))
-		require.NoError(t, err)
-		defer db.Close()
+		path, db := fileWithInstance(t, "a", "b")
 		execAll(t, db, append([]string{
 			`DROP TABLE step_logs`,
 			`CREATE TABLE step_logs (seq INTEGER PRIMARY KEY, instance_id TEXT NOT NULL REFERENCES instances (id) ON DELETE CASCADE,
@@ -211,9 +199,9 @@ func TestMigrate(t *testing.T) {
 				(9, 'i-1', 'a', 2, 1, 2, 'WARN', 'an item', '{"k":1}'),
 				(12, 'i-1', 'b', -1, 2, 3, 'INFO', 'last', NULL)`,
 			`DELETE FROM schema_migrations WHERE version = 14`,
-		}, undoVersion15...))
+		}, slices.Concat(undoVersion16, undoVersion15)...))
 
-		s, err = sqlite.Open(t.Context(), path, nil)
+		s, err := sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
 		defer s.Close()
 		got, err := s.ListLogs(t.Context(), storage.LogsParams{InstanceID: "i-1"})
@@ -235,6 +223,44 @@ func TestMigrate(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, got, 1)
 		require.Greater(t, got[0].Seq, int64(12), "seqs go on growing")
+	})
+
+	// Version 16 lets completion events carry their attempt's logs, under
+	// seqs drawn with step_logs' own: those of a file of version 15 are
+	// kept, and new ones of either kind come after them.
+	t.Run("StepLogsWithCompletions", func(t *testing.T) {
+		t.Parallel()
+		path, db := fileWithInstance(t, "a")
+		execAll(t, db, append(slices.Clone(undoVersion16),
+			`INSERT INTO step_logs (seq, step_id, item, attempt, at, level, message, attrs)
+				SELECT 40, id, -1, 1, 1, 'INFO', 'kept', NULL FROM steps WHERE instance_id = 'i-1' AND name = 'a'`))
+
+		s, err := sqlite.Open(t.Context(), path, nil)
+		require.NoError(t, err)
+		defer s.Close()
+		record := func(msg string) storage.LogRecord {
+			return storage.LogRecord{InstanceID: "i-1", Step: "a", Item: -1, Attempt: 1, Level: "INFO", Message: msg, Time: time.UnixMicro(2)}
+		}
+		require.NoError(t, s.AppendLogs(t.Context(), nil, []storage.LogRecord{record("appended")}))
+		claimed, err := s.ClaimSteps(t.Context(), storage.ClaimParams{WorkerID: "w", Limit: 1, Lease: time.Minute})
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		_, err = s.FinishSteps(t.Context(), []storage.StepResult{{Claim: claimed[0].Claim, Outcome: storage.OutcomeCompleted,
+			Output: []byte(`1`), Logs: []storage.LogRecord{record("completed")}}}, storagetest.Plan)
+		require.NoError(t, err)
+		var carried int
+		require.NoError(t, db.QueryRow(`SELECT count(*) FROM events WHERE logs IS NOT NULL`).Scan(&carried))
+		require.Equal(t, 1, carried, "the completion event carries its records")
+
+		got, err := s.ListLogs(t.Context(), storage.LogsParams{InstanceID: "i-1"})
+		require.NoError(t, err)
+		var seqs []int64
+		var msgs []string
+		for _, r := range got {
+			seqs, msgs = append(seqs, r.Seq), append(msgs, r.Message)
+		}
+		require.Equal(t, []string{"kept", "appended", "completed"}, msgs)
+		require.Equal(t, []int64{40, 41, 42}, seqs)
 	})
 
 	// Version 15 indexes events by their instance's integer key: the
@@ -260,7 +286,7 @@ func TestMigrate(t *testing.T) {
 		db, err := sql.Open("sqlite3", sqlite.DSN(path))
 		require.NoError(t, err)
 		defer db.Close()
-		execAll(t, db, undoVersion15)
+		execAll(t, db, slices.Concat(undoVersion16, undoVersion15))
 
 		s, err = sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -292,6 +318,27 @@ func TestMigrate(t *testing.T) {
 	})
 }
 
+// fileWithInstance makes a database file holding instance i-1 with steps
+// of those names, and opens it as a plain database for a test to turn
+// back to an earlier version.
+func fileWithInstance(t *testing.T, steps ...string) (string, *sql.DB) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "dagrun.db")
+	s, err := sqlite.Open(t.Context(), path, nil)
+	require.NoError(t, err)
+	p := storage.CreateParams{ID: "i-1", Workflow: "wf", DefinitionHash: "h1", Definition: []byte("name: wf\n")}
+	for _, name := range steps {
+		p.Steps = append(p.Steps, storage.StepSpec{Name: name, Handler: "h", Queue: "default"})
+	}
+	_, err = s.CreateInstances(t.Context(), nil, []storage.CreateParams{p}, storagetest.Plan)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	db, err := sql.Open("sqlite3", sqlite.DSN(path))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return path, db
+}
+
 // execAll runs the statements in turn on db.
 func execAll(t *testing.T, db *sql.DB, statements []string) {
 	t.Helper()
@@ -299,6 +346,15 @@ func execAll(t *testing.T, db *sql.DB, statements []string) {
 		_, err := db.Exec(q)
 		require.NoError(t, err, q)
 	}
+}
+
+// undoVersion16 turns a file's events and log seqs back into those of
+// version 15 (see migration 16).
+var undoVersion16 = []string{
+	`DROP TABLE log_seqs`,
+	`ALTER TABLE events DROP COLUMN logs`,
+	`ALTER TABLE events DROP COLUMN log_seq`,
+	`DELETE FROM schema_migrations WHERE version = 16`,
 }
 
 // undoVersion15 turns a file's events back into those of version 14 (see

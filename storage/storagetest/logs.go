@@ -31,6 +31,19 @@ func messages(rs []storage.LogRecord) []string {
 	return out
 }
 
+// requireWarning checks a record the tests log at WARN, at the suite's
+// start, from attempt 1 of step (not an item) with attrs.
+func requireWarning(t *testing.T, got storage.LogRecord, id, step, attrs string) {
+	t.Helper()
+	require.Equal(t, id, got.InstanceID)
+	require.Equal(t, step, got.Step)
+	require.Equal(t, -1, got.Item)
+	require.Equal(t, 1, got.Attempt)
+	require.Equal(t, "WARN", got.Level)
+	require.True(t, got.Time.Equal(start), "time %v", got.Time)
+	require.JSONEq(t, attrs, string(got.Attrs))
+}
+
 var logTests = map[string]func(*testing.T, *Harness){
 	"AppendAndList": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
@@ -49,14 +62,7 @@ var logTests = map[string]func(*testing.T, *Harness){
 		for i := 1; i < len(all); i++ {
 			require.Greater(t, all[i].Seq, all[i-1].Seq)
 		}
-		got := all[0]
-		require.Equal(t, id, got.InstanceID)
-		require.Equal(t, "a", got.Step)
-		require.Equal(t, -1, got.Item)
-		require.Equal(t, 1, got.Attempt)
-		require.Equal(t, "WARN", got.Level)
-		require.True(t, got.Time.Equal(start), "time %v", got.Time)
-		require.JSONEq(t, `{"k":"v","n":{"m":1}}`, string(got.Attrs))
+		requireWarning(t, all[0], id, "a", `{"k":"v","n":{"m":1}}`)
 		require.Nil(t, all[1].Attrs)
 		require.Equal(t, 3, all[2].Item)
 		require.Equal(t, 2, all[2].Attempt)
@@ -136,6 +142,70 @@ var logTests = map[string]func(*testing.T, *Harness){
 		require.False(t, b.finish(stale)[0].Accepted)
 		require.Equal(t, []string{"from a lost attempt"}, messages(b.listLogs(storage.LogsParams{InstanceID: id, Step: "b"})))
 		require.Equal(t, storage.StepRunning, step(t, b.get(id), "b").Status)
+	},
+
+	// What a completion brings is listed with the records stored before
+	// and after it, in one order a follower reads without a gap, whatever
+	// the store keeps it in; a late trim counts it, a rerun keeps it, and
+	// it goes with its instance.
+	"CompletionsLogsInOrder": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(spec("a"), spec("b", "a"), spec("c"))
+		a := b.claimStep(id, "a")
+		require.NoError(t, b.store.AppendLogs(b.ctx, nil, []storage.LogRecord{b.logRecord(id, "a", 1, "a while running")}))
+		done := completed(a.Claim, `1`)
+		done.Logs = []storage.LogRecord{b.logRecord(id, "a", 1, "a 1"), b.logRecord(id, "a", 1, "a 2")}
+		done.Logs[1].Level, done.Logs[1].Attrs = "WARN", json.RawMessage(`{"quote":"\"","line":"x\ny","n":1.5}`)
+		c := b.claimStep(id, "c")
+		cDone := completed(c.Claim, `3`)
+		cDone.Logs = []storage.LogRecord{b.logRecord(id, "c", 1, "c 1")}
+		require.Equal(t, []storage.FinishResult{{Accepted: true}, {Accepted: true}}, b.finish(done, cDone))
+		require.NoError(t, b.store.AppendLogs(b.ctx, nil, []storage.LogRecord{b.logRecord(id, "a", 1, "a after it returned")}))
+		bs := b.claimStep(id, "b")
+		bDone := completed(bs.Claim, `2`)
+		bDone.Logs = []storage.LogRecord{b.logRecord(id, "b", 1, "b 1")}
+		b.finish(bDone)
+
+		all := b.listLogs(storage.LogsParams{InstanceID: id})
+		require.Equal(t, []string{"a while running", "a 1", "a 2", "c 1", "a after it returned", "b 1"}, messages(all))
+		for i := 1; i < len(all); i++ {
+			require.Greater(t, all[i].Seq, all[i-1].Seq, "seqs grow in the order stored")
+		}
+		requireWarning(t, all[2], id, "a", `{"quote":"\"","line":"x\ny","n":1.5}`)
+		require.Nil(t, all[1].Attrs)
+		for i := range all {
+			require.Equal(t, all[i:], b.listLogs(storage.LogsParams{InstanceID: id, AfterSeq: all[i].Seq - 1}), "after seq %d", all[i].Seq-1)
+		}
+		require.Equal(t, []string{"a while running", "a 1", "a 2", "a after it returned"}, messages(b.listLogs(storage.LogsParams{InstanceID: id, Step: "a"})))
+		require.Equal(t, []string{"c 1"}, messages(b.listLogs(storage.LogsParams{InstanceID: id, Step: "c"})))
+		require.Equal(t, []string{"a while running", "a 1", "a 2"}, messages(b.listLogs(storage.LogsParams{InstanceID: id, Limit: 3})))
+
+		// A handler's goroutine logging past the attempt's bound after it
+		// returned: the trim counts the records the completion brought.
+		trim := storage.LogTrim{InstanceID: id, Step: "a", Item: -1, Attempt: 1, Drop: 3, Marker: "… 30 bytes of earlier logs dropped"}
+		require.NoError(t, b.store.AppendLogs(b.ctx, []storage.LogTrim{trim}, []storage.LogRecord{b.logRecord(id, "a", 1, "a last")}))
+		require.Equal(t, []string{"… 30 bytes of earlier logs dropped", "a after it returned", "a last"},
+			messages(b.listLogs(storage.LogsParams{InstanceID: id, Step: "a"})))
+		require.Equal(t, []string{"c 1"}, messages(b.listLogs(storage.LogsParams{InstanceID: id, Step: "c"})), "another step's untouched")
+
+		// A rerun's attempts log after the earlier run's, which stay.
+		require.NoError(t, b.op().RetryFrom(b.ctx, id, "c", Plan))
+		c = b.claimStep(id, "c")
+		cDone = completed(c.Claim, `4`)
+		cDone.Logs = []storage.LogRecord{b.logRecord(id, "c", 1, "c again")}
+		b.finish(cDone)
+		require.Equal(t, []string{"c 1", "c again"}, messages(b.listLogs(storage.LogsParams{InstanceID: id, Step: "c"})))
+
+		// They go with their instance.
+		require.Equal(t, storage.InstanceCompleted, b.get(id).Status)
+		b.clock.Advance(time.Hour)
+		n, err := b.store.Prune(b.ctx, b.now(), false)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		p := params(spec("c"))
+		p.ID = id
+		b.create(p)
+		require.Empty(t, b.listLogs(storage.LogsParams{InstanceID: id}))
 	},
 
 	"ByClaimedRow": func(t *testing.T, h *Harness) {
