@@ -69,9 +69,11 @@ SELECT ord, instance_id, status, queue, coalesce(parent_id, 0) FROM u`
 const snoozedUntilSQL = `'until ' || regexp_replace(to_char(run_after AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'), '\.?0+$', '') || 'Z'`
 
 // FinishSteps implements storage.Store: every result, then one plan per
-// touched unfinished instance, in one transaction (group commit) of four
-// round trips however many results: lock the instances, apply the results,
-// load the touched instances' steps, apply the plans.
+// touched unfinished instance, in one transaction (group commit) of two
+// round trips however many results: lock the instances, apply the results
+// and load the touched instances' steps; then apply the plans (and claim,
+// for FinishAndClaim) with the COMMIT. A plan that finishes an instance
+// takes one more, for what its end may call for (see txState.finish).
 func (s *Store) FinishSteps(ctx context.Context, results []storage.StepResult, plan storage.PlanFunc) ([]storage.FinishResult, error) {
 	out, _, err := s.finishSteps(ctx, results, plan, nil)
 	return out, err

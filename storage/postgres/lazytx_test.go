@@ -48,7 +48,7 @@ func TestRunTx(t *testing.T) {
 	}
 	refused := errors.New("refused")
 
-	require.NoError(t, s.runTx(ctx, writeBegin, func(tx pgx.Tx) error {
+	require.NoError(t, s.runTx(ctx, writeBegin, func(tx *lazyTx) error {
 		var isolation string
 		if err := tx.QueryRow(ctx, "SELECT current_setting('transaction_isolation')").Scan(&isolation); err != nil {
 			return err
@@ -58,7 +58,7 @@ func TestRunTx(t *testing.T) {
 	}))
 	require.Equal(t, 1, count(), "committed")
 
-	require.ErrorIs(t, s.runTx(ctx, writeBegin, func(tx pgx.Tx) error {
+	require.ErrorIs(t, s.runTx(ctx, writeBegin, func(tx *lazyTx) error {
 		if err := insert(tx, 2); err != nil {
 			return err
 		}
@@ -66,7 +66,7 @@ func TestRunTx(t *testing.T) {
 	}), refused)
 	require.Equal(t, 1, count(), "rolled back after fn failed")
 
-	err = s.runTx(ctx, writeBegin, func(tx pgx.Tx) error {
+	err = s.runTx(ctx, writeBegin, func(tx *lazyTx) error {
 		var b pgx.Batch
 		b.Queue(s.q(`INSERT INTO {s}runtx VALUES (3)`))
 		b.Queue(s.q(`INSERT INTO {s}runtx VALUES (1)`)) // a duplicate key
@@ -75,10 +75,40 @@ func TestRunTx(t *testing.T) {
 	require.ErrorContains(t, err, "duplicate key")
 	require.Equal(t, 1, count(), "rolled back after the first batch failed")
 
-	require.NoError(t, s.runTx(ctx, writeBegin, func(pgx.Tx) error { return nil }), "a transaction that sent nothing")
+	require.NoError(t, s.runTx(ctx, writeBegin, func(*lazyTx) error { return nil }), "a transaction that sent nothing")
 
-	require.Error(t, s.runTx(ctx, readBegin, func(tx pgx.Tx) error { return insert(tx, 4) }), "a read-only transaction wrote")
-	require.Equal(t, 1, count())
+	// The last batch with the COMMIT: committed, and nothing left for
+	// runTx to commit; a statement of that batch that fails undoes the
+	// whole transaction.
+	require.NoError(t, s.runTx(ctx, writeBegin, func(tx *lazyTx) error {
+		if err := insert(tx, 5); err != nil {
+			return err
+		}
+		var b pgx.Batch
+		b.Queue(s.q(`INSERT INTO {s}runtx VALUES (6)`))
+		return tx.commitWith(ctx, &b)
+	}))
+	require.Equal(t, 3, count(), "committed with the last batch")
+	err = s.runTx(ctx, writeBegin, func(tx *lazyTx) error {
+		if err := insert(tx, 7); err != nil {
+			return err
+		}
+		var b pgx.Batch
+		b.Queue(s.q(`INSERT INTO {s}runtx VALUES (8)`))
+		b.Queue(s.q(`INSERT INTO {s}runtx VALUES (1)`)) // a duplicate key
+		return tx.commitWith(ctx, &b)
+	})
+	require.ErrorContains(t, err, "duplicate key")
+	require.Equal(t, 3, count(), "rolled back: the COMMIT after the failed statement never ran")
+	require.NoError(t, s.runTx(ctx, writeBegin, func(tx *lazyTx) error {
+		var b pgx.Batch
+		b.Queue(s.q(`INSERT INTO {s}runtx VALUES (9)`))
+		return tx.commitWith(ctx, &b)
+	}), "BEGIN, statements and COMMIT in one batch")
+	require.Equal(t, 4, count())
+
+	require.Error(t, s.runTx(ctx, readBegin, func(tx *lazyTx) error { return insert(tx, 4) }), "a read-only transaction wrote")
+	require.Equal(t, 4, count())
 
 	t.Run("round trips", func(t *testing.T) {
 		tracer := &countingTracer{}
@@ -88,7 +118,7 @@ func TestRunTx(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(traced.Close)
 		s := &Store{pool: traced}
-		require.NoError(t, s.runTx(ctx, writeBegin, func(tx pgx.Tx) error {
+		require.NoError(t, s.runTx(ctx, writeBegin, func(tx *lazyTx) error {
 			var b pgx.Batch
 			b.Queue("SELECT 1")
 			b.Queue("SELECT 2")
@@ -99,5 +129,22 @@ func TestRunTx(t *testing.T) {
 			return err
 		}))
 		require.EqualValues(t, 3, tracer.trips.Load(), "BEGIN with the first batch, the second statement, COMMIT")
+
+		tracer.trips.Store(0)
+		require.NoError(t, s.runTx(ctx, writeBegin, func(tx *lazyTx) error {
+			if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+				return err
+			}
+			var b pgx.Batch
+			b.Queue("SELECT 2")
+			return tx.commitWith(ctx, &b)
+		}))
+		require.EqualValues(t, 2, tracer.trips.Load(), "BEGIN with the first statement, the last batch with COMMIT")
+		var status byte
+		c, err := traced.Acquire(ctx)
+		require.NoError(t, err)
+		status = c.Conn().PgConn().TxStatus()
+		c.Release()
+		require.Equal(t, byte('I'), status, "the connection goes back to the pool out of any transaction")
 	})
 }

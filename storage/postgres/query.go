@@ -16,7 +16,7 @@ import (
 // several queries of one answer (an instance, its steps, its events) see
 // one snapshot.
 func (s *Store) read(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	err := s.runTx(ctx, readBegin, fn)
+	err := s.runTx(ctx, readBegin, func(tx *lazyTx) error { return fn(tx) })
 	return interpretError(err)
 }
 

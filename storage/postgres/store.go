@@ -471,6 +471,9 @@ type txState struct {
 	plan     storage.PlanFunc
 	starts   []childStart
 	finished []finishedInstance
+	// finishing is set while the tail holds a statement that finishes
+	// instances: what it finishes may call for follow-ups.
+	finishing bool
 }
 
 func (st *txState) ready(queue string) {
@@ -490,7 +493,10 @@ func (st *txState) ready(queue string) {
 // of a child it finished, cancelling the children of an instance it ended.
 // Those follow-ups queue a new tail, sent in turn, until none is left (a
 // NOTIFY is delivered at the commit wherever it was sent).
-func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel string) error {
+//
+// A transaction of the store's own passes own, and its last tail, the one
+// no follow-up can come of, goes with its COMMIT (see lazyTx.commitWith).
+func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel string, own *lazyTx) error {
 	notified := 0
 	for {
 		if n := len(st.readyQueues); n > notified && channel != "" {
@@ -498,10 +504,13 @@ func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel string) error 
 			st.tail.Queue("SELECT pg_notify($1, $2)", channel, payload("", st.readyQueues))
 		}
 		if st.tail.Len() > 0 {
+			if own != nil && !st.finishing && len(st.starts) == 0 && len(st.finished) == 0 {
+				return own.commitWith(ctx, &st.tail)
+			}
 			if err := tx.SendBatch(ctx, &st.tail).Close(); err != nil {
 				return err
 			}
-			st.tail = pgx.Batch{}
+			st.tail, st.finishing = pgx.Batch{}, false
 		}
 		if len(st.starts) == 0 && len(st.finished) == 0 {
 			return nil
@@ -532,11 +541,11 @@ const maxTxAttempts = 5
 func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx, st *txState) error) error {
 	return s.retry(ctx, func() error {
 		st := &txState{store: s}
-		err := s.runTx(ctx, writeBegin, func(tx pgx.Tx) error {
+		err := s.runTx(ctx, writeBegin, func(tx *lazyTx) error {
 			if err := fn(tx, st); err != nil {
 				return err
 			}
-			return st.finish(ctx, tx, "")
+			return st.finish(ctx, tx, "", tx)
 		})
 		if err == nil && len(st.readyQueues) > 0 {
 			s.notifier.add(st.readyQueues)
@@ -583,7 +592,7 @@ func (s *Store) inCallerTx(ctx context.Context, caller any, fn func(tx pgx.Tx, s
 		if err := fn(tx, st); err != nil {
 			return err
 		}
-		return st.finish(ctx, tx, s.channel)
+		return st.finish(ctx, tx, s.channel, nil)
 	})
 	if err != nil {
 		return interpretError(err)

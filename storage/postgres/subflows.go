@@ -41,6 +41,7 @@ type finishedInstance struct {
 // queueFinish queues finishInstancesSQL and has followUp look at what it
 // finished.
 func (s *Store) queueFinish(st *txState, now *time.Time, ids, statuses []string, outputs []json.RawMessage, errs []string) {
+	st.finishing = true
 	st.tail.Queue(s.q(finishInstancesSQL), now, ids, statuses, outputs, errs).Query(func(rows pgx.Rows) error {
 		var (
 			f          finishedInstance
