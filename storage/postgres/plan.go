@@ -267,7 +267,7 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 				return err
 			}
 			fc.add(l, p.Failure)
-			if err := ic.add(l.state.ID, p.Instance); err != nil {
+			if err := ic.add(&l.state, p.Instance); err != nil {
 				return err
 			}
 			if p.Instance != nil {
@@ -289,7 +289,7 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 	// (onFailure steps made ready stay so), before the finishes.
 	s.queueFailures(st, now, &fc)
 	if len(ic.ids) > 0 {
-		s.queueFinish(st, now, ic.ids, ic.statuses, ic.outputs, ic.errors)
+		s.queueFinish(st, now, ic.ids, ic.statuses, ic.outputs, ic.errors, ic.followUp)
 	}
 	return nil
 }
@@ -386,15 +386,20 @@ func stepIndex(is *storage.InstanceState, name string) int {
 type instanceChanges struct {
 	ids, statuses, errors []string
 	outputs               []json.RawMessage
+	// followUp is set when one of them is a child, whose parent's step
+	// to settle, or ends otherwise than completed, with children to cancel.
+	followUp bool
 }
 
-func (c *instanceChanges) add(id string, ch *storage.InstanceChange) error {
+func (c *instanceChanges) add(in *storage.InstanceState, ch *storage.InstanceChange) error {
 	if ch == nil {
 		return nil
 	}
+	id := in.ID
 	if !ch.Status.Finished() {
 		return fmt.Errorf("plan for instance %s sets status %q: only completed, failed or cancelled are allowed", id, ch.Status)
 	}
+	c.followUp = c.followUp || in.Depth > 0 || ch.Status != storage.InstanceCompleted
 	c.ids = append(c.ids, id)
 	c.statuses = append(c.statuses, string(ch.Status))
 	c.outputs = append(c.outputs, jsonOrNil(ch.Output))

@@ -39,9 +39,12 @@ type finishedInstance struct {
 }
 
 // queueFinish queues finishInstancesSQL and has followUp look at what it
-// finished.
-func (s *Store) queueFinish(st *txState, now *time.Time, ids, statuses []string, outputs []json.RawMessage, errs []string) {
-	st.finishing = true
+// finished. followUp says whether that may call for any: an instance that
+// completes with no parent has no step to settle and no child left to
+// cancel, and its transaction may commit with the tail (see
+// txState.finish).
+func (s *Store) queueFinish(st *txState, now *time.Time, ids, statuses []string, outputs []json.RawMessage, errs []string, followUp bool) {
+	st.finishing = st.finishing || followUp
 	st.tail.Queue(s.q(finishInstancesSQL), now, ids, statuses, outputs, errs).Query(func(rows pgx.Rows) error {
 		var (
 			f          finishedInstance
@@ -58,6 +61,9 @@ func (s *Store) queueFinish(st *txState, now *time.Time, ids, statuses []string,
 			f.parent = nil
 			if parent != nil {
 				f.parent = &storage.ParentRef{InstanceID: *parent, Step: step, Item: parentItem}
+			}
+			if f.parent == nil && f.status == storage.InstanceCompleted {
+				return nil // nothing to follow up: see queueFinish
 			}
 			st.finished = append(st.finished, f)
 			return nil
@@ -301,6 +307,6 @@ func (s *Store) cancelChildren(ctx context.Context, tx pgx.Tx, st *txState, now 
 	for _, id := range ids {
 		st.tail.Queue(s.q(lockUnfinishedStepsSQL), id)
 	}
-	s.queueFinish(st, now, ids, statuses, make([]json.RawMessage, len(ids)), msgs)
+	s.queueFinish(st, now, ids, statuses, make([]json.RawMessage, len(ids)), msgs, true)
 	return nil
 }

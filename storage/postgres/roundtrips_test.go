@@ -1,0 +1,60 @@
+package postgres
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/storagetest"
+)
+
+// TestFinishRoundTrips: finishing a step and claiming the next in the same
+// transaction takes two round trips, the COMMIT going with the last batch,
+// also when the step's instance completes (a top-level instance that
+// completes has nothing to follow up).
+func TestFinishRoundTrips(t *testing.T) {
+	t.Parallel()
+	tracer := &countingTracer{}
+	cfg := sharedPool(t).Config().Copy()
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	s, err := New(t.Context(), pool, &Config{Schema: newSchema(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	ctx := t.Context()
+
+	step := func(name string, deps ...string) storage.StepSpec {
+		return storage.StepSpec{Name: name, Handler: "h", Queue: "default", DependsOn: deps, Retry: storage.RetryPolicy{MaxAttempts: 1}}
+	}
+	_, err = s.CreateInstances(ctx, nil, []storage.CreateParams{{ID: "rt-1", Workflow: "wf", DefinitionHash: "h1",
+		Definition: []byte("name: wf\n"), Steps: []storage.StepSpec{step("a"), step("b", "a")}}}, storagetest.Plan)
+	require.NoError(t, err)
+	claim := storage.ClaimParams{WorkerID: "w", Limit: 1, Lease: time.Minute}
+	claimed, err := s.ClaimSteps(ctx, claim)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+
+	finish := func(c storage.ClaimedStep) []storage.ClaimedStep {
+		t.Helper()
+		tracer.trips.Store(0)
+		out, next, err := s.FinishAndClaim(ctx, []storage.StepResult{{Claim: c.Claim, Outcome: storage.OutcomeCompleted,
+			Output: json.RawMessage(`1`)}}, storagetest.Plan, claim)
+		require.NoError(t, err)
+		require.True(t, out[0].Accepted)
+		return next
+	}
+	next := finish(claimed[0])
+	require.Len(t, next, 1, "b claimed in the same transaction")
+	require.EqualValues(t, 2, tracer.trips.Load(), "finish a and claim b")
+	finish(next[0])
+	require.EqualValues(t, 2, tracer.trips.Load(), "finish b, completing the instance")
+	in, err := s.GetInstance(ctx, "rt-1")
+	require.NoError(t, err)
+	require.Equal(t, storage.InstanceCompleted, in.Status)
+}
