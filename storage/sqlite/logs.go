@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"strconv"
 
@@ -53,14 +54,16 @@ func (t *txn) takeLogSeqs(n int) (int64, error) {
 // logsOfCompletion reports whether a completion's event can carry the
 // records its result brings: records of that step's attempt (not of an
 // item, nor named after another step), which is what a handler logging
-// before it returns leaves.
+// before it returns leaves, with attributes that are JSON (packed records
+// must be, for ListLogs to read any of the instance's).
 func logsOfCompletion(records []storage.LogRecord, instanceID, step string, attempt int) bool {
 	if len(records) == 0 {
 		return false
 	}
 	for i := range records {
 		r := &records[i]
-		if r.InstanceID != instanceID || r.Step != step || r.Item != -1 || r.Attempt != attempt {
+		if r.InstanceID != instanceID || r.Step != step || r.Item != -1 || r.Attempt != attempt ||
+			(len(r.Attrs) > 0 && !json.Valid(r.Attrs)) {
 			return false
 		}
 	}
