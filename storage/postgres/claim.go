@@ -202,7 +202,7 @@ func (s *Store) queueClaim(st *txState, p storage.ClaimParams, now *time.Time, i
 	st.tail.Queue(s.q(promoteSQL), now)
 	st.tail.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 		claimed, err := pgx.CollectRows(rows, scanClaimed)
-		*into = claimed
+		*into, st.claimed = claimed, claimed
 		st.quiet = p.TookAll(len(claimed))
 		return err
 	})

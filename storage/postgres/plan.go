@@ -352,8 +352,11 @@ func (c *stepChanges) add(st *txState, now *time.Time, s *Store, l *loaded, chan
 			s.queueExpand(st, now, is.ID, ch.Name, ch.Items)
 			continue
 		}
-		if ch.Status == storage.StepPending || ch.Status == storage.StepWaiting {
-			st.ready(l.queues[i]) // a waiting step: idle workers learn of its deadline
+		switch ch.Status {
+		case storage.StepPending:
+			st.readyByPlan(l.queues[i], is.ID, ch.Name)
+		case storage.StepWaiting:
+			st.ready(l.queues[i]) // idle workers learn of its deadline
 		}
 		input := ch.Input
 		if ch.Status == storage.StepCompleted {

@@ -458,6 +458,12 @@ type txState struct {
 	tail pgx.Batch
 	// readyQueues are the queues of steps made pending.
 	readyQueues map[string]struct{}
+	// planReady are the steps plans made pending (see readyByPlan), and
+	// otherReady is set when steps became ready any other way; claimed is
+	// what the transaction's eager claim took.
+	planReady  []stepRef
+	otherReady bool
+	claimed    []storage.ClaimedStep
 	// quiet is set when the transaction's own eager claim took every step
 	// it could see: none is left for this process's other claimers, so
 	// its subscribers need no signal.
@@ -477,10 +483,48 @@ type txState struct {
 }
 
 func (st *txState) ready(queue string) {
+	st.otherReady = true
+	st.addQueue(queue)
+}
+
+// readyByPlan records a step a plan made pending.
+func (st *txState) readyByPlan(queue, instanceID, step string) {
+	st.planReady = append(st.planReady, stepRef{instanceID, step})
+	st.addQueue(queue)
+}
+
+func (st *txState) addQueue(queue string) {
 	if st.readyQueues == nil {
 		st.readyQueues = make(map[string]struct{})
 	}
 	st.readyQueues[queue] = struct{}{}
+}
+
+// stepRef names a step (not an item) of an instance.
+type stepRef struct{ instanceID, step string }
+
+// claimedAllReady reports whether the transaction's own eager claim took
+// every step it made ready: then no other process, nor another claimer of
+// this one, has anything to be told of. In a fleet whose workers all have
+// work, a NOTIFY for steps their own senders took woke every listener for
+// nothing, and each waited on the server-wide lock that serialises
+// notifications.
+func (st *txState) claimedAllReady() bool {
+	if st.otherReady || len(st.planReady) == 0 || len(st.claimed) < len(st.planReady) {
+		return false
+	}
+	took := make(map[stepRef]bool, len(st.claimed))
+	for _, c := range st.claimed {
+		if c.Item < 0 {
+			took[stepRef{c.InstanceID, c.Step}] = true
+		}
+	}
+	for _, r := range st.planReady {
+		if !took[r] {
+			return false
+		}
+	}
+	return true
 }
 
 // finish sends the tail. In a caller's transaction, which the store does
@@ -537,7 +581,8 @@ const maxTxAttempts = 5
 // PostgreSQL aborts it with a serialization failure or a deadlock; fn must
 // therefore be safe to run again. When it made steps pending, other
 // processes get a NOTIFY once it committed (see notifier), and this
-// store's subscribers are signalled directly (unless st.quiet).
+// store's subscribers are signalled directly (unless st.quiet), but for
+// steps its own eager claim took (see claimedAllReady).
 func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx, st *txState) error) error {
 	return s.retry(ctx, func() error {
 		st := &txState{store: s}
@@ -547,7 +592,7 @@ func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx, st *txState) error)
 			}
 			return st.finish(ctx, tx, "", tx)
 		})
-		if err == nil && len(st.readyQueues) > 0 {
+		if err == nil && len(st.readyQueues) > 0 && !st.claimedAllReady() {
 			s.notifier.add(st.readyQueues)
 			if !st.quiet {
 				s.broadcast()

@@ -181,6 +181,59 @@ func TestNotifyDebounced(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded, "a second notification for one transaction")
 }
 
+// TestNotifySkippedForWhatItsClaimTook: a finish whose eager claim took
+// every step its plan made ready tells no other process; one that left a
+// step ready does.
+func TestNotifySkippedForWhatItsClaimTook(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, testURL(t))
+	require.NoError(t, err)
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize())
+	require.NoError(t, err)
+	notified := func() bool {
+		t.Helper()
+		wait, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		_, err := conn.WaitForNotification(wait)
+		if errors.Is(err, context.DeadlineExceeded) {
+			return false
+		}
+		require.NoError(t, err)
+		return true
+	}
+	claim := storage.ClaimParams{WorkerID: "w", Limit: 1, Lease: time.Minute}
+	finishAndClaim := func(c storage.ClaimedStep) []storage.ClaimedStep {
+		t.Helper()
+		_, next, err := s.FinishAndClaim(ctx, []storage.StepResult{{Claim: c.Claim, Outcome: storage.OutcomeCompleted,
+			Output: []byte(`1`)}}, storagetest.Plan, claim)
+		require.NoError(t, err)
+		return next
+	}
+
+	chain := params(spec("a"), spec("b", "a"))
+	_, err = s.CreateInstances(ctx, nil, []storage.CreateParams{chain}, storagetest.Plan)
+	require.NoError(t, err)
+	require.True(t, notified(), "the create made a ready")
+	a, err := s.ClaimSteps(ctx, claim)
+	require.NoError(t, err)
+	require.Len(t, a, 1)
+	require.Len(t, finishAndClaim(a[0]), 1, "b claimed with a's finish")
+	require.False(t, notified(), "b was taken by the finish that made it ready")
+
+	fan := params(spec("a"), spec("b", "a"), spec("c", "a"))
+	_, err = s.CreateInstances(ctx, nil, []storage.CreateParams{fan}, storagetest.Plan)
+	require.NoError(t, err)
+	require.True(t, notified())
+	a, err = s.ClaimSteps(ctx, storage.ClaimParams{WorkerID: "w", Limit: 1, Lease: time.Minute, InstanceID: fan.ID})
+	require.NoError(t, err)
+	require.Len(t, a, 1)
+	require.Len(t, finishAndClaim(a[0]), 1, "one of b and c claimed")
+	require.True(t, notified(), "the other is left for other processes")
+}
+
 // TestListenerReconnects: when the listener's connection is killed, it
 // reconnects, signals subscribers once (notifications may have been lost),
 // and relays notifications again.
