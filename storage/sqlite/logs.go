@@ -36,6 +36,12 @@ const (
 	// stepRowID is the row of a step by instance and name; the logs of
 	// its items are kept under it too (see migration 14).
 	stepRowID = `(SELECT id FROM steps WHERE instance_id = ? AND item_index = -1 AND name = ?)`
+
+	// packedSeq and packedRecord read the record j (json_each) that event
+	// e carries (see packLogs): its seq, and its attempt, time, level,
+	// message and attributes.
+	packedSeq    = `e.log_seq + j.key`
+	packedRecord = `e.attempt, j.value->>0, j.value->>1, j.value->>2, j.value->>3`
 )
 
 // takeLogSeqs reserves the seqs of n records and returns the first: the
@@ -228,7 +234,7 @@ func (t *txn) unpackLogs(tr storage.LogTrim) error {
 	const completion = `e.instance_key = (SELECT key FROM instance_keys WHERE id = ?1) AND e.step = ?2 AND e.attempt = ?3
 		AND e.type = 'step.completed' AND e.logs IS NOT NULL`
 	if _, err := t.exec(`INSERT INTO step_logs (seq, step_id, item, attempt, at, level, message, attrs)
-		SELECT e.log_seq + j.key, s.id, -1, e.attempt, j.value->>0, j.value->>1, j.value->>2, j.value->>3
+		SELECT `+packedSeq+`, s.id, -1, `+packedRecord+`
 		FROM events AS e CROSS JOIN json_each(e.logs) AS j
 			JOIN steps AS s ON s.instance_id = e.instance_id AND s.item_index = -1 AND s.name = e.step
 		WHERE `+completion, tr.InstanceID, tr.Step, tr.Attempt); err != nil {
@@ -262,10 +268,10 @@ func (s *Store) ListLogs(ctx context.Context, p storage.LogsParams) ([]storage.L
 			FROM steps AS s CROSS JOIN step_logs AS l ON l.step_id = s.id
 			WHERE s.instance_id = ?1 AND s.item_index = -1 AND (?2 = '' OR s.name = ?2) AND l.seq > ?3
 			UNION ALL
-			SELECT e.log_seq + j.key, e.instance_id, e.step, -1, e.attempt, j.value->>0, j.value->>1, j.value->>2, j.value->>3
+			SELECT `+packedSeq+`, e.instance_id, e.step, -1, `+packedRecord+`
 			FROM events AS e CROSS JOIN json_each(e.logs) AS j
 			WHERE e.instance_key = (SELECT key FROM instance_keys WHERE id = ?1) AND e.logs IS NOT NULL
-				AND (?2 = '' OR e.step = ?2) AND e.log_seq + j.key > ?3
+				AND (?2 = '' OR e.step = ?2) AND `+packedSeq+` > ?3
 			ORDER BY 1 LIMIT ?4`, p.InstanceID, p.Step, p.AfterSeq, limit)
 		if err != nil {
 			return err
