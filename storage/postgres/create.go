@@ -470,7 +470,9 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance, held bool) {
 	for i, ns := range n.Steps {
 		sp := &p.Steps[i]
 		if ns.Status == storage.StepPending {
-			st.ready(queueOf(*sp))
+			// As a plan's: an eager claim on the tail that takes it
+			// leaves no one to tell (see txState.claimedAllReady).
+			st.readyByPlan(queueOf(*sp), p.ID, sp.Name)
 		}
 		r.stInst = append(r.stInst, p.ID)
 		r.stPos = append(r.stPos, int32(i))

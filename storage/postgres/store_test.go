@@ -232,6 +232,26 @@ func TestNotifySkippedForWhatItsClaimTook(t *testing.T) {
 	require.Len(t, a, 1)
 	require.Len(t, finishAndClaim(a[0]), 1, "one of b and c claimed")
 	require.True(t, notified(), "the other is left for other processes")
+
+	// A start whose claim takes its first step, as a start in a process
+	// with an idle worker does (Engine's eager start).
+	// Its claim is bound to the new instance: one of b and c is still
+	// ready, and an unbound claim would take that first.
+	claimIn := func(p storage.CreateParams) storage.ClaimParams {
+		c := claim
+		c.InstanceID = p.ID
+		return c
+	}
+	started := params(spec("a"), spec("b", "a"))
+	_, took, err := s.CreateAndClaim(ctx, []storage.CreateParams{started}, storagetest.Plan, claimIn(started))
+	require.NoError(t, err)
+	require.Len(t, took, 1)
+	require.False(t, notified(), "a was taken by the start that made it ready")
+	one, other := params(spec("a")), params(spec("a"))
+	_, took, err = s.CreateAndClaim(ctx, []storage.CreateParams{one, other}, storagetest.Plan, claimIn(one))
+	require.NoError(t, err)
+	require.Len(t, took, 1)
+	require.True(t, notified(), "the other start's a is left for other processes")
 }
 
 // TestListenerReconnects: when the listener's connection is killed, it
