@@ -136,7 +136,7 @@ func (s *Store) CreateInstances(ctx context.Context, tx any, params []storage.Cr
 	var results []storage.CreateResult
 	fn := func(tx pgx.Tx, st *txState) error {
 		var err error
-		results, err = s.create(ctx, tx, st, s.now(), params, plan)
+		results, err = s.create(ctx, tx, st, s.now(), params, plan, true)
 		return err
 	}
 	var err error
@@ -146,7 +146,7 @@ func (s *Store) CreateInstances(ctx context.Context, tx any, params []storage.Cr
 		err = s.inCallerTx(ctx, tx, fn)
 	}
 	if err != nil {
-		return nil, err
+		return nil, createError(err)
 	}
 	return results, nil
 }
@@ -167,14 +167,14 @@ func (s *Store) CreateAndClaim(ctx context.Context, params []storage.CreateParam
 	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
 		now := s.now()
 		var err error
-		if results, err = s.create(ctx, tx, st, now, params, plan); err != nil {
+		if results, err = s.create(ctx, tx, st, now, params, plan, true); err != nil {
 			return err
 		}
 		s.queueClaim(st, p, now, &claimed)
 		return nil
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, createError(err)
 	}
 	return results, claimed, nil
 }
@@ -202,7 +202,10 @@ func validateCreate(params []storage.CreateParams) error {
 	return nil
 }
 
-func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Time, params []storage.CreateParams, plan storage.PlanFunc) ([]storage.CreateResult, error) {
+// create inserts the instances of params, planned by plan. onTail lets it
+// put its statement on the transaction's tail when nothing needs it sooner
+// (the callers that create nothing else in the transaction).
+func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Time, params []storage.CreateParams, plan storage.PlanFunc, onTail bool) ([]storage.CreateResult, error) {
 	st.plan = plan
 	results := make([]storage.CreateResult, len(params))
 	owners, err := s.keyOwners(ctx, tx, params)
@@ -253,9 +256,19 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 	// The definitions' shared locks go first, in the same round trip: see
 	// lockDefinitionsSQL.
 	var (
-		b        pgx.Batch
+		b        = &pgx.Batch{}
 		inserted []string
 	)
+	// When nothing has to be read back before the commit (no idempotency
+	// key another start may have taken since keyOwners looked, no step
+	// expanded or child finished at once), the statement goes on the
+	// transaction's tail, with the claim of a CreateAndClaim and the
+	// COMMIT: a start is then one round trip. An instance that exists
+	// already fails the whole tail (see createError).
+	deferred := onTail && owners == nil && len(rows.expansions) == 0 && len(rows.finishedChildren) == 0
+	if deferred {
+		b = &st.tail
+	}
 	b.Queue(lockDefinitionsShared, rows.defHashes)
 	b.Queue(s.q(createSQL), now,
 		rows.defHashes, rows.defWorkflows, rows.defSources,
@@ -271,12 +284,14 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 		inserted, err = pgx.CollectRows(dbRows, pgx.RowTo[string])
 		return err
 	})
-	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "instances_pkey" {
-			return nil, fmt.Errorf("%w: an instance with this ID already exists (%s)", storage.ErrConflict, pe.Detail)
+	if deferred {
+		for i, p := range params {
+			results[i] = storage.CreateResult{ID: p.ID}
 		}
-		return nil, err
+		return results, nil
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, createError(err)
 	}
 	created := make(map[string]bool, len(inserted))
 	for _, id := range inserted {
@@ -340,6 +355,15 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 		}
 	}
 	return results, nil
+}
+
+// createError names an instance ID taken already as storage.ErrConflict.
+func createError(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "instances_pkey" {
+		return fmt.Errorf("%w: an instance with this ID already exists (%s)", storage.ErrConflict, pe.Detail)
+	}
+	return err
 }
 
 // keyOwners finds the instances that already own the idempotency keys of

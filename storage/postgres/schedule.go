@@ -123,7 +123,7 @@ func (s *Store) FireSchedule(ctx context.Context, p storage.FireParams, plan sto
 			}
 			return err
 		}
-		created, err := s.create(ctx, tx, st, s.now(), []storage.CreateParams{p.Instance}, plan)
+		created, err := s.create(ctx, tx, st, s.now(), []storage.CreateParams{p.Instance}, plan, false)
 		if err != nil {
 			return err
 		}

@@ -267,7 +267,7 @@ func (s *Store) createChildren(ctx context.Context, tx pgx.Tx, st *txState, now 
 	if st.plan == nil {
 		return errors.New("postgres: a workflow step started in a transaction without a PlanFunc for its children")
 	}
-	_, err := s.create(ctx, tx, st, now, children, st.plan)
+	_, err := s.create(ctx, tx, st, now, children, st.plan, false)
 	return err
 }
 
