@@ -145,12 +145,39 @@ func (s *Store) definitionLoader(ctx context.Context, tx pgx.Tx, hash string) fu
 }
 
 // applyStepChangesSQL moves blocked steps to pending (runnable no earlier
-// than their instance's run_after), skipped or failed, with one event each.
-// The instance's run_after is read per row by primary key rather than by
-// joining instances: with statistics not yet gathered on a young database
-// the planner chose a hash join over a sequential scan of every instance,
-// which made each start cost O(instances).
-const applyStepChangesSQL = `
+// than their instance's run_after), waiting, skipped or failed, with one
+// event each. The instance's run_after is read per row by primary key
+// rather than by joining instances: with statistics not yet gathered on a
+// young database the planner chose a hash join over a sequential scan of
+// every instance, which made each start cost O(instances).
+var applyStepChangesSQL = applyStepChanges(true)
+
+// applyReadySQL is applyStepChangesSQL for plans that make no step wait,
+// nearly all of them: without what a wait needs (its deadline, the start
+// of its instance), whose instances update and its trigger cost a step's
+// transition about 0.18 ms of server time even when it changed no row.
+var applyReadySQL = applyStepChanges(false)
+
+func applyStepChanges(waits bool) string {
+	deadline, started, startedEvent := "NULL", "", ""
+	if waits {
+		deadline = `CASE WHEN c.status = 'waiting' AND s.wait_timeout_us > 0
+			THEN greatest({now}, (SELECT i.run_after FROM {s}instances i WHERE i.id = s.instance_id))
+				+ s.wait_timeout_us * interval '1 microsecond' END`
+		// A step that waits has started its instance, as a claimed step
+		// would have. The caller holds the instances' locks.
+		started = `,
+started AS (
+	UPDATE {s}instances i SET status = 'running', started_at = {now},
+		deadline = CASE WHEN i.timeout_us > 0 THEN {now} + i.timeout_us * interval '1 microsecond' END
+	WHERE i.id IN (SELECT instance_id FROM u WHERE status = 'waiting') AND i.status = 'pending'
+	RETURNING i.id
+)`
+		startedEvent = `
+	UNION ALL
+	SELECT started.id, '', 'instance.started', '', 0 FROM started`
+	}
+	return `
 WITH c AS (
 	SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::json[], $6::text[], $7::text[])
 		WITH ORDINALITY AS c(instance_id, name, status, input, error, ckey, ord)
@@ -165,9 +192,7 @@ u AS (
 			THEN (SELECT greatest({now}, i.run_after) + ` + heldSQL + ` FROM {s}instances i WHERE i.id = s.instance_id)
 			ELSE s.run_after END,
 		ready_at = CASE WHEN c.status IN ('pending', 'waiting') THEN {now} ELSE s.ready_at END,
-		deadline = CASE WHEN c.status = 'waiting' AND s.wait_timeout_us > 0
-			THEN greatest({now}, (SELECT i.run_after FROM {s}instances i WHERE i.id = s.instance_id))
-				+ s.wait_timeout_us * interval '1 microsecond' END,
+		deadline = ` + deadline + `,
 		finished_at = CASE WHEN c.status IN ('pending', 'waiting') THEN NULL ELSE {now} END,
 		-- Set with the status, so the limit triggers see it.
 		concurrency_key = CASE WHEN c.status = 'pending' AND s.concurrency_limit > 0 THEN c.ckey END
@@ -178,15 +203,7 @@ u AS (
 	-- step row (measured: 89 ms instead of 2 ms for 100 changes).
 	WHERE s.instance_id = c.instance_id AND s.name = c.name AND s.status = 'blocked'
 	RETURNING s.instance_id, s.name, s.status, s.error, s.wait_signal, c.ord
-),
--- A step that waits has started its instance, as a claimed step would
--- have. The caller holds the instances' locks.
-started AS (
-	UPDATE {s}instances i SET status = 'running', started_at = {now},
-		deadline = CASE WHEN i.timeout_us > 0 THEN {now} + i.timeout_us * interval '1 microsecond' END
-	WHERE i.id IN (SELECT instance_id FROM u WHERE status = 'waiting') AND i.status = 'pending'
-	RETURNING i.id
-)
+)` + started + `
 INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
 SELECT e.instance_id, e.step, e.type, 0, e.message, {now} FROM (
 	SELECT u.instance_id, u.name AS step,
@@ -195,10 +212,9 @@ SELECT e.instance_id, e.step, e.type, 0, e.message, {now} FROM (
 		CASE WHEN u.status = 'waiting' THEN 'waiting for signal ' || u.wait_signal
 			WHEN u.status = 'completed' AND u.wait_signal <> '' THEN 'signal ' || u.wait_signal || ' received'
 			ELSE u.error END AS message, u.ord
-	FROM u
-	UNION ALL
-	SELECT started.id, '', 'instance.started', '', 0 FROM started
+	FROM u` + startedEvent + `
 ) e ORDER BY e.ord`
+}
 
 // finishInstancesSQL finishes unfinished instances and cancels their
 // unfinished steps (running ones too: their claims go stale), with the
@@ -277,7 +293,11 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 		}
 	}
 	if n := len(sc.ids); n > 0 {
-		st.tail.Queue(s.q(applyStepChangesSQL), now, sc.ids, sc.names, sc.statuses, sc.inputs, sc.errors, sc.keys).Exec(func(tag pgconn.CommandTag) error {
+		apply := applyReadySQL
+		if slices.Contains(sc.statuses, string(storage.StepWaiting)) {
+			apply = applyStepChangesSQL
+		}
+		st.tail.Queue(s.q(apply), now, sc.ids, sc.names, sc.statuses, sc.inputs, sc.errors, sc.keys).Exec(func(tag pgconn.CommandTag) error {
 			if int(tag.RowsAffected()) != n {
 				// Checked against the locked state above: only a bug gets here.
 				return fmt.Errorf("applying plans changed %d steps, want %d", tag.RowsAffected(), n)

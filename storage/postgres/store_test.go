@@ -791,7 +791,7 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 		"promote": promoteSQL, "extend": extendSQL, "release": releaseSQL, "finish": finishSQL,
 		"expired leases": expiredSQL, "recover": recoverSQL, "create": createSQL, "existing": existingSQL,
 		"lock instances": lockInstancesSQL, "load steps": loadStepStatesSQL, "load signals": loadSignalsSQL,
-		"apply step changes": applyStepChangesSQL, "finish instances": finishInstancesSQL,
+		"apply step changes": applyStepChangesSQL, "apply ready": applyReadySQL, "finish instances": finishInstancesSQL,
 		"expand": expandSQL, "settle items": settleSQL, "item counts": itemCountsSQL,
 		"capped pending": cappedPendingSQL, "capped parents": cappedParentsSQL,
 		"trim logs": trimLogsSQL, "append logs": appendLogsSQL,
