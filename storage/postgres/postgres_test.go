@@ -112,8 +112,38 @@ func openTestStore(t testing.TB, cfg *Config) *Store {
 	c.Schema = newSchema(t)
 	s, err := New(t.Context(), pool, &c)
 	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	t.Cleanup(func() {
+		requireCountsExact(t, s)
+		require.NoError(t, s.Close())
+	})
 	return s
+}
+
+// requireCountsExact checks, at the end of every test of a store, that
+// the instance counts the store keeps as instances change (see Stats) are
+// what counting the instances gives: whatever the test did, no statement
+// that creates, deletes or changes the status of instances may miss them.
+func requireCountsExact(t testing.TB, s *Store) {
+	t.Helper()
+	ctx := context.WithoutCancel(t.Context())
+	counts := func(sql string) map[string]int64 {
+		rows, err := s.pool.Query(ctx, s.q(sql))
+		require.NoError(t, err)
+		got := map[string]int64{}
+		var (
+			workflow, status string
+			n                int64
+		)
+		_, err = pgx.ForEachRow(rows, []any{&workflow, &status, &n}, func() error {
+			got[workflow+" "+status] = n
+			return nil
+		})
+		require.NoError(t, err)
+		return got
+	}
+	kept := counts(`SELECT workflow, status, sum(n)::bigint FROM {s}instance_counts GROUP BY workflow, status HAVING sum(n) <> 0`)
+	counted := counts(`SELECT workflow, status, count(*) FROM {s}instances GROUP BY workflow, status`)
+	require.Equal(t, counted, kept, "instance counts kept by the store against the instances")
 }
 
 func TestConformance(t *testing.T) {
