@@ -90,7 +90,18 @@ func BenchmarkChain4(b *testing.B) {
 // BenchmarkHotPaths runs the shared claim and complete-and-unblock
 // benchmarks: DAGRUN_TEST_POSTGRES=... go test -run '^$' -bench HotPaths -benchmem ./storage/postgres
 func BenchmarkHotPaths(b *testing.B) {
-	storagetest.Benchmark(b, func(b *testing.B) storage.Store { return openTestStore(b, nil) })
+	storagetest.Benchmark(b, func(b *testing.B) storage.Store { return openBenchStore(b) })
+}
+
+// openBenchStore opens a store as Open does for a user, on its own pool
+// with the URL's settings (the store's own plan_cache_mode among them),
+// in a fresh schema.
+func openBenchStore(b *testing.B) *Store {
+	b.Helper()
+	s, err := Open(b.Context(), testURL(b), &Config{Schema: newSchema(b)})
+	require.NoError(b, err)
+	b.Cleanup(func() { require.NoError(b, s.Close()) })
+	return s
 }
 
 // BenchmarkItems runs the shared forEach benchmarks (10,000 items of one

@@ -20,6 +20,7 @@ func Benchmark(b *testing.B, newStore func(b *testing.B) storage.Store) {
 	b.Run("CompleteWithLogs", func(b *testing.B) { benchComplete(b, newStore(b), 1) })
 	b.Run("ClaimPastUnserved", func(b *testing.B) { benchClaimPastUnserved(b, newStore(b)) })
 	b.Run("ClaimPastFuture", func(b *testing.B) { benchClaimPastFuture(b, newStore(b)) })
+	b.Run("Transition", func(b *testing.B) { benchTransition(b, newStore(b)) })
 }
 
 // benchBatch is how many steps one claim or one group commit carries, as a
@@ -133,6 +134,56 @@ func benchComplete(b *testing.B, s storage.Store, logs int) {
 			if !r.Accepted {
 				b.Fatal(fmt.Sprintf("result of step %d rejected", batch[0].StepID))
 			}
+		}
+	}
+}
+
+// transitionChain is how many steps each instance of Transition chains.
+const transitionChain = 8
+
+// benchTransition measures one transition at a time, as an idle worker
+// runs a chain: finish a step and, in the same call, claim the step it
+// made ready (FinishAndClaim, or FinishSteps then ClaimSteps for a store
+// without it). Each op is one step of a chain of transitionChain steps,
+// the last completing its instance; the next instance is created and its
+// first step claimed with the timer stopped, so that one instance at a
+// time is in the store's queue, as on an idle worker.
+func benchTransition(b *testing.B, s storage.Store) {
+	steps := []storage.StepSpec{spec("s1")}
+	for i := 2; i <= transitionChain; i++ {
+		steps = append(steps, spec(fmt.Sprintf("s%d", i), fmt.Sprintf("s%d", i-1)))
+	}
+	claim := storage.ClaimParams{WorkerID: "bench", Limit: 1, Lease: time.Minute}
+	start := func() storage.ClaimedStep {
+		b.StopTimer()
+		defer b.StartTimer()
+		benchInstances(b, s, 1, steps...)
+		got, err := s.ClaimSteps(b.Context(), claim)
+		require.NoError(b, err)
+		require.Len(b, got, 1)
+		return got[0]
+	}
+	fc, eager := s.(storage.FinishClaimer)
+	output := json.RawMessage(`{"ok":true}`)
+	b.ReportAllocs()
+	b.ResetTimer()
+	step := start()
+	for i := 0; i < b.N; i++ {
+		result := []storage.StepResult{{Claim: step.Claim, Outcome: storage.OutcomeCompleted, Output: output}}
+		var got []storage.ClaimedStep
+		var err error
+		if eager {
+			_, got, err = fc.FinishAndClaim(b.Context(), result, Plan, claim)
+		} else if _, err = s.FinishSteps(b.Context(), result, Plan); err == nil {
+			got, err = s.ClaimSteps(b.Context(), claim)
+		}
+		require.NoError(b, err)
+		switch {
+		case i == b.N-1:
+		case len(got) == 0:
+			step = start() // the chain ended
+		default:
+			step = got[0]
 		}
 	}
 }
