@@ -20,12 +20,11 @@ import (
 // or snoozed step whose instance already finished is cancelled instead.
 const finishSQL = `
 WITH r AS (
-	SELECT * FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::int[], $6::json[], $7::text[], $8::text[], $9::timestamptz[], $10::bigint[])
-		WITH ORDINALITY AS r(step_id, instance_id, fence, outcome, output, error, message, run_after, delay_us, ord)
+	` + finishRows + `
 ),
 l AS MATERIALIZED (
 	SELECT s.id FROM {s}steps s
-	WHERE s.id = ANY($2::bigint[]) AND s.status = 'running'
+	WHERE ` + finishLocked + ` AND s.status = 'running'
 	ORDER BY s.id
 	FOR NO KEY UPDATE
 ),
@@ -61,6 +60,14 @@ ev AS (
 	ORDER BY ord
 )
 SELECT ord, instance_id, status, queue, coalesce(parent_id, 0) FROM u`
+
+// finishRows and finishLocked are finishSQL's rows and the steps it locks,
+// as arrays; finishOneSQL has them as scalars.
+const (
+	finishRows = `SELECT * FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::int[], $6::json[], $7::text[], $8::text[], $9::timestamptz[], $10::bigint[])
+		WITH ORDINALITY AS r(step_id, instance_id, fence, outcome, output, error, message, run_after, delay_us, ord)`
+	finishLocked = `s.id = ANY($2::bigint[])`
+)
 
 // snoozedUntilSQL is a snooze event's message: the time its step is
 // pending again, which only the statement knows, formatted as Go's
@@ -143,7 +150,11 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		)
 		var b pgx.Batch
 		s.queueLock(&b, instanceIDs, locked)
-		b.Queue(s.q(finishSQL), now, stepIDs, instanceIDs, fences, outcomes, outputs, errs, messages, runAfters, delays).Query(func(rows pgx.Rows) error {
+		finish := b.Queue(s.q(finishSQL), now, stepIDs, instanceIDs, fences, outcomes, outputs, errs, messages, runAfters, delays)
+		if n == 1 {
+			finish.SQL, finish.Arguments = s.q(finishOneSQL), []any{now, stepIDs[0], instanceIDs[0], fences[0], outcomes[0], outputs[0], errs[0], messages[0], runAfters[0], delays[0]}
+		}
+		finish.Query(func(rows pgx.Rows) error {
 			var (
 				ord, parent       int64
 				instanceID, queue string

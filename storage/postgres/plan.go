@@ -43,7 +43,7 @@ FROM {s}instances WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`
 // queueLock queues the lock of the given instances (duplicates and unknown
 // ids are fine) on b; into receives them when the batch runs.
 func (s *Store) queueLock(b *pgx.Batch, ids []string, into map[string]*loaded) {
-	b.Queue(s.q(lockInstancesSQL), ids).Query(func(rows pgx.Rows) error {
+	queueByIDs(b, s.q(lockInstancesSQL), s.q(lockInstanceSQL), ids).Query(func(rows pgx.Rows) error {
 		var (
 			st      storage.InstanceState
 			input   []byte
@@ -76,7 +76,7 @@ SELECT instance_id, name, payload FROM {s}signals WHERE instance_id = ANY($1) AN
 // queueLoadSteps queues the load of the steps of instances, as this
 // transaction sees them, after a queueLock of them on the same batch.
 func (s *Store) queueLoadSteps(ctx context.Context, tx pgx.Tx, b *pgx.Batch, ids []string, into map[string]*loaded) {
-	b.Queue(s.q(loadStepStatesSQL), ids).Query(func(rows pgx.Rows) error {
+	queueByIDs(b, s.q(loadStepStatesSQL), s.q(loadStepStateSQL), ids).Query(func(rows pgx.Rows) error {
 		var (
 			id, queue, signal string
 			ss                storage.StepState
@@ -104,7 +104,7 @@ func (s *Store) queueLoadSteps(ctx context.Context, tx pgx.Tx, b *pgx.Batch, ids
 		}
 		return err
 	})
-	b.Queue(s.q(loadSignalsSQL), ids).Query(func(rows pgx.Rows) error {
+	queueByIDs(b, s.q(loadSignalsSQL), s.q(loadSignalSQL), ids).Query(func(rows pgx.Rows) error {
 		var (
 			id, name string
 			payload  []byte
@@ -158,6 +158,10 @@ var applyStepChangesSQL = applyStepChanges(true)
 // transition about 0.18 ms of server time even when it changed no row.
 var applyReadySQL = applyStepChanges(false)
 
+// applyRows is the step changes of applyStepChangesSQL, as arrays.
+const applyRows = `SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::json[], $6::text[], $7::text[])
+		WITH ORDINALITY AS c(instance_id, name, status, input, error, ckey, ord)`
+
 func applyStepChanges(waits bool) string {
 	deadline, started, startedEvent := "NULL", "", ""
 	if waits {
@@ -179,8 +183,7 @@ started AS (
 	}
 	return `
 WITH c AS (
-	SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::json[], $6::text[], $7::text[])
-		WITH ORDINALITY AS c(instance_id, name, status, input, error, ckey, ord)
+	` + applyRows + `
 ),
 u AS (
 	UPDATE {s}steps s SET
@@ -216,12 +219,16 @@ SELECT e.instance_id, e.step, e.type, 0, e.message, {now} FROM (
 ) e ORDER BY e.ord`
 }
 
+// finishInstancesRows is the instances finishInstancesSQL finishes, as
+// arrays.
+const finishInstancesRows = `SELECT * FROM unnest($2::text[], $3::text[], $4::json[], $5::text[]) AS x(id, status, output, error)`
+
 // finishInstancesSQL finishes unfinished instances and cancels their
 // unfinished steps (running ones too: their claims go stale), with the
 // events of both, the steps' first. It returns the finished instances.
 const finishInstancesSQL = `
 WITH x AS (
-	SELECT * FROM unnest($2::text[], $3::text[], $4::json[], $5::text[]) AS x(id, status, output, error)
+	` + finishInstancesRows + `
 ),
 i AS (
 	UPDATE {s}instances i SET status = x.status, output = x.output, error = x.error, finished_at = {now}
@@ -293,11 +300,15 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 		}
 	}
 	if n := len(sc.ids); n > 0 {
-		apply := applyReadySQL
+		apply, applyOne := applyReadySQL, applyReadyOneSQL
 		if slices.Contains(sc.statuses, string(storage.StepWaiting)) {
-			apply = applyStepChangesSQL
+			apply, applyOne = applyStepChangesSQL, applyStepChangeSQL
 		}
-		st.tail.Queue(s.q(apply), now, sc.ids, sc.names, sc.statuses, sc.inputs, sc.errors, sc.keys).Exec(func(tag pgconn.CommandTag) error {
+		q := st.tail.Queue(s.q(apply), now, sc.ids, sc.names, sc.statuses, sc.inputs, sc.errors, sc.keys)
+		if n == 1 {
+			q.SQL, q.Arguments = s.q(applyOne), []any{now, sc.ids[0], sc.names[0], sc.statuses[0], sc.inputs[0], sc.errors[0], sc.keys[0]}
+		}
+		q.Exec(func(tag pgconn.CommandTag) error {
 			if int(tag.RowsAffected()) != n {
 				// Checked against the locked state above: only a bug gets here.
 				return fmt.Errorf("applying plans changed %d steps, want %d", tag.RowsAffected(), n)

@@ -45,7 +45,11 @@ type finishedInstance struct {
 // txState.finish).
 func (s *Store) queueFinish(st *txState, now *time.Time, ids, statuses []string, outputs []json.RawMessage, errs []string, followUp bool) {
 	st.finishing = st.finishing || followUp
-	st.tail.Queue(s.q(finishInstancesSQL), now, ids, statuses, outputs, errs).Query(func(rows pgx.Rows) error {
+	q := st.tail.Queue(s.q(finishInstancesSQL), now, ids, statuses, outputs, errs)
+	if len(ids) == 1 {
+		q.SQL, q.Arguments = s.q(finishInstanceSQL), []any{now, ids[0], statuses[0], outputs[0], errs[0]}
+	}
+	q.Query(func(rows pgx.Rows) error {
 		var (
 			f          finishedInstance
 			output     []byte
