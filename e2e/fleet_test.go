@@ -133,6 +133,7 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 		completed                     int
 		peakServer, peakDB, peakFleet int
 		allUp                         time.Time
+		completedWhenUp               int
 	)
 	deadline := time.Now().Add(time.Duration(n)*25*time.Millisecond + 2*time.Minute)
 	for completed < n {
@@ -141,7 +142,7 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 			require.True(t, w.running(), "a worker exited (code %d):\n%s", w.code, w.stderr.String())
 		}
 		if allUp.IsZero() && workersUp(workers) {
-			allUp = time.Now()
+			allUp, completedWhenUp = time.Now(), completed
 			checks = startOperatorChecks(e, bin)
 		}
 		var server, inDB, ofFleet int
@@ -177,10 +178,10 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 	require.Zero(t, dbInt(t, db, `SELECT count(*) FROM events
 		WHERE type IN ('step.lease_expired', 'step.released', 'step.retrying', 'step.failed')`), "attempts lost or failed")
 
-	t.Logf("fleet=%s workers=%d concurrency=%d instances=%d seconds=%.1f instances_per_s=%.0f all_up_s=%.1f "+
+	t.Logf("fleet=%s workers=%d concurrency=%d instances=%d seconds=%.1f instances_per_s=%.0f all_up_s=%.1f after_all_up_per_s=%.0f "+
 		"peak_server_conns=%d peak_db_conns=%d peak_fleet_conns=%d max_connections=%d operator_checks=%s",
 		run.via, run.workers, fleetConcurrency, n, elapsed.Seconds(), float64(n)/elapsed.Seconds(),
-		allUp.Sub(began).Seconds(), peakServer, peakDB, peakFleet, maxConns, checks)
+		allUp.Sub(began).Seconds(), float64(n-completedWhenUp)/began.Add(elapsed).Sub(allUp).Seconds(), peakServer, peakDB, peakFleet, maxConns, checks)
 
 	// A worker holds one pool connection and its listener; through
 	// PgBouncer the database sees PgBouncer's pool and the operator's few.
