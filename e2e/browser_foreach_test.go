@@ -129,14 +129,14 @@ func TestBrowserForEach(t *testing.T) {
 
 	// 4. Page forward and back, and filter.
 	browserDo(t, ctx, console, "next page",
-		chromedp.Click(chromedp.CSS("#items-next")),
+		browserClickLive("#items-next"),
 		chromedp.WaitVisible(chromedp.CSS(`#items-table tbody tr[data-index="50"]`)),
 		chromedp.Poll[chromedp.Void](`document.querySelector("#items-range").textContent === "51\u2013100 of 10,000"`),
 	)
 	browserRequireTrue(t, ctx, "page two holds items 50 to 99",
 		`[...document.querySelectorAll("#items-table tbody tr")].map((r) => +r.dataset.index).join() === Array.from({length: 50}, (_, i) => 50 + i).join()`)
 	browserDo(t, ctx, console, "previous page",
-		chromedp.Click(chromedp.CSS("#items-prev")),
+		browserClickLive("#items-prev"),
 		chromedp.WaitVisible(chromedp.CSS(`#items-table tbody tr[data-index="0"]`)),
 		chromedp.WaitEnabled(chromedp.CSS("#items-next")),
 	)
@@ -212,4 +212,18 @@ func (a *browserAPI) itemsDone(t *testing.T, id, step string) int {
 		}
 	}
 	return 0
+}
+
+// browserClickLive clicks the enabled element of selector inside the page,
+// in one evaluation, retried until it is there. The items panel redraws as
+// live counts arrive: a node that chromedp.Click found in one DevTools call
+// may be gone by the next ("Could not find node with given id"), a race the
+// test lost now and then while the items ran.
+func browserClickLive(selector string) chromedp.Action[chromedp.Void] {
+	return chromedp.Poll[chromedp.Void](`(() => {
+		const el = document.querySelector(` + browserJS(selector) + `);
+		if (!el || el.disabled) return false;
+		el.click();
+		return true;
+	})()`)
 }
