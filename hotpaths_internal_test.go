@@ -85,4 +85,6 @@ func BenchmarkHotPaths(b *testing.B) {
 // discardLogs is a store whose AppendLogs stores nothing.
 type discardLogs struct{ storage.Store }
 
-func (discardLogs) AppendLogs(context.Context, []storage.LogTrim, []storage.LogRecord) error { return nil }
+func (discardLogs) AppendLogs(context.Context, []storage.LogTrim, []storage.LogRecord) error {
+	return nil
+}
