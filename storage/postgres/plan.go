@@ -153,9 +153,11 @@ func (s *Store) definitionLoader(ctx context.Context, tx pgx.Tx, hash string) fu
 var applyStepChangesSQL = applyStepChanges(true)
 
 // applyReadySQL is applyStepChangesSQL for plans that make no step wait,
-// nearly all of them: without what a wait needs (its deadline, the start
-// of its instance), whose instances update and its trigger cost a step's
-// transition about 0.18 ms of server time even when it changed no row.
+// nearly all of them, without what only a wait needs: its deadline and the
+// start of its instance. That start is an UPDATE of instances, whose
+// statement-level count trigger fires even when no row changes; it cost
+// each transition about 0.1 ms of server time (a rolled-back probe of the
+// statement, 0.45 -> 0.35 ms).
 var applyReadySQL = applyStepChanges(false)
 
 // applyRows is the step changes of applyStepChangesSQL, as arrays.
