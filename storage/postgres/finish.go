@@ -79,8 +79,9 @@ const snoozedUntilSQL = `'until ' || regexp_replace(to_char(run_after AT TIME ZO
 // touched unfinished instance, in one transaction (group commit) of two
 // round trips however many results: lock the instances, apply the results
 // and load the touched instances' steps; then apply the plans (and claim,
-// for FinishAndClaim) with the COMMIT. A plan that finishes an instance
-// takes one more, for what its end may call for (see txState.finish).
+// for FinishAndClaim) with the COMMIT. A plan that ends a child instance,
+// or ends one otherwise than completed, takes one more, for the parent's
+// step to settle or the children to cancel (see txState.finish).
 func (s *Store) FinishSteps(ctx context.Context, results []storage.StepResult, plan storage.PlanFunc) ([]storage.FinishResult, error) {
 	out, _, err := s.finishSteps(ctx, results, plan, nil)
 	return out, err
