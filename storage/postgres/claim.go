@@ -274,13 +274,12 @@ WITH w AS (
 	SELECT * FROM unnest($2::bigint[], $3::bigint[]) AS w(id, fence)
 ),
 l AS MATERIALIZED (
-	SELECT s.id FROM {s}steps s JOIN w ON s.id = w.id AND s.fence = w.fence
-	WHERE s.status = 'running'
+	SELECT s.id, s.status FROM {s}steps s JOIN w ON s.id = w.id AND s.fence = w.fence
 	ORDER BY s.id
 	FOR NO KEY UPDATE OF s
 )
 UPDATE {s}steps s SET lease_until = {clock} + $4::bigint * interval '1 microsecond'
-FROM l WHERE s.id = l.id
+FROM l WHERE s.id = l.id AND l.status = 'running'
 RETURNING s.id, s.fence`
 
 // ExtendLeases implements storage.Store.
@@ -341,8 +340,7 @@ WITH w AS (
 	SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[]) WITH ORDINALITY AS w(id, fence, instance_id, ord)
 ),
 l AS MATERIALIZED (
-	SELECT s.id, w.ord FROM {s}steps s JOIN w ON s.id = w.id AND s.fence = w.fence AND s.instance_id = w.instance_id
-	WHERE s.status = 'running'
+	SELECT s.id, s.status, w.ord FROM {s}steps s JOIN w ON s.id = w.id AND s.fence = w.fence AND s.instance_id = w.instance_id
 	ORDER BY s.id
 	FOR NO KEY UPDATE OF s
 ),
@@ -351,7 +349,7 @@ u AS (
 		attempts = s.attempts - 1, run_after = {now} + ` + heldSQL + `, ready_at = {now},
 		lease_until = NULL, worker_id = ''
 	FROM l, {s}instances i
-	WHERE s.id = l.id AND i.id = s.instance_id
+	WHERE s.id = l.id AND l.status = 'running' AND i.id = s.instance_id
 	RETURNING s.instance_id, s.name, s.status, s.attempts, s.queue, l.ord, s.item_index
 ),
 ev AS (

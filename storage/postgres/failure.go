@@ -41,7 +41,7 @@ WITH x AS (
 ),
 i AS (
 	UPDATE {s}instances i SET failing = true, error = x.error, failed_step = x.step, deadline = NULL
-	FROM x WHERE i.id = x.id AND i.finished_at IS NULL
+	FROM x WHERE i.id = x.id AND i.status IN ('pending', 'running')
 	RETURNING i.id, i.error
 ),
 c AS (

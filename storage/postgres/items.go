@@ -66,15 +66,15 @@ func (s *Store) queueExpansion(st *txState, now *time.Time, instanceID, name str
 // finished completes with their outputs in index order, or fails when
 // one failed (null for it in the output).
 const settleSQL = `
-WITH f AS (
+WITH f AS MATERIALIZED (
 	-- min() reads the few failed and cancelled entries of the status
 	-- index; ORDER BY item_index LIMIT 1 could walk every item in index
 	-- order instead, at every commit.
-	SELECT s.id, s.continue_on_error,
+	SELECT s.id, s.status, s.continue_on_error,
 		(SELECT min(f.item_index) FROM {s}steps f WHERE f.parent_id = s.id AND f.status IN ('failed', 'cancelled')) AS failed_index,
 		EXISTS (SELECT 1 FROM {s}steps u WHERE u.parent_id = s.id AND u.status IN ('pending', 'running')) AS unfinished
 	FROM {s}steps s
-	WHERE s.id = ANY($2::bigint[]) AND s.status = 'running'
+	WHERE s.id = ANY($2::bigint[])
 ),
 p AS (
 	SELECT f.*, (SELECT e.error FROM {s}steps e WHERE e.parent_id = f.id AND e.item_index = f.failed_index) AS failed_error
@@ -82,7 +82,7 @@ p AS (
 ),
 d AS (
 	SELECT p.*, p.failed_index IS NOT NULL AS failed FROM p
-	WHERE (p.failed_index IS NOT NULL AND NOT p.continue_on_error) OR NOT p.unfinished
+	WHERE p.status = 'running' AND ((p.failed_index IS NOT NULL AND NOT p.continue_on_error) OR NOT p.unfinished)
 ),
 c AS (
 	UPDATE {s}steps i SET status = 'cancelled', finished_at = {now}, lease_until = NULL

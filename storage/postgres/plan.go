@@ -228,6 +228,8 @@ const finishInstancesRows = `SELECT * FROM unnest($2::text[], $3::text[], $4::js
 // finishInstancesSQL finishes unfinished instances and cancels their
 // unfinished steps (running ones too: their claims go stale), with the
 // events of both, the steps' first. It returns the finished instances.
+// "Unfinished" is spelled by status, not finished_at IS NULL, which would
+// let a generic plan read all of instances_unfinished (see finishSQL).
 const finishInstancesSQL = `
 WITH x AS (
 	` + finishInstancesRows + `
@@ -235,7 +237,7 @@ WITH x AS (
 i AS (
 	UPDATE {s}instances i SET status = x.status, output = x.output, error = x.error, finished_at = {now}
 	FROM x
-	WHERE i.id = x.id AND i.finished_at IS NULL
+	WHERE i.id = x.id AND i.status IN ('pending', 'running')
 	RETURNING i.id, i.status, i.error, i.output, i.parent_id, i.parent_step, i.parent_item
 ),
 c AS (

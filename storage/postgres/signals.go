@@ -23,10 +23,13 @@ const priorSignalSQL = `SELECT signal_id, delivered FROM {s}signals WHERE instan
 // step with its payload, with the event of either. It returns the step
 // completed, if any.
 const deliverSQL = `
-WITH w AS (
-	UPDATE {s}steps SET status = 'completed', output = $4, finished_at = {now}, deadline = NULL
-	WHERE instance_id = $2 AND item_index = -1 AND status = 'waiting' AND wait_signal = $3
-	RETURNING name
+WITH t AS MATERIALIZED (
+	SELECT id, status, wait_signal FROM {s}steps WHERE instance_id = $2 AND item_index = -1
+),
+w AS (
+	UPDATE {s}steps s SET status = 'completed', output = $4, finished_at = {now}, deadline = NULL
+	FROM t WHERE s.id = t.id AND t.status = 'waiting' AND t.wait_signal = $3
+	RETURNING s.name
 ),
 sg AS (
 	INSERT INTO {s}signals (instance_id, name, signal_id, payload, delivered, created_at)

@@ -156,9 +156,12 @@ func (s *Store) queueStartChildren(st *txState, now *time.Time, instanceID strin
 // finished, if it is still running for it: completed with the child's
 // output, or failed for good.
 const settleChildSQL = `
-UPDATE {s}steps SET status = $5, output = $6, error = $7, finished_at = {now}
-WHERE instance_id = $2 AND name = $3 AND item_index = $4 AND child_id = $8 AND status = 'running'
-RETURNING id, coalesce(parent_id, 0)`
+WITH t AS MATERIALIZED (
+	SELECT id, status FROM {s}steps WHERE instance_id = $2 AND name = $3 AND item_index = $4 AND child_id = $8
+)
+UPDATE {s}steps s SET status = $5, output = $6, error = $7, finished_at = {now}
+FROM t WHERE s.id = t.id AND t.status = 'running'
+RETURNING s.id, coalesce(s.parent_id, 0)`
 
 // followUp does what the last tail calls for: it creates the children of
 // the workflow steps it started, cancels the unfinished children of the
