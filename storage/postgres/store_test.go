@@ -818,10 +818,10 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 // through the partial indexes of in-flight rows (running steps, unfinished
 // instances, waiting steps). Statistics gathered while little was in
 // flight (a new database, a quiet night) make those indexes look nearly
-// empty, and a generic plan made then keeps reading every entry of one,
-// for each finish, heartbeat or signal, for the life of the connection:
-// in a fleet of 40 workers, the statement that finishes instances took
-// 2.1 ms a call where a key lookup takes 0.3.
+// empty, and a generic plan made then reads every entry of one at each
+// finish, heartbeat or signal until the table is analyzed again: with 2
+// workers on a backlog of 4,000 instances, the statement that finishes
+// instances took 2.1 ms a call, and 0.49 ms reaching them by key.
 func TestKeyedWritesSkipInFlightIndexes(t *testing.T) {
 	t.Parallel()
 	s := openTestStore(t, nil)
