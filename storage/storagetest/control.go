@@ -34,6 +34,26 @@ var releaseTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, storage.StepRunning, b.status(id, "a"))
 		require.NoError(t, b.store.ReleaseSteps(b.ctx, nil))
 	},
+
+	// A cancel leaves a running step's fence as it was: the claim still
+	// names the step, which is no longer running, and releasing it (a
+	// worker shutting down after the cancel) must neither requeue it nor
+	// uncount its attempt nor record it again.
+	"AfterCancelChangesNothing": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(spec("a"))
+		c := b.claimStep(id, "a")
+		b.clock.Advance(time.Second)
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "stop", Plan))
+		before := b.get(id)
+		require.Equal(t, storage.StepCancelled, step(t, before, "a").Status)
+
+		b.clock.Advance(time.Second)
+		require.NoError(t, b.store.ReleaseSteps(b.ctx, []storage.Claim{c.Claim}))
+		after := b.get(id)
+		require.Equal(t, before.Steps, after.Steps, "a released claim of a cancelled step writes nothing")
+		require.Equal(t, before.Events, after.Events)
+	},
 }
 
 var cancelTests = map[string]func(*testing.T, *Harness){
