@@ -181,7 +181,7 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 	t.Logf("fleet=%s workers=%d concurrency=%d instances=%d seconds=%.1f instances_per_s=%.0f all_up_s=%.1f after_all_up_per_s=%.0f "+
 		"peak_server_conns=%d peak_db_conns=%d peak_fleet_conns=%d max_connections=%d operator_checks=%s",
 		run.via, run.workers, fleetConcurrency, n, elapsed.Seconds(), float64(n)/elapsed.Seconds(),
-		allUp.Sub(began).Seconds(), float64(n-completedWhenUp)/began.Add(elapsed).Sub(allUp).Seconds(), peakServer, peakDB, peakFleet, maxConns, checks)
+		allUp.Sub(began).Seconds(), float64(n-completedWhenUp)/(elapsed-allUp.Sub(began)).Seconds(), peakServer, peakDB, peakFleet, maxConns, checks)
 
 	// A worker holds one pool connection and its listener; through
 	// PgBouncer the database sees PgBouncer's pool and the operator's few.
