@@ -144,9 +144,17 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 			runAfters[i] = &results[i].RunAfter
 		}
 	}
-	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+	// A finish foreseen from snapshots plans before it reads: see
+	// speculate.go.
+	predicted, used := s.snapshots.predict(results, time.Now())
+	var (
+		txid    string
+		planned []*loaded
+		rec     *planRecorder
+	)
+	run := func(tx pgx.Tx, st *txState) error {
 		clear(out)
-		claimed = nil
+		claimed, txid, planned = nil, "", nil
 		now := s.now()
 		// One round trip: lock the instances, apply the results, and load
 		// the instances' steps as they are after the results (a few of
@@ -158,6 +166,9 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		)
 		var b pgx.Batch
 		s.queueLock(&b, instanceIDs, locked)
+		if predicted != nil {
+			s.queueVerify(&b, used, &txid)
+		}
 		finish := b.Queue(s.q(finishSQL), now, stepIDs, instanceIDs, fences, outcomes, outputs, errs, messages, runAfters, delays)
 		if n == 1 {
 			finish.SQL, finish.Arguments = s.q(finishOneSQL), []any{now, stepIDs[0], instanceIDs[0], fences[0], outcomes[0], outputs[0], errs[0], messages[0], runAfters[0], delays[0]}
@@ -167,9 +178,14 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				ord, parent       int64
 				instanceID, queue string
 				status            storage.StepStatus
+				accepted          int
 			)
 			_, err := pgx.ForEachRow(rows, []any{&ord, &instanceID, &status, &queue, &parent}, func() error {
 				out[ord-1].Accepted = true
+				accepted++
+				if predicted != nil {
+					return nil // planned already
+				}
 				if parent != 0 && status != storage.StepPending {
 					if (status == storage.StepCompleted || status == storage.StepFailed) && !slices.Contains(parents, parent) {
 						parents = append(parents, parent)
@@ -186,10 +202,34 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				}
 				return nil
 			})
+			if err == nil && predicted != nil && accepted != n {
+				// The snapshots held, so every claim did: only a bug gets here.
+				err = fmt.Errorf("a finish planned from snapshots recorded %d of %d results", accepted, n)
+			}
 			return err
 		})
-		s.queueLoadSteps(ctx, tx, &b, instanceIDs, locked)
+		if predicted == nil {
+			s.queueLoadSteps(ctx, tx, &b, instanceIDs, locked)
+		}
 		s.queueResultLogs(&b, results)
+		if predicted != nil {
+			planned, rec = clonePredicted(predicted), newPlanRecorder(plan)
+			for _, l := range planned {
+				l.state.LoadDefinition = s.definitionLoader(ctx, tx, l.state.DefinitionHash)
+				touched = append(touched, l)
+			}
+			if err := s.planAndApply(st, now, touched, rec.record); err != nil {
+				return err
+			}
+			if claim != nil {
+				// The snapshots this transaction leaves are derived from
+				// what it planned, once the claim answered (see derive).
+				s.queueClaim(st, *claim, now, &claimed)
+			}
+			// The reads and writes go first, on the tail's round trip.
+			st.tail.QueuedQueries = append(b.QueuedQueries, st.tail.QueuedQueries...)
+			return nil
+		}
 		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
 			return err
 		}
@@ -205,8 +245,18 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				touched = append(touched, l)
 			}
 		}
-		if err := s.planAndApply(st, now, touched, plan); err != nil {
+		planned, rec = touched, newPlanRecorder(plan)
+		if err := s.planAndApply(st, now, touched, rec.record); err != nil {
 			return err
+		}
+		// The rows this transaction wrote carry its ID, as the steps it
+		// finished show.
+		for i := range out {
+			if l := locked[instanceIDs[i]]; out[i].Accepted && l != nil && txid == "" {
+				if k := slices.Index(l.ids, stepIDs[i]); k >= 0 {
+					txid = l.xmins[k]
+				}
+			}
 		}
 		if claim == nil {
 			return nil
@@ -214,9 +264,21 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		// The claim goes last on the tail, after the plans it may claim from.
 		s.queueClaim(st, *claim, now, &claimed)
 		return nil
-	})
+	}
+	err := s.inTx(ctx, run)
+	if predicted != nil && isStaleSnapshot(err) {
+		s.staleSnapshots.Add(1)
+		predicted = nil
+		err = s.inTx(ctx, run)
+	}
 	if err != nil {
 		return nil, nil, s.fail("finish steps", err)
+	}
+	if predicted != nil {
+		s.speculated.Add(1)
+	}
+	if claim != nil {
+		s.snapshots.put(derive(planned, rec, results, claimed, txid, time.Now()))
 	}
 	if claim != nil {
 		s.claimers.claimed(*claim, true, len(claimed))

@@ -27,6 +27,12 @@ type loaded struct {
 	timeout     int64 // the instance's timeout_us
 	// onFailure marks the onFailure steps, parallel to state.Steps.
 	onFailure []bool
+	// ids, fences and xmins are the step rows' IDs, fences and versions
+	// (xmin), parallel to state.Steps, and xmin the instance row's, as
+	// read: what a snapshot of the instance is checked by (speculate.go).
+	ids, fences []int64
+	xmins       []string
+	xmin        string
 }
 
 // lockInstancesSQL locks instance rows in id order. Every transaction that
@@ -37,7 +43,7 @@ type loaded struct {
 // never be promoted) and cannot deadlock one another. NO KEY UPDATE is the
 // weakest row lock that conflicts with itself.
 const lockInstancesSQL = `
-SELECT id, workflow, definition_hash, status, input, timeout_us, failing, error, failed_step, depth
+SELECT id, workflow, definition_hash, status, input, timeout_us, failing, error, failed_step, depth, xmin::text
 FROM {s}instances WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`
 
 // queueLock queues the lock of the given instances (duplicates and unknown
@@ -50,10 +56,11 @@ func (s *Store) queueLock(b *pgx.Batch, ids []string, into map[string]*loaded) {
 			timeout int64
 			failing bool
 			failure storage.Failure
+			xmin    string
 		)
 		_, err := pgx.ForEachRow(rows, []any{&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input,
-			&timeout, &failing, &failure.Error, &failure.Step, &st.Depth}, func() error {
-			l := &loaded{state: st, timeout: timeout}
+			&timeout, &failing, &failure.Error, &failure.Step, &st.Depth, &xmin}, func() error {
+			l := &loaded{state: st, timeout: timeout, xmin: xmin}
 			l.state.Input = rawJSON(input)
 			if failing {
 				f := failure
@@ -67,7 +74,7 @@ func (s *Store) queueLock(b *pgx.Batch, ids []string, into map[string]*loaded) {
 }
 
 const loadStepStatesSQL = `
-SELECT instance_id, name, depends_on, status, output, error, attempts, queue, wait_signal, on_failure
+SELECT instance_id, name, depends_on, status, output, error, attempts, queue, wait_signal, on_failure, id, fence, xmin::text
 FROM {s}steps WHERE instance_id = ANY($1) AND item_index = -1 ORDER BY instance_id, position`
 
 const loadSignalsSQL = `
@@ -78,12 +85,14 @@ SELECT instance_id, name, payload FROM {s}signals WHERE instance_id = ANY($1) AN
 func (s *Store) queueLoadSteps(ctx context.Context, tx pgx.Tx, b *pgx.Batch, ids []string, into map[string]*loaded) {
 	queueByIDs(b, s.q(loadStepStatesSQL), s.q(loadStepStateSQL), ids).Query(func(rows pgx.Rows) error {
 		var (
-			id, queue, signal string
-			ss                storage.StepState
-			output            []byte
-			onFailure         bool
+			id, queue, signal, xmin string
+			ss                      storage.StepState
+			output                  []byte
+			onFailure               bool
+			stepID, fence           int64
 		)
-		_, err := pgx.ForEachRow(rows, []any{&id, &ss.Name, &ss.DependsOn, &ss.Status, &output, &ss.Error, &ss.Attempts, &queue, &signal, &onFailure}, func() error {
+		_, err := pgx.ForEachRow(rows, []any{&id, &ss.Name, &ss.DependsOn, &ss.Status, &output, &ss.Error, &ss.Attempts, &queue, &signal, &onFailure,
+			&stepID, &fence, &xmin}, func() error {
 			l := into[id]
 			if l == nil {
 				return nil
@@ -96,6 +105,7 @@ func (s *Store) queueLoadSteps(ctx context.Context, tx pgx.Tx, b *pgx.Batch, ids
 			l.queues = append(l.queues, queue)
 			l.waitSignals = append(l.waitSignals, signal)
 			l.onFailure = append(l.onFailure, onFailure)
+			l.ids, l.fences, l.xmins = append(l.ids, stepID), append(l.fences, fence), append(l.xmins, xmin)
 			ss = storage.StepState{}
 			return nil
 		})

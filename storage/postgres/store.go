@@ -212,6 +212,13 @@ type Store struct {
 	// keep on a session: empty when the sessions hold them (see
 	// autocommitFor).
 	settings string
+
+	// snapshots serve finishes that plan before they read; speculated
+	// counts those finishes, staleSnapshots the ones that found an
+	// instance changed and ran again the usual way (see speculate.go).
+	snapshots      snapshots
+	speculated     atomic.Int64
+	staleSnapshots atomic.Int64
 }
 
 // New returns a Store on a ready pool, migrating the schema first. Close does

@@ -1,0 +1,292 @@
+package postgres
+
+import (
+	"encoding/json"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/storagetest"
+)
+
+// statesSeen is storagetest.Plan that keeps every state it was asked
+// about, by instance.
+type statesSeen struct {
+	mu     sync.Mutex
+	states map[string][]storage.InstanceState
+}
+
+func (r *statesSeen) plan(st *storage.InstanceState) (*storage.Plan, error) {
+	cp := *st
+	cp.Steps = slices.Clone(st.Steps)
+	cp.LoadDefinition = nil
+	r.mu.Lock()
+	if r.states == nil {
+		r.states = map[string][]storage.InstanceState{}
+	}
+	r.states[st.ID] = append(r.states[st.ID], cp)
+	r.mu.Unlock()
+	return storagetest.Plan(st)
+}
+
+// chain is a four-step chain, a -> b -> c -> d.
+func chain() storage.CreateParams {
+	return params(spec("a"), spec("b", "a"), spec("c", "b"), spec("d", "c"))
+}
+
+// completed is the result of a claimed step completing with an output that
+// names it.
+func completed(c storage.ClaimedStep) storage.StepResult {
+	out, _ := json.Marshal(map[string]string{"done": c.Step})
+	return storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeCompleted, Output: out}
+}
+
+// TestSpeculativeFinishSeesWhatAReadWould drives two instances of a
+// workflow to the end with the same results: one the way a worker's
+// recorder does (FinishAndClaim, which claims the next steps and plans
+// from the snapshot its previous transaction kept where it can), the other
+// by FinishSteps and ClaimSteps, which read and keep none. Every plan of
+// the first must have been asked about the same state as the plan of the
+// second at the same point, and the first must have planned from
+// snapshots as often as the case says.
+func TestSpeculativeFinishSeesWhatAReadWould(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		create func() storage.CreateParams
+		limit  int
+		// retry names a step whose first attempt fails and is retried.
+		retry string
+		// speculated is how many finishes plan from snapshots.
+		speculated int64
+	}{
+		// The first finish reads and keeps a snapshot; the other three
+		// plan from the snapshot their predecessor kept.
+		{name: "chain", create: chain, limit: 2, speculated: 3},
+		// a readies b and c and its claim takes b: c could be claimed
+		// elsewhere, so a's finish keeps no snapshot; b's claims c, and
+		// the finishes of c and d plan from snapshots.
+		{name: "fan-out one at a time", create: fanOut, limit: 1, speculated: 2},
+		// b fails once: its retry is finished the usual way, and its
+		// second attempt runs with the error of the first, which its
+		// completion clears.
+		{name: "retried step", create: fanOut, limit: 2, retry: "b", speculated: 2},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := openTestStore(t, nil)
+			ctx := t.Context()
+			rec := &statesSeen{}
+			created, err := s.CreateInstances(ctx, nil, []storage.CreateParams{tc.create(), tc.create()}, rec.plan)
+			require.NoError(t, err)
+			fast, slow := created[0].ID, created[1].ID
+			claimOf := func(instance string) storage.ClaimParams {
+				return storage.ClaimParams{WorkerID: "w-" + instance, InstanceID: instance, Limit: tc.limit, Lease: time.Minute}
+			}
+			resultsOf := func(claimed []storage.ClaimedStep) []storage.StepResult {
+				rs := make([]storage.StepResult, len(claimed))
+				for i, c := range claimed {
+					rs[i] = completed(c)
+					if c.Step == tc.retry && c.Attempt == 1 {
+						rs[i] = storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeRetry, Error: "boom"}
+					}
+				}
+				return rs
+			}
+
+			claimed, err := s.ClaimSteps(ctx, claimOf(fast))
+			require.NoError(t, err)
+			for len(claimed) > 0 {
+				var out []storage.FinishResult
+				out, claimed, err = s.FinishAndClaim(ctx, resultsOf(claimed), rec.plan, claimOf(fast))
+				require.NoError(t, err)
+				for _, o := range out {
+					require.True(t, o.Accepted)
+				}
+			}
+			for {
+				claimed, err := s.ClaimSteps(ctx, claimOf(slow))
+				require.NoError(t, err)
+				if len(claimed) == 0 {
+					break
+				}
+				out, err := s.FinishSteps(ctx, resultsOf(claimed), rec.plan)
+				require.NoError(t, err)
+				for _, o := range out {
+					require.True(t, o.Accepted)
+				}
+			}
+
+			require.Equal(t, tc.speculated, s.speculated.Load(), "finishes planned from snapshots")
+			require.Zero(t, s.staleSnapshots.Load())
+			fastStates, slowStates := rec.states[fast], rec.states[slow]
+			require.Len(t, fastStates, len(slowStates))
+			for i := range fastStates {
+				fastStates[i].ID = slow
+				require.Equal(t, slowStates[i], fastStates[i], "the state of plan %d", i)
+			}
+			for _, id := range []string{fast, slow} {
+				in, err := s.GetInstance(ctx, id)
+				require.NoError(t, err)
+				require.Equal(t, storage.InstanceCompleted, in.Status)
+			}
+		})
+	}
+}
+
+// fanOut is a -> (b, c) -> d.
+func fanOut() storage.CreateParams {
+	return params(spec("a"), spec("b", "a"), spec("c", "a"), spec("d", "b", "c"))
+}
+
+// TestStaleSnapshotFallsBack: when another transaction wrote the instance
+// between the transaction that kept its snapshot and the next finish, the
+// finish finds out, and records the result as a read would have it.
+func TestStaleSnapshotFallsBack(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		// change changes the instance whose step c runs under claim c.
+		change func(t *testing.T, other *Store, instance string, c storage.ClaimedStep)
+		// accepted and cancelled are what the finish of c must answer.
+		accepted, cancelled bool
+	}{
+		{
+			name: "cancelled",
+			change: func(t *testing.T, other *Store, instance string, _ storage.ClaimedStep) {
+				require.NoError(t, other.CancelInstance(t.Context(), instance, "by test", storagetest.Plan))
+			},
+			cancelled: true,
+		},
+		{
+			name: "signalled",
+			change: func(t *testing.T, other *Store, instance string, _ storage.ClaimedStep) {
+				_, err := other.SendSignal(t.Context(), storage.SignalParams{InstanceID: instance, Name: "later",
+					Payload: json.RawMessage(`1`)}, storagetest.Plan)
+				require.NoError(t, err)
+			},
+			accepted: true,
+		},
+		{
+			name: "lease renewed",
+			change: func(t *testing.T, other *Store, _ string, c storage.ClaimedStep) {
+				lost, err := other.ExtendLeases(t.Context(), []storage.Claim{c.Claim}, time.Hour)
+				require.NoError(t, err)
+				require.Empty(t, lost)
+			},
+			accepted: true,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := openTestStore(t, nil)
+			other := openInSchema(t, s.cfg.Schema, nil)
+			ctx := t.Context()
+			created, err := s.CreateInstances(ctx, nil, []storage.CreateParams{chain()}, storagetest.Plan)
+			require.NoError(t, err)
+			id := created[0].ID
+			p := storage.ClaimParams{WorkerID: "w", InstanceID: id, Limit: 2, Lease: time.Minute}
+			claimed, err := s.ClaimSteps(ctx, p)
+			require.NoError(t, err)
+			// a, then b (planned from a's snapshot): the finish of b keeps
+			// a snapshot of the instance with c running.
+			for range 2 {
+				require.Len(t, claimed, 1)
+				_, claimed, err = s.FinishAndClaim(ctx, []storage.StepResult{completed(claimed[0])}, storagetest.Plan, p)
+				require.NoError(t, err)
+			}
+			require.Len(t, claimed, 1)
+			require.Equal(t, "c", claimed[0].Step)
+			require.EqualValues(t, 1, s.speculated.Load(), "b's finish was planned from a's snapshot")
+
+			tc.change(t, other, id, claimed[0])
+			out, next, err := s.FinishAndClaim(ctx, []storage.StepResult{completed(claimed[0])}, storagetest.Plan, p)
+			require.NoError(t, err)
+			require.Equal(t, storage.FinishResult{Accepted: tc.accepted, Cancelled: tc.cancelled}, out[0])
+			require.EqualValues(t, 1, s.staleSnapshots.Load(), "finishes that found their snapshot stale")
+			require.EqualValues(t, 1, s.speculated.Load(), "c's finish ran the usual way")
+
+			in, err := s.GetInstance(ctx, id)
+			require.NoError(t, err)
+			if !tc.accepted {
+				require.Equal(t, storage.InstanceCancelled, in.Status)
+				require.Empty(t, next)
+				return
+			}
+			require.Len(t, next, 1)
+			require.Equal(t, "d", next[0].Step)
+			var input struct{ Deps map[string]json.RawMessage }
+			require.NoError(t, json.Unmarshal(next[0].Input, &input))
+			require.JSONEq(t, `{"done":"c"}`, string(input.Deps["c"]), "d's input holds c's output")
+		})
+	}
+}
+
+func TestRenderVersionsAsTheServerDoes(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	ctx := t.Context()
+	created, err := s.CreateInstances(ctx, nil, []storage.CreateParams{chain()}, storagetest.Plan)
+	require.NoError(t, err)
+	var (
+		want  string
+		ids   []int64
+		xmins []string
+		id    int64
+		xmin  string
+	)
+	require.NoError(t, s.pool.QueryRow(ctx, s.q(`SELECT (`+snapshotStepsSQL+`) FROM (SELECT $1::text AS id) v`), created[0].ID).Scan(&want))
+	rows, err := s.pool.Query(ctx, s.q(`SELECT id, xmin::text FROM {s}steps WHERE instance_id = $1 ORDER BY position DESC`), created[0].ID)
+	require.NoError(t, err)
+	for rows.Next() {
+		require.NoError(t, rows.Scan(&id, &xmin))
+		ids, xmins = append(ids, id), append(xmins, xmin)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, ids, 4)
+	require.Equal(t, want, renderVersions(ids, xmins))
+}
+
+// TestNoSnapshotWhileAnotherWorkerHoldsAStep: a snapshot of an instance in
+// which another worker runs a step would go stale when that worker
+// finishes it, costing the next finish a failed check: none is kept.
+func TestNoSnapshotWhileAnotherWorkerHoldsAStep(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	ctx := t.Context()
+	created, err := s.CreateInstances(ctx, nil, []storage.CreateParams{
+		params(spec("a"), spec("b", "a"), spec("c", "a"), spec("e", "a"), spec("d", "b", "c", "e")),
+	}, storagetest.Plan)
+	require.NoError(t, err)
+	id := created[0].ID
+	mine := storage.ClaimParams{WorkerID: "mine", InstanceID: id, Limit: 1, Lease: time.Minute}
+	theirs := storage.ClaimParams{WorkerID: "theirs", InstanceID: id, Limit: 1, Lease: time.Minute}
+
+	a, err := s.ClaimSteps(ctx, mine)
+	require.NoError(t, err)
+	_, b, err := s.FinishAndClaim(ctx, []storage.StepResult{completed(a[0])}, storagetest.Plan, mine)
+	require.NoError(t, err)
+	c, err := s.ClaimSteps(ctx, theirs)
+	require.NoError(t, err)
+	require.Len(t, c, 1)
+	// b's finish claims e while c runs elsewhere.
+	_, e, err := s.FinishAndClaim(ctx, []storage.StepResult{completed(b[0])}, storagetest.Plan, mine)
+	require.NoError(t, err)
+	require.Len(t, e, 1)
+	_, err = s.FinishSteps(ctx, []storage.StepResult{completed(c[0])}, storagetest.Plan)
+	require.NoError(t, err)
+
+	out, d, err := s.FinishAndClaim(ctx, []storage.StepResult{completed(e[0])}, storagetest.Plan, mine)
+	require.NoError(t, err)
+	require.True(t, out[0].Accepted)
+	require.Len(t, d, 1)
+	require.Equal(t, "d", d[0].Step)
+	require.Zero(t, s.staleSnapshots.Load(), "finishes that found their snapshot stale")
+	require.Zero(t, s.speculated.Load(), "finishes planned from snapshots")
+}
