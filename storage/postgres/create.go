@@ -163,6 +163,9 @@ func (s *Store) CreateAndClaim(ctx context.Context, params []storage.CreateParam
 	var (
 		results []storage.CreateResult
 		claimed []storage.ClaimedStep
+		created []*storage.NewInstance
+		ids     map[string][]int64
+		txid    string
 	)
 	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
 		now := s.now()
@@ -171,11 +174,14 @@ func (s *Store) CreateAndClaim(ctx context.Context, params []storage.CreateParam
 			return err
 		}
 		s.queueClaim(st, p, now, &claimed)
+		created, ids, txid = st.created, nil, ""
+		s.queueCreatedSteps(st, created, &ids, &txid)
 		return nil
 	})
 	if err != nil {
 		return nil, nil, createError(err)
 	}
+	s.snapshots.put(deriveCreated(created, ids, claimed, txid, time.Now()))
 	return results, claimed, nil
 }
 
@@ -249,6 +255,7 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 	for _, n := range planned {
 		rows.instance(st, n, held[n.Params.ID])
 	}
+	st.created = planned
 	if len(rows.ids) == 0 {
 		return results, nil
 	}

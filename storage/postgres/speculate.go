@@ -282,6 +282,120 @@ func derive(planned []*loaded, rec *planRecorder, results []storage.StepResult,
 	return out
 }
 
+// createdStepsSQL reads the IDs of the steps of instances this
+// transaction created, and the transaction's ID: with what it created and
+// claimed, all a snapshot of them needs (see deriveCreated).
+const createdStepsSQL = `
+SELECT instance_id, id, pg_current_xact_id()::xid::text FROM {s}steps
+WHERE instance_id = ANY($1) AND item_index = -1 ORDER BY instance_id, position`
+
+// queueCreatedSteps queues, on the tail after the claim of a start, the
+// read of the step IDs of the instances it creates that an eager claim
+// may continue (a few at most: a large batch of starts is its own round
+// trip's worth); ids and txid receive them.
+func (s *Store) queueCreatedSteps(st *txState, created []*storage.NewInstance, ids *map[string][]int64, txid *string) {
+	var want []string
+	for _, n := range created {
+		if len(want) == maxCreatedSnapshots {
+			break
+		}
+		if createdSnapshottable(n) {
+			want = append(want, n.Params.ID)
+		}
+	}
+	if len(want) == 0 {
+		return
+	}
+	st.tail.Queue(s.q(createdStepsSQL), want).Query(func(rows pgx.Rows) error {
+		got := map[string][]int64{}
+		var (
+			instanceID string
+			stepID     int64
+		)
+		_, err := pgx.ForEachRow(rows, []any{&instanceID, &stepID, txid}, func() error {
+			got[instanceID] = append(got[instanceID], stepID)
+			return nil
+		})
+		*ids = got
+		return err
+	})
+}
+
+// maxCreatedSnapshots bounds the instances of one start read back for
+// snapshots.
+const maxCreatedSnapshots = 8
+
+// createdSnapshottable reports whether a new instance is one derive could
+// keep a snapshot of once claimed: pending, not failing, its steps blocked
+// or ready, and small.
+func createdSnapshottable(n *storage.NewInstance) bool {
+	if n.Status != storage.InstancePending || n.Failing || len(n.Params.Input) > maxSnapshotBytes {
+		return false
+	}
+	for _, ns := range n.Steps {
+		if ns.Status != storage.StepBlocked && ns.Status != storage.StepPending {
+			return false
+		}
+	}
+	return true
+}
+
+// deriveCreated returns the snapshots a committed start with an eager
+// claim leaves: each instance it created as the usual read would find it,
+// with the steps the claim took running, every row at the transaction's
+// ID; but only where every step it made ready was claimed (see derive).
+func deriveCreated(created []*storage.NewInstance, ids map[string][]int64, claimed []storage.ClaimedStep, txid string, taken time.Time) []*snapshot {
+	if txid == "" || len(claimed) == 0 {
+		return nil
+	}
+	var out []*snapshot
+	for _, n := range created {
+		p := n.Params
+		stepIDs := ids[p.ID]
+		if !createdSnapshottable(n) || len(stepIDs) != len(p.Steps) || !claimedIn(claimed, p.ID) {
+			continue
+		}
+		l := &loaded{
+			state: storage.InstanceState{ID: p.ID, Workflow: p.Workflow, DefinitionHash: p.DefinitionHash,
+				// The eager claim started it.
+				Status: storage.InstanceRunning, Input: rawJSON(jsonOrNil(p.Input)), Depth: p.Depth,
+				Steps: make([]storage.StepState, len(p.Steps))},
+			timeout: p.Timeout.Microseconds(),
+			ids:     stepIDs,
+			fences:  make([]int64, len(p.Steps)),
+			xmins:   make([]string, len(p.Steps)),
+			xmin:    txid,
+		}
+		ok := true
+		for i, sp := range p.Steps {
+			st := storage.StepState{Name: sp.Name, Status: n.Steps[i].Status, Error: n.Steps[i].Error}
+			if len(sp.DependsOn) > 0 {
+				st.DependsOn = sp.DependsOn
+			}
+			if k := slices.IndexFunc(claimed, func(c storage.ClaimedStep) bool { return c.StepID == stepIDs[i] }); k >= 0 {
+				st.Status, st.Attempts, l.fences[i] = storage.StepRunning, claimed[k].Attempt, claimed[k].Fence
+			}
+			// A step made ready that the claim left could be claimed
+			// elsewhere before the next finish.
+			ok = ok && st.Status != storage.StepPending
+			l.state.Steps[i] = st
+			l.queues = append(l.queues, queueOf(sp))
+			signal := ""
+			if sp.Wait != nil {
+				signal = sp.Wait.Signal
+			}
+			l.waitSignals = append(l.waitSignals, signal)
+			l.onFailure = append(l.onFailure, sp.OnFailure)
+			l.xmins[i] = txid
+		}
+		if !ok || l.size() > maxSnapshotBytes {
+			continue
+		}
+		out = append(out, &snapshot{loaded: l, steps: renderVersions(l.ids, l.xmins), taken: taken})
+	}
+	return out
+}
+
 // size is the bytes of the instance's input and step outputs.
 func (l *loaded) size() int {
 	n := len(l.state.Input)

@@ -59,6 +59,9 @@ func TestSpeculativeFinishSeesWhatAReadWould(t *testing.T) {
 		name   string
 		create func() storage.CreateParams
 		limit  int
+		// eager starts the first instance with CreateAndClaim, as a start
+		// with a local worker does.
+		eager bool
 		// retry names a step whose first attempt fails and is retried.
 		retry string
 		// speculated is how many finishes plan from snapshots.
@@ -67,6 +70,9 @@ func TestSpeculativeFinishSeesWhatAReadWould(t *testing.T) {
 		// The first finish reads and keeps a snapshot; the other three
 		// plan from the snapshot their predecessor kept.
 		{name: "chain", create: chain, limit: 2, speculated: 3},
+		// The start keeps a snapshot of what it created and claimed: every
+		// finish plans from one.
+		{name: "chain started eagerly", create: chain, limit: 2, eager: true, speculated: 4},
 		// a readies b and c and its claim takes b: c could be claimed
 		// elsewhere, so a's finish keeps no snapshot; b's claims c, and
 		// the finishes of c and d plan from snapshots.
@@ -82,12 +88,25 @@ func TestSpeculativeFinishSeesWhatAReadWould(t *testing.T) {
 			s := openTestStore(t, nil)
 			ctx := t.Context()
 			rec := &statesSeen{}
-			created, err := s.CreateInstances(ctx, nil, []storage.CreateParams{tc.create(), tc.create()}, rec.plan)
-			require.NoError(t, err)
-			fast, slow := created[0].ID, created[1].ID
+			first, second := tc.create(), tc.create()
+			fast, slow := first.ID, second.ID
 			claimOf := func(instance string) storage.ClaimParams {
 				return storage.ClaimParams{WorkerID: "w-" + instance, InstanceID: instance, Limit: tc.limit, Lease: time.Minute}
 			}
+			var (
+				claimed []storage.ClaimedStep
+				err     error
+			)
+			if tc.eager {
+				_, claimed, err = s.CreateAndClaim(ctx, []storage.CreateParams{first}, rec.plan, claimOf(fast))
+				require.NoError(t, err)
+				_, err = s.CreateInstances(ctx, nil, []storage.CreateParams{second}, rec.plan)
+			} else {
+				_, err = s.CreateInstances(ctx, nil, []storage.CreateParams{first, second}, rec.plan)
+				require.NoError(t, err)
+				claimed, err = s.ClaimSteps(ctx, claimOf(fast))
+			}
+			require.NoError(t, err)
 			resultsOf := func(claimed []storage.ClaimedStep) []storage.StepResult {
 				rs := make([]storage.StepResult, len(claimed))
 				for i, c := range claimed {
@@ -99,8 +118,6 @@ func TestSpeculativeFinishSeesWhatAReadWould(t *testing.T) {
 				return rs
 			}
 
-			claimed, err := s.ClaimSteps(ctx, claimOf(fast))
-			require.NoError(t, err)
 			for len(claimed) > 0 {
 				var out []storage.FinishResult
 				out, claimed, err = s.FinishAndClaim(ctx, resultsOf(claimed), rec.plan, claimOf(fast))
@@ -272,14 +289,16 @@ func TestNoSnapshotWhileAnotherWorkerHoldsAStep(t *testing.T) {
 	require.NoError(t, err)
 	_, b, err := s.FinishAndClaim(ctx, []storage.StepResult{completed(a[0])}, storagetest.Plan, mine)
 	require.NoError(t, err)
-	c, err := s.ClaimSteps(ctx, theirs)
+	// Another process's worker.
+	other := openInSchema(t, s.cfg.Schema, nil)
+	c, err := other.ClaimSteps(ctx, theirs)
 	require.NoError(t, err)
 	require.Len(t, c, 1)
 	// b's finish claims e while c runs elsewhere.
 	_, e, err := s.FinishAndClaim(ctx, []storage.StepResult{completed(b[0])}, storagetest.Plan, mine)
 	require.NoError(t, err)
 	require.Len(t, e, 1)
-	_, err = s.FinishSteps(ctx, []storage.StepResult{completed(c[0])}, storagetest.Plan)
+	_, err = other.FinishSteps(ctx, []storage.StepResult{completed(c[0])}, storagetest.Plan)
 	require.NoError(t, err)
 
 	out, d, err := s.FinishAndClaim(ctx, []storage.StepResult{completed(e[0])}, storagetest.Plan, mine)
@@ -287,6 +306,34 @@ func TestNoSnapshotWhileAnotherWorkerHoldsAStep(t *testing.T) {
 	require.True(t, out[0].Accepted)
 	require.Len(t, d, 1)
 	require.Equal(t, "d", d[0].Step)
+	require.Zero(t, s.staleSnapshots.Load(), "finishes that found their snapshot stale")
+	require.Zero(t, s.speculated.Load(), "finishes planned from snapshots")
+}
+
+// TestNoSnapshotOfAStartWithAStepLeftReady: a start whose eager claim left
+// a ready step to other workers keeps no snapshot, which that step's claim
+// elsewhere would make stale.
+func TestNoSnapshotOfAStartWithAStepLeftReady(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	ctx := t.Context()
+	p := params(spec("a"), spec("b"), spec("c", "a", "b"))
+	mine := storage.ClaimParams{WorkerID: "mine", InstanceID: p.ID, Limit: 1, Lease: time.Minute}
+	_, a, err := s.CreateAndClaim(ctx, []storage.CreateParams{p}, storagetest.Plan, mine)
+	require.NoError(t, err)
+	require.Len(t, a, 1)
+	// Another process's worker.
+	other := openInSchema(t, s.cfg.Schema, nil)
+	b, err := other.ClaimSteps(ctx, storage.ClaimParams{WorkerID: "theirs", InstanceID: p.ID, Limit: 1, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, b, 1)
+	_, err = other.FinishSteps(ctx, []storage.StepResult{completed(b[0])}, storagetest.Plan)
+	require.NoError(t, err)
+
+	out, c, err := s.FinishAndClaim(ctx, []storage.StepResult{completed(a[0])}, storagetest.Plan, mine)
+	require.NoError(t, err)
+	require.True(t, out[0].Accepted)
+	require.Len(t, c, 1)
 	require.Zero(t, s.staleSnapshots.Load(), "finishes that found their snapshot stale")
 	require.Zero(t, s.speculated.Load(), "finishes planned from snapshots")
 }

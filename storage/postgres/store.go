@@ -504,6 +504,8 @@ type txState struct {
 	// finishing is set while the tail holds a statement that finishes
 	// instances: what it finishes may call for follow-ups.
 	finishing bool
+	// created are the instances create inserted, as planned.
+	created []*storage.NewInstance
 }
 
 func (st *txState) ready(queue string) {
