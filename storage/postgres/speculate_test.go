@@ -301,11 +301,19 @@ func TestNoSnapshotWhileAnotherWorkerHoldsAStep(t *testing.T) {
 	_, err = other.FinishSteps(ctx, []storage.StepResult{completed(c[0])}, storagetest.Plan)
 	require.NoError(t, err)
 
-	out, d, err := s.FinishAndClaim(ctx, []storage.StepResult{completed(e[0])}, storagetest.Plan, mine)
+	requireReadFinish(t, s, e[0], mine, "d")
+}
+
+// requireReadFinish finishes step with a FinishAndClaim of p that must
+// claim next, and requires that it read the instance: it planned from no
+// snapshot, and found none stale.
+func requireReadFinish(t *testing.T, s *Store, step storage.ClaimedStep, p storage.ClaimParams, next string) {
+	t.Helper()
+	out, claimed, err := s.FinishAndClaim(t.Context(), []storage.StepResult{completed(step)}, storagetest.Plan, p)
 	require.NoError(t, err)
 	require.True(t, out[0].Accepted)
-	require.Len(t, d, 1)
-	require.Equal(t, "d", d[0].Step)
+	require.Len(t, claimed, 1)
+	require.Equal(t, next, claimed[0].Step)
 	require.Zero(t, s.staleSnapshots.Load(), "finishes that found their snapshot stale")
 	require.Zero(t, s.speculated.Load(), "finishes planned from snapshots")
 }
@@ -330,10 +338,5 @@ func TestNoSnapshotOfAStartWithAStepLeftReady(t *testing.T) {
 	_, err = other.FinishSteps(ctx, []storage.StepResult{completed(b[0])}, storagetest.Plan)
 	require.NoError(t, err)
 
-	out, c, err := s.FinishAndClaim(ctx, []storage.StepResult{completed(a[0])}, storagetest.Plan, mine)
-	require.NoError(t, err)
-	require.True(t, out[0].Accepted)
-	require.Len(t, c, 1)
-	require.Zero(t, s.staleSnapshots.Load(), "finishes that found their snapshot stale")
-	require.Zero(t, s.speculated.Load(), "finishes planned from snapshots")
+	requireReadFinish(t, s, a[0], mine, "c")
 }
