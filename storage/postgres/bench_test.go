@@ -157,3 +157,46 @@ func fillHistory(b *testing.B, st storage.Store, id string, n int) {
 	_, err = s.pool.Exec(b.Context(), s.q(`ANALYZE {s}events`))
 	require.NoError(b, err)
 }
+
+// BenchmarkChainLatency drives one four-step chain at a time the way a
+// worker's recorder does (an eager start, then FinishAndClaim for each
+// step), reporting the time per step: with the snapshots a finish plans
+// from (speculate.go), and with every snapshot forgotten before each
+// finish, which then reads the instance first as it did before:
+// DAGRUN_TEST_POSTGRES=... go test -run '^$' -bench ChainLatency ./storage/postgres
+func BenchmarkChainLatency(b *testing.B) {
+	for _, forget := range []bool{false, true} {
+		name := "planned_from_snapshots"
+		if forget {
+			name = "reading_first"
+		}
+		b.Run(name, func(b *testing.B) {
+			s := openBenchStore(b)
+			ctx := b.Context()
+			steps := 0
+			for b.Loop() {
+				p := chain4()
+				claim := storage.ClaimParams{WorkerID: "w", InstanceID: p.ID, Limit: 1, Lease: time.Minute}
+				_, claimed, err := s.CreateAndClaim(ctx, []storage.CreateParams{p}, storagetest.Plan, claim)
+				require.NoError(b, err)
+				for len(claimed) > 0 {
+					if forget {
+						s.snapshots = snapshots{}
+					}
+					_, claimed, err = s.FinishAndClaim(ctx, []storage.StepResult{{Claim: claimed[0].Claim,
+						Outcome: storage.OutcomeCompleted, Output: []byte(`{}`)}}, storagetest.Plan, claim)
+					require.NoError(b, err)
+					steps++
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(steps), "µs/step")
+			b.ReportMetric(float64(s.speculated.Load())/float64(steps), "planned/step")
+			b.ReportMetric(float64(s.staleSnapshots.Load())/float64(steps), "stale/step")
+			if !forget {
+				require.Positive(b, s.speculated.Load(), "finishes planned from snapshots")
+			} else {
+				require.Zero(b, s.speculated.Load(), "finishes planned from snapshots")
+			}
+		})
+	}
+}
