@@ -280,7 +280,7 @@ l AS MATERIALIZED (
 )
 UPDATE {s}steps s SET lease_until = {clock} + $4::bigint * interval '1 microsecond'
 FROM l WHERE s.id = l.id AND l.status = 'running'
-RETURNING s.id, s.fence`
+RETURNING s.id, s.fence, s.xmin::text`
 
 // ExtendLeases implements storage.Store.
 func (s *Store) ExtendLeases(ctx context.Context, claims []storage.Claim, lease time.Duration) ([]storage.Claim, error) {
@@ -291,16 +291,24 @@ func (s *Store) ExtendLeases(ctx context.Context, claims []storage.Claim, lease 
 		return nil, errors.New("postgres: extend leases: lease must be positive")
 	}
 	ids, fences := claimArrays(claims)
-	var lost []storage.Claim
+	var (
+		lost     []storage.Claim
+		versions map[int64]string // the renewed steps' new xmin
+	)
 	err := s.retry(ctx, func() error {
 		rows, err := s.db.Query(ctx, s.q(extendSQL), s.now(), ids, fences, lease.Microseconds())
 		if err != nil {
 			return err
 		}
 		held := make(map[[2]int64]bool, len(claims))
-		var id, fence int64
-		if _, err := pgx.ForEachRow(rows, []any{&id, &fence}, func() error {
+		versions = make(map[int64]string, len(claims))
+		var (
+			id, fence int64
+			xmin      string
+		)
+		if _, err := pgx.ForEachRow(rows, []any{&id, &fence, &xmin}, func() error {
 			held[[2]int64{id, fence}] = true
+			versions[id] = xmin
 			return nil
 		}); err != nil {
 			return err
@@ -316,6 +324,9 @@ func (s *Store) ExtendLeases(ctx context.Context, claims []storage.Claim, lease 
 	if err != nil {
 		return nil, s.fail("extend leases", err)
 	}
+	// A renewal changes nothing a plan reads: the snapshots holding the
+	// renewed steps stay good with their new versions.
+	s.snapshots.renewed(claims, versions)
 	return lost, nil
 }
 

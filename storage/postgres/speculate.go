@@ -84,6 +84,30 @@ func (c *snapshots) put(list []*snapshot) {
 	}
 }
 
+// renewed gives the steps whose leases a renewal of this store extended
+// their new versions in the snapshots that hold them, so that a worker's
+// heartbeat does not make its own snapshots stale.
+func (c *snapshots) renewed(claims []storage.Claim, versions map[int64]string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, cl := range claims {
+		sn := c.m[cl.InstanceID]
+		xmin, ok := versions[cl.StepID]
+		if sn == nil || !ok {
+			continue
+		}
+		l := sn.loaded
+		i := slices.Index(l.ids, cl.StepID)
+		if i < 0 || l.fences[i] != cl.Fence {
+			continue
+		}
+		// Replaced, not changed: a kept snapshot never changes.
+		l = l.clone()
+		l.xmins[i] = xmin
+		c.m[cl.InstanceID] = &snapshot{loaded: l, steps: renderVersions(l.ids, l.xmins), taken: sn.taken}
+	}
+}
+
 // predict returns, for results that are all completions of steps whose
 // instances have fresh snapshots, each instance as the usual path would
 // read it after the results, and the snapshots to check. It takes the

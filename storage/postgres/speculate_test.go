@@ -340,3 +340,28 @@ func TestNoSnapshotOfAStartWithAStepLeftReady(t *testing.T) {
 
 	requireReadFinish(t, s, a[0], mine, "c")
 }
+
+// TestOwnRenewalKeepsSnapshot: the lease renewals of the worker that kept a
+// snapshot (its heartbeat) change only the lease, and the snapshot takes
+// their new versions: the next finish still plans from it.
+func TestOwnRenewalKeepsSnapshot(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	ctx := t.Context()
+	p := chain()
+	claim := storage.ClaimParams{WorkerID: "w", InstanceID: p.ID, Limit: 1, Lease: time.Minute}
+	_, a, err := s.CreateAndClaim(ctx, []storage.CreateParams{p}, storagetest.Plan, claim)
+	require.NoError(t, err)
+	require.Len(t, a, 1)
+	for range 2 { // renewed twice: the second renewal finds the first's version
+		lost, err := s.ExtendLeases(ctx, []storage.Claim{a[0].Claim}, time.Hour)
+		require.NoError(t, err)
+		require.Empty(t, lost)
+	}
+	out, b, err := s.FinishAndClaim(ctx, []storage.StepResult{completed(a[0])}, storagetest.Plan, claim)
+	require.NoError(t, err)
+	require.True(t, out[0].Accepted)
+	require.Len(t, b, 1)
+	require.Zero(t, s.staleSnapshots.Load(), "finishes that found their snapshot stale")
+	require.EqualValues(t, 1, s.speculated.Load(), "finishes planned from snapshots")
+}
