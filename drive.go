@@ -119,9 +119,9 @@ func (e *Engine) Drive(ctx context.Context, opts *DriveOptions) (DriveResult, er
 		rec := e.newFinishRecorder()
 		fc, eager := e.store.(storage.FinishClaimer)
 		if eager && more {
-			_, steps, err = fc.FinishAndClaim(ctx, results, rec.plan, params)
+			_, steps, err = fc.FinishAndClaim(rec.attach(ctx), results, rec.plan, params)
 		} else {
-			_, err = e.store.FinishSteps(ctx, results, rec.plan)
+			_, err = e.store.FinishSteps(rec.attach(ctx), results, rec.plan)
 			steps = nil
 		}
 		if err != nil {

@@ -290,7 +290,7 @@ func (e *Engine) Cancel(ctx context.Context, id string) error {
 		return err
 	}
 	rec := e.newFinishRecorder()
-	if err := e.store.CancelInstance(ctx, id, "cancelled by request", rec.plan); err != nil {
+	if err := e.store.CancelInstance(rec.attach(ctx), id, "cancelled by request", rec.plan); err != nil {
 		if errors.Is(err, storage.ErrConflict) {
 			return fmt.Errorf("instance %s is already finished: %w", id, err)
 		}
@@ -317,7 +317,7 @@ func (e *Engine) Retry(ctx context.Context, id string) error {
 		return err
 	}
 	rec := e.newFinishRecorder()
-	if err := e.store.RetryInstance(ctx, id, rec.plan); err != nil {
+	if err := e.store.RetryInstance(rec.attach(ctx), id, rec.plan); err != nil {
 		if inst, getErr := e.store.GetInstance(ctx, id); errors.Is(err, storage.ErrConflict) && getErr == nil && inst.Parent != nil {
 			return err // a child: the store's message says to retry its parent
 		}

@@ -184,7 +184,7 @@ func (w *Worker) expireInstances(ctx context.Context) {
 // stopping the local handlers of the instances it failed.
 func (e *Engine) expireInstances(ctx context.Context) (int, error) {
 	rec := e.newFinishRecorder()
-	n, err := e.store.ExpireInstances(ctx, 100, rec.plan)
+	n, err := e.store.ExpireInstances(rec.attach(ctx), 100, rec.plan)
 	if err != nil {
 		return 0, err
 	}

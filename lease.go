@@ -77,7 +77,7 @@ func (w *Worker) holdsAny(batch []finished) bool {
 
 func (w *Worker) recoverExpired(ctx context.Context) {
 	rec := w.engine.newFinishRecorder()
-	n, err := w.engine.store.RecoverExpired(ctx, 100, rec.plan)
+	n, err := w.engine.store.RecoverExpired(rec.attach(ctx), 100, rec.plan)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.logger.Error("dagrun: recover expired leases", slog.Any("error", err))
@@ -103,7 +103,7 @@ func (w *Worker) expireWaits(ctx context.Context) {
 // and returns how many it failed.
 func (e *Engine) expireWaits(ctx context.Context) (int, error) {
 	rec := e.newFinishRecorder()
-	n, err := e.store.ExpireWaits(ctx, 100, rec.plan)
+	n, err := e.store.ExpireWaits(rec.attach(ctx), 100, rec.plan)
 	if err != nil {
 		return 0, err
 	}

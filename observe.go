@@ -54,8 +54,9 @@ func outcomeName(o storage.Outcome) string {
 
 // finishRecorder wraps the plan function for one store call and remembers
 // which instances the committed plans finished. A store may run a plan more
-// than once when it retries a transaction, so outcomes are keyed by
-// instance and read only after the commit.
+// than once when it retries a transaction: the store call takes attach's
+// context, and what an attempt that rolled back planned is forgotten when
+// the next starts; outcomes are read only after the commit.
 type finishRecorder struct {
 	engine *Engine
 	mu     sync.Mutex
@@ -72,6 +73,20 @@ type finishedInstance struct {
 
 func (e *Engine) newFinishRecorder() *finishRecorder {
 	return &finishRecorder{engine: e}
+}
+
+// attach returns ctx for the store call that uses r.plan: the store tells
+// r through it when an attempt of its transaction starts, so that what an
+// attempt that rolled back planned is forgotten (storage.WithAttemptHook).
+func (r *finishRecorder) attach(ctx context.Context) context.Context {
+	return storage.WithAttemptHook(ctx, r.reset)
+}
+
+// reset forgets what the plans of an earlier attempt answered.
+func (r *finishRecorder) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ended, r.failing = nil, nil
 }
 
 func (r *finishRecorder) plan(state *storage.InstanceState) (*storage.Plan, error) {

@@ -53,7 +53,7 @@ func (e *Engine) RetryFrom(ctx context.Context, id, step string) error {
 		return err
 	}
 	rec := e.newFinishRecorder()
-	if err := op.RetryFrom(ctx, id, step, rec.plan); err != nil {
+	if err := op.RetryFrom(rec.attach(ctx), id, step, rec.plan); err != nil {
 		return err
 	}
 	rec.report()
@@ -86,7 +86,7 @@ func (e *Engine) Skip(ctx context.Context, id, step string, output json.RawMessa
 		return err
 	}
 	rec := e.newFinishRecorder()
-	if err := op.SkipStep(ctx, id, step, output, rec.plan); err != nil {
+	if err := op.SkipStep(rec.attach(ctx), id, step, output, rec.plan); err != nil {
 		return err
 	}
 	rec.report()

@@ -81,7 +81,7 @@ func (w *Worker) record(batch []finished) {
 		// claim.
 		extra = w.slots.take(w.config.Concurrency)
 		rec := w.engine.newFinishRecorder()
-		outcomes, claimed, err = fc.FinishAndClaim(context.Background(), results, rec.plan, w.claimParams(len(batch)+extra))
+		outcomes, claimed, err = fc.FinishAndClaim(rec.attach(context.Background()), results, rec.plan, w.claimParams(len(batch)+extra))
 		if err == nil {
 			rec.report()
 		} else {
@@ -127,7 +127,7 @@ func (w *Worker) store(batch []finished, lastErr error) []storage.FinishResult {
 		}
 		tries++
 		rec := w.engine.newFinishRecorder()
-		out, err := w.engine.store.FinishSteps(context.Background(), results, rec.plan)
+		out, err := w.engine.store.FinishSteps(rec.attach(context.Background()), results, rec.plan)
 		if err == nil {
 			rec.report()
 			return out
@@ -162,7 +162,7 @@ func (w *Worker) storeRefused(f finished, err error) storage.FinishResult {
 	log.Error("dagrun: the store refuses this attempt's result; recording a failed attempt instead", slog.Any("error", err))
 	failed := w.engine.failure(step, fmt.Errorf("the attempt's result could not be recorded: %w", err))
 	rec := w.engine.newFinishRecorder()
-	out, err := w.engine.store.FinishSteps(context.Background(), []storage.StepResult{failed}, rec.plan)
+	out, err := w.engine.store.FinishSteps(rec.attach(context.Background()), []storage.StepResult{failed}, rec.plan)
 	if err == nil {
 		rec.report()
 		return out[0]

@@ -281,7 +281,7 @@ func (s *Scheduler) fire(ctx context.Context, w *dag.Workflow, sch *dag.Schedule
 		return storage.FireResult{}, err
 	}
 	rec := s.engine.newFinishRecorder()
-	res, err := s.engine.store.FireSchedule(ctx, p, rec.plan)
+	res, err := s.engine.store.FireSchedule(rec.attach(ctx), p, rec.plan)
 	if err != nil {
 		return res, err
 	}

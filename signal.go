@@ -109,7 +109,7 @@ func (e *Engine) Signal(ctx context.Context, req SignalRequest) (SignalResult, e
 		return SignalResult{}, &SignalDataError{Name: req.Name, Err: err}
 	}
 	rec := e.newFinishRecorder()
-	res, err := e.store.SendSignal(ctx, storage.SignalParams{
+	res, err := e.store.SendSignal(rec.attach(ctx), storage.SignalParams{
 		InstanceID: inst.ID,
 		Name:       req.Name,
 		ID:         req.ID,

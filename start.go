@@ -134,9 +134,9 @@ func (e *Engine) start(ctx context.Context, tx any, reqs []StartRequest) ([]Star
 	var created []storage.CreateResult
 	var err error
 	if tx == nil {
-		created, err = e.createEagerly(ctx, params, rec.plan)
+		created, err = e.createEagerly(rec.attach(ctx), params, rec.plan)
 	} else {
-		created, err = e.store.CreateInstances(ctx, tx, params, rec.plan)
+		created, err = e.store.CreateInstances(rec.attach(ctx), tx, params, rec.plan)
 	}
 	if err != nil {
 		return nil, err

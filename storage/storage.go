@@ -445,7 +445,8 @@ type InstanceChange struct {
 }
 
 // PlanFunc computes a Plan. It must be pure: it runs inside a write
-// transaction and may be called more than once if the store retries.
+// transaction and may be called more than once if the store retries (see
+// WithAttemptHook for a caller that gathers what it answered).
 type PlanFunc func(*InstanceState) (*Plan, error)
 
 // FinishResult tells what became of one StepResult.

@@ -223,8 +223,11 @@ func TestStaleSnapshotFallsBack(t *testing.T) {
 			require.EqualValues(t, 1, s.speculated.Load(), "b's finish was planned from a's snapshot")
 
 			tc.change(t, other, id, claimed[0])
-			out, next, err := s.FinishAndClaim(ctx, []storage.StepResult{completed(claimed[0])}, storagetest.Plan, p)
+			attempts := 0
+			out, next, err := s.FinishAndClaim(storage.WithAttemptHook(ctx, func() { attempts++ }),
+				[]storage.StepResult{completed(claimed[0])}, storagetest.Plan, p)
 			require.NoError(t, err)
+			require.Equal(t, 2, attempts, "the finish planned from the snapshot, then again the usual way")
 			require.Equal(t, storage.FinishResult{Accepted: tc.accepted, Cancelled: tc.cancelled}, out[0])
 			require.EqualValues(t, 1, s.staleSnapshots.Load(), "finishes that found their snapshot stale")
 			require.EqualValues(t, 1, s.speculated.Load(), "c's finish ran the usual way")

@@ -611,6 +611,7 @@ const maxTxAttempts = 5
 // steps its own eager claim took (see claimedAllReady).
 func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx, st *txState) error) error {
 	return s.retry(ctx, func() error {
+		storage.AttemptStarted(ctx)
 		st := &txState{store: s}
 		err := s.runTx(ctx, writeBegin, func(tx *lazyTx) error {
 			if err := fn(tx, st); err != nil {
@@ -658,6 +659,7 @@ func (s *Store) inCallerTx(ctx context.Context, caller any, fn func(tx pgx.Tx, s
 	if !ok || outer == nil {
 		return fmt.Errorf("postgres: the caller's transaction must be a pgx.Tx, got %T", caller)
 	}
+	storage.AttemptStarted(ctx)
 	st := &txState{store: s}
 	err := pgx.BeginFunc(ctx, outer, func(tx pgx.Tx) error {
 		if err := fn(tx, st); err != nil {

@@ -28,6 +28,7 @@ func (s *Store) CreateInstances(ctx context.Context, tx any, params []storage.Cr
 	if !ok || stx == nil {
 		return nil, fmt.Errorf("sqlite: create instances: caller transaction is %T, want a non-nil *sql.Tx", tx)
 	}
+	storage.AttemptStarted(ctx)
 	t := &txn{ctx: ctx, tx: stx, now: s.now()}
 	var results []storage.CreateResult
 	err := t.savepoint(func() error {

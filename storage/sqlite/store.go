@@ -353,6 +353,7 @@ func (s *Store) write(ctx context.Context, op string, fn func(t *txn) error) err
 	if err != nil {
 		return s.fail(op, err)
 	}
+	storage.AttemptStarted(ctx)
 	t := &txn{ctx: ctx, tx: tx, now: s.now()}
 	if err := fn(t); err != nil {
 		_ = tx.Rollback()

@@ -15,6 +15,34 @@ import (
 )
 
 var finishTests = map[string]func(*testing.T, *Harness){
+	"AttemptHookPrecedesPlans": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(spec("a"), spec("b", "a"))
+		a := b.claimStep(id, "a")
+		var (
+			mu    sync.Mutex
+			calls []string
+		)
+		note := func(what string) {
+			mu.Lock()
+			defer mu.Unlock()
+			calls = append(calls, what)
+		}
+		ctx := storage.WithAttemptHook(b.ctx, func() { note("attempt") })
+		plan := func(st *storage.InstanceState) (*storage.Plan, error) {
+			note("plan")
+			return Plan(st)
+		}
+		res, err := b.store.FinishSteps(ctx, []storage.StepResult{completed(a.Claim, `1`)}, plan)
+		require.NoError(t, err)
+		require.True(t, res[0].Accepted)
+		mu.Lock()
+		defer mu.Unlock()
+		require.NotEmpty(t, calls)
+		require.Equal(t, "attempt", calls[0], "the hook comes before the attempt's first plan")
+		require.Equal(t, "plan", calls[len(calls)-1], "the committed attempt planned the instance")
+	},
+
 	"CompletionPlansDownstream": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		id := b.createOne(spec("a"), spec("b", "a"), spec("skip1", "a"), spec("c", "skip1"))
