@@ -43,12 +43,14 @@ import (
 // change an instance's steps; the usual path may see them or not as well.
 
 // maxSnapshots bounds the snapshots a store keeps, and maxSnapshotBytes
-// the input and outputs of an instance it keeps one of; snapshotTTL is how
-// long one stays usable (a step that runs long is finished the usual way,
-// and no transaction ID comes round again meanwhile).
+// the input and outputs of an instance it keeps one of (16 MiB at most in
+// all: a worker has about as many as it runs steps, and a step that is
+// released or cancelled leaves one behind until it expires); snapshotTTL
+// is how long one stays usable (a step that runs long is finished the
+// usual way, and no transaction ID comes round again meanwhile).
 const (
-	maxSnapshots     = 4096
-	maxSnapshotBytes = 64 << 10
+	maxSnapshots     = 1024
+	maxSnapshotBytes = 16 << 10
 	snapshotTTL      = time.Minute
 )
 
@@ -76,8 +78,20 @@ func (c *snapshots) put(list []*snapshot) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.m == nil || len(c.m)+len(list) > maxSnapshots {
+	if c.m == nil {
 		c.m = make(map[string]*snapshot)
+	}
+	if len(c.m)+len(list) > maxSnapshots {
+		// The expired first; all of them if that is not enough.
+		now := time.Now()
+		for id, sn := range c.m {
+			if now.Sub(sn.taken) > snapshotTTL {
+				delete(c.m, id)
+			}
+		}
+		if len(c.m)+len(list) > maxSnapshots {
+			clear(c.m)
+		}
 	}
 	for _, sn := range list {
 		c.m[sn.loaded.state.ID] = sn

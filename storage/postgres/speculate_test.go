@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -367,4 +368,33 @@ func TestOwnRenewalKeepsSnapshot(t *testing.T) {
 	require.Len(t, b, 1)
 	require.Zero(t, s.staleSnapshots.Load(), "finishes that found their snapshot stale")
 	require.EqualValues(t, 1, s.speculated.Load(), "finishes planned from snapshots")
+}
+
+// TestSnapshotsStayBounded: a store keeps at most maxSnapshots snapshots,
+// the expired ones going first, the rest when that is not enough.
+func TestSnapshotsStayBounded(t *testing.T) {
+	t.Parallel()
+	kept := func(id string, taken time.Time) *snapshot {
+		return &snapshot{loaded: &loaded{state: storage.InstanceState{ID: id}}, taken: taken}
+	}
+	var c snapshots
+	old := time.Now().Add(-2 * snapshotTTL)
+	for i := range maxSnapshots {
+		taken := time.Now()
+		if i%2 == 0 {
+			taken = old
+		}
+		c.put([]*snapshot{kept(fmt.Sprint("i", i), taken)})
+	}
+	require.Len(t, c.m, maxSnapshots)
+	c.put([]*snapshot{kept("new", time.Now())})
+	require.Len(t, c.m, maxSnapshots/2+1, "the expired half went")
+	require.Contains(t, c.m, "new")
+	require.Contains(t, c.m, "i1")
+
+	for i := range maxSnapshots / 2 {
+		c.put([]*snapshot{kept(fmt.Sprint("j", i), time.Now())})
+	}
+	require.Len(t, c.m, 1, "none had expired: all went")
+	require.Contains(t, c.m, fmt.Sprint("j", maxSnapshots/2-1))
 }
