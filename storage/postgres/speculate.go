@@ -72,6 +72,8 @@ type snapshots struct {
 	m  map[string]*snapshot
 }
 
+// put keeps the snapshots of list, in place of any of the same instances,
+// making room within maxSnapshots.
 func (c *snapshots) put(list []*snapshot) {
 	if len(list) == 0 {
 		return
