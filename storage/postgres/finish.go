@@ -154,7 +154,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 	)
 	run := func(tx pgx.Tx, st *txState) error {
 		clear(out)
-		claimed, txid, planned = nil, "", nil
+		claimed, txid, planned, rec = nil, "", nil, nil
 		now := s.now()
 		// One round trip: lock the instances, apply the results, and load
 		// the instances' steps as they are after the results (a few of
@@ -212,18 +212,23 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 			s.queueLoadSteps(ctx, tx, &b, instanceIDs, locked)
 		}
 		s.queueResultLogs(&b, results)
+		// Only a finish that claims keeps snapshots (see derive), and
+		// needs to know what its plans answered.
+		planFn := plan
+		if claim != nil {
+			rec = newPlanRecorder(plan)
+			planFn = rec.record
+		}
 		if predicted != nil {
-			planned, rec = clonePredicted(predicted), newPlanRecorder(plan)
+			planned = clonePredicted(predicted)
 			for _, l := range planned {
 				l.state.LoadDefinition = s.definitionLoader(ctx, tx, l.state.DefinitionHash)
 				touched = append(touched, l)
 			}
-			if err := s.planAndApply(st, now, touched, rec.record); err != nil {
+			if err := s.planAndApply(st, now, touched, planFn); err != nil {
 				return err
 			}
 			if claim != nil {
-				// The snapshots this transaction leaves are derived from
-				// what it planned, once the claim answered (see derive).
 				s.queueClaim(st, *claim, now, &claimed)
 			}
 			// The reads and writes go first, on the tail's round trip.
@@ -245,21 +250,22 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				touched = append(touched, l)
 			}
 		}
-		planned, rec = touched, newPlanRecorder(plan)
-		if err := s.planAndApply(st, now, touched, rec.record); err != nil {
+		planned = touched
+		if err := s.planAndApply(st, now, touched, planFn); err != nil {
 			return err
+		}
+		if claim == nil {
+			return nil
 		}
 		// The rows this transaction wrote carry its ID, as the steps it
 		// finished show.
 		for i := range out {
-			if l := locked[instanceIDs[i]]; out[i].Accepted && l != nil && txid == "" {
+			if l := locked[instanceIDs[i]]; out[i].Accepted && l != nil {
 				if k := slices.Index(l.ids, stepIDs[i]); k >= 0 {
 					txid = l.xmins[k]
+					break
 				}
 			}
-		}
-		if claim == nil {
-			return nil
 		}
 		// The claim goes last on the tail, after the plans it may claim from.
 		s.queueClaim(st, *claim, now, &claimed)
@@ -279,8 +285,6 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 	}
 	if claim != nil {
 		s.snapshots.put(derive(planned, rec, results, claimed, txid, time.Now()))
-	}
-	if claim != nil {
 		s.claimers.claimed(*claim, true, len(claimed))
 	}
 	return out, claimed, nil
