@@ -163,12 +163,20 @@ func TestPGFaultConnectionsKilled(t *testing.T) {
 	probe.setHold(nil)
 	wakeBegan := time.Now()
 	wakeIDs := e.startDetachedMany(t, "pgwake", probe.input(), 2)
-	e.waitAllFinished(t, 10*time.Second, instances+len(wakeIDs))
+	// The wait covers the CLI's own start-ups (race-built, beside other
+	// tests); how soon the worker woke is read from the database below.
+	e.waitAllFinished(t, 25*time.Second, instances+len(wakeIDs))
 	requests, _ = probe.snapshot()
 	for _, id := range wakeIDs {
 		requireExactlyOnce(t, e, id, requests)
 	}
-	t.Logf("after the faults, the listener woke the idle worker: %d instances done in %s", len(wakeIDs), time.Since(wakeBegan).Round(time.Millisecond))
+	// Each first step started within seconds of its instance's creation:
+	// woken by the listener, not by a lease recovery tick.
+	wokeMs := dbInt(t, db, `SELECT max(extract(epoch FROM s.first_started_at - i.created_at) * 1000)::int
+		FROM instances i JOIN steps s ON s.instance_id = i.id WHERE i.workflow = 'pgwake' AND s.name = 'a'`)
+	require.Less(t, wokeMs, 5000, "ms from an instance's creation to its first step's start on the idle worker")
+	t.Logf("after the faults, the listener woke the idle worker: first steps started at most %d ms after their instances were created; %d instances done in %s",
+		wokeMs, len(wakeIDs), time.Since(wakeBegan).Round(time.Millisecond))
 	waker.stop(t)
 }
 
