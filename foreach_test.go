@@ -327,7 +327,7 @@ steps:
 		require.NoError(t, err)
 		require.Len(t, lost, 2)
 		require.Equal(t, []int{0, 1}, []int{lost[0].Item, lost[1].Item})
-		b.runWorker(t, &dagrun.WorkerConfig{Lease: 200 * time.Millisecond}) // recovers every 100ms
+		b.runWorker(t, &dagrun.WorkerConfig{Lease: time.Second}) // recovers every 500ms
 		inst := b.wait(t, id)
 		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
 		requireJSON(t, `[0,1,2,3,4,5]`, step(t, inst, "each").Output)

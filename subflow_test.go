@@ -294,7 +294,7 @@ func TestChildStepOfADeadWorkerIsRecoveredAndTheParentCompletes(t *testing.T) {
 		second, err := dagrun.New(b.store, b.registry, &dagrun.Config{Workflows: b.engine.Workflows()})
 		require.NoError(t, err)
 		b.engine = second
-		b.runWorker(t, &dagrun.WorkerConfig{Lease: 200 * time.Millisecond})
+		b.runWorker(t, &dagrun.WorkerConfig{Lease: time.Second}) // recovers every 500ms
 		inst := b.wait(t, id)
 		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
 		requireJSON(t, `{"tracking": "T-9"}`, inst.Output)
