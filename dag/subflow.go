@@ -9,7 +9,7 @@ import "gopkg.in/yaml.v3"
 func (p *parser) workflowStep(b *stepBuild) {
 	r, s := b.raw, b.step
 	if name, ok := p.text(r.Workflow, b.label, `"workflow"`); ok {
-		if namePattern.MatchString(name) {
+		if isName(name) {
 			s.Workflow = name
 			s.WorkflowLine, s.WorkflowCol = r.Workflow.Line, r.Workflow.Column
 		} else {

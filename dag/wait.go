@@ -16,7 +16,7 @@ func (p *parser) wait(n *yaml.Node, label, stepName string) *Wait {
 	w := &Wait{Signal: stepName}
 	if raw.Signal != nil {
 		if name, ok := p.text(raw.Signal, label, "wait.signal"); ok {
-			if namePattern.MatchString(name) {
+			if isName(name) {
 				w.Signal = name
 			} else {
 				p.c.at(raw.Signal, "%sinvalid signal name %q: %s", prefix(label), name, nameRule)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/dagrun/dagrun/cmd/dagrun/app/web"
 	"github.com/dagrun/dagrun/storage"
 )
 
@@ -155,4 +156,28 @@ func (b *testBundle) status(t *testing.T, id string) string {
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	s, _ := r.json(t)["status"].(string)
 	return s
+}
+
+func TestCheckTokenName(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		ok   bool
+	}{
+		{"ops@example.com", true},
+		{"CI-bot_2", true},
+		{strings.Repeat("a", 64), true},
+		{strings.Repeat("a", 65), false},
+		{"", false},
+		{"@leading", false},
+		{"with space", false},
+		{"new\nline", false},
+	} {
+		err := web.CheckTokenName(tc.name)
+		if tc.ok {
+			require.NoError(t, err, "%q", tc.name)
+		} else {
+			require.ErrorContains(t, err, "invalid token name", "%q", tc.name)
+		}
+	}
 }
