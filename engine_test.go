@@ -383,7 +383,7 @@ steps:
   - {name: block, handler: block}
   - {name: next, handler: echo, dependsOn: [block]}
 `)
-		b.runWorker(t, &dagrun.WorkerConfig{Lease: 150 * time.Millisecond})
+		b.runWorker(t, &dagrun.WorkerConfig{Lease: time.Second})
 		id := b.start(t, "blocker", ``)
 		<-started
 		require.NoError(t, b.engine.Cancel(context.Background(), id))
