@@ -92,3 +92,12 @@ func (c *claimers) wanted(now time.Time) bool {
 	defer c.mu.Unlock()
 	return len(c.short) == 0 || c.waiting > 0 || now.Sub(c.busySince) < listenSettle
 }
+
+// needed reports whether the listener needs a connection: a claimer
+// waits. Unlike wanted, it has no settling time: a connection is opened
+// for a claimer that waits now, not for one that waited a moment ago.
+func (c *claimers) needed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.waiting > 0
+}

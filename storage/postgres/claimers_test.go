@@ -31,29 +31,20 @@ func TestListenerRestsWhileClaimersAreBusy(t *testing.T) {
 }
 
 func listenerRests(t *testing.T, killWhileResting bool) {
-	other := openTestStore(t, &Config{ListenerRetryMin: 10 * time.Millisecond, ListenerRetryMax: 100 * time.Millisecond})
-	s := openInSchema(t, other.cfg.Schema, &Config{ListenerRetryMin: 10 * time.Millisecond, ListenerRetryMax: 100 * time.Millisecond})
+	w := newWorker(t, "rests", &Config{ListenerRetryMin: 10 * time.Millisecond, ListenerRetryMax: 100 * time.Millisecond})
+	s, create, claim := w.s, w.create, w.claim
 	ch, cancel := s.Subscribe()
 	t.Cleanup(cancel)
-	pid := awaitListener(t, s, 0)
-	create := func() {
-		t.Helper()
-		_, err := other.CreateInstances(t.Context(), nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
-		require.NoError(t, err)
-	}
+	var pid uint32 // the listener's backend
 	lastStatement := func() string {
 		t.Helper()
 		var query string
 		require.NoError(t, sharedPool(t).QueryRow(t.Context(), "SELECT query FROM pg_stat_activity WHERE pid = $1", int32(pid)).Scan(&query))
 		return query
 	}
-	claim := func(limit int) int {
-		t.Helper()
-		claimed, err := s.ClaimSteps(t.Context(), storage.ClaimParams{WorkerID: "w", Limit: limit, Lease: time.Minute})
-		require.NoError(t, err)
-		return len(claimed)
-	}
 
+	require.Zero(t, claim(1), "a claim of an empty queue: the worker waits")
+	pid = awaitListener(t, s, 0)
 	create()
 	create()
 	require.Equal(t, 1, claim(1), "a claim that takes all it asked for: the worker is busy")
@@ -139,4 +130,110 @@ func TestClaimersWanted(t *testing.T) {
 		c.claimed(storage.ClaimParams{WorkerID: "w", Limit: 2}, false, 0)
 		require.Len(t, c.started, 1)
 	})
+}
+
+// worker is a store s whose listener's connections go by the name app,
+// with another store on its schema, as a second process would be.
+type worker struct {
+	t     *testing.T
+	s     *Store
+	other *Store
+	app   string
+}
+
+// newWorker opens the stores, s with cfg (nil for the defaults).
+func newWorker(t *testing.T, app string, cfg *Config) *worker {
+	other := openTestStore(t, nil)
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	c.ApplicationName = app + "-" + other.cfg.Schema
+	return &worker{t: t, s: openInSchema(t, other.cfg.Schema, &c), other: other, app: c.ApplicationName}
+}
+
+// create starts an instance of one step from the other process.
+func (w *worker) create() {
+	w.t.Helper()
+	_, err := w.other.CreateInstances(w.t.Context(), nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
+	require.NoError(w.t, err)
+}
+
+// claim claims up to limit steps and returns how many it got.
+func (w *worker) claim(limit int) int {
+	w.t.Helper()
+	claimed, err := w.s.ClaimSteps(w.t.Context(), storage.ClaimParams{WorkerID: "w", Limit: limit, Lease: time.Minute})
+	require.NoError(w.t, err)
+	return len(claimed)
+}
+
+// listenerConns counts the server connections of the worker's listener.
+func (w *worker) listenerConns() int {
+	w.t.Helper()
+	var n int
+	require.NoError(w.t, sharedPool(w.t).QueryRow(w.t.Context(),
+		"SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", w.app+" listener").Scan(&n))
+	return n
+}
+
+// TestListenerConnectsWhenAClaimerWaits: a worker whose first claim takes
+// all it asked for, as every worker of a fleet started on a backlog does,
+// opens no listener connection; its first short claim opens one, which
+// signals its subscribers once it LISTENs (a step made ready between the
+// claim and the LISTEN went unannounced) and then relays other processes'
+// commits.
+func TestListenerConnectsWhenAClaimerWaits(t *testing.T) {
+	t.Parallel()
+	w := newWorker(t, "lazy", nil)
+	w.create()
+	w.create()
+	ch, cancel := w.s.Subscribe()
+	t.Cleanup(cancel)
+	require.Equal(t, 1, w.claim(1), "a claim that takes all it asked for: the worker is busy")
+	// The absence of a connection cannot be awaited: it is checked after
+	// twice the time a listener takes to connect and listen in the other
+	// tests.
+	time.Sleep(2 * listenSettle)
+	require.Zero(t, w.listenerConns(), "a busy worker opened a listener connection")
+	require.Zero(t, w.s.listenerPID())
+
+	require.Less(t, w.claim(100), 100)
+	awaitSignal(t, ch, 10*time.Second, "the listener's first LISTEN after a short claim")
+	awaitListener(t, w.s, 0)
+	require.Equal(t, 1, w.listenerConns())
+	drain(ch)
+	w.create()
+	awaitSignal(t, ch, 10*time.Second, "another process's commit")
+}
+
+// TestListenerClosesItsConnectionAtRest: a listener that has not listened
+// for listenerRest, every claimer having had work all along, closes its
+// connection, and opens one again when a claim comes back short.
+func TestListenerClosesItsConnectionAtRest(t *testing.T) {
+	t.Parallel()
+	w := newWorker(t, "rest", nil)
+	w.s.listenerRest = 100 * time.Millisecond
+	ch, cancel := w.s.Subscribe()
+	t.Cleanup(cancel)
+	require.Zero(t, w.claim(1), "a claim of an empty queue: the worker waits")
+	pid := awaitListener(t, w.s, 0)
+
+	w.create()
+	w.create()
+	require.Equal(t, 1, w.claim(1), "a claim that takes all it asked for: the worker is busy")
+	// The listener UNLISTENs at the next notification after listenSettle,
+	// and closes the connection listenerRest later.
+	require.Eventually(t, func() bool {
+		w.create()
+		return w.listenerConns() == 0
+	}, 10*time.Second, 50*time.Millisecond, "the listener kept its connection while every claimer was busy")
+	require.Zero(t, w.s.listenerPID())
+
+	drain(ch)
+	require.Less(t, w.claim(100), 100)
+	awaitSignal(t, ch, 10*time.Second, "the listener's LISTEN on its new connection")
+	awaitListener(t, w.s, pid)
+	drain(ch)
+	w.create()
+	awaitSignal(t, ch, 10*time.Second, "another process's commit, listening again")
 }

@@ -115,9 +115,7 @@ func TestFaultStatementTimeout(t *testing.T) {
 func TestFaultListenerBackoffResets(t *testing.T) {
 	t.Parallel()
 	s := openTestStore(t, &Config{ListenerRetryMin: 10 * time.Millisecond, ListenerRetryMax: 10 * time.Second})
-	ch, cancel := s.Subscribe()
-	defer cancel()
-	pid := awaitListener(t, s, 0)
+	ch, pid := subscribeIdle(t, s)
 	for kill := range 9 {
 		drain(ch)
 		var killed bool

@@ -3,6 +3,7 @@ package postgres
 import (
 	"cmp"
 	"context"
+	"errors"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -18,9 +19,10 @@ type subscriber struct {
 	ch chan struct{}
 }
 
-// Subscribe implements storage.Store. The first call starts the store's one
-// listener connection, which LISTENs on the store's channel: every commit,
-// in any process, that makes steps ready sends one NOTIFY there. Commits of
+// Subscribe implements storage.Store. The first call starts the store's
+// listener, which keeps one connection of its own LISTENing on the store's
+// channel while the store's claimers may wait for work: every commit, in
+// any process, that makes steps ready sends one NOTIFY there. Commits of
 // this store also signal its subscribers directly, without the round trip.
 // Behind PgBouncer (Config.PgBouncer) there is no listener: a LISTEN holds
 // a session, which transaction pooling does not keep, so subscribers hear
@@ -81,13 +83,29 @@ func (l *listener) stop() {
 	<-l.done
 }
 
-// listen keeps one connection until ctx ends, LISTENing on the store's
-// channel while one of its claimers waits for work (see claimers). The
-// connection is its own, not the pool's: it stays busy for the store's
-// life and must not take a slot from transactions. When it dies, listen
-// reconnects with a jittered exponential backoff. Every LISTEN but the
-// first one of the first connection signals every subscriber once, since
-// notifications sent while the store did not listen are lost. The backoff
+// listenerRest is how long the listener keeps a connection on which it has
+// not listened (every claimer of the store had work all along) before it
+// closes it, to open one again when a claimer runs out of work. A fleet
+// draining a backlog thus holds its pools' connections and no listener's.
+const listenerRest = 30 * time.Second
+
+// errRested ends a connection closed by the listener itself after
+// listenerRest: no failure, nothing to log, no backoff.
+var errRested = errors.New("postgres: listener rested")
+
+// listen keeps a connection of its own until ctx ends while the store's
+// claimers need one (see claimers), and LISTENs on the store's channel on
+// it while one of them waits for work. The connection is not the pool's:
+// it stays busy while it listens and must not take a slot from
+// transactions. It is opened only once a claim comes back short, so that
+// a worker started on a backlog does not open it, on a server that a whole
+// fleet may be connecting to at that moment, until it runs out of work.
+// Every LISTEN signals every subscriber once: a step made ready between
+// the short claim and the LISTEN, or while the store did not listen, went
+// unannounced.
+//
+// When the connection dies, listen reconnects with a jittered exponential
+// backoff as soon as a claimer needs it. The backoff
 // grows only while attempts keep failing: a connection that got as far as
 // a LISTEN resets it, so each outage starts again from ListenerRetryMin.
 // A server that turns connections away (too many clients) thus sees each
@@ -95,15 +113,19 @@ func (l *listener) stop() {
 // while its worker polls.
 func (s *Store) listen(ctx context.Context, l *listener) {
 	r := &relay{store: s, listener: l, backoff: s.cfg.ListenerRetryMin}
-	for ctx.Err() == nil {
+	for r.awaitNeed(ctx) == nil {
 		conn, err := r.connect(ctx)
 		if err == nil {
 			err = r.serve(ctx, conn)
+			l.pid.Store(0)
 			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 			_ = conn.Close(closeCtx)
 			cancel()
 		}
-		r.logError(ctx, err)
+		r.retrying = !errors.Is(err, errRested)
+		if r.retrying {
+			r.logError(ctx, err)
+		}
 	}
 }
 
@@ -114,13 +136,24 @@ type relay struct {
 	store    *Store
 	listener *listener
 	backoff  time.Duration
-	connects int
-	listened bool // a LISTEN succeeded before on this connection or another
+	retrying bool // the last connection failed, or could not be made
+}
+
+// awaitNeed waits until a claimer of the store waits for work.
+func (r *relay) awaitNeed(ctx context.Context) error {
+	c := r.store.claimers
+	for !c.needed() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.started:
+		}
+	}
+	return ctx.Err()
 }
 
 func (r *relay) connect(ctx context.Context) (*pgx.Conn, error) {
-	r.listener.pid.Store(0)
-	if r.connects > 0 {
+	if r.retrying {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -128,7 +161,6 @@ func (r *relay) connect(ctx context.Context) (*pgx.Conn, error) {
 		}
 		r.backoff = min(r.backoff*2, r.store.cfg.ListenerRetryMax)
 	}
-	r.connects++
 	cc := r.store.pool.Config().ConnConfig
 	if cc.RuntimeParams == nil {
 		cc.RuntimeParams = map[string]string{}
@@ -138,16 +170,19 @@ func (r *relay) connect(ctx context.Context) (*pgx.Conn, error) {
 	return pgx.ConnectConfig(ctx, cc)
 }
 
-// serve runs one connection until it fails or ctx ends: it LISTENs while
-// the store's claimers want wake-ups and relays what arrives, and
-// UNLISTENs once they have all been busy for a while. A wait for a
-// notification is never cut short: the listener UNLISTENs after the next
-// one, which a busy fleet sends often, and while it does not listen it
-// waits for a claimer to start waiting.
+// serve runs one connection until it fails, ctx ends, or it has not
+// listened for the store's listenerRest (errRested): it LISTENs while the
+// store's claimers want wake-ups and relays what arrives, and UNLISTENs
+// once they have all been busy for a while. A wait for a notification is
+// never cut short: the listener UNLISTENs after the next one, which a busy
+// fleet sends often, and while it does not listen it waits for a claimer
+// to start waiting.
 func (r *relay) serve(ctx context.Context, conn *pgx.Conn) error {
 	s := r.store
 	channel := pgx.Identifier{s.channel}.Sanitize()
 	listening := false
+	rest := time.NewTimer(s.listenerRest)
+	defer rest.Stop()
 	for {
 		if want := s.claimers.wanted(time.Now()); want != listening {
 			statement := "UNLISTEN " + channel
@@ -159,12 +194,11 @@ func (r *relay) serve(ctx context.Context, conn *pgx.Conn) error {
 			}
 			listening = want
 			if listening {
-				r.listener.pid.Store(conn.PgConn().PID())
 				r.backoff = s.cfg.ListenerRetryMin
-				if r.connects > 1 || r.listened {
-					s.broadcast()
-				}
-				r.listened = true
+				s.broadcast()
+				r.listener.pid.Store(conn.PgConn().PID())
+			} else {
+				rest.Reset(s.listenerRest)
 			}
 		}
 		if !listening {
@@ -172,6 +206,8 @@ func (r *relay) serve(ctx context.Context, conn *pgx.Conn) error {
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-s.claimers.started:
+			case <-rest.C:
+				return errRested
 			}
 			continue
 		}

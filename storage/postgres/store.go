@@ -9,7 +9,9 @@
 // which a single listener connection per Store turns into Subscribe signals
 // for idle workers; polling stays the fallback. The listener listens only
 // while one of the store's claimers waits for work, so a fleet whose
-// workers are all busy is not woken by every commit.
+// workers are all busy is not woken by every commit, and it holds its
+// connection only while they may wait: a worker that has had work since it
+// started holds none.
 //
 // Every lease, run-after, ready time and event time comes from the
 // database server's clock, read inside the statements that write them, so
@@ -204,7 +206,9 @@ type Store struct {
 	subs   map[*subscriber]struct{}
 	// listener is started by the first Subscribe and stopped by Close.
 	listener *listener
-	// claimers tells the listener when to listen.
+	// listenerRest is listenerRest but in tests.
+	listenerRest time.Duration
+	// claimers tells the listener when to connect and listen.
 	claimers *claimers
 	closed   bool
 
@@ -364,15 +368,16 @@ func newStore(ctx context.Context, pool *pgxpool.Pool, owns bool, cfg *Config, l
 		return nil, err
 	}
 	s := &Store{
-		pool:     pool,
-		ownsPool: owns,
-		cfg:      cfg,
-		prefix:   pgx.Identifier{cfg.Schema}.Sanitize() + ".",
-		channel:  ChannelPrefix + "." + cfg.Schema,
-		origin:   newOrigin(),
-		subs:     make(map[*subscriber]struct{}),
-		claimers: newClaimers(),
-		settings: settingsSQL(local),
+		pool:         pool,
+		ownsPool:     owns,
+		cfg:          cfg,
+		prefix:       pgx.Identifier{cfg.Schema}.Sanitize() + ".",
+		channel:      ChannelPrefix + "." + cfg.Schema,
+		origin:       newOrigin(),
+		subs:         make(map[*subscriber]struct{}),
+		claimers:     newClaimers(),
+		listenerRest: listenerRest,
+		settings:     settingsSQL(local),
 	}
 	s.db = autocommitFor(pool, s.settings)
 	if len(s.channel) > 63 { // PostgreSQL's limit on channel names

@@ -93,6 +93,21 @@ func awaitListener(t *testing.T, s *Store, not uint32) uint32 {
 	return pid
 }
 
+// subscribeIdle subscribes to s as an idle worker does: its claim finds
+// nothing, which makes the store listen. It returns once the listener
+// LISTENs, with its backend PID and nothing pending.
+func subscribeIdle(t *testing.T, s *Store) (<-chan struct{}, uint32) {
+	t.Helper()
+	ch, cancel := s.Subscribe()
+	t.Cleanup(cancel)
+	none, err := s.ClaimSteps(t.Context(), storage.ClaimParams{WorkerID: "idle", Handlers: []string{"no such handler"}, Limit: 1, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Empty(t, none)
+	pid := awaitListener(t, s, 0)
+	drain(ch)
+	return ch, pid
+}
+
 // listenedTo opens a store and another one on its schema, as a second
 // process would, and returns the first with the signals of a subscriber
 // of the second, listening and with nothing pending.
@@ -100,10 +115,7 @@ func listenedTo(t *testing.T) (*Store, <-chan struct{}) {
 	t.Helper()
 	a := openTestStore(t, nil)
 	b := openInSchema(t, a.cfg.Schema, nil)
-	ch, cancel := b.Subscribe()
-	t.Cleanup(cancel)
-	awaitListener(t, b, 0)
-	drain(ch)
+	ch, _ := subscribeIdle(t, b)
 	return a, ch
 }
 
@@ -261,10 +273,7 @@ func TestListenerReconnects(t *testing.T) {
 	t.Parallel()
 	s := openTestStore(t, &Config{ListenerRetryMin: 10 * time.Millisecond, ListenerRetryMax: 100 * time.Millisecond})
 	other := openInSchema(t, s.cfg.Schema, nil)
-	ch, cancel := s.Subscribe()
-	defer cancel()
-	pid := awaitListener(t, s, 0)
-	drain(ch)
+	ch, pid := subscribeIdle(t, s)
 
 	var killed bool
 	require.NoError(t, sharedPool(t).QueryRow(t.Context(), "SELECT pg_terminate_backend($1)", int32(pid)).Scan(&killed))
@@ -732,10 +741,7 @@ func TestArrayLiteral(t *testing.T) {
 func TestOwnNotificationsNotRelayed(t *testing.T) {
 	t.Parallel()
 	s := openTestStore(t, nil)
-	ch, cancel := s.Subscribe()
-	defer cancel()
-	awaitListener(t, s, 0)
-	drain(ch)
+	ch, _ := subscribeIdle(t, s)
 
 	_, err := s.CreateInstances(t.Context(), nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
 	require.NoError(t, err)
