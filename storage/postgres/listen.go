@@ -62,8 +62,8 @@ type listener struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	// pid is the backend process ID of the current connection once it
-	// first LISTENed, 0 before and while disconnected (tests terminate it
-	// to exercise reconnects).
+	// LISTENed and signalled the subscribers, 0 before, while disconnected
+	// and while resting (tests terminate it to exercise reconnects).
 	pid atomic.Uint32
 }
 
@@ -105,9 +105,9 @@ var errRested = errors.New("postgres: listener rested")
 // unannounced.
 //
 // When the connection dies, listen reconnects with a jittered exponential
-// backoff as soon as a claimer needs it. The backoff
-// grows only while attempts keep failing: a connection that got as far as
-// a LISTEN resets it, so each outage starts again from ListenerRetryMin.
+// backoff as soon as a claimer needs it. The backoff grows only while
+// attempts keep failing: a connection that got as far as a LISTEN resets
+// it, so each outage starts again from ListenerRetryMin.
 // A server that turns connections away (too many clients) thus sees each
 // listener try again at most every ListenerRetryMax, at scattered times,
 // while its worker polls.

@@ -154,6 +154,7 @@ func TestConformance(t *testing.T) {
 			return openTestStore(t, &Config{Now: now})
 		},
 		BeginTx: beginCallerTx,
+		Settle:  settleListener,
 		AppendEventTx: func(t *testing.T, st storage.Store, id string, typ storage.EventType) func() error {
 			s := st.(*Store)
 			ctx := context.WithoutCancel(t.Context())
@@ -165,6 +166,16 @@ func TestConformance(t *testing.T) {
 			return func() error { return tx.Commit(ctx) }
 		},
 	})
+}
+
+// settleListener is the suite's Settle: once a claimer of the store waits,
+// it waits for the listener to LISTEN, which it does after signalling the
+// store's subscribers.
+func settleListener(t *testing.T, st storage.Store) {
+	s := st.(*Store)
+	if s.claimers.needed() {
+		awaitListener(t, s, 0)
+	}
 }
 
 // beginCallerTx is the suite's BeginTx: a transaction of the caller's own

@@ -45,6 +45,14 @@ type Harness struct {
 	// transaction at a time, in commit order (the test of an event that
 	// commits after a greater one is then skipped).
 	AppendEventTx func(t *testing.T, s storage.Store, id string, typ storage.EventType) (commit func() error)
+
+	// Settle waits until what s does in the background on behalf of its
+	// subscribers, set off by the calls made so far, is done, so that a
+	// test can then check that a call sends no signal. A PostgreSQL store,
+	// for one, opens its listener connection once a claim comes back
+	// short, and signals its subscribers once it LISTENs. Optional: nil
+	// for a backend that does nothing of the kind.
+	Settle func(t *testing.T, s storage.Store)
 }
 
 // Run runs the whole suite against the backend h describes.

@@ -173,6 +173,9 @@ var subscribeTests = map[string]func(*testing.T, *Harness){
 			b.claim(storage.ClaimParams{}) // what the creates above left
 			id := b.createOne(spec("a"), spec("b", "a"))
 			c := b.claimStep(id, "a")
+			if h.Settle != nil {
+				h.Settle(t, b.store)
+			}
 			for signalled() {
 			}
 			_, claimed, err := fc.FinishAndClaim(b.ctx, []storage.StepResult{completed(c.Claim, `1`)}, Plan, all)
