@@ -190,9 +190,9 @@ func TestListenerConnectsWhenAClaimerWaits(t *testing.T) {
 	ch, cancel := w.s.Subscribe()
 	t.Cleanup(cancel)
 	require.Equal(t, 1, w.claim(1), "a claim that takes all it asked for: the worker is busy")
-	// The absence of a connection cannot be awaited: it is checked after
-	// twice the time a listener takes to connect and listen in the other
-	// tests.
+	// The absence of a connection cannot be awaited: it is checked 400 ms
+	// on, many times what a listener takes to connect and LISTEN here
+	// (TestFaultListenerBackoffResets logs reconnects of 9-20 ms).
 	time.Sleep(2 * listenSettle)
 	require.Zero(t, w.listenerConns(), "a busy worker opened a listener connection")
 	require.Zero(t, w.s.listenerPID())

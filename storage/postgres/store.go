@@ -206,7 +206,7 @@ type Store struct {
 	subs   map[*subscriber]struct{}
 	// listener is started by the first Subscribe and stopped by Close.
 	listener *listener
-	// listenerRest is listenerRest but in tests.
+	// listenerRest is the constant listenerRest; tests shorten it.
 	listenerRest time.Duration
 	// claimers tells the listener when to connect and listen.
 	claimers *claimers
