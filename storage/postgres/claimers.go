@@ -18,8 +18,8 @@ const listenSettle = 200 * time.Millisecond
 // of workers that all have work, each commit woke every other worker's
 // listener and process only for the wake-up to be ignored: a worker whose
 // every slot is taken claims again when a slot frees, not when told. So a
-// store listens only while one of its claimers may wait for work: none
-// has claimed yet, or the last claim of a worker's claim loop
+// store listens only while one of its claimers may wait for work: the
+// last claim of a worker's claim loop
 // (ClaimSteps) or of its recorder (FinishAndClaim) came back with fewer
 // steps than it asked for. The two are kept apart because they run at
 // once and share the worker's free slots: a short claim of one and a full
@@ -84,13 +84,12 @@ func (c *claimers) claimed(p storage.ClaimParams, finish bool, n int) {
 	}
 }
 
-// wanted reports whether the listener should listen now: before the first
-// claim, while a claimer waits, and for listenSettle after the last one
-// got work.
+// wanted reports whether the listener should listen now: while a claimer
+// waits, and for listenSettle after the last one got work.
 func (c *claimers) wanted(now time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.short) == 0 || c.waiting > 0 || now.Sub(c.busySince) < listenSettle
+	return c.waiting > 0 || now.Sub(c.busySince) < listenSettle
 }
 
 // needed reports whether the listener needs a connection: a claimer

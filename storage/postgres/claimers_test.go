@@ -80,8 +80,8 @@ func listenerRests(t *testing.T, killWhileResting bool) {
 	awaitSignal(t, ch, 10*time.Second, "another process's commit, listening again")
 }
 
-// TestClaimersWanted: the listener is wanted before any claim, while a
-// claimer's last claim came back short, and for listenSettle after the
+// TestClaimersWanted: the listener is wanted while a claimer's last claim
+// came back short (not before any claim), and for listenSettle after the
 // last such claimer got work; a full claim of a worker's recorder does not
 // hide a short one of its claim loop, which may have left a slot free.
 func TestClaimersWanted(t *testing.T) {
@@ -96,7 +96,7 @@ func TestClaimersWanted(t *testing.T) {
 		claims []claim
 		want   bool
 	}{
-		{"no claim yet", nil, true},
+		{"no claim yet: no claimer waits", nil, false},
 		{"full claim", []claim{{"w", false, 2, 2}}, false},
 		{"short claim", []claim{{"w", false, 2, 1}}, true},
 		{"a finish that claims nothing tells nothing", []claim{{"w", false, 2, 2}, {"w", true, 0, 0}}, false},
