@@ -223,6 +223,10 @@ type Store struct {
 	snapshots      snapshots
 	speculated     atomic.Int64
 	staleSnapshots atomic.Int64
+
+	// plans turns statements into functions that keep their plans
+	// behind PgBouncer (plans.go); nil otherwise.
+	plans *planFunctions
 }
 
 // New returns a Store on a ready pool, migrating the schema first. Close does
@@ -400,6 +404,9 @@ func newStore(ctx context.Context, pool *pgxpool.Pool, owns bool, cfg *Config, l
 	if err := s.migrate(ctx); err != nil {
 		return nil, err
 	}
+	if cfg.PgBouncer {
+		s.plans = newPlanFunctions(s)
+	}
 	return s, nil
 }
 
@@ -415,6 +422,9 @@ func (s *Store) Close() error {
 		l.stop()
 	}
 	s.notifier.close()
+	if s.plans != nil {
+		s.plans.close()
+	}
 	if s.ownsPool {
 		s.pool.Close()
 	}
@@ -434,6 +444,10 @@ func (s *Store) q(sql string) string {
 	e := s.markers.Replace(sql)
 	if s.nExpanded.Add(1) <= maxExpanded {
 		s.expanded.Store(sql, e)
+		if s.plans != nil {
+			// Later calls get the function's call once it is made.
+			s.plans.consider(sql, e)
+		}
 	}
 	return e
 }

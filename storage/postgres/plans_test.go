@@ -1,0 +1,250 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/storagetest"
+)
+
+func TestMainVerb(t *testing.T) {
+	for _, tc := range []struct{ sql, verb string }{
+		{"SELECT 1", "SELECT"},
+		{"\n\tselect * FROM t WHERE a = $1", "SELECT"},
+		{"UPDATE t SET a = 'WITH (' WHERE b = $1", "UPDATE"},
+		{"INSERT INTO t (a) VALUES ($1)", "INSERT"},
+		{"-- DELETE the rows\nDELETE FROM t WHERE a = ANY($1)", "DELETE"},
+		{"WITH a AS (UPDATE t SET b = 1 RETURNING id) SELECT * FROM a", "SELECT"},
+		{"WITH a AS (SELECT 1), b(x) AS (DELETE FROM t RETURNING 1) INSERT INTO u SELECT * FROM a", "INSERT"},
+		{"WITH RECURSIVE r AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) UPDATE t SET n = (SELECT max(n) FROM r)", "UPDATE"},
+		{"WITH a AS MATERIALIZED (SELECT 1), b AS NOT MATERIALIZED (SELECT 2) DELETE FROM t", "DELETE"},
+		{`WITH "update" AS (SELECT ')' AS x) SELECT * FROM "update"`, "SELECT"},
+		{"WITH a AS (SELECT 'it''s (' AS x) -- a comment (\nINSERT INTO t SELECT x FROM a", "INSERT"},
+		{"BEGIN ISOLATION LEVEL READ COMMITTED", ""},
+		{"SET LOCAL statement_timeout = 5", ""},
+		{"LOCK TABLE t", ""},
+		{"DO $$ BEGIN END $$", ""},
+		{"WITH a AS (SELECT $$x$$) SELECT * FROM a", ""},
+		{"WITH a AS (SELECT 'unterminated) SELECT 1", ""},
+		{"/* SELECT */ SELECT 1", ""},
+		{"", ""},
+	} {
+		require.Equal(t, tc.verb, mainVerb(tc.sql), "%q", tc.sql)
+	}
+}
+
+// planFunctionsStore opens a store with pgbouncer=true on a server reached
+// directly (what its sessions keep is what PgBouncer would pass on), with
+// its log in the returned buffer.
+func planFunctionsStore(t *testing.T, schema string) (*Store, *syncBuffer) {
+	t.Helper()
+	logs := &syncBuffer{}
+	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	s := openURL(t, withQuery(t, testURL(t), SchemaParam, schema, PgBouncerParam, "true"), &Config{MaxConns: 4, Logger: logger})
+	require.NotNil(t, s.plans)
+	return s, logs
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// planFunctionsIn counts the statement functions of a schema.
+func planFunctionsIn(t *testing.T, schema string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, sharedPool(t).QueryRow(t.Context(), `SELECT count(*) FROM pg_proc
+		WHERE pronamespace = $1::regnamespace AND proname LIKE 'dagrun\_plan\_%'`, pgx.Identifier{schema}.Sanitize()).Scan(&n))
+	return n
+}
+
+// TestPgBouncerStatementsBecomeFunctions: behind PgBouncer, a statement of
+// each kind, once used, is called through a function of the store's schema
+// that returns the same rows, or changes the same rows and reports the same
+// count, as the statement.
+func TestPgBouncerStatementsBecomeFunctions(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	s, logs := planFunctionsStore(t, schema)
+	_, err := s.pool.Exec(t.Context(), s.markers.Replace(`CREATE TABLE {s}plan_probe (id int PRIMARY KEY, n int NOT NULL, tag text NOT NULL)`))
+	require.NoError(t, err)
+	reset := func() {
+		t.Helper()
+		_, err := s.pool.Exec(t.Context(), s.markers.Replace(`TRUNCATE {s}plan_probe; INSERT INTO {s}plan_probe VALUES (1, 10, 'a'), (2, 20, 'b'), (3, 30, 'a')`))
+		require.NoError(t, err)
+	}
+	// A change that returns no rows is called so that it returns as many
+	// rows of no columns as it changed: what the caller reads is the count.
+	cases := []struct {
+		name, sql string
+		args      []any
+		rowless   bool
+	}{
+		{"a query", `SELECT id, n, tag FROM {s}plan_probe WHERE tag = $1 ORDER BY id`, []any{"a"}, false},
+		{"a change", `UPDATE {s}plan_probe SET n = n + $1 WHERE id = ANY($2)`, []any{1, []int32{1, 2}}, true},
+		{"a change that returns rows", `UPDATE {s}plan_probe SET n = n * 2 WHERE tag = $1 RETURNING id, n`, []any{"a"}, false},
+		{"a change after a WITH clause", `WITH d AS (DELETE FROM {s}plan_probe WHERE id = $1 RETURNING id, n)
+			INSERT INTO {s}plan_probe (id, n, tag) SELECT id + 10, n, 'moved' FROM d -- moved
+			`, []any{3}, true},
+		{"a change that changes nothing", `DELETE FROM {s}plan_probe WHERE id = $1`, []any{99}, true},
+	}
+	type result struct {
+		rows     [][]any
+		affected int64
+		table    [][]any
+	}
+	run := func(sql string, args []any) result {
+		t.Helper()
+		reset()
+		rows, err := s.db.Query(t.Context(), sql, args...)
+		require.NoError(t, err)
+		values, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([]any, error) { return r.Values() })
+		require.NoError(t, err)
+		table, err := s.pool.Query(t.Context(), s.markers.Replace(`SELECT id, n, tag FROM {s}plan_probe ORDER BY id`))
+		require.NoError(t, err)
+		after, err := pgx.CollectRows(table, func(r pgx.CollectableRow) ([]any, error) { return r.Values() })
+		require.NoError(t, err)
+		return result{values, rows.CommandTag().RowsAffected(), after}
+	}
+	for _, tc := range cases {
+		raw := run(s.q(tc.sql), tc.args) // the first use queues the function
+		s.plans.wait()
+		call := s.q(tc.sql)
+		require.Contains(t, call, planFuncPrefix, "%s: not routed through a function", tc.name)
+		called := run(call, tc.args)
+		if tc.rowless {
+			require.Empty(t, raw.rows)
+			require.Len(t, called.rows, int(raw.affected), tc.name)
+			for _, row := range called.rows {
+				require.Empty(t, row, tc.name)
+			}
+			called.rows = raw.rows
+		}
+		require.Equal(t, raw, called, "%s: the function differs from the statement", tc.name)
+	}
+	require.Equal(t, len(cases), planFunctionsIn(t, schema))
+	require.NotContains(t, logs.String(), "level=WARN")
+
+	// Statements of other kinds stay as they are.
+	for _, sql := range []string{`LOCK TABLE {s}plan_probe`, `SELECT FROM {s}plan_probe`} {
+		s.q(sql)
+		s.plans.wait()
+		require.Equal(t, s.markers.Replace(sql), s.q(sql))
+	}
+
+	// The store's own statements go through functions too, and work.
+	ctx := t.Context()
+	_, err = s.CreateInstances(ctx, nil, []storage.CreateParams{params(spec("a"), spec("b", "a"))}, storagetest.Plan)
+	require.NoError(t, err)
+	claim := storage.ClaimParams{WorkerID: "w", Limit: 2, Lease: time.Minute}
+	claimed, err := s.ClaimSteps(ctx, claim)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	s.plans.wait()
+	require.Contains(t, s.q(claimQueries[claimShape{}]), planFuncPrefix)
+	_, err = s.CreateInstances(ctx, nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
+	require.NoError(t, err)
+	again, err := s.ClaimSteps(ctx, claim)
+	require.NoError(t, err)
+	require.Len(t, again, 1, "a claim through its function")
+	require.NotEqual(t, claimed[0].InstanceID, again[0].InstanceID)
+	require.NotContains(t, logs.String(), "level=WARN")
+}
+
+// TestPgBouncerStoresMakeAFunctionOnce: processes that start together and
+// use the same statement at once make its function once, without errors.
+func TestPgBouncerStoresMakeAFunctionOnce(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	const stores = 4
+	var (
+		all  []*Store
+		logs []*syncBuffer
+	)
+	for range stores {
+		s, l := planFunctionsStore(t, schema)
+		all, logs = append(all, s), append(logs, l)
+	}
+	const sql = `SELECT count(*) FROM {s}instances WHERE status = $1`
+	var wg sync.WaitGroup
+	for _, s := range all {
+		wg.Go(func() { s.q(sql) })
+	}
+	wg.Wait()
+	for i, s := range all {
+		s.plans.wait()
+		require.Contains(t, s.q(sql), planFuncPrefix)
+		require.NotContains(t, logs[i].String(), "level=WARN")
+	}
+	require.Equal(t, 1, planFunctionsIn(t, schema))
+}
+
+// TestPgBouncerWithoutCreateOnTheSchema: a role that may not create
+// functions in the schema runs every statement as it is, and the log says
+// why once.
+func TestPgBouncerWithoutCreateOnTheSchema(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	owner, _ := planFunctionsStore(t, schema) // migrates the schema
+	role := "dagrun_test_" + strings.TrimPrefix(schema, "dagrun_test_")
+	admin := sharedPool(t)
+	ident := pgx.Identifier{schema}.Sanitize()
+	for _, stmt := range []string{
+		fmt.Sprintf("CREATE ROLE %s LOGIN", role),
+		fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s", ident, role),
+		fmt.Sprintf("GRANT ALL ON ALL TABLES IN SCHEMA %s TO %s", ident, role),
+		fmt.Sprintf("GRANT ALL ON ALL SEQUENCES IN SCHEMA %s TO %s", ident, role),
+	} {
+		_, err := admin.Exec(t.Context(), stmt)
+		require.NoError(t, err, stmt)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 30*time.Second)
+		defer cancel()
+		_, err := admin.Exec(ctx, fmt.Sprintf("DROP OWNED BY %s; DROP ROLE %s", role, role))
+		require.NoError(t, err)
+	})
+	u, err := url.Parse(withQuery(t, testURL(t), SchemaParam, schema, PgBouncerParam, "true"))
+	require.NoError(t, err)
+	u.User = url.User(role)
+	logs := &syncBuffer{}
+	s := openURL(t, u.String(), &Config{MaxConns: 2, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+
+	ctx := t.Context()
+	for range 2 {
+		_, err := s.CreateInstances(ctx, nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
+		require.NoError(t, err)
+		claimed, err := s.ClaimSteps(ctx, storage.ClaimParams{WorkerID: "w", Limit: 1, Lease: time.Minute})
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		s.plans.wait()
+	}
+	require.NotContains(t, s.q(claimQueries[claimShape{}]), planFuncPrefix)
+	require.Zero(t, planFunctionsIn(t, schema))
+	require.Equal(t, 1, strings.Count(logs.String(), "may not create functions"), logs.String())
+	require.NotNil(t, owner)
+}
