@@ -271,9 +271,18 @@ func (p *planFunctions) make(sql string) (string, error) {
 	for _, f := range desc.Fields {
 		oids = append(oids, f.DataTypeOID)
 	}
-	var types []string
-	if err := conn.QueryRow(ctx, `SELECT array_agg(format_type(t, NULL) ORDER BY i) FROM unnest($1::oid[]) WITH ORDINALITY AS u(t, i)`, oids).Scan(&types); err != nil {
+	// A pseudo-type (void, record, anyelement, ...) cannot be a
+	// function's parameter or column: such a statement stays as it is.
+	var (
+		types  []string
+		pseudo bool
+	)
+	if err := conn.QueryRow(ctx, `SELECT array_agg(format_type(u.t, NULL) ORDER BY u.i), coalesce(bool_or(y.typtype = 'p'), false)
+		FROM unnest($1::oid[]) WITH ORDINALITY AS u(t, i) JOIN pg_type y ON y.oid = u.t`, oids).Scan(&types, &pseudo); err != nil {
 		return "", err
+	}
+	if pseudo || len(types) != len(oids) {
+		return "", nil
 	}
 	params, columns := types[:len(desc.ParamOIDs)], types[len(desc.ParamOIDs):]
 	create, ok := planFunction(p.s.prefix+name, sql, params, columns, changes)

@@ -111,6 +111,7 @@ func TestPgBouncerStatementsBecomeFunctions(t *testing.T) {
 			INSERT INTO {s}plan_probe (id, n, tag) SELECT id + 10, n, 'moved' FROM d -- moved
 			`, []any{3}, true},
 		{"a change that changes nothing", `DELETE FROM {s}plan_probe WHERE id = $1`, []any{99}, true},
+		{"a change without parameters", `UPDATE {s}plan_probe SET n = n + 1`, nil, true},
 	}
 	type result struct {
 		rows     [][]any
@@ -149,8 +150,9 @@ func TestPgBouncerStatementsBecomeFunctions(t *testing.T) {
 	require.Equal(t, len(cases), planFunctionsIn(t, schema))
 	require.NotContains(t, logs.String(), "level=WARN")
 
-	// Statements of other kinds stay as they are.
-	for _, sql := range []string{`LOCK TABLE {s}plan_probe`, `SELECT FROM {s}plan_probe`} {
+	// Statements of other kinds stay as they are, and so do queries of
+	// no columns or of a pseudo-type.
+	for _, sql := range []string{`LOCK TABLE {s}plan_probe`, `SELECT FROM {s}plan_probe`, `SELECT pg_sleep($1)`} {
 		s.q(sql)
 		s.plans.wait()
 		require.Equal(t, s.markers.Replace(sql), s.q(sql))
