@@ -41,10 +41,11 @@ import (
 // returns how many rows it changed, called as SELECT FROM
 // generate_series(1, f(...)): n empty rows, so the caller reads the same
 // count from the command tag. A statement the server cannot describe, one
-// that is neither a query nor a change, and one with more parameters than
-// a function takes stay as they are, and so do all of them when the role
-// may not create functions in the schema: every execution is then planned
-// as before.
+// that is neither a single query nor a single change, a query of no
+// columns, one with a parameter or column of a pseudo-type (void) and one
+// with more parameters than a function takes stay as they are, and so do
+// all of them when the role may not create functions in the schema: every
+// execution is then planned as before.
 //
 // A function's name is a hash of its statement and of the schema's
 // version, so a changed statement or a migrated schema makes a new one
@@ -116,7 +117,7 @@ func wrappable(sql string) bool {
 // else. It reads words outside parentheses, string literals, quoted
 // names and comments, so a CTE's own verbs do not count.
 func mainVerb(sql string) string {
-	depth, sawWith := 0, false
+	depth, sawWith, verb := 0, false, ""
 	for i := 0; i < len(sql); {
 		c := sql[i]
 		switch {
@@ -126,6 +127,8 @@ func mainVerb(sql string) string {
 		case c == ')':
 			depth--
 			i++
+		case c == ';':
+			return "" // several statements: no function body
 		case c == '\'' || c == '"':
 			end := strings.IndexByte(sql[i+1:], c)
 			if end < 0 {
@@ -149,8 +152,8 @@ func mainVerb(sql string) string {
 			}
 			word := strings.ToUpper(sql[i:j])
 			i = j
-			if depth != 0 {
-				continue
+			if depth != 0 || verb != "" {
+				continue // read on only for a second statement
 			}
 			switch word {
 			case "WITH":
@@ -159,7 +162,7 @@ func mainVerb(sql string) string {
 				}
 				sawWith = true
 			case "SELECT", "INSERT", "UPDATE", "DELETE":
-				return word
+				verb = word
 			case "RECURSIVE", "AS", "MATERIALIZED", "NOT":
 			default:
 				if !sawWith {
@@ -170,7 +173,7 @@ func mainVerb(sql string) string {
 			i++
 		}
 	}
-	return ""
+	return verb
 }
 
 func (p *planFunctions) run() {

@@ -34,6 +34,8 @@ func TestMainVerb(t *testing.T) {
 		{"BEGIN ISOLATION LEVEL READ COMMITTED", ""},
 		{"SET LOCAL statement_timeout = 5", ""},
 		{"LOCK TABLE t", ""},
+		{"UPDATE t SET a = 1; UPDATE u SET b = 2", ""},
+		{"UPDATE t SET a = ';'", "UPDATE"},
 		{"DO $$ BEGIN END $$", ""},
 		{"WITH a AS (SELECT $$x$$) SELECT * FROM a", ""},
 		{"WITH a AS (SELECT 'unterminated) SELECT 1", ""},
