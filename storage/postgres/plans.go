@@ -220,6 +220,7 @@ func (p *planFunctions) run() {
 func (p *planFunctions) close() {
 	p.mu.Lock()
 	p.stop()
+	p.idle.Broadcast() // a wait returns: nothing more will be made
 	p.mu.Unlock()
 	<-p.done
 }
