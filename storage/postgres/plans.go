@@ -176,6 +176,8 @@ func mainVerb(sql string) string {
 	return verb
 }
 
+// run makes the queued statements' functions, one at a time, until close:
+// a process that starts makes few, and those once.
 func (p *planFunctions) run() {
 	defer close(p.done)
 	for {
