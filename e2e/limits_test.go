@@ -23,7 +23,7 @@ import (
 const (
 	contentionWorkers     = 4
 	contentionConcurrency = 50
-	contentionInstances   = 200
+	contentionInstances   = 120
 	contentionKeys        = 5
 )
 
@@ -175,7 +175,7 @@ func awaitCompleted(t *testing.T, e *env, workflow string, n int, timeout time.D
 }
 
 // TestConcurrencyLimitsUnderContention checks a workflow key, a step key
-// (200 instances over 5 keys, limit 1) and a queue concurrency (limit 3)
+// (120 instances over 5 keys, limit 1) and a queue concurrency (limit 3)
 // under four workers at concurrency 50: the history never shows more runs
 // of one key, or of the queue, at once than the limit, and every instance
 // completes.

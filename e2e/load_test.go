@@ -17,7 +17,7 @@ import (
 // defaultLoadInstances is how many instances TestLoad runs per backend
 // under go test. DAGRUN_LOAD_INSTANCES overrides it; the figures in the
 // README are from DAGRUN_LOAD_INSTANCES=10000.
-const defaultLoadInstances = 2000
+const defaultLoadInstances = 1000
 
 // plainBinary returns a dagrun binary built without the race detector, for
 // measurements; it is built on first use, next to the e2e binary.
