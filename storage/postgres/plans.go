@@ -248,20 +248,10 @@ func (p *planFunctions) make(sql string) (string, error) {
 		return "", err
 	}
 	defer conn.Release()
-	schema := pgx.Identifier{p.s.cfg.Schema}.Sanitize()
 	name := planFunctionName(p.s.prefix, sql)
 	// Made by another process already, nearly always: one read.
-	var (
-		args int16
-		rows bool
-	)
-	err = conn.QueryRow(ctx, `SELECT pronargs, proretset FROM pg_proc WHERE proname = $1 AND pronamespace = $2::regnamespace`,
-		name, schema).Scan(&args, &rows)
-	if err == nil {
-		return planCall(p.s.prefix, name, int(args), !rows), nil
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return "", err
+	if call, err := p.made(ctx, conn, name); call != "" || err != nil {
+		return call, err
 	}
 	// An unnamed statement: described on this connection, kept by none.
 	desc, err := conn.Conn().PgConn().Prepare(ctx, "", sql, nil)
@@ -302,9 +292,7 @@ func (p *planFunctions) make(sql string) (string, error) {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, p.s.prefix+name); err != nil {
 			return err
 		}
-		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_proc WHERE proname = $1 AND pronamespace = $2::regnamespace)`,
-			name, schema).Scan(&exists); err != nil || exists {
+		if call, err := p.made(ctx, tx, name); call != "" || err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, create)
@@ -314,6 +302,26 @@ func (p *planFunctions) make(sql string) (string, error) {
 		return "", err
 	}
 	return planCall(p.s.prefix, name, len(params), changes), nil
+}
+
+// made returns the call of the function name if it is made already, ""
+// if not.
+func (p *planFunctions) made(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, name string) (string, error) {
+	var (
+		args int16
+		rows bool
+	)
+	err := q.QueryRow(ctx, `SELECT pronargs, proretset FROM pg_proc WHERE proname = $1 AND pronamespace = $2::regnamespace`,
+		name, pgx.Identifier{p.s.cfg.Schema}.Sanitize()).Scan(&args, &rows)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return planCall(p.s.prefix, name, int(args), !rows), nil
 }
 
 // planFunctionName names the function of a statement of the schema prefix
