@@ -160,7 +160,6 @@ func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storag
 	if p.Lease <= 0 {
 		return nil, errors.New("postgres: claim steps: lease must be positive")
 	}
-	sql, args := s.claimStatement(p, s.now())
 	var (
 		out    []storage.ClaimedStep
 		capped bool
@@ -169,6 +168,7 @@ func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storag
 	// under a concurrency cap wait comes with it, from their own partial
 	// index, nearly always empty.
 	err := s.retry(ctx, func() error {
+		sql, args := s.claimStatement(p, s.now())
 		var b pgx.Batch
 		b.Queue(s.q(promoteSQL), args[0])
 		b.Queue(sql, args...).Query(func(rows pgx.Rows) error {

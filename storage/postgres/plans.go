@@ -52,6 +52,14 @@ import (
 // (old ones stay in the schema, unused, until it is dropped), and a
 // process that finds the function made by another needs one read of
 // pg_proc to call it.
+//
+// A function can vanish under running processes: a DBA drops it, or the
+// schema is restored without it. The first statement that calls it fails
+// with "function does not exist"; the store then routes every statement
+// back to its own text, makes the functions again in the background, and
+// runs the statement again where it retries transactions (Store.retry).
+// A function that could not be made for a passing reason (a connection
+// lost while making it) is tried again, a few times, later.
 
 // planFuncPrefix begins the name of every statement function.
 const planFuncPrefix = "dagrun_plan_"
@@ -59,6 +67,14 @@ const planFuncPrefix = "dagrun_plan_"
 // maxFuncArgs is PostgreSQL's limit on a function's arguments
 // (FUNC_MAX_ARGS).
 const maxFuncArgs = 100
+
+// planAttempts bounds how often the store tries to make one statement's
+// function when making it fails for another reason than the role's
+// privileges; planRetryPause times the next try, once per attempt made.
+const (
+	planAttempts   = 3
+	planRetryPause = time.Second
+)
 
 // planFunctions turns the statements of a store in PgBouncer mode into
 // functions, one at a time, in the background.
@@ -73,6 +89,17 @@ type planFunctions struct {
 	working  int  // requests queued or being made
 	disabled bool // the role may not create functions
 	idle     *sync.Cond
+	// routed holds the statements routed through a function: their
+	// template (the key of Store.expanded) and their own text.
+	routed map[string]string
+	// failures counts, per template, the attempts to make its function
+	// that failed.
+	failures map[string]int
+
+	// retryPause is planRetryPause, and beforeMake, when not nil, fails
+	// an attempt to make a function: tests set them.
+	retryPause time.Duration
+	beforeMake func() error
 }
 
 // planRequest is a statement to wrap: its template (the key of
@@ -83,7 +110,8 @@ type planRequest struct {
 
 func newPlanFunctions(s *Store) *planFunctions {
 	ctx, stop := context.WithCancel(context.Background())
-	p := &planFunctions{s: s, pending: make(chan planRequest, maxExpanded), ctx: ctx, stop: stop, done: make(chan struct{})}
+	p := &planFunctions{s: s, pending: make(chan planRequest, maxExpanded), ctx: ctx, stop: stop, done: make(chan struct{}),
+		routed: map[string]string{}, failures: map[string]int{}, retryPause: planRetryPause}
 	p.idle = sync.NewCond(&p.mu)
 	go p.run()
 	return p
@@ -193,11 +221,15 @@ func (p *planFunctions) run() {
 				err  error
 			)
 			if !disabled {
-				call, err = p.make(r.sql)
+				call, err = p.attempt(r.sql)
 			}
 			switch {
 			case err == nil && call != "":
+				p.mu.Lock()
+				p.routed[r.template] = r.sql
+				delete(p.failures, r.template)
 				p.s.expanded.Store(r.template, call)
+				p.mu.Unlock()
 			case isInsufficientPrivilege(err):
 				p.mu.Lock()
 				p.disabled = true
@@ -205,8 +237,7 @@ func (p *planFunctions) run() {
 				p.s.cfg.Logger.Info("postgres: this role may not create functions in dagrun's schema, so behind PgBouncer every statement is planned at each execution; grant CREATE on the schema to keep their plans",
 					"schema", p.s.cfg.Schema, "error", firstLine(err.Error()))
 			case err != nil && p.ctx.Err() == nil:
-				p.s.cfg.Logger.Warn("postgres: behind PgBouncer, a statement is planned at every execution: its function could not be made",
-					"error", firstLine(err.Error()))
+				p.failed(r, err)
 			}
 			p.mu.Lock()
 			p.working--
@@ -216,6 +247,48 @@ func (p *planFunctions) run() {
 			p.mu.Unlock()
 		}
 	}
+}
+
+// failed tries r again later, unless its function failed to be made
+// planAttempts times: then r stays as it is for the life of the store.
+func (p *planFunctions) failed(r planRequest, err error) {
+	p.mu.Lock()
+	p.failures[r.template]++
+	n := p.failures[r.template]
+	p.mu.Unlock()
+	if n >= planAttempts {
+		p.s.cfg.Logger.Warn("postgres: behind PgBouncer, a statement is planned at every execution: its function could not be made",
+			"attempts", n, "error", firstLine(err.Error()))
+		return
+	}
+	p.s.cfg.Logger.Debug("postgres: a statement's function could not be made; trying again", "error", firstLine(err.Error()))
+	time.AfterFunc(time.Duration(n)*p.retryPause, func() { p.consider(r.template, r.sql) })
+}
+
+// forget answers an error of a statement the store ran: when it says that
+// a statement function does not exist, every statement goes back to its
+// own text and its function is made again, and forget reports true: the
+// statement may run again at once.
+func (p *planFunctions) forget(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42883" || !strings.Contains(pgErr.Message, planFuncPrefix) {
+		return false
+	}
+	p.mu.Lock()
+	routed := p.routed
+	p.routed = map[string]string{}
+	for template, sql := range routed {
+		p.s.expanded.Store(template, sql)
+	}
+	p.mu.Unlock()
+	if len(routed) > 0 { // once, though every connection may fail at once
+		p.s.cfg.Logger.Warn("postgres: a statement function of dagrun's schema vanished; making them again, and planning statements at each execution meanwhile",
+			"error", firstLine(pgErr.Message))
+	}
+	for template, sql := range routed {
+		p.consider(template, sql)
+	}
+	return true
 }
 
 // close stops making functions and waits for the one being made.
@@ -235,6 +308,16 @@ func (p *planFunctions) wait() {
 	for p.working > 0 && p.ctx.Err() == nil {
 		p.idle.Wait()
 	}
+}
+
+// attempt is make, unless a test's beforeMake fails it.
+func (p *planFunctions) attempt(sql string) (string, error) {
+	if p.beforeMake != nil {
+		if err := p.beforeMake(); err != nil {
+			return "", err
+		}
+	}
+	return p.make(sql)
 }
 
 // make creates, unless it exists, the function of one statement and

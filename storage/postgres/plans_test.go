@@ -3,11 +3,13 @@ package postgres
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -251,4 +253,105 @@ func TestPgBouncerWithoutCreateOnTheSchema(t *testing.T) {
 	require.Zero(t, planFunctionsIn(t, schema))
 	require.Equal(t, 1, strings.Count(logs.String(), "may not create functions"), logs.String())
 	require.NotNil(t, owner)
+}
+
+// dropPlanFunctions drops every statement function of a schema, as a DBA
+// or a restore that leaves them out would.
+func dropPlanFunctions(t *testing.T, schema string) {
+	t.Helper()
+	_, err := sharedPool(t).Exec(t.Context(), `DO $$
+DECLARE f regprocedure;
+BEGIN
+	FOR f IN SELECT oid::regprocedure FROM pg_proc
+		WHERE pronamespace = '`+pgx.Identifier{schema}.Sanitize()+`'::regnamespace AND proname LIKE 'dagrun\_plan\_%'
+	LOOP
+		EXECUTE 'DROP FUNCTION ' || f;
+	END LOOP;
+END $$`)
+	require.NoError(t, err)
+	require.Zero(t, planFunctionsIn(t, schema))
+}
+
+// TestPgBouncerStatementsOutliveTheirFunctions: statement functions dropped
+// under a running store cost no operation: the first statement that finds
+// its function gone runs again as it is, every statement goes back to its
+// own text, and the functions are made again.
+func TestPgBouncerStatementsOutliveTheirFunctions(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	s, logs := planFunctionsStore(t, schema)
+	ctx := t.Context()
+	// run takes an instance of one step from creation to completion
+	// through the statements a worker uses; meanwhile runs after the
+	// creation, before the claim, which goes first so that it is the
+	// statement that finds its function gone.
+	run := func(meanwhile func()) {
+		t.Helper()
+		created, err := s.CreateInstances(ctx, nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
+		require.NoError(t, err)
+		meanwhile()
+		claimed, err := s.ClaimSteps(ctx, storage.ClaimParams{WorkerID: "w", Limit: 1, Lease: time.Minute})
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		_, err = s.FinishSteps(ctx, []storage.StepResult{completed(claimed[0])}, storagetest.Plan)
+		require.NoError(t, err)
+		in, err := s.GetInstance(ctx, created[0].ID)
+		require.NoError(t, err)
+		require.Equal(t, storage.InstanceCompleted, in.Status)
+	}
+	claimSQL := claimQueries[claimShape{}]
+
+	run(func() {})
+	s.plans.wait()
+	require.Contains(t, s.q(claimSQL), planFuncPrefix)
+	made := planFunctionsIn(t, schema)
+	require.Positive(t, made)
+
+	run(func() { dropPlanFunctions(t, schema) })
+	require.Equal(t, 1, strings.Count(logs.String(), "vanished"), logs.String())
+	s.plans.wait()
+	require.Equal(t, made, planFunctionsIn(t, schema), "the functions are made again")
+	require.Contains(t, s.q(claimSQL), planFuncPrefix)
+	run(func() {})
+	require.Equal(t, 1, strings.Count(logs.String(), "level=WARN"), logs.String())
+}
+
+// TestPgBouncerTriesAFailedFunctionAgain: a function that could not be
+// made for a passing reason is made at a later try; one that fails every
+// try leaves its statement as it is, with one warning.
+func TestPgBouncerTriesAFailedFunctionAgain(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		failures int
+		routed   bool
+	}{
+		{"a passing failure", 1, true},
+		{"a lasting failure", planAttempts, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s, logs := planFunctionsStore(t, newSchema(t))
+			var attempts atomic.Int32
+			s.plans.retryPause = time.Millisecond
+			s.plans.beforeMake = func() error {
+				if int(attempts.Add(1)) <= tc.failures {
+					return errors.New("connection lost")
+				}
+				return nil
+			}
+			const sql = `SELECT count(*) FROM {s}instances WHERE status = $1`
+			s.q(sql)
+			require.Eventually(t, func() bool { return int(attempts.Load()) >= min(tc.failures+1, planAttempts) },
+				10*time.Second, time.Millisecond)
+			s.plans.wait()
+			require.Equal(t, tc.routed, strings.Contains(s.q(sql), planFuncPrefix), logs.String())
+			require.Equal(t, min(tc.failures+1, planAttempts), int(attempts.Load()), "attempts")
+			warnings := 0
+			if !tc.routed {
+				warnings = 1
+			}
+			require.Equal(t, warnings, strings.Count(logs.String(), "level=WARN"), logs.String())
+		})
+	}
 }

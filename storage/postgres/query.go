@@ -17,6 +17,7 @@ import (
 // one snapshot.
 func (s *Store) read(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	err := s.runTx(ctx, readBegin, func(tx *lazyTx) error { return fn(tx) })
+	s.replan(err)
 	return interpretError(err)
 }
 

@@ -648,13 +648,25 @@ func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx, st *txState) error)
 	})
 }
 
+// replan reports whether err says that a statement function the store
+// called vanished (see planFunctions.forget): the store then runs
+// statements as they are until their functions are made again.
+func (s *Store) replan(err error) bool {
+	return s.plans != nil && s.plans.forget(err)
+}
+
 // retry runs fn again, a few times, while it fails with a serialization
-// failure or a deadlock.
+// failure or a deadlock, or once it called a statement function that
+// vanished. fn must expand its statements itself (Store.q), so that the
+// next attempt runs their own text.
 func (s *Store) retry(ctx context.Context, fn func() error) error {
 	for attempt := 1; ; attempt++ {
 		err := fn()
 		if err == nil {
 			return nil
+		}
+		if s.replan(err) && attempt < maxTxAttempts && ctx.Err() == nil {
+			continue // the statement's own text runs now
 		}
 		if attempt < maxTxAttempts && isRetryable(err) && ctx.Err() == nil {
 			// A jittered pause, so that the transactions that collided do
@@ -700,6 +712,7 @@ func (s *Store) inCallerTx(ctx context.Context, caller any, fn func(tx pgx.Tx, s
 // fail prefixes err with the operation and translates it at the boundary;
 // an unavailable database is already one complete line.
 func (s *Store) fail(op string, err error) error {
+	s.replan(err)
 	err = interpretError(err)
 	if errors.Is(err, storage.ErrUnavailable) {
 		return err
