@@ -59,11 +59,20 @@ func (s *Store) setQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, l 
 		_, err := tx.Exec(ctx, s.q(sql), args...)
 		return err
 	}
+	// A rate that ends or changes lets the steps it had spaced out start
+	// now: not those waiting for a time of their own (rate_slot_due), which
+	// take their slot of the new rate, if any, when it comes.
+	if oldInterval > 0 && interval != oldInterval {
+		if err := exec(`UPDATE {s}steps SET run_after = {now} WHERE queue = $2 AND status = 'pending' AND NOT rate_slot_due
+			AND run_after > {now} AND run_after < $3`, now, l.Queue, oldTat); err != nil {
+			return err
+		}
+	}
 	if l.Concurrency == 0 && l.Rate == 0 {
 		if err := exec(`DELETE FROM {s}queue_limits WHERE queue = $1`, l.Queue); err != nil {
 			return err
 		}
-		if err := exec(`UPDATE {s}steps SET queue_limited = false WHERE queue = $1 AND queue_limited`, l.Queue); err != nil {
+		if err := exec(`UPDATE {s}steps SET queue_limited = false, rate_slot_due = false WHERE queue = $1 AND queue_limited`, l.Queue); err != nil {
 			return err
 		}
 	} else {
@@ -73,19 +82,15 @@ func (s *Store) setQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, l 
 			now, l.Queue, l.Concurrency, l.Rate, l.Per.Microseconds(), interval); err != nil {
 			return err
 		}
-		if err := exec(`UPDATE {s}steps SET queue_limited = true WHERE queue = $1 AND NOT queue_limited
-			AND status IN ('blocked', 'pending', 'running', 'waiting') AND (parent_id IS NOT NULL OR NOT for_each)`, l.Queue); err != nil {
+		// Steps that wait for a time of their own take their slot then.
+		if err := exec(`UPDATE {s}steps SET queue_limited = true,
+				rate_slot_due = status = 'pending' AND run_after > {now} AND run_after < `+heldAt+`
+			WHERE queue = $2 AND NOT queue_limited
+			AND status IN ('blocked', 'pending', 'running', 'waiting') AND (parent_id IS NOT NULL OR NOT for_each)`, now, l.Queue); err != nil {
 			return err
 		}
 	}
-	// A rate that ends or changes lets the steps it had spaced out start
-	// now; a new one spaces out the ready steps from now.
-	if oldInterval > 0 && interval != oldInterval {
-		if err := exec(`UPDATE {s}steps SET run_after = {now} WHERE queue = $2 AND status = 'pending'
-			AND run_after > {now} AND run_after < $3`, now, l.Queue, oldTat); err != nil {
-			return err
-		}
-	}
+	// A new rate spaces out the ready steps from now.
 	if interval > 0 && interval != oldInterval {
 		if err := s.respace(ctx, tx, now, l.Queue, interval); err != nil {
 			return err
@@ -105,13 +110,14 @@ func (s *Store) setQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, l 
 
 // respace gives the queue's ready steps start times interval apart from
 // now, in claim order, and leaves the rate's next start after the last.
+// Steps waiting for a time of their own take their slot when it comes.
 func (s *Store) respace(ctx context.Context, tx pgx.Tx, now *time.Time, queue string, interval int64) error {
 	var start time.Time
 	if err := tx.QueryRow(ctx, s.q(`SELECT {now}::timestamptz`), now).Scan(&start); err != nil {
 		return err
 	}
 	rows, err := tx.Query(ctx, s.q(`SELECT id, run_after FROM {s}steps WHERE queue = $1 AND queue_limited AND status = 'pending'
-		AND run_after < `+heldAt+` ORDER BY priority DESC, run_after, id`), queue)
+		AND NOT rate_slot_due AND run_after < `+heldAt+` ORDER BY priority DESC, run_after, id`), queue)
 	if err != nil {
 		return err
 	}

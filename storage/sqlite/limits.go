@@ -69,11 +69,20 @@ func (t *txn) setQueueLimit(l storage.QueueLimit) error {
 	if err != nil && err != sql.ErrNoRows {
 		return err
 	}
+	// A rate that ends or changes lets the steps it had spaced out start
+	// now: not those waiting for a time of their own (rate_slot_due), which
+	// take their slot of the new rate, if any, when it comes.
+	if oldInterval > 0 && interval != oldInterval {
+		if _, err := t.exec(`UPDATE steps SET run_after = ?1 WHERE queue = ?2 AND status = 'pending' AND rate_slot_due = 0
+			AND run_after > ?1 AND run_after < ?3`, now, l.Queue, oldTat); err != nil {
+			return err
+		}
+	}
 	if l.Concurrency == 0 && l.Rate == 0 {
 		if _, err := t.exec(`DELETE FROM queue_limits WHERE queue = ?`, l.Queue); err != nil {
 			return err
 		}
-		if _, err := t.exec(`UPDATE steps SET queue_limited = 0 WHERE queue = ? AND queue_limited = 1`, l.Queue); err != nil {
+		if _, err := t.exec(`UPDATE steps SET queue_limited = 0, rate_slot_due = 0 WHERE queue = ? AND queue_limited = 1`, l.Queue); err != nil {
 			return err
 		}
 	} else {
@@ -83,19 +92,15 @@ func (t *txn) setQueueLimit(l storage.QueueLimit) error {
 			l.Queue, l.Concurrency, l.Rate, l.Per.Microseconds(), interval, now); err != nil {
 			return err
 		}
-		if _, err := t.exec(`UPDATE steps SET queue_limited = 1 WHERE queue = ? AND queue_limited = 0
-			AND status IN ('blocked', 'pending', 'running', 'waiting') AND (parent_id IS NOT NULL OR for_each = 0)`, l.Queue); err != nil {
+		// Steps that wait for a time of their own take their slot then.
+		if _, err := t.exec(`UPDATE steps SET queue_limited = 1,
+				rate_slot_due = status = 'pending' AND run_after > ?2 AND run_after < `+heldUS+`
+			WHERE queue = ?1 AND queue_limited = 0
+			AND status IN ('blocked', 'pending', 'running', 'waiting') AND (parent_id IS NOT NULL OR for_each = 0)`, l.Queue, now); err != nil {
 			return err
 		}
 	}
-	// A rate that ends or changes lets the steps it had spaced out start
-	// now; a new one spaces out the ready steps from now.
-	if oldInterval > 0 && interval != oldInterval {
-		if _, err := t.exec(`UPDATE steps SET run_after = ?1 WHERE queue = ?2 AND status = 'pending'
-			AND run_after > ?1 AND run_after < ?3`, now, l.Queue, oldTat); err != nil {
-			return err
-		}
-	}
+	// A new rate spaces out the ready steps from now.
 	if interval > 0 && interval != oldInterval {
 		if err := t.respace(l.Queue, now, interval); err != nil {
 			return err
@@ -127,9 +132,10 @@ func (t *txn) setQueueLimit(l storage.QueueLimit) error {
 
 // respace gives the queue's ready steps start times interval apart from
 // now, in claim order, and leaves the rate's next start after the last.
+// Steps waiting for a time of their own take their slot when it comes.
 func (t *txn) respace(queue string, now, interval int64) error {
 	rows, err := t.query(`SELECT id, run_after FROM steps WHERE queue = ? AND queue_limited = 1 AND status = 'pending'
-		AND run_after < `+heldUS+` ORDER BY priority DESC, run_after, id`, queue)
+		AND rate_slot_due = 0 AND run_after < `+heldUS+` ORDER BY priority DESC, run_after, id`, queue)
 	if err != nil {
 		return err
 	}

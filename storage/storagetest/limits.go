@@ -47,6 +47,12 @@ func keyed(key string, instanceLimit, stepLimit int) storage.CreateParams {
 	return p
 }
 
+// delayedBy is p with its first steps due at runAfter.
+func delayedBy(p storage.CreateParams, runAfter time.Time) storage.CreateParams {
+	p.RunAfter = runAfter
+	return p
+}
+
 func (b *bundle) createKeyed(ps ...storage.CreateParams) []string {
 	b.t.Helper()
 	_, err := b.store.CreateInstances(b.ctx, nil, ps, KeyPlan)
@@ -224,6 +230,69 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		require.Empty(t, b.claimAll())
 		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work"}))
 		require.Equal(t, later, b.claimAll())
+	},
+	"QueueRateSlotsStepsWhenTheyFallDue": func(t *testing.T, h *Harness) {
+		b := h.setupLimits(t)
+		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Rate: 2, Per: time.Second}))
+		late0 := b.now().Add(time.Hour)
+		late := b.createKeyed(delayedBy(keyed("", 0, 0), late0))
+		ids := b.createKeyed(keyed("", 0, 0), keyed("", 0, 0))
+		// A step an hour away does not hold back the ones due now.
+		require.Equal(t, ids[:1], b.claimAll())
+		b.clock.Advance(500 * time.Millisecond)
+		require.Equal(t, ids[1:], b.claimAll())
+		// Nor does a snooze.
+		b.finishKeyed(b.runningClaim(ids[0]), storage.OutcomeCompleted)
+		snoozed := b.runningClaim(ids[1])
+		_, err := b.store.FinishSteps(b.ctx, []storage.StepResult{{Claim: snoozed, Outcome: storage.OutcomeSnooze,
+			RunAfter: b.now().Add(30 * time.Minute)}}, KeyPlan)
+		require.NoError(t, err)
+		now := b.createKeyed(keyed("", 0, 0))
+		b.clock.Advance(500 * time.Millisecond)
+		require.Equal(t, now, b.claimAll())
+		b.complete(now[0])
+
+		// Each takes its slot when its time comes, and a step made ready
+		// just after it waits for the rate's next start.
+		b.clock.Advance(30 * time.Minute)
+		require.Equal(t, ids[1:], b.claimAll(), "the snoozed step, once due")
+		b.complete(ids[1])
+		b.clock.Advance(late0.Sub(b.now()) - time.Millisecond)
+		require.Empty(t, b.claimAll(), "the delayed step started before its time")
+		b.clock.Advance(time.Millisecond)
+		require.Equal(t, late, b.claimAll(), "the delayed step, once its hour is up")
+		ready := b.createKeyed(keyed("", 0, 0))
+		require.Empty(t, b.claimAll(), "the delayed step took the rate's slot")
+		b.clock.Advance(500 * time.Millisecond)
+		require.Equal(t, ready, b.claimAll())
+	},
+	"QueueRateChangedOrClearedKeepsDelays": func(t *testing.T, h *Harness) {
+		b := h.setupLimits(t)
+		hour := b.now().Add(time.Hour)
+		// Made ready before the queue had a limit, and after.
+		late := b.createKeyed(delayedBy(keyed("", 0, 0), hour))
+		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Rate: 1, Per: time.Second}))
+		late = append(late, b.createKeyed(delayedBy(keyed("", 0, 0), hour))...)
+		ids := b.createKeyed(keyed("", 0, 0), keyed("", 0, 0), keyed("", 0, 0))
+		require.Equal(t, ids[:1], b.claimAll())
+
+		// A faster rate respaces the steps due now, from now; the delayed
+		// ones keep their hour.
+		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Rate: 4, Per: time.Second}))
+		require.Equal(t, ids[1:2], b.claimAll())
+		b.clock.Advance(250 * time.Millisecond)
+		require.Equal(t, ids[2:], b.claimAll())
+
+		// Cleared: the spaced steps start at once, the delayed ones when
+		// their time comes.
+		more := b.createKeyed(keyed("", 0, 0), keyed("", 0, 0))
+		require.Empty(t, b.claimAll())
+		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work"}))
+		require.Equal(t, more, b.claimAll())
+		b.clock.Advance(59 * time.Minute)
+		require.Empty(t, b.claimAll(), "a delayed step started before its time")
+		b.clock.Advance(time.Minute)
+		require.ElementsMatch(t, late, b.claimAll())
 	},
 	"QueueRateSetLaterSpacesReadySteps": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
