@@ -104,7 +104,7 @@ func (w *Workflow) mermaidOnFailure(b *strings.Builder, ids map[string]string) {
 	}
 	b.WriteString("    subgraph onFailure\n")
 	for _, s := range w.OnFailure {
-		fmt.Fprintf(b, "        %s[\"%s<br/>%s\"]\n", ids[s.Name], mermaidLabel.Replace(s.Name), mermaidLabel.Replace(s.Handler))
+		fmt.Fprintf(b, "        %s[\"%s<br/>%s\"]\n", ids[s.Name], mermaidLabel.Replace(s.Name), mermaidLabel.Replace(s.runs()))
 	}
 	b.WriteString("    end\n")
 	for _, s := range w.OnFailure {
@@ -123,7 +123,7 @@ func (w *Workflow) dotOnFailure(b *strings.Builder) {
 	}
 	b.WriteString("    subgraph cluster_onFailure {\n        label=\"onFailure\";\n        style=dashed;\n")
 	for _, s := range w.OnFailure {
-		fmt.Fprintf(b, "        %s [label=%s];\n", dotQuote(s.Name), `"`+dotEscape.Replace(s.Name)+`\n`+dotEscape.Replace(s.Handler)+`"`)
+		fmt.Fprintf(b, "        %s [label=%s];\n", dotQuote(s.Name), `"`+dotEscape.Replace(s.Name)+`\n`+dotEscape.Replace(s.runs())+`"`)
 	}
 	b.WriteString("    }\n")
 	for _, s := range w.OnFailure {

@@ -124,15 +124,27 @@ func mermaidIDs(steps []*Step) map[string]string {
 
 var mermaidLabel = strings.NewReplacer(`"`, "#quot;", "<", "#lt;", ">", "#gt;")
 
+// runs says what a step runs, under its name in a graph's node: its
+// handler, the signal it waits for, or the workflow it starts.
+func (s *Step) runs() string {
+	switch {
+	case s.Wait != nil:
+		return "wait: " + s.Wait.Signal
+	case s.Workflow != "":
+		return "workflow: " + s.Workflow
+	}
+	return s.Handler
+}
+
 // Mermaid renders the DAG as a Mermaid flowchart, top to bottom: one node per
-// step labelled with its name and handler, one edge dep --> step per
+// step labelled with its name and what it runs (see Step.runs), one edge dep --> step per
 // dependency, in definition order.
 func (w *Workflow) Mermaid() string {
 	ids := mermaidIDs(append(w.Steps[:len(w.Steps):len(w.Steps)], w.OnFailure...))
 	var b strings.Builder
 	b.WriteString("flowchart TD\n")
 	for _, s := range w.Steps {
-		fmt.Fprintf(&b, "    %s[\"%s<br/>%s\"]\n", ids[s.Name], mermaidLabel.Replace(s.Name), mermaidLabel.Replace(s.Handler))
+		fmt.Fprintf(&b, "    %s[\"%s<br/>%s\"]\n", ids[s.Name], mermaidLabel.Replace(s.Name), mermaidLabel.Replace(s.runs()))
 	}
 	for _, s := range w.Steps {
 		for _, d := range s.DependsOn {
@@ -157,7 +169,7 @@ func (w *Workflow) DOT() string {
 	b.WriteString("    rankdir=TB;\n")
 	b.WriteString("    node [shape=box, style=rounded];\n")
 	for _, s := range w.Steps {
-		fmt.Fprintf(&b, "    %s [label=%s];\n", dotQuote(s.Name), `"`+dotEscape.Replace(s.Name)+`\n`+dotEscape.Replace(s.Handler)+`"`)
+		fmt.Fprintf(&b, "    %s [label=%s];\n", dotQuote(s.Name), `"`+dotEscape.Replace(s.Name)+`\n`+dotEscape.Replace(s.runs())+`"`)
 	}
 	for _, s := range w.Steps {
 		for _, d := range s.DependsOn {

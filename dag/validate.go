@@ -24,6 +24,15 @@ var nameSyntax = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
 
 const nameRule = `use at most 128 lowercase letters, digits, ".", "_" and "-", starting with a letter or digit`
 
+// CheckName returns an error naming the rule when s cannot name a
+// workflow, step, queue or signal; kind says which, for the message.
+func CheckName(kind, s string) error {
+	if !isName(s) {
+		return fmt.Errorf("invalid %s name %q: %s", kind, s, nameRule)
+	}
+	return nil
+}
+
 // stepBuild is a step being built, with the nodes later checks point at.
 type stepBuild struct {
 	step     *Step
