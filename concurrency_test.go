@@ -136,6 +136,13 @@ func TestSetQueueLimitRefusesBadValues(t *testing.T) {
 		var argErr *dagrun.ArgumentError
 		err := b.engine.SetQueueLimit(context.Background(), dagrun.QueueLimit{Queue: "q", Concurrency: -1})
 		require.True(t, errors.As(err, &argErr), "got %v", err)
+		err = b.engine.SetQueueLimit(context.Background(), dagrun.QueueLimit{Queue: "BAD!", Concurrency: 1})
+		require.True(t, errors.As(err, &argErr), "got %v", err)
+		require.ErrorContains(t, err, `invalid queue name "BAD!"`)
+		require.NoError(t, b.engine.SetQueueLimit(context.Background(), dagrun.QueueLimit{Queue: "BAD!"}), "clearing takes any name")
+		qs, err := b.engine.Queues(context.Background())
+		require.NoError(t, err)
+		require.Empty(t, qs, "a refused limit stored nothing")
 		require.NoError(t, b.engine.SetQueueLimit(context.Background(), dagrun.QueueLimit{Queue: "q", Rate: 5, Per: time.Second}))
 		l, err := b.engine.QueueLimit(context.Background(), "q")
 		require.NoError(t, err)

@@ -88,11 +88,17 @@ type QueueInfo = storage.QueueInfo
 
 // SetQueueLimit sets a queue's limits (both zero clears them). They are
 // stored in the database, apply to every worker at once, and to the
-// queue's steps already waiting. A bad value is an *ArgumentError and
-// changes nothing.
+// queue's steps already waiting. A bad value, or a queue name no step
+// could use, is an *ArgumentError and changes nothing; clearing takes any
+// name, so that a limit stored under one can go.
 func (e *Engine) SetQueueLimit(ctx context.Context, l QueueLimit) error {
 	if err := l.Check(); err != nil {
 		return &ArgumentError{Name: "queue limit", Reason: err.Error()}
+	}
+	if l.Concurrency != 0 || l.Rate != 0 {
+		if err := dag.CheckName("queue", l.Queue); err != nil {
+			return &ArgumentError{Name: "queue limit", Reason: err.Error()}
+		}
 	}
 	return e.store.SetQueueLimit(ctx, l)
 }
