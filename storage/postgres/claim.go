@@ -117,11 +117,12 @@ FROM u ORDER BY priority DESC, run_after, id`)
 // indexes, until then; so a claim walks only steps it may take, however
 // many wait for their time at a higher priority. It reads only
 // steps_delayed (one probe when none is due) and skips the rows another
-// claim is promoting. A step of a rated queue takes its slot of the rate
-// as it is promoted (rate_slot_due: migration 18), and stays delayed
-// until that slot when the rate is behind.
+// claim is promoting. A step under limits takes its slots as it is
+// promoted (slots_due: migration 19), or is held until one frees, and
+// then its slot of its queue's rate (rate_slot_due: migration 18), staying
+// delayed until that slot when the rate is behind.
 const promoteSQL = `
-UPDATE {s}steps SET promoted = true, rate_slot_due = false WHERE id IN (
+UPDATE {s}steps SET promoted = true, rate_slot_due = false, slots_due = false WHERE id IN (
 	SELECT id FROM {s}steps
 	WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after <= {now}
 	ORDER BY run_after LIMIT 1000

@@ -82,9 +82,10 @@ func (s *Store) setQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, l 
 			now, l.Queue, l.Concurrency, l.Rate, l.Per.Microseconds(), interval); err != nil {
 			return err
 		}
-		// Steps that wait for a time of their own take their slot then.
+		// Steps that wait for a time of their own take their slots then.
 		if err := exec(`UPDATE {s}steps SET queue_limited = true,
-				rate_slot_due = status = 'pending' AND run_after > {now} AND run_after < `+heldAt+`
+				rate_slot_due = status = 'pending' AND run_after > {now} AND run_after < `+heldAt+`,
+				slots_due = slots_due OR status = 'pending' AND run_after > {now} AND run_after < `+heldAt+`
 			WHERE queue = $2 AND NOT queue_limited
 			AND status IN ('blocked', 'pending', 'running', 'waiting') AND (parent_id IS NOT NULL OR NOT for_each)`, now, l.Queue); err != nil {
 			return err
@@ -97,11 +98,14 @@ func (s *Store) setQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, l 
 		}
 	}
 	if l.Concurrency > 0 {
-		// Hold the newest ready steps beyond a lowered limit.
+		// Hold the newest ready steps beyond a lowered limit (of those
+		// that hold a slot: see migration 19).
 		if err := exec(`UPDATE {s}steps SET run_after = `+heldAt+` WHERE id IN (
 				SELECT id FROM {s}steps WHERE queue = $1 AND queue_limited AND status = 'pending' AND run_after < `+heldAt+`
+					AND NOT slots_due
 				ORDER BY id DESC LIMIT greatest(0, (SELECT count(*) FROM {s}steps c WHERE c.queue = $1 AND c.queue_limited
-					AND c.status IN ('pending', 'running') AND c.run_after < `+heldAt+`) - $2))`, l.Queue, l.Concurrency); err != nil {
+					AND c.status IN ('pending', 'running') AND c.run_after < `+heldAt+`
+					AND (c.status = 'running' OR NOT c.slots_due)) - $2))`, l.Queue, l.Concurrency); err != nil {
 			return err
 		}
 	}

@@ -14,14 +14,17 @@ import (
 const heldUS = "253370764800000000"
 
 // fitsSQL holds for the held step h when every limit it is under has a
-// free slot; the triggers of migration 0006 use the same test.
+// free slot; the triggers of migration 18 use the same test. A pending
+// step that waits for its time holds no slot (slots_due).
 const fitsSQL = `h.held_by_instance = 0
     AND (h.concurrency_key IS NULL OR (SELECT count(*) FROM steps k
         WHERE k.workflow = h.workflow AND k.name = h.name AND k.concurrency_key = h.concurrency_key
-            AND k.status IN ('pending', 'running') AND k.run_after < ` + heldUS + ` AND k.id <> h.id) < h.concurrency_limit)
+            AND k.status IN ('pending', 'running') AND k.run_after < ` + heldUS + ` AND (k.status = 'running' OR k.slots_due = 0)
+            AND k.id <> h.id) < h.concurrency_limit)
     AND (h.queue_limited = 0 OR NOT EXISTS (SELECT 1 FROM queue_limits q WHERE q.queue = h.queue AND q.concurrency > 0
         AND (SELECT count(*) FROM steps c WHERE c.queue_limited = 1 AND c.queue = h.queue
-            AND c.status IN ('pending', 'running') AND c.run_after < ` + heldUS + ` AND c.id <> h.id) >= q.concurrency))`
+            AND c.status IN ('pending', 'running') AND c.run_after < ` + heldUS + ` AND (c.status = 'running' OR c.slots_due = 0)
+            AND c.id <> h.id) >= q.concurrency))`
 
 func nullText(s string) any {
 	if s == "" {
@@ -92,9 +95,10 @@ func (t *txn) setQueueLimit(l storage.QueueLimit) error {
 			l.Queue, l.Concurrency, l.Rate, l.Per.Microseconds(), interval, now); err != nil {
 			return err
 		}
-		// Steps that wait for a time of their own take their slot then.
+		// Steps that wait for a time of their own take their slots then.
 		if _, err := t.exec(`UPDATE steps SET queue_limited = 1,
-				rate_slot_due = status = 'pending' AND run_after > ?2 AND run_after < `+heldUS+`
+				rate_slot_due = status = 'pending' AND run_after > ?2 AND run_after < `+heldUS+`,
+				slots_due = slots_due OR status = 'pending' AND run_after > ?2 AND run_after < `+heldUS+`
 			WHERE queue = ?1 AND queue_limited = 0
 			AND status IN ('blocked', 'pending', 'running', 'waiting') AND (parent_id IS NOT NULL OR for_each = 0)`, l.Queue, now); err != nil {
 			return err
@@ -107,11 +111,14 @@ func (t *txn) setQueueLimit(l storage.QueueLimit) error {
 		}
 	}
 	if l.Concurrency > 0 {
-		// Hold the newest ready steps beyond a lowered limit.
+		// Hold the newest ready steps beyond a lowered limit (of those
+		// that hold a slot: see migration 18).
 		if _, err := t.exec(`UPDATE steps SET run_after = `+heldUS+` WHERE id IN (
 				SELECT id FROM steps WHERE queue = ?1 AND queue_limited = 1 AND status = 'pending' AND run_after < `+heldUS+`
+					AND slots_due = 0
 				ORDER BY id DESC LIMIT max(0, (SELECT count(*) FROM steps c WHERE c.queue = ?1 AND c.queue_limited = 1
-					AND c.status IN ('pending', 'running') AND c.run_after < `+heldUS+`) - ?2))`, l.Queue, l.Concurrency); err != nil {
+					AND c.status IN ('pending', 'running') AND c.run_after < `+heldUS+`
+					AND (c.status = 'running' OR c.slots_due = 0)) - ?2))`, l.Queue, l.Concurrency); err != nil {
 			return err
 		}
 	}

@@ -209,6 +209,40 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work"}))
 		require.Equal(t, []string{more[0]}, b.claimAll())
 	},
+	"DelayedStepTakesItsSlotWhenDue": func(t *testing.T, h *Harness) {
+		// A step that waits for a time of its own holds no slot of its
+		// queue's limit or of its key's until then, so a step due now
+		// runs; when its time comes it takes a free slot or is held.
+		for _, tc := range []struct {
+			name  string
+			limit func(b *limitBundle)
+			step  func() storage.CreateParams
+		}{
+			{"queue", func(b *limitBundle) {
+				require.NoError(b.t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Concurrency: 1}))
+			}, func() storage.CreateParams { return keyed("", 0, 0) }},
+			{"step key", func(*limitBundle) {}, func() storage.CreateParams { return keyed("a", 0, 1) }},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				b := h.setupLimits(t)
+				tc.limit(b)
+				due := b.now().Add(time.Hour)
+				late := b.createKeyed(delayedBy(tc.step(), due))
+				ids := b.createKeyed(tc.step(), tc.step())
+				require.Equal(t, ids[:1], b.claimAll(), "a delayed step held back one due now")
+				require.True(t, b.held(ids[1]))
+
+				b.clock.Advance(time.Hour)
+				require.Empty(t, b.claimAll(), "the delayed step took a slot that was not free")
+				require.True(t, b.held(late[0]))
+				// Held steps go in creation order, as ever.
+				b.complete(ids[0])
+				require.Equal(t, late, b.claimAll())
+				b.complete(late[0])
+				require.Equal(t, ids[1:], b.claimAll())
+			})
+		}
+	},
 	"QueueRateSpacesStarts": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
 		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Rate: 2, Per: time.Second}))
