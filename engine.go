@@ -291,7 +291,11 @@ func (e *Engine) Cancel(ctx context.Context, id string) error {
 	}
 	rec := e.newFinishRecorder()
 	if err := e.store.CancelInstance(rec.attach(ctx), id, "cancelled by request", rec.plan); err != nil {
-		if errors.Is(err, storage.ErrConflict) {
+		var refusal *storage.RefusalError
+		switch {
+		case errors.As(err, &refusal) && errors.Is(err, storage.ErrConflict):
+			return storage.Refuse(storage.ErrConflict, "%s; only a pending or running instance can be cancelled", refusal.Reason)
+		case errors.Is(err, storage.ErrConflict):
 			return fmt.Errorf("instance %s is already finished: %w", id, err)
 		}
 		return err
@@ -318,8 +322,9 @@ func (e *Engine) Retry(ctx context.Context, id string) error {
 	}
 	rec := e.newFinishRecorder()
 	if err := e.store.RetryInstance(rec.attach(ctx), id, rec.plan); err != nil {
-		if inst, getErr := e.store.GetInstance(ctx, id); errors.Is(err, storage.ErrConflict) && getErr == nil && inst.Parent != nil {
-			return err // a child: the store's message says to retry its parent
+		var refusal *storage.RefusalError
+		if errors.As(err, &refusal) {
+			return err // says why: the instance's status, or the parent to retry
 		}
 		if errors.Is(err, storage.ErrConflict) {
 			return fmt.Errorf("instance %s is not failed or cancelled, so there is nothing to retry: %w", id, err)

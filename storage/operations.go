@@ -140,7 +140,7 @@ func UnknownStepError(id, step string, steps []StepState) error {
 	for i, s := range steps {
 		names[i] = s.Name
 	}
-	return refusal(ErrNotFound, "instance %s has no step %q (its steps: %s)", id, step, strings.Join(names, ", "))
+	return Refuse(ErrNotFound, "instance %s has no step %q (its steps: %s)", id, step, strings.Join(names, ", "))
 }
 
 // Skippable reports whether SkipStep may complete a step in this status.
@@ -156,32 +156,32 @@ func Skippable(s StepStatus) bool {
 // complete, or an instance whose steps it may not change.
 func SkipRefusal(id, step string, instance InstanceStatus, status StepStatus) error {
 	if instance == InstanceCompleted || instance == InstanceCancelled {
-		return refusal(ErrConflict, "instance %s is %s; retry it before skipping a step", id, instance)
+		return Refuse(ErrConflict, "instance %s is %s; retry it before skipping a step", id, instance)
 	}
-	return refusal(ErrConflict, "step %s of instance %s is %s; only a blocked, pending, waiting, failed or cancelled step can be skipped", step, id, status)
+	return Refuse(ErrConflict, "step %s of instance %s is %s; only a blocked, pending, waiting, failed or cancelled step can be skipped", step, id, status)
 }
 
 // RetryFromRefusal is the conflict error of RetryFrom on an unfinished
 // instance.
 func RetryFromRefusal(id string, status InstanceStatus) error {
-	return refusal(ErrConflict, "instance %s is %s; cancel it first or wait", id, status)
+	return Refuse(ErrConflict, "instance %s is %s; cancel it first or wait", id, status)
 }
 
 // PauseRefusal and ResumeRefusal are the conflict errors of PauseInstance
 // and ResumeInstance.
 func PauseRefusal(id string, status InstanceStatus) error {
 	if status.Finished() {
-		return refusal(ErrConflict, "instance %s is already %s; only a pending or running instance can be paused", id, status)
+		return Refuse(ErrConflict, "instance %s is already %s; only a pending or running instance can be paused", id, status)
 	}
-	return refusal(ErrConflict, "instance %s is already paused", id)
+	return Refuse(ErrConflict, "instance %s is already paused", id)
 }
 
 // ResumeRefusal: see PauseRefusal.
 func ResumeRefusal(id string, status InstanceStatus) error {
 	if status.Finished() {
-		return refusal(ErrConflict, "instance %s is %s, not paused", id, status)
+		return Refuse(ErrConflict, "instance %s is %s, not paused", id, status)
 	}
-	return refusal(ErrConflict, "instance %s is not paused", id)
+	return Refuse(ErrConflict, "instance %s is not paused", id)
 }
 
 // Rerun returns the indexes of the steps an operation runs again: the
@@ -209,6 +209,8 @@ func (e *RefusalError) Error() string { return e.Reason + ": " + e.Err.Error() }
 // Unwrap returns the sentinel.
 func (e *RefusalError) Unwrap() error { return e.Err }
 
-func refusal(sentinel error, format string, args ...any) error {
+// Refuse returns a RefusalError of sentinel (ErrConflict, ErrNotFound)
+// whose reason is the formatted line.
+func Refuse(sentinel error, format string, args ...any) error {
 	return &RefusalError{Reason: fmt.Sprintf(format, args...), Err: sentinel}
 }

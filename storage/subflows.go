@@ -48,8 +48,8 @@ func ParentFinishedMessage(parentID string, status InstanceStatus) string {
 // parent step failed with it, so only retrying the parent brings the two
 // back together.
 func RetryChildError(id string, p *ParentRef) error {
-	return fmt.Errorf("instance %s is a child of instance %s (step %s): retry %s instead, which retries this child: %w",
-		id, p.InstanceID, p.Step, p.InstanceID, ErrConflict)
+	return Refuse(ErrConflict, "instance %s is a child of instance %s (step %s): retry %s instead, which retries this child",
+		id, p.InstanceID, p.Step, p.InstanceID)
 }
 
 // CheckChildren checks a StepChange that starts a workflow step: the step

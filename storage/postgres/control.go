@@ -53,7 +53,7 @@ func (s *Store) CancelInstance(ctx context.Context, id, reason string, plan stor
 			return err
 		}
 		if status := l.state.Status; status.Finished() {
-			return fmt.Errorf("instance %s is already %s: %w", id, status, storage.ErrConflict)
+			return storage.Refuse(storage.ErrConflict, "instance %s is already %s", id, status)
 		}
 		st.plan = plan
 		st.tail.Queue(s.q(lockUnfinishedStepsSQL), id)
@@ -165,7 +165,7 @@ func (s *Store) retryOne(ctx context.Context, tx pgx.Tx, st *txState, now *time.
 		return nil, err
 	}
 	if status := l.state.Status; status != storage.InstanceFailed && status != storage.InstanceCancelled {
-		return nil, fmt.Errorf("instance %s is %s, only a failed or cancelled instance can be retried: %w", id, status, storage.ErrConflict)
+		return nil, storage.Refuse(storage.ErrConflict, "instance %s is %s; only a failed or cancelled instance can be retried", id, status)
 	}
 	rows, err := tx.Query(ctx, s.q(expandedToRetrySQL), id)
 	if err != nil {

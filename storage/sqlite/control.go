@@ -20,7 +20,7 @@ func (s *Store) CancelInstance(ctx context.Context, id, reason string, plan stor
 			return err
 		}
 		if status.Finished() {
-			return fmt.Errorf("instance %s is already %s: %w", id, status, storage.ErrConflict)
+			return storage.Refuse(storage.ErrConflict, "instance %s is already %s", id, status)
 		}
 		if err := t.finishInstance(id, storage.InstanceCancelled, nil, reason, true); err != nil {
 			return err
@@ -67,7 +67,7 @@ func (t *txn) retryOne(id string) ([]string, error) {
 		return nil, err
 	}
 	if status != storage.InstanceFailed && status != storage.InstanceCancelled {
-		return nil, fmt.Errorf("instance %s is %s, only a failed or cancelled instance can be retried: %w", id, status, storage.ErrConflict)
+		return nil, storage.Refuse(storage.ErrConflict, "instance %s is %s; only a failed or cancelled instance can be retried", id, status)
 	}
 	// Re-armed steps start over: attempts, error and timings reset;
 	// the fence is kept so that claims from before stay stale. A

@@ -138,7 +138,7 @@ func (c *cli) retryCommand() *cobra.Command {
 				if errors.Is(err, storage.ErrConflict) {
 					if inst, getErr := engine.Get(ctx, args[0]); getErr == nil && inst.Parent != nil {
 						// A child is retried through its parent; the error says which.
-						return usageError(err)
+						return operationError(args[0], err)
 					}
 					return conflictError(ctx, engine, args[0], "", "only a failed or cancelled instance can be retried", err)
 				}

@@ -448,9 +448,9 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &unknown), errors.As(err, &noSignal):
 		writeError(w, http.StatusNotFound, err.Error())
 	case errors.Is(err, storage.ErrNotFound):
-		writeError(w, http.StatusNotFound, err.Error())
+		writeError(w, http.StatusNotFound, refusalReason(err))
 	case errors.Is(err, storage.ErrConflict):
-		writeError(w, http.StatusConflict, err.Error())
+		writeError(w, http.StatusConflict, refusalReason(err))
 	case errors.Is(err, storage.ErrUnavailable):
 		s.logger.ErrorContext(r.Context(), "web: storage unavailable", slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
 		writeError(w, http.StatusServiceUnavailable, "storage unavailable; try again later")
@@ -461,4 +461,14 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		s.logger.ErrorContext(r.Context(), "web: request failed", slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Any("error", err))
 		writeError(w, http.StatusInternalServerError, "internal server error; see the server log")
 	}
+}
+
+// refusalReason is the message of a refused request: a store's reason,
+// without the layers it went through, when it gave one.
+func refusalReason(err error) string {
+	var refusal *storage.RefusalError
+	if errors.As(err, &refusal) {
+		return refusal.Reason
+	}
+	return err.Error()
 }

@@ -487,7 +487,7 @@ func TestCancelAndRetry(t *testing.T) {
 		r := b.do(t, http.MethodGet, "/api/instances/"+id, "")
 		failed := r.json(t)
 		require.Contains(t, failed["error"], "the fragile thing is broken")
-		requireError(t, b.do(t, http.MethodPost, "/api/instances/"+id+"/cancel", ""), http.StatusConflict, "already finished")
+		requireError(t, b.do(t, http.MethodPost, "/api/instances/"+id+"/cancel", ""), http.StatusConflict, "is already failed; only a pending or running instance can be cancelled")
 
 		b.fixed.Store(true)
 		r = b.do(t, http.MethodPost, "/api/instances/"+id+"/retry", "")
@@ -497,7 +497,7 @@ func TestCancelAndRetry(t *testing.T) {
 		done := b.wait(t, id)
 		require.Equal(t, storage.InstanceCompleted, done.Status)
 		require.Equal(t, 1, done.Steps[0].Attempts, "the completed step did not run again")
-		requireError(t, b.do(t, http.MethodPost, "/api/instances/"+id+"/retry", ""), http.StatusConflict, "nothing to retry")
+		requireError(t, b.do(t, http.MethodPost, "/api/instances/"+id+"/retry", ""), http.StatusConflict, "is completed; only a failed or cancelled instance can be retried")
 
 		requireError(t, b.do(t, http.MethodPost, "/api/instances/nope/cancel", ""), http.StatusNotFound, `no instance with ID "nope"`)
 		requireError(t, b.do(t, http.MethodPost, "/api/instances/nope/retry", ""), http.StatusNotFound, `no instance with ID "nope"`)
@@ -516,7 +516,7 @@ func TestCancelPending(t *testing.T) {
 		for _, s := range inst["steps"].([]any) {
 			require.Equal(t, "cancelled", s.(map[string]any)["status"])
 		}
-		requireError(t, b.do(t, http.MethodPost, "/api/instances/"+id+"/cancel", ""), http.StatusConflict, "already finished")
+		requireError(t, b.do(t, http.MethodPost, "/api/instances/"+id+"/cancel", ""), http.StatusConflict, "is already cancelled; only a pending or running instance can be cancelled")
 		require.Equal(t, 1.0, web.InstancesFinished(b.metrics, "greet", "cancelled"))
 	})
 }
