@@ -127,13 +127,22 @@ func MergeQueues(limits []QueueLimit, loads []QueueInfo) []QueueInfo {
 // Admit decides which of the new instances with a workflow-level limit
 // start held: those beyond the limit of their key, counting the admitted
 // unfinished instances (admitted, called once per key, counts them in the
-// store) and those admitted before them in this call.
-func Admit(instances []*NewInstance, admitted func(workflow, key string) (int, error)) (map[string]bool, error) {
+// store) and those admitted before them in this call; and those that
+// start later than now (RunAfter), which take no slot until their time
+// comes: the store admits them then, or when a slot frees after it.
+func Admit(instances []*NewInstance, now time.Time, admitted func(workflow, key string) (int, error)) (map[string]bool, error) {
 	var held map[string]bool
 	counts := map[[2]string]int{}
 	for _, n := range instances {
 		p := n.Params
 		if p.ConcurrencyLimit <= 0 || p.ConcurrencyKey == "" || n.Status.Finished() {
+			continue
+		}
+		if p.RunAfter.After(now) {
+			if held == nil {
+				held = map[string]bool{}
+			}
+			held[p.ID] = true
 			continue
 		}
 		k := [2]string{p.Workflow, p.ConcurrencyKey}

@@ -248,7 +248,7 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 		}
 		planned = append(planned, n)
 	}
-	held, err := s.admit(ctx, tx, planned)
+	held, err := s.admit(ctx, tx, now, planned)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,9 +18,21 @@ const heldAt = `'9999-01-01 00:00:00+00'`
 
 // admit decides which of the new instances with a workflow-level limit are
 // held (see storage.Admit). Each key's count is taken under its advisory
-// lock, which the transaction keeps until it commits.
-func (s *Store) admit(ctx context.Context, tx pgx.Tx, instances []*storage.NewInstance) (map[string]bool, error) {
-	return storage.Admit(instances, func(workflow, key string) (count int, err error) {
+// lock, which the transaction keeps until it commits. An instance that
+// starts later is held until then, judged by the time the transaction's
+// rows carry ({now}), so that it agrees with its steps (see migration 20).
+func (s *Store) admit(ctx context.Context, tx pgx.Tx, now *time.Time, instances []*storage.NewInstance) (map[string]bool, error) {
+	var at time.Time
+	if now != nil {
+		at = *now
+	} else if slices.ContainsFunc(instances, func(n *storage.NewInstance) bool {
+		return !n.Params.RunAfter.IsZero() && n.Params.ConcurrencyLimit > 0
+	}) {
+		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&at); err != nil {
+			return nil, err
+		}
+	}
+	return storage.Admit(instances, at, func(workflow, key string) (count int, err error) {
 		err = tx.QueryRow(ctx, s.q(`SELECT {s}limits_admitted($1, $2)`), workflow, key).Scan(&count)
 		return count, err
 	})

@@ -44,7 +44,7 @@ func stepKey(spec *storage.StepSpec, key string) any {
 // admit decides which of the new instances with a workflow-level limit are
 // held (see storage.Admit).
 func (t *txn) admit(instances []*storage.NewInstance) (map[string]bool, error) {
-	return storage.Admit(instances, func(workflow, key string) (count int, err error) {
+	return storage.Admit(instances, t.now, func(workflow, key string) (count int, err error) {
 		err = t.queryRow(`SELECT count(*) FROM instances WHERE workflow = ? AND concurrency_key = ?
 			AND finished_at IS NULL AND held = 0`, workflow, key).Scan(&count)
 		return count, err

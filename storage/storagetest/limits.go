@@ -136,6 +136,38 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		require.NoError(t, b.store.CancelInstance(b.ctx, ids[1], "x", Plan))
 		require.Equal(t, []string{more[0]}, b.claimAll())
 	},
+	"DelayedInstanceIsAdmittedWhenDue": func(t *testing.T, h *Harness) {
+		// An instance that starts later holds no slot of its key until
+		// then: it is admitted when its time comes if a slot is free, or
+		// by the next finish of its key after that.
+		b := h.setupLimits(t)
+		hour := b.now().Add(time.Hour)
+		late := b.createKeyed(delayedBy(keyed("a", 1, 0), hour))
+		alone := b.createKeyed(delayedBy(keyed("b", 1, 0), hour))
+		now := b.createKeyed(keyed("a", 1, 0), keyed("a", 1, 0))
+		require.Equal(t, now[:1], b.claimAll(), "a delayed instance held its key's slot")
+		require.True(t, b.held(now[1]))
+
+		b.clock.Advance(time.Hour)
+		require.Equal(t, alone, b.claimAll(), "a due instance with a free slot is admitted")
+		require.True(t, b.held(late[0]), "a due instance took a slot that was not free")
+		// The slot frees: the oldest held instance that is due goes next,
+		// in creation order.
+		b.complete(now[0])
+		require.Equal(t, late, b.claimAll())
+		b.complete(late[0])
+		require.Equal(t, now[1:], b.claimAll())
+
+		// A delayed instance is not admitted by a finish before its time.
+		later := b.createKeyed(delayedBy(keyed("a", 1, 0), b.now().Add(time.Hour)))
+		b.complete(now[1])
+		b.clock.Advance(time.Hour)
+		more := b.createKeyed(keyed("a", 1, 0))
+		require.Equal(t, more, b.claimAll(), "the finish before its time admitted the delayed instance")
+		require.True(t, b.held(later[0]))
+		b.complete(more[0])
+		require.Equal(t, later, b.claimAll())
+	},
 	"InstanceKeyCountsOneCallsOwnInstances": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
 		ids := b.createKeyed(keyed("a", 2, 0), keyed("a", 2, 0), keyed("a", 2, 0), keyed("a", 2, 0))
