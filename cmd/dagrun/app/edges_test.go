@@ -172,14 +172,23 @@ func TestSignalEndsAWaitForTheLock(t *testing.T) {
 	tx, err := holder.Begin() // BEGIN IMMEDIATE: the write lock
 	require.NoError(t, err)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	time.AfterFunc(100*time.Millisecond, cancel)
-	done := make(chan runResult, 1)
-	go func() { done <- b.runContext(ctx, "start", "greet", "--input", `{"name": "Ada"}`, "--detach") }()
-	select {
-	case res = <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("a start waiting for the write lock ignores its cancelled context")
+	// The signal comes once the start waits for the lock (10 s at most),
+	// after it read the workflows: on a loaded machine that reading can
+	// outlast the first delay, and the start then stops there instead
+	// (see TestSignalStopsWorkflowLoading), so the delay doubles.
+	for delay := 100 * time.Millisecond; ; delay *= 2 {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(delay, cancel)
+		done := make(chan runResult, 1)
+		go func() { done <- b.runContext(ctx, "start", "greet", "--input", `{"name": "Ada"}`, "--detach") }()
+		select {
+		case res = <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("a start waiting for the write lock ignores its cancelled context")
+		}
+		if !strings.Contains(res.stderr, "while reading workflows") || delay >= 3*time.Second {
+			break
+		}
 	}
 	require.Equal(t, app.ExitFailed, res.code, res.stderr)
 	require.True(t, strings.HasPrefix(res.stderr, "dagrun: interrupted ("), res.stderr)
