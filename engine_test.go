@@ -365,18 +365,24 @@ output: ${{ steps.report.output }}
 	})
 }
 
+// blocker returns a registry whose handler "block" closes started, waits
+// for its context to end, and sends the cause on stopped.
+func blocker() (registry *handlers.Registry, started chan struct{}, stopped chan error) {
+	started, stopped = make(chan struct{}), make(chan error, 1)
+	registry = handlers.NewRegistry()
+	registry.Register("block", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+		close(started)
+		<-ctx.Done()
+		stopped <- context.Cause(ctx)
+		return nil, ctx.Err()
+	})
+	return registry, started, stopped
+}
+
 func TestCancelStopsRunningHandlers(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
-		started := make(chan struct{})
-		stopped := make(chan error, 1)
-		registry := handlers.NewRegistry()
-		registry.Register("block", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
-			close(started)
-			<-ctx.Done()
-			stopped <- context.Cause(ctx)
-			return nil, ctx.Err()
-		})
+		registry, started, stopped := blocker()
 		b := setup(t, open, registry, `
 name: blocker
 steps:
@@ -397,6 +403,38 @@ steps:
 		require.Equal(t, storage.StepCancelled, step(t, inst, "block").Status)
 		require.Equal(t, storage.StepCancelled, step(t, inst, "next").Status)
 		require.ErrorIs(t, b.engine.Cancel(context.Background(), id), storage.ErrConflict)
+	})
+}
+
+// TestCancelFromAnotherProcessStopsTheHandlerAsCancelled: a cancel that
+// another process commits reaches a running handler at its worker's next
+// heartbeat, as a cancellation, not as a lease another worker took over.
+func TestCancelFromAnotherProcessStopsTheHandlerAsCancelled(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		registry, started, stopped := blocker()
+		const source = `
+name: blocker
+steps:
+  - {name: block, handler: block}
+`
+		b := setup(t, open, registry, source)
+		b.runWorker(t, &dagrun.WorkerConfig{Lease: time.Second})
+		id := b.start(t, "blocker", ``)
+		<-started
+		// The other process: an engine of its own over the same database.
+		w, err := dag.Parse("", []byte(source), &dag.ParseOptions{HandlerExists: registry.Has})
+		require.NoError(t, err)
+		other, err := dagrun.New(b.store, registry, &dagrun.Config{Workflows: []*dag.Workflow{w}})
+		require.NoError(t, err)
+		require.NoError(t, other.Cancel(context.Background(), id))
+		select {
+		case cause := <-stopped:
+			require.ErrorContains(t, cause, "the step was cancelled")
+		case <-time.After(10 * time.Second):
+			t.Fatal("handler context was not cancelled")
+		}
+		require.Equal(t, storage.InstanceCancelled, b.wait(t, id).Status)
 	})
 }
 

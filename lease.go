@@ -40,25 +40,42 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 			continue
 		}
 		until := time.Now().Add(w.config.Lease)
-		lostSet := make(map[attemptKey]bool, len(lost))
+		lostSet := make(map[attemptKey]error, len(lost))
+		why := map[string]error{} // by instance: a forEach's items go together
 		for _, c := range lost {
-			lostSet[attemptKey{c.StepID, c.Fence}] = true
+			if why[c.InstanceID] == nil {
+				why[c.InstanceID] = w.whyLost(ctx, c.InstanceID)
+			}
+			lostSet[attemptKey{c.StepID, c.Fence}] = why[c.InstanceID]
 		}
 		w.mu.Lock()
 		for _, c := range claims {
 			a := w.attempts[attemptKey{c.StepID, c.Fence}]
 			switch {
 			case a == nil:
-			case lostSet[a.key()] && a.sent:
+			case lostSet[a.key()] != nil && a.sent:
 				// Its result is on the way; the store will refuse it.
-			case lostSet[a.key()]:
-				w.stopLocked(a, errLeaseLost)
+			case lostSet[a.key()] != nil:
+				w.stopLocked(a, lostSet[a.key()])
 			default:
 				a.step.LeaseUntil = until
 			}
 		}
 		w.mu.Unlock()
 	}
+}
+
+// whyLost says why the store no longer renews the lease of a claim of an
+// instance: the instance finished (cancelled or failed from another process, which
+// stops this worker's attempts at the next heartbeat), or another worker
+// took the step over. A lost lease is rare, so one read of the instance
+// is cheap.
+func (w *Worker) whyLost(ctx context.Context, instanceID string) error {
+	in, err := w.engine.store.GetInstance(ctx, instanceID)
+	if err == nil && in.Status.Finished() {
+		return errCancelled
+	}
+	return errLeaseLost
 }
 
 // holdsAny reports whether the worker still holds the lease of any of the
