@@ -118,8 +118,8 @@ FROM u ORDER BY priority DESC, run_after, id`)
 // many wait for their time at a higher priority. It reads only
 // steps_delayed (one probe when none is due) and skips the rows another
 // claim is promoting. A step under limits takes its slots as it is
-// promoted (slots_due: migration 19), or is held until one frees, and
-// then its slot of its queue's rate (rate_slot_due: migration 18), staying
+// promoted (slots_due: migration 18), or is held until one frees, and
+// then its slot of its queue's rate (rate_slot_due), staying
 // delayed until that slot when the rate is behind.
 const promoteSQL = `
 UPDATE {s}steps SET promoted = true, rate_slot_due = false, slots_due = false WHERE id IN (

@@ -20,7 +20,7 @@ const heldAt = `'9999-01-01 00:00:00+00'`
 // held (see storage.Admit). Each key's count is taken under its advisory
 // lock, which the transaction keeps until it commits. An instance that
 // starts later is held until then, judged by the time the transaction's
-// rows carry ({now}), so that it agrees with its steps (see migration 20).
+// rows carry ({now}), so that it agrees with its steps (see migration 18).
 func (s *Store) admit(ctx context.Context, tx pgx.Tx, now *time.Time, instances []*storage.NewInstance) (map[string]bool, error) {
 	var at time.Time
 	if now != nil {
@@ -112,7 +112,7 @@ func (s *Store) setQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, l 
 	}
 	if l.Concurrency > 0 {
 		// Hold the newest ready steps beyond a lowered limit (of those
-		// that hold a slot: see migration 19).
+		// that hold a slot: see migration 18).
 		if err := exec(`UPDATE {s}steps SET run_after = `+heldAt+` WHERE id IN (
 				SELECT id FROM {s}steps WHERE queue = $1 AND queue_limited AND status = 'pending' AND run_after < `+heldAt+`
 					AND NOT slots_due

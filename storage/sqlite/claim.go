@@ -102,9 +102,9 @@ const readySteps = `(
 // come (?1 is now), earliest first, a bounded number per claim so that no
 // claim holds the writer for long when very many fall due at once. It
 // reads only steps_delayed, one seek when none is due. A step under
-// limits takes its slots as it is promoted (slots_due: migration 18), or
+// limits takes its slots as it is promoted (slots_due: migration 17), or
 // is held until one frees, and then its slot of its queue's rate
-// (rate_slot_due: migration 17), staying delayed until that slot when the
+// (rate_slot_due), staying delayed until that slot when the
 // rate is behind.
 const promoteSQL = `UPDATE steps SET promoted = 1, rate_slot_due = 0, slots_due = 0 WHERE id IN (SELECT id FROM steps
 	WHERE status = 'pending' AND promoted = 0 AND run_after > ready_at AND run_after <= ?1

@@ -14,7 +14,7 @@ import (
 const heldUS = "253370764800000000"
 
 // fitsSQL holds for the held step h when every limit it is under has a
-// free slot; the triggers of migration 18 use the same test. A pending
+// free slot; the triggers of migration 17 use the same test. A pending
 // step that waits for its time holds no slot (slots_due).
 const fitsSQL = `h.held_by_instance = 0
     AND (h.concurrency_key IS NULL OR (SELECT count(*) FROM steps k
@@ -112,7 +112,7 @@ func (t *txn) setQueueLimit(l storage.QueueLimit) error {
 	}
 	if l.Concurrency > 0 {
 		// Hold the newest ready steps beyond a lowered limit (of those
-		// that hold a slot: see migration 18).
+		// that hold a slot: see migration 17).
 		if _, err := t.exec(`UPDATE steps SET run_after = `+heldUS+` WHERE id IN (
 				SELECT id FROM steps WHERE queue = ?1 AND queue_limited = 1 AND status = 'pending' AND run_after < `+heldUS+`
 					AND slots_due = 0

@@ -199,7 +199,7 @@ func TestMigrate(t *testing.T) {
 				(9, 'i-1', 'a', 2, 1, 2, 'WARN', 'an item', '{"k":1}'),
 				(12, 'i-1', 'b', -1, 2, 3, 'INFO', 'last', NULL)`,
 			`DELETE FROM schema_migrations WHERE version = 14`,
-		}, slices.Concat(undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15)...))
+		}, slices.Concat(undoVersion17, undoVersion16, undoVersion15)...))
 
 		s, err := sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -231,7 +231,7 @@ func TestMigrate(t *testing.T) {
 	t.Run("StepLogsWithCompletions", func(t *testing.T) {
 		t.Parallel()
 		path, db := fileWithInstance(t, "a")
-		execAll(t, db, append(slices.Concat(undoVersion19, undoVersion18, undoVersion17, undoVersion16),
+		execAll(t, db, append(slices.Concat(undoVersion17, undoVersion16),
 			`INSERT INTO step_logs (seq, step_id, item, attempt, at, level, message, attrs)
 				SELECT 40, id, -1, 1, 1, 'INFO', 'kept', NULL FROM steps WHERE instance_id = 'i-1' AND name = 'a'`))
 
@@ -286,7 +286,7 @@ func TestMigrate(t *testing.T) {
 		db, err := sql.Open("sqlite3", sqlite.DSN(path))
 		require.NoError(t, err)
 		defer db.Close()
-		execAll(t, db, slices.Concat(undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15))
+		execAll(t, db, slices.Concat(undoVersion17, undoVersion16, undoVersion15))
 
 		s, err = sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -348,34 +348,17 @@ func execAll(t *testing.T, db *sql.DB, statements []string) {
 	}
 }
 
-// undoVersion19 drops the triggers migration 19 rewrote, so that opening
-// the file runs it again.
-var undoVersion19 = []string{
-	`DROP TRIGGER steps_limits_due`,
-	`DROP TRIGGER instances_limits_release`,
-	`DELETE FROM schema_migrations WHERE version = 19`,
-}
-
-// undoVersion18 drops what migration 18 made, and the triggers it
+// undoVersion17 drops what migration 17 made and the triggers it
 // rewrote, so that opening the file runs it again.
-var undoVersion18 = []string{
-	`DROP TRIGGER steps_limits_release`,
-	`DROP TRIGGER steps_limits_admitted`,
-	`DROP TRIGGER IF EXISTS steps_limits_due`,
+var undoVersion17 = []string{
+	`DROP TRIGGER steps_limits_due`,
 	`DROP TRIGGER steps_limits_insert`,
 	`DROP TRIGGER steps_limits_ready`,
 	`DROP TRIGGER steps_limits_requeue`,
+	`DROP TRIGGER steps_limits_release`,
+	`DROP TRIGGER steps_limits_admitted`,
+	`DROP TRIGGER instances_limits_release`,
 	`ALTER TABLE steps DROP COLUMN slots_due`,
-	`DELETE FROM schema_migrations WHERE version = 18`,
-}
-
-// undoVersion17 drops what migration 17 made, so that opening the file
-// runs it again (it recreates the limit triggers it drops).
-var undoVersion17 = []string{
-	`DROP TRIGGER IF EXISTS steps_limits_due`,
-	`DROP TRIGGER IF EXISTS steps_limits_insert`,
-	`DROP TRIGGER IF EXISTS steps_limits_ready`,
-	`DROP TRIGGER IF EXISTS steps_limits_requeue`,
 	`ALTER TABLE steps DROP COLUMN rate_slot_due`,
 	`DELETE FROM schema_migrations WHERE version = 17`,
 }

@@ -1,19 +1,34 @@
--- dagrun schema, version 18: a step takes its concurrency slots when it
--- falls due.
+-- dagrun schema, version 17: limits are taken when work falls due.
 --
--- A step held a slot of its key's limit and of its queue's while pending
--- and not held, so a delayed start an hour away held its slot for that
--- hour: with a limit of 1, every other step of the key or queue waited.
--- Now a step made ready before its time (run_after later than ready_at;
--- not a retry, which keeps the slot it ran in) takes no slot and is
--- marked slots_due; no count of a limit's slots counts it while it is
--- pending. The claim's promotion, when its time comes, clears the mark,
--- and steps_limits_due takes its slots then, or holds it until one frees,
--- as a step made ready at that moment would be; then its rate slot
--- (version 17). A mark left on a step held or released since is harmless:
--- the step is checked again when promoted, and counts once it runs.
--- The triggers that count slots are those of versions 8 and 17 with that
--- count, and the mark set first.
+-- A step or instance that starts later (a delayed start, a retry's
+-- backoff, a snooze) took its limits as it was made ready: its rate slot
+-- moved the queue's next start (tat) past its own time, it held its slot
+-- of its key's and its queue's concurrency, and a delayed instance held
+-- its workflow key from creation. One start an hour away held back every
+-- step or instance sharing the limit for that hour. Now:
+--
+-- * A step made ready before its time (run_after later than ready_at)
+--   keeps its own time and is marked rate_slot_due (it takes no rate slot)
+--   and, unless it is a retry, which keeps the slot it ran in, slots_due
+--   (it holds no concurrency slot: no count of a limit's slots counts a
+--   pending step so marked). The claim's promotion, when its time comes,
+--   clears the marks, and steps_limits_due admits its instance if that
+--   waits for its time (below), takes its slots or holds it until one
+--   frees, then takes its rate slot, staying delayed until that slot when
+--   the rate is behind. A mark left on a step held or released since is
+--   harmless: the step is checked again when promoted, and counts once it
+--   runs.
+-- * An instance that starts later is created held (storage.Admit), taking
+--   no slot of its workflow key; it is admitted as its first step is
+--   promoted if the key has room, else by the next finish of its key, which
+--   admits the oldest held instances that are due, never one whose time
+--   has not come.
+--
+-- SQLite has no functions: the triggers of version 8 that count slots or
+-- take rate slots are rewritten whole, with the marks set first, the
+-- count leaving out pending marked steps, and the rate slot taken only by
+-- a step that is due.
+ALTER TABLE steps ADD COLUMN rate_slot_due INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE steps ADD COLUMN slots_due INTEGER NOT NULL DEFAULT 0;
 
 DROP TRIGGER IF EXISTS steps_limits_insert;
@@ -22,6 +37,7 @@ DROP TRIGGER IF EXISTS steps_limits_requeue;
 DROP TRIGGER IF EXISTS steps_limits_release;
 DROP TRIGGER IF EXISTS steps_limits_admitted;
 DROP TRIGGER IF EXISTS steps_limits_due;
+DROP TRIGGER IF EXISTS instances_limits_release;
 
 CREATE TRIGGER steps_limits_insert AFTER INSERT ON steps
 WHEN NEW.concurrency_key IS NOT NULL OR NEW.held_by_instance = 1 OR EXISTS (SELECT 1 FROM queue_limits WHERE queue = NEW.queue)
@@ -120,14 +136,21 @@ BEGIN
             AND c.status IN ('pending', 'running') AND c.run_after < 253370764800000000 AND (c.status = 'running' OR c.slots_due = 0) AND c.id <> steps.id) >= q.concurrency));
 END;
 
--- A step promoted when its time came takes the slots it is due, or is
--- held until one frees, then its slot of its queue's rate, staying delayed
--- (not promoted) until that slot when the rate is behind. Each statement
--- reads the row as the one before left it.
+-- A step promoted when its time came admits its instance if that waits
+-- for its time and its key has room, takes the slots it is due (or is
+-- held until one frees), then its slot of its queue's rate, staying
+-- delayed (not promoted) until that slot when the rate is behind. Each
+-- statement reads the rows as the one before left them.
 CREATE TRIGGER steps_limits_due AFTER UPDATE OF rate_slot_due, slots_due ON steps
 WHEN (OLD.rate_slot_due = 1 OR OLD.slots_due = 1) AND NEW.rate_slot_due = 0 AND NEW.slots_due = 0
     AND NEW.promoted = 1 AND NEW.status = 'pending'
 BEGIN
+    UPDATE instances SET held = 0 WHERE id = NEW.instance_id AND OLD.slots_due = 1 AND held = 1 AND finished_at IS NULL
+        AND concurrency_key IS NOT NULL AND run_after <= NEW.run_after
+        AND (SELECT count(*) FROM instances a WHERE a.workflow = instances.workflow AND a.concurrency_key = instances.concurrency_key
+            AND a.finished_at IS NULL AND a.held = 0) < instances.concurrency_limit;
+    UPDATE steps SET held_by_instance = 0 WHERE instance_id = NEW.instance_id AND held_by_instance = 1
+        AND (SELECT held FROM instances WHERE id = NEW.instance_id) = 0;
     UPDATE steps SET run_after = 253370764800000000, promoted = 0 WHERE id = NEW.id AND OLD.slots_due = 1 AND NOT (
     steps.held_by_instance = 0
     AND (steps.concurrency_key IS NULL OR (SELECT count(*) FROM steps k
@@ -143,4 +166,16 @@ BEGIN
     UPDATE queue_limits SET tat = (SELECT run_after FROM steps WHERE id = NEW.id) + interval_us
     WHERE queue = NEW.queue AND interval_us > 0 AND OLD.rate_slot_due = 1
         AND (SELECT queue_limited = 1 AND run_after < 253370764800000000 FROM steps WHERE id = NEW.id);
+END;
+
+-- An admitted instance that finishes admits the oldest held ones of its
+-- key whose time has come, and releases their held steps that fit.
+CREATE TRIGGER instances_limits_release AFTER UPDATE OF finished_at ON instances
+WHEN OLD.finished_at IS NULL AND NEW.finished_at IS NOT NULL AND OLD.concurrency_key IS NOT NULL AND OLD.held = 0
+BEGIN
+    UPDATE instances SET held = 0 WHERE id IN (
+        SELECT h.id FROM instances h WHERE h.workflow = OLD.workflow AND h.concurrency_key = OLD.concurrency_key
+            AND h.finished_at IS NULL AND h.held = 1 AND h.run_after <= NEW.finished_at
+        ORDER BY h.id LIMIT max(0, OLD.concurrency_limit - (SELECT count(*) FROM (SELECT a.id FROM instances a WHERE a.workflow = OLD.workflow AND a.concurrency_key = OLD.concurrency_key AND a.finished_at IS NULL AND a.held = 0))));
+    UPDATE steps SET held_by_instance = 0 WHERE held_by_instance = 1 AND instance_id IN (SELECT a.id FROM instances a WHERE a.workflow = OLD.workflow AND a.concurrency_key = OLD.concurrency_key AND a.finished_at IS NULL AND a.held = 0);
 END;

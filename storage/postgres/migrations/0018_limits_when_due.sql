@@ -1,22 +1,54 @@
--- dagrun schema, version 20: an instance that starts later is admitted
--- under its workflow's concurrency limit when its time comes.
+-- dagrun schema, version 18: limits are taken when work falls due.
 --
--- An instance was admitted (or held) as it was created, so one started
--- with a delay of an hour held its key's slot for that hour, and with a
--- limit of 1 every other instance of the key waited. Now it is created
--- held, taking no slot (storage.Admit). Its first steps wait for their
--- time out of the claim indexes (version 19); when the claim's promotion
--- finds one due, limits_due admits the instance if its key has a free
--- slot, and the step then takes its own slots. An instance that found no
--- slot stays held, and the next admitted instance of its key to finish
--- admits the oldest held ones that are due, as before, never one whose
--- time has not come.
+-- A step or instance that starts later (a delayed start, a retry's
+-- backoff, a snooze) took its limits as it was made ready: its rate slot
+-- moved the queue's next start (tat) past its own time, it held its slot
+-- of its key's and its queue's concurrency, and a delayed instance held
+-- its workflow key from creation. One start an hour away held back every
+-- step or instance sharing the limit for that hour. Now:
+--
+-- * A step made ready before its time (run_after later than ready_at)
+--   keeps its own time and is marked rate_slot_due (it takes no rate slot)
+--   and, unless it is a retry, which keeps the slot it ran in, slots_due
+--   (it holds no concurrency slot: no count of a limit's slots counts a
+--   pending step so marked). The claim's promotion, when its time comes,
+--   clears the marks, and limits_due admits its instance if that waits for
+--   its time (below), takes its slots or holds it until one frees, then
+--   takes its rate slot, staying delayed until that slot when the rate is
+--   behind. A mark left on a step held or released since is harmless: the
+--   step is checked again when promoted, and counts once it runs.
+-- * An instance that starts later is created held (storage.Admit), taking
+--   no slot of its workflow key; it is admitted as its first step is
+--   promoted if the key has room, else by the next finish of its key, which
+--   admits the oldest held instances that are due, never one whose time
+--   has not come.
 --
 -- limits_due runs in a BEFORE trigger of the promotion, which must not
 -- change other rows of steps the same statement may promote: it changes
 -- the instance's row, and the other steps of the instance, still marked
 -- held_by_instance, read the instance's own flag when they are promoted
--- or made ready (limits_hold).
+-- or made ready (limits_hold). It locks the step's row before its limits'
+-- advisory locks and the queue's row of queue_limits, the reverse of
+-- SetQueueLimit's order: a deadlock between the two is possible, rare,
+-- and retried by both.
+ALTER TABLE steps ADD COLUMN rate_slot_due boolean NOT NULL DEFAULT false;
+ALTER TABLE steps ADD COLUMN slots_due boolean NOT NULL DEFAULT false;
+
+CREATE OR REPLACE FUNCTION limits_key_room(s steps) RETURNS boolean
+LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT s.concurrency_key IS NULL OR (SELECT count(*) FROM steps k
+        WHERE k.workflow = s.workflow AND k.name = s.name AND k.concurrency_key = s.concurrency_key
+            AND k.status IN ('pending', 'running') AND k.run_after < '9999-01-01 00:00:00+00'
+            AND (k.status = 'running' OR NOT k.slots_due) AND k.id <> s.id) < s.concurrency_limit
+$$;
+
+CREATE OR REPLACE FUNCTION limits_queue_room(s steps) RETURNS boolean
+LANGUAGE sql SET search_path FROM CURRENT AS $$
+    SELECT NOT s.queue_limited OR NOT EXISTS (SELECT 1 FROM queue_limits q WHERE q.queue = s.queue AND q.concurrency > 0
+        AND (SELECT count(*) FROM steps c WHERE c.queue_limited AND c.queue = s.queue
+            AND c.status IN ('pending', 'running') AND c.run_after < '9999-01-01 00:00:00+00'
+            AND (c.status = 'running' OR NOT c.slots_due) AND c.id <> s.id) >= q.concurrency)
+$$;
 
 CREATE FUNCTION limits_admit_due(i text, at timestamptz) RETURNS void
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -68,7 +100,8 @@ BEGIN
     RETURN NEW;
 END $$;
 
-CREATE OR REPLACE FUNCTION limits_due() RETURNS trigger
+-- limits_due: a step promoted when its time came (see above).
+CREATE FUNCTION limits_due() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     slot timestamptz;
@@ -94,6 +127,11 @@ BEGIN
     END IF;
     RETURN NEW;
 END $$;
+
+CREATE TRIGGER steps_limits_due BEFORE UPDATE OF rate_slot_due, slots_due ON steps FOR EACH ROW
+WHEN ((OLD.rate_slot_due OR OLD.slots_due) AND NOT NEW.rate_slot_due AND NOT NEW.slots_due
+    AND NEW.promoted AND NEW.status = 'pending')
+EXECUTE FUNCTION limits_due();
 
 CREATE OR REPLACE FUNCTION limits_instance_release() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
