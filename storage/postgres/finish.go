@@ -51,7 +51,7 @@ u AS (
 	WHERE s.id = l.id AND s.id = r.step_id AND s.fence = r.fence AND s.instance_id = r.instance_id
 		AND l.status = 'running' AND i.id = s.instance_id
 	RETURNING r.ord, s.instance_id, s.name, s.status, s.attempts, s.queue, s.run_after, r.outcome, r.message,
-		s.parent_id
+		s.parent_id, s.item_concurrency
 ),
 ev AS (
 	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
@@ -66,7 +66,7 @@ ev AS (
 	FROM u WHERE u.parent_id IS NULL -- items have no events of their own
 	ORDER BY ord
 )
-SELECT ord, instance_id, status, queue, coalesce(parent_id, 0) FROM u`
+SELECT ord, instance_id, status, queue, coalesce(parent_id, 0), item_concurrency > 0 FROM u`
 
 // finishRows and finishLocked are finishSQL's rows and the steps it locks,
 // as arrays; finishOneSQL has them as scalars.
@@ -179,10 +179,14 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				instanceID, queue string
 				status            storage.StepStatus
 				accepted          int
+				capped            bool
 			)
-			_, err := pgx.ForEachRow(rows, []any{&ord, &instanceID, &status, &queue, &parent}, func() error {
+			_, err := pgx.ForEachRow(rows, []any{&ord, &instanceID, &status, &queue, &parent, &capped}, func() error {
 				out[ord-1].Accepted = true
 				accepted++
+				if capped && status != storage.StepPending {
+					st.freedItemSlot(queue)
+				}
 				if predicted != nil {
 					return nil // planned already
 				}
@@ -353,7 +357,7 @@ u AS (
 	FROM r, l, {s}instances i
 	WHERE s.id = l.id AND s.id = r.step_id AND s.fence = r.fence AND s.status = 'running'
 		AND s.lease_until < {now} AND i.id = s.instance_id
-	RETURNING r.ord, s.instance_id, s.name, s.status, s.attempts, s.queue, r.message, s.parent_id
+	RETURNING r.ord, s.instance_id, s.name, s.status, s.attempts, s.queue, r.message, s.parent_id, s.item_concurrency
 ),
 ev AS (
 	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
@@ -367,7 +371,7 @@ ev AS (
 		WHERE u.parent_id IS NULL
 	) e ORDER BY e.ord, e.sub
 )
-SELECT instance_id, status, queue, coalesce(parent_id, 0) FROM u`
+SELECT instance_id, status, queue, coalesce(parent_id, 0), item_concurrency > 0 FROM u`
 
 // RecoverExpired implements storage.Store. A limit below 1 means 1000.
 func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.PlanFunc) (int, error) {
@@ -422,9 +426,13 @@ func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.Plan
 				status storage.StepStatus
 				queue  string
 				parent int64
+				capped bool
 			)
-			_, err := pgx.ForEachRow(rows, []any{&instanceID, &status, &queue, &parent}, func() error {
+			_, err := pgx.ForEachRow(rows, []any{&instanceID, &status, &queue, &parent, &capped}, func() error {
 				recovered++
+				if capped && status != storage.StepPending {
+					st.freedItemSlot(queue)
+				}
 				if parent != 0 && status == storage.StepFailed {
 					if !slices.Contains(parents, parent) {
 						parents = append(parents, parent)

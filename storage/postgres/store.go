@@ -511,6 +511,11 @@ type txState struct {
 	// it could see: none is left for this process's other claimers, so
 	// its subscribers need no signal.
 	quiet bool
+	// itemSlotFreed is set when an item under its forEach step's
+	// concurrency cap finished: a sibling may run in its slot, which the
+	// eager claim never takes (see claimCapped), so a short eager claim
+	// proves nothing and the subscribers are signalled all the same.
+	itemSlotFreed bool
 
 	// store and plan serve the follow-ups of child instances (see
 	// followUp): the workflow steps whose children to create (starts),
@@ -530,6 +535,13 @@ type txState struct {
 func (st *txState) ready(queue string) {
 	st.otherReady = true
 	st.addQueue(queue)
+}
+
+// freedItemSlot records that an item of queue under a concurrency cap
+// finished, leaving its slot to a pending sibling.
+func (st *txState) freedItemSlot(queue string) {
+	st.ready(queue)
+	st.itemSlotFreed = true
 }
 
 // readyByPlan records a step a plan made pending.
@@ -640,7 +652,7 @@ func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx, st *txState) error)
 		})
 		if err == nil && len(st.readyQueues) > 0 && !st.claimedAllReady() {
 			s.notifier.add(st.readyQueues)
-			if !st.quiet {
+			if !st.quiet || st.itemSlotFreed {
 				s.broadcast()
 			}
 		}

@@ -114,7 +114,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		if err := t.plan(touched, plan); err != nil {
 			return err
 		}
-		ready = ready || len(touched) > 0
+		ready = ready || len(touched) > 0 || t.itemSlotFreed
 		if claim != nil {
 			var err error
 			claimed, err = t.claim(*claim)

@@ -56,7 +56,8 @@ func (t *txn) expand(parentID int64, items []json.RawMessage, runAfter int64) er
 // continueOnError fails its step at once and cancels the step's unfinished
 // items; a step whose items are all finished completes with their outputs
 // in index order, or fails when one failed (null for it in the output).
-// It returns the instances whose steps it finished, to plan.
+// It returns the instances whose steps it finished, to plan, and sets
+// t.itemSlotFreed when an item under a cap may run in a sibling's slot.
 func (t *txn) settleItems(parents []int64) ([]string, error) {
 	var touched []string
 	now := us(t.now)
@@ -65,9 +66,10 @@ func (t *txn) settleItems(parents []int64) ([]string, error) {
 			instanceID, name string
 			status           storage.StepStatus
 			continueOnError  bool
+			capped           bool
 		)
-		if err := t.queryRow(`SELECT instance_id, name, status, continue_on_error FROM steps WHERE id = ?`, id).
-			Scan(&instanceID, &name, &status, &continueOnError); err != nil {
+		if err := t.queryRow(`SELECT instance_id, name, status, continue_on_error, item_concurrency > 0 FROM steps WHERE id = ?`, id).
+			Scan(&instanceID, &name, &status, &continueOnError, &capped); err != nil {
 			return nil, fmt.Errorf("forEach step %d: %w", id, err)
 		}
 		if status != storage.StepRunning {
@@ -92,6 +94,9 @@ func (t *txn) settleItems(parents []int64) ([]string, error) {
 				return nil, err
 			}
 			if unfinished != 0 {
+				// An item under the cap may run in the slot a finished
+				// sibling left: news for the claimers.
+				t.itemSlotFreed = t.itemSlotFreed || capped
 				continue
 			}
 		}

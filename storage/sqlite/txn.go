@@ -31,6 +31,10 @@ type txn struct {
 	// planFn is the PlanFunc of the transition under way, for the
 	// children a plan starts (see startChildren).
 	planFn storage.PlanFunc
+	// itemSlotFreed is set when an item of a forEach step under a
+	// concurrency cap finished and its siblings wait: they were pending
+	// all along, but may run only now (see settleItems).
+	itemSlotFreed bool
 }
 
 const (

@@ -1,6 +1,7 @@
 package storagetest
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -139,6 +140,69 @@ var subscribeTests = map[string]func(*testing.T, *Harness){
 			require.FailNow(t, "a cancelled subscription was signalled")
 		default:
 		}
+	},
+
+	// An item under its forEach step's concurrency cap is pending all
+	// along, so no finish makes it ready; the finish of a running sibling
+	// is what lets it run, and must wake the claimers as a step made
+	// ready does, or the next items wait for a poll each.
+	"SignalsAFreedItemSlot": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		ch, cancel := b.store.Subscribe()
+		defer cancel()
+		each := eachSpec("each")
+		each.ItemConcurrency = 1
+		id := b.createItems(3, each)
+		got := b.claimItems(id, "each", 10)
+		require.Len(t, got, 1, "the cap lets one item run")
+		if h.Settle != nil {
+			h.Settle(t, b.store)
+		}
+		drain := func() {
+			for {
+				select {
+				case <-ch:
+				default:
+					return
+				}
+			}
+		}
+		drain()
+		for next := 1; next < 3; next++ {
+			b.finishItems(completed(got[0].Claim, itemOutput(got[0])))
+			select {
+			case <-ch:
+			case <-time.After(10 * time.Second):
+				require.FailNow(t, fmt.Sprintf("no signal after item %d completed under its step's cap", next-1))
+			}
+			got = b.claimItems(id, "each", 10)
+			require.Len(t, got, 1, "item %d, once its sibling completed", next)
+			require.Equal(t, next, got[0].Item)
+		}
+		// A finish whose eager claim came back without the sibling must
+		// signal all the same: its claim did not see every ready step.
+		fc, ok := b.store.(storage.FinishClaimer)
+		if !ok {
+			return
+		}
+		id = b.createItems(2, each)
+		got = b.claimItems(id, "each", 10)
+		require.Len(t, got, 1)
+		drain()
+		_, claimed, err := fc.FinishAndClaim(b.ctx, []storage.StepResult{completed(got[0].Claim, itemOutput(got[0]))}, ItemsPlan,
+			storage.ClaimParams{WorkerID: "eager", Limit: 5, Lease: time.Minute})
+		require.NoError(t, err)
+		if len(claimed) == 1 {
+			require.Equal(t, 1, claimed[0].Item, "the eager claim took the sibling")
+			return
+		}
+		require.Empty(t, claimed)
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			require.FailNow(t, "no signal after an item completed under its cap and the eager claim left its sibling")
+		}
+		require.Len(t, b.claimItems(id, "each", 10), 1)
 	},
 
 	// An eager claim that took every ready step leaves nothing for the
