@@ -97,6 +97,27 @@ var txTests = map[string]func(*testing.T, *Harness){
 	},
 }
 
+// awaitSignal fails the test unless ch is signalled soon after what.
+func awaitSignal(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "no signal after "+what)
+	}
+}
+
+// drainSignals empties ch of the signals already sent.
+func drainSignals(ch <-chan struct{}) {
+	for {
+		select {
+		case <-ch:
+		default:
+			return
+		}
+	}
+}
+
 var subscribeTests = map[string]func(*testing.T, *Harness){
 	"SignalsReadySteps": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
@@ -106,23 +127,8 @@ var subscribeTests = map[string]func(*testing.T, *Harness){
 		cancelOther()
 		cancelOther() // idempotent
 
-		await := func(what string) {
-			t.Helper()
-			select {
-			case <-ch:
-			case <-time.After(10 * time.Second):
-				require.FailNow(t, "no signal after "+what)
-			}
-		}
-		drain := func() {
-			for {
-				select {
-				case <-ch:
-				default:
-					return
-				}
-			}
-		}
+		await := func(what string) { t.Helper(); awaitSignal(t, ch, what) }
+		drain := func() { drainSignals(ch) }
 
 		drain()
 		id := b.createOne(spec("a"), spec("b", "a"))
@@ -158,23 +164,10 @@ var subscribeTests = map[string]func(*testing.T, *Harness){
 		if h.Settle != nil {
 			h.Settle(t, b.store)
 		}
-		drain := func() {
-			for {
-				select {
-				case <-ch:
-				default:
-					return
-				}
-			}
-		}
-		drain()
+		drainSignals(ch)
 		for next := 1; next < 3; next++ {
 			b.finishItems(completed(got[0].Claim, itemOutput(got[0])))
-			select {
-			case <-ch:
-			case <-time.After(10 * time.Second):
-				require.FailNow(t, fmt.Sprintf("no signal after item %d completed under its step's cap", next-1))
-			}
+			awaitSignal(t, ch, fmt.Sprintf("item %d completed under its step's cap", next-1))
 			got = b.claimItems(id, "each", 10)
 			require.Len(t, got, 1, "item %d, once its sibling completed", next)
 			require.Equal(t, next, got[0].Item)
@@ -188,7 +181,7 @@ var subscribeTests = map[string]func(*testing.T, *Harness){
 		id = b.createItems(2, each)
 		got = b.claimItems(id, "each", 10)
 		require.Len(t, got, 1)
-		drain()
+		drainSignals(ch)
 		_, claimed, err := fc.FinishAndClaim(b.ctx, []storage.StepResult{completed(got[0].Claim, itemOutput(got[0]))}, ItemsPlan,
 			storage.ClaimParams{WorkerID: "eager", Limit: 5, Lease: time.Minute})
 		require.NoError(t, err)
@@ -197,11 +190,7 @@ var subscribeTests = map[string]func(*testing.T, *Harness){
 			return
 		}
 		require.Empty(t, claimed)
-		select {
-		case <-ch:
-		case <-time.After(10 * time.Second):
-			require.FailNow(t, "no signal after an item completed under its cap and the eager claim left its sibling")
-		}
+		awaitSignal(t, ch, "an item completed under its cap and the eager claim left its sibling")
 		require.Len(t, b.claimItems(id, "each", 10), 1)
 	},
 
