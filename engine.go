@@ -306,7 +306,9 @@ func (e *Engine) Cancel(ctx context.Context, id string) error {
 	if inst, err := e.store.GetInstance(ctx, id); err == nil {
 		e.observer.InstanceFinished(inst.Workflow, storage.InstanceCancelled)
 		if e.tracing != nil {
-			e.tracing.endInstance(inst)
+			if rerunAt, err := e.lastRetry(ctx, inst); err == nil {
+				e.tracing.endInstance(inst, rerunAt)
+			}
 		}
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,12 +26,14 @@ import (
 )
 
 // obsBundle is an engine over SQLite with the given config.
-func obsBundle(t *testing.T, registry *handlers.Registry, config *dagrun.Config, src string) *testBundle {
+func obsBundle(t *testing.T, registry *handlers.Registry, config *dagrun.Config, sources ...string) *testBundle {
 	t.Helper()
 	handlers.RegisterBuiltins(registry)
-	w, err := dag.Parse("", []byte(src), &dag.ParseOptions{HandlerExists: registry.Has})
-	require.NoError(t, err)
-	config.Workflows = []*dag.Workflow{w}
+	for _, src := range sources {
+		w, err := dag.Parse("", []byte(src), &dag.ParseOptions{HandlerExists: registry.Has})
+		require.NoError(t, err)
+		config.Workflows = append(config.Workflows, w)
+	}
 	store := backendtest.OpenSQLite(t)
 	engine, err := dagrun.New(store, registry, config)
 	require.NoError(t, err)
@@ -226,6 +229,91 @@ steps:
 	seen := []trace.SpanContext{<-handlerSpans, <-handlerSpans}
 	require.ElementsMatch(t, []trace.SpanID{first.SpanContext.SpanID(), second.SpanContext.SpanID()},
 		[]trace.SpanID{seen[0].SpanID(), seen[1].SpanID()})
+}
+
+// A child instance is part of its parent's trace: its span is the child
+// of the parent instance's span, and its attempts' spans are its own
+// children, one item's child as much as a plain workflow step's.
+func TestTracingChildInstances(t *testing.T) {
+	t.Parallel()
+	exporter := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exporter), sdktrace.WithIDGenerator(dagrun.TraceIDGenerator()))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	b := obsBundle(t, handlers.NewRegistry(), &dagrun.Config{TracerProvider: tp}, `name: parent
+steps:
+  - {name: one, workflow: kid}
+  - {name: many, forEach: "${{ [1, 2] }}", workflow: kid}
+`, `name: kid
+steps:
+  - {name: a, handler: noop}
+`)
+	b.runWorker(t, nil)
+	res, err := b.engine.Start(context.Background(), "parent", nil, nil)
+	require.NoError(t, err)
+	require.Equal(t, storage.InstanceCompleted, b.wait(t, res.ID).Status)
+
+	var byName map[string][]tracetest.SpanStub
+	require.Eventually(t, func() bool {
+		byName = spansBy(exporter.GetSpans())
+		return len(byName["workflow parent"]) == 1 && len(byName["workflow kid"]) == 3
+	}, 10*time.Second, 10*time.Millisecond, "an instance span for the parent and each of its 3 children")
+	root := byName["workflow parent"][0]
+	kids := map[trace.SpanID]bool{}
+	for _, kid := range byName["workflow kid"] {
+		require.Equal(t, root.SpanContext.TraceID(), kid.SpanContext.TraceID(), "a child instance is in its parent's trace")
+		require.Equal(t, root.SpanContext.SpanID(), kid.Parent.SpanID(), "a child instance's span is its parent's child")
+		kids[kid.SpanContext.SpanID()] = true
+	}
+	require.Len(t, byName["step a"], 3)
+	for _, a := range byName["step a"] {
+		require.Equal(t, root.SpanContext.TraceID(), a.SpanContext.TraceID())
+		require.True(t, kids[a.Parent.SpanID()], "a child's attempt is its instance span's child")
+		delete(kids, a.Parent.SpanID())
+	}
+}
+
+// A retried instance that finishes again sends a span of its own for the
+// new run, the instance span's child, rather than the instance span again:
+// a trace backend keeps one span per ID.
+func TestTracingRetriedInstance(t *testing.T) {
+	t.Parallel()
+	exporter := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exporter), sdktrace.WithIDGenerator(dagrun.TraceIDGenerator()))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	registry := handlers.NewRegistry()
+	var calls atomic.Int32
+	registry.Register("once-broken", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+		if calls.Add(1) == 1 {
+			return nil, fmt.Errorf("broken")
+		}
+		return nil, nil
+	})
+	b := obsBundle(t, registry, &dagrun.Config{TracerProvider: tp}, `name: again
+steps:
+  - {name: a, handler: once-broken, retry: {maxAttempts: 1}}
+`)
+	b.runWorker(t, nil)
+	res, err := b.engine.Start(context.Background(), "again", nil, nil)
+	require.NoError(t, err)
+	require.Equal(t, storage.InstanceFailed, b.wait(t, res.ID).Status)
+	require.NoError(t, b.engine.Retry(context.Background(), res.ID))
+	inst := b.wait(t, res.ID)
+	require.Equal(t, storage.InstanceCompleted, inst.Status)
+
+	var runs []tracetest.SpanStub
+	require.Eventually(t, func() bool {
+		runs = spansBy(exporter.GetSpans())["workflow again"]
+		return len(runs) == 2
+	}, 10*time.Second, 10*time.Millisecond, "a span for each run")
+	first, second := runs[0], runs[1]
+	require.Equal(t, inst.TraceParent[36:52], first.SpanContext.SpanID().String(), "the first run's span has the instance's IDs")
+	require.Equal(t, "failed", attr(first, "workflow.status").AsString())
+	require.NotEqual(t, first.SpanContext.SpanID(), second.SpanContext.SpanID(), "the second run's span has an ID of its own")
+	require.Equal(t, first.SpanContext.TraceID(), second.SpanContext.TraceID())
+	require.Equal(t, first.SpanContext.SpanID(), second.Parent.SpanID(), "the run is the instance span's child")
+	require.Equal(t, "completed", attr(second, "workflow.status").AsString())
+	require.True(t, attr(second, "workflow.retried").AsBool())
+	require.False(t, second.StartTime.Before(first.EndTime), "the run starts at the retry, after the first run ended")
 }
 
 func TestTracingOff(t *testing.T) {

@@ -63,6 +63,9 @@ func (p *planner) startChildren(step *dag.Step, change storage.StepChange, input
 			Steps:          e.stepSpecs(w),
 			Depth:          depth,
 		}
+		if e.tracing != nil {
+			change.Children[i].TraceParent, change.Children[i].TraceCaller = childTrace(p.state.TraceParent)
+		}
 	}
 	return change
 }

@@ -40,6 +40,7 @@ const (
 	attrItem     = attribute.Key("workflow.step.item")
 	attrOutcome  = attribute.Key("workflow.outcome")
 	attrStatus   = attribute.Key("workflow.status")
+	attrRetried  = attribute.Key("workflow.retried")
 )
 
 // traceContext is the W3C Trace Context propagator: traceparent in and out.
@@ -128,6 +129,17 @@ func instanceTrace(ctx context.Context) (traceParent, caller string) {
 	return formatTraceParent(sc), caller
 }
 
+// childTrace chooses the IDs of a child instance's span: in its parent
+// instance's trace (traceParent) as the child of the parent's span, or of
+// a new trace when the parent has none.
+func childTrace(traceParent string) (childParent, caller string) {
+	parent := parseTraceParent(traceParent)
+	if !parent.IsValid() {
+		return instanceTrace(context.Background())
+	}
+	return instanceTrace(trace.ContextWithRemoteSpanContext(context.Background(), parent))
+}
+
 func formatTraceParent(sc trace.SpanContext) string {
 	return "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-" + sc.TraceFlags().String()
 }
@@ -185,8 +197,11 @@ func endAttempt(span trace.Span, result storage.StepResult, recorded bool) {
 }
 
 // endInstance emits the span of a finished instance, with the IDs chosen
-// at its start, from its creation to now.
-func (t *tracing) endInstance(inst *storage.Instance) {
+// at its start, from its creation to now. An instance that finishes again
+// after a retry (rerunAt, the retry's time) already sent that span: the
+// new run's span is the instance span's child, from the retry on, with an
+// ID of its own, for a trace backend keeps one span per ID.
+func (t *tracing) endInstance(inst *storage.Instance, rerunAt *time.Time) {
 	sc := parseTraceParent(inst.TraceParent)
 	if !sc.IsValid() {
 		return // started with tracing off
@@ -197,23 +212,61 @@ func (t *tracing) endInstance(inst *storage.Instance) {
 			TraceID: sc.TraceID(), SpanID: caller, TraceFlags: sc.TraceFlags(), Remote: true,
 		}))
 	}
+	start := inst.CreatedAt
+	attrs := []attribute.KeyValue{attrWorkflow.String(inst.Workflow), attrInstance.String(inst.ID), attrStatus.String(string(inst.Status))}
+	if rerunAt != nil {
+		ctx = trace.ContextWithRemoteSpanContext(context.Background(), sc)
+		start = *rerunAt
+		attrs = append(attrs, attrRetried.Bool(true))
+	}
 	end := time.Now()
 	if inst.FinishedAt != nil {
 		end = *inst.FinishedAt
 	}
 	_, span := t.tracer.Start(ctx, "workflow "+inst.Workflow, trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithTimestamp(inst.CreatedAt), trace.WithAttributes(
-			attrWorkflow.String(inst.Workflow), attrInstance.String(inst.ID), attrStatus.String(string(inst.Status))))
+		trace.WithTimestamp(start), trace.WithAttributes(attrs...))
 	if inst.Status != storage.InstanceCompleted {
 		span.SetAttributes(semconv.ErrorTypeKey.String(string(inst.Status)))
 		span.SetStatus(codes.Error, inst.Error)
 	}
-	if got := span.SpanContext(); got.IsValid() && got.SpanID() != sc.SpanID() {
+	if got := span.SpanContext(); rerunAt == nil && got.IsValid() && got.SpanID() != sc.SpanID() {
 		t.warnIDs.Do(func() {
 			t.logger.Warn("dagrun: the TracerProvider does not use dagrun.TraceIDGenerator, so instance spans do not carry the IDs their attempts name as parent; build it with sdktrace.WithIDGenerator(dagrun.TraceIDGenerator())")
 		})
 	}
 	span.End(trace.WithTimestamp(end))
+}
+
+// lastRetry returns when the instance was last retried (by RetryInstance
+// or RetryFrom), nil if never: from the latest events GetInstance read,
+// or, when the history is longer, from the whole of it, a page at a time.
+func (e *Engine) lastRetry(ctx context.Context, inst *storage.Instance) (*time.Time, error) {
+	find := func(events []storage.Event) *time.Time {
+		for i := len(events) - 1; i >= 0; i-- {
+			if events[i].Type == storage.EventInstanceRetried {
+				at := events[i].At
+				return &at
+			}
+		}
+		return nil
+	}
+	if at := find(inst.Events); at != nil || !inst.EventsTruncated {
+		return at, nil
+	}
+	var last *time.Time
+	for after := int64(0); ; {
+		page, err := e.store.ListEvents(ctx, storage.EventsParams{InstanceID: inst.ID, AfterID: after, Limit: 1000})
+		if err != nil {
+			return nil, err
+		}
+		if at := find(page); at != nil {
+			last = at
+		}
+		if len(page) < 1000 {
+			return last, nil
+		}
+		after = page[len(page)-1].ID
+	}
 }
 
 // endInstances emits the spans of instances that finished, reading them
@@ -229,6 +282,11 @@ func (e *Engine) endInstances(ids []string) {
 			e.logger.Debug("dagrun: no span for a finished instance", slog.String("instance", id), slog.Any("error", err))
 			continue
 		}
-		e.tracing.endInstance(inst)
+		rerunAt, err := e.lastRetry(ctx, inst)
+		if err != nil {
+			e.logger.Debug("dagrun: no span for a finished instance", slog.String("instance", id), slog.Any("error", err))
+			continue
+		}
+		e.tracing.endInstance(inst, rerunAt)
 	}
 }

@@ -86,6 +86,7 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 		Status:         InstancePending,
 		Input:          p.Input,
 		Depth:          p.Depth,
+		TraceParent:    p.TraceParent,
 		Steps:          make([]StepState, len(p.Steps)),
 		LoadDefinition: loadDefinition,
 	}

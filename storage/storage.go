@@ -344,6 +344,10 @@ type InstanceState struct {
 	Input          json.RawMessage
 	// Depth is 0 for a top-level instance, its parent's Depth+1 for a child.
 	Depth int
+	// TraceParent is CreateParams.TraceParent: the W3C traceparent of the
+	// instance's span, empty when it started without tracing. The children
+	// a plan starts join that trace.
+	TraceParent string
 	// Steps in definition order.
 	Steps []StepState
 	// Failure is the instance's recorded failure while its onFailure

@@ -43,7 +43,8 @@ type loaded struct {
 // never be promoted) and cannot deadlock one another. NO KEY UPDATE is the
 // weakest row lock that conflicts with itself.
 const lockInstancesSQL = `
-SELECT id, workflow, definition_hash, status, input, timeout_us, failing, error, failed_step, depth, xmin::text
+SELECT id, workflow, definition_hash, status, input, timeout_us, failing, error, failed_step, depth,
+	coalesce(traceparent, ''), xmin::text
 FROM {s}instances WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`
 
 // queueLock queues the lock of the given instances (duplicates and unknown
@@ -59,7 +60,7 @@ func (s *Store) queueLock(b *pgx.Batch, ids []string, into map[string]*loaded) {
 			xmin    string
 		)
 		_, err := pgx.ForEachRow(rows, []any{&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input,
-			&timeout, &failing, &failure.Error, &failure.Step, &st.Depth, &xmin}, func() error {
+			&timeout, &failing, &failure.Error, &failure.Step, &st.Depth, &st.TraceParent, &xmin}, func() error {
 			l := &loaded{state: st, timeout: timeout, xmin: xmin}
 			l.state.Input = rawJSON(input)
 			if failing {

@@ -399,7 +399,8 @@ func deriveCreated(created []*storage.NewInstance, ids map[string][]int64, claim
 			state: storage.InstanceState{ID: p.ID, Workflow: p.Workflow, DefinitionHash: p.DefinitionHash,
 				// The eager claim started it.
 				Status: storage.InstanceRunning, Input: rawJSON(jsonOrNil(p.Input)), Depth: p.Depth,
-				Steps: make([]storage.StepState, len(p.Steps))},
+				TraceParent: p.TraceParent,
+				Steps:       make([]storage.StepState, len(p.Steps))},
 			timeout: p.Timeout.Microseconds(),
 			ids:     stepIDs,
 			fences:  make([]int64, len(p.Steps)),

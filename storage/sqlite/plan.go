@@ -27,7 +27,8 @@ func (t *txn) loadMany(ids []string) (map[string]*loaded, error) {
 		return nil, err
 	}
 	out := make(map[string]*loaded, len(ids))
-	rows, err := t.query(`SELECT id, workflow, definition_hash, status, input, run_after, paused, timeout_us, failing, error, failed_step, depth, parent_id IS NOT NULL FROM instances
+	rows, err := t.query(`SELECT id, workflow, definition_hash, status, input, run_after, paused, timeout_us, failing, error, failed_step, depth, parent_id IS NOT NULL,
+		coalesce(traceparent, '') FROM instances
 		WHERE id IN (SELECT value FROM json_each(?))`, string(idsJSON))
 	if err != nil {
 		return nil, err
@@ -41,7 +42,7 @@ func (t *txn) loadMany(ids []string) (map[string]*loaded, error) {
 			failure storage.Failure
 		)
 		if err := sc.Scan(&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input, &l.runAfter, &l.paused, &l.timeout,
-			&failing, &failure.Error, &failure.Step, &st.Depth, &l.child); err != nil {
+			&failing, &failure.Error, &failure.Step, &st.Depth, &l.child, &st.TraceParent); err != nil {
 			return err
 		}
 		if failing {

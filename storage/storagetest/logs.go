@@ -273,6 +273,54 @@ var logTests = map[string]func(*testing.T, *Harness){
 }
 
 var traceTests = map[string]func(*testing.T, *Harness){
+	// The children a plan starts join their parent's trace, so every plan
+	// sees the instance's traceparent, however the store came by the
+	// state: created, read back, or kept from an eager claim.
+	"PlansSeeIt": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+		var seen []string
+		watch := func(st *storage.InstanceState) (*storage.Plan, error) {
+			seen = append(seen, st.TraceParent)
+			return Plan(st)
+		}
+		traced := func() storage.CreateParams {
+			p := params(spec("a"), spec("b", "a"))
+			p.TraceParent = tp
+			return p
+		}
+		p := traced()
+		_, err := b.store.CreateInstances(b.ctx, nil, []storage.CreateParams{p}, watch)
+		require.NoError(t, err)
+		c := b.claimStep(p.ID, "a")
+		_, err = b.store.FinishSteps(b.ctx, []storage.StepResult{completed(c.Claim, `1`)}, watch)
+		require.NoError(t, err)
+		require.NotEmpty(t, seen)
+		for i, got := range seen {
+			require.Equal(t, tp, got, "plan %d of a created and a finished step", i)
+		}
+
+		cc, ok1 := b.store.(storage.CreateClaimer)
+		fc, ok2 := b.store.(storage.FinishClaimer)
+		if !ok1 || !ok2 {
+			return
+		}
+		seen = nil
+		eager := storage.ClaimParams{WorkerID: "eager", Limit: 1, Lease: time.Minute}
+		p = traced()
+		eager.InstanceID = p.ID
+		_, claimed, err := cc.CreateAndClaim(b.ctx, []storage.CreateParams{p}, watch, eager)
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		_, claimed, err = fc.FinishAndClaim(b.ctx, []storage.StepResult{completed(claimed[0].Claim, `1`)}, watch, eager)
+		require.NoError(t, err)
+		require.Len(t, claimed, 1, "b, ready after a")
+		require.NotEmpty(t, seen)
+		for i, got := range seen {
+			require.Equal(t, tp, got, "plan %d of an eagerly claimed instance", i)
+		}
+	},
+
 	"StoredWithInstanceAndClaimed": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
