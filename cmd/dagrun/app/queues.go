@@ -3,6 +3,7 @@ package app
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -80,7 +81,7 @@ func (c *cli) queueCommand() *cobra.Command {
 		},
 	}
 	var (
-		concurrency int
+		concurrency string
 		rate        string
 	)
 	set := &cobra.Command{
@@ -96,6 +97,12 @@ func (c *cli) queueCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			most := 0
+			if flags.Changed("concurrency") {
+				if most, err = parseConcurrency(concurrency); err != nil {
+					return err
+				}
+			}
 			ctx := cmd.Context()
 			engine, err := c.engine(ctx)
 			if err != nil {
@@ -107,7 +114,7 @@ func (c *cli) queueCommand() *cobra.Command {
 				return err
 			}
 			if flags.Changed("concurrency") {
-				l.Concurrency = concurrency
+				l.Concurrency = most
 			}
 			if flags.Changed("rate") {
 				l.Rate, l.Per = n, per
@@ -119,9 +126,22 @@ func (c *cli) queueCommand() *cobra.Command {
 			return err
 		},
 	}
-	set.Flags().IntVar(&concurrency, "concurrency", 0, "most steps of the queue running at once, across every worker (0: no limit)")
+	set.Flags().StringVar(&concurrency, "concurrency", "", "most steps of the queue running at once, across every worker (0 or none: no limit)")
 	set.Flags().StringVar(&rate, "rate", "", "most steps of the queue started per duration, e.g. 10/s or 100/1m (none: no limit)")
 	set.SetFlagErrorFunc(flagError)
 	cmd.AddCommand(set)
 	return cmd
+}
+
+// parseConcurrency reads --concurrency: a whole number, or none (as 0)
+// for no limit, as --rate takes none.
+func parseConcurrency(s string) (int, error) {
+	if s == "none" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, usageError(fmt.Errorf("--concurrency %q: want a whole number, or 0 or none for no limit", s))
+	}
+	return n, nil
 }

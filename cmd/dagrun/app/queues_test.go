@@ -58,6 +58,7 @@ func TestQueueSetAndQueues(t *testing.T) {
 	}{
 		{[]string{"queue", "set", "mail"}, "dagrun: queue set mail: give --concurrency N, --rate N/DUR or both (0 or none clears one)\n"},
 		{[]string{"queue", "set", "mail", "--concurrency", "-1"}, "dagrun: invalid queue limit: concurrency -1 is out of range: use 0 (no limit) to 1000000\n"},
+		{[]string{"queue", "set", "mail", "--concurrency", "two"}, "dagrun: --concurrency \"two\": want a whole number, or 0 or none for no limit\n"},
 		{[]string{"queue", "set", "mail", "--rate", "10"}, "dagrun: invalid rate: \"10\" is not N/DUR: write e.g. 10/s, 100/1m or none\n"},
 		{[]string{"queue", "set"}, "dagrun: usage: dagrun queue set NAME [--concurrency N] [--rate N/DUR] (got 0 arguments)\n"},
 	} {
@@ -66,4 +67,8 @@ func TestQueueSetAndQueues(t *testing.T) {
 		require.Equal(t, tc.want, r.stderr, "%v", tc.args)
 		require.Empty(t, r.stdout)
 	}
+
+	r = b.run(t, "", "queue", "set", "mail", "--concurrency", "none")
+	require.Equal(t, app.ExitOK, r.code, r.stderr)
+	require.Equal(t, "queue mail: concurrency none, rate none\n", r.stdout, "none clears a concurrency as it does a rate")
 }
