@@ -3,8 +3,10 @@ package app
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -44,6 +46,14 @@ func (c *cli) tracerProvider(ctx context.Context) (*sdktrace.TracerProvider, err
 	if protocol != "" && protocol != "http/protobuf" {
 		return nil, usageError(fmt.Errorf("OTLP protocol %q is not supported: use http/protobuf (set OTEL_EXPORTER_OTLP_PROTOCOL)", protocol))
 	}
+	// The SDK reports what goes wrong later (a batch it could not send, a
+	// sampler setting it ignored) to a global handler, which writes plain
+	// lines to stderr: they go through the CLI's logger instead, in its
+	// format.
+	logger := c.logger
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		logger.Warn("tracing", slog.Any("error", err))
+	}))
 	exp, err := otlptracehttp.New(ctx)
 	if err != nil {
 		return nil, usageError(fmt.Errorf("tracing: OTLP exporter: %v (check the OTEL_EXPORTER_OTLP_* variables)", err))
