@@ -385,6 +385,9 @@ func (w *Worker) wakeAt(t time.Time) {
 func (w *Worker) drain(cancelHandlers context.CancelCauseFunc) {
 	grace := time.NewTimer(w.config.ShutdownGrace)
 	defer grace.Stop()
+	if n := w.handlersRunning(); n > 0 {
+		w.logger.Info("dagrun: stopping; waiting for running steps to finish", slog.Int("steps", n), slog.Duration("grace", w.config.ShutdownGrace))
+	}
 	if w.waitHandlers(grace.C) {
 		return
 	}

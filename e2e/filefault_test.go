@@ -103,6 +103,6 @@ func TestSignalDuringWorkflowLoad(t *testing.T) {
 	t.Cleanup(func() { _ = writer.Close() })
 
 	w.signal(t, syscall.SIGTERM)
-	require.Equal(t, 1, w.wait(t, 30*time.Second), w.stderr.String())
+	require.Equal(t, 130, w.wait(t, 30*time.Second), "exit code of an interrupted command; stderr:\n%s", w.stderr.String())
 	require.Equal(t, "dagrun: interrupted while reading workflows; nothing was done (terminated signal received)", lastLine(w.stderr.String()))
 }

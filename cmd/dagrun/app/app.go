@@ -42,15 +42,26 @@ const (
 	ExitFailed      = 1 // the instance failed or was cancelled
 	ExitUsage       = 2 // usage or validation error
 	ExitUnavailable = 3 // storage unavailable
+	// ExitInterrupted is a command stopped by SIGINT or SIGTERM before it
+	// was done (a following start, a load of the workflows): 128+SIGINT,
+	// as a shell reports an interrupted command.
+	ExitInterrupted = 130
 )
 
 // Main runs the CLI with the process's arguments and standard streams, and
-// returns the exit code. SIGINT and SIGTERM cancel the command's context.
+// returns the exit code. SIGINT and SIGTERM cancel the command's context,
+// and a second one ends the process at once, as Go's default handling
+// does: a worker whose steps take long to finish can be stopped without
+// waiting for its grace period (their leases bring them back).
 // Unless GOGC is set, it sets the collector's target to defaultGCPercent.
 func Main(registry *handlers.Registry) int {
 	tuneGC(os.Getenv)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
 	return Run(ctx, os.Args[1:], &IO{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}, registry)
 }
 
@@ -279,7 +290,7 @@ func whileRunning[T any](ctx context.Context, load func() (T, error)) (T, error)
 // errInterrupted reports a command stopped by a signal before it did
 // anything.
 func errInterrupted(ctx context.Context) error {
-	return &exitError{code: ExitFailed, err: fmt.Errorf("interrupted while reading workflows; nothing was done (%v)", context.Cause(ctx))}
+	return &exitError{code: ExitInterrupted, err: fmt.Errorf("interrupted while reading workflows; nothing was done (%v)", context.Cause(ctx))}
 }
 
 // engine opens the store and builds an engine over it. The store is closed

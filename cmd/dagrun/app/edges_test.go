@@ -150,7 +150,7 @@ func TestSignalStopsWorkflowLoading(t *testing.T) {
 			case <-time.After(30 * time.Second):
 				t.Fatalf("dagrun %v ignores its cancelled context while loading workflows", args)
 			}
-			require.Equal(t, app.ExitFailed, res.code, res.stderr)
+			require.Equal(t, app.ExitInterrupted, res.code, res.stderr)
 			require.Equal(t, "dagrun: interrupted while reading workflows; nothing was done (context canceled)\n", res.stderr)
 			_, err := os.Stat(b.env["DAGRUN_DB"])
 			require.ErrorIs(t, err, os.ErrNotExist, "no database was opened")

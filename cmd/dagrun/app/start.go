@@ -221,8 +221,11 @@ func (c *cli) follow(ctx context.Context, engine *dagrun.Engine, id string, json
 	if err != nil {
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 			// Interrupted: the instance lives on in the database and any
-			// worker finishes it.
-			return &exitError{code: ExitFailed, err: fmt.Errorf("stopped following instance %s; it continues with any running worker (dagrun status %s)", id, id)}
+			// worker finishes it. Said at once, before this process's
+			// workers let their running steps finish.
+			fmt.Fprintf(c.io.Stderr, "dagrun: stopped following instance %s; it continues with any running worker (dagrun status %s). "+
+				"Steps this process runs get up to %s to finish; interrupt again to exit now.\n", id, id, dagrun.DefaultShutdownGrace)
+			return &exitError{code: ExitInterrupted}
 		}
 		return err
 	}

@@ -58,7 +58,16 @@ func (c *cli) workerCommand() *cobra.Command {
 			}
 			c.logger.Info("dagrun worker started", "id", worker.ID(), "concurrency", config.Concurrency, "queues", config.Queues, "db", redactDSN(c.db))
 			stopScheduler := c.startScheduler(ctx, engine, noSchedules)
+			ran := make(chan struct{})
+			go func() {
+				select {
+				case <-ctx.Done():
+					c.logger.Info("dagrun worker stopping; a second SIGINT or SIGTERM exits at once", "id", worker.ID())
+				case <-ran:
+				}
+			}()
 			err = worker.Run(ctx)
+			close(ran)
 			stopScheduler()
 			c.logger.Info("dagrun worker stopped", "id", worker.ID())
 			return err
