@@ -57,7 +57,7 @@ func (s *Server) failOperation(w http.ResponseWriter, r *http.Request, id string
 // retryRequest is the optional body of POST /api/instances/{id}/retry.
 type retryRequest struct {
 	// From, when set, re-runs this step and every step downstream of it.
-	From string `json:"from"`
+	From *string `json:"from"`
 }
 
 // retryFrom handles a retry whose body names a step; it reports false,
@@ -68,10 +68,14 @@ func (s *Server) retryFrom(w http.ResponseWriter, r *http.Request, id string) bo
 		s.fail(w, r, err)
 		return true
 	}
-	if req.From == "" {
+	if req.From == nil {
 		return false
 	}
-	if err := s.engine.RetryFrom(r.Context(), id, req.From); err != nil {
+	if *req.From == "" {
+		s.fail(w, r, &requestError{status: http.StatusBadRequest, msg: `"from" is empty: name the step to re-run from, or leave "from" out to retry the failed and cancelled steps`})
+		return true
+	}
+	if err := s.engine.RetryFrom(r.Context(), id, *req.From); err != nil {
 		s.failOperation(w, r, id, err)
 		return true
 	}
@@ -104,6 +108,12 @@ func (s *Server) skipStep(w http.ResponseWriter, r *http.Request) {
 func (s *Server) onInstance(op func(*dagrun.Engine, context.Context, string) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
+		// These take no body: one with fields is a mistake to report,
+		// not to ignore.
+		if err := decodeBody(r, &struct{}{}); err != nil {
+			s.fail(w, r, err)
+			return
+		}
 		if err := op(s.engine, r.Context(), id); err != nil {
 			s.failOperation(w, r, id, err)
 			return

@@ -49,6 +49,9 @@ func TestOperationRefusals(t *testing.T) {
 	}{
 		{"/api/instances/" + failed + "/retry", `{"from": "nope"}`, http.StatusNotFound},
 		{"/api/instances/" + failed + "/retry", `{"form": "first"}`, http.StatusBadRequest},
+		{"/api/instances/" + failed + "/retry", `{"from": ""}`, http.StatusBadRequest},
+		{"/api/instances/" + failed + "/retry", `{"from": 5}`, http.StatusBadRequest},
+		{"/api/instances/" + failed + "/retry", `[1]`, http.StatusBadRequest},
 		{"/api/instances/no-such-id/retry", `{"from": "first"}`, http.StatusNotFound},
 		{"/api/instances/" + failed + "/steps/first/skip", ``, http.StatusConflict},
 		{"/api/instances/" + failed + "/steps/nope/skip", ``, http.StatusNotFound},
@@ -57,6 +60,7 @@ func TestOperationRefusals(t *testing.T) {
 		{"/api/instances/" + failed + "/pause", ``, http.StatusConflict},
 		{"/api/instances/" + failed + "/resume", ``, http.StatusConflict},
 		{"/api/instances/no-such-id/pause", ``, http.StatusNotFound},
+		{"/api/instances/" + failed + "/resume", `{"paused": false}`, http.StatusBadRequest},
 		{"/api/instances/cancel", `{}`, http.StatusBadRequest},
 		{"/api/instances/cancel", `{"ids": ["x"], "workflow": "greet"}`, http.StatusBadRequest},
 		{"/api/instances/retry", `{"status": "stuck"}`, http.StatusBadRequest},
