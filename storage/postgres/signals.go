@@ -93,6 +93,7 @@ func (s *Store) SendSignal(ctx context.Context, p storage.SignalParams, plan sto
 		var step string
 		err = tx.QueryRow(ctx, s.q(deliverSQL), now, id, p.Name, jsonOrNil(p.Payload), p.ID).Scan(&step)
 		if errors.Is(err, pgx.ErrNoRows) {
+			s.queueActor(ctx, st, id)
 			return nil // stored until its step waits
 		}
 		if err != nil {
@@ -103,7 +104,11 @@ func (s *Store) SendSignal(ctx context.Context, p storage.SignalParams, plan sto
 		if err != nil {
 			return err
 		}
-		return s.planAndApply(st, now, []*loaded{ls[id]}, plan)
+		if err := s.planAndApply(st, now, []*loaded{ls[id]}, plan); err != nil {
+			return err
+		}
+		s.queueActor(ctx, st, id)
+		return nil
 	})
 	if err != nil {
 		return storage.SignalResult{}, s.fail("send signal", err)

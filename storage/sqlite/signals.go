@@ -81,7 +81,7 @@ func (s *Store) SendSignal(ctx context.Context, p storage.SignalParams, plan sto
 		return storage.SignalResult{}, err
 	}
 	var res storage.SignalResult
-	err := s.write(ctx, "send signal", func(t *txn) error {
+	err := s.writeBy(ctx, "send signal", func(t *txn) error {
 		res = storage.SignalResult{}
 		var status storage.InstanceStatus
 		var err error

@@ -34,6 +34,25 @@ func (b *bundle) mustSignal(p storage.SignalParams) storage.SignalResult {
 }
 
 var signalTests = map[string]func(*testing.T, *Harness){
+	// A signal is sent by hand, like an operation: its events say by whom,
+	// whether it was delivered or stored for later.
+	"RecordsItsSender": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(waitSpec("await-approval", "approve", 0), spec("first"), waitSpec("await-later", "later", 0, "first"))
+		byBob := storage.WithActor(b.ctx, "bob")
+		_, err := b.store.SendSignal(byBob, storage.SignalParams{InstanceID: id, Name: "approve", Payload: json.RawMessage(`1`)}, Plan)
+		require.NoError(t, err)
+		_, err = b.store.SendSignal(byBob, storage.SignalParams{InstanceID: id, Name: "later", Payload: json.RawMessage(`2`)}, Plan)
+		require.NoError(t, err)
+		in := b.get(id)
+		delivered := events(in, "await-approval", storage.EventStepCompleted)
+		require.Len(t, delivered, 1)
+		require.Equal(t, "bob", delivered[0].Actor, "the delivery")
+		stored := events(in, "", storage.EventSignalReceived)
+		require.Len(t, stored, 1)
+		require.Equal(t, "bob", stored[0].Actor, "a signal stored for a step not yet waiting")
+		require.Empty(t, events(in, "first", storage.EventStepReady)[0].Actor, "what the engine did before")
+	},
 	"DeliveredToAWaitingStepReadiesItsDependents": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		id := b.createOne(waitSpec("await-approval", "approve", time.Hour), spec("ship", "await-approval"))

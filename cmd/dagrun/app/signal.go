@@ -51,7 +51,7 @@ func (c *cli) signalCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, err := engine.Signal(ctx, req)
+			res, err := engine.Signal(byCLI(ctx), req)
 			if err != nil {
 				return signalError(req, err)
 			}
