@@ -177,6 +177,14 @@ func (e *Engine) eachSelected(ctx context.Context, sel Selection, fn func(id str
 		if err != nil {
 			return n, err
 		}
+		if len(ids) == 0 && f.AfterID == "" && sel.Workflow != "" {
+			// Nothing matched: a workflow no file defines is most likely
+			// a typo, which "0 instances" would hide. One whose file is
+			// gone still matches its instances above.
+			if _, err := e.lookupWorkflow(sel.Workflow); err != nil {
+				return 0, err
+			}
+		}
 		for _, id := range ids {
 			switch err := fn(id); {
 			case err == nil:

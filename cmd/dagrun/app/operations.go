@@ -110,8 +110,11 @@ func (c *cli) bulk(ctx context.Context, f *selectionFlags, verb, done string, ru
 		return err
 	}
 	n, err := run(engine, byCLI(ctx), sel)
-	if err != nil {
+	if err != nil && n > 0 {
 		return fmt.Errorf("%s %d instances, then: %w", done, n, err)
+	}
+	if err != nil {
+		return err
 	}
 	fmt.Fprintf(c.io.Stdout, "%s %d instances\n", done, n)
 	return nil

@@ -46,6 +46,7 @@ func TestOperations(t *testing.T) {
 		{[]string{"cancel", "--status", "stuck"}, app.ExitUsage},
 		{[]string{"cancel", "--workflow", "greet", "--older-than", "soon"}, app.ExitUsage},
 		{[]string{"retry", "--from", "charge"}, app.ExitUsage},
+		{[]string{"cancel", "--workflow", "gret"}, app.ExitUsage},
 		{[]string{"cancel", "--workflow", "greet", "--status", "pending", "--older-than", "1d"}, app.ExitOK},
 		{[]string{"cancel", "--workflow", "greet", "--status", "pending"}, app.ExitOK},
 		{[]string{"retry", "--workflow", "greet", "--status", "cancelled"}, app.ExitOK},

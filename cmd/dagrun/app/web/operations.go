@@ -192,8 +192,11 @@ func (s *Server) bulk(done string, one func(*dagrun.Engine, context.Context, str
 			return
 		}
 		n, err := selected(s.engine, r.Context(), sel)
+		if err != nil && n > 0 {
+			err = fmt.Errorf("%s %d instances, then: %w", done, n, err)
+		}
 		if err != nil {
-			s.fail(w, r, fmt.Errorf("%s %d instances, then: %w", done, n, err))
+			s.fail(w, r, err)
 			return
 		}
 		writeJSON(w, http.StatusOK, bulkResponse{Count: n})

@@ -64,6 +64,7 @@ func TestOperationRefusals(t *testing.T) {
 		{"/api/instances/cancel", `{}`, http.StatusBadRequest},
 		{"/api/instances/cancel", `{"ids": ["x"], "workflow": "greet"}`, http.StatusBadRequest},
 		{"/api/instances/retry", `{"status": "stuck"}`, http.StatusBadRequest},
+		{"/api/instances/cancel", `{"workflow": "gret"}`, http.StatusNotFound},
 		{"/api/instances/retry", `{"workflow": "greet", "olderThan": "soon"}`, http.StatusBadRequest},
 	}
 	var report strings.Builder
