@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 	// Zones are read from the binary, not the machine: a workflow must
@@ -270,7 +271,24 @@ func loadZone(name string) (*time.Location, error) {
 // scheduleInput converts a schedule's input to compact JSON and checks it
 // against the workflow's input schema.
 func (p *parser) scheduleInput(n *yaml.Node, label string, w *Workflow) (json.RawMessage, bool) {
-	v, ok := p.plain(n, "", map[string]*yaml.Node{}, 0)
+	nodes := map[string]*yaml.Node{}
+	v, ok := p.plain(n, "", nodes, 0)
+	if !ok {
+		return nil, false
+	}
+	// Nothing evaluates a schedule's input: an expression in it would
+	// reach the instance as its text.
+	ptrs := make([]string, 0, len(nodes))
+	for ptr := range nodes {
+		ptrs = append(ptrs, ptr)
+	}
+	sort.Strings(ptrs)
+	for _, ptr := range ptrs {
+		if c := nodes[ptr]; c.Kind == yaml.ScalarNode && strings.Contains(c.Value, "${{") {
+			p.c.at(c, "%s: input holds an expression, but a schedule's input is fixed data that nothing evaluates: write the value itself", label)
+			ok = false
+		}
+	}
 	if !ok {
 		return nil, false
 	}
