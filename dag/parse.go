@@ -97,10 +97,10 @@ func LoadDir(dir string, opts *ParseOptions) ([]*Workflow, error) {
 	)
 	for _, e := range entries {
 		name := e.Name()
-		ext := filepath.Ext(name)
-		if e.IsDir() || strings.HasPrefix(name, ".") || (ext != ".yaml" && ext != ".yml") {
+		if e.IsDir() || !WorkflowFile(name) {
 			continue
 		}
+		ext := filepath.Ext(name)
 		path := filepath.Join(dir, name)
 		src, err := readWorkflowFile(path)
 		if err != nil {
@@ -119,8 +119,7 @@ func LoadDir(dir string, opts *ParseOptions) ([]*Workflow, error) {
 			continue
 		}
 		if first, dup := byName[w.Name]; dup {
-			errs = append(errs, &Error{File: path, Line: w.nameLine, Col: w.nameCol,
-				Msg: fmt.Sprintf("workflow %q is already defined in %s: keep only one of the two files", w.Name, first)})
+			errs = append(errs, DefinedTwice(w, first))
 			continue
 		}
 		byName[w.Name] = path
@@ -135,6 +134,20 @@ func LoadDir(dir string, opts *ParseOptions) ([]*Workflow, error) {
 		return wfs, errs
 	}
 	return wfs, nil
+}
+
+// DefinedTwice is the error of a workflow whose name an earlier file of
+// its folder (first) already declares, at the name in w's file.
+func DefinedTwice(w *Workflow, first string) *Error {
+	return &Error{File: w.file, Line: w.nameLine, Col: w.nameCol,
+		Msg: fmt.Sprintf("workflow %q is already defined in %s: keep only one of the two files", w.Name, first)}
+}
+
+// WorkflowFile reports whether a folder entry named name is a workflow
+// file: .yaml or .yml, and not hidden (editors leave dot-files behind).
+func WorkflowFile(name string) bool {
+	ext := filepath.Ext(name)
+	return !strings.HasPrefix(name, ".") && (ext == ".yaml" || ext == ".yml")
 }
 
 // The raw* types mirror the YAML structure: each field is the node as written,

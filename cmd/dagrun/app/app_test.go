@@ -223,6 +223,28 @@ func TestValidate(t *testing.T) {
 	golden(t, "validate-invalid", res.stderr)
 }
 
+// TestValidateListsFilesAsTheEngineLoadsThem: validate skips what the
+// engine skips (dot-files an editor left) and refuses what it refuses (two
+// files declaring one workflow), so that its "ok" means the workflows load.
+func TestValidateListsFilesAsTheEngineLoadsThem(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dir := t.TempDir()
+	b.env["DAGRUN_WORKFLOWS"] = dir
+	one := "name: dual\nsteps:\n  - {name: a, handler: noop}\n"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "dual.yaml"), []byte(one), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "dual.yml"), []byte(one), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, ".dual.yaml.swp.yml"), []byte("x: ["), 0o644))
+	res := b.run(t, "", "validate")
+	require.Equal(t, app.ExitUsage, res.code)
+	require.Equal(t, "ok dual (1 steps)\n", res.stdout)
+	require.Equal(t, filepath.Join(dir, "dual.yml")+`:1:7: workflow "dual" is already defined in `+filepath.Join(dir, "dual.yaml")+": keep only one of the two files\n", res.stderr)
+
+	require.NoError(t, os.Remove(filepath.Join(dir, "dual.yml")))
+	res = b.run(t, "", "validate")
+	require.Equal(t, app.ExitOK, res.code, "a dot-file is not a workflow: %s", res.stderr)
+}
+
 // TestValidateCalls: validate checks the workflow steps across the files
 // of the folder, and a file given by name against the folder; start
 // refuses a workflow in a call cycle with the same error.
@@ -238,6 +260,13 @@ func TestValidateCalls(t *testing.T) {
 	res = b.run(t, "", "validate", "testdata/calls/loop-b.yaml", "testdata/calls/fine.yaml")
 	require.Equal(t, app.ExitUsage, res.code)
 	require.Equal(t, "ok fine (1 steps)\n", res.stdout)
+	require.Equal(t, `testdata/calls/loop-b.yaml:6:15: step "call-a": workflow call cycle loop-b -> loop-a -> loop-b: each instance would start another without end; remove one of these workflow steps`+"\n", res.stderr)
+
+	// A file is checked against its own folder's workflows, whatever
+	// --workflows says: that is where its workflow steps find theirs.
+	elsewhere := setup(t)
+	res = elsewhere.run(t, "", "validate", "testdata/calls/loop-b.yaml")
+	require.Equal(t, app.ExitUsage, res.code)
 	require.Equal(t, `testdata/calls/loop-b.yaml:6:15: step "call-a": workflow call cycle loop-b -> loop-a -> loop-b: each instance would start another without end; remove one of these workflow steps`+"\n", res.stderr)
 
 	res = b.run(t, "", "start", "loop-a")

@@ -20,8 +20,8 @@ func (c *cli) validateCommand() *cobra.Command {
 		Use:   "validate [FILE...]",
 		Short: "Check workflow files (every file of --workflows by default), printing FILE:LINE:COL: message per error",
 		Long: "Validate checks each file on its own, then the workflow steps across files: the workflows they call\n" +
-			"must exist (in the files given or the --workflows folder), must not call each other in a cycle, and must get\n" +
-			"the inputs they require.",
+			"must exist (in the files given, their folders or the --workflows folder), must not call each other in a cycle,\n" +
+			"and must get the inputs they require.",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			files := args
 			if len(files) == 0 {
@@ -91,13 +91,33 @@ func (c *cli) checkFiles(files []string, withFolder bool, opts *dag.ParseOptions
 			}
 		}
 	}
+	firstFile := map[string]string{} // by workflow name, the first file checked that declares it
 	for i, file := range files {
 		w, err := dag.ParseFile(file, opts)
+		if err == nil {
+			if first, dup := firstFile[w.Name]; dup {
+				// As the engine's loader refuses it: which one would run?
+				w, err = nil, dag.ErrorList{dag.DefinedTwice(w, first)}
+			} else {
+				firstFile[w.Name] = file
+			}
+		}
 		out[i] = fileCheck{file: file, workflow: w, err: err}
 		note(file, w, err)
 	}
 	if withFolder {
-		others, _ := workflowFiles(c.workflowsDir)
+		// A workflow step runs a workflow of its own file's folder; the
+		// --workflows folder comes after, for a file being written
+		// elsewhere before it joins the others.
+		var others []string
+		dirs := folders(files)
+		if dir := filepath.Clean(c.workflowsDir); !slices.Contains(dirs, dir) {
+			dirs = append(dirs, dir)
+		}
+		for _, dir := range dirs {
+			listed, _ := workflowFiles(dir)
+			others = append(others, listed...)
+		}
 		for _, file := range others {
 			if slices.Contains(files, file) {
 				continue
@@ -128,7 +148,19 @@ func (c *cli) checkFiles(files []string, withFolder bool, opts *dag.ParseOptions
 	return out
 }
 
-// workflowFiles lists the YAML files of a workflows folder.
+// folders returns the folders of files, each once, in order.
+func folders(files []string) []string {
+	var out []string
+	for _, f := range files {
+		if dir := filepath.Clean(filepath.Dir(f)); !slices.Contains(out, dir) {
+			out = append(out, dir)
+		}
+	}
+	return out
+}
+
+// workflowFiles lists the workflow files of a workflows folder (see
+// dag.WorkflowFile).
 func workflowFiles(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -136,8 +168,7 @@ func workflowFiles(dir string) ([]string, error) {
 	}
 	var files []string
 	for _, e := range entries {
-		ext := filepath.Ext(e.Name())
-		if !e.IsDir() && (ext == ".yaml" || ext == ".yml") {
+		if !e.IsDir() && dag.WorkflowFile(e.Name()) {
 			files = append(files, filepath.Join(dir, e.Name()))
 		}
 	}
