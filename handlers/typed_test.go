@@ -47,8 +47,9 @@ func TestTyped(t *testing.T) {
 		{name: "UnknownFieldsIgnored", input: `{"name":"ada","times":1,"extra":[1]}`, want: `{"greeting":"hello ada! ","empty":false}`},
 		{name: "NullIsZero", input: `null`, want: `{"greeting":"","empty":true}`},
 		{name: "AbsentIsZero", input: ``, want: `{"greeting":"","empty":true}`},
-		{name: "DecodeErrorPermanent", input: `{"name":42}`, wantErr: "decode input for handler: ", permanent: true},
-		{name: "MalformedPermanent", input: `{"name":`, wantErr: "decode input for handler: ", permanent: true},
+		{name: "DecodeErrorPermanent", input: `{"name":42}`, wantErr: `decode input for handler: "name": want a string, got a number`, permanent: true},
+		{name: "NotAnObject", input: `[1]`, wantErr: `decode input for handler: want a JSON object, got an array`, permanent: true},
+		{name: "MalformedPermanent", input: `{"name":`, wantErr: "decode input for handler: unexpected end of JSON input", permanent: true},
 		{name: "HandlerErrorRetryable", input: `{"times":-1}`, wantErr: "negative times"},
 	}
 	for _, tt := range tests {

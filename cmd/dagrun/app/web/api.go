@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
-	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"github.com/dagrun/dagrun"
 	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
 	"github.com/dagrun/dagrun/dag"
+	"github.com/dagrun/dagrun/handlers"
 	"github.com/dagrun/dagrun/storage"
 )
 
@@ -382,51 +382,12 @@ func decodeBody(r *http.Request, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return &requestError{status: http.StatusBadRequest, msg: "invalid request body: " + jsonProblem(err)}
+		return &requestError{status: http.StatusBadRequest, msg: "invalid request body: " + handlers.DecodeProblem(err)}
 	}
 	if dec.More() {
 		return &requestError{status: http.StatusBadRequest, msg: "invalid request body: more than one JSON value"}
 	}
 	return nil
-}
-
-// jsonProblem says what is wrong with a body in the request's terms:
-// encoding/json names the Go type a value did not fit, which means
-// nothing to a client.
-func jsonProblem(err error) string {
-	var typeErr *json.UnmarshalTypeError
-	if !errors.As(err, &typeErr) {
-		return strings.TrimPrefix(err.Error(), "json: ")
-	}
-	want := "a JSON object"
-	switch typeErr.Type.Kind() {
-	case reflect.String:
-		want = "a string"
-	case reflect.Bool:
-		want = "true or false"
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		want = "a whole number"
-	case reflect.Float32, reflect.Float64:
-		want = "a number"
-	case reflect.Slice, reflect.Array:
-		want = "a list"
-	}
-	if typeErr.Field == "" {
-		return fmt.Sprintf("want %s, got %s", want, article(typeErr.Value))
-	}
-	return fmt.Sprintf("%q: want %s, got %s", typeErr.Field, want, article(typeErr.Value))
-}
-
-// article names a JSON kind as encoding/json reports it ("array",
-// "number 5") with its article.
-func article(value string) string {
-	if value == "" {
-		return "something else"
-	}
-	if strings.IndexByte("aeiou", value[0]) >= 0 {
-		return "an " + value
-	}
-	return "a " + value
 }
 
 // jsonContentType reports whether a body of this type is read as JSON:
