@@ -438,6 +438,9 @@ func (p *parser) step(b *stepBuild, def defaults) {
 		if r.Timeout != nil {
 			p.c.at(r.Timeout, `%s: "timeout" bounds a handler's attempt; a wait step's timeout is wait.timeout`, b.label)
 		}
+		if r.Retry != nil {
+			p.c.at(r.Retry, `%s: a wait step runs no handler, so "retry" does not apply: remove it (a step waiting past wait.timeout fails for good)`, b.label)
+		}
 	case r.Handler == nil:
 		if !r.misspelt["handler"] && !r.misspelt["wait"] && !r.misspelt["workflow"] {
 			p.c.at(r.node, `%s: missing required key "handler", "wait" or "workflow" (the registered handler that runs it, e.g. handler: echo, the signal it waits for, e.g. wait: {signal: approve}, or the workflow it starts, e.g. workflow: shipping)`, b.label)
