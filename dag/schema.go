@@ -65,12 +65,14 @@ func compileSchema(raw []byte) (*jsonschema.Schema, error) {
 // inputSchema converts the input: node to JSON and compiles it, reporting
 // schema mistakes at the YAML node they are about.
 func (p *parser) inputSchema(n *yaml.Node) (json.RawMessage, *jsonschema.Schema) {
-	return p.schema(n, `"input"`, "input")
+	return p.schema(n, "", `"input"`, "input")
 }
 
-// schema converts a JSON Schema node (what: how messages name the key,
-// kind: which schema it is) to JSON and compiles it.
-func (p *parser) schema(n *yaml.Node, what, kind string) (json.RawMessage, *jsonschema.Schema) {
+// schema converts a JSON Schema node (label: the step it belongs to, ""
+// for the workflow's; what: how messages name the key; kind: which schema
+// it is) to JSON and compiles it.
+func (p *parser) schema(n *yaml.Node, label, what, kind string) (json.RawMessage, *jsonschema.Schema) {
+	what = prefix(label) + what
 	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
 		return nil, nil
 	}
@@ -85,12 +87,12 @@ func (p *parser) schema(n *yaml.Node, what, kind string) (json.RawMessage, *json
 	}
 	raw, err := json.Marshal(v)
 	if err != nil {
-		p.c.at(n, "invalid %s schema: %v", kind, err)
+		p.c.at(n, "%sinvalid %s schema: %v", prefix(label), kind, err)
 		return nil, nil
 	}
 	sch, err := compileSchema(raw)
 	if err != nil {
-		p.schemaError(n, nodes, err, kind)
+		p.schemaError(n, nodes, err, prefix(label)+"invalid "+kind+" schema")
 		return nil, nil
 	}
 	return raw, sch
@@ -184,7 +186,9 @@ func nodeAt(nodes map[string]*yaml.Node, ptr string, fallback *yaml.Node) *yaml.
 	}
 }
 
-func (p *parser) schemaError(n *yaml.Node, nodes map[string]*yaml.Node, err error, kind string) {
+// schemaError reports why a schema did not compile, at the YAML node each
+// problem is about; what leads each message ("invalid input schema").
+func (p *parser) schemaError(n *yaml.Node, nodes map[string]*yaml.Node, err error, what string) {
 	var (
 		sve *jsonschema.SchemaValidationError
 		lue *jsonschema.LoadURLError
@@ -196,22 +200,22 @@ func (p *parser) schemaError(n *yaml.Node, nodes map[string]*yaml.Node, err erro
 		if errors.As(sve.Err, &ve) {
 			for _, l := range leaves(ve) {
 				ptr := jsonPointer(l.InstanceLocation)
-				p.c.at(nodeAt(nodes, ptr, n), "invalid %s schema at %s: %s", kind, displayPointer(ptr), leafMessage(l))
+				p.c.at(nodeAt(nodes, ptr, n), "%s at %s: %s", what, displayPointer(ptr), leafMessage(l))
 			}
 			return
 		}
 	case errors.As(err, &lue):
 		ref := findRef(nodes, func(v string) bool { return !strings.HasPrefix(v, "#") })
-		p.c.at(nodeOr(ref, n), "invalid %s schema: $ref %q points outside this schema; only local references such as \"#/$defs/item\" are supported", kind, refValue(ref, lue.URL))
+		p.c.at(nodeOr(ref, n), "%s: $ref %q points outside this schema; only local references such as \"#/$defs/item\" are supported", what, refValue(ref, lue.URL))
 		return
 	case errors.As(err, &pnf):
 		_, frag, _ := strings.Cut(pnf.URL, "#")
 		ref := findRef(nodes, func(v string) bool { return v == "#"+frag })
-		p.c.at(nodeOr(ref, n), "invalid %s schema: $ref %q points to nothing in this schema", kind, "#"+frag)
+		p.c.at(nodeOr(ref, n), "%s: $ref %q points to nothing in this schema", what, "#"+frag)
 		return
 	}
 	msg, _, _ := strings.Cut(err.Error(), "\n")
-	p.c.at(n, "invalid %s schema: %s", kind, msg)
+	p.c.at(n, "%s: %s", what, msg)
 }
 
 func findRef(nodes map[string]*yaml.Node, match func(string) bool) *yaml.Node {

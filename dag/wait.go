@@ -29,7 +29,7 @@ func (p *parser) wait(n *yaml.Node, label, stepName string) *Wait {
 		}
 	}
 	if raw.Schema != nil {
-		w.Schema, w.schema = p.schema(raw.Schema, prefix(label)+`"wait.schema"`, "payload")
+		w.Schema, w.schema = p.schema(raw.Schema, label, `"wait.schema"`, "payload")
 	}
 	return w
 }
