@@ -149,13 +149,32 @@ func (c *collector) yamlError(src []byte, err error) {
 		line = 1
 	}
 	hint := ""
-	if text := lines[line-1]; strings.Contains(text, "${{") && strings.ContainsAny(text, "{[") && !strings.Contains(text, `"${{`) && !strings.Contains(text, `'${{`) {
+	if text := lines[line-1]; strings.Contains(text, "${{") && strings.ContainsAny(withoutExpressions(text), "{[") && !strings.Contains(text, `"${{`) && !strings.Contains(text, `'${{`) {
 		hint = ` (an unquoted ${{ }} inside a flow mapping or list clashes with YAML's braces: quote it, e.g. "${{ input.x }}", or use block style)`
 	}
 	if hint == "" && problem == "mapping values are not allowed in this context" {
 		hint = ` (check the indentation, or quote a value that contains ": ")`
 	}
 	c.atPos(line, 1, "invalid YAML: %s%s", problem, hint)
+}
+
+// withoutExpressions is a line with its ${{ }} cut out, whose own braces
+// say nothing of YAML's flow style.
+func withoutExpressions(line string) string {
+	var b strings.Builder
+	for {
+		start := strings.Index(line, "${{")
+		if start < 0 {
+			b.WriteString(line)
+			return b.String()
+		}
+		b.WriteString(line[:start])
+		end := strings.Index(line[start:], "}}")
+		if end < 0 {
+			return b.String()
+		}
+		line = line[start+end+2:]
+	}
 }
 
 // findInSource returns the 1-based line and column of the first occurrence of s.
