@@ -76,6 +76,12 @@ func (p *progress) line(inst *storage.Instance, ev storage.Event) string {
 		return name + " ready"
 	case storage.EventStepStarted:
 		p.started[ev.Step] = ev.At
+		if ev.Attempt == 0 { // a workflow step: its children run, no attempt of its own
+			if msg != "" {
+				return name + " running: " + msg
+			}
+			return name + " running"
+		}
 		return fmt.Sprintf("%s running (attempt %d)", name, ev.Attempt)
 	case storage.EventStepCompleted:
 		if began, ok := p.started[ev.Step]; ok && !ev.At.Before(began) {

@@ -21,8 +21,13 @@ func TestSubflowStatusAndList(t *testing.T) {
 	res := b.run(t, "", "start", "relay")
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
 	require.JSONEq(t, `{"hand": {"n": 1, "leg": true}, "each": [{"n": 2, "leg": true}, {"n": 3, "leg": true}]}`, res.stdout)
-	parent := maskUUID.FindString(res.stderr)
+	// The last progress line names the instance; workflow steps' lines
+	// name their children before it.
+	lines := strings.Split(strings.TrimSpace(res.stderr), "\n")
+	parent := maskUUID.FindString(lines[len(lines)-1])
 	require.NotEmpty(t, parent)
+	require.Contains(t, res.stderr, "running: child instance ", "a workflow step's progress names its child")
+	require.NotContains(t, res.stderr, "(attempt 0)", "a workflow step makes no attempt of its own")
 
 	res = b.run(t, "", "status", parent, "--json")
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
