@@ -168,7 +168,8 @@ func (p *parser) schedules(n *yaml.Node, w *Workflow) {
 		if item == nil {
 			continue
 		}
-		label := fmt.Sprintf("schedule #%d", i+1)
+		// Numbered from 0, as `dagrun schedules` and the API number them.
+		label := fmt.Sprintf("schedule %d", i)
 		if item.Kind != yaml.MappingNode {
 			p.c.at(item, `%s must be a mapping with at least cron (e.g. - cron: "0 3 * * *"), got %s`, label, describe(item))
 			continue
@@ -179,7 +180,7 @@ func (p *parser) schedules(n *yaml.Node, w *Workflow) {
 		}
 		s.Index = len(w.Schedules)
 		if first, dup := seen[s.Fingerprint()]; dup {
-			p.c.at(item, "%s has the same cron, timezone and input as schedule #%d: remove one", label, first+1)
+			p.c.at(item, "%s has the same cron, timezone and input as schedule %d: remove one", label, first)
 			continue
 		}
 		seen[s.Fingerprint()] = i
