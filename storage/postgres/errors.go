@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 
@@ -67,6 +68,12 @@ func unavailable(err error) (string, bool) {
 		if pe != nil && (pe.Code == "57P01" || pe.Code == "57P02") {
 			return fmt.Sprintf("%s: %s is shutting down (%s): retry later", storage.ErrUnavailable, where, pe.Message), true
 		}
+		if pe == nil && (errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)) {
+			// The server or a PgBouncer in between closed the connection
+			// (a restart): what was in flight may or may not have
+			// committed, which fences settle when it is tried again.
+			return fmt.Sprintf("%s: %s closed the connection (%s): retry later", storage.ErrUnavailable, where, firstLine(err.Error())), true
+		}
 		return "", false
 	}
 	switch {
@@ -107,11 +114,29 @@ func connectHint(pe *pgconn.PgError) (string, bool) {
 		// PgBouncer's own limit on its clients.
 		return "PgBouncer has as many clients as its max_client_conn allows: raise max_client_conn in pgbouncer.ini, " +
 			"run fewer workers, or give each a smaller pool (pool_max_conns=N in the database URL)", true
+	case pe.Code == "08P01" && pgbouncerNoServer(pe.Message):
+		// PgBouncer answers for a server it cannot reach or log in to.
+		return "PgBouncer has no connection to PostgreSQL for it (the server is down, full or refusing PgBouncer's login): " +
+			"check the server behind PgBouncer and PgBouncer's log; dagrun retries meanwhile", true
 	case pe.Code == "08P01" && strings.HasPrefix(pe.Message, "unsupported startup parameter"):
 		return "add pgbouncer=true to the database URL, so that dagrun sends PgBouncer no setting of its own, " +
 			"and take any other such setting out of the URL (or list it in PgBouncer's ignore_startup_parameters)", true
 	}
 	return "", false
+}
+
+// pgbouncerNoServer reports whether a PgBouncer error message says it has
+// no server connection to give: the server is unreachable or refuses its
+// login (server_login_retry), no server connection came free in time
+// (query_wait_timeout), or its server connection died mid-way.
+func pgbouncerNoServer(msg string) bool {
+	for _, s := range []string{"server login has been failing", "query_wait_timeout", "pgbouncer cannot connect to server",
+		"server conn crashed", "server_connect_timeout", "server shutting down", "client_login_timeout (server down)"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // isRetryable reports whether a transaction aborted by err can simply run

@@ -3,18 +3,23 @@ package postgres
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/dagrun/dagrun/storage"
@@ -127,8 +132,8 @@ func TestPgBouncerConformance(t *testing.T) {
 // startPgBouncer runs PgBouncer in transaction-pooling mode in front of the
 // server of serverURL, with poolSize server connections per database, on a
 // free port until the test ends, and returns serverURL through it with
-// pgbouncer=true.
-func startPgBouncer(t *testing.T, serverURL string, poolSize int) string {
+// pgbouncer=true. settings are more lines of pgbouncer.ini's [pgbouncer].
+func startPgBouncer(t *testing.T, serverURL string, poolSize int, settings ...string) string {
 	t.Helper()
 	path, err := exec.LookPath("pgbouncer")
 	if err != nil {
@@ -166,7 +171,8 @@ auth_file = %s
 pool_mode = transaction
 default_pool_size = %d
 max_client_conn = 1000
-`, server.Hostname(), cmp.Or(server.Port(), "5432"), port, users, poolSize), 0o644))
+%s
+`, server.Hostname(), cmp.Or(server.Port(), "5432"), port, users, poolSize, strings.Join(settings, "\n")), 0o644))
 	args := []string{config}
 	if os.Geteuid() == 0 { // PgBouncer refuses to run as root
 		account := "postgres"
@@ -202,4 +208,103 @@ max_client_conn = 1000
 	through := *server
 	through.Host = net.JoinHostPort("127.0.0.1", port)
 	return withQuery(t, through.String(), PgBouncerParam, "true")
+}
+
+// TestPgBouncerWithoutItsServerIsUnavailable: when the server behind
+// PgBouncer goes away, PgBouncer keeps the store's connections and answers
+// each query with an error of its own (SQLSTATE 08P01), which must read as
+// the database being unavailable, as the server's own refusal does: the
+// CLI exits 3, the API answers 503 and a worker retries its results with
+// backoff instead of giving them up after a few quick tries. The server
+// "goes away" behind a TCP relay the test cuts.
+func TestPgBouncerWithoutItsServerIsUnavailable(t *testing.T) {
+	t.Parallel()
+	server, err := url.Parse(testURL(t))
+	require.NoError(t, err)
+	relay := newTCPRelay(t, server.Host)
+	server.Host = relay.addr
+	// A query waits at most 2 s for a server connection, not 120.
+	bouncer := startPgBouncer(t, server.String(), 1, "query_wait_timeout = 2", "server_login_retry = 1")
+	store := openURL(t, withQuery(t, bouncer, SchemaParam, newSchema(t)), &Config{MaxConns: 1})
+	_, err = store.Stats(t.Context())
+	require.NoError(t, err, "through the relay while it relays")
+
+	relay.cut()
+	for range 2 {
+		_, err := store.Stats(t.Context())
+		require.ErrorIs(t, err, storage.ErrUnavailable)
+		require.Contains(t, err.Error(), "PgBouncer has no connection to PostgreSQL")
+		require.NotContains(t, err.Error(), "\n")
+	}
+}
+
+// tcpRelay forwards connections to a server until cut, which closes them
+// all and refuses new ones: the server seems to have gone away.
+type tcpRelay struct {
+	addr string
+	l    net.Listener
+	mu   sync.Mutex
+	open []net.Conn
+}
+
+func newTCPRelay(t *testing.T, target string) *tcpRelay {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	r := &tcpRelay{addr: l.Addr().String(), l: l}
+	t.Cleanup(r.cut)
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = in.Close()
+				continue
+			}
+			r.mu.Lock()
+			r.open = append(r.open, in, out)
+			r.mu.Unlock()
+			go func() { _, _ = io.Copy(out, in); _ = out.Close() }()
+			go func() { _, _ = io.Copy(in, out); _ = in.Close() }()
+		}
+	}()
+	return r
+}
+
+func (r *tcpRelay) cut() {
+	_ = r.l.Close()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range r.open {
+		_ = c.Close()
+	}
+	r.open = nil
+}
+
+func TestUnavailableErrors(t *testing.T) {
+	t.Parallel()
+	cases := map[string]struct {
+		err  error
+		want bool
+	}{
+		"PgBouncer cannot log in":     {&pgconn.PgError{Code: "08P01", Message: "server login has been failing, try again later (server_login_retry)"}, true},
+		"PgBouncer found no server":   {&pgconn.PgError{Code: "08P01", Message: "query_wait_timeout"}, true},
+		"PgBouncer lost its server":   {&pgconn.PgError{Code: "08P01", Message: "server conn crashed?"}, true},
+		"connection closed mid-query": {fmt.Errorf("receive message: %w", io.ErrUnexpectedEOF), true},
+		"another protocol violation":  {&pgconn.PgError{Code: "08P01", Message: "invalid message format"}, false},
+		"a constraint":                {&pgconn.PgError{Code: "23505", Message: "duplicate key"}, false},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			err := interpretError(c.err)
+			require.Equal(t, c.want, errors.Is(err, storage.ErrUnavailable), "%v", err)
+			if c.want {
+				require.NotContains(t, err.Error(), "\n")
+			}
+		})
+	}
 }
