@@ -69,7 +69,8 @@ func (w *Worker) record(batch []finished) {
 	eager = eager && !w.stopping
 	w.mu.Unlock()
 	var (
-		outcomes []storage.FinishResult
+		outcomes []outcome
+		recorded []storage.FinishResult
 		claimed  []storage.ClaimedStep
 		err      error
 		extra    int
@@ -81,7 +82,8 @@ func (w *Worker) record(batch []finished) {
 		// claim.
 		extra = w.slots.take(w.config.Concurrency)
 		rec := w.engine.newFinishRecorder()
-		outcomes, claimed, err = fc.FinishAndClaim(rec.attach(context.Background()), results, rec.plan, w.claimParams(len(batch)+extra))
+		recorded, claimed, err = fc.FinishAndClaim(rec.attach(context.Background()), results, rec.plan, w.claimParams(len(batch)+extra))
+		outcomes = outcomesOf(recorded)
 		if err == nil {
 			rec.report()
 		} else {
@@ -98,10 +100,35 @@ func (w *Worker) record(batch []finished) {
 	w.engine.notifyChanged()
 }
 
+// outcome is what became of one result: the store's answer, or given up.
+type outcome struct {
+	storage.FinishResult
+	// givenUp is set for a result the worker could not record at all,
+	// having said why: not a stale one, which a newer attempt replaced.
+	givenUp bool
+}
+
+func outcomesOf(recorded []storage.FinishResult) []outcome {
+	out := make([]outcome, len(recorded))
+	for i, r := range recorded {
+		out[i].FinishResult = r
+	}
+	return out
+}
+
+// givenUp is n outcomes of results not recorded at all.
+func givenUp(n int) []outcome {
+	out := make([]outcome, n)
+	for i := range out {
+		out[i].givenUp = true
+	}
+	return out
+}
+
 // store records a batch with FinishSteps, given the error of a first try
 // (nil if there was none). It returns an outcome per result; a result it
-// could not record at all is reported not accepted.
-func (w *Worker) store(batch []finished, lastErr error) []storage.FinishResult {
+// could not record at all is given up.
+func (w *Worker) store(batch []finished, lastErr error) []outcome {
 	results := make([]storage.StepResult, len(batch))
 	for i, f := range batch {
 		results[i] = f.result
@@ -130,19 +157,19 @@ func (w *Worker) store(batch []finished, lastErr error) []storage.FinishResult {
 		out, err := w.engine.store.FinishSteps(rec.attach(context.Background()), results, rec.plan)
 		if err == nil {
 			rec.report()
-			return out
+			return outcomesOf(out)
 		}
 		lastErr = err
 	}
 	if errors.Is(lastErr, storage.ErrDatabaseLost) {
 		w.logger.Error("dagrun: finish steps: the database is lost; these results are not recorded",
 			slog.Any("error", lastErr), slog.Int("results", len(batch)))
-		return make([]storage.FinishResult, len(batch))
+		return givenUp(len(batch))
 	}
 	if !w.holdsAny(batch) {
 		w.logger.Error("dagrun: finish steps: giving up, leases lost; their steps run again once recovered",
 			slog.Any("error", lastErr), slog.Int("results", len(batch)))
-		return make([]storage.FinishResult, len(batch))
+		return givenUp(len(batch))
 	}
 	if len(batch) > 1 {
 		// Split: the results the store takes are recorded, and the one it
@@ -150,13 +177,13 @@ func (w *Worker) store(batch []finished, lastErr error) []storage.FinishResult {
 		half := len(batch) / 2
 		return append(w.store(batch[:half], nil), w.store(batch[half:], nil)...)
 	}
-	return []storage.FinishResult{w.storeRefused(batch[0], lastErr)}
+	return []outcome{w.storeRefused(batch[0], lastErr)}
 }
 
 // storeRefused records, in place of a result the store refuses, a failed
 // attempt that says why; if even that is refused, it gives the step up to
 // lease recovery.
-func (w *Worker) storeRefused(f finished, err error) storage.FinishResult {
+func (w *Worker) storeRefused(f finished, err error) outcome {
 	step := f.step
 	log := w.logger.With(slog.String("instance", step.InstanceID), slog.String("step", step.Step), slog.Int("attempt", step.Attempt))
 	log.Error("dagrun: the store refuses this attempt's result; recording a failed attempt instead", slog.Any("error", err))
@@ -165,10 +192,10 @@ func (w *Worker) storeRefused(f finished, err error) storage.FinishResult {
 	out, err := w.engine.store.FinishSteps(rec.attach(context.Background()), []storage.StepResult{failed}, rec.plan)
 	if err == nil {
 		rec.report()
-		return out[0]
+		return outcome{FinishResult: out[0]}
 	}
 	log.Error("dagrun: giving up on this attempt's result; the step runs again once its lease expires", slog.Any("error", err))
-	return storage.FinishResult{}
+	return outcome{givenUp: true}
 }
 
 // transientCommitError reports whether a failed commit may pass if tried
@@ -181,7 +208,7 @@ func transientCommitError(err error) bool {
 // settle applies a batch's outcomes: it reports them, settles their
 // attempts, and runs the steps the commit claimed on the slots the batch
 // and the extra reservation hold.
-func (w *Worker) settle(batch []finished, outcomes []storage.FinishResult, extra int, claimed []storage.ClaimedStep) {
+func (w *Worker) settle(batch []finished, outcomes []outcome, extra int, claimed []storage.ClaimedStep) {
 	for i, o := range outcomes {
 		f := batch[i]
 		step := f.step
@@ -197,6 +224,8 @@ func (w *Worker) settle(batch []finished, outcomes []storage.FinishResult, extra
 		case o.Cancelled:
 			w.logger.Info("dagrun: result not recorded: the step was cancelled while it ran",
 				slog.String("instance", step.InstanceID), slog.String("step", step.Step), slog.Int("attempt", step.Attempt))
+		case o.givenUp:
+			// Said already, with why.
 		default:
 			w.logger.Warn("dagrun: stale result rejected; a newer attempt owns the step",
 				slog.String("instance", step.InstanceID), slog.String("step", step.Step), slog.Int("attempt", step.Attempt))

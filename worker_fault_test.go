@@ -135,13 +135,16 @@ steps:
 type refusingStore struct {
 	storage.Store
 	refused atomic.Int32
+	// refuseFailures refuses too the failed attempt recorded in place of
+	// a refused result, so that the worker gives the result up.
+	refuseFailures bool
 }
 
 const poison = "poison"
 
 func (s *refusingStore) check(results []storage.StepResult) error {
 	for _, r := range results {
-		if r.Error == poison {
+		if r.Error == poison || s.refuseFailures && strings.Contains(r.Error, "could not be recorded") {
 			s.refused.Add(1)
 			return errors.New("invalid byte sequence for encoding")
 		}
@@ -381,4 +384,32 @@ func lifecycle(inst *storage.Instance, typ storage.EventType) []storage.Event {
 		}
 	}
 	return out
+}
+
+// A result the worker gives up on (the store refuses it and the failed
+// attempt recorded in its place) is reported once, as given up: not also
+// as a stale result, which would say a newer attempt took the step.
+func TestGivenUpResultIsNotCalledStale(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		registry := handlers.NewRegistry()
+		registry.Register("doomed", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			return nil, errors.New(poison)
+		})
+		store := &refusingStore{Store: open(t), refuseFailures: true}
+		b := setup(t, func(*testing.T) storage.Store { return store }, registry, `
+name: doomed
+steps:
+  - {name: d, handler: doomed, retry: {maxAttempts: 1}}
+`)
+		var logs syncBuffer
+		engine, err := dagrun.New(b.store, registry, &dagrun.Config{Workflows: b.engine.Workflows(), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		require.NoError(t, err)
+		b.engine = engine
+		b.runWorker(t, nil)
+		b.start(t, "doomed", ``)
+		require.Eventually(t, func() bool { return strings.Contains(logs.String(), "giving up on this attempt's result") },
+			10*time.Second, 10*time.Millisecond, "the worker gives the result up")
+		require.NotContains(t, logs.String(), "stale result")
+	})
 }
