@@ -43,8 +43,8 @@ const (
 	ExitUsage       = 2 // usage or validation error
 	ExitUnavailable = 3 // storage unavailable
 	// ExitInterrupted is a command stopped by SIGINT or SIGTERM before it
-	// was done (a following start, a load of the workflows): 128+SIGINT,
-	// as a shell reports an interrupted command.
+	// was done (a following start, a load of the workflows, a query):
+	// 128+SIGINT, as a shell reports an interrupted command.
 	ExitInterrupted = 130
 )
 
@@ -106,6 +106,7 @@ func Run(ctx context.Context, args []string, streams *IO, registry *handlers.Reg
 	msg := oneLine(err)
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		msg = fmt.Sprintf("interrupted (%v): %s", context.Cause(ctx), msg)
+		code = ExitInterrupted
 	}
 	fmt.Fprintln(c.io.Stderr, "dagrun: "+msg)
 	return code

@@ -190,7 +190,7 @@ func TestSignalEndsAWaitForTheLock(t *testing.T) {
 			break
 		}
 	}
-	require.Equal(t, app.ExitFailed, res.code, res.stderr)
+	require.Equal(t, app.ExitInterrupted, res.code, res.stderr)
 	require.True(t, strings.HasPrefix(res.stderr, "dagrun: interrupted ("), res.stderr)
 	require.Equal(t, 1, strings.Count(res.stderr, "\n"), res.stderr)
 
