@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/dagrun/dagrun/storage"
 	"github.com/dagrun/dagrun/storage/internal/migrate"
 )
 
@@ -72,8 +73,9 @@ const maxFuncArgs = 100
 // function when making it fails for another reason than the role's
 // privileges; planRetryPause times the next try, once per attempt made.
 const (
-	planAttempts   = 3
-	planRetryPause = time.Second
+	planAttempts    = 3
+	planRetryPause  = time.Second
+	planOutagePause = 30 * time.Second
 )
 
 // planFunctions turns the statements of a store in PgBouncer mode into
@@ -93,8 +95,10 @@ type planFunctions struct {
 	// template (the key of Store.expanded) and their own text.
 	routed map[string]string
 	// failures counts, per template, the attempts to make its function
-	// that failed.
+	// that failed, and outages those that found the database unavailable
+	// (which do not count as attempts).
 	failures map[string]int
+	outages  map[string]int
 
 	// retryPause is planRetryPause, and beforeMake, when not nil, fails
 	// an attempt to make a function: tests set them.
@@ -111,7 +115,7 @@ type planRequest struct {
 func newPlanFunctions(s *Store) *planFunctions {
 	ctx, stop := context.WithCancel(context.Background())
 	p := &planFunctions{s: s, pending: make(chan planRequest, maxExpanded), ctx: ctx, stop: stop, done: make(chan struct{}),
-		routed: map[string]string{}, failures: map[string]int{}, retryPause: planRetryPause}
+		routed: map[string]string{}, failures: map[string]int{}, outages: map[string]int{}, retryPause: planRetryPause}
 	p.idle = sync.NewCond(&p.mu)
 	go p.run()
 	return p
@@ -250,8 +254,23 @@ func (p *planFunctions) run() {
 }
 
 // failed tries r again later, unless its function failed to be made
-// planAttempts times: then r stays as it is for the life of the store.
+// planAttempts times: then r stays as it is for the life of the store. A
+// database that cannot be reached (an outage, which PgBouncer reports for
+// as long as its server_login_retry) is no attempt: r is tried again, at
+// growing intervals up to planOutagePause, until it is made or the store
+// closes.
 func (p *planFunctions) failed(r planRequest, err error) {
+	if errors.Is(interpretError(err), storage.ErrUnavailable) {
+		p.mu.Lock()
+		p.outages[r.template]++
+		k := p.outages[r.template]
+		p.mu.Unlock()
+		pause := min(p.retryPause<<min(k-1, 5), planOutagePause)
+		p.s.cfg.Logger.Debug("postgres: a statement's function could not be made while the database is unavailable; trying again",
+			"in", pause, "error", firstLine(err.Error()))
+		time.AfterFunc(pause, func() { p.consider(r.template, r.sql) })
+		return
+	}
 	p.mu.Lock()
 	p.failures[r.template]++
 	n := p.failures[r.template]

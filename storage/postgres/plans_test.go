@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/dagrun/dagrun/storage"
@@ -324,10 +325,14 @@ func TestPgBouncerTriesAFailedFunctionAgain(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		failures int
+		err      error
 		routed   bool
+		attempts int // made in all
 	}{
-		{"a passing failure", 1, true},
-		{"a lasting failure", planAttempts, false},
+		{"a passing failure", 1, errors.New("connection lost"), true, 2},
+		{"a lasting failure", planAttempts, errors.New("connection lost"), false, planAttempts},
+		// An outage is no attempt, however long it lasts.
+		{"an outage", planAttempts + 2, &pgconn.PgError{Code: "08P01", Message: "server login has been failing, try again later (server_login_retry)"}, true, planAttempts + 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -336,17 +341,17 @@ func TestPgBouncerTriesAFailedFunctionAgain(t *testing.T) {
 			s.plans.retryPause = time.Millisecond
 			s.plans.beforeMake = func() error {
 				if int(attempts.Add(1)) <= tc.failures {
-					return errors.New("connection lost")
+					return tc.err
 				}
 				return nil
 			}
 			const sql = `SELECT count(*) FROM {s}instances WHERE status = $1`
 			s.q(sql)
-			require.Eventually(t, func() bool { return int(attempts.Load()) >= min(tc.failures+1, planAttempts) },
+			require.Eventually(t, func() bool { return int(attempts.Load()) >= tc.attempts },
 				10*time.Second, time.Millisecond)
 			s.plans.wait()
 			require.Equal(t, tc.routed, strings.Contains(s.q(sql), planFuncPrefix), logs.String())
-			require.Equal(t, min(tc.failures+1, planAttempts), int(attempts.Load()), "attempts")
+			require.Equal(t, tc.attempts, int(attempts.Load()), "attempts")
 			warnings := 0
 			if !tc.routed {
 				warnings = 1
