@@ -306,9 +306,7 @@ func (e *Engine) Cancel(ctx context.Context, id string) error {
 	if inst, err := e.store.GetInstance(ctx, id); err == nil {
 		e.observer.InstanceFinished(inst.Workflow, storage.InstanceCancelled)
 		if e.tracing != nil {
-			if rerunAt, err := e.lastRetry(ctx, inst); err == nil {
-				e.tracing.endInstance(inst, rerunAt)
-			}
+			e.endInstanceSpan(ctx, inst)
 		}
 	}
 	return nil

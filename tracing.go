@@ -206,18 +206,21 @@ func (t *tracing) endInstance(inst *storage.Instance, rerunAt *time.Time) {
 	if !sc.IsValid() {
 		return // started with tracing off
 	}
-	ctx := context.WithValue(context.Background(), presetIDsKey{}, presetIDs{traceID: sc.TraceID(), spanID: sc.SpanID()})
-	if caller, err := trace.SpanIDFromHex(inst.TraceCaller); err == nil && caller.IsValid() {
-		ctx = trace.ContextWithRemoteSpanContext(ctx, trace.NewSpanContext(trace.SpanContextConfig{
-			TraceID: sc.TraceID(), SpanID: caller, TraceFlags: sc.TraceFlags(), Remote: true,
-		}))
-	}
 	start := inst.CreatedAt
 	attrs := []attribute.KeyValue{attrWorkflow.String(inst.Workflow), attrInstance.String(inst.ID), attrStatus.String(string(inst.Status))}
+	var ctx context.Context
 	if rerunAt != nil {
+		// A child of the instance span, with an ID the provider picks.
 		ctx = trace.ContextWithRemoteSpanContext(context.Background(), sc)
 		start = *rerunAt
 		attrs = append(attrs, attrRetried.Bool(true))
+	} else {
+		ctx = context.WithValue(context.Background(), presetIDsKey{}, presetIDs{traceID: sc.TraceID(), spanID: sc.SpanID()})
+		if caller, err := trace.SpanIDFromHex(inst.TraceCaller); err == nil && caller.IsValid() {
+			ctx = trace.ContextWithRemoteSpanContext(ctx, trace.NewSpanContext(trace.SpanContextConfig{
+				TraceID: sc.TraceID(), SpanID: caller, TraceFlags: sc.TraceFlags(), Remote: true,
+			}))
+		}
 	}
 	end := time.Now()
 	if inst.FinishedAt != nil {
@@ -282,11 +285,17 @@ func (e *Engine) endInstances(ids []string) {
 			e.logger.Debug("dagrun: no span for a finished instance", slog.String("instance", id), slog.Any("error", err))
 			continue
 		}
-		rerunAt, err := e.lastRetry(ctx, inst)
-		if err != nil {
-			e.logger.Debug("dagrun: no span for a finished instance", slog.String("instance", id), slog.Any("error", err))
-			continue
-		}
-		e.tracing.endInstance(inst, rerunAt)
+		e.endInstanceSpan(ctx, inst)
 	}
+}
+
+// endInstanceSpan emits the span of a finished instance read back, of
+// its first run or of its latest rerun (see endInstance).
+func (e *Engine) endInstanceSpan(ctx context.Context, inst *storage.Instance) {
+	rerunAt, err := e.lastRetry(ctx, inst)
+	if err != nil {
+		e.logger.Debug("dagrun: no span for a finished instance", slog.String("instance", inst.ID), slog.Any("error", err))
+		return
+	}
+	e.tracing.endInstance(inst, rerunAt)
 }
