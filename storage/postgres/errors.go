@@ -66,7 +66,9 @@ func unavailable(err error) (string, bool) {
 	if ce == nil {
 		// Errors of an established connection that died mid-way.
 		if pe != nil && (pe.Code == "57P01" || pe.Code == "57P02") {
-			return fmt.Sprintf("%s: %s is shutting down (%s): retry later", storage.ErrUnavailable, where, pe.Message), true
+			// 57P01 is both a server shutting down and pg_terminate_backend:
+			// say what the two share.
+			return fmt.Sprintf("%s: %s ended the connection (%s: a shutdown, or an administrator terminated it): retry later", storage.ErrUnavailable, where, pe.Message), true
 		}
 		if pe == nil && (errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)) {
 			// The server or a PgBouncer in between closed the connection

@@ -289,13 +289,16 @@ func TestUnavailableErrors(t *testing.T) {
 	cases := map[string]struct {
 		err  error
 		want bool
+		says string // in the message, when not empty
 	}{
-		"PgBouncer cannot log in":     {&pgconn.PgError{Code: "08P01", Message: "server login has been failing, try again later (server_login_retry)"}, true},
-		"PgBouncer found no server":   {&pgconn.PgError{Code: "08P01", Message: "query_wait_timeout"}, true},
-		"PgBouncer lost its server":   {&pgconn.PgError{Code: "08P01", Message: "server conn crashed?"}, true},
-		"connection closed mid-query": {fmt.Errorf("receive message: %w", io.ErrUnexpectedEOF), true},
-		"another protocol violation":  {&pgconn.PgError{Code: "08P01", Message: "invalid message format"}, false},
-		"a constraint":                {&pgconn.PgError{Code: "23505", Message: "duplicate key"}, false},
+		"PgBouncer cannot log in":     {&pgconn.PgError{Code: "08P01", Message: "server login has been failing, try again later (server_login_retry)"}, true, ""},
+		"PgBouncer found no server":   {&pgconn.PgError{Code: "08P01", Message: "query_wait_timeout"}, true, ""},
+		"PgBouncer lost its server":   {&pgconn.PgError{Code: "08P01", Message: "server conn crashed?"}, true, ""},
+		"connection closed mid-query": {fmt.Errorf("receive message: %w", io.ErrUnexpectedEOF), true, ""},
+		// 57P01 is a shutdown and pg_terminate_backend alike.
+		"connection terminated":      {&pgconn.PgError{Code: "57P01", Message: "terminating connection due to administrator command"}, true, "a shutdown, or an administrator terminated it"},
+		"another protocol violation": {&pgconn.PgError{Code: "08P01", Message: "invalid message format"}, false, ""},
+		"a constraint":               {&pgconn.PgError{Code: "23505", Message: "duplicate key"}, false, ""},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -304,6 +307,7 @@ func TestUnavailableErrors(t *testing.T) {
 			require.Equal(t, c.want, errors.Is(err, storage.ErrUnavailable), "%v", err)
 			if c.want {
 				require.NotContains(t, err.Error(), "\n")
+				require.Contains(t, err.Error(), c.says)
 			}
 		})
 	}
