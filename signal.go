@@ -2,7 +2,6 @@ package dagrun
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -132,17 +131,16 @@ func (e *Engine) Signal(ctx context.Context, req SignalRequest) (SignalResult, e
 // checks its key.
 func checkSignalRequest(req SignalRequest) error {
 	if req.InstanceID == "" && (req.Workflow == "" || req.Key == "") {
-		return errors.New("signal: name the instance by its ID, or by its workflow and key")
-	}
-	if err := storage.CheckText(req.Name, storage.MaxIDBytes); err != nil || req.Name == "" {
-		return &UnknownSignalError{InstanceID: cmp.Or(req.InstanceID, req.Workflow+"/"+req.Key), Name: req.Name}
+		return &ArgumentError{Name: "signal target", Reason: "name the instance by its ID, or by its workflow and key"}
 	}
 	if err := storage.CheckText(req.ID, storage.MaxSignalIDBytes); err != nil {
-		return fmt.Errorf("signal ID %w", err)
+		return &ArgumentError{Name: "signal ID", Reason: "it " + err.Error()}
 	}
 	if err := storage.CheckText(req.Key, storage.MaxKeyBytes); err != nil {
 		return fmt.Errorf("key %s: %w", err, storage.ErrNotFound)
 	}
+	// The name is checked against the instance's wait steps, so that an
+	// empty or malformed one is answered with the names it takes.
 	return nil
 }
 

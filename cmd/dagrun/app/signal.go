@@ -86,13 +86,14 @@ func signalError(req dagrun.SignalRequest, err error) error {
 	var (
 		unknown *dagrun.UnknownSignalError
 		bad     *dagrun.SignalDataError
+		badArg  *dagrun.ArgumentError
 	)
 	switch {
 	case errors.Is(err, storage.ErrUnavailable):
 		return err
 	case errors.Is(err, storage.ErrConflict):
 		return &exitError{code: ExitFailed, err: err}
-	case errors.As(err, &unknown), errors.As(err, &bad):
+	case errors.As(err, &unknown), errors.As(err, &bad), errors.As(err, &badArg):
 		return usageError(err)
 	case errors.Is(err, storage.ErrNotFound) && req.InstanceID != "":
 		return instanceError(req.InstanceID, err)

@@ -3,6 +3,7 @@ package web_test
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,6 +106,7 @@ func TestSignalAPI(t *testing.T) {
 			{"no payload where the schema wants one", signalPath(id, "approve"), ``, http.StatusBadRequest, "got null, want object"},
 			{"unknown field in the body", signalPath(id, "approve"), `{"payload": {"approved": true}}`, http.StatusBadRequest, `unknown field "payload"`},
 			{"unknown signal name", signalPath(id, "aprove"), `{"data": {"approved": true}}`, http.StatusNotFound, "approve"},
+			{"signal ID over its limit", signalPath(id, "approve"), `{"data": {"approved": true}, "id": "` + strings.Repeat("a", 600) + `"}`, http.StatusBadRequest, "invalid signal ID: it is 600 bytes"},
 			{"unknown instance", signalPath("nope", "approve"), `{"data": {"approved": true}}`, http.StatusNotFound, `no instance with ID "nope"`},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
