@@ -86,21 +86,38 @@ type QueueLimit = storage.QueueLimit
 // QueueInfo is a queue's limits and load, as Queues reports them.
 type QueueInfo = storage.QueueInfo
 
-// SetQueueLimit sets a queue's limits (both zero clears them). They are
-// stored in the database, apply to every worker at once, and to the
-// queue's steps already waiting. A bad value, or a queue name no step
-// could use, is an *ArgumentError and changes nothing; clearing takes any
-// name, so that a limit stored under one can go.
+// QueueLimitChange changes some of a queue's limits, keeping the others.
+type QueueLimitChange = storage.QueueLimitChange
+
+// QueueRate is a queue's rate: at most Rate steps started per Per.
+type QueueRate = storage.QueueRate
+
+// SetQueueLimit sets every limit of a queue (both zero clears them). See
+// ChangeQueueLimit.
 func (e *Engine) SetQueueLimit(ctx context.Context, l QueueLimit) error {
-	if err := l.Check(); err != nil {
-		return &ArgumentError{Name: "queue limit", Reason: err.Error()}
+	_, err := e.ChangeQueueLimit(ctx, storage.SetAll(l))
+	return err
+}
+
+// ChangeQueueLimit changes the limits a change names and keeps the others,
+// in one transaction, and returns the queue's limits. They are stored in
+// the database, apply to every worker at once, and to the queue's steps
+// already waiting. A bad value, or a queue name no step could use, is an
+// *ArgumentError and changes nothing; clearing takes any name, so that a
+// limit stored under one can go.
+func (e *Engine) ChangeQueueLimit(ctx context.Context, c QueueLimitChange) (QueueLimit, error) {
+	// The values given are checked here, where the caller learns which
+	// was wrong; the store checks what they make with the stored ones.
+	given := c.Apply(QueueLimit{})
+	if err := given.Check(); err != nil {
+		return QueueLimit{}, &ArgumentError{Name: "queue limit", Reason: err.Error()}
 	}
-	if l.Concurrency != 0 || l.Rate != 0 {
-		if err := dag.CheckName("queue", l.Queue); err != nil {
-			return &ArgumentError{Name: "queue limit", Reason: err.Error()}
+	if given.Concurrency != 0 || given.Rate != 0 {
+		if err := dag.CheckName("queue", c.Queue); err != nil {
+			return QueueLimit{}, &ArgumentError{Name: "queue limit", Reason: err.Error()}
 		}
 	}
-	return e.store.SetQueueLimit(ctx, l)
+	return e.store.SetQueueLimit(ctx, c)
 }
 
 // Queues lists every queue with a limit or with ready, held or running

@@ -68,6 +68,44 @@ func (l QueueLimit) Interval() time.Duration {
 	return (l.Per / time.Duration(l.Rate)).Truncate(time.Microsecond)
 }
 
+// QueueLimitChange changes some of a queue's limits: a nil field keeps
+// what is stored. It is applied in the transaction that reads the stored
+// limits, so two changes of different fields made at once both hold.
+type QueueLimitChange struct {
+	Queue string
+	// Concurrency replaces the stored concurrency.
+	Concurrency *int
+	// Rate replaces the stored rate and its period.
+	Rate *QueueRate
+}
+
+// QueueRate is a queue's rate: at most Rate steps started per Per (Rate 0:
+// no limit).
+type QueueRate struct {
+	Rate int
+	Per  time.Duration
+}
+
+// SetAll is the change that replaces every limit of l's queue with l's.
+func SetAll(l QueueLimit) QueueLimitChange {
+	return QueueLimitChange{Queue: l.Queue, Concurrency: &l.Concurrency, Rate: &QueueRate{Rate: l.Rate, Per: l.Per}}
+}
+
+// Apply returns stored with the change made.
+func (c QueueLimitChange) Apply(stored QueueLimit) QueueLimit {
+	stored.Queue = c.Queue
+	if c.Concurrency != nil {
+		stored.Concurrency = *c.Concurrency
+	}
+	if c.Rate != nil {
+		stored.Rate, stored.Per = c.Rate.Rate, c.Rate.Per
+	}
+	if stored.Rate == 0 {
+		stored.Per = 0
+	}
+	return stored
+}
+
 // QueueInfo is one queue as `dagrun queues` shows it: its limits and its
 // load.
 type QueueInfo struct {
@@ -87,12 +125,13 @@ type QueueInfo struct {
 // LimitStore keeps the queue limits. Workflow and step concurrency limits
 // need no method: they come with CreateParams, StepSpec and StepChange.
 type LimitStore interface {
-	// SetQueueLimit sets (or, with Concurrency and Rate zero, clears) a
-	// queue's limits and applies them to its unfinished steps in the same
-	// transaction: held steps are released up to a raised limit, ready ones
-	// beyond a lowered one held again, and a new rate re-spaces the ready
-	// steps. The limit must pass Check.
-	SetQueueLimit(ctx context.Context, l QueueLimit) error
+	// SetQueueLimit changes a queue's limits (both zero clears them) and
+	// applies them to its unfinished steps in the same transaction: held
+	// steps are released up to a raised limit, ready ones beyond a lowered
+	// one held again, and a new rate re-spaces the ready steps. It returns
+	// the limits now stored, which must pass Check, or else nothing is
+	// written.
+	SetQueueLimit(ctx context.Context, c QueueLimitChange) (QueueLimit, error)
 
 	// Queues returns every queue with a limit or with ready, held or
 	// running steps, sorted by name.

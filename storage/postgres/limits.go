@@ -39,35 +39,58 @@ func (s *Store) admit(ctx context.Context, tx pgx.Tx, now *time.Time, instances 
 }
 
 // SetQueueLimit implements storage.Store.
-func (s *Store) SetQueueLimit(ctx context.Context, l storage.QueueLimit) error {
-	if err := l.Check(); err != nil {
-		return fmt.Errorf("postgres: set queue limit: %w", err)
-	}
-	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
-		st.ready(l.Queue) // released steps are news for the queue's workers
-		return s.setQueueLimit(ctx, tx, s.now(), l)
+func (s *Store) SetQueueLimit(ctx context.Context, c storage.QueueLimitChange) (storage.QueueLimit, error) {
+	var l storage.QueueLimit
+	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) (err error) {
+		st.ready(c.Queue) // released steps are news for the queue's workers
+		l, err = s.setQueueLimit(ctx, tx, s.now(), c)
+		return err
 	})
-	if err != nil {
-		return s.fail("set queue limit", err)
+	var bad *badQueueLimitError
+	if errors.As(err, &bad) {
+		return storage.QueueLimit{}, fmt.Errorf("postgres: set queue limit: %w", bad.err)
 	}
-	return nil
+	if err != nil {
+		return storage.QueueLimit{}, s.fail("set queue limit", err)
+	}
+	return l, nil
 }
 
-func (s *Store) setQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, l storage.QueueLimit) error {
+// badQueueLimitError is a change that would leave limits failing Check.
+type badQueueLimitError struct{ err error }
+
+func (e *badQueueLimitError) Error() string { return e.err.Error() }
+
+func (s *Store) setQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, c storage.QueueLimitChange) (storage.QueueLimit, error) {
 	// The queue's lock first: the triggers that hold and release its steps
-	// take it too.
-	if _, err := tx.Exec(ctx, s.q(`SELECT {s}limits_lock('q', $1, '', '')`), l.Queue); err != nil {
-		return err
+	// take it too, and it orders two changes of the same queue.
+	if _, err := tx.Exec(ctx, s.q(`SELECT {s}limits_lock('q', $1, '', '')`), c.Queue); err != nil {
+		return storage.QueueLimit{}, err
 	}
-	interval := l.Interval().Microseconds()
 	var (
+		stored      = storage.QueueLimit{Queue: c.Queue}
+		perUS       int64
 		oldInterval int64
 		oldTat      time.Time
 	)
-	err := tx.QueryRow(ctx, s.q(`SELECT interval_us, tat FROM {s}queue_limits WHERE queue = $1`), l.Queue).Scan(&oldInterval, &oldTat)
+	err := tx.QueryRow(ctx, s.q(`SELECT concurrency, rate, per_us, interval_us, tat FROM {s}queue_limits WHERE queue = $1`), c.Queue).
+		Scan(&stored.Concurrency, &stored.Rate, &perUS, &oldInterval, &oldTat)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return err
+		return storage.QueueLimit{}, err
 	}
+	stored.Per = time.Duration(perUS) * time.Microsecond
+	l := c.Apply(stored)
+	if err := l.Check(); err != nil {
+		return storage.QueueLimit{}, &badQueueLimitError{err}
+	}
+	return l, s.applyQueueLimit(ctx, tx, now, l, oldInterval, oldTat)
+}
+
+// applyQueueLimit stores l, which replaces limits spacing a rate by
+// oldInterval with its next start at oldTat, and applies it to the queue's
+// unfinished steps.
+func (s *Store) applyQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, l storage.QueueLimit, oldInterval int64, oldTat time.Time) error {
+	interval := l.Interval().Microseconds()
 	exec := func(sql string, args ...any) error {
 		_, err := tx.Exec(ctx, s.q(sql), args...)
 		return err

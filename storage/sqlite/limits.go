@@ -52,26 +52,43 @@ func (t *txn) admit(instances []*storage.NewInstance) (map[string]bool, error) {
 }
 
 // SetQueueLimit implements storage.Store.
-func (s *Store) SetQueueLimit(ctx context.Context, l storage.QueueLimit) error {
-	if err := l.Check(); err != nil {
-		return fmt.Errorf("sqlite: set queue limit: %w", err)
-	}
-	err := s.write(ctx, "set queue limit", func(t *txn) error { return t.setQueueLimit(l) })
-	if err != nil {
+func (s *Store) SetQueueLimit(ctx context.Context, c storage.QueueLimitChange) (storage.QueueLimit, error) {
+	var l storage.QueueLimit
+	err := s.write(ctx, "set queue limit", func(t *txn) (err error) {
+		l, err = t.setQueueLimit(c)
 		return err
+	})
+	if err != nil {
+		return storage.QueueLimit{}, err
 	}
 	s.notify()
-	return nil
+	return l, nil
 }
 
-func (t *txn) setQueueLimit(l storage.QueueLimit) error {
+func (t *txn) setQueueLimit(c storage.QueueLimitChange) (storage.QueueLimit, error) {
+	var (
+		stored                     = storage.QueueLimit{Queue: c.Queue}
+		perUS, oldInterval, oldTat int64
+	)
+	err := t.queryRow(`SELECT concurrency, rate, per_us, interval_us, tat FROM queue_limits WHERE queue = ?`, c.Queue).
+		Scan(&stored.Concurrency, &stored.Rate, &perUS, &oldInterval, &oldTat)
+	if err != nil && err != sql.ErrNoRows {
+		return storage.QueueLimit{}, err
+	}
+	stored.Per = time.Duration(perUS) * time.Microsecond
+	l := c.Apply(stored)
+	if err := l.Check(); err != nil {
+		return storage.QueueLimit{}, fmt.Errorf("sqlite: set queue limit: %w", err)
+	}
+	return l, t.applyQueueLimit(l, oldInterval, oldTat)
+}
+
+// applyQueueLimit stores l, which replaces limits spacing a rate by
+// oldInterval with its next start at oldTat (zero: none), and applies it
+// to the queue's unfinished steps.
+func (t *txn) applyQueueLimit(l storage.QueueLimit, oldInterval, oldTat int64) error {
 	now := us(t.now)
 	interval := l.Interval().Microseconds()
-	var oldInterval, oldTat int64
-	err := t.queryRow(`SELECT interval_us, tat FROM queue_limits WHERE queue = ?`, l.Queue).Scan(&oldInterval, &oldTat)
-	if err != nil && err != sql.ErrNoRows {
-		return err
-	}
 	// A rate that ends or changes lets the steps it had spaced out start
 	// now: not those waiting for a time of their own (rate_slot_due), which
 	// take their slot of the new rate, if any, when it comes.

@@ -64,6 +64,12 @@ func (b *bundle) createKeyed(ps ...storage.CreateParams) []string {
 	return ids
 }
 
+// setQueueLimit replaces every limit of l's queue.
+func (b *bundle) setQueueLimit(l storage.QueueLimit) error {
+	_, err := b.store.SetQueueLimit(b.ctx, storage.SetAll(l))
+	return err
+}
+
 // limitBundle is a bundle that remembers the claims it took, by instance.
 type limitBundle struct {
 	*bundle
@@ -221,7 +227,7 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		for range 5 {
 			ids = append(ids, b.createKeyed(keyed("", 0, 0))...)
 		}
-		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Concurrency: 2}))
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Concurrency: 2}))
 		require.Len(t, b.claimAll(), 2, "ready steps beyond a new limit are held")
 		more := b.createKeyed(keyed("", 0, 0))
 		require.True(t, b.held(more[0]))
@@ -229,16 +235,16 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, []string{ids[2]}, b.claimAll())
 
 		// Lowered: nothing more starts until the running ones are under it.
-		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Concurrency: 1}))
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Concurrency: 1}))
 		b.complete(ids[1])
 		require.Empty(t, b.claimAll())
 		b.complete(ids[2])
 		require.Equal(t, []string{ids[3]}, b.claimAll())
 
 		// Raised, then cleared: the held ones are released.
-		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Concurrency: 2}))
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Concurrency: 2}))
 		require.Equal(t, []string{ids[4]}, b.claimAll())
-		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work"}))
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work"}))
 		require.Equal(t, []string{more[0]}, b.claimAll())
 	},
 	"DelayedStepTakesItsSlotWhenDue": func(t *testing.T, h *Harness) {
@@ -251,7 +257,7 @@ var limitTests = map[string]func(*testing.T, *Harness){
 			step  func() storage.CreateParams
 		}{
 			{"queue", func(b *limitBundle) {
-				require.NoError(b.t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Concurrency: 1}))
+				require.NoError(b.t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Concurrency: 1}))
 			}, func() storage.CreateParams { return keyed("", 0, 0) }},
 			{"step key", func(*limitBundle) {}, func() storage.CreateParams { return keyed("a", 0, 1) }},
 		} {
@@ -277,7 +283,7 @@ var limitTests = map[string]func(*testing.T, *Harness){
 	},
 	"QueueRateSpacesStarts": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
-		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Rate: 2, Per: time.Second}))
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Rate: 2, Per: time.Second}))
 		var ids []string
 		for range 3 {
 			ids = append(ids, b.createKeyed(keyed("", 0, 0))...)
@@ -294,12 +300,12 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		// Cleared: steps spaced out by the rate start at once.
 		later := b.createKeyed(keyed("", 0, 0), keyed("", 0, 0))
 		require.Empty(t, b.claimAll())
-		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work"}))
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work"}))
 		require.Equal(t, later, b.claimAll())
 	},
 	"QueueRateSlotsStepsWhenTheyFallDue": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
-		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Rate: 2, Per: time.Second}))
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Rate: 2, Per: time.Second}))
 		late0 := b.now().Add(time.Hour)
 		late := b.createKeyed(delayedBy(keyed("", 0, 0), late0))
 		ids := b.createKeyed(keyed("", 0, 0), keyed("", 0, 0))
@@ -337,14 +343,14 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		hour := b.now().Add(time.Hour)
 		// Made ready before the queue had a limit, and after.
 		late := b.createKeyed(delayedBy(keyed("", 0, 0), hour))
-		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Rate: 1, Per: time.Second}))
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Rate: 1, Per: time.Second}))
 		late = append(late, b.createKeyed(delayedBy(keyed("", 0, 0), hour))...)
 		ids := b.createKeyed(keyed("", 0, 0), keyed("", 0, 0), keyed("", 0, 0))
 		require.Equal(t, ids[:1], b.claimAll())
 
 		// A faster rate respaces the steps due now, from now; the delayed
 		// ones keep their hour.
-		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Rate: 4, Per: time.Second}))
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Rate: 4, Per: time.Second}))
 		require.Equal(t, ids[1:2], b.claimAll())
 		b.clock.Advance(250 * time.Millisecond)
 		require.Equal(t, ids[2:], b.claimAll())
@@ -353,7 +359,7 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		// their time comes.
 		more := b.createKeyed(keyed("", 0, 0), keyed("", 0, 0))
 		require.Empty(t, b.claimAll())
-		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work"}))
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work"}))
 		require.Equal(t, more, b.claimAll())
 		b.clock.Advance(59 * time.Minute)
 		require.Empty(t, b.claimAll(), "a delayed step started before its time")
@@ -366,15 +372,15 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		for range 3 {
 			ids = append(ids, b.createKeyed(keyed("", 0, 0))...)
 		}
-		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Rate: 10, Per: 10 * time.Second}))
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Rate: 10, Per: 10 * time.Second}))
 		require.Equal(t, ids[:1], b.claimAll())
 		b.clock.Advance(time.Second)
 		require.Equal(t, ids[1:2], b.claimAll())
 	},
 	"Queues": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
-		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Concurrency: 1, Rate: 5, Per: time.Minute}))
-		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "idle", Concurrency: 3}))
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Concurrency: 1, Rate: 5, Per: time.Minute}))
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "idle", Concurrency: 3}))
 		b.createKeyed(keyed("", 0, 0), keyed("", 0, 0))
 		require.Len(t, b.claimAll(), 1)
 		b.clock.Advance(2 * time.Second)
@@ -386,6 +392,50 @@ var limitTests = map[string]func(*testing.T, *Harness){
 				Ready: 1, Held: 1, Running: 1, OldestWait: 2 * time.Second},
 		}, qs)
 	},
+	"QueueLimitChangeKeepsWhatItDoesNotName": func(t *testing.T, h *Harness) {
+		b := h.setupLimits(t)
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Concurrency: 2, Rate: 5, Per: time.Minute}))
+		three, none := 3, storage.QueueRate{}
+		got, err := b.store.SetQueueLimit(b.ctx, storage.QueueLimitChange{Queue: "q.work", Concurrency: &three})
+		require.NoError(t, err)
+		require.Equal(t, storage.QueueLimit{Queue: "q.work", Concurrency: 3, Rate: 5, Per: time.Minute}, got)
+		got, err = b.store.SetQueueLimit(b.ctx, storage.QueueLimitChange{Queue: "q.work", Rate: &none})
+		require.NoError(t, err)
+		require.Equal(t, storage.QueueLimit{Queue: "q.work", Concurrency: 3}, got)
+		qs, err := b.store.Queues(b.ctx)
+		require.NoError(t, err)
+		require.Equal(t, []storage.QueueInfo{{QueueLimit: got}}, qs)
+
+		bad := -1
+		_, err = b.store.SetQueueLimit(b.ctx, storage.QueueLimitChange{Queue: "q.work", Concurrency: &bad})
+		require.Error(t, err)
+		qs, err = b.store.Queues(b.ctx)
+		require.NoError(t, err)
+		require.Equal(t, []storage.QueueInfo{{QueueLimit: got}}, qs, "a refused change writes nothing")
+	},
+	"QueueLimitChangesMadeAtOnceBothHold": func(t *testing.T, h *Harness) {
+		b := h.setupLimits(t)
+		for i := 1; i <= 10; i++ {
+			require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work"}))
+			concurrency, rate := i, storage.QueueRate{Rate: i, Per: time.Second}
+			var (
+				wg   sync.WaitGroup
+				errs [2]error
+			)
+			wg.Go(func() {
+				_, errs[0] = b.store.SetQueueLimit(b.ctx, storage.QueueLimitChange{Queue: "q.work", Concurrency: &concurrency})
+			})
+			wg.Go(func() {
+				_, errs[1] = b.store.SetQueueLimit(b.ctx, storage.QueueLimitChange{Queue: "q.work", Rate: &rate})
+			})
+			wg.Wait()
+			require.NoError(t, errs[0])
+			require.NoError(t, errs[1])
+			qs, err := b.store.Queues(b.ctx)
+			require.NoError(t, err)
+			require.Equal(t, []storage.QueueInfo{{QueueLimit: storage.QueueLimit{Queue: "q.work", Concurrency: i, Rate: i, Per: time.Second}}}, qs, "round %d", i)
+		}
+	},
 	"SetQueueLimitRefusesBadLimits": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
 		for _, l := range []storage.QueueLimit{
@@ -395,7 +445,7 @@ var limitTests = map[string]func(*testing.T, *Harness){
 			{Queue: "q\x00", Concurrency: 1},
 			{Queue: "q", Rate: storage.MaxQueueLimit + 1, Per: time.Hour},
 		} {
-			require.Error(t, b.store.SetQueueLimit(b.ctx, l), "%+v", l)
+			require.Error(t, b.setQueueLimit(l), "%+v", l)
 		}
 		qs, err := b.store.Queues(b.ctx)
 		require.NoError(t, err)
@@ -403,7 +453,7 @@ var limitTests = map[string]func(*testing.T, *Harness){
 	},
 	"AdmittedInstanceStepsRespectTheirQueue": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
-		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "shared", Concurrency: 1}))
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "shared", Concurrency: 1}))
 		x, y := spec("x"), spec("y")
 		x.Queue, y.Queue = "shared", "shared"
 		var ids []string
@@ -439,7 +489,7 @@ var limitTests = map[string]func(*testing.T, *Harness){
 	},
 	"ConcurrentClaimersNeverExceedAQueueLimit": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
-		require.NoError(t, b.store.SetQueueLimit(b.ctx, storage.QueueLimit{Queue: "q.work", Concurrency: 3}))
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Concurrency: 3}))
 		b.concurrentClaimers(func(i int) storage.CreateParams { return keyed("", 0, 0) }, 3)
 	},
 }

@@ -109,17 +109,15 @@ func (c *cli) queueCommand() *cobra.Command {
 				return err
 			}
 			// A limit not named is kept.
-			l, err := engine.QueueLimit(ctx, args[0])
-			if err != nil {
-				return err
-			}
+			change := dagrun.QueueLimitChange{Queue: args[0]}
 			if flags.Changed("concurrency") {
-				l.Concurrency = most
+				change.Concurrency = &most
 			}
 			if flags.Changed("rate") {
-				l.Rate, l.Per = n, per
+				change.Rate = &dagrun.QueueRate{Rate: n, Per: per}
 			}
-			if err := engine.SetQueueLimit(ctx, l); err != nil {
+			l, err := engine.ChangeQueueLimit(ctx, change)
+			if err != nil {
 				return err
 			}
 			_, err = fmt.Fprintf(c.io.Stdout, "queue %s: concurrency %s, rate %s\n", l.Queue, concurrencyText(l.Concurrency), rateText(l))

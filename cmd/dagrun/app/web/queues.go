@@ -38,21 +38,16 @@ func (s *Server) setQueueLimit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, `give "concurrency" (a number, 0: no limit), "rate" ("N/DUR" such as "10/s", or "none") or both`)
 		return
 	}
-	l, err := s.engine.QueueLimit(r.Context(), name)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	if req.Concurrency != nil {
-		l.Concurrency = *req.Concurrency
-	}
+	change := dagrun.QueueLimitChange{Queue: name, Concurrency: req.Concurrency}
 	if req.Rate != nil {
-		if l.Rate, l.Per, err = dagrun.ParseRate(*req.Rate); err != nil {
+		n, per, err := dagrun.ParseRate(*req.Rate)
+		if err != nil {
 			s.fail(w, r, err)
 			return
 		}
+		change.Rate = &dagrun.QueueRate{Rate: n, Per: per}
 	}
-	if err := s.engine.SetQueueLimit(r.Context(), l); err != nil {
+	if _, err := s.engine.ChangeQueueLimit(r.Context(), change); err != nil {
 		s.fail(w, r, err)
 		return
 	}
