@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/propagation"
 
@@ -342,6 +343,10 @@ func (s *Server) listItems(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) cancelInstance(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
+	if err := decodeBody(r, &struct{}{}); err != nil { // it takes no fields
+		s.fail(w, r, err)
+		return
+	}
 	if err := s.engine.Cancel(r.Context(), id); err != nil {
 		s.failInstance(w, r, id, err)
 		return
@@ -378,6 +383,11 @@ func decodeBody(r *http.Request, v any) error {
 	}
 	if ct := r.Header.Get("Content-Type"); ct != "" && !jsonContentType(ct) {
 		return &requestError{status: http.StatusUnsupportedMediaType, msg: fmt.Sprintf("request body must be JSON (Content-Type: application/json), got %q", ct)}
+	}
+	if !utf8.Valid(data) {
+		// encoding/json would read it with U+FFFD in place of each bad
+		// byte, and two different keys could name one instance.
+		return &requestError{status: http.StatusBadRequest, msg: "invalid request body: it is not valid UTF-8"}
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()

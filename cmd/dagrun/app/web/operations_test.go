@@ -66,12 +66,15 @@ func TestOperationRefusals(t *testing.T) {
 		{"/api/instances/retry", `{"status": "stuck"}`, http.StatusBadRequest},
 		{"/api/instances/cancel", `{"workflow": "gret"}`, http.StatusNotFound},
 		{"/api/instances/retry", `{"workflow": "greet", "olderThan": "soon"}`, http.StatusBadRequest},
+		{"/api/instances/" + pending + "/cancel", `{"reason": "late"}`, http.StatusBadRequest},
+		{"/api/instances/" + pending + "/cancel", `{bad`, http.StatusBadRequest},
+		{"/api/workflows/greet/instances", "{\"key\": \"a\xff\"}", http.StatusBadRequest},
 	}
 	var report strings.Builder
 	for _, c := range cases {
 		r := b.do(t, http.MethodPost, c.path, c.body)
 		requireError(t, r, c.status, "")
-		fmt.Fprintf(&report, "POST %s %s\n%d %s\n\n", c.path, c.body, r.status, r.body)
+		fmt.Fprintf(&report, "POST %s %s\n%d %s\n\n", c.path, strings.ToValidUTF8(c.body, `\xff`), r.status, r.body)
 	}
 	golden(t, "operations-errors", strings.NewReplacer(failed, "<FAILED>", pending, "<COMPLETED>").Replace(report.String()))
 	require.Equal(t, "failed", b.status(t, failed), "refusals change nothing")

@@ -86,6 +86,7 @@ func TestSchedulesAPI(t *testing.T) {
 		requireError(t, b.do(t, http.MethodPost, "/api/schedules/nightly/2/pause", ""), http.StatusNotFound, "workflow nightly has no schedule 2: its schedules are numbered 0 to 1")
 		requireError(t, b.do(t, http.MethodPost, "/api/schedules/nope/0/pause", ""), http.StatusNotFound, `unknown workflow "nope"`)
 		requireError(t, b.do(t, http.MethodPost, "/api/schedules/nightly/first/pause", ""), http.StatusBadRequest, `invalid schedule index "first"`)
+		requireError(t, b.do(t, http.MethodPost, "/api/schedules/nightly/0/resume", `{"bogus": 1}`), http.StatusBadRequest, `unknown field "bogus"`)
 		requireError(t, b.do(t, http.MethodGet, "/api/schedules?next=0", ""), http.StatusBadRequest, `invalid next "0"`)
 
 		b.token = ""
