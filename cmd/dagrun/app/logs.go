@@ -107,7 +107,12 @@ func (c *cli) printLogs(ctx context.Context, store storage.Store, id, step strin
 		}
 		select {
 		case <-ctx.Done():
-			return nil // interrupted by the user: what was asked is printed
+			if inst.Status.Finished() {
+				return nil // all there will be is printed
+			}
+			// Interrupted before the instance finished: what was there is
+			// printed, but not all there will be.
+			return &exitError{code: ExitInterrupted}
 		case <-time.After(logsPoll):
 		}
 	}

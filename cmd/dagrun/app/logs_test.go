@@ -1,6 +1,7 @@
 package app_test
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -42,6 +43,20 @@ func TestLogsCommand(t *testing.T) {
 	res = b.run(t, "", "logs", id)
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
 	golden(t, "logs", res.stdout)
+
+	// Interrupted while the instance is unfinished, --follow has printed
+	// what there was and says it stopped before it was done. The interrupt
+	// comes later on a machine too loaded to have printed by then.
+	for delay := 200 * time.Millisecond; ; delay *= 2 {
+		ctx, cancel := context.WithCancel(t.Context())
+		time.AfterFunc(delay, cancel)
+		res = b.runContext(ctx, "logs", id, "--follow")
+		if strings.Count(res.stdout, "\n") == 3 || delay > 5*time.Second {
+			break
+		}
+	}
+	require.Equal(t, app.ExitInterrupted, res.code, res.stderr)
+	require.Equal(t, 3, strings.Count(res.stdout, "\n"), res.stdout)
 
 	// Once the instance finished, --follow prints what there is and ends.
 	require.Equal(t, app.ExitOK, b.run(t, "", "cancel", id).code)
