@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -197,4 +198,25 @@ func TestSignalEndsAWaitForTheLock(t *testing.T) {
 	require.NoError(t, tx.Rollback())
 	res = b.run(t, "", "list", "--json")
 	require.Equal(t, "[]\n", res.stdout, "nothing is written")
+}
+
+// TestServeRefusesAnAddressItCannotListenOn: an address serve cannot
+// listen on is the user's to change (exit 2), with a hint that fits why.
+func TestServeRefusesAnAddressItCannotListenOn(t *testing.T) {
+	t.Parallel()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = taken.Close() })
+	for _, tc := range []struct{ addr, hint string }{
+		{"127.0.0.1:99999", "give --addr as HOST:PORT"},
+		{taken.Addr().String(), "is another dagrun serve running?"},
+	} {
+		t.Run(tc.addr, func(t *testing.T) {
+			t.Parallel()
+			res := setup(t).run(t, "", "serve", "--addr", tc.addr)
+			require.Equal(t, app.ExitUsage, res.code, res.stderr)
+			require.Contains(t, res.stderr, tc.hint)
+			require.Equal(t, 1, strings.Count(res.stderr, "dagrun: "), res.stderr)
+		})
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -104,7 +105,14 @@ func (c *cli) serve(ctx context.Context, addr string, auth web.Config, withWorke
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %v (is another dagrun serve running? choose another port with --addr)", addr, err)
+		hint := "give --addr as HOST:PORT, such as 127.0.0.1:8080"
+		switch {
+		case errors.Is(err, syscall.EADDRINUSE):
+			hint = "is another dagrun serve running? choose another port with --addr"
+		case errors.Is(err, syscall.EACCES):
+			hint = "ports below 1024 need privileges: choose another port with --addr"
+		}
+		return usageError(fmt.Errorf("listen on %s: %v (%s)", addr, err, hint))
 	}
 	server := &http.Server{
 		Handler:           handler,
