@@ -136,6 +136,11 @@ type cli struct {
 	// conns, when set before engine() is called, sizes a PostgreSQL pool
 	// (see openStore); zero is commandConns.
 	conns int32
+	// longRunning, set by worker and serve before engine() is called,
+	// makes workflow files with errors a warning in the log: a one-shot
+	// command keeps stderr to its own error, and starting a bad workflow
+	// names its errors anyway.
+	longRunning bool
 }
 
 func (c *cli) rootCommand() *cobra.Command {
@@ -306,8 +311,11 @@ func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
 		if !errors.As(loadErr, &list) {
 			return nil, loadErr
 		}
-		// Bad files do not stop the others from being used; say so once.
-		c.logger.Warn("some workflow files have errors; run `dagrun validate` for details", slog.Int("errors", len(list)))
+		// Bad files do not stop the others from being used; a process that
+		// runs on says so once.
+		if c.longRunning {
+			c.logger.Warn("some workflow files have errors; run `dagrun validate` for details", slog.Int("errors", len(list)))
+		}
 	}
 	store, err := openStore(ctx, c.db, c.dbSchema, c.logger, c.conns)
 	if err != nil {

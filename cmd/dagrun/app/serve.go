@@ -88,6 +88,7 @@ func (c *cli) serve(ctx context.Context, addr string, auth web.Config, withWorke
 	if withWorker {
 		c.conns += workerConns
 	}
+	c.longRunning = true
 	engine, err := c.engine(ctx)
 	if err != nil {
 		return err

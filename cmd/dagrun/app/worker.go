@@ -48,6 +48,7 @@ func (c *cli) workerCommand() *cobra.Command {
 			}
 			ctx := cmd.Context()
 			c.conns = workerConns
+			c.longRunning = true
 			engine, err := c.engine(ctx)
 			if err != nil {
 				return err
