@@ -212,11 +212,11 @@ func TestValidate(t *testing.T) {
 	b := setup(t)
 	res := b.run(t, "", "validate")
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
-	require.Equal(t, "ok checkout (4 steps)\nok fanout (2 steps)\nok greet (1 steps)\nok refund (2 steps)\n", res.stdout)
+	require.Equal(t, "ok checkout (4 steps)\nok fanout (2 steps)\nok greet (1 step)\nok refund (2 steps)\n", res.stdout)
 
 	res = b.run(t, "", "validate", "testdata/invalid/typos.yaml", "testdata/workflows/greet.yaml", "testdata/invalid/not-yaml.yaml")
 	require.Equal(t, app.ExitUsage, res.code)
-	require.Equal(t, "ok greet (1 steps)\n", res.stdout)
+	require.Equal(t, "ok greet (1 step)\n", res.stdout)
 	for _, line := range strings.Split(strings.TrimSpace(res.stderr), "\n") {
 		require.Regexp(t, `^testdata/invalid/[a-z-]+\.yaml:\d+:\d+: `, line)
 	}
@@ -237,7 +237,7 @@ func TestValidateListsFilesAsTheEngineLoadsThem(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, ".dual.yaml.swp.yml"), []byte("x: ["), 0o644))
 	res := b.run(t, "", "validate")
 	require.Equal(t, app.ExitUsage, res.code)
-	require.Equal(t, "ok dual (1 steps)\n", res.stdout)
+	require.Equal(t, "ok dual (1 step)\n", res.stdout)
 	require.Equal(t, filepath.Join(dir, "dual.yml")+`:1:7: workflow "dual" is already defined in `+filepath.Join(dir, "dual.yaml")+": keep only one of the two files\n", res.stderr)
 
 	require.NoError(t, os.Remove(filepath.Join(dir, "dual.yml")))
@@ -254,12 +254,12 @@ func TestValidateCalls(t *testing.T) {
 	b.env["DAGRUN_WORKFLOWS"] = "testdata/calls"
 	res := b.run(t, "", "validate")
 	require.Equal(t, app.ExitUsage, res.code)
-	require.Equal(t, "ok fine (1 steps)\nok shipping (1 steps)\n", res.stdout)
+	require.Equal(t, "ok fine (1 step)\nok shipping (1 step)\n", res.stdout)
 	golden(t, "validate-calls", res.stderr)
 
 	res = b.run(t, "", "validate", "testdata/calls/loop-b.yaml", "testdata/calls/fine.yaml")
 	require.Equal(t, app.ExitUsage, res.code)
-	require.Equal(t, "ok fine (1 steps)\n", res.stdout)
+	require.Equal(t, "ok fine (1 step)\n", res.stdout)
 	require.Equal(t, `testdata/calls/loop-b.yaml:6:15: step "call-a": workflow call cycle loop-b -> loop-a -> loop-b: each instance would start another without end; remove one of these workflow steps`+"\n", res.stderr)
 
 	// A file is checked against its own folder's workflows, whatever

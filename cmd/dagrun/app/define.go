@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
 	"github.com/dagrun/dagrun/dag"
 )
 
@@ -38,7 +39,7 @@ func (c *cli) validateCommand() *cobra.Command {
 			bad := 0
 			for _, f := range checked {
 				if f.err == nil {
-					fmt.Fprintf(c.io.Stdout, "ok %s (%d steps)\n", f.workflow.Name, len(f.workflow.Steps))
+					fmt.Fprintf(c.io.Stdout, "ok %s (%s)\n", f.workflow.Name, view.Count(len(f.workflow.Steps), "step"))
 					continue
 				}
 				bad++

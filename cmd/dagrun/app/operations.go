@@ -111,12 +111,12 @@ func (c *cli) bulk(ctx context.Context, f *selectionFlags, verb, done string, ru
 	}
 	n, err := run(engine, byCLI(ctx), sel)
 	if err != nil && n > 0 {
-		return fmt.Errorf("%s %d instances, then: %w", done, n, err)
+		return fmt.Errorf("%s %s, then: %w", done, view.Count(n, "instance"), err)
 	}
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(c.io.Stdout, "%s %d instances\n", done, n)
+	fmt.Fprintf(c.io.Stdout, "%s %s\n", done, view.Count(n, "instance"))
 	return nil
 }
 

@@ -317,6 +317,14 @@ func optTime(t *time.Time) *string {
 // maxQuoted bounds how much of a caller's value an error message repeats.
 const maxQuoted = 64
 
+// Count writes n things: "1 step", "3 steps".
+func Count(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return strconv.Itoa(n) + " " + thing + "s"
+}
+
 // QuoteShort quotes s for an error message, Go-escaped so that invalid
 // UTF-8 and control bytes stay visible on one line, and cut after
 // maxQuoted bytes so that a 10 KB value does not flood the message.
