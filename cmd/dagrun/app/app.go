@@ -168,6 +168,28 @@ func (c *cli) rootCommand() *cobra.Command {
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
 	root.SuggestionsMinimumDistance = 2
+	// cobra's help command answers an unknown topic with the root's help
+	// and exit 0; this one says what it does not know.
+	root.SetHelpCommand(&cobra.Command{
+		Use:   "help [command]",
+		Short: "Help about any command",
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			target, rest, err := root.Find(args)
+			if err != nil || len(args) > 0 && (target == root || len(rest) > 0) {
+				topic := strings.Join(args, " ")
+				msg := fmt.Sprintf("unknown help topic %q", topic)
+				if target == nil || len(rest) == 0 {
+					target, rest = root, args
+				}
+				if s := target.SuggestionsFor(rest[0]); len(s) > 0 {
+					msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, " or "))
+				}
+				return usageError(errors.New(msg + "; run dagrun --help for the list of commands"))
+			}
+			return target.Help()
+		},
+	})
 	flags := root.PersistentFlags()
 	flags.StringVar(&c.db, "db", c.env("DAGRUN_DB", "dagrun.db"), "database: a SQLite path, sqlite:PATH, or postgres://... (env DAGRUN_DB)")
 	flags.StringVar(&c.dbSchema, "db-schema", c.env("DAGRUN_DB_SCHEMA", ""), "PostgreSQL schema of dagrun's tables (env DAGRUN_DB_SCHEMA; default the URL's dagrun_schema, else dagrun)")

@@ -328,6 +328,8 @@ func TestErrorLines(t *testing.T) {
 		{args: []string{"graph", "nope"}, code: app.ExitUsage},
 		{args: []string{"graph", "greet", "--format", "svg"}, code: app.ExitUsage},
 		{args: []string{"lsit"}, code: app.ExitUsage},
+		{args: []string{"help", "strat"}, code: app.ExitUsage},
+		{args: []string{"help", "queue", "nope"}, code: app.ExitUsage},
 		{args: []string{"list", "--every"}, code: app.ExitUsage},
 		{args: []string{"list", "--all", "--parent", "no-such-id"}, code: app.ExitUsage},
 		{args: []string{"--log-level", "loud", "list"}, code: app.ExitUsage},
