@@ -88,24 +88,34 @@ func (e *Engine) Signal(ctx context.Context, req SignalRequest) (SignalResult, e
 	if err != nil {
 		return SignalResult{}, err
 	}
-	w, err := e.Definition(inst)
-	if err != nil {
-		return SignalResult{}, err
-	}
-	wait := waitFor(w, req.Name)
-	if wait == nil {
-		return SignalResult{}, &UnknownSignalError{InstanceID: inst.ID, Name: req.Name, Signals: waitSignals(w)}
-	}
 	payload := bytes.TrimSpace(req.Data)
 	if len(payload) == 0 {
 		payload = json.RawMessage("null")
 	}
-	payload, _, err = decodeJSON(payload, "payload", e.config.MaxOutputBytes)
-	if err == nil {
-		err = wait.ValidatePayload(payload)
-	}
-	if err != nil {
-		return SignalResult{}, &SignalDataError{Name: req.Name, Err: err}
+	if inst.Status.Finished() {
+		// Refused whatever its name or payload, unless it repeats a signal
+		// the instance took (same ID), which the store answers as a
+		// duplicate: a sender retrying after the instance ended succeeds.
+		if req.ID == "" || req.Name == "" {
+			return SignalResult{}, &SignalConflictError{Err: storage.FinishedConflict(inst.ID, inst.Status)}
+		}
+		payload = json.RawMessage("null") // never stored
+	} else {
+		w, err := e.Definition(inst)
+		if err != nil {
+			return SignalResult{}, err
+		}
+		wait := waitFor(w, req.Name)
+		if wait == nil {
+			return SignalResult{}, &UnknownSignalError{InstanceID: inst.ID, Name: req.Name, Signals: waitSignals(w)}
+		}
+		payload, _, err = decodeJSON(payload, "payload", e.config.MaxOutputBytes)
+		if err == nil {
+			err = wait.ValidatePayload(payload)
+		}
+		if err != nil {
+			return SignalResult{}, &SignalDataError{Name: req.Name, Err: err}
+		}
 	}
 	rec := e.newFinishRecorder()
 	res, err := e.store.SendSignal(rec.attach(ctx), storage.SignalParams{

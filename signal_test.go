@@ -201,6 +201,20 @@ func TestSignalRepeatsAndFinishedInstances(t *testing.T) {
 		_, err = b.signal(t, other, "payment.confirmed", `1`)
 		require.ErrorIs(t, err, storage.ErrConflict, "a finished instance takes no signals")
 		require.Contains(t, err.Error(), "is already cancelled")
+
+		// A finished instance refuses as a conflict whatever the name or
+		// payload, yet a repeat of a signal it took is still a duplicate.
+		for _, req := range []dagrun.SignalRequest{
+			{InstanceID: id, Name: "nosuch"},
+			{InstanceID: id, Name: "approve", ID: "hook-3"},
+			{InstanceID: id, Name: "approve", Data: json.RawMessage(`{"approved": "yes"}`)},
+		} {
+			_, err = b.engine.Signal(context.Background(), req)
+			require.ErrorIs(t, err, storage.ErrConflict, "%+v", req)
+		}
+		res, err = send("hook-1", ``)
+		require.NoError(t, err)
+		require.True(t, res.Duplicate)
 	})
 }
 

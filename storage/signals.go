@@ -76,6 +76,13 @@ func SignalConflict(instanceID, name string, delivered bool) error {
 	return &SignalConflictError{Reason: fmt.Sprintf("signal %s was already sent to instance %s and %s (a repeat carrying the first one's signal ID changes nothing)", name, instanceID, what)}
 }
 
+// WaitFinishedConflict is the error of a signal whose wait step finished
+// (timed out, was skipped or cancelled, or was completed by hand) while its
+// instance runs on: stored, it would never be delivered.
+func WaitFinishedConflict(instanceID, step, signal string, status StepStatus) error {
+	return &SignalConflictError{Reason: fmt.Sprintf("step %s of instance %s, which waited for signal %s, is already %s and takes no more signals", step, instanceID, signal, status)}
+}
+
 // FinishedConflict is the error of a signal sent to a finished instance.
 func FinishedConflict(instanceID string, status InstanceStatus) error {
 	return &SignalConflictError{Reason: fmt.Sprintf("instance %s is already %s and takes no more signals", instanceID, status)}

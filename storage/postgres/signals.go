@@ -43,6 +43,11 @@ ev AS (
 )
 SELECT name FROM w`
 
+// finishedWaitSQL finds the wait step for signal $2 of instance $1 when it
+// has finished: such a signal would be stored and never delivered.
+const finishedWaitSQL = `SELECT name, status FROM {s}steps WHERE instance_id = $1 AND item_index = -1 AND wait_signal = $2
+	AND status IN ('completed', 'failed', 'skipped', 'cancelled')`
+
 // SendSignal implements storage.Store. The sender locks the instance row
 // first, as every transaction that changes its steps does, so two racing
 // senders serialize and the second sees the first's signal; the plan that
@@ -89,8 +94,18 @@ func (s *Store) SendSignal(ctx context.Context, p storage.SignalParams, plan sto
 		if status := l.state.Status; status.Finished() {
 			return storage.FinishedConflict(id, status)
 		}
+		var (
+			step       string
+			stepStatus storage.StepStatus
+		)
+		err = tx.QueryRow(ctx, s.q(finishedWaitSQL), id, p.Name).Scan(&step, &stepStatus)
+		switch {
+		case err == nil:
+			return storage.WaitFinishedConflict(id, step, p.Name, stepStatus)
+		case !errors.Is(err, pgx.ErrNoRows):
+			return err
+		}
 		now := s.now()
-		var step string
 		err = tx.QueryRow(ctx, s.q(deliverSQL), now, id, p.Name, jsonOrNil(p.Payload), p.ID).Scan(&step)
 		if errors.Is(err, pgx.ErrNoRows) {
 			s.queueActor(ctx, st, id)

@@ -116,15 +116,19 @@ func (s *Store) SendSignal(ctx context.Context, p storage.SignalParams, plan sto
 			return storage.FinishedConflict(id, status)
 		}
 		var (
-			step   string
-			stepID int64
+			step       string
+			stepID     int64
+			stepStatus storage.StepStatus
 		)
-		err = t.queryRow(`SELECT id, name FROM steps WHERE instance_id = ? AND item_index = -1 AND status = 'waiting' AND wait_signal = ?`,
-			id, p.Name).Scan(&stepID, &step)
+		err = t.queryRow(`SELECT id, name, status FROM steps WHERE instance_id = ? AND item_index = -1 AND wait_signal = ?`,
+			id, p.Name).Scan(&stepID, &step, &stepStatus)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}
-		res.Delivered = err == nil
+		if err == nil && stepStatus.Finished() {
+			return storage.WaitFinishedConflict(id, step, p.Name, stepStatus)
+		}
+		res.Delivered = err == nil && stepStatus == storage.StepWaiting
 		if _, err := t.exec(`INSERT INTO signals (instance_id, name, signal_id, payload, delivered, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
 			id, p.Name, p.ID, jsonArg(p.Payload), res.Delivered, us(t.now)); err != nil {
 			return err

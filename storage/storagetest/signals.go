@@ -145,6 +145,22 @@ var signalTests = map[string]func(*testing.T, *Harness){
 		_, err = b.signal(storage.SignalParams{Workflow: "wf", Key: "missing", Name: "a"})
 		require.ErrorIs(t, err, storage.ErrNotFound)
 	},
+	"RefusedByAWaitStepThatFinished": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		// The suite's plan skips a step named skip*: the wait step is
+		// skipped at once, and the other step keeps the instance running.
+		id := b.createOne(waitSpec("skip-await", "a", 0), spec("work"))
+		require.Equal(t, storage.StepSkipped, step(t, b.get(id), "skip-await").Status)
+		before := b.get(id).Events
+		_, err := b.signal(storage.SignalParams{InstanceID: id, Name: "a", ID: "s1"})
+		require.ErrorIs(t, err, storage.ErrConflict)
+		require.Contains(t, err.Error(), "step skip-await of instance "+id+", which waited for signal a, is already skipped")
+		require.Equal(t, before, b.get(id).Events, "a refused signal writes nothing")
+		// Nor is it stored: a second sender is refused the same way, not
+		// told that the first one's signal waits.
+		_, err = b.signal(storage.SignalParams{InstanceID: id, Name: "a", ID: "s2"})
+		require.Contains(t, err.Error(), "is already skipped")
+	},
 	"ByWorkflowAndKey": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		p := params(waitSpec("await-a", "a", 0))
