@@ -117,25 +117,31 @@ SELECT s.name, s.item_index, s.child_id, i.status, i.output FROM {s}steps s JOIN
 WHERE s.instance_id = $1 AND s.child_id <> '' AND s.status IN ('failed', 'cancelled')
 ORDER BY s.child_id`
 
+// refuseChild refuses an operation that would run child instance id again
+// by itself (see storage.RetryChildError); nil for a top-level instance.
+func (s *Store) refuseChild(ctx context.Context, tx pgx.Tx, id string) error {
+	var (
+		parent     *string
+		parentStep string
+	)
+	err := tx.QueryRow(ctx, s.q(`SELECT parent_id, parent_step FROM {s}instances WHERE id = $1`), id).Scan(&parent, &parentStep)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("instance %s: %w", id, storage.ErrNotFound)
+	}
+	if err != nil || parent == nil {
+		return err
+	}
+	return storage.RetryChildError(id, &storage.ParentRef{InstanceID: *parent, Step: parentStep})
+}
+
 // RetryInstance implements storage.Store.
 func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanFunc) error {
 	if plan == nil {
 		return errors.New("postgres: retry instance: nil PlanFunc")
 	}
 	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
-		var (
-			parent     *string
-			parentStep string
-		)
-		err := tx.QueryRow(ctx, s.q(`SELECT parent_id, parent_step FROM {s}instances WHERE id = $1`), id).Scan(&parent, &parentStep)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("instance %s: %w", id, storage.ErrNotFound)
-		}
-		if err != nil {
+		if err := s.refuseChild(ctx, tx, id); err != nil {
 			return err
-		}
-		if parent != nil {
-			return storage.RetryChildError(id, &storage.ParentRef{InstanceID: *parent, Step: parentStep})
 		}
 		now := s.now()
 		st.plan = plan

@@ -88,6 +88,11 @@ func (s *Store) RetryFrom(ctx context.Context, id, step string, plan storage.Pla
 		if status := l.state.Status; !status.Finished() {
 			return storage.RetryFromRefusal(id, status)
 		}
+		if l.state.Depth > 0 {
+			if err := s.refuseChild(ctx, tx, id); err != nil {
+				return err
+			}
+		}
 		if l.index(step) < 0 {
 			return storage.UnknownStepError(id, step, l.state.Steps)
 		}
@@ -148,6 +153,13 @@ func (s *Store) SkipStep(ctx context.Context, id, step string, output json.RawMe
 		instance := l.state.Status
 		if instance == storage.InstanceCompleted || instance == storage.InstanceCancelled || !storage.Skippable(status) {
 			return storage.SkipRefusal(id, step, instance, status)
+		}
+		if instance == storage.InstanceFailed && l.state.Depth > 0 {
+			// Skipping in a failed child would run it again while its
+			// parent step stays failed.
+			if err := s.refuseChild(ctx, tx, id); err != nil {
+				return err
+			}
 		}
 		st.tail.Queue(s.q(skipSQL), s.now(), id, step, output, stepID, storage.SkippedByHand)
 		l.state.Steps[i] = storage.StepState{Name: step, DependsOn: l.state.Steps[i].DependsOn, Status: storage.StepCompleted, Output: output}

@@ -36,14 +36,8 @@ func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanF
 	}
 	err := s.writeBy(ctx, "retry instance", func(t *txn) error {
 		t.planFn = plan
-		var parent sql.NullString
-		var parentStep string
-		err := t.queryRow(`SELECT parent_id, parent_step FROM instances WHERE id = ?`, id).Scan(&parent, &parentStep)
-		if err != nil {
-			return fmt.Errorf("instance %s: %w", id, interpretError("", err))
-		}
-		if parent.Valid {
-			return storage.RetryChildError(id, &storage.ParentRef{InstanceID: parent.String, Step: parentStep})
+		if err := t.refuseChild(id); err != nil {
+			return err
 		}
 		retried, err := t.retryOne(id)
 		if err != nil {
@@ -107,6 +101,22 @@ func (t *txn) retryOne(id string) ([]string, error) {
 		return nil, err
 	}
 	return append([]string{id}, children...), nil
+}
+
+// refuseChild refuses an operation that would run child instance id again
+// by itself (see storage.RetryChildError); nil for a top-level instance.
+func (t *txn) refuseChild(id string) error {
+	var (
+		parent     sql.NullString
+		parentStep string
+	)
+	if err := t.queryRow(`SELECT parent_id, parent_step FROM instances WHERE id = ?`, id).Scan(&parent, &parentStep); err != nil {
+		return fmt.Errorf("instance %s: %w", id, interpretError("", err))
+	}
+	if !parent.Valid {
+		return nil
+	}
+	return storage.RetryChildError(id, &storage.ParentRef{InstanceID: parent.String, Step: parentStep})
 }
 
 func (t *txn) instanceStatus(id string) (storage.InstanceStatus, error) {

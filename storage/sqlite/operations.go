@@ -146,6 +146,9 @@ func (s *Store) RetryFrom(ctx context.Context, id, step string, plan storage.Pla
 		if !status.Finished() {
 			return storage.RetryFromRefusal(id, status)
 		}
+		if err := t.refuseChild(id); err != nil {
+			return err
+		}
 		steps, states, err := t.opSteps(id)
 		if err != nil {
 			return err
@@ -178,6 +181,13 @@ func (s *Store) SkipStep(ctx context.Context, id, step string, output json.RawMe
 		target := steps[i]
 		if status == storage.InstanceCompleted || status == storage.InstanceCancelled || !storage.Skippable(target.state.Status) {
 			return storage.SkipRefusal(id, step, status, target.state.Status)
+		}
+		if status == storage.InstanceFailed {
+			// Skipping in a failed child would run it again while its
+			// parent step stays failed.
+			if err := t.refuseChild(id); err != nil {
+				return err
+			}
 		}
 		if target.forEach {
 			if _, err := t.exec(`DELETE FROM steps WHERE parent_id = ?`, target.id); err != nil {

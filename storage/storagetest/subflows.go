@@ -310,7 +310,16 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 		err := b.store.RetryInstance(b.ctx, child, plan)
 		require.ErrorIs(t, err, storage.ErrConflict, "a child is retried through its parent")
 		require.Contains(t, err.Error(), "retry "+id+" instead")
+		// Nor by retrying it from a step or skipping its failed step: it
+		// would run on while its parent step stays failed.
+		err = b.op().RetryFrom(b.ctx, child, "c1", plan)
+		require.ErrorIs(t, err, storage.ErrConflict, "a child is retried from a step through its parent")
+		require.Contains(t, err.Error(), "retry "+id+" instead")
+		err = b.op().SkipStep(b.ctx, child, "c2", json.RawMessage(`"by hand"`), plan)
+		require.ErrorIs(t, err, storage.ErrConflict, "a failed child's step is skipped through its parent")
+		require.Contains(t, err.Error(), "retry "+id+" instead")
 		require.Equal(t, storage.InstanceFailed, b.get(child).Status, "nothing changed")
+		require.Equal(t, storage.StepFailed, step(t, b.get(child), "c2").Status, "nothing changed")
 
 		require.NoError(t, b.store.RetryInstance(b.ctx, id, plan))
 		in := b.get(id)
