@@ -70,6 +70,18 @@ var (
 	errShutdown   = errors.New("worker is shutting down")
 )
 
+// lastAttempt reports whether step runs its last attempt: released at
+// shutdown, it would run once more than its retry policy allows.
+func lastAttempt(step storage.ClaimedStep) bool {
+	return step.Attempt >= step.Retry.MaxAttempts
+}
+
+// errStoppedOnLastAttempt is the error of a last attempt the worker
+// stopped at shutdown.
+func errStoppedOnLastAttempt(step storage.ClaimedStep) error {
+	return fmt.Errorf("the worker stopped during attempt %d of %d, its last: it is not run again (retry the instance to run it)", step.Attempt, step.Retry.MaxAttempts)
+}
+
 // newAttempt prepares an attempt of a claimed step; the caller holds mu.
 func (w *Worker) newAttempt(step storage.ClaimedStep) *attempt {
 	ctx, cancel := context.WithCancelCause(w.handlerCtx)
@@ -103,8 +115,13 @@ func (w *Worker) execute(a *attempt) {
 	}
 	w.handlerReturnedLocked(a)
 	if errors.Is(cause, errShutdown) && !a.stopped {
-		// Released with the other unfinished steps when Run ends.
-		return
+		if !lastAttempt(step) {
+			// Released with the other unfinished steps when Run ends.
+			return
+		}
+		// Released, its last attempt would run again (a step with
+		// maxAttempts 1 twice): it fails as a crash would fail it.
+		result, ok = w.engine.failure(step, errStoppedOnLastAttempt(step)), true
 	}
 	if !ok || a.stopped {
 		w.settleLocked(a)

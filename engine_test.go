@@ -514,6 +514,43 @@ steps:
 	})
 }
 
+// TestShutdownFailsALastAttempt: released, a step on its last attempt
+// would run once more than its retry policy allows (a step with
+// maxAttempts 1 twice), so a shutdown fails it as a crash would.
+func TestShutdownFailsALastAttempt(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		started := make(chan struct{}, 1)
+		registry := handlers.NewRegistry()
+		registry.Register("slow", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			started <- struct{}{}
+			<-ctx.Done()
+			return nil, ctx.Err()
+		})
+		b := setup(t, open, registry, `
+name: once
+steps:
+  - {name: once, handler: slow, retry: {maxAttempts: 1}}
+`)
+		worker, err := b.engine.NewWorker(&dagrun.WorkerConfig{ShutdownGrace: 20 * time.Millisecond, Poll: 10 * time.Millisecond})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- worker.Run(ctx) }()
+		id := b.start(t, "once", ``)
+		<-started
+		cancel()
+		require.NoError(t, <-done)
+		inst, err := b.engine.Get(context.Background(), id)
+		require.NoError(t, err)
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		s := step(t, inst, "once")
+		require.Equal(t, storage.StepFailed, s.Status, "failed, not released")
+		require.Equal(t, 1, s.Attempts)
+		require.Contains(t, s.Error, "the worker stopped during attempt 1 of 1, its last")
+	})
+}
+
 func TestDurableSleepHoldsNoWorker(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {

@@ -438,7 +438,16 @@ func (w *Worker) releaseUnfinished() {
 	claims := make([]storage.Claim, 0, len(w.attempts))
 	for key, a := range w.attempts {
 		a.stopTimer()
-		if !a.stopped {
+		switch {
+		case a.stopped:
+		case lastAttempt(a.step):
+			// Its handler never returned, or its result could not be
+			// recorded: released, the step would run once more than it
+			// may, so its lease runs out instead, which fails it as a
+			// crash would.
+			w.logger.Warn("dagrun: not releasing a step on its last attempt; it fails when its lease expires",
+				slog.String("instance", a.step.InstanceID), slog.String("step", a.step.Step), slog.Int("attempt", a.step.Attempt))
+		default:
 			claims = append(claims, a.step.Claim)
 		}
 		delete(w.attempts, key)
