@@ -482,32 +482,42 @@ func TestExpiredLeaseIsRecoveredByAnotherWorker(t *testing.T) {
 	})
 }
 
+// stopWhileRunning starts workflowYAML's instance (its one step runs the
+// handler "slow", which returns only when cancelled) under a worker with a
+// short grace, stops the worker once the step runs, and returns the
+// instance as the shutdown left it.
+func stopWhileRunning(t *testing.T, open func(*testing.T) storage.Store, workflowYAML string) *storage.Instance {
+	t.Helper()
+	started := make(chan struct{}, 1)
+	registry := handlers.NewRegistry()
+	registry.Register("slow", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+		started <- struct{}{}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	b := setup(t, open, registry, workflowYAML)
+	worker, err := b.engine.NewWorker(&dagrun.WorkerConfig{ShutdownGrace: 20 * time.Millisecond, Poll: 10 * time.Millisecond})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- worker.Run(ctx) }()
+	id := b.start(t, b.engine.Workflows()[0].Name, ``)
+	<-started
+	cancel()
+	require.NoError(t, <-done)
+	inst, err := b.engine.Get(context.Background(), id)
+	require.NoError(t, err)
+	return inst
+}
+
 func TestShutdownReleasesStepsThatOutliveTheGrace(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
-		started := make(chan struct{}, 1)
-		registry := handlers.NewRegistry()
-		registry.Register("slow", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
-			started <- struct{}{}
-			<-ctx.Done()
-			return nil, ctx.Err()
-		})
-		b := setup(t, open, registry, `
+		inst := stopWhileRunning(t, open, `
 name: slow
 steps:
   - {name: slow, handler: slow}
 `)
-		worker, err := b.engine.NewWorker(&dagrun.WorkerConfig{ShutdownGrace: 20 * time.Millisecond, Poll: 10 * time.Millisecond})
-		require.NoError(t, err)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error)
-		go func() { done <- worker.Run(ctx) }()
-		id := b.start(t, "slow", ``)
-		<-started
-		cancel()
-		require.NoError(t, <-done)
-		inst, err := b.engine.Get(context.Background(), id)
-		require.NoError(t, err)
 		s := step(t, inst, "slow")
 		require.Equal(t, storage.StepPending, s.Status, "released, not failed")
 		require.Equal(t, 0, s.Attempts, "a released attempt does not count")
@@ -520,29 +530,11 @@ steps:
 func TestShutdownFailsALastAttempt(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
-		started := make(chan struct{}, 1)
-		registry := handlers.NewRegistry()
-		registry.Register("slow", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
-			started <- struct{}{}
-			<-ctx.Done()
-			return nil, ctx.Err()
-		})
-		b := setup(t, open, registry, `
+		inst := stopWhileRunning(t, open, `
 name: once
 steps:
   - {name: once, handler: slow, retry: {maxAttempts: 1}}
 `)
-		worker, err := b.engine.NewWorker(&dagrun.WorkerConfig{ShutdownGrace: 20 * time.Millisecond, Poll: 10 * time.Millisecond})
-		require.NoError(t, err)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error)
-		go func() { done <- worker.Run(ctx) }()
-		id := b.start(t, "once", ``)
-		<-started
-		cancel()
-		require.NoError(t, <-done)
-		inst, err := b.engine.Get(context.Background(), id)
-		require.NoError(t, err)
 		require.Equal(t, storage.InstanceFailed, inst.Status)
 		s := step(t, inst, "once")
 		require.Equal(t, storage.StepFailed, s.Status, "failed, not released")
