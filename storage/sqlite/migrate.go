@@ -2,10 +2,13 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"embed"
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/dagrun/dagrun/storage"
 	"github.com/dagrun/dagrun/storage/internal/migrate"
 )
 
@@ -34,15 +37,25 @@ func (s *Store) migrate(ctx context.Context) error {
 		)`); err != nil {
 			return err
 		}
+		if err := s.checkMigrationsTable(ctx, t); err != nil {
+			return err
+		}
 		var current int
 		if err := t.tx.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
 			return err
 		}
 		if latest := ms[len(ms)-1].Version; current > latest {
-			return fmt.Errorf("database schema version %d is newer than this build of dagrun supports (%d): upgrade dagrun", current, latest)
+			return fmt.Errorf("%w: SQLite database %q has dagrun's schema version %d, newer than this build of dagrun supports (%d): upgrade dagrun",
+				storage.ErrUnavailable, s.name, current, latest)
 		}
 		for _, m := range ms[current:] {
 			if _, err := t.tx.ExecContext(ctx, m.SQL); err != nil {
+				if current == 0 && strings.Contains(err.Error(), "already exists") {
+					// A file of another program with a table of one of
+					// dagrun's names (steps, instances, events ...).
+					return fmt.Errorf("%w: SQLite database %q holds another program's tables under dagrun's names (%v): give dagrun a database file of its own",
+						storage.ErrUnavailable, s.name, err)
+				}
 				return fmt.Errorf("%s: %w", m.Name, err)
 			}
 			if _, err := t.tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`,
@@ -52,4 +65,36 @@ func (s *Store) migrate(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// checkMigrationsTable refuses a file whose schema_migrations is another
+// program's (golang-migrate's, Rails'): its versions are not dagrun's.
+func (s *Store) checkMigrationsTable(ctx context.Context, t *txn) error {
+	rows, err := t.tx.QueryContext(ctx, `SELECT name FROM pragma_table_info('schema_migrations') ORDER BY cid`)
+	if err != nil {
+		return err
+	}
+	columns, err := collectStrings(rows)
+	if err != nil {
+		return err
+	}
+	if strings.Join(columns, ",") != "version,name,applied_at" {
+		return fmt.Errorf("%w: SQLite database %q holds a schema_migrations table that is not dagrun's (columns %s): "+
+			"another program keeps its migrations in this file; give dagrun a database file of its own",
+			storage.ErrUnavailable, s.name, strings.Join(columns, ", "))
+	}
+	return nil
+}
+
+func collectStrings(rows *sql.Rows) ([]string, error) {
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
 }

@@ -180,7 +180,36 @@ func TestMigrate(t *testing.T) {
 		_, err = db.Exec(`INSERT INTO schema_migrations (version, name, applied_at) VALUES (999, '0999_future.sql', 0)`)
 		require.NoError(t, err)
 		_, err = sqlite.Open(t.Context(), path, nil)
+		require.ErrorIs(t, err, storage.ErrUnavailable)
 		require.ErrorContains(t, err, "upgrade dagrun")
+	})
+
+	// A file another program uses: what it holds is not dagrun's, and the
+	// error says so instead of failing on a migration.
+	t.Run("AnotherProgramsFile", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct{ name, schema, want string }{
+			{"golang-migrate", `CREATE TABLE schema_migrations (version uint64, dirty bool); INSERT INTO schema_migrations VALUES (3, 0)`,
+				"holds a schema_migrations table that is not dagrun's (columns version, dirty)"},
+			{"Rails", `CREATE TABLE schema_migrations (version varchar PRIMARY KEY); INSERT INTO schema_migrations VALUES ('20230101120000')`,
+				"holds a schema_migrations table that is not dagrun's (columns version)"},
+			{"a table named as one of dagrun's", `CREATE TABLE events (id integer)`,
+				"holds another program's tables under dagrun's names (table events already exists)"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				path := filepath.Join(t.TempDir(), "app.db")
+				db, err := sql.Open("sqlite3", path)
+				require.NoError(t, err)
+				_, err = db.Exec(tc.schema)
+				require.NoError(t, err)
+				require.NoError(t, db.Close())
+				_, err = sqlite.Open(t.Context(), path, nil)
+				require.ErrorIs(t, err, storage.ErrUnavailable)
+				require.ErrorContains(t, err, tc.want)
+				require.ErrorContains(t, err, "give dagrun a database file of its own")
+			})
+		}
 	})
 
 	// Version 14 keys step logs by their step's row: what a file of
