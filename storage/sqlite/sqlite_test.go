@@ -415,3 +415,25 @@ var undoVersion15 = []string{
 	`DROP TABLE instance_keys`,
 	`DELETE FROM schema_migrations WHERE version = 15`,
 }
+
+// TestOpenTakesThePathWhole: a path with characters a DSN gives meaning to
+// (? # %) opens the file of that name, not one cut at the first "?".
+func TestOpenTakesThePathWhole(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"a?b.db", "c#d.db", "100%.db", "with space.db"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			s, err := sqlite.Open(t.Context(), filepath.Join(dir, name), nil)
+			require.NoError(t, err)
+			require.NoError(t, s.Close())
+			_, err = os.Stat(filepath.Join(dir, name))
+			require.NoError(t, err, "the file of that name holds the database")
+			entries, err := os.ReadDir(dir)
+			require.NoError(t, err)
+			for _, e := range entries {
+				require.True(t, strings.HasPrefix(e.Name(), name), "no other file: %s", e.Name())
+			}
+		})
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -128,6 +129,11 @@ func dsn(path string, busy time.Duration, readOnly bool) string {
 		q.Set("_txlock", "deferred")
 	} else {
 		q.Set("_txlock", "immediate")
+	}
+	if strings.ContainsAny(path, "?#%") {
+		// The driver cuts a plain path at its first "?"; as a file: URI
+		// the path is escaped and SQLite reads it whole.
+		path = "file:" + (&url.URL{Path: path}).EscapedPath()
 	}
 	return path + "?" + q.Encode()
 }
