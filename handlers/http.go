@@ -75,9 +75,10 @@ func doHTTP(ctx context.Context, client *http.Client, in HTTPInput) (HTTPOutput,
 	if err != nil {
 		return HTTPOutput{}, Permanent(fmt.Errorf("http: %w", err))
 	}
-	// The URL as it appears in errors, with any password masked: step
-	// errors are stored and shown by status and the web UI.
-	target := req.Method + " " + req.URL.Redacted()
+	// The URL as it appears in errors, as the logs show it: step errors
+	// are stored and shown by status and the web UI, and the error goes
+	// into the step's log too.
+	target := req.Method + " " + loggableURL(req.URL)
 
 	reqCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()

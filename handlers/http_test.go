@@ -230,13 +230,15 @@ func TestHTTPRequest(t *testing.T) {
 		require.False(t, handlers.IsPermanent(err))
 	})
 
-	t.Run("PasswordRedactedInErrors", func(t *testing.T) {
+	t.Run("CredentialsHiddenInErrors", func(t *testing.T) {
 		t.Parallel()
 		b := setupHTTP(t, respondWith(401, "", ""))
-		u := strings.Replace(b.srv.URL, "http://", "http://user:secret@", 1)
+		u := strings.Replace(b.srv.URL, "http://", "http://user:secret@", 1) + "/p?token=hunter2"
 		_, err := b.call(t.Context(), t, map[string]any{"url": u})
 		require.ErrorContains(t, err, "401 Unauthorized")
+		require.ErrorContains(t, err, b.srv.URL+"/p?token=xxxxx")
 		require.NotContains(t, err.Error(), "secret")
+		require.NotContains(t, err.Error(), "hunter2")
 		require.Equal(t, "Basic dXNlcjpzZWNyZXQ=", (<-b.got).header.Get("Authorization"))
 	})
 
