@@ -213,6 +213,9 @@ func TestValidate(t *testing.T) {
 	res := b.run(t, "", "validate")
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
 	require.Equal(t, "ok checkout (4 steps)\nok fanout (2 steps)\nok greet (1 step)\nok refund (2 steps)\n", res.stdout)
+	// A folder named stands for its workflow files.
+	folder := b.run(t, "", "validate", "testdata/workflows")
+	require.Equal(t, res, folder)
 
 	res = b.run(t, "", "validate", "testdata/invalid/typos.yaml", "testdata/workflows/greet.yaml", "testdata/invalid/not-yaml.yaml")
 	require.Equal(t, app.ExitUsage, res.code)

@@ -18,18 +18,15 @@ import (
 
 func (c *cli) validateCommand() *cobra.Command {
 	return &cobra.Command{
-		Use:   "validate [FILE...]",
-		Short: "Check workflow files (every file of --workflows by default), printing FILE:LINE:COL: message per error",
+		Use:   "validate [FILE|FOLDER...]",
+		Short: "Check workflow files (every file of --workflows by default, or of a folder named), printing FILE:LINE:COL: message per error",
 		Long: "Validate checks each file on its own, then the workflow steps across files: the workflows they call\n" +
 			"must exist (in the files given, their folders or the --workflows folder), must not call each other in a cycle,\n" +
 			"and must get the inputs they require.",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			files := args
-			if len(files) == 0 {
-				var err error
-				if files, err = workflowFiles(c.workflowsDir); err != nil {
-					return usageError(err)
-				}
+			files, err := c.filesToValidate(args)
+			if err != nil {
+				return usageError(err)
 			}
 			opts := &dag.ParseOptions{HandlerExists: c.registry.Has}
 			checked, err := whileRunning(cmd.Context(), func() ([]fileCheck, error) { return c.checkFiles(files, len(args) > 0, opts), nil })
@@ -58,6 +55,27 @@ func (c *cli) validateCommand() *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// filesToValidate lists the files validate checks: args, with a folder
+// standing for its workflow files, or the --workflows folder's.
+func (c *cli) filesToValidate(args []string) ([]string, error) {
+	if len(args) == 0 {
+		return workflowFiles(c.workflowsDir)
+	}
+	var files []string
+	for _, arg := range args {
+		if info, err := os.Stat(arg); err == nil && info.IsDir() {
+			inFolder, err := workflowFiles(arg)
+			if err != nil {
+				return nil, err
+			}
+			files = append(files, inFolder...)
+			continue
+		}
+		files = append(files, arg)
+	}
+	return files, nil
 }
 
 // fileCheck is what validate found in one file: its workflow, or its errors.
