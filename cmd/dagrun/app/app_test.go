@@ -331,6 +331,7 @@ func TestErrorLines(t *testing.T) {
 		{args: []string{"graph", "nope"}, code: app.ExitUsage},
 		{args: []string{"graph", "greet", "--format", "svg"}, code: app.ExitUsage},
 		{args: []string{"lsit"}, code: app.ExitUsage},
+		{args: []string{"--workflows", "testdata/nowhere", "start", "greet"}, code: app.ExitUsage},
 		{args: []string{"help", "strat"}, code: app.ExitUsage},
 		{args: []string{"help", "queue", "nope"}, code: app.ExitUsage},
 		{args: []string{"list", "--every"}, code: app.ExitUsage},

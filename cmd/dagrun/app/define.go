@@ -264,6 +264,9 @@ func (c *cli) findWorkflow(ctx context.Context, name string) (*dag.Workflow, err
 		names[i] = w.Name
 	}
 	if len(names) == 0 {
+		if _, err := os.Stat(c.workflowsDir); errors.Is(err, os.ErrNotExist) {
+			return nil, usageError(fmt.Errorf("unknown workflow %q: the workflows folder %s does not exist (name another with --workflows or DAGRUN_WORKFLOWS)", name, c.workflowsDir))
+		}
 		return nil, usageError(fmt.Errorf("unknown workflow %q: no valid workflows in %s (check them with: dagrun validate)", name, c.workflowsDir))
 	}
 	return nil, usageError(fmt.Errorf("unknown workflow %q (available: %s)", name, strings.Join(names, ", ")))
