@@ -148,8 +148,11 @@ func ParseRate(s string) (n int, per time.Duration, err error) {
 		unit = "1" + unit
 	}
 	per, err = time.ParseDuration(unit)
-	if err != nil || per <= 0 {
+	if err != nil {
 		return 0, 0, &ArgumentError{Name: "rate", Reason: fmt.Sprintf("%q does not end with a duration: write e.g. 10/s, 10/1s or 100/1m", s)}
+	}
+	if per <= 0 {
+		return 0, 0, &ArgumentError{Name: "rate", Reason: fmt.Sprintf("%q has a period of %s: it must be positive, e.g. 10/s or 100/1m", s, per)}
 	}
 	if n == 0 {
 		return 0, 0, nil

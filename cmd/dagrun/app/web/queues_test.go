@@ -42,7 +42,7 @@ func TestQueuesAPI(t *testing.T) {
 			`{"rate": "ten/s"}`:     "does not start with a whole number",
 			`{"concurrency": "x"}`:  "invalid request body",
 			`{"concurency": 1}`:     "unknown field",
-			`{"rate": "1/0s"}`:      "does not end with a duration",
+			`{"rate": "1/0s"}`:      "has a period of 0s: it must be positive",
 			`{"rate": "100/1ns"}`:   "rate period",
 			`{"concurrency": 1e12}`: "invalid request body",
 		} {
