@@ -31,6 +31,9 @@ func (c *cli) signalCommand() *cobra.Command {
 				if workflow == "" || key == "" {
 					return usageError(errors.New("--workflow and --key go together: they name the instance started with that key"))
 				}
+				if len(args) == 2 {
+					return usageError(errors.New("name the instance once: by its ID, or by --workflow and --key, not both"))
+				}
 			}
 			return exactArgs(want, signalUsage)(cmd, args)
 		},
