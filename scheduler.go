@@ -422,8 +422,9 @@ func (e *Engine) PauseSchedule(ctx context.Context, workflow string, index int, 
 		specs[i] = scheduleSpec(w, sch)
 	}
 	// Registering first lets a schedule be paused before any scheduler
-	// has run, and leaves a registered one as it is.
-	if _, err := e.store.RegisterSchedules(ctx, storage.RegisterSchedulesParams{Specs: specs, Now: now}); err != nil {
+	// has run; a registered one is left as it is, even if this process's
+	// file differs from the one the schedulers run.
+	if _, err := e.store.RegisterSchedules(ctx, storage.RegisterSchedulesParams{Specs: specs, Now: now, OnlyNew: true}); err != nil {
 		return err
 	}
 	for _, sch := range targets {

@@ -390,6 +390,22 @@ func TestSchedulerPause(t *testing.T) {
 		require.NotEmpty(t, want)
 		require.Equal(t, want, ticks(t, store, w.Schedules[0]), "resumed: the ticks of the pause are not caught up")
 
+		// A pause and a resume from a checkout whose file differs (a
+		// process that runs no scheduler) leave the schedulers' version
+		// registered, so that they go on firing it.
+		w2, err := dag.Parse("", []byte(scheduledWorkflow("paused", `{cron: "@every 2m", overlap: allow}`)), nil)
+		require.NoError(t, err)
+		checkout, err := dagrun.New(store, newRegistry(), &dagrun.Config{Workflows: []*dag.Workflow{w2}})
+		require.NoError(t, err)
+		require.NoError(t, checkout.PauseSchedule(t.Context(), "paused", 0, true))
+		require.NoError(t, checkout.PauseSchedule(t.Context(), "paused", 0, false))
+		after, err := store.ListSchedules(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, states[0].Fingerprint, after[0].Fingerprint)
+		next := ticks(t, store, w.Schedules[0])
+		runUntil(t, s, clock, end.Add(2*time.Minute))
+		require.Len(t, ticks(t, store, w.Schedules[0]), len(next)+2, "the schedulers' version still fires")
+
 		require.ErrorIs(t, engine.PauseSchedule(t.Context(), "paused", 1, true), storage.ErrNotFound)
 		var unknown *dagrun.UnknownWorkflowError
 		require.ErrorAs(t, engine.PauseSchedule(t.Context(), "nope", 0, true), &unknown)

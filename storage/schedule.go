@@ -48,6 +48,11 @@ type RegisterSchedulesParams struct {
 	// Now is the caller's clock: a schedule seen for the first time, or
 	// whose fingerprint changed, fires only ticks after it.
 	Now time.Time
+	// OnlyNew creates the state of schedules never registered and leaves
+	// every registered one as it is, whatever its fingerprint: what a
+	// process does that does not run the schedules (a pause by hand from
+	// a checkout whose file may differ from the schedulers').
+	OnlyNew bool
 }
 
 // FireParams asks a store to start the instance of one tick.
@@ -102,8 +107,11 @@ type ScheduleStore interface {
 	// RegisterSchedules creates the state of schedules seen for the first
 	// time, with LastTick = p.Now, and renews that of schedules whose
 	// fingerprint changed (LastTick = the later of LastTick and p.Now, the
-	// counters and last instance kept, paused kept). It returns the state
-	// of p.Specs, in their order. Rows of schedules no longer loaded stay.
+	// counters kept, paused kept). A renewed or new schedule's last
+	// instance is the one of the schedule that had its fingerprint before
+	// (it moved in the list), or none: overlap: skip waits only for the
+	// schedule's own instances. It returns the state of p.Specs, in their
+	// order. Rows of schedules no longer loaded stay.
 	RegisterSchedules(ctx context.Context, p RegisterSchedulesParams) ([]Schedule, error)
 
 	// ListSchedules returns the state of every registered schedule, by

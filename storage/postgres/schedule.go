@@ -15,11 +15,23 @@ import (
 // when its fingerprint changed; an unchanged row is left as it is, not
 // rewritten, so every process's start adds no dead row versions.
 const registerScheduleSQL = `
-INSERT INTO {s}schedules AS s (workflow, position, fingerprint, last_tick, updated_at)
-VALUES ($2, $3, $4, $5, {now})
+INSERT INTO {s}schedules AS s (workflow, position, fingerprint, last_tick, updated_at, last_instance_id)
+VALUES ($2, $3, $4, $5, {now}, $6)
 ON CONFLICT (workflow, position) DO UPDATE SET fingerprint = excluded.fingerprint,
-	last_tick = greatest(s.last_tick, excluded.last_tick), updated_at = excluded.updated_at
+	last_tick = greatest(s.last_tick, excluded.last_tick), updated_at = excluded.updated_at,
+	last_instance_id = excluded.last_instance_id
 WHERE s.fingerprint <> excluded.fingerprint`
+
+// registerNewScheduleSQL creates a schedule's row and leaves a registered
+// one as it is (RegisterSchedulesParams.OnlyNew).
+const registerNewScheduleSQL = `
+INSERT INTO {s}schedules AS s (workflow, position, fingerprint, last_tick, updated_at, last_instance_id)
+VALUES ($2, $3, $4, $5, {now}, $6)
+ON CONFLICT (workflow, position) DO NOTHING`
+
+// lastInstancesSQL reads the last instance of the schedules of workflows
+// $1 by fingerprint, before any moved in the list.
+const lastInstancesSQL = `SELECT workflow, fingerprint, last_instance_id FROM {s}schedules WHERE workflow = ANY($1)`
 
 const scheduleColumns = `s.workflow, s.position, s.fingerprint, s.last_tick, s.paused, s.last_instance_id,
 	coalesce(i.status, ''), s.fired, s.skipped`
@@ -49,14 +61,30 @@ func (s *Store) RegisterSchedules(ctx context.Context, p storage.RegisterSchedul
 	}
 	var out []storage.Schedule
 	err := s.inTx(ctx, func(tx pgx.Tx, _ *txState) error {
+		rows, err := tx.Query(ctx, s.q(lastInstancesSQL), workflows)
+		if err != nil {
+			return err
+		}
+		lastOf := map[[2]string]string{}
+		var workflow, fingerprint, last string
+		if _, err := pgx.ForEachRow(rows, []any{&workflow, &fingerprint, &last}, func() error {
+			lastOf[[2]string{workflow, fingerprint}] = last
+			return nil
+		}); err != nil {
+			return err
+		}
+		register := registerScheduleSQL
+		if p.OnlyNew {
+			register = registerNewScheduleSQL
+		}
 		var b pgx.Batch
 		for _, sp := range p.Specs {
-			b.Queue(s.q(registerScheduleSQL), s.now(), sp.Workflow, sp.Index, sp.Fingerprint, p.Now)
+			b.Queue(s.q(register), s.now(), sp.Workflow, sp.Index, sp.Fingerprint, p.Now, lastOf[[2]string{sp.Workflow, sp.Fingerprint}])
 		}
 		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, s.q(`SELECT `+scheduleColumns+scheduleFrom+`
+		rows, err = tx.Query(ctx, s.q(`SELECT `+scheduleColumns+scheduleFrom+`
 			JOIN unnest($1::text[], $2::int[]) WITH ORDINALITY AS k(workflow, position, ord)
 				ON k.workflow = s.workflow AND k.position = s.position
 			ORDER BY k.ord`), workflows, indexes)

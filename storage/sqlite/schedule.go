@@ -11,12 +11,20 @@ import (
 )
 
 // registerScheduleSQL creates a schedule's row, or starts it over from ?4
-// when its fingerprint changed; an unchanged row is left as it is.
-const registerScheduleSQL = `INSERT INTO schedules (workflow, position, fingerprint, last_tick, updated_at)
-VALUES (?1, ?2, ?3, ?4, ?5)
+// when its fingerprint changed, with ?6 as its last instance; an unchanged
+// row is left as it is.
+const registerScheduleSQL = `INSERT INTO schedules (workflow, position, fingerprint, last_tick, updated_at, last_instance_id)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6)
 ON CONFLICT (workflow, position) DO UPDATE SET fingerprint = excluded.fingerprint,
-	last_tick = max(last_tick, excluded.last_tick), updated_at = excluded.updated_at
+	last_tick = max(last_tick, excluded.last_tick), updated_at = excluded.updated_at,
+	last_instance_id = excluded.last_instance_id
 WHERE fingerprint <> excluded.fingerprint`
+
+// registerNewScheduleSQL creates a schedule's row and leaves a registered
+// one as it is (RegisterSchedulesParams.OnlyNew).
+const registerNewScheduleSQL = `INSERT INTO schedules (workflow, position, fingerprint, last_tick, updated_at, last_instance_id)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+ON CONFLICT (workflow, position) DO NOTHING`
 
 const scheduleColumns = `s.workflow, s.position, s.fingerprint, s.last_tick, s.paused, s.last_instance_id,
 	coalesce(i.status, ''), s.fired, s.skipped`
@@ -46,8 +54,17 @@ func (s *Store) RegisterSchedules(ctx context.Context, p storage.RegisterSchedul
 	out := make([]storage.Schedule, 0, len(p.Specs))
 	err := s.write(ctx, "register schedules", func(t *txn) error {
 		out = out[:0]
+		lastOf, err := t.lastInstances(p.Specs)
+		if err != nil {
+			return err
+		}
+		register := registerScheduleSQL
+		if p.OnlyNew {
+			register = registerNewScheduleSQL
+		}
 		for _, sp := range p.Specs {
-			if _, err := t.exec(registerScheduleSQL, sp.Workflow, sp.Index, sp.Fingerprint, us(p.Now), us(t.now)); err != nil {
+			last := lastOf[[2]string{sp.Workflow, sp.Fingerprint}]
+			if _, err := t.exec(register, sp.Workflow, sp.Index, sp.Fingerprint, us(p.Now), us(t.now), last); err != nil {
 				return err
 			}
 			sch, err := scanSchedule(t.queryRow(`SELECT `+scheduleColumns+scheduleFrom+` WHERE s.workflow = ? AND s.position = ?`,
@@ -61,6 +78,36 @@ func (s *Store) RegisterSchedules(ctx context.Context, p storage.RegisterSchedul
 	})
 	if err != nil {
 		return nil, err
+	}
+	return out, nil
+}
+
+// lastInstances returns, by workflow and fingerprint, the last instance
+// of the schedules of specs' workflows as they are registered now, before
+// any moved in the list.
+func (t *txn) lastInstances(specs []storage.ScheduleSpec) (map[[2]string]string, error) {
+	out := map[[2]string]string{}
+	seen := map[string]bool{}
+	for _, sp := range specs {
+		if seen[sp.Workflow] {
+			continue
+		}
+		seen[sp.Workflow] = true
+		rows, err := t.query(`SELECT fingerprint, last_instance_id FROM schedules WHERE workflow = ?`, sp.Workflow)
+		if err != nil {
+			return nil, err
+		}
+		err = eachRow(rows, func(sc scanner) error {
+			var fingerprint, last string
+			if err := sc.Scan(&fingerprint, &last); err != nil {
+				return err
+			}
+			out[[2]string{sp.Workflow, fingerprint}] = last
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }

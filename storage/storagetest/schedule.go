@@ -155,6 +155,46 @@ var scheduleTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, storage.FireStarted, b.fire(next).Outcome, "the last instance finished")
 	},
 
+	"OverlapStateFollowsTheSchedule": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		long := storage.ScheduleSpec{Workflow: "wf", Index: 0, Fingerprint: "fp-long"}
+		b.register(long)
+		running := b.fire(fireParams(long, b.now().Add(time.Minute)))
+		require.Equal(t, storage.FireStarted, running.Outcome)
+
+		// A schedule inserted before it: the running instance follows its
+		// schedule to index 1, and the new one at index 0 has none.
+		b.clock.Advance(time.Minute)
+		moved := storage.ScheduleSpec{Workflow: "wf", Index: 1, Fingerprint: "fp-long"}
+		inserted := storage.ScheduleSpec{Workflow: "wf", Index: 0, Fingerprint: "fp-new"}
+		got := b.register(inserted, moved)
+		require.Empty(t, got[0].LastInstanceID, "a new schedule waits for no instance of another")
+		require.Equal(t, running.InstanceID, got[1].LastInstanceID, "a moved schedule keeps its last instance")
+
+		tick := b.now().Add(time.Minute)
+		first, second := fireParams(inserted, tick), fireParams(moved, tick)
+		first.SkipIfRunning, second.SkipIfRunning = true, true
+		require.Equal(t, storage.FireStarted, b.fire(first).Outcome, "overlap: skip of the new schedule")
+		require.Equal(t, storage.FireResult{Outcome: storage.FireSkipped, InstanceID: running.InstanceID}, b.fire(second),
+			"overlap: skip of the moved one still sees its running instance")
+
+		// An edit starts a schedule over: its old version's instance is
+		// not its own.
+		b.clock.Advance(time.Minute)
+		edited := storage.ScheduleSpec{Workflow: "wf", Index: 1, Fingerprint: "fp-long-2"}
+		got = b.register(inserted, edited)
+		require.Empty(t, got[1].LastInstanceID)
+	},
+	"RegisterOnlyNewLeavesRegisteredSchedules": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		b.register(scheduleSpec)
+		other := storage.ScheduleSpec{Workflow: "wf", Index: 0, Fingerprint: "fp-other"}
+		added := storage.ScheduleSpec{Workflow: "wf", Index: 1, Fingerprint: "fp-b"}
+		got, err := b.store.RegisterSchedules(b.ctx, storage.RegisterSchedulesParams{Specs: []storage.ScheduleSpec{other, added}, Now: b.now(), OnlyNew: true})
+		require.NoError(t, err)
+		require.Equal(t, "fp-1", got[0].Fingerprint, "a registered schedule is left as it is")
+		require.Equal(t, "fp-b", got[1].Fingerprint, "a new one is registered")
+	},
 	"OverlapAllow": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		b.register(scheduleSpec)
