@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"time"
 
@@ -42,6 +43,9 @@ type SchedulerConfig struct {
 	// started up to this late even without catchup. Default:
 	// DefaultLateTolerance (1m).
 	LateTolerance time.Duration
+	// Workflows, when set, limits the scheduler to these workflows'
+	// schedules (a workflow test runs only the tested one's).
+	Workflows []string
 }
 
 // ScheduleObserver is implemented by an Observer that also wants to know
@@ -87,6 +91,9 @@ func (e *Engine) NewScheduler(config *SchedulerConfig) (*Scheduler, error) {
 		owner: map[*dag.Schedule]*dag.Workflow{}}
 	s.observer, _ = e.observer.(ScheduleObserver)
 	for _, w := range e.Workflows() {
+		if len(c.Workflows) > 0 && !slices.Contains(c.Workflows, w.Name) {
+			continue
+		}
 		for _, sch := range w.Schedules {
 			s.loaded = append(s.loaded, sch)
 			s.owner[sch] = w

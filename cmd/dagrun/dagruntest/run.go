@@ -245,7 +245,7 @@ func readHistory(ctx context.Context, engine *dagrun.Engine, inst *storage.Insta
 // instance, and returns its ID. A schedule paused or without a future tick
 // starts nothing: that is an error.
 func startScheduled(ctx context.Context, engine *dagrun.Engine, clock *fakeClock, workflow string) (string, error) {
-	scheduler, err := engine.NewScheduler(&dagrun.SchedulerConfig{Now: clock.Now})
+	scheduler, err := engine.NewScheduler(&dagrun.SchedulerConfig{Now: clock.Now, Workflows: []string{workflow}})
 	if err == nil {
 		err = scheduler.Register(ctx)
 	}
