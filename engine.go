@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"sort"
 	"strings"
 	"sync"
@@ -71,11 +72,18 @@ type Config struct {
 	// instance at this depth (a top-level instance is at 0) fails for good
 	// instead of starting a child. Default: DefaultMaxDepth (10).
 	MaxDepth int
+	// Jitter draws the random fraction, in [0, 1), that spreads a retry's
+	// backoff (see dag.Retry.Delay). Default: math/rand/v2's Float64.
+	// Workflow tests fix it, so that a case runs the same every time.
+	Jitter func() float64
 }
 
 func (c *Config) withDefaults() *Config {
 	out := *c
 	out.Logger = cmp.Or(c.Logger, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if out.Jitter == nil {
+		out.Jitter = rand.Float64
+	}
 	out.MaxInputBytes = cmp.Or(c.MaxInputBytes, DefaultMaxInputBytes)
 	out.MaxOutputBytes = cmp.Or(c.MaxOutputBytes, DefaultMaxOutputBytes)
 	out.MaxPlanInputBytes = cmp.Or(c.MaxPlanInputBytes, DefaultMaxPlanInputBytes)

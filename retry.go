@@ -1,8 +1,6 @@
 package dagrun
 
 import (
-	"math/rand/v2"
-
 	"github.com/dagrun/dagrun/handlers"
 	"github.com/dagrun/dagrun/storage"
 )
@@ -18,6 +16,6 @@ func (e *Engine) failure(step storage.ClaimedStep, err error) storage.StepResult
 	}
 	res.Outcome = storage.OutcomeRetry
 	// A delay, not a time: the store counts it from its own clock.
-	res.Delay = step.Retry.Delay(step.Attempt, rand.Float64())
+	res.Delay = step.Retry.Delay(step.Attempt, e.config.Jitter())
 	return res
 }

@@ -137,7 +137,12 @@ func (r *Runner) RunCase(ctx context.Context, f *File, c *Case) *Result {
 	clock := mem.clock
 	clock.set(c.Start)
 	problems := &problemLog{}
-	engine, err := dagrun.New(mem.store, mockRegistry(r.registry, r.workflows, f.Workflow, c.Mocks, problems), &dagrun.Config{Workflows: r.workflows})
+	engine, err := dagrun.New(mem.store, mockRegistry(r.registry, r.workflows, f.Workflow, c.Mocks, problems), &dagrun.Config{
+		Workflows: r.workflows,
+		// Retries wait their whole backoff, so that a case runs the same
+		// every time and reads as the formula of the reference.
+		Jitter: func() float64 { return 0 },
+	})
 	if err != nil {
 		res.Failures = append(res.Failures, err.Error())
 		return res

@@ -46,6 +46,17 @@ func TestScheduledCases(t *testing.T) {
 	dagruntest.Run(t, registry, "testdata/scheduled")
 }
 
+// TestBackoffIsExact: a retry waits its whole backoff, without jitter, so
+// that a case timed against it runs the same every time.
+func TestBackoffIsExact(t *testing.T) {
+	t.Parallel()
+	registry := handlers.NewRegistry()
+	handlers.RegisterBuiltins(registry)
+	for range 5 {
+		dagruntest.Run(t, registry, "testdata/backoff")
+	}
+}
+
 // TestLongHistory: a case's expected events are looked for in the whole
 // history, also where it is longer than the latest events Get returns.
 func TestLongHistory(t *testing.T) {
