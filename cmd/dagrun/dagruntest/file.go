@@ -175,6 +175,12 @@ func Parse(path string, src []byte, workflows []*dag.Workflow) (*File, error) {
 		}
 		return nil, p.errs
 	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		p.errorAt(extra.Line, extra.Column, "a test file holds one YAML document: move the cases after this --- into the first, or into a file of their own")
+	} else if !errors.Is(err, io.EOF) {
+		p.yamlError(err)
+	}
 	f := p.file(&doc)
 	if len(p.errs) > 0 {
 		slices.SortStableFunc(p.errs, func(a, b *dag.Error) int {
@@ -264,6 +270,7 @@ func (p *fileParser) text(n *yaml.Node, what string) (string, bool) {
 // it compares equal to the values the engine stores.
 func (p *fileParser) value(n *yaml.Node, what string) (json.RawMessage, any, bool) {
 	var v any
+	textTimestamps(resolve(n))
 	if err := resolve(n).Decode(&v); err != nil {
 		p.errorf(n, "%s: %v", what, err)
 		return nil, nil, false
@@ -276,6 +283,18 @@ func (p *fileParser) value(n *yaml.Node, what string) (json.RawMessage, any, boo
 	var normal any
 	_ = json.Unmarshal(raw, &normal)
 	return raw, normal, true
+}
+
+// textTimestamps makes the unquoted dates and times under n text, as a
+// workflow file reads them: JSON has no timestamps, and yaml.v3 would
+// decode 2030-01-03 as midnight UTC of that day.
+func textTimestamps(n *yaml.Node) {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!timestamp" {
+		n.Tag = "!!str"
+	}
+	for _, c := range n.Content {
+		textTimestamps(c)
+	}
 }
 
 func (p *fileParser) file(doc *yaml.Node) *File {
@@ -380,6 +399,9 @@ func (p *fileParser) testCase(n *yaml.Node, w *dag.Workflow) *Case {
 	}
 	if v := m["runFor"]; v != nil {
 		c.RunFor = p.duration(v, "runFor", "a duration of workflow time, like 24h")
+		if c.RunFor == 0 && len(p.errs) == 0 {
+			p.errorf(v, "runFor must be more than 0s: leave it out to run the case until the instance settles")
+		}
 	}
 	if v := m["steps"]; v != nil {
 		c.Mocks = p.mocks(v, w)

@@ -36,7 +36,7 @@ steps:
   charge: {output: shared}
 cases:
   - name: own mocks win
-    input: {amount: 3}
+    input: {amount: 3, day: 2030-01-03}
     start: 2031-02-03T04:05:06Z
     runFor: 1h
     steps:
@@ -57,7 +57,7 @@ cases:
 
 	c := f.Cases[0]
 	require.Equal(t, "own mocks win", c.Name)
-	require.JSONEq(t, `{"amount": 3}`, string(c.Input))
+	require.JSONEq(t, `{"amount": 3, "day": "2030-01-03"}`, string(c.Input), "an unquoted date is text, as in a workflow file")
 	require.Equal(t, time.Date(2031, 2, 3, 4, 5, 6, 0, time.UTC), c.Start)
 	require.Equal(t, time.Hour, c.RunFor)
 	require.Equal(t, []dagruntest.Reply{
@@ -96,6 +96,10 @@ func TestParseRejectsWhatCannotRun(t *testing.T) {
 			want: "t.yaml:4:21: steps.charge: a list of replies needs at least one"},
 		{name: "NegativeRunFor", src: "workflow: pay\ncases:\n  - name: x\n    runFor: -1h\n",
 			want: "t.yaml:4:13: runFor must be a duration of workflow time, like 24h"},
+		{name: "ZeroRunFor", src: "workflow: pay\ncases:\n  - name: x\n    runFor: 0s\n",
+			want: "t.yaml:4:13: runFor must be more than 0s"},
+		{name: "SecondDocument", src: "workflow: pay\ncases:\n  - name: x\n---\nworkflow: pay\n",
+			want: "t.yaml:4:1: a test file holds one YAML document"},
 		{name: "BadStart", src: "workflow: pay\ncases:\n  - name: x\n    start: tomorrow\n",
 			want: "t.yaml:4:12: start must be an RFC 3339 time"},
 		{name: "CaseWithoutName", src: "workflow: pay\ncases:\n  - input: {}\n", want: "t.yaml:3:5: a case needs a name:"},
