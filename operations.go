@@ -132,6 +132,11 @@ type Selection struct {
 	Workflow  string
 	Status    storage.InstanceStatus
 	OlderThan time.Duration
+	// Children picks child instances (started by workflow steps) too. By
+	// default a selection picks what `dagrun list` shows: top-level
+	// instances, whose children are cancelled and retried with them.
+	// Cancelling a child by itself fails its parent's step.
+	Children bool
 }
 
 // Validate checks the selection.
@@ -167,7 +172,7 @@ func (e *Engine) eachSelected(ctx context.Context, sel Selection, fn func(id str
 	if err != nil {
 		return 0, err
 	}
-	f := storage.InstanceFilter{Workflow: sel.Workflow, Status: sel.Status, Limit: bulkPage}
+	f := storage.InstanceFilter{Workflow: sel.Workflow, Status: sel.Status, TopLevel: !sel.Children, Limit: bulkPage}
 	if sel.OlderThan > 0 {
 		f.CreatedBefore = time.Now().Add(-sel.OlderThan)
 	}

@@ -411,3 +411,31 @@ func TestACrashBetweenChildAndParentLeavesNeitherHalfDone(t *testing.T) {
 		requireJSON(t, `{"tracking": "T-5"}`, inst.Output)
 	})
 }
+
+// TestBulkCancelLeavesChildrenToTheirParents: a selection picks what
+// `list` shows, top-level instances; cancelling a child by itself, which
+// fails its parent's step, takes asking for children.
+func TestBulkCancelLeavesChildrenToTheirParents(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, shipRegistry(nil), shippingWorkflow, `
+name: caller
+steps:
+  - {name: ship, workflow: shipping, input: {orderId: 1}}
+`)
+		parent := b.start(t, "caller", ``) // no worker: the child waits, pending
+		ctx := context.Background()
+		n, err := b.engine.CancelSelected(ctx, dagrun.Selection{Workflow: "shipping"})
+		require.NoError(t, err)
+		require.Zero(t, n, "the child goes with its parent")
+		inst, err := b.engine.Get(ctx, parent)
+		require.NoError(t, err)
+		require.Equal(t, storage.InstanceRunning, inst.Status, "its workflow step started it")
+
+		n, err = b.engine.CancelSelected(ctx, dagrun.Selection{Workflow: "shipping", Children: true})
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		inst = b.wait(t, parent)
+		require.Equal(t, storage.InstanceFailed, inst.Status, "a child cancelled by itself fails its parent's step")
+	})
+}

@@ -59,6 +59,10 @@ type InstanceFilter struct {
 	Status   InstanceStatus
 	// CreatedBefore, when set, selects instances created before it.
 	CreatedBefore time.Time
+	// TopLevel leaves out child instances (those a workflow step
+	// started): a bulk operation acts on what `list` shows, and a child is
+	// cancelled and retried with its parent.
+	TopLevel bool
 	// AfterID pages: only instances created after this one.
 	AfterID string
 	Limit   int

@@ -273,8 +273,8 @@ func (s *Store) MatchInstances(ctx context.Context, f storage.InstanceFilter) ([
 	err := s.read(ctx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, s.q(`SELECT id FROM {s}instances
 			WHERE ($1 = '' OR workflow = $1) AND ($2 = '' OR status = $2) AND ($3::timestamptz IS NULL OR created_at < $3)
-				AND id > $5
-			ORDER BY id LIMIT $4`), f.Workflow, string(f.Status), before, limit, f.AfterID)
+				AND id > $5 AND (NOT $6 OR parent_id IS NULL)
+			ORDER BY id LIMIT $4`), f.Workflow, string(f.Status), before, limit, f.AfterID, f.TopLevel)
 		if err != nil {
 			return err
 		}

@@ -283,7 +283,8 @@ func (s *Store) MatchInstances(ctx context.Context, f storage.InstanceFilter) ([
 	err := s.read(ctx, "match instances", func(tx *sql.Tx) error {
 		rows, err := tx.QueryContext(ctx, `SELECT id FROM instances
 			WHERE (?1 = '' OR workflow = ?1) AND (?2 = '' OR status = ?2) AND (?3 = 0 OR created_at < ?3) AND id > ?5
-			ORDER BY id LIMIT ?4`, f.Workflow, string(f.Status), before, limit, f.AfterID)
+				AND (NOT ?6 OR parent_id IS NULL)
+			ORDER BY id LIMIT ?4`, f.Workflow, string(f.Status), before, limit, f.AfterID, f.TopLevel)
 		if err != nil {
 			return err
 		}

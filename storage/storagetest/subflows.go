@@ -296,6 +296,19 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 		require.ErrorIs(t, b.store.CancelInstance(b.ctx, ids[2], "again", plan), storage.ErrConflict)
 	},
 
+	"MatchTopLevelLeavesOutChildren": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		plan := callPlan(map[string][]storage.StepSpec{"call": {spec("c1")}})
+		id := b.createWith(plan, params(callSpec("call")))
+		child := b.child(id, "call").ID
+		all, err := b.op().MatchInstances(b.ctx, storage.InstanceFilter{})
+		require.NoError(t, err)
+		require.ElementsMatch(t, []string{id, child}, all)
+		top, err := b.op().MatchInstances(b.ctx, storage.InstanceFilter{TopLevel: true})
+		require.NoError(t, err)
+		require.Equal(t, []string{id}, top)
+	},
+
 	"RetryRetriesFailedChildren": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		plan := callPlan(map[string][]storage.StepSpec{"call": {spec("c1"), spec("c2", "c1")}})

@@ -68,6 +68,7 @@ func operationError(id string, err error) error {
 // retry instead of an ID.
 type selectionFlags struct {
 	workflow, status, olderThan string
+	children                    bool
 }
 
 func (f *selectionFlags) register(cmd *cobra.Command, verb string) {
@@ -75,16 +76,19 @@ func (f *selectionFlags) register(cmd *cobra.Command, verb string) {
 	fl.StringVar(&f.workflow, "workflow", "", verb+" every instance of this workflow (with --status, those in it)")
 	fl.StringVar(&f.status, "status", "", verb+" every instance in this status")
 	fl.StringVar(&f.olderThan, "older-than", "", "with --workflow or --status: only instances created longer ago than this: 30d, 2w, 12h")
+	fl.BoolVar(&f.children, "all", false, "with --workflow or --status: child instances (of workflow steps) too, as list --all shows them; by default only top-level ones, whose children go with them")
 }
 
-func (f *selectionFlags) set() bool { return f.workflow != "" || f.status != "" || f.olderThan != "" }
+func (f *selectionFlags) set() bool {
+	return f.workflow != "" || f.status != "" || f.olderThan != "" || f.children
+}
 
 // selection parses the flags, or explains in one line what is wrong.
 func (f *selectionFlags) selection(verb string) (dagrun.Selection, error) {
 	if f.workflow == "" && f.status == "" {
 		return dagrun.Selection{}, usageError(fmt.Errorf("%s needs an instance ID, or --workflow and/or --status to pick instances", verb))
 	}
-	sel := dagrun.Selection{Workflow: f.workflow, Status: storage.InstanceStatus(f.status)}
+	sel := dagrun.Selection{Workflow: f.workflow, Status: storage.InstanceStatus(f.status), Children: f.children}
 	if f.olderThan != "" {
 		d, err := parseAge(f.olderThan)
 		if err != nil {

@@ -130,6 +130,8 @@ type bulkRequest struct {
 	Workflow  string                 `json:"workflow"`
 	Status    storage.InstanceStatus `json:"status"`
 	OlderThan string                 `json:"olderThan"`
+	// All picks child instances too, as the list's all=true shows them.
+	All bool `json:"all"`
 }
 
 // bulkResponse tells how many instances a bulk operation changed and, for
@@ -150,10 +152,10 @@ func (s *Server) bulk(done string, one func(*dagrun.Engine, context.Context, str
 			s.fail(w, r, err)
 			return
 		}
-		filter := req.Workflow != "" || req.Status != "" || req.OlderThan != ""
+		filter := req.Workflow != "" || req.Status != "" || req.OlderThan != "" || req.All
 		switch {
 		case len(req.IDs) > 0 && filter:
-			writeError(w, http.StatusBadRequest, "give either ids or a filter (workflow, status, olderThan), not both")
+			writeError(w, http.StatusBadRequest, "give either ids or a filter (workflow, status, olderThan, all), not both")
 			return
 		case len(req.IDs) > maxBulkIDs:
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("%d ids are over the limit of %d; use a filter or several requests", len(req.IDs), maxBulkIDs))
@@ -178,7 +180,7 @@ func (s *Server) bulk(done string, one func(*dagrun.Engine, context.Context, str
 			writeJSON(w, http.StatusOK, out)
 			return
 		}
-		sel := dagrun.Selection{Workflow: req.Workflow, Status: req.Status}
+		sel := dagrun.Selection{Workflow: req.Workflow, Status: req.Status, Children: req.All}
 		if req.OlderThan != "" {
 			d, err := view.ParseAge(req.OlderThan)
 			if err != nil {

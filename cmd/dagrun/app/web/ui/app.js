@@ -504,6 +504,8 @@
       const body = {};
       if (params.get("workflow")) body.workflow = params.get("workflow");
       if (params.get("status")) body.status = params.get("status");
+      // What the list shows: its child instances only when it shows them.
+      if (params.get("all") === "true") body.all = true;
       return body;
     }
     const cancelSel = button("cancel-selected", "Cancel selected", "danger",
@@ -516,7 +518,9 @@
     const retryAll = button("retry-matching", "Retry all matching", "",
       () => run("retry", filterBody(), "Retry every failed or cancelled instance matching the filter?"));
     cancelAll.disabled = retryAll.disabled = !filtered();
-    cancelAll.title = retryAll.title = filtered() ? "Every instance the filter picks, on every page" : "Choose a workflow or a status first";
+    cancelAll.title = retryAll.title = filtered() ?
+      "Every instance the filter picks, on every page" + (params.get("all") === "true" ? ", child instances included" : " (child instances go with their parents)") :
+      "Choose a workflow or a status first";
     all.addEventListener("change", () => {
       for (const id of ids) { if (all.checked) chosen.add(id); else chosen.delete(id); }
       sync();
