@@ -66,6 +66,28 @@ func TestBrowserOperations(t *testing.T) {
 	require.Regexp(t, `"message":\s*"from first",\s*"actor":\s*"api"`, apiClient.instanceJSON(t, done))
 	require.Eventually(t, func() bool { return apiClient.status(t, done) == "completed" }, 15*time.Second, 20*time.Millisecond)
 
+	// A refusal stays on the page: the page's refreshes, every 1.5 s, do
+	// not clear what a click reported; a click on the banner does.
+	approval := `#graph g.node[data-step="approval"]`
+	browserDo(t, ctx, console, "a refused skip says why, and keeps saying it",
+		chromedp.Navigate(base+"#/instances/"+held[0]),
+		chromedp.WaitVisible(chromedp.CSS(approval+".s-waiting")),
+		chromedp.Evaluate[chromedp.Void](`window.prompt = () => "{oops"`),
+		chromedp.Click(chromedp.CSS(approval)),
+		chromedp.WaitEnabled(chromedp.CSS("#skip-step")),
+		chromedp.Click(chromedp.CSS("#skip-step")),
+		chromedp.WaitVisible(chromedp.CSS("#banner")),
+	)
+	// Two refreshes' time: what is checked is that nothing happens.
+	time.Sleep(3500 * time.Millisecond)
+	said, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("banner").hidden ? "" : document.getElementById("banner").textContent`))
+	require.NoError(t, err)
+	require.Contains(t, said, "the output is not valid JSON")
+	browserDo(t, ctx, console, "a click on the banner dismisses it",
+		chromedp.Click(chromedp.CSS("#banner")),
+		chromedp.WaitNotVisible(chromedp.CSS("#banner")),
+	)
+
 	browserDo(t, ctx, console, "cancel the held instances from the list",
 		chromedp.Navigate(base+"#/?workflow=hold"),
 		chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`#instances input[data-id="%s"]`, held[1]))),

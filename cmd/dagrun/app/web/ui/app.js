@@ -291,11 +291,20 @@
     logout.hidden = !sessionStorage.getItem(TOKEN_KEY);
   }
 
-  function showError(err) {
+  // showError shows an error in the banner, or hides it. What an action
+  // (a click) reported stays until the next action, a navigation or a
+  // click on the banner: a page's refresh (fromPoll) clears only what a
+  // refresh reported, so that a refusal is not gone before it is read.
+  let actionError = false;
+  function showError(err, fromPoll) {
     if (err && err.status === 401) return; // the login dialog says it
+    if (!err && fromPoll && actionError) return;
     banner.textContent = err ? String(err.message || err) : "";
     banner.hidden = !err;
+    actionError = Boolean(err) && !fromPoll;
   }
+  banner.title = "Click to dismiss";
+  banner.addEventListener("click", () => showError(null));
 
   // ---- Login ----
 
@@ -359,11 +368,11 @@
       try {
         const again = await page.refresh(gen);
         if (gen !== generation) return;
-        showError(null);
+        showError(null, true);
         if (again === false) return;
       } catch (err) {
         if (gen !== generation) return;
-        showError(err);
+        showError(err, true);
         if (err.status === 401 || err.status === 404) return;
       }
     }
@@ -662,6 +671,7 @@
     // The drawn size is the layout's times the zoom, rounded down, so a
     // graph fitted to the frame is never a pixel wider than it.
     function applyScale() {
+      if (!graph) return; // nothing drawn yet (or no such instance)
       setAttr(root, "width", String(Math.max(1, Math.floor(graph.width * scale))));
       setAttr(root, "height", String(Math.max(1, Math.floor(graph.height * scale))));
       setText(level, Math.round(scale * 100) + "%");
@@ -669,6 +679,7 @@
     }
     function fitWidth() {
       fitting = true;
+      if (!graph) return;
       // Twice: drawing it may add or remove the frame's vertical
       // scrollbar, which changes the width there is.
       for (let i = 0; i < 2; i++) {
@@ -679,6 +690,7 @@
     // zoomAround zooms keeping the point at (x, y) of the frame in place,
     // by default its centre.
     function zoomAround(to, x, y) {
+      if (!graph) return;
       if (x === undefined) { x = wrap.clientWidth / 2; y = wrap.clientHeight / 2; }
       const gx = (wrap.scrollLeft + x) / scale, gy = (wrap.scrollTop + y) / scale;
       fitting = false;
@@ -1228,7 +1240,10 @@
           el("span", { class: "spacer" }),
           pauseButton(),
           el("button", { type: "button", class: "danger", id: "cancel", disabled: finished, onclick: () => act("cancel") }, "Cancel"),
-          el("button", { type: "button", class: "primary", id: "retry", disabled: !(inst.status === "failed" || inst.status === "cancelled"), onclick: () => act("retry") }, "Retry")),
+          el("button", { type: "button", class: "primary", id: "retry",
+            disabled: Boolean(inst.parent) || !(inst.status === "failed" || inst.status === "cancelled"),
+            title: inst.parent ? "A child instance is retried through its parent: retry " + shortID(inst.parent.id) : "",
+            onclick: () => act("retry") }, "Retry")),
       ];
     }
 
@@ -1244,12 +1259,15 @@
     // this step (once it finished), or complete the step by hand.
     function stepActions(s) {
       const finished = ["completed", "failed", "cancelled"].includes(inst.status);
+      // A failed child's steps are skipped through its parent: skipping
+      // one would run the child again while its parent's step stays failed.
       const skippable = ["blocked", "pending", "waiting", "failed", "cancelled"].includes(s.status) &&
-        inst.status !== "completed" && inst.status !== "cancelled";
+        inst.status !== "completed" && inst.status !== "cancelled" && !(inst.parent && inst.status === "failed");
       const base = "instances/" + encodeURIComponent(id);
       return el("div", { class: "actions step-actions" },
-        el("button", { type: "button", id: "retry-from", disabled: !finished,
-          title: finished ? "Run this step and every step after it again" : "The instance must finish first",
+        el("button", { type: "button", id: "retry-from", disabled: !finished || Boolean(inst.parent),
+          title: inst.parent ? "A child instance is retried through its parent: retry " + shortID(inst.parent.id)
+            : finished ? "Run this step and every step after it again" : "The instance must finish first",
           onclick: () => operate("Re-run " + s.name + " and every step after it?", () => api("POST", base + "/retry", { from: s.name })) }, "Retry from this step"),
         el("button", { type: "button", id: "skip-step", disabled: !skippable,
           title: "Complete this step by hand; its dependents proceed",
@@ -1374,7 +1392,19 @@
     }
 
     async function refresh(gen) {
-      const data = await api("GET", "instances/" + encodeURIComponent(id));
+      let data;
+      try {
+        data = await api("GET", "instances/" + encodeURIComponent(id));
+      } catch (err) {
+        if (err.status === 404 && gen === generation && !inst) {
+          // No such instance (a mistyped or pruned ID): say so instead of
+          // an empty page.
+          clear(main);
+          main.appendChild(el("div", { class: "crumbs" }, link("/", "Instances")));
+          main.appendChild(el("p", { class: "empty", id: "no-instance" }, String(err.message)));
+        }
+        throw err;
+      }
       if (gen !== generation) return;
       // Logs come while nothing else changes: read them on every poll.
       if (logs && logs.step === selected) await logs.refresh();
@@ -1420,9 +1450,15 @@
         await refresh(generation);
       } catch (err) { showError(err); button.disabled = false; }
     }
+    let shown = null;
     async function refresh(gen) {
       const list = await api("GET", "schedules");
       if (gen !== generation) return false;
+      // Rebuilt only when something changed, so that a focused or
+      // half-clicked button is not replaced under the pointer.
+      const json = JSON.stringify(list);
+      if (json === shown) return;
+      shown = json;
       clear(tbody);
       if (!list.length) {
         tbody.appendChild(el("tr", {}, el("td", { colspan: 8, class: "empty" }, "No schedules: add a schedule: list to a workflow file and restart dagrun serve.")));
