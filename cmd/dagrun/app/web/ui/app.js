@@ -1373,8 +1373,10 @@
           ? el("p", { class: "muted", id: "step-output" }, "The list of the items' outputs, in index order. Click an item for its input and output.")
           : el("pre", { class: "json mono", id: "step-output", "data-keep": "step-output" }, pretty(s.output))],
         s.signal ? null : [el("h3", {}, "Logs"), logsFor(s).node],
-        events.length ? [el("h3", {}, "Attempts and events"), el("ol", { class: "timeline", "data-keep": "step-events" }, events.map((e) => eventItem(e, false))),
-          partial ? el("p", { class: "muted small", id: "step-events-partial" }, "Among the events read so far: load more in History.") : null] : null,
+        events.length || partial ? [el("h3", {}, "Attempts and events"),
+          events.length ? el("ol", { class: "timeline", "data-keep": "step-events" }, events.map((e) => eventItem(e, false))) : null,
+          partial ? el("p", { class: "muted small", id: "step-events-partial" },
+            events.length ? "Among the events read so far: load more in History." : "None among the events read so far: load more in History.") : null] : null,
       ];
     }
 
