@@ -12,15 +12,23 @@ import (
 )
 
 // registerScheduleSQL creates a schedule's row, or starts it over from $5
-// when its fingerprint changed; an unchanged row is left as it is, not
-// rewritten, so every process's start adds no dead row versions.
+// when its fingerprint changed, with $6, the latest instance of a row with
+// its fingerprint, as its last instance; an unchanged row takes $6 only
+// when it is later than its own (a row left behind while the schedule sat
+// at another position), and is otherwise left as it is, not rewritten, so
+// every process's start adds no dead row versions. The greater of two
+// instance IDs is the later (they sort by creation in byte order); the
+// row's own is read after its lock, so a fire that committed meanwhile is
+// kept.
 const registerScheduleSQL = `
 INSERT INTO {s}schedules AS s (workflow, position, fingerprint, last_tick, updated_at, last_instance_id)
 VALUES ($2, $3, $4, $5, {now}, $6)
 ON CONFLICT (workflow, position) DO UPDATE SET fingerprint = excluded.fingerprint,
-	last_tick = greatest(s.last_tick, excluded.last_tick), updated_at = excluded.updated_at,
-	last_instance_id = excluded.last_instance_id
-WHERE s.fingerprint <> excluded.fingerprint`
+	last_tick = CASE WHEN s.fingerprint <> excluded.fingerprint THEN greatest(s.last_tick, excluded.last_tick) ELSE s.last_tick END,
+	updated_at = excluded.updated_at,
+	last_instance_id = CASE WHEN s.fingerprint <> excluded.fingerprint THEN excluded.last_instance_id
+		ELSE greatest(s.last_instance_id COLLATE "C", excluded.last_instance_id COLLATE "C") END
+WHERE s.fingerprint <> excluded.fingerprint OR s.last_instance_id COLLATE "C" < excluded.last_instance_id COLLATE "C"`
 
 // registerNewScheduleSQL creates a schedule's row and leaves a registered
 // one as it is (RegisterSchedulesParams.OnlyNew).
@@ -31,7 +39,8 @@ ON CONFLICT (workflow, position) DO NOTHING`
 
 // lastInstancesSQL reads the last instance of the schedules of workflows
 // $1 by fingerprint, before any moved in the list.
-const lastInstancesSQL = `SELECT workflow, fingerprint, last_instance_id FROM {s}schedules WHERE workflow = ANY($1)`
+const lastInstancesSQL = `SELECT workflow, fingerprint, max(last_instance_id COLLATE "C") FROM {s}schedules
+	WHERE workflow = ANY($1) GROUP BY workflow, fingerprint`
 
 const scheduleColumns = `s.workflow, s.position, s.fingerprint, s.last_tick, s.paused, s.last_instance_id,
 	coalesce(i.status, ''), s.fired, s.skipped`

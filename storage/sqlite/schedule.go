@@ -11,14 +11,18 @@ import (
 )
 
 // registerScheduleSQL creates a schedule's row, or starts it over from ?4
-// when its fingerprint changed, with ?6 as its last instance; an unchanged
-// row is left as it is.
+// when its fingerprint changed, with ?6, the latest instance of a row with
+// its fingerprint, as its last instance; an unchanged row takes ?6 only
+// when it is later than its own (a row left behind while the schedule sat
+// at another position).
 const registerScheduleSQL = `INSERT INTO schedules (workflow, position, fingerprint, last_tick, updated_at, last_instance_id)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
 ON CONFLICT (workflow, position) DO UPDATE SET fingerprint = excluded.fingerprint,
-	last_tick = max(last_tick, excluded.last_tick), updated_at = excluded.updated_at,
-	last_instance_id = excluded.last_instance_id
-WHERE fingerprint <> excluded.fingerprint`
+	last_tick = CASE WHEN fingerprint <> excluded.fingerprint THEN max(last_tick, excluded.last_tick) ELSE last_tick END,
+	updated_at = excluded.updated_at,
+	last_instance_id = CASE WHEN fingerprint <> excluded.fingerprint THEN excluded.last_instance_id
+		ELSE max(last_instance_id, excluded.last_instance_id) END
+WHERE fingerprint <> excluded.fingerprint OR last_instance_id < excluded.last_instance_id`
 
 // registerNewScheduleSQL creates a schedule's row and leaves a registered
 // one as it is (RegisterSchedulesParams.OnlyNew).
@@ -93,7 +97,8 @@ func (t *txn) lastInstances(specs []storage.ScheduleSpec) (map[[2]string]string,
 			continue
 		}
 		seen[sp.Workflow] = true
-		rows, err := t.query(`SELECT fingerprint, last_instance_id FROM schedules WHERE workflow = ?`, sp.Workflow)
+		// Instance IDs sort by creation: the greatest is the latest.
+		rows, err := t.query(`SELECT fingerprint, max(last_instance_id) FROM schedules WHERE workflow = ? GROUP BY fingerprint`, sp.Workflow)
 		if err != nil {
 			return nil, err
 		}

@@ -185,6 +185,32 @@ var scheduleTests = map[string]func(*testing.T, *Harness){
 		got = b.register(inserted, edited)
 		require.Empty(t, got[1].LastInstanceID)
 	},
+	"OverlapStateSurvivesAScheduleMovingBack": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		a0 := storage.ScheduleSpec{Workflow: "wf", Index: 0, Fingerprint: "fp-a"}
+		b1 := storage.ScheduleSpec{Workflow: "wf", Index: 1, Fingerprint: "fp-b"}
+		b.register(a0, b1)
+		first := b.fire(fireParams(b1, b.now().Add(time.Minute)))
+		require.Equal(t, storage.FireStarted, first.Outcome)
+		b.complete(first.InstanceID, "a", `1`)
+
+		// A is removed: B moves to index 0 and starts an instance there,
+		// while the row of index 1 stays behind with B's first one.
+		b.clock.Advance(time.Hour)
+		b0 := storage.ScheduleSpec{Workflow: "wf", Index: 0, Fingerprint: "fp-b"}
+		b.register(b0)
+		running := b.fire(fireParams(b0, b.now().Add(time.Minute)))
+		require.Equal(t, storage.FireStarted, running.Outcome)
+
+		// A is back: B returns to index 1 and still waits for its running
+		// instance.
+		b.clock.Advance(time.Hour)
+		got := b.register(a0, b1)
+		require.Equal(t, running.InstanceID, got[1].LastInstanceID)
+		skip := fireParams(b1, b.now().Add(time.Minute))
+		skip.SkipIfRunning = true
+		require.Equal(t, storage.FireResult{Outcome: storage.FireSkipped, InstanceID: running.InstanceID}, b.fire(skip))
+	},
 	"RegisterOnlyNewLeavesRegisteredSchedules": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		b.register(scheduleSpec)
