@@ -96,7 +96,7 @@ func (e *Engine) Signal(ctx context.Context, req SignalRequest) (SignalResult, e
 		// Refused whatever its name or payload, unless it repeats a signal
 		// the instance took (same ID), which the store answers as a
 		// duplicate: a sender retrying after the instance ended succeeds.
-		if req.ID == "" || req.Name == "" {
+		if req.ID == "" || storage.CheckText(req.Name, storage.MaxIDBytes) != nil || req.Name == "" {
 			return SignalResult{}, &SignalConflictError{Err: storage.FinishedConflict(inst.ID, inst.Status)}
 		}
 		payload = json.RawMessage("null") // never stored

@@ -208,6 +208,8 @@ func TestSignalRepeatsAndFinishedInstances(t *testing.T) {
 			{InstanceID: id, Name: "nosuch"},
 			{InstanceID: id, Name: "approve", ID: "hook-3"},
 			{InstanceID: id, Name: "approve", Data: json.RawMessage(`{"approved": "yes"}`)},
+			{InstanceID: id, Name: "a\x00b", ID: "hook-4"},
+			{InstanceID: id, Name: "a\xffb", ID: "hook-5"},
 		} {
 			_, err = b.engine.Signal(context.Background(), req)
 			require.ErrorIs(t, err, storage.ErrConflict, "%+v", req)

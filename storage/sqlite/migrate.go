@@ -27,7 +27,7 @@ func (s *Store) migrate(ctx context.Context) error {
 	// it even while another process holds the lock.
 	var current int
 	if err := s.w.QueryRowContext(ctx, `SELECT coalesce(max(version), 0) FROM schema_migrations`).Scan(&current); err == nil && current == ms[len(ms)-1].Version {
-		return nil
+		return checkMigrationsTable(ctx, s.w, s.name)
 	}
 	return s.write(ctx, "migrate", func(t *txn) error {
 		if _, err := t.tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -37,7 +37,7 @@ func (s *Store) migrate(ctx context.Context) error {
 		)`); err != nil {
 			return err
 		}
-		if err := s.checkMigrationsTable(ctx, t); err != nil {
+		if err := checkMigrationsTable(ctx, t.tx, s.name); err != nil {
 			return err
 		}
 		var current int
@@ -69,8 +69,10 @@ func (s *Store) migrate(ctx context.Context) error {
 
 // checkMigrationsTable refuses a file whose schema_migrations is another
 // program's (golang-migrate's, Rails'): its versions are not dagrun's.
-func (s *Store) checkMigrationsTable(ctx context.Context, t *txn) error {
-	rows, err := t.tx.QueryContext(ctx, `SELECT name FROM pragma_table_info('schema_migrations') ORDER BY cid`)
+func checkMigrationsTable(ctx context.Context, q interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, name string) error {
+	rows, err := q.QueryContext(ctx, `SELECT name FROM pragma_table_info('schema_migrations') ORDER BY cid`)
 	if err != nil {
 		return err
 	}
@@ -81,7 +83,7 @@ func (s *Store) checkMigrationsTable(ctx context.Context, t *txn) error {
 	if strings.Join(columns, ",") != "version,name,applied_at" {
 		return fmt.Errorf("%w: SQLite database %q holds a schema_migrations table that is not dagrun's (columns %s): "+
 			"another program keeps its migrations in this file; give dagrun a database file of its own",
-			storage.ErrUnavailable, s.name, strings.Join(columns, ", "))
+			storage.ErrUnavailable, name, strings.Join(columns, ", "))
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -195,6 +196,8 @@ func TestMigrate(t *testing.T) {
 				"holds a schema_migrations table that is not dagrun's (columns version)"},
 			{"a table named as one of dagrun's", `CREATE TABLE events (id integer)`,
 				"holds another program's tables under dagrun's names (table events already exists)"},
+			{"golang-migrate at dagrun's own latest version", `CREATE TABLE schema_migrations (version uint64, dirty bool); INSERT INTO schema_migrations VALUES (` + strconv.Itoa(latestMigration(t)) + `, 0)`,
+				"holds a schema_migrations table that is not dagrun's (columns version, dirty)"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				t.Parallel()
@@ -436,4 +439,19 @@ func TestOpenTakesThePathWhole(t *testing.T) {
 			}
 		})
 	}
+}
+
+// latestMigration is the version of this build's last SQLite migration.
+func latestMigration(t *testing.T) int {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "dagrun.db")
+	s, err := sqlite.Open(t.Context(), path, nil)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	db, err := sql.Open("sqlite3", sqlite.DSN(path))
+	require.NoError(t, err)
+	defer db.Close()
+	var v int
+	require.NoError(t, db.QueryRow(`SELECT max(version) FROM schema_migrations`).Scan(&v))
+	return v
 }
