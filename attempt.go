@@ -114,7 +114,7 @@ func (w *Worker) execute(a *attempt) {
 		return
 	}
 	w.handlerReturnedLocked(a)
-	if errors.Is(cause, errShutdown) && !a.stopped {
+	if errors.Is(cause, errShutdown) && !a.stopped && !ok {
 		if !lastAttempt(step) {
 			// Released with the other unfinished steps when Run ends.
 			return
@@ -289,9 +289,10 @@ func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, logs *logW
 	}
 
 	output, err := callHandler(attemptCtx, handler, step.Input)
-	if ctx.Err() != nil {
+	if ctx.Err() != nil && (err != nil || !errors.Is(context.Cause(ctx), errShutdown)) {
 		// The worker cancelled the attempt; whoever holds the step now
-		// decides its fate.
+		// decides its fate. A handler that succeeded as the worker began
+		// to stop did its work: that result is recorded.
 		return storage.StepResult{}, false
 	}
 	if err == nil {

@@ -483,16 +483,20 @@ func TestExpiredLeaseIsRecoveredByAnotherWorker(t *testing.T) {
 }
 
 // stopWhileRunning starts workflowYAML's instance (its one step runs the
-// handler "slow", which returns only when cancelled) under a worker with a
-// short grace, stops the worker once the step runs, and returns the
-// instance as the shutdown left it.
-func stopWhileRunning(t *testing.T, open func(*testing.T) storage.Store, workflowYAML string) *storage.Instance {
+// handler "slow", which returns only when cancelled, with the error of its
+// context or, when succeed, an output) under a worker with a short grace,
+// stops the worker once the step runs, and returns the instance as the
+// shutdown left it.
+func stopWhileRunning(t *testing.T, open func(*testing.T) storage.Store, workflowYAML string, succeed bool) *storage.Instance {
 	t.Helper()
 	started := make(chan struct{}, 1)
 	registry := handlers.NewRegistry()
 	registry.Register("slow", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
 		started <- struct{}{}
 		<-ctx.Done()
+		if succeed {
+			return json.RawMessage(`{"done": true}`), nil
+		}
 		return nil, ctx.Err()
 	})
 	b := setup(t, open, registry, workflowYAML)
@@ -517,7 +521,7 @@ func TestShutdownReleasesStepsThatOutliveTheGrace(t *testing.T) {
 name: slow
 steps:
   - {name: slow, handler: slow}
-`)
+`, false)
 		s := step(t, inst, "slow")
 		require.Equal(t, storage.StepPending, s.Status, "released, not failed")
 		require.Equal(t, 0, s.Attempts, "a released attempt does not count")
@@ -534,12 +538,32 @@ func TestShutdownFailsALastAttempt(t *testing.T) {
 name: once
 steps:
   - {name: once, handler: slow, retry: {maxAttempts: 1}}
-`)
+`, false)
 		require.Equal(t, storage.InstanceFailed, inst.Status)
 		s := step(t, inst, "once")
 		require.Equal(t, storage.StepFailed, s.Status, "failed, not released")
 		require.Equal(t, 1, s.Attempts)
 		require.Contains(t, s.Error, "the worker stopped during attempt 1 of 1, its last")
+	})
+}
+
+// TestShutdownRecordsASuccessThatBeatIt: a handler that returns its output
+// as the worker cancels it did its work, which is recorded, not released
+// to run again, nor failed on a last attempt.
+func TestShutdownRecordsASuccessThatBeatIt(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		for _, retry := range []string{"", ", retry: {maxAttempts: 1}"} {
+			inst := stopWhileRunning(t, open, `
+name: done
+steps:
+  - {name: done, handler: slow`+retry+`}
+`, true)
+			require.Equal(t, storage.InstanceCompleted, inst.Status, "retry%s", retry)
+			s := step(t, inst, "done")
+			require.Equal(t, 1, s.Attempts)
+			require.JSONEq(t, `{"done": true}`, string(s.Output))
+		}
 	})
 }
 

@@ -173,13 +173,18 @@ func newHTTPRequest(ctx context.Context, in HTTPInput) (*http.Request, time.Dura
 	}
 	u, err := url.Parse(in.URL)
 	if err != nil {
+		// url.Error repeats the whole URL, credentials and all: keep
+		// only what is wrong with it.
+		if ue, ok := errors.AsType[*url.Error](err); ok {
+			err = ue.Err
+		}
 		return nil, 0, fmt.Errorf("invalid url: %w", err)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return nil, 0, fmt.Errorf("url %q: scheme must be http or https", u.Redacted())
+		return nil, 0, fmt.Errorf("url %q: scheme must be http or https", loggableURL(u))
 	}
 	if u.Host == "" {
-		return nil, 0, fmt.Errorf("url %q has no host", u.Redacted())
+		return nil, 0, fmt.Errorf("url %q has no host", loggableURL(u))
 	}
 
 	timeout := httpDefaultTimeout

@@ -239,6 +239,14 @@ func TestHTTPRequest(t *testing.T) {
 		require.ErrorContains(t, err, b.srv.URL+"/p?token=xxxxx")
 		require.NotContains(t, err.Error(), "secret")
 		require.NotContains(t, err.Error(), "hunter2")
+
+		// So do the errors of a URL refused before any request.
+		for _, bad := range []string{"http://user:secret@host/%zz?token=hunter2", "ftp://user:secret@host/x?token=hunter2"} {
+			_, err := b.call(t.Context(), t, map[string]any{"url": bad})
+			require.Error(t, err)
+			require.NotContains(t, err.Error(), "secret", bad)
+			require.NotContains(t, err.Error(), "hunter2", bad)
+		}
 		require.Equal(t, "Basic dXNlcjpzZWNyZXQ=", (<-b.got).header.Get("Authorization"))
 	})
 

@@ -182,6 +182,7 @@ func (c *cli) rootCommand() *cobra.Command {
 				if target == nil || len(rest) == 0 {
 					target, rest = root, args
 				}
+				target.SuggestionsMinimumDistance = root.SuggestionsMinimumDistance
 				if s := target.SuggestionsFor(rest[0]); len(s) > 0 {
 					msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, " or "))
 				}

@@ -216,6 +216,9 @@ func TestValidate(t *testing.T) {
 	// A folder named stands for its workflow files.
 	folder := b.run(t, "", "validate", "testdata/workflows")
 	require.Equal(t, res, folder)
+	// A file named beside its folder is checked once, not against itself.
+	folder = b.run(t, "", "validate", "testdata/workflows", "testdata/workflows/greet.yaml", "./testdata/workflows/greet.yaml")
+	require.Equal(t, res, folder)
 
 	res = b.run(t, "", "validate", "testdata/invalid/typos.yaml", "testdata/workflows/greet.yaml", "testdata/invalid/not-yaml.yaml")
 	require.Equal(t, app.ExitUsage, res.code)
@@ -334,6 +337,7 @@ func TestErrorLines(t *testing.T) {
 		{args: []string{"--workflows", "testdata/nowhere", "start", "greet"}, code: app.ExitUsage},
 		{args: []string{"help", "strat"}, code: app.ExitUsage},
 		{args: []string{"help", "queue", "nope"}, code: app.ExitUsage},
+		{args: []string{"help", "queue", "sett"}, code: app.ExitUsage},
 		{args: []string{"list", "--every"}, code: app.ExitUsage},
 		{args: []string{"list", "--all", "--parent", "no-such-id"}, code: app.ExitUsage},
 		{args: []string{"--log-level", "loud", "list"}, code: app.ExitUsage},

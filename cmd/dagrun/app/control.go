@@ -26,9 +26,9 @@ func conflictError(ctx context.Context, engine *dagrun.Engine, id, prefix, rule 
 func (c *cli) cancelCommand() *cobra.Command {
 	var sel selectionFlags
 	cmd := &cobra.Command{
-		Use:   "cancel ID | cancel --workflow W --status S [--older-than D]",
+		Use:   "cancel ID | cancel --workflow W --status S [--older-than D] [--all]",
 		Short: "Cancel an instance, or every instance a filter picks; running handlers see their context cancelled within a heartbeat",
-		Args:  idOrSelection(&sel, "cancel ID, or cancel --workflow W --status S [--older-than D]"),
+		Args:  idOrSelection(&sel, "cancel ID, or cancel --workflow W --status S [--older-than D] [--all]"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			if len(args) == 0 {

@@ -64,16 +64,25 @@ func (c *cli) filesToValidate(args []string) ([]string, error) {
 		return workflowFiles(c.workflowsDir)
 	}
 	var files []string
+	seen := map[string]bool{}
+	add := func(file string) {
+		if key := filepath.Clean(file); !seen[key] { // a file named twice is one file
+			seen[key] = true
+			files = append(files, file)
+		}
+	}
 	for _, arg := range args {
 		if info, err := os.Stat(arg); err == nil && info.IsDir() {
 			inFolder, err := workflowFiles(arg)
 			if err != nil {
 				return nil, err
 			}
-			files = append(files, inFolder...)
+			for _, f := range inFolder {
+				add(f)
+			}
 			continue
 		}
-		files = append(files, arg)
+		add(arg)
 	}
 	return files, nil
 }

@@ -193,7 +193,7 @@ func idOrSelection(sel *selectionFlags, usage string) cobra.PositionalArgs {
 	return func(_ *cobra.Command, args []string) error {
 		switch {
 		case len(args) == 1 && sel.set():
-			return usageError(fmt.Errorf("give an instance ID or --workflow/--status/--older-than, not both: dagrun %s", usage))
+			return usageError(fmt.Errorf("give an instance ID or --workflow/--status/--older-than/--all, not both: dagrun %s", usage))
 		case len(args) > 1:
 			return usageError(fmt.Errorf("usage: dagrun %s (got %d arguments)", usage, len(args)))
 		}

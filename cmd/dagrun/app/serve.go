@@ -106,12 +106,24 @@ func (c *cli) serve(ctx context.Context, addr string, auth web.Config, withWorke
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
-		hint := "give --addr as HOST:PORT, such as 127.0.0.1:8080"
+		// An address this host cannot listen on is the user's to change
+		// (exit 2); anything else (no file descriptors left, say) is not.
+		var (
+			addrErr *net.AddrError
+			dnsErr  *net.DNSError
+			hint    string
+		)
 		switch {
 		case errors.Is(err, syscall.EADDRINUSE):
 			hint = "is another dagrun serve running? choose another port with --addr"
 		case errors.Is(err, syscall.EACCES):
 			hint = "ports below 1024 need privileges: choose another port with --addr"
+		case errors.Is(err, syscall.EADDRNOTAVAIL):
+			hint = "that address is not one of this host's: give --addr one of its addresses, such as 127.0.0.1:8080"
+		case errors.As(err, &addrErr), errors.As(err, &dnsErr):
+			hint = "give --addr as HOST:PORT, such as 127.0.0.1:8080"
+		default:
+			return fmt.Errorf("listen on %s: %v", addr, err)
 		}
 		return usageError(fmt.Errorf("listen on %s: %v (%s)", addr, err, hint))
 	}

@@ -109,13 +109,13 @@ func (c *cli) retryCommand() *cobra.Command {
 		sel             selectionFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "retry ID [--from STEP] | retry --workflow W --status S [--older-than D]",
+		Use:   "retry ID [--from STEP] | retry --workflow W --status S [--older-than D] [--all]",
 		Short: "Re-run the failed and cancelled steps of an instance (or of every instance a filter picks), keeping completed outputs",
 		Long: "Retry re-runs the failed and cancelled steps of an instance, keeping completed outputs.\n" +
 			"With --from STEP it re-runs STEP and every step downstream of it, also in a completed instance.\n" +
 			"With --workflow, --status and --older-than instead of an ID it retries every failed or cancelled\n" +
 			"instance they pick, asks nothing, and prints how many.",
-		Args: idOrSelection(&sel, "retry ID [--from STEP], or retry --workflow W --status S [--older-than D]"),
+		Args: idOrSelection(&sel, "retry ID [--from STEP], or retry --workflow W --status S [--older-than D] [--all]"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			if len(args) == 0 {

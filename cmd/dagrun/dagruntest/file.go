@@ -398,8 +398,9 @@ func (p *fileParser) testCase(n *yaml.Node, w *dag.Workflow) *Case {
 		c.Scheduled = p.scheduled(v, m["input"], w)
 	}
 	if v := m["runFor"]; v != nil {
+		before := len(p.errs)
 		c.RunFor = p.duration(v, "runFor", "a duration of workflow time, like 24h")
-		if c.RunFor == 0 && len(p.errs) == 0 {
+		if c.RunFor == 0 && len(p.errs) == before {
 			p.errorf(v, "runFor must be more than 0s: leave it out to run the case until the instance settles")
 		}
 	}

@@ -104,6 +104,12 @@ func TestParseRejectsWhatCannotRun(t *testing.T) {
 			want: "t.yaml:4:12: start must be an RFC 3339 time"},
 		{name: "CaseWithoutName", src: "workflow: pay\ncases:\n  - input: {}\n", want: "t.yaml:3:5: a case needs a name:"},
 	}
+	t.Run("EveryError", func(t *testing.T) {
+		t.Parallel()
+		_, err := dagruntest.Parse("t.yaml", []byte("workflow: pay\ncases:\n  - name: x\n    bogus: 1\n  - name: y\n    runFor: 0s\n"), parseWorkflows(t))
+		require.ErrorContains(t, err, `unknown key "bogus"`)
+		require.ErrorContains(t, err, "t.yaml:6:13: runFor must be more than 0s", "an earlier case's error hides no other")
+	})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()

@@ -69,6 +69,7 @@ func TestOperationRefusals(t *testing.T) {
 		{"/api/instances/" + pending + "/cancel", `{"reason": "late"}`, http.StatusBadRequest},
 		{"/api/instances/" + pending + "/cancel", `{bad`, http.StatusBadRequest},
 		{"/api/workflows/greet/instances", "{\"key\": \"a\xff\"}", http.StatusBadRequest},
+		{"/api/workflows/greet/instances", `{"key": "a\ud800"}`, http.StatusBadRequest},
 	}
 	var report strings.Builder
 	for _, c := range cases {
