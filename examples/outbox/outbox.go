@@ -5,7 +5,8 @@
 // never starts, or a workflow runs for an order that was rolled back.
 //
 // PlaceOrderSQL does it with a *sql.Tx on SQLite, PlaceOrderPgx with a
-// pgx.Tx on PostgreSQL; cmd (main.go) runs it from the command line.
+// pgx.Tx on PostgreSQL; outbox_test.go runs both, committed and rolled
+// back.
 package outbox
 
 import (

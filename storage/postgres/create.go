@@ -146,7 +146,7 @@ func (s *Store) CreateInstances(ctx context.Context, tx any, params []storage.Cr
 		err = s.inCallerTx(ctx, tx, fn)
 	}
 	if err != nil {
-		return nil, createError(err)
+		return nil, s.fail("create instances", createError(err))
 	}
 	return results, nil
 }

@@ -455,3 +455,24 @@ func latestMigration(t *testing.T) int {
 	require.NoError(t, db.QueryRow(`SELECT max(version) FROM schema_migrations`).Scan(&v))
 	return v
 }
+
+// TestInMemory: an in-memory database is one per connection, so a store
+// on one reads and writes through one connection, and New refuses a pool
+// of several.
+func TestInMemory(t *testing.T) {
+	t.Parallel()
+	s, err := sqlite.Open(t.Context(), ":memory:", nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	_, err = s.ListInstances(t.Context(), storage.ListParams{Limit: 1})
+	require.NoError(t, err, "reads see the schema the writer made")
+
+	db, err := sql.Open("sqlite3", sqlite.DSN(":memory:"))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	_, err = sqlite.New(db, nil)
+	require.ErrorContains(t, err, "SetMaxOpenConns(1)")
+	db.SetMaxOpenConns(1)
+	_, err = sqlite.New(db, nil)
+	require.NoError(t, err)
+}

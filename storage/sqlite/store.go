@@ -167,6 +167,11 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 		_ = w.Close()
 		return nil, err
 	}
+	if s.file == nil {
+		// In memory (":memory:"): each connection has a database of its
+		// own, so the reads share the writer's one connection.
+		return s, nil
+	}
 	r, err := sql.Open("sqlite3", dsn(path, cfg.BusyTimeout, true))
 	if err != nil {
 		_ = w.Close()
@@ -213,10 +218,13 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 		return nil, errors.New(`sqlite: New: the pool has foreign keys off: open it with sql.Open("sqlite3", sqlite.DSN(path)), or add _foreign_keys=on to its DSN`)
 	}
 	s := &Store{w: db, r: db, name: "database", now: cfg.Now}
-	if err := s.migrate(context.Background()); err != nil {
+	if err := s.rememberFile(context.Background()); err != nil {
 		return nil, err
 	}
-	if err := s.rememberFile(context.Background()); err != nil {
+	if s.file == nil && db.Stats().MaxOpenConnections != 1 {
+		return nil, errors.New("sqlite: New: the pool is in memory, where each connection has a database of its own: call db.SetMaxOpenConns(1) first")
+	}
+	if err := s.migrate(context.Background()); err != nil {
 		return nil, err
 	}
 	return s, nil
