@@ -315,11 +315,14 @@ func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, logs *logW
 }
 
 // callHandler runs a handler, turning a panic into an error that carries the
-// panic value and stack, so one bad handler never takes the worker down.
+// panic value, so one bad handler never takes the worker down. The stack
+// goes to the step's log: stored in the error, it would be repeated in
+// every event and status line of the step.
 func callHandler(ctx context.Context, h handlers.Handler, input json.RawMessage) (out json.RawMessage, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("handler panicked: %v\n%s", r, debug.Stack())
+			handlers.Logger(ctx).Error("handler panicked", slog.String("panic", fmt.Sprint(r)), slog.String("stack", string(debug.Stack())))
+			err = fmt.Errorf("handler panicked: %v (its stack is in the step's log)", r)
 		}
 	}()
 	return h(ctx, input)

@@ -313,7 +313,12 @@ steps:
 		require.Equal(t, storage.InstanceFailed, inst.Status)
 		errText := step(t, inst, "explode").Error
 		require.Contains(t, errText, "handler panicked: kaboom")
-		require.Contains(t, errText, "goroutine", "the stack is kept")
+		require.NotContains(t, errText, "goroutine", "the error stays short")
+		logged, err := b.store.ListLogs(context.Background(), storage.LogsParams{InstanceID: inst.ID, Step: "explode"})
+		require.NoError(t, err)
+		require.NotEmpty(t, logged)
+		require.Equal(t, "handler panicked", logged[0].Message)
+		require.Contains(t, string(logged[0].Attrs), "goroutine", "the stack is in the step's log")
 		// The same worker still runs the next instance.
 		require.Equal(t, storage.InstanceCompleted, b.wait(t, b.start(t, "chain", `{"n": 1}`)).Status)
 	})
