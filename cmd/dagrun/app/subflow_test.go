@@ -89,3 +89,25 @@ func TestSubflowStatusAndList(t *testing.T) {
 	require.Equal(t, "each", item1.Step)
 	require.Equal(t, 1, *item1.Item)
 }
+
+// TestBulkOperationsPickWhatListShows: cancel by a filter picks top-level
+// instances, as list shows them; --all picks child instances too, and a
+// child cancelled by itself fails its parent's step.
+func TestBulkOperationsPickWhatListShows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.env["DAGRUN_WORKFLOWS"] = "testdata/subflows"
+	res := b.run(t, "", "start", "handoff", "--detach") // no worker: its child waits, pending
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	parent := strings.TrimSpace(res.stdout)
+
+	res = b.run(t, "", "cancel", "--workflow", "leg", "--status", "pending")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.Equal(t, "cancelled 0 instances\n", res.stdout)
+	res = b.run(t, "", "cancel", "--workflow", "leg", "--status", "pending", "--all")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.Equal(t, "cancelled 1 instance\n", res.stdout)
+	res = b.run(t, "", "status", parent, "--json")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.Contains(t, res.stdout, `"status": "failed"`)
+}
