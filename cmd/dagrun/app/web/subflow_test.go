@@ -83,3 +83,21 @@ func TestListChildren(t *testing.T) {
 		require.NotContains(t, def["steps"].([]any)[0].(map[string]any), "workflow")
 	})
 }
+
+// TestBulkCancelAllPicksChildren: a bulk cancel by a filter picks what the
+// list shows, top-level instances; "all": true picks child instances too,
+// and a child cancelled by itself fails its parent's step.
+func TestBulkCancelAllPicksChildren(t *testing.T) {
+	t.Parallel()
+	b := setup(t, openSQLite, &setupOpts{workflows: []string{wrapYAML}})
+	parent := b.start(t, "wrap", "") // no worker: its greet child waits, pending
+	for _, tc := range []struct{ body, want string }{
+		{`{"workflow": "greet", "status": "pending"}`, `{"count": 0}`},
+		{`{"workflow": "greet", "status": "pending", "all": true}`, `{"count": 1}`},
+	} {
+		r := b.do(t, http.MethodPost, "/api/instances/cancel", tc.body)
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+		require.JSONEq(t, tc.want, string(r.body), tc.body)
+	}
+	require.Equal(t, "failed", b.status(t, parent))
+}
