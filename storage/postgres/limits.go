@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
@@ -46,20 +45,11 @@ func (s *Store) SetQueueLimit(ctx context.Context, c storage.QueueLimitChange) (
 		l, err = s.setQueueLimit(ctx, tx, s.now(), c)
 		return err
 	})
-	var bad *badQueueLimitError
-	if errors.As(err, &bad) {
-		return storage.QueueLimit{}, fmt.Errorf("postgres: set queue limit: %w", bad.err)
-	}
 	if err != nil {
 		return storage.QueueLimit{}, s.fail("set queue limit", err)
 	}
 	return l, nil
 }
-
-// badQueueLimitError is a change that would leave limits failing Check.
-type badQueueLimitError struct{ err error }
-
-func (e *badQueueLimitError) Error() string { return e.err.Error() }
 
 func (s *Store) setQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, c storage.QueueLimitChange) (storage.QueueLimit, error) {
 	// The queue's lock first: the triggers that hold and release its steps
@@ -81,7 +71,7 @@ func (s *Store) setQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, c 
 	stored.Per = time.Duration(perUS) * time.Microsecond
 	l := c.Apply(stored)
 	if err := l.Check(); err != nil {
-		return storage.QueueLimit{}, &badQueueLimitError{err}
+		return storage.QueueLimit{}, err
 	}
 	return l, s.applyQueueLimit(ctx, tx, now, l, oldInterval, oldTat)
 }

@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"time"
 
 	"github.com/dagrun/dagrun/storage"
@@ -78,7 +77,7 @@ func (t *txn) setQueueLimit(c storage.QueueLimitChange) (storage.QueueLimit, err
 	stored.Per = time.Duration(perUS) * time.Microsecond
 	l := c.Apply(stored)
 	if err := l.Check(); err != nil {
-		return storage.QueueLimit{}, fmt.Errorf("sqlite: set queue limit: %w", err)
+		return storage.QueueLimit{}, err // write names the operation
 	}
 	return l, t.applyQueueLimit(l, oldInterval, oldTat)
 }

@@ -3,6 +3,7 @@ package storagetest
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -408,7 +409,8 @@ var limitTests = map[string]func(*testing.T, *Harness){
 
 		bad := -1
 		_, err = b.store.SetQueueLimit(b.ctx, storage.QueueLimitChange{Queue: "q.work", Concurrency: &bad})
-		require.Error(t, err)
+		require.ErrorContains(t, err, "concurrency -1 is out of range")
+		require.Equal(t, 1, strings.Count(err.Error(), "set queue limit"), "one line naming the operation once: %v", err)
 		qs, err = b.store.Queues(b.ctx)
 		require.NoError(t, err)
 		require.Equal(t, []storage.QueueInfo{{QueueLimit: got}}, qs, "a refused change writes nothing")
