@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/internal/migrate"
 	"github.com/dagrun/dagrun/storage/sqlite"
 	"github.com/dagrun/dagrun/storage/storagetest"
 )
@@ -444,16 +445,9 @@ func TestOpenTakesThePathWhole(t *testing.T) {
 // latestMigration is the version of this build's last SQLite migration.
 func latestMigration(t *testing.T) int {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "dagrun.db")
-	s, err := sqlite.Open(t.Context(), path, nil)
+	ms, err := migrate.Read(os.DirFS("."), "migrations")
 	require.NoError(t, err)
-	require.NoError(t, s.Close())
-	db, err := sql.Open("sqlite3", sqlite.DSN(path))
-	require.NoError(t, err)
-	defer db.Close()
-	var v int
-	require.NoError(t, db.QueryRow(`SELECT max(version) FROM schema_migrations`).Scan(&v))
-	return v
+	return ms[len(ms)-1].Version
 }
 
 // TestInMemory: an in-memory database is one per connection, so a store
