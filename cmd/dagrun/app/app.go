@@ -159,11 +159,7 @@ func (c *cli) rootCommand() *cobra.Command {
 			if len(args) == 0 {
 				return cmd.Help()
 			}
-			msg := fmt.Sprintf("unknown command %q", args[0])
-			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
-				msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, " or "))
-			}
-			return usageError(errors.New(msg + "; run dagrun --help for the list of commands"))
+			return unknownCommand("unknown command", args[0], cmd, args[0])
 		},
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
@@ -177,16 +173,11 @@ func (c *cli) rootCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			target, rest, err := root.Find(args)
 			if err != nil || len(args) > 0 && (target == root || len(rest) > 0) {
-				topic := strings.Join(args, " ")
-				msg := fmt.Sprintf("unknown help topic %q", topic)
 				if target == nil || len(rest) == 0 {
 					target, rest = root, args
 				}
 				target.SuggestionsMinimumDistance = root.SuggestionsMinimumDistance
-				if s := target.SuggestionsFor(rest[0]); len(s) > 0 {
-					msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, " or "))
-				}
-				return usageError(errors.New(msg + "; run dagrun --help for the list of commands"))
+				return unknownCommand("unknown help topic", strings.Join(args, " "), target, rest[0])
 			}
 			return target.Help()
 		},
@@ -391,6 +382,16 @@ func (e *exitError) Error() string {
 func (e *exitError) Unwrap() error { return e.err }
 
 func usageError(err error) error { return &exitError{code: ExitUsage, err: err} }
+
+// unknownCommand is the usage error of a name that is not a command:
+// what was not found, with parent's subcommands that resemble word.
+func unknownCommand(what, name string, parent *cobra.Command, word string) error {
+	msg := fmt.Sprintf("%s %q", what, name)
+	if s := parent.SuggestionsFor(word); len(s) > 0 {
+		msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, " or "))
+	}
+	return usageError(errors.New(msg + "; run dagrun --help for the list of commands"))
+}
 
 // hasExitCode reports whether err already decides the command's exit, as
 // an interruption does: it is returned as it is, not described further.
