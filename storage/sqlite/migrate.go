@@ -76,7 +76,13 @@ func checkMigrationsTable(ctx context.Context, q interface {
 	if err != nil {
 		return err
 	}
-	columns, err := collectStrings(rows)
+	var columns []string
+	err = eachRow(rows, func(sc scanner) error {
+		var column string
+		err := sc.Scan(&column)
+		columns = append(columns, column)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -86,17 +92,4 @@ func checkMigrationsTable(ctx context.Context, q interface {
 			storage.ErrUnavailable, name, strings.Join(columns, ", "))
 	}
 	return nil
-}
-
-func collectStrings(rows *sql.Rows) ([]string, error) {
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var v string
-		if err := rows.Scan(&v); err != nil {
-			return nil, err
-		}
-		out = append(out, v)
-	}
-	return out, rows.Err()
 }
