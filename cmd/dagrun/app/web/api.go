@@ -344,8 +344,7 @@ func (s *Server) listItems(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) cancelInstance(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	if err := decodeBody(r, &struct{}{}); err != nil { // it takes no fields
-		s.fail(w, r, err)
+	if !s.noFields(w, r) {
 		return
 	}
 	if err := s.engine.Cancel(r.Context(), id); err != nil {
@@ -403,6 +402,17 @@ func decodeBody(r *http.Request, v any) error {
 		return &requestError{status: http.StatusBadRequest, msg: "invalid request body: more than one JSON value"}
 	}
 	return nil
+}
+
+// noFields refuses, answering it, a request to a route that takes no body
+// fields but got some: a mistake to report, not to ignore. It reports
+// whether the request may go on.
+func (s *Server) noFields(w http.ResponseWriter, r *http.Request) bool {
+	if err := decodeBody(r, &struct{}{}); err != nil {
+		s.fail(w, r, err)
+		return false
+	}
+	return true
 }
 
 // loneSurrogate reports whether JSON text escapes a UTF-16 surrogate

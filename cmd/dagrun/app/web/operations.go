@@ -108,10 +108,7 @@ func (s *Server) skipStep(w http.ResponseWriter, r *http.Request) {
 func (s *Server) onInstance(op func(*dagrun.Engine, context.Context, string) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
-		// These take no body: one with fields is a mistake to report,
-		// not to ignore.
-		if err := decodeBody(r, &struct{}{}); err != nil {
-			s.fail(w, r, err)
+		if !s.noFields(w, r) {
 			return
 		}
 		if err := op(s.engine, r.Context(), id); err != nil {

@@ -52,8 +52,7 @@ func (s *Server) setSchedulePaused(w http.ResponseWriter, r *http.Request, pause
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid schedule index %q: use the schedule's number from GET /api/schedules (0 for the first)", raw))
 		return
 	}
-	if err := decodeBody(r, &struct{}{}); err != nil { // it takes no fields
-		s.fail(w, r, err)
+	if !s.noFields(w, r) {
 		return
 	}
 	if err := s.engine.PauseSchedule(r.Context(), workflow, index, paused); err != nil {
