@@ -412,7 +412,7 @@ func TestPermanentFailureThenRetry(t *testing.T) {
 		require.JSONEq(t, `{"prepared": 200, "fetched": 200}`, res.stdout)
 		// Progress shows what the retry did, not the history before it.
 		require.NotContains(t, res.stderr, "prepare")
-		require.NotContains(t, res.stderr, "404")
+		require.NotContains(t, res.stderr, "Not Found", "the earlier 404 is history")
 		require.Regexp(t, `(?m)^fetch +running \(attempt 1\)$`, res.stderr)
 		require.Regexp(t, `(?m)^instance `+id+` completed in `, res.stderr)
 		inst = e.status(t, id)
