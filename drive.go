@@ -82,6 +82,9 @@ func (e *Engine) Drive(ctx context.Context, opts *DriveOptions) (DriveResult, er
 		return res, err
 	}
 	res.Expired = expired + timedOut
+	if _, err := e.startDeferred(ctx); err != nil {
+		return res, err
+	}
 	params := storage.ClaimParams{
 		WorkerID:   cmp.Or(opts.WorkerID, "driver"),
 		InstanceID: opts.InstanceID,

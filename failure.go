@@ -2,7 +2,6 @@ package dagrun
 
 import (
 	"context"
-	"log/slog"
 	"time"
 
 	"github.com/dagrun/dagrun/dag"
@@ -166,33 +165,10 @@ func (w *Worker) stopSteps(instanceID string, names map[string]bool) {
 
 // expireInstances fails the running instances past their workflow
 // timeout, by the store's clock, so that a timeout holds whichever process
-// runs and whether or not a handler of the instance runs.
-func (w *Worker) expireInstances(ctx context.Context) {
-	n, err := w.engine.expireInstances(ctx)
-	if err != nil {
-		if ctx.Err() == nil {
-			w.logger.Error("dagrun: time out instances", slog.Any("error", err))
-		}
-		return
-	}
-	if n > 0 {
-		w.logger.Info("dagrun: instances timed out", slog.Int("instances", n))
-	}
-}
-
-// expireInstances is what a Worker and Drive share of it: the sweep, and
-// stopping the local handlers of the instances it failed.
+// runs and whether or not a handler of the instance runs; the local
+// handlers of the instances it failed stop at once.
 func (e *Engine) expireInstances(ctx context.Context) (int, error) {
-	rec := e.newFinishRecorder()
-	n, err := e.store.ExpireInstances(rec.attach(ctx), 100, rec.plan)
-	if err != nil {
-		return 0, err
-	}
-	rec.report()
-	if n > 0 {
-		e.notifyChanged()
-	}
-	return n, nil
+	return e.sweep(ctx, e.store.ExpireInstances)
 }
 
 // wakeWhileBusy arms idle for the next timeout (a wait's, a workflow's)
@@ -211,8 +187,7 @@ func (w *Worker) wakeWhileBusy(ctx context.Context, idle *time.Timer, last time.
 	switch {
 	case err != nil || next.IsZero():
 	case !next.After(now):
-		w.expireWaits(ctx)
-		w.expireInstances(ctx)
+		w.sweepDue(ctx)
 	default:
 		idle.Reset(next.Sub(now) + time.Millisecond) // the store compares deadline <= now
 	}

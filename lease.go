@@ -108,19 +108,35 @@ func (w *Worker) recoverExpired(ctx context.Context) {
 	}
 }
 
-// expireWaits fails the waiting steps whose deadline passed, by the
-// store's clock, so that a wait times out whichever process runs.
-func (w *Worker) expireWaits(ctx context.Context) {
-	if _, err := w.engine.expireWaits(ctx); err != nil && ctx.Err() == nil {
-		w.logger.Error("dagrun: time out waiting steps", slog.Any("error", err))
+// sweepDue does what comes due by the store's clock rather than by a
+// claim, whichever process runs: waits and instances that time out, and
+// instances whose deferred steps may start.
+func (w *Worker) sweepDue(ctx context.Context) {
+	for _, s := range []struct {
+		what, done string // done is logged when the sweep handled some
+		run        func(context.Context) (int, error)
+	}{
+		{what: "time out waiting steps", run: w.engine.expireWaits},
+		{what: "time out instances", done: "instances timed out", run: w.engine.expireInstances},
+		{what: "start deferred instances", run: w.engine.startDeferred},
+	} {
+		n, err := s.run(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			w.logger.Error("dagrun: "+s.what, slog.Any("error", err))
+		case err == nil && n > 0 && s.done != "":
+			w.logger.Info("dagrun: "+s.done, slog.Int("instances", n))
+		}
 	}
 }
 
-// expireWaits fails up to a batch of waiting steps whose deadline passed
-// and returns how many it failed.
-func (e *Engine) expireWaits(ctx context.Context) (int, error) {
+// sweep runs one batch of a store's sweep (ExpireWaits, ExpireInstances,
+// StartDeferred) with a finish recorder, so that the instances it ends
+// are observed and their local handlers stopped, and returns how many
+// the sweep handled.
+func (e *Engine) sweep(ctx context.Context, run func(context.Context, int, storage.PlanFunc) (int, error)) (int, error) {
 	rec := e.newFinishRecorder()
-	n, err := e.store.ExpireWaits(rec.attach(ctx), 100, rec.plan)
+	n, err := run(rec.attach(ctx), 100, rec.plan)
 	if err != nil {
 		return 0, err
 	}
@@ -129,4 +145,15 @@ func (e *Engine) expireWaits(ctx context.Context) (int, error) {
 		e.notifyChanged()
 	}
 	return n, nil
+}
+
+// startDeferred plans up to a batch of instances whose deferred steps may
+// start (see storage.Store.StartDeferred).
+func (e *Engine) startDeferred(ctx context.Context) (int, error) {
+	return e.sweep(ctx, e.store.StartDeferred)
+}
+
+// expireWaits fails up to a batch of waiting steps whose deadline passed.
+func (e *Engine) expireWaits(ctx context.Context) (int, error) {
+	return e.sweep(ctx, e.store.ExpireWaits)
 }

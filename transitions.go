@@ -88,6 +88,10 @@ func (p *planner) promote(plan *storage.Plan, order []*dag.Step) {
 		if p.status[step.Name] != storage.StepBlocked || !p.ready(step) {
 			continue
 		}
+		if p.state.Deferred && startsWithoutAWorker(step) {
+			plan.Deferred = true
+			continue
+		}
 		if later && (resolved >= p.config.MaxPlanInputBytes || p.usage.Steps >= int64(p.config.MaxPlanExprSteps)) {
 			break
 		}
@@ -112,6 +116,16 @@ func (p *planner) promote(plan *storage.Plan, order []*dag.Step) {
 		}
 		plan.Steps = append(plan.Steps, change)
 	}
+}
+
+// startsWithoutAWorker reports whether making step ready starts its
+// instance in the same transaction, with no claim: a wait step begins
+// waiting (and takes signals), a workflow step starts its children. An
+// instance that may not start yet (a delayed start, a concurrency limit)
+// leaves such steps to Store.StartDeferred; a step that runs a handler
+// needs no such care, as its claim waits for the delay and the slot.
+func startsWithoutAWorker(step *dag.Step) bool {
+	return step.Wait != nil || step.Workflow != ""
 }
 
 // ready reports whether every dependency of step let it proceed.

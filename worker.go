@@ -238,12 +238,10 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 		case <-w.due:
 		case <-poll.C:
 		case <-idle.C:
-			w.expireWaits(ctx)
-			w.expireInstances(ctx)
+			w.sweepDue(ctx)
 		case <-recoverEvery.C:
 			w.recoverExpired(ctx)
-			w.expireWaits(ctx)
-			w.expireInstances(ctx)
+			w.sweepDue(ctx)
 		}
 	}
 	return nil
@@ -351,6 +349,10 @@ func (w *Worker) sleepUntilNext(ctx context.Context, idle *time.Timer, free int)
 	}
 	d := time.Until(next) + time.Millisecond
 	if d <= 0 {
+		// Due already (a wait past its deadline while no worker ran, an
+		// instance admitted by another's finish): do it now, since a
+		// poll shorter than idleRecheck re-arms the timer before it fires.
+		w.sweepDue(ctx)
 		d = idleRecheck
 	}
 	idle.Reset(d)

@@ -26,6 +26,9 @@ type NewInstance struct {
 	Steps []NewStep
 	// Events is the creation's history in order, instance.created first.
 	Events []NewEvent
+	// Deferred is the plan's Plan.Deferred, for an instance not finished
+	// at once: the store keeps the instance for Store.StartDeferred.
+	Deferred bool
 }
 
 // NewStep is one step's state at creation.
@@ -64,7 +67,12 @@ type NewEvent struct {
 // returns the instance with the answer applied, after checking it the way a
 // store checks any Plan. The state's LoadDefinition returns p.Definition
 // (a definition stored by the same call is not in the table yet), or calls
-// loadStored when p has none.
+// loadStored when p has none. The state is Deferred when p has a RunAfter
+// or a workflow concurrency limit: whether the instance is held is decided
+// after its plan (an instance the plan finishes at once takes no slot),
+// and a RunAfter already past costs only an early StartDeferred. A child's
+// RunAfter is its parent's (see ChildParams), which has come: a parent
+// starts its children only once it may start.
 func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) (*NewInstance, error) {
 	loadDefinition := loadStored
 	if len(p.Definition) > 0 {
@@ -89,6 +97,7 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 		TraceParent:    p.TraceParent,
 		Steps:          make([]StepState, len(p.Steps)),
 		LoadDefinition: loadDefinition,
+		Deferred:       p.Parent == nil && !p.RunAfter.IsZero() || p.ConcurrencyLimit > 0 && p.ConcurrencyKey != "",
 	}
 	for i := range p.Steps {
 		n.Steps[i].Status = StepBlocked
@@ -180,6 +189,7 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 		}
 		n.event("", InstanceEventOf(ic.Status), ic.Error)
 	}
+	n.Deferred = pl.Deferred && !n.Status.Finished()
 	return n, nil
 }
 

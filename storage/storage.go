@@ -357,6 +357,14 @@ type InstanceState struct {
 	// past (see TimeoutStore): the plan must fail it or record its
 	// Failure.
 	TimedOut time.Duration
+	// Deferred tells that the instance may not start yet: it is being
+	// created with a delayed start (CreateParams.RunAfter) or under a
+	// workflow concurrency limit (it may be held). Its workers start it,
+	// so the plan must leave blocked the ready steps that would start it
+	// without one (a wait step's wait, a workflow step's child) and say so
+	// with Plan.Deferred; Store.StartDeferred plans the instance again
+	// when it may start.
+	Deferred bool
 	// LoadDefinition reads the definition snapshot inside the same
 	// transaction; the engine calls it only on a cache miss.
 	LoadDefinition func() ([]byte, error)
@@ -390,6 +398,10 @@ type Plan struct {
 	// stale), after applying Steps, which may make onFailure steps ready.
 	// The instance stays running until a later plan finishes it.
 	Failure *Failure
+	// Deferred, for an InstanceState with Deferred set, tells that the
+	// plan left ready steps blocked until the instance may start: the
+	// store keeps the instance for Store.StartDeferred.
+	Deferred bool
 }
 
 // StepChange moves a blocked step to pending (with its resolved Input),
@@ -822,10 +834,20 @@ type Store interface {
 	// terminal failure does. It returns how many it failed.
 	ExpireWaits(ctx context.Context, limit int, plan PlanFunc) (int, error)
 
+	// StartDeferred plans again up to limit instances whose creation's
+	// plan deferred steps (Plan.Deferred) and that may start now: their
+	// delayed start has come, they are not held by a workflow concurrency
+	// limit, not paused and not finished. The plan sees them without
+	// InstanceState.Deferred, so it starts the steps it left blocked
+	// (a step that waits, or starts a child, starts its instance). It
+	// returns how many it planned.
+	StartDeferred(ctx context.Context, limit int, plan PlanFunc) (int, error)
+
 	// NextWake returns the earliest time after now at which a step of
 	// p.Queues and p.Handlers (as ClaimSteps filters them) becomes
-	// claimable, or a waiting step or a running instance times out: what
-	// a worker with nothing to do sleeps until. Zero when there is none.
+	// claimable, a waiting step or a running instance times out, or an
+	// instance kept for StartDeferred may start: what a worker with
+	// nothing to do sleeps until. Zero when there is none.
 	NextWake(ctx context.Context, p ClaimParams) (time.Time, error)
 
 	// RecoverExpired takes back up to limit running steps whose lease ended

@@ -34,7 +34,7 @@ WITH d AS (
 ins AS (
 	INSERT INTO {s}instances (id, workflow, definition_hash, status, input, output, error, idempotency_key, priority,
 		run_after, created_at, started_at, finished_at, timeout_us, failing, failed_step, deadline,
-		concurrency_key, concurrency_limit, held, traceparent, trace_caller, parent_id, parent_step, parent_item, depth)
+		concurrency_key, concurrency_limit, held, traceparent, trace_caller, parent_id, parent_step, parent_item, depth, deferred)
 	SELECT r.id, r.workflow, r.hash, r.status, r.input, r.output, r.error, r.key, r.priority,
 		greatest({now}, r.run_after), {now},
 		CASE WHEN r.status = 'running' THEN {now} END,
@@ -44,13 +44,13 @@ ins AS (
 		-- failed at once and only runs its onFailure steps.
 		CASE WHEN r.status = 'running' AND r.timeout_us > 0 AND NOT r.failing
 			THEN {now} + r.timeout_us * interval '1 microsecond' END,
-		r.ckey, r.climit, r.held, r.traceparent, r.trace_caller, r.parent_id, r.parent_step, r.parent_item, r.depth
+		r.ckey, r.climit, r.held, r.traceparent, r.trace_caller, r.parent_id, r.parent_step, r.parent_item, r.depth, r.deferred
 	FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::json[], $10::json[], $11::text[], $12::text[],
 			$13::int[], $14::timestamptz[], $41::bigint[], $42::bool[], $43::text[], $44::text[], $45::int[], $46::bool[],
-			$51::text[], $52::text[], $53::text[], $54::text[], $55::int[], $56::int[])
+			$51::text[], $52::text[], $53::text[], $54::text[], $55::int[], $56::int[], $58::bool[])
 		WITH ORDINALITY AS r(id, workflow, hash, status, input, output, error, key, priority, run_after,
 			timeout_us, failing, failed_step, ckey, climit, held, traceparent, trace_caller,
-			parent_id, parent_step, parent_item, depth, ord)
+			parent_id, parent_step, parent_item, depth, deferred, ord)
 	ORDER BY r.ord
 	ON CONFLICT (workflow, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 	RETURNING id
@@ -286,7 +286,7 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 		rows.stOutputs, rows.stForEach, rows.stCaps, rows.stContinue, rows.stSignals, rows.stWaitTimeouts,
 		rows.timeouts, rows.failing, rows.failedSteps, rows.concurrencyKeys, rows.concurrencyLimits, rows.held,
 		rows.stOnFailure, rows.stKeys, rows.stLimits, rows.stHeld, rows.traceParents, rows.traceCallers,
-		rows.parentIDs, rows.parentSteps, rows.parentItems, rows.depths, rows.stChildWorkflows).Query(func(dbRows pgx.Rows) error {
+		rows.parentIDs, rows.parentSteps, rows.parentItems, rows.depths, rows.stChildWorkflows, rows.deferred).Query(func(dbRows pgx.Rows) error {
 		var err error
 		inserted, err = pgx.CollectRows(dbRows, pgx.RowTo[string])
 		return err
@@ -433,6 +433,7 @@ type createRows struct {
 	parentSteps      []string
 	parentItems      []int32
 	depths           []int32
+	deferred         []bool
 	finishedChildren []*storage.NewInstance
 
 	evInst, evSteps, evTypes, evMessages []string
@@ -498,6 +499,7 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance, held bool) {
 		r.parentItems = append(r.parentItems, -1)
 	}
 	r.depths = append(r.depths, int32(p.Depth))
+	r.deferred = append(r.deferred, n.Deferred)
 	for i, ns := range n.Steps {
 		sp := &p.Steps[i]
 		if ns.Status == storage.StepPending {

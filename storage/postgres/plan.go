@@ -41,11 +41,17 @@ type loaded struct {
 // concurrent finishers of sibling steps serialize (under READ COMMITTED
 // each would otherwise miss the other's completion, and a fan-in join would
 // never be promoted) and cannot deadlock one another. NO KEY UPDATE is the
-// weakest row lock that conflicts with itself.
+// weakest row lock that conflicts with itself. The last column is
+// InstanceState.Deferred: the instance is held, or finished under a
+// workflow limit, which a retry planned before its re-arm runs (see
+// retryOne) may hold again.
 const lockInstancesSQL = `
 SELECT id, workflow, definition_hash, status, input, timeout_us, failing, error, failed_step, depth,
-	coalesce(traceparent, ''), xmin::text
+	coalesce(traceparent, ''), xmin::text, held OR finished_at IS NOT NULL AND concurrency_key IS NOT NULL
 FROM {s}instances WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`
+
+// markDeferredSQL keeps an instance for StartDeferred.
+const markDeferredSQL = `UPDATE {s}instances SET deferred = true WHERE id = $1`
 
 // queueLock queues the lock of the given instances (duplicates and unknown
 // ids are fine) on b; into receives them when the batch runs.
@@ -60,7 +66,7 @@ func (s *Store) queueLock(b *pgx.Batch, ids []string, into map[string]*loaded) {
 			xmin    string
 		)
 		_, err := pgx.ForEachRow(rows, []any{&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input,
-			&timeout, &failing, &failure.Error, &failure.Step, &st.Depth, &st.TraceParent, &xmin}, func() error {
+			&timeout, &failing, &failure.Error, &failure.Step, &st.Depth, &st.TraceParent, &xmin, &st.Deferred}, func() error {
 			l := &loaded{state: st, timeout: timeout, xmin: xmin}
 			l.state.Input = rawJSON(input)
 			if failing {
@@ -176,23 +182,27 @@ const applyRows = `SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::
 		WITH ORDINALITY AS c(instance_id, name, status, input, error, ckey, ord)`
 
 func applyStepChanges(waits bool) string {
-	deadline, started, startedEvent := "NULL", "", ""
+	deadline, started := "NULL", ""
 	if waits {
 		deadline = `CASE WHEN c.status = 'waiting' AND s.wait_timeout_us > 0
 			THEN greatest({now}, (SELECT i.run_after FROM {s}instances i WHERE i.id = s.instance_id))
 				+ s.wait_timeout_us * interval '1 microsecond' END`
 		// A step that waits has started its instance, as a claimed step
-		// would have. The caller holds the instances' locks.
+		// would have, and so has one that found its signal and completed
+		// at once. The caller holds the instances' locks. The events of
+		// the starts are written apart, so that the statement's row count
+		// is the steps' events alone (the caller checks it).
 		started = `,
 started AS (
 	UPDATE {s}instances i SET status = 'running', started_at = {now},
 		deadline = CASE WHEN i.timeout_us > 0 THEN {now} + i.timeout_us * interval '1 microsecond' END
-	WHERE i.id IN (SELECT instance_id FROM u WHERE status = 'waiting') AND i.status = 'pending'
+	WHERE i.id IN (SELECT instance_id FROM u WHERE wait_signal <> '' AND status IN ('waiting', 'completed')) AND i.status = 'pending'
 	RETURNING i.id
+),
+started_events AS (
+	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
+	SELECT started.id, '', 'instance.started', 0, '', {now} FROM started
 )`
-		startedEvent = `
-	UNION ALL
-	SELECT started.id, '', 'instance.started', '', 0 FROM started`
 	}
 	return `
 WITH c AS (
@@ -228,7 +238,7 @@ SELECT e.instance_id, e.step, e.type, 0, e.message, {now} FROM (
 		CASE WHEN u.status = 'waiting' THEN 'waiting for signal ' || u.wait_signal
 			WHEN u.status = 'completed' AND u.wait_signal <> '' THEN 'signal ' || u.wait_signal || ' received'
 			ELSE u.error END AS message, u.ord
-	FROM u` + startedEvent + `
+	FROM u
 ) e ORDER BY e.ord`
 }
 
@@ -301,6 +311,11 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 			if again, err = sc.add(st, now, s, l, p.Steps); err != nil {
 				return err
 			}
+			if p.Deferred {
+				// A held instance (a retried one waiting for its slot):
+				// the sweep starts what the plan left once it is admitted.
+				st.tail.Queue(s.q(markDeferredSQL), l.state.ID)
+			}
 			if err := storage.CheckFailure(l.state.ID, p, &l.state); err != nil {
 				return err
 			}
@@ -316,7 +331,7 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 	}
 	if n := len(sc.ids); n > 0 {
 		apply, applyOne := applyReadySQL, applyReadyOneSQL
-		if slices.Contains(sc.statuses, string(storage.StepWaiting)) {
+		if sc.waits {
 			apply, applyOne = applyStepChangesSQL, applyStepChangeSQL
 		}
 		q := st.tail.Queue(s.q(apply), now, sc.ids, sc.names, sc.statuses, sc.inputs, sc.errors, sc.keys)
@@ -345,6 +360,9 @@ type stepChanges struct {
 	ids, names, statuses, errors []string
 	inputs                       []json.RawMessage
 	keys                         []*string // concurrency keys of steps made pending
+	// waits is set when a step was made waiting, or completed at once by
+	// a signal that came first: its instance may start.
+	waits bool
 }
 
 // add checks changes against the instance's state, and updates the state
@@ -372,6 +390,7 @@ func (c *stepChanges) add(st *txState, now *time.Time, s *Store, l *loaded, chan
 			if err := storage.CheckWait(is.ID, l.waitSignals[i] != "", ch.Name); err != nil {
 				return false, err
 			}
+			c.waits = true
 		default:
 			return false, fmt.Errorf("plan for instance %s moves step %q to %q: only pending, waiting (a wait step), running (a forEach expansion), completed, skipped or failed are allowed", is.ID, ch.Name, ch.Status)
 		}

@@ -238,7 +238,8 @@ func (s *Store) waitTimeouts(ctx context.Context, tx pgx.Tx, ids []string) ([]in
 
 // nextWakeSQL is the earliest time after now at which a pending step of
 // the claimer's queues ($2, empty: all) and handlers ($3, empty: all)
-// becomes claimable, or a waiting step times out. Only a step of
+// becomes claimable, a waiting step or a running instance times out, or
+// an instance whose start was deferred may start. Only a step of
 // steps_delayed can become due later (one in the claim indexes was due
 // when it was made pending), so it reads that index, never the whole queue.
 const nextWakeSQL = `
@@ -249,7 +250,10 @@ SELECT least(
 		AND run_after < '9999-01-01 00:00:00+00' -- held steps wait for a slot, not a time
 		AND (cardinality($2::text[]) = 0 OR queue = ANY($2)) AND (cardinality($3::text[]) = 0 OR handler = ANY($3))),
 	(SELECT min(deadline) FROM {s}steps WHERE status = 'waiting'),
-	(SELECT min(deadline) FROM {s}instances WHERE status = 'running' AND deadline IS NOT NULL))`
+	(SELECT min(deadline) FROM {s}instances WHERE status = 'running' AND deadline IS NOT NULL),
+	-- a held instance whose time has come waits for a finish of its key, not a time
+	(SELECT min(run_after) FROM {s}instances WHERE deferred AND finished_at IS NULL AND NOT paused
+		AND (NOT held OR run_after > {now})))`
 
 // NextWake implements storage.Store.
 func (s *Store) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time, error) {

@@ -81,7 +81,8 @@ func (s *Store) queueFinish(st *txState, now *time.Time, ids, statuses []string,
 // step.started event ($6).
 const startWorkflowStepSuffix = `,
 started AS (
-	UPDATE {s}instances i SET status = 'running', started_at = {now}
+	UPDATE {s}instances i SET status = 'running', started_at = {now},
+		deadline = CASE WHEN i.timeout_us > 0 THEN {now} + i.timeout_us * interval '1 microsecond' END
 	WHERE $5 AND i.id = $2 AND i.status = 'pending'
 	RETURNING i.id
 ),

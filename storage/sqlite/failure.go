@@ -4,7 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
-	"errors"
+	"fmt"
 	"time"
 
 	"github.com/dagrun/dagrun/storage"
@@ -13,27 +13,12 @@ import (
 // ExpireInstances implements storage.TimeoutStore. A limit below 1 means
 // 1000.
 func (s *Store) ExpireInstances(ctx context.Context, limit int, plan storage.PlanFunc) (int, error) {
-	if plan == nil {
-		return 0, errors.New("sqlite: expire instances: nil PlanFunc")
-	}
-	if limit < 1 {
-		limit = 1000
-	}
-	// Most calls find nothing: look first without taking the write lock.
-	var due bool
-	if err := s.read(ctx, "expire instances", func(tx *sql.Tx) error {
-		return tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM instances
-			WHERE status = 'running' AND deadline IS NOT NULL AND deadline <= ?)`, us(s.now())).Scan(&due)
-	}); err != nil || !due {
-		return 0, err
-	}
-	var n int
-	err := s.write(ctx, "expire instances", func(t *txn) error {
-		n = 0
+	return s.sweep(ctx, "expire instances", plan, limit, `SELECT EXISTS (SELECT 1 FROM instances
+			WHERE status = 'running' AND deadline IS NOT NULL AND deadline <= ?)`, func(t *txn, limit int) (int, error) {
 		rows, err := t.query(`SELECT id FROM instances WHERE status = 'running' AND deadline IS NOT NULL AND deadline <= ?
 			ORDER BY deadline LIMIT ?`, us(t.now), limit)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		var ids []string
 		if err := eachRow(rows, func(sc scanner) error {
@@ -42,10 +27,34 @@ func (s *Store) ExpireInstances(ctx context.Context, limit int, plan storage.Pla
 			ids = append(ids, id)
 			return err
 		}); err != nil {
-			return err
+			return 0, err
 		}
-		n = len(ids)
-		return t.expire(ids, plan)
+		return len(ids), t.expire(ids, plan)
+	})
+}
+
+// sweep is what the sweeps of passed times share. Most calls find nothing
+// due, so it first looks without taking the write lock, with due (a
+// SELECT EXISTS whose parameter is now); then run, in a write
+// transaction, handles up to limit (below 1: 1000) and returns how many
+// it handled. Workers hear of any. op names the sweep in errors.
+func (s *Store) sweep(ctx context.Context, op string, plan storage.PlanFunc, limit int, due string, run func(t *txn, limit int) (int, error)) (int, error) {
+	if plan == nil {
+		return 0, fmt.Errorf("sqlite: %s: nil PlanFunc", op)
+	}
+	if limit < 1 {
+		limit = 1000
+	}
+	var found bool
+	if err := s.read(ctx, op, func(tx *sql.Tx) error {
+		return tx.QueryRowContext(ctx, due, us(s.now())).Scan(&found)
+	}); err != nil || !found {
+		return 0, err
+	}
+	var n int
+	err := s.write(ctx, op, func(t *txn) (err error) {
+		n, err = run(t, limit)
+		return err
 	})
 	if err != nil {
 		return 0, err

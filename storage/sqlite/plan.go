@@ -28,7 +28,7 @@ func (t *txn) loadMany(ids []string) (map[string]*loaded, error) {
 	}
 	out := make(map[string]*loaded, len(ids))
 	rows, err := t.query(`SELECT id, workflow, definition_hash, status, input, run_after, paused, timeout_us, failing, error, failed_step, depth, parent_id IS NOT NULL,
-		coalesce(traceparent, '') FROM instances
+		coalesce(traceparent, ''), held FROM instances
 		WHERE id IN (SELECT value FROM json_each(?))`, string(idsJSON))
 	if err != nil {
 		return nil, err
@@ -42,7 +42,7 @@ func (t *txn) loadMany(ids []string) (map[string]*loaded, error) {
 			failure storage.Failure
 		)
 		if err := sc.Scan(&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input, &l.runAfter, &l.paused, &l.timeout,
-			&failing, &failure.Error, &failure.Step, &st.Depth, &l.child, &st.TraceParent); err != nil {
+			&failing, &failure.Error, &failure.Step, &st.Depth, &l.child, &st.TraceParent, &st.Deferred); err != nil {
 			return err
 		}
 		if failing {
@@ -227,6 +227,13 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 			return err
 		}
 		l.state.Steps[i].Status = c.Status
+	}
+	if p.Deferred {
+		// A held instance (a retried one waiting for its slot): the
+		// sweep starts what the plan left once it is admitted.
+		if _, err := t.exec(`UPDATE instances SET deferred = 1 WHERE id = ?`, id); err != nil {
+			return err
+		}
 	}
 	if err := storage.CheckFailure(id, p, &l.state); err != nil {
 		return err

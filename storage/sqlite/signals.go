@@ -162,28 +162,12 @@ func signalTargetMissing(p storage.SignalParams) error {
 
 // ExpireWaits implements storage.Store. A limit below 1 means 1000.
 func (s *Store) ExpireWaits(ctx context.Context, limit int, plan storage.PlanFunc) (int, error) {
-	if plan == nil {
-		return 0, errors.New("sqlite: expire waits: nil PlanFunc")
-	}
-	if limit < 1 {
-		limit = 1000
-	}
-	// Most calls find nothing: look first without taking the write lock.
-	var due bool
-	if err := s.read(ctx, "expire waits", func(tx *sql.Tx) error {
-		return tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM steps WHERE status = 'waiting' AND deadline <= ?)`,
-			us(s.now())).Scan(&due)
-	}); err != nil || !due {
-		return 0, err
-	}
-	var n int
-	err := s.write(ctx, "expire waits", func(t *txn) error {
-		n = 0
+	return s.sweep(ctx, "expire waits", plan, limit, `SELECT EXISTS (SELECT 1 FROM steps WHERE status = 'waiting' AND deadline <= ?)`, func(t *txn, limit int) (int, error) {
 		now := us(t.now)
 		rows, err := t.query(`SELECT id, instance_id, name, wait_signal, wait_timeout_us FROM steps
 			WHERE status = 'waiting' AND deadline <= ? ORDER BY deadline LIMIT ?`, now, limit)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		type expired struct {
 			id                    int64
@@ -199,28 +183,20 @@ func (s *Store) ExpireWaits(ctx context.Context, limit int, plan storage.PlanFun
 			exp = append(exp, e)
 			return nil
 		}); err != nil {
-			return err
+			return 0, err
 		}
 		var instances []string
 		for _, e := range exp {
 			msg := storage.WaitTimeoutError(e.sig, time.Duration(e.timeout)*time.Microsecond)
 			if _, err := t.exec(`UPDATE steps SET status = 'failed', error = ?, finished_at = ?, deadline = NULL WHERE id = ?`,
 				msg, now, e.id); err != nil {
-				return err
+				return 0, err
 			}
 			t.event(e.instanceID, e.name, storage.EventStepFailed, 0, msg)
 			instances = appendOnce(instances, e.instanceID)
 		}
-		n = len(exp)
-		return t.plan(instances, plan)
+		return len(exp), t.plan(instances, plan)
 	})
-	if err != nil {
-		return 0, err
-	}
-	if n > 0 {
-		s.notify()
-	}
-	return n, nil
 }
 
 func appendOnce(ids []string, id string) []string {
@@ -257,7 +233,11 @@ func (s *Store) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time,
 			UNION ALL
 			SELECT min(deadline) FROM steps WHERE status = 'waiting'
 			UNION ALL
-			SELECT min(deadline) FROM instances WHERE status = 'running' AND deadline IS NOT NULL)`, now, string(queues), string(handlers)).Scan(&next)
+			SELECT min(deadline) FROM instances WHERE status = 'running' AND deadline IS NOT NULL
+			UNION ALL
+			-- a held instance whose time has come waits for a finish of its key, not a time
+			SELECT min(run_after) FROM instances WHERE deferred = 1 AND finished_at IS NULL AND paused = 0
+				AND (held = 0 OR run_after > ?1))`, now, string(queues), string(handlers)).Scan(&next)
 	})
 	if err != nil || !next.Valid {
 		return time.Time{}, err

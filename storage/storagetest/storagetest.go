@@ -91,6 +91,7 @@ func Run(t *testing.T, h Harness) {
 		{"Events", eventTests},
 		{"Trace", traceTests},
 		{"Subflows", subflowTests},
+		{"DeferredStarts", deferredTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
@@ -281,7 +282,8 @@ func ptr[T any](v T) *T { return &v }
 // Plan is the suite's PlanFunc, a stand-in for the engine: a blocked step
 // whose dependencies are all completed or skipped becomes pending with the
 // input {"step": NAME, "deps": {DEP: OUTPUT...}} (waiting, a wait step's,
-// if its name begins with "await"), or skipped if its name begins with
+// if its name begins with "await"; left blocked, with Plan.Deferred, while
+// the instance is Deferred), or skipped if its name begins with
 // "skip"; any failed step fails the instance; when every step
 // is finished the instance completes with {"steps": N}.
 func Plan(st *storage.InstanceState) (*storage.Plan, error) {
@@ -308,6 +310,10 @@ func Plan(st *storage.InstanceState) (*storage.Plan, error) {
 				}
 			}
 			if !ready {
+				continue
+			}
+			if st.Deferred && strings.HasPrefix(s.Name, "await") {
+				p.Deferred = true
 				continue
 			}
 			changed = true

@@ -1,0 +1,95 @@
+package dagrun_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/storage"
+)
+
+// approvalWorkflow begins by waiting: one approval per customer at a time.
+const approvalWorkflow = `
+name: approval
+concurrency: {key: "${{ input.customer }}", limit: 1}
+steps:
+  - name: approve
+    wait: {signal: approve}
+  - name: record
+    handler: echo
+    dependsOn: [approve]
+    input: ${{ steps.approve.output }}
+output: ${{ steps.record.output }}
+`
+
+// An instance held by its workflow's limit takes its turn even when its
+// first step waits: it starts waiting, and takes signals, only once
+// admitted, not as it is created.
+func TestAWaitingFirstStepTakesItsTurnUnderAWorkflowLimit(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, approvalWorkflow)
+		b.runWorker(t, nil)
+		first := b.start(t, "approval", `{"customer": "acme"}`)
+		second := b.start(t, "approval", `{"customer": "acme"}`)
+		b.awaitStatus(t, first, "approve", storage.StepWaiting)
+
+		res, err := b.signal(t, second, "approve", `"second"`)
+		require.NoError(t, err)
+		require.False(t, res.Delivered, "the held instance took a signal before its turn")
+		inst, err := b.engine.Get(context.Background(), second)
+		require.NoError(t, err)
+		require.Equal(t, storage.InstancePending, inst.Status)
+		require.Equal(t, storage.StepBlocked, step(t, inst, "approve").Status)
+
+		res, err = b.signal(t, first, "approve", `"first"`)
+		require.NoError(t, err)
+		require.True(t, res.Delivered)
+		a, z := b.wait(t, first), b.wait(t, second)
+		require.Equal(t, storage.InstanceCompleted, a.Status, a.Error)
+		require.Equal(t, storage.InstanceCompleted, z.Status, z.Error)
+		requireJSON(t, `"second"`, z.Output)
+		require.False(t, z.StartedAt.Before(*a.FinishedAt), "the second instance started at %v, before the first finished at %v", z.StartedAt, a.FinishedAt)
+	})
+}
+
+// A delayed instance whose first step starts a child starts it when its
+// time comes, not as it is created; its workflow timeout counts from then.
+func TestADelayedFirstWorkflowStepStartsItsChildWhenDue(t *testing.T) {
+	t.Parallel()
+	const parent = `
+name: parent
+timeout: 1h
+steps:
+  - name: ship
+    workflow: shipping
+    input: {orderId: "${{ input.orderId }}"}
+output: ${{ steps.ship.output }}
+`
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, shipRegistry(nil), shippingWorkflow, parent)
+		const delay = 300 * time.Millisecond
+		res, err := b.engine.Start(context.Background(), "parent", json.RawMessage(`{"orderId": 7}`), &dagrun.StartOptions{Delay: delay})
+		require.NoError(t, err)
+		inst, err := b.engine.Get(context.Background(), res.ID)
+		require.NoError(t, err)
+		require.Equal(t, storage.InstancePending, inst.Status)
+		require.Nil(t, inst.Deadline, "the timeout counts from the start")
+		ship := step(t, inst, "ship")
+		require.Equal(t, storage.StepBlocked, ship.Status)
+		require.Empty(t, ship.Children, "the child started before its parent's time")
+
+		b.runWorker(t, nil)
+		done := b.wait(t, res.ID)
+		require.Equal(t, storage.InstanceCompleted, done.Status, done.Error)
+		requireJSON(t, `{"tracking": "T-7"}`, done.Output)
+		require.False(t, done.StartedAt.Before(done.CreatedAt.Add(delay)), "started at %v, created at %v", done.StartedAt, done.CreatedAt)
+		child, err := b.engine.Get(context.Background(), childOf(t, done, "ship"))
+		require.NoError(t, err)
+		require.False(t, child.CreatedAt.Before(done.CreatedAt.Add(delay)), "child created at %v", child.CreatedAt)
+	})
+}
