@@ -70,10 +70,40 @@ type NewEvent struct {
 // loadStored when p has none. The state is Deferred when p has a RunAfter
 // or a workflow concurrency limit: whether the instance is held is decided
 // after its plan (an instance the plan finishes at once takes no slot),
-// and a RunAfter already past costs only an early StartDeferred. A child's
-// RunAfter is its parent's (see ChildParams), which has come: a parent
-// starts its children only once it may start.
+// and a RunAfter already past costs only an early StartDeferred (see
+// StartAdmitted for one admitted at once). A child's RunAfter is its
+// parent's (see ChildParams), which has come: a parent starts its
+// children only once it may start.
 func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) (*NewInstance, error) {
+	return planNew(p, plan, loadStored, p.Parent == nil && !p.RunAfter.IsZero() || p.ConcurrencyLimit > 0 && p.ConcurrencyKey != "")
+}
+
+// StartAdmitted plans again, as instances that may start, the new
+// instances whose plans deferred steps only for their workflow
+// concurrency limit (no RunAfter) and that the store admitted (not in
+// held), so that they start in the creating transaction as any other
+// does, rather than at the next StartDeferred. loadStored is PlanNew's,
+// by definition hash. An instance whose new plan would finish it while
+// the first did not, or the other way round, keeps its first plan: its
+// admission counted on it (StartDeferred starts it).
+func StartAdmitted(instances []*NewInstance, held map[string]bool, plan PlanFunc, loadStored func(hash string) func() ([]byte, error)) error {
+	for i, n := range instances {
+		p := n.Params
+		if !n.Deferred || held[p.ID] || p.Parent == nil && !p.RunAfter.IsZero() {
+			continue
+		}
+		m, err := planNew(p, plan, loadStored(p.DefinitionHash), false)
+		if err != nil {
+			return err
+		}
+		if m.Status.Finished() == n.Status.Finished() {
+			instances[i] = m
+		}
+	}
+	return nil
+}
+
+func planNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error), deferred bool) (*NewInstance, error) {
 	loadDefinition := loadStored
 	if len(p.Definition) > 0 {
 		loadDefinition = func() ([]byte, error) { return p.Definition, nil }
@@ -97,7 +127,7 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 		TraceParent:    p.TraceParent,
 		Steps:          make([]StepState, len(p.Steps)),
 		LoadDefinition: loadDefinition,
-		Deferred:       p.Parent == nil && !p.RunAfter.IsZero() || p.ConcurrencyLimit > 0 && p.ConcurrencyKey != "",
+		Deferred:       deferred,
 	}
 	for i := range p.Steps {
 		n.Steps[i].Status = StepBlocked

@@ -252,6 +252,11 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 	if err != nil {
 		return nil, err
 	}
+	if err := storage.StartAdmitted(planned, held, plan, func(hash string) func() ([]byte, error) {
+		return s.definitionLoader(ctx, tx, hash)
+	}); err != nil {
+		return nil, err
+	}
 	for _, n := range planned {
 		rows.instance(st, n, held[n.Params.ID])
 	}

@@ -205,6 +205,9 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 	if err != nil {
 		return err
 	}
+	if err := storage.StartAdmitted(instances, held, t.planFn, t.definition); err != nil {
+		return err
+	}
 	rows := make([]any, 0, instanceInsertColumns*len(instances))
 	var (
 		steps    []any
