@@ -87,9 +87,12 @@ output: ${{ steps.ship.output }}
 		done := b.wait(t, res.ID)
 		require.Equal(t, storage.InstanceCompleted, done.Status, done.Error)
 		requireJSON(t, `{"tracking": "T-7"}`, done.Output)
-		require.False(t, done.StartedAt.Before(done.CreatedAt.Add(delay)), "started at %v, created at %v", done.StartedAt, done.CreatedAt)
+		// The delay counts from the start request, whose clock may not be
+		// the database's: compare with the time it set.
+		require.False(t, done.RunAfter.Before(done.CreatedAt.Add(delay-100*time.Millisecond)), "run after %v, created at %v", done.RunAfter, done.CreatedAt)
+		require.False(t, done.StartedAt.Before(done.RunAfter), "started at %v, due at %v", done.StartedAt, done.RunAfter)
 		child, err := b.engine.Get(context.Background(), childOf(t, done, "ship"))
 		require.NoError(t, err)
-		require.False(t, child.CreatedAt.Before(done.CreatedAt.Add(delay)), "child created at %v", child.CreatedAt)
+		require.False(t, child.CreatedAt.Before(done.RunAfter), "child created at %v, its parent due at %v", child.CreatedAt, done.RunAfter)
 	})
 }

@@ -301,9 +301,11 @@ func TestSignalByWorkflowAndKey(t *testing.T) {
 }
 
 // nextWakeCounter counts the NextWake calls of a store.
+// nextWakeCounter counts a store's NextWake calls, and its sweeps of
+// waits past their deadline.
 type nextWakeCounter struct {
 	storage.Store
-	calls atomic.Int64
+	calls, sweeps atomic.Int64
 }
 
 func (c *nextWakeCounter) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time, error) {
@@ -311,26 +313,41 @@ func (c *nextWakeCounter) NextWake(ctx context.Context, p storage.ClaimParams) (
 	return c.Store.NextWake(ctx, p)
 }
 
+func (c *nextWakeCounter) ExpireWaits(ctx context.Context, limit int, plan storage.PlanFunc) (int, error) {
+	c.sweeps.Add(1)
+	return c.Store.ExpireWaits(ctx, limit, plan)
+}
+
 // TestIdleWorkerDoesNotSpinWhenClocksDisagree runs a worker over a store
 // whose clock is an hour behind the worker's, with a wait that times out
 // in an hour by the store's clock: by the worker's clock it is due
 // already, by the store's not. The worker looks again now and then rather
-// than at once, over and over.
+// than at once, over and over; with a poll shorter than that, it looks at
+// every poll but sweeps no more often.
 func TestIdleWorkerDoesNotSpinWhenClocksDisagree(t *testing.T) {
 	t.Parallel()
-	raw, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "dagrun.db"),
-		&sqlite.Config{Now: func() time.Time { return time.Now().Add(-time.Hour) }})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = raw.Close() })
-	store := &nextWakeCounter{Store: raw}
-	b := setup(t, func(*testing.T) storage.Store { return store }, nil, strings.Replace(timeoutWorkflow, "300ms", "1h", 1))
-	b.start(t, "lapse", `{}`)
-	worker, err := b.engine.NewWorker(&dagrun.WorkerConfig{Poll: time.Hour, Lease: 10 * time.Minute})
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	defer cancel()
-	require.NoError(t, worker.Run(ctx))
-	// At most one look per idleRecheck (50 ms) and a few more: a spinning
-	// worker makes thousands.
-	require.Less(t, store.calls.Load(), int64(50), "NextWake calls in half a second")
+	for name, poll := range map[string]time.Duration{"long poll": time.Hour, "short poll": 5 * time.Millisecond} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			raw, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "dagrun.db"),
+				&sqlite.Config{Now: func() time.Time { return time.Now().Add(-time.Hour) }})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = raw.Close() })
+			store := &nextWakeCounter{Store: raw}
+			b := setup(t, func(*testing.T) storage.Store { return store }, nil, strings.Replace(timeoutWorkflow, "300ms", "1h", 1))
+			b.start(t, "lapse", `{}`)
+			worker, err := b.engine.NewWorker(&dagrun.WorkerConfig{Poll: poll, Lease: 10 * time.Minute})
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			require.NoError(t, worker.Run(ctx))
+			// At most one sweep per idleRecheck (50 ms) and a few more: a
+			// spinning worker makes thousands, one sweeping at every
+			// poll a hundred.
+			require.Less(t, store.sweeps.Load(), int64(25), "sweeps in half a second")
+			if poll == time.Hour {
+				require.Less(t, store.calls.Load(), int64(50), "NextWake calls in half a second")
+			}
+		})
+	}
 }

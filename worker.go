@@ -100,6 +100,9 @@ type Worker struct {
 	// becomes ready before the next poll, so a 10ms backoff waits 10ms
 	// rather than a poll interval.
 	due chan struct{}
+	// sweptDueAt is when the claim loop last swept what NextWake said was
+	// due already (see sleepUntilNext); only the claim loop touches it.
+	sweptDueAt time.Time
 
 	// handlerCtx is the context handlers run under, set by Run; it
 	// outlives Run's context by the shutdown grace.
@@ -351,8 +354,13 @@ func (w *Worker) sleepUntilNext(ctx context.Context, idle *time.Timer, free int)
 	if d <= 0 {
 		// Due already (a wait past its deadline while no worker ran, an
 		// instance admitted by another's finish): do it now, since a
-		// poll shorter than idleRecheck re-arms the timer before it fires.
-		w.sweepDue(ctx)
+		// poll shorter than idleRecheck re-arms the timer before it fires;
+		// at most once per idleRecheck, since a store whose clock is
+		// behind this process's says so until its clock catches up.
+		if now := time.Now(); now.Sub(w.sweptDueAt) >= idleRecheck {
+			w.sweptDueAt = now
+			w.sweepDue(ctx)
+		}
 		d = idleRecheck
 	}
 	idle.Reset(d)

@@ -26,8 +26,10 @@ type NewInstance struct {
 	Steps []NewStep
 	// Events is the creation's history in order, instance.created first.
 	Events []NewEvent
-	// Deferred is the plan's Plan.Deferred, for an instance not finished
-	// at once: the store keeps the instance for Store.StartDeferred.
+	// Deferred tells that the instance may not start yet (a delayed start,
+	// a workflow concurrency limit; see PlanNew): the store marks it for
+	// Store.StartDeferred, and the plans of it see InstanceState.Deferred
+	// until then.
 	Deferred bool
 }
 
@@ -219,7 +221,7 @@ func planNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error), 
 		}
 		n.event("", InstanceEventOf(ic.Status), ic.Error)
 	}
-	n.Deferred = pl.Deferred && !n.Status.Finished()
+	n.Deferred = deferred && !n.Status.Finished()
 	return n, nil
 }
 

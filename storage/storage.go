@@ -357,13 +357,14 @@ type InstanceState struct {
 	// past (see TimeoutStore): the plan must fail it or record its
 	// Failure.
 	TimedOut time.Duration
-	// Deferred tells that the instance may not start yet: it is being
-	// created with a delayed start (CreateParams.RunAfter) or under a
-	// workflow concurrency limit (it may be held). Its workers start it,
-	// so the plan must leave blocked the ready steps that would start it
-	// without one (a wait step's wait, a workflow step's child) and say so
-	// with Plan.Deferred; Store.StartDeferred plans the instance again
-	// when it may start.
+	// Deferred tells that the instance may not start yet: it was created
+	// with a delayed start (CreateParams.RunAfter) or under a workflow
+	// concurrency limit, and Store.StartDeferred has not planned it since
+	// (when its time came and it was admitted), or it is held. Only its
+	// claims may start it, so the plan must leave blocked the ready steps
+	// that would start it without one (a wait step's wait, a workflow
+	// step's child) and say so with Plan.Deferred; StartDeferred plans
+	// the instance again when it may start.
 	Deferred bool
 	// LoadDefinition reads the definition snapshot inside the same
 	// transaction; the engine calls it only on a cache miss.
@@ -400,7 +401,7 @@ type Plan struct {
 	Failure *Failure
 	// Deferred, for an InstanceState with Deferred set, tells that the
 	// plan left ready steps blocked until the instance may start: the
-	// store keeps the instance for Store.StartDeferred.
+	// store keeps the instance marked for Store.StartDeferred.
 	Deferred bool
 }
 
@@ -834,10 +835,12 @@ type Store interface {
 	// terminal failure does. It returns how many it failed.
 	ExpireWaits(ctx context.Context, limit int, plan PlanFunc) (int, error)
 
-	// StartDeferred plans again up to limit instances whose creation's
-	// plan deferred steps (Plan.Deferred) and that may start now: their
-	// delayed start has come, they are not held by a workflow concurrency
-	// limit, not paused and not finished. The plan sees them without
+	// StartDeferred plans again up to limit instances marked as not
+	// started yet (NewInstance.Deferred, Plan.Deferred) that may start
+	// now: their delayed start has come, they are admitted by their
+	// workflow concurrency limit (StartDeferred admits a held one whose
+	// time has come if its key has room, as the promotion of its first
+	// step would), not paused and not finished. The plan sees them without
 	// InstanceState.Deferred, so it starts the steps it left blocked
 	// (a step that waits, or starts a child, starts its instance). It
 	// returns how many it planned.

@@ -9,20 +9,29 @@ import (
 	"github.com/dagrun/dagrun/storage"
 )
 
-// startableDeferredSQL finds the instances StartDeferred may plan: marked
-// deferred, unfinished, not paused, their time come; a held one is
-// admitted first if its key has room. Those not held come first, so that
-// held ones whose keys are full never crowd them out of the limit; locked
-// without waiting, skipping those another sweep has, so that this lock in
-// another order than the instances' ids cannot deadlock.
-const startableDeferredSQL = `
-SELECT id FROM {s}instances
-WHERE deferred AND finished_at IS NULL AND NOT paused AND run_after <= {now}
-ORDER BY held, id LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED`
+// StartDeferred works in two transactions, so that neither takes a key's
+// advisory lock while it holds an instance's row lock the other way
+// round: the first admits the held instances whose time has come and
+// whose keys have room, taking each key's lock (limits_admit_due) before
+// the instance's row, in key order, as a finish does; the second locks
+// the instances that may start in id order, as every transaction that
+// changes an instance's steps does, and plans them.
 
-// admitDeferredSQL admits the held instances of $2 whose time has come if
-// their keys have room, one after the other, as the promotion of a first
-// step would (a deferred instance may have none).
+// admissibleDeferredSQL finds the held instances the first transaction
+// admits: their time come, their keys with room by a count the admission
+// checks again under the key's lock. Held instances whose keys are full
+// are left out, so that however many of them wait, they never crowd out
+// one whose key is empty.
+const admissibleDeferredSQL = `
+SELECT i.id FROM {s}instances i
+WHERE i.deferred AND i.held AND i.finished_at IS NULL AND NOT i.paused AND i.run_after <= {now}
+	AND (SELECT count(*) FROM {s}instances a WHERE a.workflow = i.workflow AND a.concurrency_key = i.concurrency_key
+		AND a.finished_at IS NULL AND NOT a.held) < i.concurrency_limit
+ORDER BY i.workflow, i.concurrency_key, i.id LIMIT $2`
+
+// admitDeferredSQL admits the instances of $2, one after the other, as
+// the promotion of a first step would (a deferred instance may have
+// none), if their keys still have room.
 const admitDeferredSQL = `SELECT {s}limits_admit_due(x.id, {now}) FROM unnest($2::text[]) WITH ORDINALITY AS x(id, ord) ORDER BY x.ord`
 
 // releaseAdmittedSQL releases the steps of the instances of $1 that are
@@ -38,8 +47,16 @@ SELECT {s}limits_release_step(c, {now}) FROM {s}steps c
 WHERE c.instance_id = ANY($2) AND c.status = 'pending' AND c.run_after = '9999-01-01 00:00:00+00' AND NOT c.held_by_instance
 ORDER BY c.id`
 
-// markStartedSQL clears the mark of the instances of $1 that may start
-// now, and returns them.
+// startableDeferredSQL finds the instances the second transaction plans:
+// marked deferred, admitted, unfinished, not paused, their time come.
+const startableDeferredSQL = `
+SELECT id FROM {s}instances
+WHERE deferred AND NOT held AND finished_at IS NULL AND NOT paused AND run_after <= {now}
+ORDER BY id LIMIT $2`
+
+// markStartedSQL clears the mark of the instances of $1 that still may
+// start (another sweep may have started them since they were found), and
+// returns them.
 const markStartedSQL = `
 UPDATE {s}instances SET deferred = false
 WHERE id = ANY($1) AND deferred AND NOT held AND NOT paused AND finished_at IS NULL
@@ -47,14 +64,22 @@ RETURNING id`
 
 // StartDeferred implements storage.Store.
 func (s *Store) StartDeferred(ctx context.Context, limit int, plan storage.PlanFunc) (int, error) {
-	return s.sweep(ctx, "start deferred", startableDeferredSQL, limit, plan, func(tx pgx.Tx, st *txState, now *time.Time, ids []string) (int, error) {
+	_, err := s.sweep(ctx, "start deferred", admissibleDeferredSQL, limit, plan, func(tx pgx.Tx, st *txState, now *time.Time, ids []string) (int, error) {
 		if _, err := tx.Exec(ctx, s.q(admitDeferredSQL), now, ids); err != nil {
 			return 0, err
 		}
 		if _, err := tx.Exec(ctx, s.q(releaseAdmittedSQL), ids); err != nil {
 			return 0, err
 		}
-		if _, err := tx.Exec(ctx, s.q(releaseAdmittedStepsSQL), now, ids); err != nil {
+		_, err := tx.Exec(ctx, s.q(releaseAdmittedStepsSQL), now, ids)
+		return len(ids), err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return s.sweep(ctx, "start deferred", startableDeferredSQL, limit, plan, func(tx pgx.Tx, st *txState, now *time.Time, ids []string) (int, error) {
+		ls, err := s.lock(ctx, tx, ids)
+		if err != nil {
 			return 0, err
 		}
 		rows, err := tx.Query(ctx, s.q(markStartedSQL), ids)
@@ -65,12 +90,10 @@ func (s *Store) StartDeferred(ctx context.Context, limit int, plan storage.PlanF
 		if err != nil || len(start) == 0 {
 			return 0, err
 		}
-		ls, err := s.lock(ctx, tx, start)
-		if err != nil {
-			return 0, err
-		}
-		loaded := make([]*loaded, 0, len(ls))
-		for _, l := range ls {
+		loaded := make([]*loaded, 0, len(start))
+		for _, id := range start {
+			l := ls[id]
+			l.state.Deferred = false // as the mark now says
 			loaded = append(loaded, l)
 		}
 		return len(start), s.planAndApply(st, now, loaded, plan)

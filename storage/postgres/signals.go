@@ -251,9 +251,10 @@ SELECT least(
 		AND (cardinality($2::text[]) = 0 OR queue = ANY($2)) AND (cardinality($3::text[]) = 0 OR handler = ANY($3))),
 	(SELECT min(deadline) FROM {s}steps WHERE status = 'waiting'),
 	(SELECT min(deadline) FROM {s}instances WHERE status = 'running' AND deadline IS NOT NULL),
-	-- a held instance whose time has come waits for a finish of its key, not a time
-	(SELECT min(run_after) FROM {s}instances WHERE deferred AND finished_at IS NULL AND NOT paused
-		AND (NOT held OR run_after > {now})))`
+	-- a held instance whose time has come and whose key is full waits for a finish of its key, not a time
+	(SELECT min(i.run_after) FROM {s}instances i WHERE i.deferred AND i.finished_at IS NULL AND NOT i.paused
+		AND (NOT i.held OR i.run_after > {now} OR (SELECT count(*) FROM {s}instances a WHERE a.workflow = i.workflow
+			AND a.concurrency_key = i.concurrency_key AND a.finished_at IS NULL AND NOT a.held) < i.concurrency_limit)))`
 
 // NextWake implements storage.Store.
 func (s *Store) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time, error) {

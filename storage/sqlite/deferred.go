@@ -8,18 +8,16 @@ import (
 )
 
 // startableDeferredSQL finds the instances StartDeferred may plan: marked
-// deferred, unfinished, not paused, their time come. A held one among
-// them is admitted first if its key has room.
+// deferred, unfinished, not paused, their time come, and admitted or
+// admissible (their keys have room). Held instances whose keys are full
+// are left out, so that however many of them wait, they never crowd out
+// one whose key is empty.
 const startableDeferredSQL = `SELECT id, held FROM instances
-	WHERE deferred = 1 AND finished_at IS NULL AND paused = 0 AND run_after <= ?1`
+	WHERE deferred = 1 AND finished_at IS NULL AND paused = 0 AND run_after <= ?1 AND (held = 0 OR ` + keyHasRoomSQL + `)`
 
 // StartDeferred implements storage.Store. A limit below 1 means 1000.
 func (s *Store) StartDeferred(ctx context.Context, limit int, plan storage.PlanFunc) (int, error) {
-	due := `SELECT EXISTS (` + startableDeferredSQL + ` AND held = 0)
-		OR EXISTS (` + startableDeferredSQL + ` AND held = 1 AND ` + keyHasRoomSQL + `)`
-	return s.sweep(ctx, "start deferred", plan, limit, due, func(t *txn, limit int) (int, error) {
-		// Those not held first, so that held ones whose keys are full never
-		// crowd them out of the limit.
+	return s.sweep(ctx, "start deferred", plan, limit, `SELECT EXISTS (`+startableDeferredSQL+`)`, func(t *txn, limit int) (int, error) {
 		rows, err := t.query(startableDeferredSQL+` ORDER BY held, id LIMIT ?2`, us(t.now), limit)
 		if err != nil {
 			return 0, err

@@ -28,7 +28,7 @@ func (t *txn) loadMany(ids []string) (map[string]*loaded, error) {
 	}
 	out := make(map[string]*loaded, len(ids))
 	rows, err := t.query(`SELECT id, workflow, definition_hash, status, input, run_after, paused, timeout_us, failing, error, failed_step, depth, parent_id IS NOT NULL,
-		coalesce(traceparent, ''), held FROM instances
+		coalesce(traceparent, ''), held OR deferred FROM instances
 		WHERE id IN (SELECT value FROM json_each(?))`, string(idsJSON))
 	if err != nil {
 		return nil, err

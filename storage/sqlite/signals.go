@@ -235,9 +235,9 @@ func (s *Store) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time,
 			UNION ALL
 			SELECT min(deadline) FROM instances WHERE status = 'running' AND deadline IS NOT NULL
 			UNION ALL
-			-- a held instance whose time has come waits for a finish of its key, not a time
+			-- a held instance whose time has come and whose key is full waits for a finish of its key, not a time
 			SELECT min(run_after) FROM instances WHERE deferred = 1 AND finished_at IS NULL AND paused = 0
-				AND (held = 0 OR run_after > ?1))`, now, string(queues), string(handlers)).Scan(&next)
+				AND (held = 0 OR run_after > ?1 OR `+keyHasRoomSQL+`))`, now, string(queues), string(handlers)).Scan(&next)
 	})
 	if err != nil || !next.Valid {
 		return time.Time{}, err

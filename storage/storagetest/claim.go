@@ -246,6 +246,10 @@ var claimTests = map[string]func(*testing.T, *Harness){
 
 		b.finish(storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeSnooze, RunAfter: b.now().Add(time.Hour)})
 		require.Empty(t, b.claim(storage.ClaimParams{Limit: 10}), "a step claimed once must wait for its next time again")
+		// The delayed instance's start is due too until the sweep a worker
+		// runs then (see DeferredStarts).
+		_, err := b.store.StartDeferred(b.ctx, 0, Plan)
+		require.NoError(t, err)
 		next, err := b.store.NextWake(b.ctx, storage.ClaimParams{})
 		require.NoError(t, err)
 		require.True(t, next.Equal(b.now().Add(time.Hour)), "next wake %v", next)

@@ -71,6 +71,50 @@ var deferredTests = map[string]func(*testing.T, *Harness){
 		require.Zero(t, b.startDeferred(), "an instance is started once")
 		require.True(t, b.nextWake().IsZero(), "nothing left to wake for: %v", b.nextWake())
 	},
+	"StartedBeforeItsWaitIsReady": func(t *testing.T, h *Harness) {
+		// The history says the instance started, then its step waited.
+		b := h.setup(t)
+		p := delayedBy(params(waitSpec("await-go", "go", 0)), b.now().Add(time.Minute))
+		b.create(p)
+		b.clock.Advance(time.Minute)
+		require.Equal(t, 1, b.startDeferred())
+		var got []string
+		for _, e := range b.get(p.ID).Events {
+			got = append(got, e.Step+":"+string(e.Type))
+		}
+		require.Equal(t, []string{":instance.created", ":instance.started", "await-go:step.ready"}, got)
+	},
+	"AnOperationBeforeTheDelayStartsNothing": func(t *testing.T, h *Harness) {
+		// A plan made before the instance's time, other than its
+		// creation's (here a skip of its first step), leaves its wait for
+		// the sweep too.
+		b := h.setup(t)
+		p := delayedBy(params(spec("check"), waitSpec("await-go", "go", time.Minute, "check")), b.now().Add(time.Hour))
+		b.create(p)
+		require.NoError(t, b.op().SkipStep(b.ctx, p.ID, "check", nil, Plan))
+		b.requireNotStarted(p.ID, "await-go")
+		b.clock.Advance(time.Hour)
+		require.Equal(t, 1, b.startDeferred())
+		require.Equal(t, storage.StepWaiting, b.status(p.ID, "await-go"))
+	},
+	"HeldBacklogDoesNotStarveAnEmptyKey": func(t *testing.T, h *Harness) {
+		// However many instances wait behind a full key, a due instance
+		// of an empty key is admitted.
+		b := h.setup(t)
+		var backlog []storage.CreateParams
+		backlog = append(backlog, limitedBy(params(spec("work")), "a", 1))
+		for range 12 {
+			backlog = append(backlog, limitedBy(params(waitSpec("await-go", "go", 0)), "a", 1))
+		}
+		b.create(backlog...)
+		late := delayedBy(limitedBy(params(waitSpec("await-go", "go", 0)), "b", 1), b.now().Add(time.Minute))
+		b.create(late)
+		b.clock.Advance(time.Minute)
+		n, err := b.store.StartDeferred(b.ctx, 5, Plan)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Equal(t, storage.StepWaiting, b.status(late.ID, "await-go"))
+	},
 	"DelayedWaitTimesOutFromItsStart": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		p := delayedBy(params(waitSpec("await-go", "go", time.Minute)), b.now().Add(time.Hour))
