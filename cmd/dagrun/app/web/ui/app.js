@@ -14,6 +14,10 @@
 
 (() => {
   const POLL_MS = 1500;
+  // The instance list shows LIST_PAGE more instances per "Load more"; the
+  // API answers at most LIST_MAX per request.
+  const LIST_PAGE = 50;
+  const LIST_MAX = 500;
   const TOKEN_KEY = "dagrun.token";
   const STATUSES = ["pending", "running", "completed", "failed", "cancelled"];
   const ICONS = {
@@ -395,9 +399,8 @@
     const count = el("span", { class: "count" });
     const tbody = el("tbody");
     const rows = section(tbody);
-    const more = el("button", { type: "button", hidden: true }, "Load more");
+    const more = el("button", { type: "button", id: "list-more", hidden: true }, "Load more");
     let pages = 1;
-    let next = "";
     const bulk = bulkActions(params, () => refresh(generation));
 
     function navigate() {
@@ -438,22 +441,33 @@
       workflowSel.value = wanted || "";
     }).catch(showError);
 
+    // refresh reads the pages shown so far, newest first, in requests of
+    // at most LIST_MAX instances each (the API's limit), following the
+    // list's cursor: every shown instance stays live, however many pages
+    // "Load more" added.
     async function refresh(gen) {
-      const q = new URLSearchParams({ limit: String(Math.min(500, 50 * pages)) });
-      if (params.get("workflow")) q.set("workflow", params.get("workflow"));
-      if (params.get("status")) q.set("status", params.get("status"));
-      if (params.get("all") === "true") q.set("all", "true");
-      const data = await api("GET", "instances?" + q.toString());
-      if (gen !== generation) return;
-      next = data.next;
-      more.hidden = !next || pages * 50 >= 500;
-      count.textContent = data.instances.length + (next ? "+" : "") + " shown";
-      bulk.shown(data.instances);
-      rows(JSON.stringify(data.instances), () => {
-        if (data.instances.length === 0) {
+      const wanted = LIST_PAGE * pages;
+      const instances = [];
+      let cursor = "";
+      do {
+        const q = new URLSearchParams({ limit: String(Math.min(LIST_MAX, wanted - instances.length)) });
+        if (cursor) q.set("before", cursor);
+        if (params.get("workflow")) q.set("workflow", params.get("workflow"));
+        if (params.get("status")) q.set("status", params.get("status"));
+        if (params.get("all") === "true") q.set("all", "true");
+        const data = await api("GET", "instances?" + q.toString());
+        if (gen !== generation) return;
+        instances.push(...data.instances);
+        cursor = data.next || "";
+      } while (cursor && instances.length < wanted);
+      more.hidden = !cursor;
+      count.textContent = instances.length + (cursor ? "+" : "") + " shown";
+      bulk.shown(instances);
+      rows(JSON.stringify(instances), () => {
+        if (instances.length === 0) {
           return el("tr", {}, el("td", { colspan: 7, class: "empty" }, "No instances yet. Start one with dagrun start WORKFLOW or from a workflow's page."));
         }
-        return data.instances.map((inst) => {
+        return instances.map((inst) => {
           const row = el("tr", { class: "clickable", "data-id": inst.id },
             el("td", { class: "pick" }, bulk.box(inst.id)),
             el("td", { class: "mono", title: inst.id }, link("/instances/" + encodeURIComponent(inst.id), shortID(inst.id))),
