@@ -9,13 +9,16 @@ import (
 	"github.com/dagrun/dagrun/storage"
 )
 
-// StartDeferred works in two transactions, so that neither takes a key's
-// advisory lock while it holds an instance's row lock the other way
-// round: the first admits the held instances whose time has come and
-// whose keys have room, taking each key's lock (limits_admit_due) before
-// the instance's row, in key order, as a finish does; the second locks
-// the instances that may start in id order, as every transaction that
-// changes an instance's steps does, and plans them.
+// StartDeferred works in two transactions. The first admits the held
+// instances whose time has come and whose keys have room, taking each
+// key's advisory lock before the held instance's row (limits_admit_due)
+// and the keys in order, so that two sweeps never wait on each other; it
+// holds no other row. The second locks the instances that may start in id
+// order, as every transaction that changes an instance's steps does, and
+// plans them. A transaction that locks an admitted instance and a held
+// one of its key together and finishes the first (a finish takes the
+// rows, then the key) can still deadlock with the first; as with a step's
+// promotion (limits_due), one of them is retried.
 
 // admissibleDeferredSQL finds the held instances the first transaction
 // admits: their time come, their keys with room by a count the admission
