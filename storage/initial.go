@@ -31,6 +31,9 @@ type NewInstance struct {
 	// Store.StartDeferred, and the plans of it see InstanceState.Deferred
 	// until then.
 	Deferred bool
+	// stepsDeferred is the plan's Plan.Deferred: it left ready steps
+	// blocked, which StartAdmitted plans again.
+	stepsDeferred bool
 }
 
 // NewStep is one step's state at creation.
@@ -80,18 +83,23 @@ func PlanNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error)) 
 	return planNew(p, plan, loadStored, p.Parent == nil && !p.RunAfter.IsZero() || p.ConcurrencyLimit > 0 && p.ConcurrencyKey != "")
 }
 
-// StartAdmitted plans again, as instances that may start, the new
-// instances whose plans deferred steps only for their workflow
-// concurrency limit (no RunAfter) and that the store admitted (not in
-// held), so that they start in the creating transaction as any other
-// does, rather than at the next StartDeferred. loadStored is PlanNew's,
-// by definition hash. An instance whose new plan would finish it while
-// the first did not, or the other way round, keeps its first plan: its
-// admission counted on it (StartDeferred starts it).
+// StartAdmitted starts, as it creates them, the new instances deferred
+// only for their workflow concurrency limit (no RunAfter) that the store
+// admitted (not in held): it clears their mark, and plans again those
+// whose plans left steps blocked, so that these start in the creating
+// transaction as any other does, rather than at the next StartDeferred.
+// loadStored is PlanNew's, by definition hash. An instance whose new plan
+// would finish it while the first did not, or the other way round, keeps
+// its first plan and its mark: its admission counted on it
+// (StartDeferred starts it).
 func StartAdmitted(instances []*NewInstance, held map[string]bool, plan PlanFunc, loadStored func(hash string) func() ([]byte, error)) error {
 	for i, n := range instances {
 		p := n.Params
 		if !n.Deferred || held[p.ID] || p.Parent == nil && !p.RunAfter.IsZero() {
+			continue
+		}
+		if !n.stepsDeferred {
+			n.Deferred = false // nothing to start but what its claims start
 			continue
 		}
 		m, err := planNew(p, plan, loadStored(p.DefinitionHash), false)
@@ -111,10 +119,11 @@ func planNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error), 
 		loadDefinition = func() ([]byte, error) { return p.Definition, nil }
 	}
 	n := &NewInstance{
-		Params: p,
-		Status: InstancePending,
-		Steps:  make([]NewStep, len(p.Steps)),
-		Events: []NewEvent{{Type: EventInstanceCreated}},
+		Params:   p,
+		Status:   InstancePending,
+		Steps:    make([]NewStep, len(p.Steps)),
+		Events:   []NewEvent{{Type: EventInstanceCreated}},
+		Deferred: deferred,
 	}
 	if p.Parent != nil {
 		n.Events[0].Message = ChildCreatedMessage(p.Parent)
@@ -222,6 +231,7 @@ func planNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error), 
 		n.event("", InstanceEventOf(ic.Status), ic.Error)
 	}
 	n.Deferred = deferred && !n.Status.Finished()
+	n.stepsDeferred = pl.Deferred
 	return n, nil
 }
 

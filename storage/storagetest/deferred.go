@@ -145,6 +145,23 @@ var deferredTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, storage.StepWaiting, b.status(second.ID, "await-go"))
 		require.Equal(t, storage.InstanceRunning, b.get(second.ID).Status)
 	},
+	"AnAdmittedInstanceIsPlannedOnce": func(t *testing.T, h *Harness) {
+		// An instance admitted as it is created whose plan left nothing
+		// blocked is neither planned again nor left for the sweep.
+		b := h.setup(t)
+		calls := 0
+		counted := func(st *storage.InstanceState) (*storage.Plan, error) {
+			calls++
+			return Plan(st)
+		}
+		p := limitedBy(params(spec("work")), "a", 1)
+		_, err := b.store.CreateInstances(b.ctx, nil, []storage.CreateParams{p}, counted)
+		require.NoError(t, err)
+		require.Equal(t, 1, calls)
+		require.Equal(t, storage.StepPending, b.status(p.ID, "work"))
+		require.Zero(t, b.startDeferred(), "the instance was left for the sweep")
+		require.True(t, b.nextWake().IsZero(), "next wake %v", b.nextWake())
+	},
 	"DelayedHeldInstanceIsAdmittedByTheSweep": func(t *testing.T, h *Harness) {
 		// A delayed instance under a limit is admitted when its first step
 		// is promoted; one whose first step waits has none, so the sweep
