@@ -400,7 +400,7 @@
     const tbody = el("tbody");
     const rows = section(tbody);
     const more = el("button", { type: "button", id: "list-more", hidden: true }, "Load more");
-    let pages = 1;
+    let pages = 1, seq = 0;
     const bulk = bulkActions(params, () => refresh(generation));
 
     function navigate() {
@@ -444,8 +444,11 @@
     // refresh reads the pages shown so far, newest first, in requests of
     // at most LIST_MAX instances each (the API's limit), following the
     // list's cursor: every shown instance stays live, however many pages
-    // "Load more" added.
+    // "Load more" added. A refresh overtaken by a later one (a poll still
+    // reading when "Load more" was clicked) draws nothing: its pages are
+    // fewer than those now asked for.
     async function refresh(gen) {
+      const mine = ++seq;
       const wanted = LIST_PAGE * pages;
       const instances = [];
       let cursor = "";
@@ -456,7 +459,7 @@
         if (params.get("status")) q.set("status", params.get("status"));
         if (params.get("all") === "true") q.set("all", "true");
         const data = await api("GET", "instances?" + q.toString());
-        if (gen !== generation) return;
+        if (gen !== generation || mine !== seq) return;
         instances.push(...data.instances);
         cursor = data.next || "";
       } while (cursor && instances.length < wanted);
