@@ -12,8 +12,9 @@ import (
 // not run yet because a concurrency limit is full (its instance's, its
 // step name's key, or its queue's). It stays pending, so every path that
 // cancels or finishes pending steps handles it, but no claim takes it (its
-// run_after never passes) and NextWake ignores it. The store releases it,
-// oldest first, in the transaction that frees a slot for it.
+// run_after never passes) and NextWake ignores it. The store releases it
+// in claim order (highest priority first, then oldest) in the transaction
+// that frees a slot for it.
 //
 // Limits are decided when state changes, never inside a claim: a step
 // holds a slot of its limits from the moment it is pending and not held

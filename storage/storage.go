@@ -186,8 +186,8 @@ type CreateParams struct {
 	Timeout time.Duration
 	// ConcurrencyLimit, when positive, admits at most that many unfinished
 	// instances of Workflow with this ConcurrencyKey at once; the others
-	// wait pending, their ready steps held, and are admitted in creation
-	// order as admitted ones finish.
+	// wait pending, their ready steps held, and are admitted as admitted
+	// ones finish, highest Priority first, then in creation order.
 	ConcurrencyKey   string
 	ConcurrencyLimit int
 	// TraceParent is the W3C traceparent of the instance's span, chosen at

@@ -21,8 +21,8 @@ import (
 // promotion (limits_due), one of them is retried.
 
 // admissibleDeferredSQL finds the held instances the first transaction
-// admits: their time come, their keys with room by a count the admission
-// checks again under the key's lock. Held instances whose keys are full
+// admits, each key's highest priority first: their time come, their keys
+// with room by a count the admission checks again under the key's lock. Held instances whose keys are full
 // are left out, so that however many of them wait, they never crowd out
 // one whose key is empty.
 const admissibleDeferredSQL = `
@@ -30,7 +30,7 @@ SELECT i.id FROM {s}instances i
 WHERE i.deferred AND i.held AND i.finished_at IS NULL AND NOT i.paused AND i.run_after <= {now}
 	AND (SELECT count(*) FROM {s}instances a WHERE a.workflow = i.workflow AND a.concurrency_key = i.concurrency_key
 		AND a.finished_at IS NULL AND NOT a.held) < i.concurrency_limit
-ORDER BY i.workflow, i.concurrency_key, i.id LIMIT $2`
+ORDER BY i.workflow, i.concurrency_key, i.priority DESC, i.id LIMIT $2`
 
 // admitDeferredSQL admits the instances of $2, one after the other, as
 // the promotion of a first step would (a deferred instance may have

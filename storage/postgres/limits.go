@@ -124,12 +124,13 @@ func (s *Store) applyQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, 
 		}
 	}
 	if l.Concurrency > 0 {
-		// Hold the newest ready steps beyond a lowered limit (of those
+		// Hold the ready steps beyond a lowered limit that a release
+		// would take last: the lowest priority, newest first (of those
 		// that hold a slot: see migration 18).
 		if err := exec(`UPDATE {s}steps SET run_after = `+heldAt+` WHERE id IN (
 				SELECT id FROM {s}steps WHERE queue = $1 AND queue_limited AND status = 'pending' AND run_after < `+heldAt+`
 					AND NOT slots_due
-				ORDER BY id DESC LIMIT greatest(0, (SELECT count(*) FROM {s}steps c WHERE c.queue = $1 AND c.queue_limited
+				ORDER BY priority, id DESC LIMIT greatest(0, (SELECT count(*) FROM {s}steps c WHERE c.queue = $1 AND c.queue_limited
 					AND c.status IN ('pending', 'running') AND c.run_after < `+heldAt+`
 					AND (c.status = 'running' OR NOT c.slots_due)) - $2))`, l.Queue, l.Concurrency); err != nil {
 			return err

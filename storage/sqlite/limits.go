@@ -127,23 +127,24 @@ func (t *txn) applyQueueLimit(l storage.QueueLimit, oldInterval, oldTat int64) e
 		}
 	}
 	if l.Concurrency > 0 {
-		// Hold the newest ready steps beyond a lowered limit (of those
+		// Hold the ready steps beyond a lowered limit that a release
+		// would take last: the lowest priority, newest first (of those
 		// that hold a slot: see migration 17).
 		if _, err := t.exec(`UPDATE steps SET run_after = `+heldUS+` WHERE id IN (
 				SELECT id FROM steps WHERE queue = ?1 AND queue_limited = 1 AND status = 'pending' AND run_after < `+heldUS+`
 					AND slots_due = 0
-				ORDER BY id DESC LIMIT max(0, (SELECT count(*) FROM steps c WHERE c.queue = ?1 AND c.queue_limited = 1
+				ORDER BY priority, id DESC LIMIT max(0, (SELECT count(*) FROM steps c WHERE c.queue = ?1 AND c.queue_limited = 1
 					AND c.status IN ('pending', 'running') AND c.run_after < `+heldUS+`
 					AND (c.status = 'running' OR c.slots_due = 0)) - ?2))`, l.Queue, l.Concurrency); err != nil {
 			return err
 		}
 	}
-	// Release the held steps that fit now, oldest first, one per statement
-	// (see the release trigger of migration 0006).
+	// Release the held steps that fit now, highest priority first, then
+	// oldest, one per statement (see the release trigger of migration 19).
 	for {
 		res, err := t.exec(`UPDATE steps SET run_after = ?1 WHERE id = (SELECT h.id FROM steps h
 			WHERE h.queue = ?2 AND h.status = 'pending' AND h.run_after = `+heldUS+` AND `+fitsSQL+`
-			ORDER BY h.id LIMIT 1)`, now, l.Queue)
+			ORDER BY h.priority DESC, h.id LIMIT 1)`, now, l.Queue)
 		if err != nil {
 			return err
 		}

@@ -481,6 +481,58 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		run(ids[1])
 		require.Equal(t, storage.InstanceCompleted, b.get(ids[1]).Status)
 	},
+	"HeldWorkGoesByPriority": func(t *testing.T, h *Harness) {
+		// Held instances and steps are released as ready steps are
+		// claimed: highest priority first, then oldest.
+		for _, tc := range []struct {
+			name  string
+			limit func(b *limitBundle)
+			make  func() storage.CreateParams
+		}{
+			{"instance key", func(*limitBundle) {}, func() storage.CreateParams { return keyed("a", 1, 0) }},
+			{"step key", func(*limitBundle) {}, func() storage.CreateParams { return keyed("a", 0, 1) }},
+			{"queue", func(b *limitBundle) {
+				require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Concurrency: 1}))
+			}, func() storage.CreateParams { return keyed("", 0, 0) }},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				b := h.setupLimits(t)
+				tc.limit(b)
+				var ids []string
+				for _, priority := range []int{0, 0, 5, -3, 5} {
+					p := tc.make()
+					p.Priority = priority
+					ids = append(ids, b.createKeyed(p)...)
+				}
+				running := b.claimAll()
+				require.Equal(t, ids[:1], running, "one at a time")
+				for _, next := range []string{ids[2], ids[4], ids[1], ids[3]} {
+					require.True(t, b.held(next))
+					b.complete(running[0])
+					running = b.claimAll()
+					require.Equal(t, []string{next}, running, "the held one of the highest priority goes next, the oldest of it first")
+				}
+			})
+		}
+	},
+	"QueueLimitChangesGoByPriority": func(t *testing.T, h *Harness) {
+		// A lowered limit holds the steps a release would take last; a
+		// raised one releases those it would take first.
+		b := h.setupLimits(t)
+		var ids []string
+		for _, priority := range []int{0, 3, 5} {
+			p := keyed("", 0, 0)
+			p.Priority = priority
+			ids = append(ids, b.createKeyed(p)...)
+		}
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Concurrency: 1}))
+		require.True(t, b.held(ids[0]))
+		require.True(t, b.held(ids[1]))
+		require.Equal(t, ids[2:], b.claimAll(), "the highest priority keeps its slot")
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Concurrency: 2}))
+		require.Equal(t, ids[1:2], b.claimAll(), "the raised limit releases the higher priority")
+		require.True(t, b.held(ids[0]))
+	},
 	"ConcurrentClaimersNeverExceedAStepKey": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		b.concurrentClaimers(func(i int) storage.CreateParams { return keyed(fmt.Sprint(i%3), 0, 2) }, 2)
