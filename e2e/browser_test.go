@@ -438,7 +438,7 @@ func TestServeRefusesPublicBindWithoutToken(t *testing.T) {
 	}
 	for _, addr := range []string{"0.0.0.0:0", ":0", "[::]:0", "192.0.2.1:0", "example.com:0"} {
 		cmd := exec.Command(binary, "serve", "--addr", addr, "--db", filepath.Join(t.TempDir(), "dagrun.db"))
-		cmd.Env = env
+		cmd.Env = append(env, "GORACE=atexit_sleep_ms=0 "+os.Getenv("GORACE"))
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		err := cmd.Run()
