@@ -48,7 +48,7 @@ WHERE s.instance_id = ANY($1) AND s.held_by_instance
 const releaseAdmittedStepsSQL = `
 SELECT {s}limits_release_step(c, {now}) FROM {s}steps c
 WHERE c.instance_id = ANY($2) AND c.status = 'pending' AND c.run_after = '9999-01-01 00:00:00+00' AND NOT c.held_by_instance
-ORDER BY c.id`
+ORDER BY c.priority DESC, c.id`
 
 // startableDeferredSQL finds the instances the second transaction plans:
 // marked deferred, admitted, unfinished, not paused, their time come.

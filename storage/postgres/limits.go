@@ -98,6 +98,11 @@ func (s *Store) applyQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, 
 		if err := exec(`DELETE FROM {s}queue_limits WHERE queue = $1`, l.Queue); err != nil {
 			return err
 		}
+		// Released while they are still marked limited, which is what
+		// limits_release_queue reads them by.
+		if err := exec(`SELECT {s}limits_release_queue($2, {now})`, now, l.Queue); err != nil {
+			return err
+		}
 		if err := exec(`UPDATE {s}steps SET queue_limited = false, rate_slot_due = false WHERE queue = $1 AND queue_limited`, l.Queue); err != nil {
 			return err
 		}

@@ -101,6 +101,11 @@ func (t *txn) applyQueueLimit(l storage.QueueLimit, oldInterval, oldTat int64) e
 		if _, err := t.exec(`DELETE FROM queue_limits WHERE queue = ?`, l.Queue); err != nil {
 			return err
 		}
+		// Released while they are still marked limited, which is what the
+		// release's pick reads them by.
+		if err := t.releaseHeld(l.Queue, now); err != nil {
+			return err
+		}
 		if _, err := t.exec(`UPDATE steps SET queue_limited = 0, rate_slot_due = 0 WHERE queue = ? AND queue_limited = 1`, l.Queue); err != nil {
 			return err
 		}
@@ -131,20 +136,33 @@ func (t *txn) applyQueueLimit(l storage.QueueLimit, oldInterval, oldTat int64) e
 		// would take last: the lowest priority, newest first (of those
 		// that hold a slot: see migration 17).
 		if _, err := t.exec(`UPDATE steps SET run_after = `+heldUS+` WHERE id IN (
-				SELECT id FROM steps WHERE queue = ?1 AND queue_limited = 1 AND status = 'pending' AND run_after < `+heldUS+`
-					AND slots_due = 0
+				SELECT id FROM steps WHERE queue = ?1 AND queue_limited = 1 AND status = 'pending' AND status IN ('pending', 'running')
+					AND run_after < `+heldUS+` AND slots_due = 0
 				ORDER BY priority, id DESC LIMIT max(0, (SELECT count(*) FROM steps c WHERE c.queue = ?1 AND c.queue_limited = 1
 					AND c.status IN ('pending', 'running') AND c.run_after < `+heldUS+`
 					AND (c.status = 'running' OR c.slots_due = 0)) - ?2))`, l.Queue, l.Concurrency); err != nil {
 			return err
 		}
 	}
-	// Release the held steps that fit now, highest priority first, then
-	// oldest, one per statement (see the release trigger of migration 19).
+	return t.releaseHeld(l.Queue, now)
+}
+
+// releaseHeldPickSQL picks the held step of limited queue ?2 that goes
+// next: highest priority first, then oldest, of those that fit (see the
+// release trigger of migration 19). It repeats the status term of the
+// partial index steps_queue_limited, which SQLite does not infer, so that
+// it reads the queue's held steps in release order instead of scanning
+// the steps table.
+const releaseHeldPickSQL = `SELECT h.id FROM steps h
+	WHERE h.queue = ?2 AND h.queue_limited = 1 AND h.status = 'pending' AND h.status IN ('pending', 'running')
+		AND h.run_after = ` + heldUS + ` AND ` + fitsSQL + `
+	ORDER BY h.priority DESC, h.id LIMIT 1`
+
+// releaseHeld releases the held steps of a limited queue that fit now,
+// one per statement.
+func (t *txn) releaseHeld(queue string, now int64) error {
 	for {
-		res, err := t.exec(`UPDATE steps SET run_after = ?1 WHERE id = (SELECT h.id FROM steps h
-			WHERE h.queue = ?2 AND h.status = 'pending' AND h.run_after = `+heldUS+` AND `+fitsSQL+`
-			ORDER BY h.priority DESC, h.id LIMIT 1)`, now, l.Queue)
+		res, err := t.exec(`UPDATE steps SET run_after = ?1 WHERE id = (`+releaseHeldPickSQL+`)`, now, queue)
 		if err != nil {
 			return err
 		}

@@ -12,7 +12,8 @@ import (
 // held steps as a limited step finishes picks the next one through the
 // limits' partial indexes, in release order, never by scanning the steps
 // table (history included) or sorting what it found: it runs at every
-// finish of a limited step.
+// finish of a limited step, and the pick of a queue's release as its
+// limit changes once per released step.
 func TestLimitReleasePicksThroughIndexes(t *testing.T) {
 	t.Parallel()
 	s, err := Open(t.Context(), filepath.Join(t.TempDir(), "dagrun.db"), nil)
@@ -39,4 +40,11 @@ func TestLimitReleasePicksThroughIndexes(t *testing.T) {
 		require.NotContains(t, plan, "SCAN h")
 		require.NotContains(t, plan, "TEMP B-TREE")
 	}
+
+	// So does the release after a queue's limit changed, one pick per
+	// released step.
+	plan := explain(t, s, releaseHeldPickSQL, 0, "q")
+	require.Regexp(t, `^SEARCH h USING INDEX steps_queue_limited \(`, plan)
+	require.NotContains(t, plan, "SCAN h")
+	require.NotContains(t, plan, "TEMP B-TREE")
 }

@@ -182,6 +182,25 @@ var deferredTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, 1, b.startDeferred())
 		require.Equal(t, storage.StepWaiting, b.status(crowded.ID, "await-go"))
 	},
+	"SweepAdmitsTheHighestPriorityFirst": func(t *testing.T, h *Harness) {
+		// Delayed instances of one key that fall due together, whose first
+		// steps wait: the sweep admits them as a finish would, the highest
+		// priority first, then the oldest.
+		b := h.setup(t)
+		hour := b.now().Add(time.Hour)
+		var ps []storage.CreateParams
+		for _, priority := range []int{0, 7, 7} {
+			p := delayedBy(limitedBy(params(waitSpec("await-go", "go", 0)), "a", 1), hour)
+			p.Priority = priority
+			ps = append(ps, p)
+		}
+		b.create(ps...)
+		b.clock.Advance(time.Hour)
+		require.Equal(t, 1, b.startDeferred())
+		require.Equal(t, storage.StepWaiting, b.status(ps[1].ID, "await-go"), "the oldest of the highest priority goes first")
+		b.requireNotStarted(ps[0].ID, "await-go")
+		b.requireNotStarted(ps[2].ID, "await-go")
+	},
 	"RetriedHeldInstanceWaitsForItsTurn": func(t *testing.T, h *Harness) {
 		// A retried instance whose key is full waits for a slot again: its
 		// first wait step does not wait before it is admitted.

@@ -65,13 +65,15 @@ BEGIN
 END $$;
 
 -- limits_release_queue releases the held steps of a queue that fit,
--- highest priority first, after its limits changed.
+-- highest priority first, after its limits changed; it reads them by
+-- steps_queue_limited (a queue's limits are cleared after its held steps
+-- are released).
 CREATE OR REPLACE FUNCTION limits_release_queue(q text, at timestamptz) RETURNS void
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     c steps;
 BEGIN
-    FOR c IN SELECT * FROM steps WHERE queue = q AND status = 'pending'
+    FOR c IN SELECT * FROM steps WHERE queue = q AND queue_limited AND status = 'pending'
             AND run_after = '9999-01-01 00:00:00+00' ORDER BY priority DESC, id LOOP
         PERFORM limits_release_step(c, at);
     END LOOP;
