@@ -22,9 +22,9 @@ import (
 
 // admissibleDeferredSQL finds the held instances the first transaction
 // admits, each key's highest priority first: their time come, their keys
-// with room by a count the admission checks again under the key's lock. Held instances whose keys are full
-// are left out, so that however many of them wait, they never crowd out
-// one whose key is empty.
+// with room by a count the admission checks again under the key's lock.
+// Held instances whose keys are full are left out, so that however many
+// of them wait, they never crowd out one whose key is empty.
 const admissibleDeferredSQL = `
 SELECT i.id FROM {s}instances i
 WHERE i.deferred AND i.held AND i.finished_at IS NULL AND NOT i.paused AND i.run_after <= {now}

@@ -134,7 +134,8 @@ func (t *txn) applyQueueLimit(l storage.QueueLimit, oldInterval, oldTat int64) e
 	if l.Concurrency > 0 {
 		// Hold the ready steps beyond a lowered limit that a release
 		// would take last: the lowest priority, newest first (of those
-		// that hold a slot: see migration 17).
+		// that hold a slot: see migration 17). The status term is
+		// repeated for steps_queue_limited, as in releaseHeldPickSQL.
 		if _, err := t.exec(`UPDATE steps SET run_after = `+heldUS+` WHERE id IN (
 				SELECT id FROM steps WHERE queue = ?1 AND queue_limited = 1 AND status = 'pending' AND status IN ('pending', 'running')
 					AND run_after < `+heldUS+` AND slots_due = 0
