@@ -210,6 +210,53 @@ func TestPgBouncerStoresMakeAFunctionOnce(t *testing.T) {
 	require.Equal(t, 1, planFunctionsIn(t, schema))
 }
 
+// TestPgBouncerWaitsForAFunctionWithoutAConnection: a store that finds
+// another session making a statement's function waits for it with no
+// connection of its pool, which behind PgBouncer is one of the few the
+// whole fleet shares, and calls the function once it is made.
+func TestPgBouncerWaitsForAFunctionWithoutAConnection(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	logs := &syncBuffer{}
+	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	s := openURL(t, withQuery(t, testURL(t), SchemaParam, schema, PgBouncerParam, "true"), &Config{MaxConns: 1, Logger: logger})
+	busy := make(chan struct{}, 1)
+	s.plans.onBusy = func() {
+		select {
+		case busy <- struct{}{}:
+		default:
+		}
+	}
+	const sql = `SELECT count(*) FROM {s}instances WHERE status = $1`
+	name := planFunctionName(s.prefix, s.markers.Replace(sql))
+
+	// Another session makes the function: it holds the lock on its name.
+	ctx := t.Context()
+	other, err := sharedPool(t).Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Rollback(context.WithoutCancel(ctx)) })
+	_, err = other.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, s.prefix+name)
+	require.NoError(t, err)
+
+	require.NotContains(t, s.q(sql), planFuncPrefix, "no function yet")
+	select {
+	case <-busy:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the store never found the function being made")
+	}
+	// The pool's one connection is free for the store's own work.
+	stmtCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var n int
+	require.NoError(t, s.pool.QueryRow(stmtCtx, s.q(sql), "pending").Scan(&n), "a statement while the function is being made")
+
+	require.NoError(t, other.Rollback(ctx)) // the other session gave up: this one makes it
+	s.plans.wait()
+	require.Contains(t, s.q(sql), planFuncPrefix)
+	require.Equal(t, 1, planFunctionsIn(t, schema))
+	require.NotContains(t, logs.String(), "level=WARN")
+}
+
 // TestPgBouncerWithoutCreateOnTheSchema: a role that may not create
 // functions in the schema runs every statement as it is, and the log says
 // why once.
