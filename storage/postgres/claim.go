@@ -120,13 +120,11 @@ FROM u ORDER BY priority DESC, run_after, id`)
 // claim is promoting. A step under limits takes its slots as it is
 // promoted (slots_due: migration 18), or is held until one frees, and
 // then its slot of its queue's rate (rate_slot_due), staying
-// delayed until that slot when the rate is behind.
-const promoteSQL = `
-UPDATE {s}steps SET promoted = true, rate_slot_due = false, slots_due = false WHERE id IN (
-	SELECT id FROM {s}steps
-	WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after <= {now}
-	ORDER BY run_after LIMIT 1000
-	FOR NO KEY UPDATE SKIP LOCKED)`
+// delayed until that slot when the rate is behind; so promote_due
+// (migration 21) promotes the steps one at a time in claim order, and of
+// the steps that fall due together the one a claim would take first
+// takes a free slot first.
+const promoteSQL = `SELECT {s}promote_due({now})`
 
 // claimShape is a claim's filter shape: how many queues (0, 1, several),
 // whether it is bound to one instance, whether it names handlers.

@@ -129,9 +129,13 @@ var legacyTables = []struct{ name, column string }{
 // does. A migration that adds a table adds it here.
 var laterTables = []string{"workers", "schedules", "signals", "queue_limits", "step_logs", "instance_counts"}
 
-// laterFunctions are the trigger functions (without arguments) migrations
-// added: they move with the tables, and their fixed search_path with them.
-var laterFunctions = []string{"count_instances"}
+// laterFunctions are the functions migrations added that the store calls
+// or its triggers run, each with its arguments' types: they move with the
+// tables, and their fixed search_path with them.
+var laterFunctions = []struct{ name, args string }{
+	{"count_instances", "()"},
+	{"promote_due", "(timestamptz)"},
+}
 
 // legacyLockKey is the advisory lock older versions took to migrate their
 // tables where search_path put them: taking it too keeps an older process
@@ -169,18 +173,18 @@ func (s *Store) adoptLegacy(ctx context.Context, tx pgx.Tx) error {
 		}
 	}
 	to := pgx.Identifier{s.cfg.Schema}.Sanitize()
-	for _, name := range laterFunctions {
+	for _, f := range laterFunctions {
+		fn := pgx.Identifier{from, f.name}.Sanitize() + f.args
 		var found bool
-		if err := tx.QueryRow(ctx, "SELECT to_regprocedure($1) IS NOT NULL", pgx.Identifier{from, name}.Sanitize()+"()").Scan(&found); err != nil {
+		if err := tx.QueryRow(ctx, "SELECT to_regprocedure($1) IS NOT NULL", fn).Scan(&found); err != nil {
 			return err
 		}
 		if !found {
 			continue
 		}
-		fn := pgx.Identifier{from, name}.Sanitize() + "()"
-		moved := pgx.Identifier{s.cfg.Schema, name}.Sanitize() + "()"
+		moved := pgx.Identifier{s.cfg.Schema, f.name}.Sanitize() + f.args
 		if _, err := tx.Exec(ctx, "ALTER FUNCTION "+fn+" SET SCHEMA "+to+"; ALTER FUNCTION "+moved+" SET search_path = "+to); err != nil {
-			return fmt.Errorf("moving dagrun's function %s from schema %s to %s: %w", name, from, s.cfg.Schema, err)
+			return fmt.Errorf("moving dagrun's function %s from schema %s to %s: %w", f.name, from, s.cfg.Schema, err)
 		}
 	}
 	s.cfg.Logger.Info("postgres: moved the tables of an older dagrun into their own schema",

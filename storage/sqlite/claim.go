@@ -98,17 +98,56 @@ const readySteps = `(
 	WHERE status = 'pending' AND promoted = 0 AND run_after > ready_at AND run_after <= ?1
 ) ready`
 
-// promoteSQL moves into the claim indexes the delayed steps whose time has
-// come (?1 is now), earliest first, a bounded number per claim so that no
-// claim holds the writer for long when very many fall due at once. It
-// reads only steps_delayed, one seek when none is due. A step under
-// limits takes its slots as it is promoted (slots_due: migration 17), or
-// is held until one frees, and then its slot of its queue's rate
-// (rate_slot_due), staying delayed until that slot when the
-// rate is behind.
-const promoteSQL = `UPDATE steps SET promoted = 1, rate_slot_due = 0, slots_due = 0 WHERE id IN (SELECT id FROM steps
+// dueSQL lists the delayed steps whose time has come (?1 is now), so that
+// promote moves them into the claim indexes: a bounded number per claim,
+// earliest first, so that no claim holds the writer for long when very
+// many fall due at once. It reads only steps_delayed, one seek when none
+// is due. The batch is listed in claim order because a step under limits
+// takes its slots as it is promoted (slots_due: migration 17), or is held
+// until one frees, and then its slot of its queue's rate (rate_slot_due),
+// staying delayed until that slot when the rate is behind: of the steps
+// that fall due together, the one a claim would take first must take a
+// free slot first.
+const dueSQL = `SELECT id FROM (SELECT id, priority, run_after FROM steps
 	WHERE status = 'pending' AND promoted = 0 AND run_after > ready_at AND run_after <= ?1
-	ORDER BY run_after LIMIT 1000)`
+	ORDER BY run_after LIMIT 1000)
+	ORDER BY priority DESC, run_after, id`
+
+// promoteSQL promotes one step of dueSQL's. One statement a step, rather
+// than one for the batch, because SQLite runs an UPDATE's row triggers in
+// the order it visits the rows, which for id IN (...) is by id.
+const promoteSQL = `UPDATE steps SET promoted = 1, rate_slot_due = 0, slots_due = 0 WHERE id = ?1`
+
+// promote moves the steps of dueSQL into the claim indexes, in claim
+// order.
+func (t *txn) promote(now int64) error {
+	rows, err := t.query(dueSQL, now)
+	if err != nil {
+		return err
+	}
+	var due []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			_ = rows.Close()
+			return err
+		}
+		due = append(due, id)
+	}
+	err = rows.Err()
+	if closeErr := rows.Close(); err == nil {
+		err = closeErr
+	}
+	if err != nil {
+		return err
+	}
+	for _, id := range due {
+		if _, err := t.exec(promoteSQL, id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // underCap holds for an item of a forEach step with a concurrency cap
 // when its running siblings and the claimable pending ones before it, which
@@ -197,7 +236,7 @@ func (t *txn) claim(p storage.ClaimParams) ([]storage.ClaimedStep, error) {
 		}
 		args[6] = string(b)
 	}
-	if _, err := t.exec(promoteSQL, now); err != nil {
+	if err := t.promote(now); err != nil {
 		return nil, err
 	}
 	shape := shapeOf(p)

@@ -110,11 +110,12 @@ func TestPromoteReadsDelayedIndex(t *testing.T) {
 	s, err := Open(t.Context(), filepath.Join(t.TempDir(), "dagrun.db"), nil)
 	require.NoError(t, err)
 	defer s.Close()
-	plan := explain(t, s, promoteSQL, 0)
+	plan := explain(t, s, dueSQL, 0)
 	t.Log(plan)
 	require.Contains(t, plan, "steps_delayed")
 	require.NotContains(t, plan, "SCAN steps\n")
 	require.NotContains(t, plan, "steps_ready")
+	require.Contains(t, explain(t, s, promoteSQL, 0), "USING INTEGER PRIMARY KEY", "each due step is promoted by its id")
 }
 
 // TestReadyStepsReadIndexes checks that the figures' ready counts (Stats,

@@ -48,6 +48,25 @@ func keyed(key string, instanceLimit, stepLimit int) storage.CreateParams {
 	return p
 }
 
+// oneSlotLimit is a limit of one slot, and how to make work under it.
+type oneSlotLimit struct {
+	name  string
+	limit func(b *limitBundle)
+	make  func() storage.CreateParams
+}
+
+// oneSlotLimits are the three limits that hold work: a workflow's key, a
+// step's key and a queue's concurrency.
+func oneSlotLimits() []oneSlotLimit {
+	return []oneSlotLimit{
+		{"instance key", func(*limitBundle) {}, func() storage.CreateParams { return keyed("a", 1, 0) }},
+		{"step key", func(*limitBundle) {}, func() storage.CreateParams { return keyed("a", 0, 1) }},
+		{"queue", func(b *limitBundle) {
+			require.NoError(b.t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Concurrency: 1}))
+		}, func() storage.CreateParams { return keyed("", 0, 0) }},
+	}
+}
+
 // delayedBy is p with its first steps due at runAfter.
 func delayedBy(p storage.CreateParams, runAfter time.Time) storage.CreateParams {
 	p.RunAfter = runAfter
@@ -484,17 +503,7 @@ var limitTests = map[string]func(*testing.T, *Harness){
 	"HeldWorkGoesByPriority": func(t *testing.T, h *Harness) {
 		// Held instances and steps are released as ready steps are
 		// claimed: highest priority first, then oldest.
-		for _, tc := range []struct {
-			name  string
-			limit func(b *limitBundle)
-			make  func() storage.CreateParams
-		}{
-			{"instance key", func(*limitBundle) {}, func() storage.CreateParams { return keyed("a", 1, 0) }},
-			{"step key", func(*limitBundle) {}, func() storage.CreateParams { return keyed("a", 0, 1) }},
-			{"queue", func(b *limitBundle) {
-				require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Concurrency: 1}))
-			}, func() storage.CreateParams { return keyed("", 0, 0) }},
-		} {
+		for _, tc := range oneSlotLimits() {
 			t.Run(tc.name, func(t *testing.T) {
 				b := h.setupLimits(t)
 				tc.limit(b)
@@ -507,6 +516,33 @@ var limitTests = map[string]func(*testing.T, *Harness){
 				running := b.claimAll()
 				require.Equal(t, ids[:1], running, "one at a time")
 				for _, next := range []string{ids[2], ids[4], ids[1], ids[3]} {
+					require.True(t, b.held(next))
+					b.complete(running[0])
+					running = b.claimAll()
+					require.Equal(t, []string{next}, running, "the held one of the highest priority goes next, the oldest of it first")
+				}
+			})
+		}
+	},
+	"DelayedWorkDueTogetherGoesByPriority": func(t *testing.T, h *Harness) {
+		// Delayed work that falls due at once, while a slot is free, takes
+		// it in claim order (highest priority, then earliest, then
+		// oldest), not in the order it was created.
+		for _, tc := range oneSlotLimits() {
+			t.Run(tc.name, func(t *testing.T) {
+				b := h.setupLimits(t)
+				tc.limit(b)
+				due := b.now().Add(time.Minute)
+				var ids []string
+				for _, priority := range []int{0, 0, 9, 5} {
+					p := delayedBy(tc.make(), due)
+					p.Priority = priority
+					ids = append(ids, b.createKeyed(p)...)
+				}
+				b.clock.Advance(time.Hour)
+				running := b.claimAll()
+				require.Equal(t, ids[2:3], running, "the highest priority takes the free slot")
+				for _, next := range []string{ids[3], ids[0], ids[1]} {
 					require.True(t, b.held(next))
 					b.complete(running[0])
 					running = b.claimAll()
