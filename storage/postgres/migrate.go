@@ -77,6 +77,7 @@ func (s *Store) migrate(ctx context.Context) error {
 		for _, v := range applied {
 			done[int(v)] = true
 		}
+		changed := false
 		for _, m := range ms {
 			if done[m.Version] {
 				continue
@@ -87,6 +88,12 @@ func (s *Store) migrate(ctx context.Context) error {
 			if _, err := tx.Exec(ctx, s.q("INSERT INTO {s}schema_migrations (version, name) VALUES ($1, $2)"), m.Version, m.Name); err != nil {
 				return err
 			}
+			changed = true
+		}
+		if changed {
+			if _, err := tx.Exec(ctx, dropPlanFunctionsSQL); err != nil {
+				return fmt.Errorf("dropping the statement functions of the schema's previous version: %w", err)
+			}
 		}
 		return nil
 	})
@@ -95,6 +102,22 @@ func (s *Store) migrate(ctx context.Context) error {
 	}
 	return nil
 }
+
+// dropPlanFunctionsSQL drops the statement functions (plans.go) of the
+// schema search_path names. Their names hash the schema's version, so a
+// migration leaves every one of them unused by the processes of the new
+// version; a process of the old one still running makes its own again
+// when it finds them gone.
+const dropPlanFunctionsSQL = `DO $$
+DECLARE
+	f regprocedure;
+BEGIN
+	FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+		WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'dagrun\_plan\_%'
+	LOOP
+		EXECUTE 'DROP FUNCTION ' || f;
+	END LOOP;
+END $$`
 
 // migrated reports whether the schema already has every migration in ms,
 // as it has when a process starts beside others of the same version: a

@@ -50,7 +50,7 @@ import (
 //
 // A function's name is a hash of its statement and of the schema's
 // version, so a changed statement or a migrated schema makes a new one
-// (old ones stay in the schema, unused, until it is dropped), and a
+// (the migration drops the old ones: migrate.go), and a
 // process that finds the function made by another needs one read of
 // pg_proc to call it.
 //

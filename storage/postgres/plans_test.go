@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/internal/migrate"
 	"github.com/dagrun/dagrun/storage/storagetest"
 )
 
@@ -255,6 +256,58 @@ func TestPgBouncerWaitsForAFunctionWithoutAConnection(t *testing.T) {
 	require.Contains(t, s.q(sql), planFuncPrefix)
 	require.Equal(t, 1, planFunctionsIn(t, schema))
 	require.NotContains(t, logs.String(), "level=WARN")
+}
+
+// TestMigrationDropsStalePlanFunctions: a migration drops the statement
+// functions of the schema's previous version, which no process of the new
+// one calls; a process of the old one still running makes its own again.
+func TestMigrationDropsStalePlanFunctions(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	old, logs := planFunctionsStore(t, schema)
+	claim := func() {
+		t.Helper()
+		_, err := old.ClaimSteps(t.Context(), storage.ClaimParams{Limit: 1, Lease: time.Minute})
+		require.NoError(t, err)
+		old.plans.wait()
+	}
+	claim()
+	require.Positive(t, planFunctionsIn(t, schema))
+
+	undoLastMigration(t, schema)
+	openURL(t, withQuery(t, testURL(t), SchemaParam, schema), nil)
+	require.Zero(t, planFunctionsIn(t, schema), "functions left by the previous version")
+
+	claim()
+	require.Positive(t, planFunctionsIn(t, schema), "the old version's store makes its functions again")
+	require.Equal(t, 1, strings.Count(logs.String(), "vanished"), logs.String())
+}
+
+// undoLastMigration puts a schema back as the version before the last
+// migration left it.
+func undoLastMigration(t *testing.T, schema string) {
+	t.Helper()
+	ms, err := migrate.Read(migrationFS, "migrations")
+	require.NoError(t, err)
+	last := ms[len(ms)-1]
+	var undo string
+	switch last.Version {
+	case 21:
+		undo = "DROP FUNCTION promote_due(timestamptz)"
+	default:
+		t.Fatalf("undoLastMigration does not know how to undo %s", last.Name)
+	}
+	err = pgx.BeginFunc(t.Context(), sharedPool(t), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(t.Context(), "SET LOCAL search_path TO "+pgx.Identifier{schema}.Sanitize()); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(t.Context(), undo); err != nil {
+			return err
+		}
+		_, err := tx.Exec(t.Context(), "DELETE FROM schema_migrations WHERE version = $1", last.Version)
+		return err
+	})
+	require.NoError(t, err, "undo %s", last.Name)
 }
 
 // TestPgBouncerWithoutCreateOnTheSchema: a role that may not create
