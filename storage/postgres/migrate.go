@@ -155,9 +155,15 @@ var laterTables = []string{"workers", "schedules", "signals", "queue_limits", "s
 // laterFunctions are the functions migrations added that the store calls
 // or its triggers run, each with its arguments' types: they move with the
 // tables, and their fixed search_path with them.
-var laterFunctions = []struct{ name, args string }{
-	{"count_instances", "()"},
-	{"promote_due", "(timestamptz)"},
+// A function moves only when the legacy schema_migrations records the
+// migration that made it: a function of the same name before then is the
+// application's.
+var laterFunctions = []struct {
+	name, args string
+	migration  int
+}{
+	{"count_instances", "()", 14},
+	{"promote_due", "(timestamptz)", 21},
 }
 
 // legacyLockKey is the advisory lock older versions took to migrate their
@@ -199,7 +205,8 @@ func (s *Store) adoptLegacy(ctx context.Context, tx pgx.Tx) error {
 	for _, f := range laterFunctions {
 		fn := pgx.Identifier{from, f.name}.Sanitize() + f.args
 		var found bool
-		if err := tx.QueryRow(ctx, "SELECT to_regprocedure($1) IS NOT NULL", fn).Scan(&found); err != nil {
+		if err := tx.QueryRow(ctx, "SELECT to_regprocedure($1) IS NOT NULL AND EXISTS (SELECT 1 FROM "+
+			pgx.Identifier{s.cfg.Schema, "schema_migrations"}.Sanitize()+" WHERE version = $2)", fn, f.migration).Scan(&found); err != nil {
 			return err
 		}
 		if !found {

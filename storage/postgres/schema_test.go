@@ -264,3 +264,26 @@ func TestSchemasIsolated(t *testing.T) {
 	require.Len(t, cs, 1)
 	require.Equal(t, list[0].ID, cs[0].InstanceID)
 }
+
+// TestLegacyMoveLeavesApplicationFunctions: a function of the legacy
+// schema named as one of dagrun's, from before the migration that made
+// dagrun's, is the application's: it stays, and the store opens.
+func TestLegacyMoveLeavesApplicationFunctions(t *testing.T) {
+	t.Parallel()
+	dbURL := newDatabase(t)
+	ctx := t.Context()
+	old, err := Open(ctx, dbURL, &Config{Schema: "public", MaxConns: 2})
+	require.NoError(t, err)
+	runOneStep(t, old)
+	_, err = old.pool.Exec(ctx, `DROP FUNCTION public.promote_due(timestamptz);
+		DELETE FROM public.schema_migrations WHERE version = 21;
+		CREATE FUNCTION public.promote_due(at timestamptz) RETURNS integer LANGUAGE sql AS 'SELECT 42'`)
+	require.NoError(t, err)
+	require.NoError(t, old.Close())
+
+	s := openURL(t, dbURL, &Config{MaxConns: 2})
+	runOneStep(t, s)
+	var answer int
+	require.NoError(t, s.pool.QueryRow(ctx, "SELECT public.promote_due(now())").Scan(&answer))
+	require.Equal(t, 42, answer, "the application's function")
+}
