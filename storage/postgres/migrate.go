@@ -113,7 +113,7 @@ DECLARE
 	f regprocedure;
 BEGIN
 	FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
-		WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'dagrun\_plan\_%'
+		WHERE p.pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) AND p.proname LIKE 'dagrun\_plan\_%'
 	LOOP
 		EXECUTE 'DROP FUNCTION ' || f;
 	END LOOP;
