@@ -126,19 +126,12 @@ func (t *txn) promote(now int64) error {
 		return err
 	}
 	var due []int64
-	for rows.Next() {
+	if err := eachRow(rows, func(sc scanner) error {
 		var id int64
-		if err := rows.Scan(&id); err != nil {
-			_ = rows.Close()
-			return err
-		}
+		err := sc.Scan(&id)
 		due = append(due, id)
-	}
-	err = rows.Err()
-	if closeErr := rows.Close(); err == nil {
-		err = closeErr
-	}
-	if err != nil {
+		return err
+	}); err != nil {
 		return err
 	}
 	for _, id := range due {
