@@ -55,9 +55,15 @@ func TestMainVerb(t *testing.T) {
 // its log in the returned buffer.
 func planFunctionsStore(t *testing.T, schema string) (*Store, *syncBuffer) {
 	t.Helper()
+	return planFunctionsStoreOf(t, schema, 4)
+}
+
+// planFunctionsStoreOf is planFunctionsStore with a pool of conns.
+func planFunctionsStoreOf(t *testing.T, schema string, conns int32) (*Store, *syncBuffer) {
+	t.Helper()
 	logs := &syncBuffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	s := openURL(t, withQuery(t, testURL(t), SchemaParam, schema, PgBouncerParam, "true"), &Config{MaxConns: 4, Logger: logger})
+	s := openURL(t, withQuery(t, testURL(t), SchemaParam, schema, PgBouncerParam, "true"), &Config{MaxConns: conns, Logger: logger})
 	require.NotNil(t, s.plans)
 	return s, logs
 }
@@ -218,9 +224,7 @@ func TestPgBouncerStoresMakeAFunctionOnce(t *testing.T) {
 func TestPgBouncerWaitsForAFunctionWithoutAConnection(t *testing.T) {
 	t.Parallel()
 	schema := newSchema(t)
-	logs := &syncBuffer{}
-	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	s := openURL(t, withQuery(t, testURL(t), SchemaParam, schema, PgBouncerParam, "true"), &Config{MaxConns: 1, Logger: logger})
+	s, logs := planFunctionsStoreOf(t, schema, 1)
 	busy := make(chan struct{}, 1)
 	s.plans.onBusy = func() {
 		select {
