@@ -154,15 +154,34 @@ var laterTables = []string{"workers", "schedules", "signals", "queue_limits", "s
 
 // laterFunctions are the functions migrations added that the store calls
 // or its triggers run, each with its arguments' types: they move with the
-// tables, and their fixed search_path with them.
+// tables, and their fixed search_path with them. {s} in the arguments is
+// the store's schema, where the row type of a table that moved now is.
 // A function moves only when the legacy schema_migrations records the
 // migration that made it: a function of the same name before then is the
-// application's.
+// application's. A migration that adds a function adds it here
+// (TestLegacyLayoutMoved compares the moved schema with a new one).
 var laterFunctions = []struct {
 	name, args string
 	migration  int
 }{
+	{"limits_lock", "(text, text, text, text)", 10},
+	{"limits_admitted", "(text, text)", 10},
+	{"limits_lock_step", "({s}steps)", 10},
+	{"limits_key_room", "({s}steps)", 10},
+	{"limits_queue_room", "({s}steps)", 10},
+	{"limits_fits", "({s}steps)", 10},
+	{"limits_rate_slot", "(text, timestamptz)", 10},
+	{"limits_hold", "()", 10},
+	{"limits_release_step", "({s}steps, timestamptz)", 10},
+	{"limits_release", "()", 10},
+	{"limits_instance_release", "()", 10},
+	{"limits_instance_rearm", "()", 10},
+	{"limits_instance_rearmed", "()", 10},
+	{"limits_release_queue", "(text, timestamptz)", 10},
 	{"count_instances", "()", 14},
+	{"limits_admit_due", "(text, timestamptz)", 18},
+	{"limits_instance_held", "({s}steps)", 18},
+	{"limits_due", "()", 18},
 	{"promote_due", "(timestamptz)", 21},
 }
 
@@ -203,7 +222,8 @@ func (s *Store) adoptLegacy(ctx context.Context, tx pgx.Tx) error {
 	}
 	to := pgx.Identifier{s.cfg.Schema}.Sanitize()
 	for _, f := range laterFunctions {
-		fn := pgx.Identifier{from, f.name}.Sanitize() + f.args
+		args := strings.ReplaceAll(f.args, "{s}", to+".")
+		fn := pgx.Identifier{from, f.name}.Sanitize() + args
 		var found bool
 		if err := tx.QueryRow(ctx, "SELECT to_regprocedure($1) IS NOT NULL AND EXISTS (SELECT 1 FROM "+
 			pgx.Identifier{s.cfg.Schema, "schema_migrations"}.Sanitize()+" WHERE version = $2)", fn, f.migration).Scan(&found); err != nil {
@@ -212,7 +232,7 @@ func (s *Store) adoptLegacy(ctx context.Context, tx pgx.Tx) error {
 		if !found {
 			continue
 		}
-		moved := pgx.Identifier{s.cfg.Schema, f.name}.Sanitize() + f.args
+		moved := pgx.Identifier{s.cfg.Schema, f.name}.Sanitize() + args
 		if _, err := tx.Exec(ctx, "ALTER FUNCTION "+fn+" SET SCHEMA "+to+"; ALTER FUNCTION "+moved+" SET search_path = "+to); err != nil {
 			return fmt.Errorf("moving dagrun's function %s from schema %s to %s: %w", f.name, from, s.cfg.Schema, err)
 		}

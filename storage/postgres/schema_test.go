@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"strings"
 	"sync"
@@ -227,6 +228,55 @@ func TestLegacyLayoutMoved(t *testing.T) {
 	require.Equal(t, storage.InstanceCompleted, in.Status)
 	// New rows continue the identity sequences that moved with the tables.
 	runOneStep(t, s)
+
+	// Every function moved with the tables, and works there.
+	fresh := openTestStore(t, nil)
+	require.Equal(t, functionsIn(t, fresh, fresh.cfg.Schema), functionsIn(t, s, "dagrun"))
+	require.Empty(t, functionsIn(t, s, "public"))
+	runKeyedPair(t, s)
+}
+
+// functionsIn lists the functions of a schema other than the statement
+// functions (plans.go), which each version makes for itself.
+func functionsIn(t *testing.T, s *Store, schema string) []string {
+	t.Helper()
+	rows, err := s.pool.Query(t.Context(), `SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		WHERE n.nspname = $1 AND p.proname NOT LIKE 'dagrun\_plan\_%' ORDER BY p.proname`, schema)
+	require.NoError(t, err)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return names
+}
+
+// runKeyedPair starts two one-step instances under one concurrency key
+// of limit 1: the second runs only once the first has finished, which
+// takes every function of the limits.
+func runKeyedPair(t *testing.T, s *Store) {
+	t.Helper()
+	ctx := t.Context()
+	key := fmt.Sprintf("k%d", idSeq.Add(1))
+	var ids [2]string
+	for i := range ids {
+		p := params(spec("a"))
+		p.ConcurrencyKey, p.ConcurrencyLimit = key, 1
+		res, err := s.CreateInstances(ctx, nil, []storage.CreateParams{p}, storagetest.Plan)
+		require.NoError(t, err)
+		ids[i] = res[0].ID
+	}
+	claim := func(id string) []storage.ClaimedStep {
+		t.Helper()
+		cs, err := s.ClaimSteps(ctx, storage.ClaimParams{Limit: 10, Lease: time.Minute, InstanceID: id})
+		require.NoError(t, err)
+		return cs
+	}
+	require.Empty(t, claim(ids[1]), "held while the first instance of the key runs")
+	for _, id := range ids {
+		cs := claim(id)
+		require.Len(t, cs, 1)
+		fr, err := s.FinishSteps(ctx, []storage.StepResult{{Claim: cs[0].Claim, Outcome: storage.OutcomeCompleted}}, storagetest.Plan)
+		require.NoError(t, err)
+		require.True(t, fr[0].Accepted)
+	}
 }
 
 // TestSchemasIsolated: two schemas in one database share neither instances
