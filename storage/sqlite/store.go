@@ -92,6 +92,9 @@ type Store struct {
 	// watch turns other processes' commits into signals while anyone
 	// subscribes; nil otherwise.
 	watch *watcher
+	// watchers counts the watchers still running, stopped ones included:
+	// one stopped when its last subscriber left may still be looking.
+	watchers sync.WaitGroup
 
 	// file is the database file as first opened, to notice when the path
 	// names another file (deleted, or replaced by a copy) while this
@@ -236,11 +239,9 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.mu.Lock()
-	w := s.stopWatchLocked()
+	s.stopWatchLocked()
 	s.mu.Unlock()
-	if w != nil {
-		<-w.done
-	}
+	s.watchers.Wait()
 	var checkpoints error
 	if s.checkpoints != nil {
 		checkpoints = s.checkpoints.close()
@@ -368,16 +369,16 @@ func (s *Store) write(ctx context.Context, op string, fn func(t *txn) error) err
 		return s.fail(op, err)
 	}
 	storage.AttemptStarted(ctx)
-	t := &txn{ctx: ctx, tx: tx, now: s.now()}
+	t := &txn{ctx: ctx, tx: tx.Tx, now: s.now()}
 	if err := fn(t); err != nil {
-		_ = tx.Rollback()
+		tx.rollback()
 		return s.fail(op, err)
 	}
 	if err := t.flushEvents(); err != nil {
-		_ = tx.Rollback()
+		tx.rollback()
 		return s.fail(op, err)
 	}
-	if err := tx.Commit(); err != nil {
+	if err := tx.commit(ctx); err != nil {
 		return s.fail(op, err)
 	}
 	if s.checkpoints != nil {
@@ -389,10 +390,10 @@ func (s *Store) write(ctx context.Context, op string, fn func(t *txn) error) err
 // beginWrite begins a BEGIN IMMEDIATE transaction, waiting for another
 // process's write lock for up to the busy timeout, one busySlice at a time
 // so that the wait ends as soon as ctx does.
-func (s *Store) beginWrite(ctx context.Context) (*sql.Tx, error) {
+func (s *Store) beginWrite(ctx context.Context) (*connTx, error) {
 	deadline := time.Now().Add(s.busy)
 	for {
-		tx, err := s.w.BeginTx(ctx, nil)
+		tx, err := begin(ctx, s.w, nil)
 		var se sqlite3.Error
 		if err == nil || !errors.As(err, &se) || se.Code != sqlite3.ErrBusy || ctx.Err() != nil || !time.Now().Before(deadline) {
 			if err != nil && ctx.Err() != nil {
@@ -409,15 +410,61 @@ func (s *Store) read(ctx context.Context, op string, fn func(tx *sql.Tx) error) 
 	if err := s.checkFile(); err != nil {
 		return err
 	}
-	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	tx, err := begin(ctx, s.r, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		return s.fail(op, err)
 	}
-	defer func() { _ = tx.Rollback() }()
-	if err := fn(tx); err != nil {
+	defer tx.rollback()
+	if err := fn(tx.Tx); err != nil {
 		return s.fail(op, err)
 	}
 	return nil
+}
+
+// connTx is a transaction on a connection taken from a pool for it alone.
+// database/sql rolls a transaction back when the context it was begun with
+// ends, but on a goroutine of its own, which returns the connection after
+// the call that began it has returned: Close, which does not wait for
+// connections in use, then returned while SQLite still had the file open
+// (a test's folder could not be removed after it). A connTx is begun
+// without ctx's end, so it ends only when the call ends it, and always
+// before the call returns; its statements still stop when ctx ends.
+type connTx struct {
+	*sql.Tx
+	conn *sql.Conn
+}
+
+// begin takes a connection of db, waiting for it no longer than ctx
+// allows, and begins a transaction on it.
+func begin(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*connTx, error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := conn.BeginTx(context.WithoutCancel(ctx), opts)
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	return &connTx{Tx: tx, conn: conn}, nil
+}
+
+// commit commits unless ctx ended meanwhile, as a transaction begun with
+// ctx would, and returns the connection to its pool.
+func (t *connTx) commit(ctx context.Context) error {
+	defer t.conn.Close()
+	if err := ctx.Err(); err != nil {
+		_ = t.Tx.Rollback()
+		return err
+	}
+	return t.Tx.Commit()
+}
+
+// rollback rolls back, if the transaction is still open, and returns the
+// connection to its pool.
+func (t *connTx) rollback() {
+	_ = t.Tx.Rollback()
+	_ = t.conn.Close()
 }
 
 // fail prefixes err with the operation and translates it at the boundary.

@@ -28,11 +28,10 @@ const (
 
 // watcher is the goroutine that turns other processes' commits into
 // Subscribe signals; cancel stops it, ready is closed once it read the
-// version every later commit is compared with, done once it returned.
+// version every later commit is compared with.
 type watcher struct {
 	cancel context.CancelFunc
 	ready  chan struct{}
-	done   chan struct{}
 }
 
 // startWatchLocked starts the watcher if the store opened the file itself
@@ -43,9 +42,9 @@ func (s *Store) startWatchLocked() *watcher {
 		return s.watch
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &watcher{cancel: cancel, ready: make(chan struct{}), done: make(chan struct{})}
+	w := &watcher{cancel: cancel, ready: make(chan struct{})}
 	s.watch = w
-	go s.watchDataVersion(ctx, w)
+	s.watchers.Go(func() { s.watchDataVersion(ctx, w) })
 	return w
 }
 
@@ -69,7 +68,6 @@ func (s *Store) stopWatchLocked() *watcher {
 // they cost no second wake-up). An error forgets the last value: a commit
 // it hid is found by the worker's polling.
 func (s *Store) watchDataVersion(ctx context.Context, w *watcher) {
-	defer close(w.done)
 	// A context that is never done: with one, database/sql and the driver
 	// start a goroutine per query to watch it. The look is short; stopping
 	// waits for it.
