@@ -80,10 +80,12 @@ const (
 
 // planBusyPause is how long a store first waits before it looks again for
 // a function another session is making; each look doubles it, up to
-// planBusyMaxPause.
+// planBusyMaxPause. planMakeWithin bounds one attempt to make a function,
+// waits included.
 const (
 	planBusyPause    = 20 * time.Millisecond
 	planBusyMaxPause = 500 * time.Millisecond
+	planMakeWithin   = 30 * time.Second
 )
 
 // planFunctions turns the statements of a store in PgBouncer mode into
@@ -114,6 +116,8 @@ type planFunctions struct {
 	retryPause time.Duration
 	beforeMake func() error
 	onBusy     func()
+	// makeWithin is planMakeWithin; tests shorten it.
+	makeWithin time.Duration
 }
 
 // planRequest is a statement to wrap: its template (the key of
@@ -125,7 +129,7 @@ type planRequest struct {
 func newPlanFunctions(s *Store) *planFunctions {
 	ctx, stop := context.WithCancel(context.Background())
 	p := &planFunctions{s: s, pending: make(chan planRequest, maxExpanded), ctx: ctx, stop: stop, done: make(chan struct{}),
-		routed: map[string]string{}, failures: map[string]int{}, outages: map[string]int{}, retryPause: planRetryPause}
+		routed: map[string]string{}, failures: map[string]int{}, outages: map[string]int{}, retryPause: planRetryPause, makeWithin: planMakeWithin}
 	p.idle = sync.NewCond(&p.mu)
 	go p.run()
 	return p
@@ -357,7 +361,7 @@ func (p *planFunctions) attempt(sql string) (string, error) {
 // lends to the whole fleet. Waiting on the lock instead held 60 workers'
 // server connections for 13 s in all, about a tenth of a fleet's start.
 func (p *planFunctions) make(sql string) (string, error) {
-	ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(p.ctx, p.makeWithin)
 	defer cancel()
 	name := planFunctionName(p.s.prefix, sql)
 	for pause := planBusyPause; ; pause = min(2*pause, planBusyMaxPause) {
@@ -370,6 +374,10 @@ func (p *planFunctions) make(sql string) (string, error) {
 		}
 		select {
 		case <-ctx.Done():
+			if p.ctx.Err() == nil {
+				return "", fmt.Errorf("another session held the lock on function %s for %s without making it "+
+					"(a session left in a transaction holds it: see pg_stat_activity): %w", name, p.makeWithin, ctx.Err())
+			}
 			return "", ctx.Err()
 		case <-time.After(jitter(pause)):
 		}

@@ -237,11 +237,7 @@ func TestPgBouncerWaitsForAFunctionWithoutAConnection(t *testing.T) {
 
 	// Another session makes the function: it holds the lock on its name.
 	ctx := t.Context()
-	other, err := sharedPool(t).Begin(ctx)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = other.Rollback(context.WithoutCancel(ctx)) })
-	_, err = other.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, s.prefix+name)
-	require.NoError(t, err)
+	other := holdFunctionLock(t, s, name)
 
 	require.NotContains(t, s.q(sql), planFuncPrefix, "no function yet")
 	select {
@@ -260,6 +256,38 @@ func TestPgBouncerWaitsForAFunctionWithoutAConnection(t *testing.T) {
 	require.Contains(t, s.q(sql), planFuncPrefix)
 	require.Equal(t, 1, planFunctionsIn(t, schema))
 	require.NotContains(t, logs.String(), "level=WARN")
+}
+
+// TestPgBouncerNamesALockHeldTooLong: when another session holds the lock
+// on a function's name past the bound of an attempt, the log says so, not
+// only that a deadline passed.
+func TestPgBouncerNamesALockHeldTooLong(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	s, logs := planFunctionsStore(t, schema)
+	s.plans.wait()
+	s.plans.makeWithin = 100 * time.Millisecond
+	const sql = `SELECT count(*) FROM {s}instances WHERE status = $1 AND workflow = $2`
+	name := planFunctionName(s.prefix, s.markers.Replace(sql))
+	holdFunctionLock(t, s, name)
+
+	require.NotContains(t, s.q(sql), planFuncPrefix)
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), "another session held the lock on function "+name)
+	}, 10*time.Second, 10*time.Millisecond, "the log names the lock; it says:\n%s", logs.String())
+}
+
+// holdFunctionLock takes, in a transaction of another session, the lock
+// a store takes to make the function name, as a session making it would.
+func holdFunctionLock(t *testing.T, s *Store, name string) pgx.Tx {
+	t.Helper()
+	ctx := t.Context()
+	other, err := sharedPool(t).Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Rollback(context.WithoutCancel(ctx)) })
+	_, err = other.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, s.prefix+name)
+	require.NoError(t, err)
+	return other
 }
 
 // TestMigrationDropsStalePlanFunctions: a migration drops the statement
