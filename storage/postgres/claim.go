@@ -123,7 +123,9 @@ FROM u ORDER BY priority DESC, run_after, id`)
 // delayed until that slot when the rate is behind; so promote_due
 // (migration 21) promotes the steps one at a time in claim order, and of
 // the steps that fall due together the one a claim would take first
-// takes a free slot first.
+// takes a free slot first. It takes the limits' locks its batch needs
+// before it locks a row, in the order every lock of a limit is taken
+// (migration 22), so that claims and finishes never deadlock on them.
 const promoteSQL = `SELECT {s}promote_due({now})`
 
 // claimShape is a claim's filter shape: how many queues (0, 1, several),

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -324,8 +325,11 @@ func undoLastMigration(t *testing.T, schema string) {
 	last := ms[len(ms)-1]
 	var undo string
 	switch last.Version {
-	case 21:
-		undo = "DROP FUNCTION promote_due(timestamptz)"
+	case 22: // it replaced two functions: their previous versions again
+		undo = strings.Join([]string{
+			replacingFunction(t, ms, 10, "limits_lock_step"),
+			replacingFunction(t, ms, 21, "promote_due"),
+		}, ";\n")
 	default:
 		t.Fatalf("undoLastMigration does not know how to undo %s", last.Name)
 	}
@@ -340,6 +344,19 @@ func undoLastMigration(t *testing.T, schema string) {
 		return err
 	})
 	require.NoError(t, err, "undo %s", last.Name)
+}
+
+// replacingFunction returns migration version's definition of function
+// name as a statement that replaces the function's current one.
+func replacingFunction(t *testing.T, ms []migrate.Migration, version int, name string) string {
+	t.Helper()
+	i := slices.IndexFunc(ms, func(m migrate.Migration) bool { return m.Version == version })
+	require.GreaterOrEqual(t, i, 0, "no migration %d", version)
+	_, body, ok := strings.Cut(ms[i].SQL, "FUNCTION "+name+"(")
+	require.True(t, ok, "%s creates no function %s", ms[i].Name, name)
+	body, _, ok = strings.Cut(body, "END $$;")
+	require.True(t, ok, "%s: function %s has no end", ms[i].Name, name)
+	return "CREATE OR REPLACE FUNCTION " + name + "(" + body + "END $$"
 }
 
 // TestPgBouncerWithoutCreateOnTheSchema: a role that may not create

@@ -471,31 +471,46 @@ func TestEventReadsNameTheInstance(t *testing.T) {
 }
 
 // TestPromoteReadsDelayedIndex: moving due steps into the claim indexes
-// reads the index of delayed steps, for custom and generic plans, never the
-// table however many steps it holds.
+// reads the index of delayed steps, and then its batch by key, for custom
+// and generic plans, never the table however many steps it holds.
 func TestPromoteReadsDelayedIndex(t *testing.T) {
 	t.Parallel()
 	s := openTestStore(t, nil)
 	ctx := t.Context()
-	_, err := s.pool.Exec(ctx, s.q(`
-		INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, run_after, finished_at)
-		SELECT 'old-' || lpad(g::text, 8, '0'), p, 's' || p, 'h', 'default', 'wf', 'completed', now(), now()
-		FROM generate_series(1, 5000) g, generate_series(0, 3) p;
-		ANALYZE {s}steps;`))
-	require.NoError(t, err)
-	// promoteSQL calls promote_due, whose plan EXPLAIN does not show: the
-	// query its loop reads, as the server stores it.
+	fillFinishedHistory(t, s, 5000, false)
+	// promoteSQL calls promote_due, whose plans EXPLAIN does not show: the
+	// queries it reads, as the server stores them.
 	var body string
 	require.NoError(t, s.pool.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure($1)`,
 		s.prefix+"promote_due(timestamptz)").Scan(&body))
-	_, loop, ok := strings.Cut(body, "FOR due IN")
-	require.True(t, ok, body)
-	query, _, ok := strings.Cut(loop, "LOOP")
-	require.True(t, ok, body)
-	query = strings.NewReplacer("<= at", "<= {now}", "FROM steps", "FROM {s}steps").Replace(query)
-	for mode, plan := range explainPlans(t, s, query, nil) {
-		require.Contains(t, plan, "Index Scan using steps_delayed", "%s:\n%s", mode, plan)
-		require.NotContains(t, plan, "Seq Scan on steps", "%s:\n%s", mode, plan)
+	between := func(from, to string) string {
+		t.Helper()
+		_, rest, ok := strings.Cut(body, from)
+		require.True(t, ok, "promote_due has no %q:\n%s", from, body)
+		query, _, ok := strings.Cut(rest, to)
+		require.True(t, ok, "promote_due has no %q after %q:\n%s", to, from, body)
+		return strings.NewReplacer("<= at", "<= {now}", "ANY (batch)", "ANY ('{1,2,3}'::bigint[])",
+			"FROM steps", "FROM {s}steps", "JOIN instances", "JOIN {s}instances").Replace(query)
+	}
+	for _, c := range []struct {
+		query string
+		index []string
+	}{
+		{between("batch := ARRAY(", ");"), []string{"steps_delayed"}},
+		{between("FOR l IN", "LOOP"), []string{"steps_pkey", "instances_pkey"}},
+		// Both bound the read: the batch's keys, or the (due) delayed steps.
+		{between("FOR due IN", "LOOP"), []string{"(steps_pkey|steps_delayed)"}},
+	} {
+		var args []any
+		if strings.Contains(c.query, "{now}") {
+			args = append(args, nil)
+		}
+		for mode, plan := range explainPlans(t, s, c.query, args...) {
+			for _, index := range c.index {
+				require.Regexp(t, "Index Scan using "+index+" ", plan, "%s:\n%s", mode, plan)
+			}
+			require.NotContains(t, plan, "Seq Scan", "%s:\n%s", mode, plan)
+		}
 	}
 }
 
