@@ -44,11 +44,90 @@ func (d *deadlockCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, q pgx.
 }
 func (d *deadlockCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
+// deadlockLoad is a store on a pool of its own whose deadlocked
+// statements are counted, and claimers that drain it.
+type deadlockLoad struct {
+	t         *testing.T
+	s         *Store
+	deadlocks *deadlockCounter
+	completed atomic.Int64
+	wg        sync.WaitGroup
+	errs      chan error
+}
+
+func newDeadlockLoad(t *testing.T, conns int32) *deadlockLoad {
+	t.Helper()
+	l := &deadlockLoad{t: t, deadlocks: &deadlockCounter{}, errs: make(chan error, 2*conns)}
+	pcfg, err := pgxpool.ParseConfig(testURL(t))
+	require.NoError(t, err)
+	pcfg.MaxConns = conns
+	pcfg.ConnConfig.Tracer = l.deadlocks
+	pool, err := pgxpool.NewWithConfig(t.Context(), pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	l.s, err = New(t.Context(), pool, &Config{Schema: newSchema(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, l.s.Close()) })
+	_, err = l.s.SetQueueLimit(t.Context(), storage.SetAll(storage.QueueLimit{Queue: "q.work", Concurrency: 4}))
+	require.NoError(t, err)
+	return l
+}
+
+// goClaim starts claimer w, which claims two steps at a time and finishes
+// each as outcome says, until want instances completed.
+func (l *deadlockLoad) goClaim(w, want int, plan storage.PlanFunc, outcome func(storage.ClaimedStep) storage.Outcome) {
+	l.wg.Go(func() {
+		ctx := l.t.Context()
+		lease := storage.ClaimParams{WorkerID: fmt.Sprint("w", w), Limit: 2, Lease: time.Minute}
+		for deadline := time.Now().Add(time.Minute); l.completed.Load() < int64(want); {
+			if time.Now().After(deadline) {
+				l.errs <- fmt.Errorf("claimer %d: %d of %d instances completed within a minute", w, l.completed.Load(), want)
+				return
+			}
+			claimed, err := l.s.ClaimSteps(ctx, lease)
+			if err != nil {
+				l.errs <- err
+				return
+			}
+			var results []storage.StepResult
+			for _, c := range claimed {
+				results = append(results, storage.StepResult{Claim: c.Claim, Outcome: outcome(c), Output: []byte(`1`), Error: "again"})
+			}
+			if len(results) == 0 {
+				continue
+			}
+			finished, err := l.s.FinishSteps(ctx, results, plan)
+			if err != nil {
+				l.errs <- err
+				return
+			}
+			for i, f := range finished {
+				if f.Accepted && results[i].Outcome == storage.OutcomeCompleted {
+					l.completed.Add(1)
+				}
+			}
+		}
+	})
+}
+
+// check waits for every goroutine of the load and requires that want
+// instances completed without an error and without a deadlock.
+func (l *deadlockLoad) check(want int) {
+	l.t.Helper()
+	l.wg.Wait()
+	close(l.errs)
+	for err := range l.errs {
+		require.NoError(l.t, err)
+	}
+	require.EqualValues(l.t, want, l.completed.Load())
+	require.Zero(l.t, l.deadlocks.n.Load(), "statements ended as deadlocked")
+}
+
 // TestLimitsDueWorkNoDeadlock: claimers promoting delayed steps under a
 // step key and a queue limit, and finishing them (a slot freed releases
 // held steps of the key and of the queue), never deadlock one another.
-// Before the limits' locks had one order, this load deadlocked tens of
-// times a run, and each deadlock cost a transaction and a retry.
+// Before the limits' locks had one order (migration 22), this load
+// deadlocked until a deadlock outlived the store's retries.
 func TestLimitsDueWorkNoDeadlock(t *testing.T) {
 	t.Parallel()
 	const (
@@ -56,21 +135,7 @@ func TestLimitsDueWorkNoDeadlock(t *testing.T) {
 		instances = 360
 		keys      = 6
 	)
-	ctx := t.Context()
-	deadlocks := &deadlockCounter{}
-	pcfg, err := pgxpool.ParseConfig(testURL(t))
-	require.NoError(t, err)
-	pcfg.MaxConns = claimers + 2
-	pcfg.ConnConfig.Tracer = deadlocks
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	s, err := New(ctx, pool, &Config{Schema: newSchema(t)})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, s.Close()) })
-
-	_, err = s.SetQueueLimit(ctx, storage.SetAll(storage.QueueLimit{Queue: "q.work", Concurrency: 4}))
-	require.NoError(t, err)
+	l := newDeadlockLoad(t, claimers+2)
 	all := make([]storage.CreateParams, instances)
 	soon := time.Now().Add(50 * time.Millisecond)
 	for i := range all {
@@ -82,58 +147,50 @@ func TestLimitsDueWorkNoDeadlock(t *testing.T) {
 			all[i].RunAfter = soon
 		}
 	}
-	_, err = s.CreateInstances(ctx, nil, all, storagetest.KeyPlan)
+	_, err := l.s.CreateInstances(t.Context(), nil, all, storagetest.KeyPlan)
 	require.NoError(t, err)
-
-	var (
-		completed atomic.Int64
-		wg        sync.WaitGroup
-		errs      = make(chan error, claimers)
-	)
 	for w := range claimers {
-		wg.Go(func() {
-			lease := storage.ClaimParams{WorkerID: fmt.Sprint("w", w), Limit: 2, Lease: time.Minute}
-			for deadline := time.Now().Add(time.Minute); completed.Load() < instances; {
-				if time.Now().After(deadline) {
-					errs <- fmt.Errorf("claimer %d: %d of %d instances completed within a minute", w, completed.Load(), instances)
+		l.goClaim(w, instances, storagetest.KeyPlan, func(c storage.ClaimedStep) storage.Outcome {
+			// Every other step fails its first attempt: its retry waits
+			// out a backoff and is promoted again.
+			if c.Attempt == 1 && c.InstanceID[len(c.InstanceID)-1]%2 == 0 {
+				return storage.OutcomeRetry
+			}
+			return storage.OutcomeCompleted
+		})
+	}
+	l.check(instances)
+}
+
+// TestLimitsStartsAndFinishesNoDeadlock: starting instances under a
+// workflow-level key (the key's lock, then the limits of their first
+// steps) while claimers finish the steps of others (the limits of the
+// step, then the key as the instance finishes) never deadlock. Before
+// migration 23 the two took the locks in opposite orders and deadlocked
+// until a deadlock outlived the store's retries.
+func TestLimitsStartsAndFinishesNoDeadlock(t *testing.T) {
+	t.Parallel()
+	const (
+		workers   = 6
+		instances = 120
+		keys      = 3
+	)
+	l := newDeadlockLoad(t, 2*workers+2)
+	all := make([]storage.CreateParams, instances)
+	for i := range all {
+		all[i] = params(storage.StepSpec{Name: "work", Handler: "h", Queue: "q.work", Retry: storage.RetryPolicy{MaxAttempts: 1}})
+		all[i].ConcurrencyKey, all[i].ConcurrencyLimit = fmt.Sprint("k", i%keys), 2
+	}
+	for w := range workers {
+		l.wg.Go(func() { // a starter
+			for i := w; i < instances; i += workers {
+				if _, err := l.s.CreateInstances(t.Context(), nil, all[i:i+1], storagetest.Plan); err != nil {
+					l.errs <- err
 					return
-				}
-				claimed, err := s.ClaimSteps(ctx, lease)
-				if err != nil {
-					errs <- err
-					return
-				}
-				var results []storage.StepResult
-				for _, c := range claimed {
-					// Every other step fails its first attempt: its retry
-					// waits out a backoff and is promoted again.
-					outcome := storage.OutcomeCompleted
-					if c.Attempt == 1 && c.InstanceID[len(c.InstanceID)-1]%2 == 0 {
-						outcome = storage.OutcomeRetry
-					}
-					results = append(results, storage.StepResult{Claim: c.Claim, Outcome: outcome, Output: []byte(`1`), Error: "again"})
-				}
-				if len(results) == 0 {
-					continue
-				}
-				finished, err := s.FinishSteps(ctx, results, storagetest.KeyPlan)
-				if err != nil {
-					errs <- err
-					return
-				}
-				for i, f := range finished {
-					if f.Accepted && results[i].Outcome == storage.OutcomeCompleted {
-						completed.Add(1)
-					}
 				}
 			}
 		})
+		l.goClaim(w, instances, storagetest.Plan, func(storage.ClaimedStep) storage.Outcome { return storage.OutcomeCompleted })
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
-	require.EqualValues(t, instances, completed.Load())
-	require.Zero(t, deadlocks.n.Load(), "statements ended as deadlocked")
+	l.check(instances)
 }
