@@ -45,10 +45,31 @@ type loaded struct {
 // InstanceState.Deferred: the instance is held, not started yet by
 // StartDeferred, or finished under a workflow limit, which a retry
 // planned before its re-arm runs (see retryOne) may hold again.
+//
+// It then takes the advisory locks of the admitted instances' workflow
+// keys, sorted (k), before the transaction touches their steps: a finish
+// of steps under limits takes the steps' queue and key locks, and the
+// workflow key's when it finishes the instance, and every path takes a
+// workflow key's lock before any queue's or step key's (migration 22). A
+// held instance's key is left alone: whoever holds a key's lock may wait
+// for a held instance's row, to admit it, never for an admitted one's.
 const lockInstancesSQL = `
-SELECT id, workflow, definition_hash, status, input, timeout_us, failing, error, failed_step, depth,
-	coalesce(traceparent, ''), xmin::text, held OR deferred OR finished_at IS NOT NULL AND concurrency_key IS NOT NULL
-FROM {s}instances WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE`
+WITH l AS MATERIALIZED (
+	SELECT id, workflow, definition_hash, status, input, timeout_us, failing, error, failed_step, depth,
+		coalesce(traceparent, '') AS traceparent, xmin::text AS xmin, concurrency_key, held,
+		held OR deferred OR finished_at IS NOT NULL AND concurrency_key IS NOT NULL AS deferred
+	FROM {s}instances WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE
+),
+k AS MATERIALIZED (
+	SELECT count(*) FROM (
+		SELECT {s}limits_lock('i', w.workflow, w.concurrency_key, '') FROM (
+			SELECT DISTINCT workflow, concurrency_key FROM l WHERE concurrency_key IS NOT NULL AND NOT held ORDER BY 1, 2
+		) w
+	) locked
+)
+SELECT l.id, l.workflow, l.definition_hash, l.status, l.input, l.timeout_us, l.failing, l.error, l.failed_step, l.depth,
+	l.traceparent, l.xmin, l.deferred
+FROM l, k ORDER BY l.id`
 
 // markDeferredSQL keeps an instance for StartDeferred.
 const markDeferredSQL = `UPDATE {s}instances SET deferred = true WHERE id = $1`

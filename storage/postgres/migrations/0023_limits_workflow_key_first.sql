@@ -10,9 +10,10 @@
 -- and finishes ran side by side, until one of them outlived the store's
 -- retries. limits_release now takes the workflow key of the step's
 -- instance first, as every other path does (migration 22's order: 'i',
--- then 'q', then 'k'). A statement that finishes steps of instances of
--- two workflow keys still takes the second after the first's limits:
--- rare, and retried.
+-- then 'q', then 'k'). A finish of steps of instances under several
+-- workflow keys has taken them all by then, sorted, as it locked the
+-- instances (lockInstancesSQL in plan.go); this covers a step finished
+-- by a statement that locked no instance first.
 CREATE OR REPLACE FUNCTION limits_release() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
