@@ -74,11 +74,18 @@ func newDeadlockLoad(t *testing.T, conns int32) *deadlockLoad {
 }
 
 // goClaim starts claimer w, which claims two steps at a time and finishes
-// each as outcome says, until want instances completed.
+// each as outcome says, until want instances completed. As a worker, it
+// waits for news of ready steps when a claim comes back empty, or for its
+// poll (delayed steps fall due without news): claimers that spun on empty
+// claims took the CPU the package's other tests run on.
 func (l *deadlockLoad) goClaim(w, want int, plan storage.PlanFunc, outcome func(storage.ClaimedStep) storage.Outcome) {
+	ready, unsubscribe := l.s.Subscribe()
 	l.wg.Go(func() {
+		defer unsubscribe()
 		ctx := l.t.Context()
 		lease := storage.ClaimParams{WorkerID: fmt.Sprint("w", w), Limit: 2, Lease: time.Minute}
+		poll := time.NewTicker(5 * time.Millisecond)
+		defer poll.Stop()
 		for deadline := time.Now().Add(time.Minute); l.completed.Load() < int64(want); {
 			if time.Now().After(deadline) {
 				l.errs <- fmt.Errorf("claimer %d: %d of %d instances completed within a minute", w, l.completed.Load(), want)
@@ -94,6 +101,10 @@ func (l *deadlockLoad) goClaim(w, want int, plan storage.PlanFunc, outcome func(
 				results = append(results, storage.StepResult{Claim: c.Claim, Outcome: outcome(c), Output: []byte(`1`), Error: "again"})
 			}
 			if len(results) == 0 {
+				select {
+				case <-ready:
+				case <-poll.C:
+				}
 				continue
 			}
 			finished, err := l.s.FinishSteps(ctx, results, plan)
@@ -167,10 +178,8 @@ func TestLimitsDueWorkNoDeadlock(t *testing.T) {
 // steps) while claimers finish the steps of others (the limits of the
 // step, then the key as the instance finishes) never deadlock. Before
 // migration 23 the two took the locks in opposite orders and deadlocked
-// until a deadlock outlived the store's retries; before lockInstancesSQL
-// took the keys of a finish's instances first, sorted, a finish of two
-// instances under different keys (claims of two steps make such batches)
-// still deadlocked tens of times a run under the race detector.
+// until a deadlock outlived the store's retries. (A finish of instances
+// under two keys: TestFinishTakesWorkflowKeysFirst.)
 func TestLimitsStartsAndFinishesNoDeadlock(t *testing.T) {
 	t.Parallel()
 	const (
@@ -196,4 +205,59 @@ func TestLimitsStartsAndFinishesNoDeadlock(t *testing.T) {
 		l.goClaim(w, instances, storagetest.Plan, func(storage.ClaimedStep) storage.Outcome { return storage.OutcomeCompleted })
 	}
 	l.check(instances)
+}
+
+// TestFinishTakesWorkflowKeysFirst: a finish of steps of instances under
+// two workflow keys takes both keys before any queue's lock. Another
+// session holds the second key, as a start under it would while it
+// counts the key's instances; while the finish waits for that key, the
+// session can still take the queue's lock, which the start's steps need
+// next. A finish that took the queue first (and the second key only as it
+// reached that instance's step) would have the two wait for each other.
+func TestFinishTakesWorkflowKeysFirst(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := openTestStore(t, nil)
+	_, err := s.SetQueueLimit(ctx, storage.SetAll(storage.QueueLimit{Queue: "q.work", Concurrency: 4}))
+	require.NoError(t, err)
+	var ps []storage.CreateParams
+	for _, key := range []string{"a", "b"} {
+		p := params(storage.StepSpec{Name: "work", Handler: "h", Queue: "q.work", Retry: storage.RetryPolicy{MaxAttempts: 1}})
+		p.ConcurrencyKey, p.ConcurrencyLimit = key, 2
+		ps = append(ps, p)
+	}
+	_, err = s.CreateInstances(ctx, nil, ps, storagetest.Plan)
+	require.NoError(t, err)
+	claimed, err := s.ClaimSteps(ctx, storage.ClaimParams{WorkerID: "w", Limit: 2, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, claimed, 2)
+
+	start, err := sharedPool(t).Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = start.Rollback(context.WithoutCancel(ctx)) })
+	_, err = start.Exec(ctx, s.q(`SELECT {s}limits_lock('i', 'wf', 'b', '')`))
+	require.NoError(t, err)
+
+	finished := make(chan error, 1)
+	go func() {
+		results := []storage.StepResult{
+			{Claim: claimed[0].Claim, Outcome: storage.OutcomeCompleted, Output: []byte(`1`)},
+			{Claim: claimed[1].Claim, Outcome: storage.OutcomeCompleted, Output: []byte(`1`)},
+		}
+		_, err := s.FinishSteps(ctx, results, storagetest.Plan)
+		finished <- err
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := sharedPool(t).QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND strpos(query, $1) > 0)`, s.cfg.Schema).Scan(&waiting)
+		return err == nil && waiting
+	}, 10*time.Second, 5*time.Millisecond, "the finish does not wait for the workflow key another session holds")
+
+	var queueFree bool
+	require.NoError(t, start.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended(
+		$1 || chr(31) || 'q' || chr(31) || 'q.work' || chr(31) || '' || chr(31) || '', 0))`, s.cfg.Schema).Scan(&queueFree))
+	require.True(t, queueFree, "the finish holds the queue's lock while it waits for a workflow key")
+	require.NoError(t, start.Rollback(ctx))
+	require.NoError(t, <-finished)
 }
