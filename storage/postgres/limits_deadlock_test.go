@@ -177,9 +177,10 @@ func TestLimitsDueWorkNoDeadlock(t *testing.T) {
 // workflow-level key (the key's lock, then the limits of their first
 // steps) while claimers finish the steps of others (the limits of the
 // step, then the key as the instance finishes) never deadlock. Before
-// migration 23 the two took the locks in opposite orders and deadlocked
-// until a deadlock outlived the store's retries. (A finish of instances
-// under two keys: TestFinishTakesWorkflowKeysFirst.)
+// locking a finish's instances took their workflow keys too
+// (lockInstancesSQL), the two took the locks in opposite orders and
+// deadlocked until a deadlock outlived the store's retries. (A finish of
+// instances under two keys: TestFinishTakesWorkflowKeysFirst.)
 func TestLimitsStartsAndFinishesNoDeadlock(t *testing.T) {
 	t.Parallel()
 	const (

@@ -325,8 +325,12 @@ func undoLastMigration(t *testing.T, schema string) {
 	last := ms[len(ms)-1]
 	var undo string
 	switch last.Version {
-	case 23: // it replaced a function: its previous version again
-		undo = replacingFunction(t, ms, 22, "limits_release")
+	case 22: // it replaced three functions: their previous versions again
+		undo = strings.Join([]string{
+			replacingFunction(t, ms, 10, "limits_lock_step"),
+			replacingFunction(t, ms, 21, "promote_due"),
+			replacingFunction(t, ms, 20, "limits_release"),
+		}, ";\n")
 	default:
 		t.Fatalf("undoLastMigration does not know how to undo %s", last.Name)
 	}

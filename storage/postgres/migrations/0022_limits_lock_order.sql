@@ -14,10 +14,13 @@
 --
 -- Locks are now taken workflow keys first ('i'), then queues ('q'), then
 -- step keys ('k'), and promote_due takes every lock its batch needs,
--- sorted within each kind, before it locks any row. What still takes
--- locks out of that order is rare and retried: a finish whose held steps
--- wait on another limited queue than its own, and an instance finishing
--- (its workflow key) after its last step (that step's key and queue).
+-- sorted within each kind, before it locks any row. A transaction that
+-- finishes steps has taken its instances' workflow keys, sorted, as it
+-- locked the instances (lockInstancesSQL in plan.go), before a trigger
+-- takes the steps' limits, and the key again when an instance finishes.
+-- What still takes locks out of that order is rare and retried: a finish
+-- whose held steps wait on another limited queue than its own, and a
+-- finish that readies a step of another limited queue than its own.
 CREATE OR REPLACE FUNCTION limits_lock_step(s steps) RETURNS void
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
