@@ -325,12 +325,8 @@ func undoLastMigration(t *testing.T, schema string) {
 	last := ms[len(ms)-1]
 	var undo string
 	switch last.Version {
-	case 22: // it replaced three functions: their previous versions again
-		undo = strings.Join([]string{
-			replacingFunction(t, ms, 10, "limits_lock_step"),
-			replacingFunction(t, ms, 21, "promote_due"),
-			replacingFunction(t, ms, 20, "limits_release"),
-		}, ";\n")
+	case 23: // it replaced one function: its previous version again
+		undo = replacingFunction(t, ms, 14, "count_instances")
 	default:
 		t.Fatalf("undoLastMigration does not know how to undo %s", last.Name)
 	}
@@ -355,9 +351,12 @@ func replacingFunction(t *testing.T, ms []migrate.Migration, version int, name s
 	require.GreaterOrEqual(t, i, 0, "no migration %d", version)
 	_, body, ok := strings.Cut(ms[i].SQL, "FUNCTION "+name+"(")
 	require.True(t, ok, "%s creates no function %s", ms[i].Name, name)
-	body, _, ok = strings.Cut(body, "END $$;")
+	// The body runs from AS $$ to the next $$.
+	head, rest, ok := strings.Cut(body, "$$")
+	require.True(t, ok, "%s: function %s has no body", ms[i].Name, name)
+	rest, _, ok = strings.Cut(rest, "$$")
 	require.True(t, ok, "%s: function %s has no end", ms[i].Name, name)
-	return "CREATE OR REPLACE FUNCTION " + name + "(" + body + "END $$"
+	return "CREATE OR REPLACE FUNCTION " + name + "(" + head + "$$" + rest + "$$"
 }
 
 // TestPgBouncerWithoutCreateOnTheSchema: a role that may not create
