@@ -11,8 +11,10 @@
 //
 // Use Open for a file path. New takes a pool the caller opened; that pool must
 // use the DSN built by DSN (it sets _txlock=immediate, WAL, busy_timeout,
-// synchronous=NORMAL and foreign keys), and so must the pool behind a
-// caller's own transaction passed to CreateInstances.
+// synchronous=NORMAL, foreign keys, and connections without a mutex of
+// their own, which database/sql never shares between goroutines at once),
+// and so must the pool behind a caller's own transaction passed to
+// CreateInstances.
 //
 // Readiness is broadcast in-process by Subscribe after commits; other
 // processes on the same file see new work through the worker's polling.

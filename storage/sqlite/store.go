@@ -111,7 +111,8 @@ type Store struct {
 
 // DSN returns the data source name for the SQLite file at path with the
 // settings dagrun needs: every transaction BEGIN IMMEDIATE, WAL, a busy
-// timeout, synchronous=NORMAL and foreign keys on. Open a pool with
+// timeout, synchronous=NORMAL and foreign keys on, and connections that
+// database/sql alone keeps from being used by two goroutines at once. Open a pool with
 // sql.Open("sqlite3", DSN(path)) to pass it to New, or to begin transactions
 // of your own for CreateInstances.
 func DSN(path string) string {
@@ -127,6 +128,11 @@ func dsn(path string, busy time.Duration, readOnly bool) string {
 	// The driver keeps prepared statements per connection, so the hot
 	// statements are parsed once per connection instead of once per call.
 	q.Set("_stmt_cache_size", "64")
+	// database/sql uses a connection from one goroutine at a time, so
+	// SQLite need not lock it at each call (SQLITE_OPEN_NOMUTEX; its
+	// interrupt, which the driver sends from another goroutine when a
+	// context ends, takes no lock in any mode). See library.go.
+	q.Set("_mutex", "no")
 	if readOnly {
 		q.Set("_query_only", "on")
 		q.Set("_txlock", "deferred")
