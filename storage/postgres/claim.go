@@ -128,10 +128,14 @@ FROM u ORDER BY priority DESC, run_after, id`)
 // (migration 22), so that claims and finishes never deadlock on them.
 //
 // The function is called only when its first probe would find a step
-// due: nearly every claim finds none, and a PL/pgSQL call with its own
-// search_path cost such a claim three times the probe alone.
-const promoteSQL = `SELECT {s}promote_due({now}) WHERE EXISTS (
-	SELECT FROM {s}steps WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after <= {now})`
+// due (dueSQL): nearly every claim finds none, and a PL/pgSQL call with
+// its own search_path cost such a claim three times the probe alone.
+const promoteSQL = `SELECT {s}promote_due({now}) WHERE EXISTS (SELECT FROM {s}steps WHERE ` + dueSQL + `{now})`
+
+// dueSQL, followed by a time, is the condition of promote_due's first
+// probe: a delayed step due by then. TestPromoteGuardIsTheProbe keeps
+// promoteSQL's copy of it the function's own.
+const dueSQL = `status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after <= `
 
 // claimShape is a claim's filter shape: how many queues (0, 1, several),
 // whether it is bound to one instance, whether it names handlers.

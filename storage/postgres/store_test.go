@@ -470,6 +470,20 @@ func TestEventReadsNameTheInstance(t *testing.T) {
 	}
 }
 
+// TestPromoteGuardIsTheProbe: the condition promoteSQL checks before it
+// calls promote_due is the function's own first probe, so a claim skips
+// the call exactly when the function would have found nothing due.
+func TestPromoteGuardIsTheProbe(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	var body string
+	require.NoError(t, s.pool.QueryRow(t.Context(), `SELECT prosrc FROM pg_proc WHERE oid = to_regprocedure($1)`,
+		s.prefix+"promote_due(timestamptz)").Scan(&body))
+	probe, _, ok := strings.Cut(body, "ORDER BY")
+	require.True(t, ok, "promote_due has no first probe: %s", body)
+	require.Contains(t, probe, "WHERE "+dueSQL+"at\n", "promote_due's first probe is not promoteSQL's guard")
+}
+
 // TestPromoteReadsDelayedIndex: moving due steps into the claim indexes
 // reads the index of delayed steps, and then its batch by key, for custom
 // and generic plans, never the table however many steps it holds.
