@@ -111,10 +111,10 @@ type Store struct {
 
 // DSN returns the data source name for the SQLite file at path with the
 // settings dagrun needs: every transaction BEGIN IMMEDIATE, WAL, a busy
-// timeout, synchronous=NORMAL and foreign keys on, and connections that
-// database/sql alone keeps from being used by two goroutines at once. Open a pool with
-// sql.Open("sqlite3", DSN(path)) to pass it to New, or to begin transactions
-// of your own for CreateInstances.
+// timeout, synchronous=NORMAL, foreign keys on, and no mutex per
+// connection (database/sql never uses one from two goroutines at once).
+// Open a pool with sql.Open("sqlite3", DSN(path)) to pass it to New, or to
+// begin transactions of your own for CreateInstances.
 func DSN(path string) string {
 	return dsn(path, BusyTimeoutDefault, false)
 }
