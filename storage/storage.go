@@ -775,7 +775,8 @@ type WorkflowStats struct {
 	// the attempt that completed to its finish), nearest-rank percentiles
 	// (Postgres' percentile_disc) over the completed steps of the
 	// StatsWindow most recently finished instances: recent behaviour, at a
-	// cost that does not grow with the history kept.
+	// cost that does not grow with the history kept. Both are zero when
+	// none completed.
 	StepP50 time.Duration
 	StepP95 time.Duration
 }

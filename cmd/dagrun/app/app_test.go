@@ -158,7 +158,8 @@ func TestStatusTable(t *testing.T) {
 }
 
 // TestStatsUnserved: with no worker running, `stats` lists the ready steps
-// as waiting for a handler no live worker has, as text and as JSON.
+// as waiting for a handler no live worker has, as text and as JSON, and
+// has no step durations to show: "-" in the table, null in the JSON.
 func TestStatsUnserved(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -173,13 +174,21 @@ func TestStatsUnserved(t *testing.T) {
 	res = b.run(t, "", "stats", "--json")
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
 	var stats struct {
-		Unserved []struct {
+		Workflows []map[string]any `json:"workflows"`
+		Unserved  []struct {
 			Handler       string  `json:"handler"`
 			Ready         int     `json:"ready"`
 			OldestReadyMs float64 `json:"oldestReadyMs"`
 		} `json:"unserved"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(res.stdout), &stats), res.stdout)
+	require.Len(t, stats.Workflows, 1)
+	for _, field := range []string{"stepP50Ms", "stepP95Ms"} {
+		v, ok := stats.Workflows[0][field]
+		require.True(t, ok, "stats --json has %s", field)
+		require.Nil(t, v, "%s with no completed attempt is null, as the table's -", field)
+	}
+	require.Positive(t, stats.Workflows[0]["oldestReadyMs"])
 	require.Len(t, stats.Unserved, 1)
 	require.Equal(t, "echo", stats.Unserved[0].Handler)
 	require.Equal(t, 2, stats.Unserved[0].Ready)

@@ -503,8 +503,11 @@ type workflowStatsJSON struct {
 	StuckSteps    int            `json:"stuckSteps"`
 	WaitingSteps  int            `json:"waitingSteps"`
 	OldestReadyMs float64        `json:"oldestReadyMs"`
-	StepP50Ms     float64        `json:"stepP50Ms"`
-	StepP95Ms     float64        `json:"stepP95Ms"`
+	// StepP50Ms and StepP95Ms are null, as the table's "-", while no
+	// attempt of the workflow completed: a duration of 0 would be a
+	// figure nobody measured.
+	StepP50Ms *float64 `json:"stepP50Ms"`
+	StepP95Ms *float64 `json:"stepP95Ms"`
 }
 
 type queueStatsJSON struct {
@@ -527,7 +530,7 @@ func newStatsJSON(s *storage.Stats) statsJSON {
 		out.Workflows = append(out.Workflows, workflowStatsJSON{
 			Workflow: w.Workflow, Instances: counts, ReadySteps: w.ReadySteps, RunningSteps: w.RunningSteps, StuckSteps: w.StuckSteps,
 			WaitingSteps:  w.WaitingSteps,
-			OldestReadyMs: ms(w.OldestReady), StepP50Ms: ms(w.StepP50), StepP95Ms: ms(w.StepP95),
+			OldestReadyMs: ms(w.OldestReady), StepP50Ms: msOrNull(w.StepP50), StepP95Ms: msOrNull(w.StepP95),
 		})
 	}
 	sort.Slice(out.Workflows, func(i, j int) bool { return out.Workflows[i].Workflow < out.Workflows[j].Workflow })
@@ -539,6 +542,15 @@ func newStatsJSON(s *storage.Stats) statsJSON {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// msOrNull is ms, or nil for a zero duration: a figure the store has not got.
+func msOrNull(d time.Duration) *float64 {
+	if d == 0 {
+		return nil
+	}
+	v := ms(d)
+	return &v
+}
 
 func durOrDash(d time.Duration) string {
 	if d == 0 {
