@@ -50,10 +50,3 @@ func (s *slots) give(n int) {
 	default:
 	}
 }
-
-// inUse returns how many slots are taken.
-func (s *slots) inUse() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.used
-}

@@ -9,7 +9,8 @@ import (
 	"github.com/dagrun/dagrun/storage"
 )
 
-// loaded is an instance as a PlanFunc sees it, plus what applyPlan needs.
+// loaded is an instance as a PlanFunc sees it, plus what writing its plan
+// needs (see collect).
 type loaded struct {
 	state    storage.InstanceState
 	runAfter int64   // the instance's run_after
@@ -135,15 +136,6 @@ func (t *txn) plan(ids []string, plan storage.PlanFunc) error {
 		return t.plan(replan, plan)
 	}
 	return nil
-}
-
-// apply writes one Plan's transitions.
-func (t *txn) apply(l *loaded, p *storage.Plan) error {
-	var b planBatch
-	if err := t.collect(&b, l, p); err != nil {
-		return err
-	}
-	return t.flushPlans(&b)
 }
 
 // planBatch gathers the two transitions that dominate every group commit,

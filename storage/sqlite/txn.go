@@ -197,13 +197,6 @@ func us(t time.Time) int64 { return t.UnixMicro() }
 
 func fromUS(v int64) time.Time { return time.UnixMicro(v).UTC() }
 
-func nullUS(t time.Time) any {
-	if t.IsZero() {
-		return nil
-	}
-	return t.UnixMicro()
-}
-
 func ptrUS(v sql.NullInt64) *time.Time {
 	if !v.Valid {
 		return nil

@@ -132,7 +132,7 @@ func benchComplete(b *testing.B, s storage.Store, logs int) {
 		require.NoError(b, err)
 		for _, r := range res {
 			if !r.Accepted {
-				b.Fatal(fmt.Sprintf("result of step %d rejected", batch[0].StepID))
+				b.Fatalf("result of step %d rejected", batch[0].StepID)
 			}
 		}
 	}

@@ -277,8 +277,6 @@ func events(in *storage.Instance, step string, typ storage.EventType) []storage.
 	return out
 }
 
-func ptr[T any](v T) *T { return &v }
-
 // Plan is the suite's PlanFunc, a stand-in for the engine: a blocked step
 // whose dependencies are all completed or skipped becomes pending with the
 // input {"step": NAME, "deps": {DEP: OUTPUT...}} (waiting, a wait step's,
