@@ -107,21 +107,36 @@ func TestOpenErrors(t *testing.T) {
 	})
 }
 
-// TestNewRefusesPoolWithoutForeignKeys: prune relies on foreign keys to
-// delete an instance's steps and events, so New refuses a pool opened
-// without them instead of letting prune leave orphans.
-func TestNewRefusesPoolWithoutForeignKeys(t *testing.T) {
+// TestNewRefusesPoolWithoutDSNSettings: New refuses a pool that lacks
+// what the store relies on, each with a message that names the setting and
+// DSN: foreign keys (prune deletes an instance's steps and events through
+// them), WAL (readers that do not wait for the writer) and a busy timeout
+// (a write that waits for another process's rather than failing).
+func TestNewRefusesPoolWithoutDSNSettings(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "dagrun.db")
-	for _, dsn := range []string{path, path + "?_foreign_keys=off"} {
-		db, err := sql.Open("sqlite3", dsn)
-		require.NoError(t, err)
-		t.Cleanup(func() { require.NoError(t, db.Close()) })
-		_, err = sqlite.New(db, nil)
-		require.ErrorContains(t, err, "foreign keys off", dsn)
-		require.ErrorContains(t, err, "sqlite.DSN", dsn)
+	for _, tc := range []struct {
+		name, params, want string
+	}{
+		{"NoParameters", "", "foreign keys off"},
+		{"ForeignKeysOff", "?_foreign_keys=off&_journal_mode=WAL", "foreign keys off"},
+		{"RollbackJournal", "?_foreign_keys=on", "journal mode is delete, not WAL"},
+		{"NoBusyTimeout", "?_foreign_keys=on&_journal_mode=WAL&_busy_timeout=0", "no busy timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db, err := sql.Open("sqlite3", filepath.Join(t.TempDir(), "dagrun.db")+tc.params)
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, db.Close()) })
+			_, err = sqlite.New(db, nil)
+			require.ErrorContains(t, err, tc.want)
+			require.ErrorContains(t, err, "sqlite.DSN")
+			require.NotContains(t, err.Error(), "\n")
+			var tables int
+			require.NoError(t, db.QueryRow(`SELECT count(*) FROM sqlite_master`).Scan(&tables))
+			require.Zero(t, tables, "a refused pool's database is left as it was")
+		})
 	}
-	db, err := sql.Open("sqlite3", sqlite.DSN(path))
+	db, err := sql.Open("sqlite3", sqlite.DSN(filepath.Join(t.TempDir(), "dagrun.db")))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, db.Close()) })
 	_, err = sqlite.New(db, nil)

@@ -207,8 +207,12 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 // New returns a Store on db, a pool the caller opened with DSN and keeps
 // owning (Close does not close it), and migrates the schema. It refuses a
 // pool with foreign keys off, which would let prune leave steps and events
-// behind. For speed, set db.SetMaxOpenConns(1): writers are serialised by
-// SQLite anyway.
+// behind, and a pool on a file without WAL or without a busy timeout, whose
+// readers would wait for its writers and whose writes would fail at once
+// when another process writes. It cannot see the pool's transaction mode:
+// without DSN's _txlock=immediate, two processes' writes can fail with
+// SQLITE_BUSY rather than wait. For speed, set db.SetMaxOpenConns(1):
+// writers are serialised by SQLite anyway.
 func New(db *sql.DB, cfg *Config) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlite: New: nil *sql.DB")
@@ -233,10 +237,34 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	if s.file == nil && db.Stats().MaxOpenConnections != 1 {
 		return nil, errors.New("sqlite: New: the pool is in memory, where each connection has a database of its own: call db.SetMaxOpenConns(1) first")
 	}
+	if s.file != nil {
+		if err := checkFilePool(db); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.migrate(context.Background()); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// checkFilePool refuses a pool on a file that lacks WAL or a busy timeout
+// (see New); only a file has either, an in-memory database neither.
+func checkFilePool(db *sql.DB) error {
+	var (
+		journal string
+		busyMS  int
+	)
+	if err := db.QueryRow(`SELECT (SELECT journal_mode FROM pragma_journal_mode), (SELECT timeout FROM pragma_busy_timeout)`).Scan(&journal, &busyMS); err != nil {
+		return interpretError("database", err)
+	}
+	if !strings.EqualFold(journal, "wal") {
+		return fmt.Errorf(`sqlite: New: the pool's journal mode is %s, not WAL: open it with sql.Open("sqlite3", sqlite.DSN(path)), or add _journal_mode=WAL to its DSN`, journal)
+	}
+	if busyMS <= 0 {
+		return errors.New(`sqlite: New: the pool has no busy timeout, so a write fails at once while another process writes: open it with sql.Open("sqlite3", sqlite.DSN(path)), or add _busy_timeout=5000 to its DSN`)
+	}
+	return nil
 }
 
 // Close closes the pools Open opened; it does nothing for a Store from New.
