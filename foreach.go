@@ -39,7 +39,7 @@ func (p *planner) expand(step *dag.Step, env *dag.Env) storage.StepChange {
 	total := 0
 	for i, elem := range list {
 		env.Item, env.Index = elem, i
-		var input any = elem // without an input, an item's input is its element
+		input := elem // without an input, an item's input is its element
 		if step.Input != nil {
 			if input, err = step.Input.Eval(env); err != nil {
 				return fail("input of item %d: %v", i, err)

@@ -171,8 +171,7 @@ func RetryFromRefusal(id string, status InstanceStatus) error {
 	return Refuse(ErrConflict, "instance %s is %s; cancel it first or wait", id, status)
 }
 
-// PauseRefusal and ResumeRefusal are the conflict errors of PauseInstance
-// and ResumeInstance.
+// PauseRefusal is the conflict error of PauseInstance.
 func PauseRefusal(id string, status InstanceStatus) error {
 	if status.Finished() {
 		return Refuse(ErrConflict, "instance %s is already %s; only a pending or running instance can be paused", id, status)
@@ -180,7 +179,7 @@ func PauseRefusal(id string, status InstanceStatus) error {
 	return Refuse(ErrConflict, "instance %s is already paused", id)
 }
 
-// ResumeRefusal: see PauseRefusal.
+// ResumeRefusal is the conflict error of ResumeInstance.
 func ResumeRefusal(id string, status InstanceStatus) error {
 	if status.Finished() {
 		return Refuse(ErrConflict, "instance %s is %s, not paused", id, status)
