@@ -221,15 +221,6 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	// Prune relies on foreign keys to delete an instance's steps and events
-	// with it; without them it would leave orphans behind.
-	var foreignKeys bool
-	if err := db.QueryRow(`PRAGMA foreign_keys`).Scan(&foreignKeys); err != nil {
-		return nil, interpretError("database", err)
-	}
-	if !foreignKeys {
-		return nil, errors.New(`sqlite: New: the pool has foreign keys off: open it with sql.Open("sqlite3", sqlite.DSN(path)), or add _foreign_keys=on to its DSN`)
-	}
 	s := &Store{w: db, r: db, name: "database", now: cfg.Now}
 	if err := s.rememberFile(context.Background()); err != nil {
 		return nil, err
@@ -237,10 +228,8 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	if s.file == nil && db.Stats().MaxOpenConnections != 1 {
 		return nil, errors.New("sqlite: New: the pool is in memory, where each connection has a database of its own: call db.SetMaxOpenConns(1) first")
 	}
-	if s.file != nil {
-		if err := checkFilePool(db); err != nil {
-			return nil, err
-		}
+	if err := checkPool(db, s.file != nil); err != nil {
+		return nil, err
 	}
 	if err := s.migrate(context.Background()); err != nil {
 		return nil, err
@@ -248,20 +237,28 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	return s, nil
 }
 
-// checkFilePool refuses a pool on a file that lacks WAL or a busy timeout
-// (see New); only a file has either, an in-memory database neither.
-func checkFilePool(db *sql.DB) error {
+// checkPool refuses a pool without the settings of DSN that the store
+// relies on (see New): foreign keys, through which prune deletes an
+// instance's steps and events, and, for a file (an in-memory database has
+// neither), WAL and a busy timeout.
+func checkPool(db *sql.DB, onFile bool) error {
 	var (
-		journal string
-		busyMS  int
+		foreignKeys bool
+		journal     string
+		busyMS      int
 	)
-	if err := db.QueryRow(`SELECT (SELECT journal_mode FROM pragma_journal_mode), (SELECT timeout FROM pragma_busy_timeout)`).Scan(&journal, &busyMS); err != nil {
+	if err := db.QueryRow(`SELECT (SELECT foreign_keys FROM pragma_foreign_keys), (SELECT journal_mode FROM pragma_journal_mode),
+		(SELECT timeout FROM pragma_busy_timeout)`).Scan(&foreignKeys, &journal, &busyMS); err != nil {
 		return interpretError("database", err)
 	}
-	if !strings.EqualFold(journal, "wal") {
+	switch {
+	case !foreignKeys:
+		return errors.New(`sqlite: New: the pool has foreign keys off: open it with sql.Open("sqlite3", sqlite.DSN(path)), or add _foreign_keys=on to its DSN`)
+	case !onFile:
+		return nil
+	case !strings.EqualFold(journal, "wal"):
 		return fmt.Errorf(`sqlite: New: the pool's journal mode is %s, not WAL: open it with sql.Open("sqlite3", sqlite.DSN(path)), or add _journal_mode=WAL to its DSN`, journal)
-	}
-	if busyMS <= 0 {
+	case busyMS <= 0:
 		return errors.New(`sqlite: New: the pool has no busy timeout, so a write fails at once while another process writes: open it with sql.Open("sqlite3", sqlite.DSN(path)), or add _busy_timeout=5000 to its DSN`)
 	}
 	return nil
