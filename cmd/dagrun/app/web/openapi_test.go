@@ -2,7 +2,9 @@ package web_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -107,12 +109,7 @@ func (c *contract) call(t *testing.T, route, path, body string, want int) *respo
 		Request:    req,
 		PathParams: params,
 		Route:      found,
-		Options: &openapi3filter.Options{
-			MultiError: true,
-			// The server's own tests check the token; here only that
-			// the document says which routes need one.
-			AuthenticationFunc: openapi3filter.NoopAuthenticationFunc,
-		},
+		Options:    &openapi3filter.Options{MultiError: true, AuthenticationFunc: bearerSent},
 	}
 	var problems []string
 	// A refusal may answer a request the document forbids on purpose (an
@@ -137,6 +134,19 @@ func (c *contract) call(t *testing.T, route, path, body string, want int) *respo
 	}
 	c.seen[route] = true
 	return r
+}
+
+// bearerSent checks a request against a security scheme its route
+// requires: the scheme is the bearer token the server takes, and the
+// request sends one. The server's own tests check the token's value.
+func bearerSent(_ context.Context, in *openapi3filter.AuthenticationInput) error {
+	if s := in.SecurityScheme; s.Type != "http" || !strings.EqualFold(s.Scheme, "bearer") {
+		return fmt.Errorf("security scheme %q is not the bearer token the server takes", in.SecuritySchemeName)
+	}
+	if !strings.HasPrefix(in.RequestValidationInput.Request.Header.Get("Authorization"), "Bearer ") {
+		return errors.New("the request sends no bearer token")
+	}
+	return nil
 }
 
 // TestOpenAPIDescribesEveryRoute keeps /api/openapi.json true: every route
