@@ -75,38 +75,54 @@ func (s *Schedule) Fingerprint() string {
 // exists fires once. On a fall-back transition a time that the clock shows
 // twice fires at its first occurrence only; on a spring-forward transition
 // a time the clock skips does not exist and does not fire.
+//
+// The cron library walks real time in the zone and adds whole hours across
+// a transition, which loses a day's tick in a zone whose clocks move by
+// half an hour (Australia/Lord_Howe). So the cron is matched against the
+// wall clock alone, as if it were UTC, and each wall-clock time it names
+// is then looked up in the zone.
 func (s *Schedule) Next(t time.Time) time.Time {
 	if s.spec == nil {
 		return t.Truncate(s.every).Add(s.every)
 	}
-	// A fall-back transition repeats at most a few hours of wall-clock
-	// time, at most 60 ticks an hour: the bound is never reached by a cron
-	// that fires again.
+	wall := t.In(s.Location)
+	naive := time.Date(wall.Year(), wall.Month(), wall.Day(), wall.Hour(), wall.Minute(), wall.Second(), wall.Nanosecond(), time.UTC)
+	// The wall clock of t may lag what already fired by the hours a
+	// fall-back repeats, and every skipped or repeated time costs one more
+	// turn: the bound is never reached by a cron that fires again.
 	for range 1000 {
-		n := s.spec.Next(t)
-		if n.IsZero() || !repeatedWallClock(n.In(s.Location)) {
-			return n.UTC()
+		n := s.spec.Next(naive)
+		if n.IsZero() {
+			return time.Time{}
 		}
-		t = n
+		if at, ok := firstInstant(n, s.Location); ok && at.After(t) {
+			return at.UTC()
+		}
+		naive = n
 	}
 	return time.Time{}
 }
 
-// repeatedWallClock reports whether the wall-clock time of t was already
-// shown earlier, at a larger offset, just before a fall-back transition.
-func repeatedWallClock(t time.Time) bool {
-	_, off := t.Zone()
-	for _, back := range []time.Duration{30 * time.Minute, time.Hour, 2 * time.Hour, 3 * time.Hour} {
-		_, before := t.Add(-back).Zone()
-		if before <= off {
-			continue
-		}
-		first := t.Add(-time.Duration(before-off) * time.Second)
-		if _, o := first.Zone(); o == before && first.Format(time.DateTime) == t.Format(time.DateTime) {
-			return true
+// firstInstant returns the earliest instant whose wall clock in loc reads
+// the wall-clock time that naive holds in UTC, and false when the clock
+// skips it.
+func firstInstant(naive time.Time, loc *time.Location) (time.Time, bool) {
+	// The offsets in force a few hours either side of the instant, which
+	// any offset of the zone finds to within the hours a transition moves
+	// the clock; two transitions are months apart.
+	_, guess := naive.In(loc).Zone()
+	near := naive.Add(-time.Duration(guess) * time.Second)
+	var first time.Time
+	for _, around := range []time.Duration{-6 * time.Hour, 6 * time.Hour} {
+		_, off := near.Add(around).In(loc).Zone()
+		at := naive.Add(-time.Duration(off) * time.Second)
+		w := at.In(loc)
+		if time.Date(w.Year(), w.Month(), w.Day(), w.Hour(), w.Minute(), w.Second(), w.Nanosecond(), time.UTC).Equal(naive) &&
+			(first.IsZero() || at.Before(first)) {
+			first = at
 		}
 	}
-	return false
+	return first, !first.IsZero()
 }
 
 // cronParser takes the five standard fields and the descriptors
@@ -114,7 +130,7 @@ func repeatedWallClock(t time.Time) bool {
 var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 
 // parseCron returns the schedule of a cron expression, or why it is wrong.
-func parseCron(expr string, loc *time.Location) (spec *cron.SpecSchedule, every time.Duration, msg string) {
+func parseCron(expr string) (spec *cron.SpecSchedule, every time.Duration, msg string) {
 	expr = strings.TrimSpace(expr)
 	if strings.HasPrefix(expr, "TZ=") || strings.HasPrefix(expr, "CRON_TZ=") {
 		return nil, 0, fmt.Sprintf("cron %q names a zone: set timezone: instead", expr)
@@ -139,7 +155,8 @@ func parseCron(expr string, loc *time.Location) (spec *cron.SpecSchedule, every 
 	if !ok {
 		return nil, 0, fmt.Sprintf("invalid cron %q: use five fields or a descriptor such as @daily or @every 10m", expr)
 	}
-	spec.Location = loc
+	// It computes wall-clock times, which Next looks up in the zone.
+	spec.Location = time.UTC
 	return spec, 0, ""
 }
 
@@ -218,7 +235,7 @@ func (p *parser) schedule(item *yaml.Node, label string, w *Workflow) (*Schedule
 		}
 		s.Cron = strings.TrimSpace(expr)
 		var msg string
-		if s.spec, s.every, msg = parseCron(s.Cron, s.Location); msg != "" {
+		if s.spec, s.every, msg = parseCron(s.Cron); msg != "" {
 			p.c.at(raw.Cron, "%s: %s", label, msg)
 			ok = false
 		} else if s.spec != nil && s.Next(time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)).IsZero() {
