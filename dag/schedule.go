@@ -89,8 +89,9 @@ func (s *Schedule) Next(t time.Time) time.Time {
 	naive := time.Date(wall.Year(), wall.Month(), wall.Day(), wall.Hour(), wall.Minute(), wall.Second(), wall.Nanosecond(), time.UTC)
 	// The wall clock of t may lag what already fired by the hours a
 	// fall-back repeats, and every skipped or repeated time costs one more
-	// turn: the bound is never reached by a cron that fires again.
-	for range 1000 {
+	// turn: at most a day of minutes (Samoa skipped 30 December 2011
+	// whole), so the bound is never reached by a cron that fires again.
+	for range 3000 {
 		n := s.spec.Next(naive)
 		if n.IsZero() {
 			return time.Time{}

@@ -40,7 +40,8 @@ func wallTicks(t *testing.T, cronExpr string, loc *time.Location, from, to time.
 	return out
 }
 
-// TestScheduleNextAcrossDST walks both 2027 transitions of five zones with
+// TestScheduleNextAcrossDST walks both 2027 transitions of five zones, and
+// the day Samoa skipped in 2011, with
 // crons that fall in, before and after the hour that is skipped or shown
 // twice: every wall-clock time the cron names that exists fires exactly
 // once, and nothing else fires.
@@ -62,6 +63,8 @@ func TestScheduleNextAcrossDST(t *testing.T) {
 		{"Antarctica/Troll", time.Date(2027, 10, 31, 0, 0, 0, 0, time.UTC)},
 		{"America/St_Johns", time.Date(2027, 3, 14, 0, 0, 0, 0, time.UTC)},
 		{"America/St_Johns", time.Date(2027, 11, 7, 0, 0, 0, 0, time.UTC)},
+		// Samoa moved across the date line: 30 December 2011 never was.
+		{"Pacific/Apia", time.Date(2011, 12, 30, 0, 0, 0, 0, time.UTC)},
 	}
 	crons := []string{"30 2 * * *", "0 2 * * *", "59 1 * * *", "0 3 * * *", "30 1 * * *",
 		"0 * * * *", "*/15 * * * *", "* * * * *", "0 0 * * *", "@hourly", "@daily", "15 1-3 * * *"}
