@@ -40,11 +40,10 @@ func wallTicks(t *testing.T, cronExpr string, loc *time.Location, from, to time.
 	return out
 }
 
-// TestScheduleNextAcrossDST walks both 2027 transitions of five zones, and
-// the day Samoa skipped in 2011, with
-// crons that fall in, before and after the hour that is skipped or shown
-// twice: every wall-clock time the cron names that exists fires exactly
-// once, and nothing else fires.
+// TestScheduleNextAcrossDST walks both 2027 transitions of five zones,
+// and the day Samoa skipped in 2011, with crons that fall in, before and
+// after the time that is skipped or shown twice: every wall-clock time the
+// cron names that exists fires exactly once, and nothing else fires.
 func TestScheduleNextAcrossDST(t *testing.T) {
 	t.Parallel()
 	transitions := []struct {
