@@ -110,8 +110,9 @@ func TestOpenErrors(t *testing.T) {
 // TestNewRefusesPoolWithoutDSNSettings: New refuses a pool that lacks
 // what the store relies on, each with a message that names the setting and
 // DSN: foreign keys (prune deletes an instance's steps and events through
-// them), WAL (readers that do not wait for the writer) and a busy timeout
-// (a write that waits for another process's rather than failing).
+// them), WAL (readers that do not wait for the writer), a busy timeout (a
+// write that waits for another process's rather than failing) and
+// transactions that take the write lock as they begin.
 func TestNewRefusesPoolWithoutDSNSettings(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -121,6 +122,8 @@ func TestNewRefusesPoolWithoutDSNSettings(t *testing.T) {
 		{"ForeignKeysOff", "?_foreign_keys=off&_journal_mode=WAL", "foreign keys off"},
 		{"RollbackJournal", "?_foreign_keys=on", "journal mode is delete, not WAL"},
 		{"NoBusyTimeout", "?_foreign_keys=on&_journal_mode=WAL&_busy_timeout=0", "no busy timeout"},
+		{"DeferredTransactions", "?_foreign_keys=on&_journal_mode=WAL&_busy_timeout=5000", "transactions begin DEFERRED"},
+		{"DeferredTransactionsNamed", "?_foreign_keys=on&_journal_mode=WAL&_busy_timeout=5000&_txlock=deferred", "_txlock=immediate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -207,12 +207,11 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 // New returns a Store on db, a pool the caller opened with DSN and keeps
 // owning (Close does not close it), and migrates the schema. It refuses a
 // pool with foreign keys off, which would let prune leave steps and events
-// behind, and a pool on a file without WAL or without a busy timeout, whose
-// readers would wait for its writers and whose writes would fail at once
-// when another process writes. It cannot see the pool's transaction mode:
-// without DSN's _txlock=immediate, two processes' writes can fail with
-// SQLITE_BUSY rather than wait. For speed, set db.SetMaxOpenConns(1):
-// writers are serialised by SQLite anyway.
+// behind, and a pool on a file without WAL, without a busy timeout, or
+// whose transactions begin DEFERRED: its readers would wait for its
+// writers, and its writes would fail at once when another process writes.
+// For speed, set db.SetMaxOpenConns(1): writers are serialised by SQLite
+// anyway.
 func New(db *sql.DB, cfg *Config) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlite: New: nil *sql.DB")
@@ -230,6 +229,11 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	}
 	if err := checkPool(db, s.file != nil); err != nil {
 		return nil, err
+	}
+	if s.file != nil {
+		if err := checkImmediate(db, s.path); err != nil {
+			return nil, err
+		}
 	}
 	if err := s.migrate(context.Background()); err != nil {
 		return nil, err
@@ -262,6 +266,35 @@ func checkPool(db *sql.DB, onFile bool) error {
 		return errors.New(`sqlite: New: the pool has no busy timeout, so a write fails at once while another process writes: open it with sql.Open("sqlite3", sqlite.DSN(path)), or add _busy_timeout=5000 to its DSN`)
 	}
 	return nil
+}
+
+// checkImmediate refuses a pool whose transactions begin DEFERRED (the
+// driver's default without DSN's _txlock=immediate). Such a transaction
+// reads before it takes the write lock, and when another process commits
+// in between, its first write fails with SQLITE_BUSY at once: the busy
+// timeout cannot help a transaction whose snapshot is already stale. The
+// pool's own settings do not show the mode, so a transaction of the pool
+// is begun and a connection of its own tries to take the write lock: it
+// cannot while an IMMEDIATE transaction holds it. Another process writing
+// at that moment makes the pool pass: it is never refused wrongly.
+func checkImmediate(db *sql.DB, path string) error {
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return interpretError("database", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	probe, err := sql.Open("sqlite3", dsn(path, 0, false))
+	if err != nil {
+		return err
+	}
+	defer probe.Close()
+	writer, err := probe.BeginTx(ctx, nil) // BEGIN IMMEDIATE, not waiting
+	if err != nil {
+		return nil // the pool's transaction holds the write lock, or another process does
+	}
+	_ = writer.Rollback()
+	return errors.New(`sqlite: New: the pool's transactions begin DEFERRED, so a write fails at once when another process wrote since it read: open it with sql.Open("sqlite3", sqlite.DSN(path)), or add _txlock=immediate to its DSN`)
 }
 
 // Close closes the pools Open opened; it does nothing for a Store from New.
