@@ -278,13 +278,6 @@ func (c *operatorChecks) require(t *testing.T) {
 	}
 }
 
-// binaryCommand is command with another dagrun binary.
-func (e *env) binaryCommand(ctx context.Context, bin string, args ...string) *exec.Cmd {
-	cmd := e.command(ctx, args...)
-	cmd.Path, cmd.Args[0] = bin, bin
-	return cmd
-}
-
 // startPgBouncer runs a PgBouncer in transaction-pooling mode in front of
 // the server of db, on a free port, for the test's duration, and returns
 // the URL of db through it with pgbouncer=true. It skips the test when

@@ -19,14 +19,11 @@ import (
 // README are from DAGRUN_LOAD_INSTANCES=10000.
 const defaultLoadInstances = 1000
 
-// plainBinary returns a dagrun binary built without the race detector, for
-// measurements; it is built on first use, next to the e2e binary.
+// plainBinary returns the dagrun binary built without the race detector,
+// for measurements: the one that runs the one-shot commands.
 func plainBinary(t *testing.T) string {
 	t.Helper()
-	if os.Getenv("DAGRUN_E2E_NORACE") != "" {
-		return binary // TestMain built it without -race already
-	}
-	return buildOnce(t, "dagrun-norace", "../cmd/dagrun", false)
+	return cliBinary
 }
 
 // enqueue starts n instances of workflow through the HTTP API of a
