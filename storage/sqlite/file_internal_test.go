@@ -22,6 +22,26 @@ func TestCheckFileSeesTruncation(t *testing.T) {
 	require.ErrorContains(t, err, "was truncated")
 }
 
+// TestDeletedFileIsNeverMadeAgain: once the database file is deleted under
+// a store, no connection its pools open makes a new one at the path. A new
+// file there would rebuild the shared-memory index that the connections
+// to the deleted file still map, and they would die of SIGBUS.
+func TestDeletedFileIsNeverMadeAgain(t *testing.T) {
+	t.Parallel()
+	s, path := openCheckpointed(t)
+	require.NoError(t, os.Remove(path))
+	// A read on a connection the reader pool opens now, past the check
+	// every store call makes first.
+	s.r.SetMaxIdleConns(0)
+	var n int
+	err := s.r.QueryRowContext(t.Context(), `SELECT count(*) FROM instances`).Scan(&n)
+	require.Error(t, err, "a reader connection opened the deleted path")
+	require.NoFileExists(t, path)
+
+	require.ErrorIs(t, s.checkFile(), storage.ErrDatabaseLost)
+	require.NoFileExists(t, path)
+}
+
 // openCheckpointed opens a store on a new file and checkpoints it, so that
 // the file holds the whole database and the store has seen its header.
 func openCheckpointed(t *testing.T) (*Store, string) {

@@ -147,6 +147,23 @@ func dsn(path string, busy time.Duration, readOnly bool) string {
 	return path + "?" + q.Encode()
 }
 
+// existingDSN is dsn for a database file that exists already: its
+// connections open it read-write but never create it (the file: URI's
+// mode=rw). The pools a store opens once its file exists use it, so that a
+// connection they open after the file was deleted fails instead of making
+// a new, empty database at the path: the first connection to that one
+// rebuilds the shared-memory index (-shm) that the connections to the
+// deleted file still have mapped, and they die of SIGBUS at their next
+// read instead of reporting the database lost.
+func existingDSN(path string, busy time.Duration, readOnly bool) string {
+	d := dsn(path, busy, readOnly)
+	if !strings.HasPrefix(d, "file:") {
+		p, q, _ := strings.Cut(d, "?")
+		d = "file:" + (&url.URL{Path: p}).EscapedPath() + "?" + q
+	}
+	return d + "&mode=rw"
+}
+
 // Open opens (creating if needed) the SQLite file at path, migrates it, and
 // returns a Store that owns its pools: Close closes them.
 func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
@@ -181,7 +198,7 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 		// own, so the reads share the writer's one connection.
 		return s, nil
 	}
-	r, err := sql.Open("sqlite3", dsn(path, cfg.BusyTimeout, true))
+	r, err := sql.Open("sqlite3", existingDSN(path, cfg.BusyTimeout, true))
 	if err != nil {
 		_ = w.Close()
 		return nil, interpretError(path, err)
