@@ -91,7 +91,7 @@ func fleetRuns(t *testing.T) (runs []fleetRun, instances int) {
 func TestFleet(t *testing.T) {
 	skipWithoutPostgres(t)
 	runs, instances := fleetPlan(t)
-	bin := plainBinary(t)
+	bin := plainBinary
 	for _, run := range runs {
 		t.Run(run.String(), func(t *testing.T) {
 			runFleet(t, bin, run, instances)

@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -33,15 +31,7 @@ func buildOnce(t *testing.T, name, pkg string, race bool) string {
 	b := v.(*builtBinary)
 	b.once.Do(func() {
 		b.path = filepath.Join(filepath.Dir(binary), name)
-		args := []string{"build", "-o", b.path, pkg}
-		if race && os.Getenv("DAGRUN_E2E_NORACE") == "" {
-			args = append(args[:1], append([]string{"-race"}, args[1:]...)...)
-		}
-		build := exec.Command("go", args...)
-		build.Env = append(os.Environ(), "CGO_ENABLED=1")
-		if out, err := build.CombinedOutput(); err != nil {
-			b.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
-		}
+		b.err = goBuild(b.path, pkg, race && os.Getenv("DAGRUN_E2E_NORACE") == "")
 	})
 	require.NoError(t, b.err)
 	return b.path

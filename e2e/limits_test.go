@@ -181,7 +181,7 @@ func awaitCompleted(t *testing.T, e *env, workflow string, n int, timeout time.D
 // completes.
 func TestConcurrencyLimitsUnderContention(t *testing.T) {
 	t.Parallel()
-	bin := plainBinary(t)
+	bin := plainBinary
 	url := slowServer(t, 20*time.Millisecond)
 	cases := []struct {
 		name, yaml string
@@ -279,7 +279,7 @@ func gaps(starts []int64) []int64 {
 // it is set.
 func TestQueueRateUnderContention(t *testing.T) {
 	t.Parallel()
-	bin := plainBinary(t)
+	bin := plainBinary
 	const (
 		rate      = 25.0
 		instances = 220 // 8.8 s of starts at 25/s

@@ -19,13 +19,6 @@ import (
 // README are from DAGRUN_LOAD_INSTANCES=10000.
 const defaultLoadInstances = 1000
 
-// plainBinary returns the dagrun binary built without the race detector,
-// for measurements: the one that runs the one-shot commands.
-func plainBinary(t *testing.T) string {
-	t.Helper()
-	return cliBinary
-}
-
 // enqueue starts n instances of workflow through the HTTP API of a
 // `dagrun serve`, parallel requests at a time, and returns the IDs the API
 // acknowledged (201 Created).
@@ -96,7 +89,7 @@ func TestLoad(t *testing.T) {
 		require.NoError(t, err, "DAGRUN_LOAD_INSTANCES")
 		require.Positive(t, n, "DAGRUN_LOAD_INSTANCES")
 	}
-	bin := plainBinary(t)
+	bin := plainBinary
 	// The backends run one after the other, so that each one's figures
 	// are its own.
 	for _, b := range backends(t) {

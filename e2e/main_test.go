@@ -33,16 +33,16 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 // binary is the dagrun executable built once by TestMain with the race
 // detector, for the processes that stay up while a test drives them
 // (workers, servers): where dagrun's goroutines meet, and where a race
-// would show. cliBinary, built without it, runs the one-shot commands
+// would show. plainBinary, built without it, runs the one-shot commands
 // (list, status, start --detach, ...), hundreds of them per run: a
 // race-built one took 260 ms of CPU against 82 ms plain (perf stat -r 5
 // dagrun list, on SQLite), and with every command race-built the package
 // took 515 s of CI's run of 907 s on a 2-core VM, against 221 s with
 // every command plain (go test -race -count=1 ./e2e, with PostgreSQL).
 // The CLI's own code runs under the race detector in
-// cmd/dagrun/app's tests. With DAGRUN_E2E_NORACE set, both are the plain
-// build.
-var binary, cliBinary string
+// cmd/dagrun/app's tests, and the fleet, load and limits tests measure
+// with plainBinary. With DAGRUN_E2E_NORACE set, both are the plain build.
+var binary, plainBinary string
 
 // e2eParallel is how many of this package's parallel tests run at once
 // unless -parallel says otherwise. They spend most of their time waiting
@@ -67,26 +67,22 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "dagrun")
-	cliBinary = filepath.Join(dir, "dagrun-norace")
+	plainBinary = filepath.Join(dir, "dagrun-norace")
 	if runtime.GOOS == "windows" {
 		binary += ".exe"
-		cliBinary += ".exe"
+		plainBinary += ".exe"
 	}
-	race := os.Getenv("DAGRUN_E2E_NORACE") == ""
-	if !race {
-		cliBinary = binary
+	builds := map[string]bool{binary: true, plainBinary: false} // path: with -race
+	if os.Getenv("DAGRUN_E2E_NORACE") != "" {
+		plainBinary = binary
+		builds = map[string]bool{binary: false}
 	}
 	// The two builds share little, so they run side by side.
-	errs := make(chan error, 2)
-	go func() { errs <- buildDagrun(binary, race) }()
-	go func() {
-		if race {
-			errs <- buildDagrun(cliBinary, false)
-			return
-		}
-		errs <- nil
-	}()
-	for range 2 {
+	errs := make(chan error, len(builds))
+	for path, race := range builds {
+		go func() { errs <- goBuild(path, "../cmd/dagrun", race) }()
+	}
+	for range builds {
 		if err := <-errs; err != nil {
 			fmt.Fprintln(os.Stderr, "e2e:", err)
 			os.Exit(1)
@@ -97,12 +93,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// buildDagrun builds ./cmd/dagrun into path, with the race detector when
-// race is set.
-func buildDagrun(path string, race bool) error {
-	args := []string{"build", "-o", path, "../cmd/dagrun"}
+// goBuild builds the main package pkg into path, with the race detector
+// when race is set.
+func goBuild(path, pkg string, race bool) error {
+	args := []string{"build", "-o", path, pkg}
 	if race {
-		args = []string{"build", "-race", "-o", path, "../cmd/dagrun"}
+		args = []string{"build", "-race", "-o", path, pkg}
 	}
 	build := exec.Command("go", args...)
 	build.Env = append(os.Environ(), "CGO_ENABLED=1")
@@ -222,13 +218,13 @@ func (e *env) binaryCommand(ctx context.Context, bin string, args ...string) *ex
 	return cmd
 }
 
-// runStdin runs one dagrun command (cliBinary) to completion, at most a
+// runStdin runs one dagrun command (plainBinary) to completion, at most a
 // minute, with stdin.
 func (e *env) runStdin(t testing.TB, stdin string, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := e.binaryCommand(ctx, cliBinary, args...)
+	cmd := e.binaryCommand(ctx, plainBinary, args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.Stdin = strings.NewReader(stdin)
