@@ -50,7 +50,7 @@ type checkpointer struct {
 // store and grows it to its full size again, with zeros for every page not
 // in the log, and the truncation the store would have seen is gone.
 func openCheckpointer(path string, busy time.Duration, fileOK func() error) (*checkpointer, error) {
-	conn, err := sql.Open("sqlite3", existingDSN(path, busy, false))
+	conn, err := sql.Open("sqlite3", dsn(path, busy, openMode{existing: true}))
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"database/sql"
 	"os"
 	"path/filepath"
 	"testing"
@@ -28,18 +29,28 @@ func TestCheckFileSeesTruncation(t *testing.T) {
 // to the deleted file still map, and they would die of SIGBUS.
 func TestDeletedFileIsNeverMadeAgain(t *testing.T) {
 	t.Parallel()
-	s, path := openCheckpointed(t)
-	require.NoError(t, os.Remove(path))
-	// A read on a connection the reader pool opens now, past the check
-	// every store call makes first.
-	s.r.SetMaxIdleConns(0)
-	var n int
-	err := s.r.QueryRowContext(t.Context(), `SELECT count(*) FROM instances`).Scan(&n)
-	require.Error(t, err, "a reader connection opened the deleted path")
-	require.NoFileExists(t, path)
+	pools := map[string]func(*Store) *sql.DB{
+		"reader":       func(s *Store) *sql.DB { return s.r },
+		"checkpointer": func(s *Store) *sql.DB { return s.checkpoints.conn },
+	}
+	for name, pool := range pools {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s, path := openCheckpointed(t)
+			require.NoError(t, os.Remove(path))
+			// A connection the pool opens now, past the check every
+			// store call makes first.
+			db := pool(s)
+			db.SetMaxIdleConns(0)
+			var n int
+			require.Error(t, db.QueryRowContext(t.Context(), `SELECT count(*) FROM instances`).Scan(&n),
+				"a connection opened the deleted path")
+			require.NoFileExists(t, path)
 
-	require.ErrorIs(t, s.checkFile(), storage.ErrDatabaseLost)
-	require.NoFileExists(t, path)
+			require.ErrorIs(t, s.checkFile(), storage.ErrDatabaseLost)
+			require.NoFileExists(t, path)
+		})
+	}
 }
 
 // openCheckpointed opens a store on a new file and checkpoints it, so that

@@ -20,7 +20,7 @@ func TestLibrarySettings(t *testing.T) {
 // with DSN, open connections in SQLite's multi-thread mode.
 func TestDSNWithoutConnectionMutex(t *testing.T) {
 	for _, readOnly := range []bool{false, true} {
-		if got := dsn("/tmp/x.db", BusyTimeoutDefault, readOnly); !strings.Contains(got, "_mutex=no") {
+		if got := dsn("/tmp/x.db", BusyTimeoutDefault, openMode{readOnly: readOnly}); !strings.Contains(got, "_mutex=no") {
 			t.Errorf("dsn(readOnly=%v) = %q: want _mutex=no", readOnly, got)
 		}
 	}

@@ -116,10 +116,25 @@ type Store struct {
 // Open a pool with sql.Open("sqlite3", DSN(path)) to pass it to New, or to
 // begin transactions of your own for CreateInstances.
 func DSN(path string) string {
-	return dsn(path, BusyTimeoutDefault, false)
+	return dsn(path, BusyTimeoutDefault, openMode{})
 }
 
-func dsn(path string, busy time.Duration, readOnly bool) string {
+// openMode is how a pool of the store opens its connections.
+type openMode struct {
+	// readOnly connections take no write lock and write nothing.
+	readOnly bool
+	// existing connections open a file that exists already, read-write,
+	// and never create it (the file: URI's mode=rw). The pools a store
+	// opens once its file exists use it, so that a connection they open
+	// after the file was deleted fails instead of making a new, empty
+	// database at the path: the first connection to that one rebuilds the
+	// shared-memory index (-shm) that the connections to the deleted file
+	// still have mapped, and they die of SIGBUS at their next read instead
+	// of reporting the database lost.
+	existing bool
+}
+
+func dsn(path string, busy time.Duration, mode openMode) string {
 	q := url.Values{}
 	q.Set("_busy_timeout", strconv.FormatInt(busy.Milliseconds(), 10))
 	q.Set("_journal_mode", "WAL")
@@ -133,35 +148,21 @@ func dsn(path string, busy time.Duration, readOnly bool) string {
 	// interrupt, which the driver sends from another goroutine when a
 	// context ends, takes no lock in any mode). See library.go.
 	q.Set("_mutex", "no")
-	if readOnly {
+	if mode.readOnly {
 		q.Set("_query_only", "on")
 		q.Set("_txlock", "deferred")
 	} else {
 		q.Set("_txlock", "immediate")
 	}
-	if strings.ContainsAny(path, "?#%") {
+	if mode.existing {
+		q.Set("mode", "rw") // SQLite's own, read from file: URIs only
+	}
+	if mode.existing || strings.ContainsAny(path, "?#%") {
 		// The driver cuts a plain path at its first "?"; as a file: URI
 		// the path is escaped and SQLite reads it whole.
 		path = "file:" + (&url.URL{Path: path}).EscapedPath()
 	}
 	return path + "?" + q.Encode()
-}
-
-// existingDSN is dsn for a database file that exists already: its
-// connections open it read-write but never create it (the file: URI's
-// mode=rw). The pools a store opens once its file exists use it, so that a
-// connection they open after the file was deleted fails instead of making
-// a new, empty database at the path: the first connection to that one
-// rebuilds the shared-memory index (-shm) that the connections to the
-// deleted file still have mapped, and they die of SIGBUS at their next
-// read instead of reporting the database lost.
-func existingDSN(path string, busy time.Duration, readOnly bool) string {
-	d := dsn(path, busy, readOnly)
-	if !strings.HasPrefix(d, "file:") {
-		p, q, _ := strings.Cut(d, "?")
-		d = "file:" + (&url.URL{Path: p}).EscapedPath() + "?" + q
-	}
-	return d + "&mode=rw"
 }
 
 // Open opens (creating if needed) the SQLite file at path, migrates it, and
@@ -174,7 +175,7 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 	if path == "" {
 		return nil, errors.New("sqlite: empty database path")
 	}
-	w, err := sql.Open("sqlite3", dsn(path, min(cfg.BusyTimeout, busySlice), false))
+	w, err := sql.Open("sqlite3", dsn(path, min(cfg.BusyTimeout, busySlice), openMode{}))
 	if err != nil {
 		return nil, interpretError(path, err)
 	}
@@ -198,7 +199,7 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 		// own, so the reads share the writer's one connection.
 		return s, nil
 	}
-	r, err := sql.Open("sqlite3", existingDSN(path, cfg.BusyTimeout, true))
+	r, err := sql.Open("sqlite3", dsn(path, cfg.BusyTimeout, openMode{readOnly: true, existing: true}))
 	if err != nil {
 		_ = w.Close()
 		return nil, interpretError(path, err)
@@ -301,7 +302,7 @@ func checkImmediate(db *sql.DB, path string) error {
 		return interpretError("database", err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	probe, err := sql.Open("sqlite3", dsn(path, 0, false))
+	probe, err := sql.Open("sqlite3", dsn(path, 0, openMode{existing: true}))
 	if err != nil {
 		return err
 	}
