@@ -85,8 +85,7 @@ func (s *Schedule) Next(t time.Time) time.Time {
 	if s.spec == nil {
 		return t.Truncate(s.every).Add(s.every)
 	}
-	wall := t.In(s.Location)
-	naive := time.Date(wall.Year(), wall.Month(), wall.Day(), wall.Hour(), wall.Minute(), wall.Second(), wall.Nanosecond(), time.UTC)
+	naive := wallClock(t.In(s.Location))
 	// The wall clock of t may lag what already fired by the hours a
 	// fall-back repeats, and every skipped or repeated time costs one more
 	// turn: at most a day of minutes (Samoa skipped 30 December 2011
@@ -104,6 +103,11 @@ func (s *Schedule) Next(t time.Time) time.Time {
 	return time.Time{}
 }
 
+// wallClock returns the wall-clock time t shows in its zone, held in UTC.
+func wallClock(t time.Time) time.Time {
+	return time.Date(t.Year(), t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), t.Nanosecond(), time.UTC)
+}
+
 // firstInstant returns the earliest instant whose wall clock in loc reads
 // the wall-clock time that naive holds in UTC, and false when the clock
 // skips it.
@@ -117,9 +121,7 @@ func firstInstant(naive time.Time, loc *time.Location) (time.Time, bool) {
 	for _, around := range []time.Duration{-6 * time.Hour, 6 * time.Hour} {
 		_, off := near.Add(around).In(loc).Zone()
 		at := naive.Add(-time.Duration(off) * time.Second)
-		w := at.In(loc)
-		if time.Date(w.Year(), w.Month(), w.Day(), w.Hour(), w.Minute(), w.Second(), w.Nanosecond(), time.UTC).Equal(naive) &&
-			(first.IsZero() || at.Before(first)) {
+		if wallClock(at.In(loc)).Equal(naive) && (first.IsZero() || at.Before(first)) {
 			first = at
 		}
 	}
