@@ -364,9 +364,23 @@ func (p *planFunctions) make(sql string) (string, error) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.makeWithin)
 	defer cancel()
 	name := planFunctionName(p.s.prefix, sql)
-	for pause := planBusyPause; ; pause = min(2*pause, planBusyMaxPause) {
+	// heldTooLong names the lock when the attempt's time ran out after a
+	// look found it held: whether it ran out in the pause or in the next
+	// look's statements (on a loaded machine) is chance, not a different
+	// cause.
+	heldTooLong := func(looks int, err error) error {
+		if looks == 0 || p.ctx.Err() != nil || ctx.Err() == nil {
+			return err
+		}
+		return fmt.Errorf("another session held the lock on function %s for %s without making it "+
+			"(a session left in a transaction holds it: see pg_stat_activity): %w", name, p.makeWithin, ctx.Err())
+	}
+	for looks, pause := 0, planBusyPause; ; looks, pause = looks+1, min(2*pause, planBusyMaxPause) {
 		call, err := p.makeOnce(ctx, name, sql)
 		if !errors.Is(err, errPlanBusy) {
+			if err != nil {
+				err = heldTooLong(looks, err)
+			}
 			return call, err
 		}
 		if p.onBusy != nil {
@@ -374,11 +388,7 @@ func (p *planFunctions) make(sql string) (string, error) {
 		}
 		select {
 		case <-ctx.Done():
-			if p.ctx.Err() == nil {
-				return "", fmt.Errorf("another session held the lock on function %s for %s without making it "+
-					"(a session left in a transaction holds it: see pg_stat_activity): %w", name, p.makeWithin, ctx.Err())
-			}
-			return "", ctx.Err()
+			return "", heldTooLong(looks+1, ctx.Err())
 		case <-time.After(jitter(pause)):
 		}
 	}
