@@ -300,7 +300,6 @@ func TestSignalByWorkflowAndKey(t *testing.T) {
 	})
 }
 
-// nextWakeCounter counts the NextWake calls of a store.
 // nextWakeCounter counts a store's NextWake calls, and its sweeps of
 // waits past their deadline.
 type nextWakeCounter struct {

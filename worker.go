@@ -200,10 +200,14 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 	defer idle.Stop()
 	errorDelay := time.Duration(0)
 	var busySince time.Time // when the worker last looked for a timeout while every slot was taken
+	// short is whether the loop's last claim came back short: an idle
+	// worker's next one most likely does too, so it asks for the next wake
+	// with it when the store can answer in the same round trip.
+	short := true
 	for ctx.Err() == nil {
 		var slotFreed <-chan struct{}
 		if free := w.slots.take(w.config.Concurrency); free > 0 {
-			steps, err := w.engine.store.ClaimSteps(ctx, w.claimParams(free))
+			steps, next, err := w.claim(ctx, free, short)
 			if err != nil {
 				w.slots.give(free)
 				if ctx.Err() != nil {
@@ -223,12 +227,13 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 			if len(steps) > 0 {
 				w.engine.notifyChanged()
 			}
-			if len(steps) == free {
+			short = len(steps) < free
+			if !short {
 				// There may be more ready work: claim again as soon as a
 				// slot frees up.
 				slotFreed = w.slots.freed
 			} else {
-				w.sleepUntilNext(ctx, idle, free)
+				w.sleepUntilNext(ctx, idle, next)
 			}
 		} else {
 			slotFreed = w.slots.freed
@@ -248,6 +253,27 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 		}
 	}
 	return nil
+}
+
+// claim claims up to free steps and, when it gets fewer, says when the
+// next one becomes due (zero when nothing is, or the store could not say:
+// the poll is the fallback). With short set, a store that can answer both
+// in one round trip is asked so; otherwise the wake is a read of its own,
+// made only when the claim came back short.
+func (w *Worker) claim(ctx context.Context, free int, short bool) ([]storage.ClaimedStep, time.Time, error) {
+	p := w.claimParams(free)
+	if wc, ok := w.engine.store.(storage.WakeClaimer); ok && short {
+		return wc.ClaimStepsAndWake(ctx, p)
+	}
+	steps, err := w.engine.store.ClaimSteps(ctx, p)
+	if err != nil || len(steps) >= free {
+		return steps, time.Time{}, err
+	}
+	next, err := w.engine.store.NextWake(ctx, p)
+	if err != nil {
+		next = time.Time{}
+	}
+	return steps, next, nil
 }
 
 func (w *Worker) claimParams(limit int) storage.ClaimParams {
@@ -339,15 +365,15 @@ func (w *Worker) release(steps []storage.ClaimedStep) {
 	}
 }
 
-// sleepUntilNext sets idle to fire when the next step this worker could
-// claim becomes due, or the next wait times out (the store's clock; the
-// millisecond covers its run_after <= now). A time already past by this
+// sleepUntilNext sets idle to fire at next, the time a short claim said
+// the next step this worker could claim becomes due, or the next wait
+// times out (the store's clock; the millisecond covers its run_after <=
+// now). A time already past by this
 // process's clock, while the store says it is still to come, means the
 // clocks disagree: looking again every idleRecheck bounds the lateness
 // without spinning.
-func (w *Worker) sleepUntilNext(ctx context.Context, idle *time.Timer, free int) {
-	next, err := w.engine.store.NextWake(ctx, w.claimParams(free))
-	if err != nil || next.IsZero() {
+func (w *Worker) sleepUntilNext(ctx context.Context, idle *time.Timer, next time.Time) {
+	if next.IsZero() {
 		return // the poll is the fallback
 	}
 	d := time.Until(next) + time.Millisecond

@@ -989,6 +989,19 @@ type CreateClaimer interface {
 	CreateAndClaim(ctx context.Context, params []CreateParams, plan PlanFunc, p ClaimParams) ([]CreateResult, []ClaimedStep, error)
 }
 
+// WakeClaimer is implemented by stores that can answer NextWake in the
+// transaction of a claim: a worker that finds too little to do learns when
+// to look again in the same round trip, so that an idle worker's poll is
+// one transaction, not two.
+type WakeClaimer interface {
+	// ClaimStepsAndWake is ClaimSteps(p) and, when the claim took fewer
+	// than p.Limit steps, NextWake(p) as of the end of the claim; a claim
+	// that took p.Limit steps returns the zero time, since its worker
+	// claims again when a slot frees. The time may be earlier than
+	// NextWake's would be just after, never later.
+	ClaimStepsAndWake(ctx context.Context, p ClaimParams) ([]ClaimedStep, time.Time, error)
+}
+
 // Clock is implemented by stores whose times come from a database server's
 // clock rather than the calling process's (see the package doc), so that a
 // worker can warn when its own clock disagrees.

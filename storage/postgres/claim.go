@@ -169,16 +169,29 @@ var claimQueries = func() map[claimShape]string {
 
 // ClaimSteps implements storage.Store.
 func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storage.ClaimedStep, error) {
+	out, _, err := s.claimSteps(ctx, p, false)
+	return out, err
+}
+
+// ClaimStepsAndWake implements storage.WakeClaimer: NextWake's statement
+// goes in the claim's batch, so it costs no round trip of its own.
+func (s *Store) ClaimStepsAndWake(ctx context.Context, p storage.ClaimParams) ([]storage.ClaimedStep, time.Time, error) {
+	return s.claimSteps(ctx, p, true)
+}
+
+func (s *Store) claimSteps(ctx context.Context, p storage.ClaimParams, wake bool) ([]storage.ClaimedStep, time.Time, error) {
 	if p.Lease <= 0 {
-		return nil, errors.New("postgres: claim steps: lease must be positive")
+		return nil, time.Time{}, errors.New("postgres: claim steps: lease must be positive")
 	}
 	var (
 		out    []storage.ClaimedStep
 		capped bool
+		next   *time.Time
 	)
 	// One batch is its own transaction: one round trip. Whether items
 	// under a concurrency cap wait comes with it, from their own partial
-	// index, nearly always empty.
+	// index, nearly always empty; so does the next wake, when asked for,
+	// read after the claim took its steps.
 	err := s.retry(ctx, func() error {
 		sql, args := s.claimStatement(p, s.now())
 		var b pgx.Batch
@@ -189,20 +202,29 @@ func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storag
 			return err
 		})
 		b.Queue(s.q(cappedPendingSQL), s.now()).QueryRow(func(row pgx.Row) error { return row.Scan(&capped) })
+		if wake {
+			queues, handlers := wakeFilters(p)
+			b.Queue(s.q(nextWakeSQL), s.now(), queues, handlers).QueryRow(func(row pgx.Row) error { return row.Scan(&next) })
+		}
 		return s.db.SendBatch(ctx, &b).Close()
 	})
 	if err != nil {
-		return nil, s.fail("claim steps", err)
+		return nil, time.Time{}, s.fail("claim steps", err)
 	}
 	if capped && len(out) < max(p.Limit, 1) {
+		// Items the capped claim takes were claimable already: the wake
+		// read before it can only be early, which costs an empty claim.
 		capped, err := s.claimCapped(ctx, p, max(p.Limit, 1)-len(out))
 		if err != nil {
-			return nil, err
+			return nil, time.Time{}, err
 		}
 		out = append(out, capped...)
 	}
 	s.claimers.claimed(p, false, len(out))
-	return out, nil
+	if next == nil || len(out) >= max(p.Limit, 1) {
+		return out, time.Time{}, nil
+	}
+	return out, next.UTC(), nil
 }
 
 // queueClaim queues a claim on the transaction's tail; into receives the

@@ -256,16 +256,23 @@ SELECT least(
 		AND (NOT i.held OR i.run_after > {now} OR (SELECT count(*) FROM {s}instances a WHERE a.workflow = i.workflow
 			AND a.concurrency_key = i.concurrency_key AND a.finished_at IS NULL AND NOT a.held) < i.concurrency_limit)))`
 
-// NextWake implements storage.Store.
-func (s *Store) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time, error) {
-	var next *time.Time
-	queues, handlers := p.Queues, p.Handlers
+// wakeFilters are nextWakeSQL's $2 and $3: p's queues and handlers, empty
+// for any.
+func wakeFilters(p storage.ClaimParams) (queues, handlers []string) {
+	queues, handlers = p.Queues, p.Handlers
 	if queues == nil {
 		queues = []string{}
 	}
 	if handlers == nil {
 		handlers = []string{}
 	}
+	return queues, handlers
+}
+
+// NextWake implements storage.Store.
+func (s *Store) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time, error) {
+	var next *time.Time
+	queues, handlers := wakeFilters(p)
 	err := s.read(ctx, func(tx pgx.Tx) error {
 		return tx.QueryRow(ctx, s.q(nextWakeSQL), s.now(), queues, handlers).Scan(&next)
 	})

@@ -200,6 +200,32 @@ func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storag
 	return out, nil
 }
 
+// ClaimStepsAndWake implements storage.WakeClaimer: a claim that comes
+// back short reads the next wake in its own transaction, instead of a
+// reader's of its own after it.
+func (s *Store) ClaimStepsAndWake(ctx context.Context, p storage.ClaimParams) ([]storage.ClaimedStep, time.Time, error) {
+	if p.Lease <= 0 {
+		return nil, time.Time{}, errors.New("sqlite: claim steps: lease must be positive")
+	}
+	var (
+		out  []storage.ClaimedStep
+		next time.Time
+	)
+	err := s.write(ctx, "claim steps", func(t *txn) error {
+		var err error
+		if out, err = t.claim(p); err != nil || len(out) >= max(p.Limit, 1) {
+			next = time.Time{}
+			return err
+		}
+		next, err = nextWake(p, t.now, t.queryRow)
+		return err
+	})
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	return out, next, nil
+}
+
 // claim claims inside the transaction: one UPDATE ... RETURNING picks and
 // takes the steps, then the instances they start move to running.
 func (t *txn) claim(p storage.ClaimParams) ([]storage.ClaimedStep, error) {

@@ -208,12 +208,24 @@ func appendOnce(ids []string, id string) []string {
 	return append(ids, id)
 }
 
-// NextWake implements storage.Store. Only a step of steps_delayed can
-// become due later (one in the claim indexes was due when it was made
-// pending), so the pending side reads that index from now on, never the
-// whole queue.
+// NextWake implements storage.Store, on a reader connection.
 func (s *Store) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time, error) {
-	now := us(s.now())
+	var next time.Time
+	err := s.read(ctx, "next wake", func(tx *sql.Tx) error {
+		var err error
+		next, err = nextWake(p, s.now(), func(query string, args ...any) *sql.Row {
+			return tx.QueryRowContext(ctx, query, args...)
+		})
+		return err
+	})
+	return next, err
+}
+
+// nextWake reads NextWake's answer as of now through queryRow. Only a
+// step of steps_delayed can become due later (one in the claim indexes was
+// due when it was made pending), so the pending side reads that index from
+// now on, never the whole queue.
+func nextWake(p storage.ClaimParams, now time.Time, queryRow func(string, ...any) *sql.Row) (time.Time, error) {
 	queues, err := json.Marshal(p.Queues)
 	if err != nil {
 		return time.Time{}, err
@@ -223,8 +235,7 @@ func (s *Store) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time,
 		return time.Time{}, err
 	}
 	var next sql.NullInt64
-	err = s.read(ctx, "next wake", func(tx *sql.Tx) error {
-		return tx.QueryRowContext(ctx, `SELECT min(t) FROM (
+	err = queryRow(`SELECT min(t) FROM (
 			SELECT min(run_after) AS t FROM steps
 				WHERE status = 'pending' AND promoted = 0 AND run_after > ready_at AND run_after > ?1
 				AND run_after < `+heldUS+` AND run_after < `+pauseShift+` -- held steps wait for a slot, paused ones for a resume, not a time
@@ -237,8 +248,7 @@ func (s *Store) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time,
 			UNION ALL
 			-- a held instance whose time has come and whose key is full waits for a finish of its key, not a time
 			SELECT min(run_after) FROM instances WHERE deferred = 1 AND finished_at IS NULL AND paused = 0
-				AND (held = 0 OR run_after > ?1 OR `+keyHasRoomSQL+`))`, now, string(queues), string(handlers)).Scan(&next)
-	})
+				AND (held = 0 OR run_after > ?1 OR `+keyHasRoomSQL+`))`, us(now), string(queues), string(handlers)).Scan(&next)
 	if err != nil || !next.Valid {
 		return time.Time{}, err
 	}

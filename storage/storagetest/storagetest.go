@@ -79,6 +79,7 @@ func Run(t *testing.T, h Harness) {
 		{"Subscribe", subscribeTests},
 		{"FinishAndClaim", eagerTests},
 		{"CreateAndClaim", eagerStartTests},
+		{"ClaimStepsAndWake", wakeClaimTests},
 		{"Schedules", scheduleTests},
 		{"Handlers", handlerTests},
 		{"Presence", presenceTests},

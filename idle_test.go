@@ -1,0 +1,60 @@
+package dagrun_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/storage"
+)
+
+// wakeClaimCounting counts what a worker that finds too little to do asks
+// its store: claims that also tell the next wake, and (nextWakeCounter's
+// calls) NextWake reads of their own. Embedding storage.Store, it hides
+// the eager claims, so every step is claimed by the claim loop; it passes
+// storage.WakeClaimer on.
+type wakeClaimCounting struct {
+	nextWakeCounter
+	claimsAndWakes atomic.Int64
+}
+
+func (s *wakeClaimCounting) ClaimStepsAndWake(ctx context.Context, p storage.ClaimParams) ([]storage.ClaimedStep, time.Time, error) {
+	s.claimsAndWakes.Add(1)
+	return s.Store.(storage.WakeClaimer).ClaimStepsAndWake(ctx, p)
+}
+
+// TestIdleWorkerPollsInOneCall: over a store that tells the next wake in
+// the transaction of a claim, an idle worker's poll is that one call, with
+// no NextWake read of its own; and the wake it learns is kept: a delayed
+// step runs at its time, though the next poll is an hour away.
+func TestIdleWorkerPollsInOneCall(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		const source = `
+name: later
+steps:
+  - name: a
+    handler: noop
+`
+		t.Run("polls", func(t *testing.T) {
+			store := &wakeClaimCounting{}
+			setup(t, func(t *testing.T) storage.Store { store.Store = open(t); return store }, nil, source).
+				runWorker(t, &dagrun.WorkerConfig{Poll: 5 * time.Millisecond, Lease: time.Hour})
+			require.Eventually(t, func() bool { return store.claimsAndWakes.Load() >= 10 }, 10*time.Second, time.Millisecond)
+			require.Zero(t, store.calls.Load(), "NextWake reads of an idle worker")
+		})
+		t.Run("delayed step", func(t *testing.T) {
+			store := &wakeClaimCounting{}
+			b := setup(t, func(t *testing.T) storage.Store { store.Store = open(t); return store }, nil, source)
+			b.runWorker(t, &dagrun.WorkerConfig{Poll: time.Hour, Lease: time.Hour})
+			res, err := b.engine.Start(context.Background(), "later", nil, &dagrun.StartOptions{Delay: 100 * time.Millisecond})
+			require.NoError(t, err)
+			require.Equal(t, storage.InstanceCompleted, b.wait(t, res.ID).Status)
+			require.Zero(t, store.calls.Load(), "NextWake reads of an idle worker")
+		})
+	})
+}
