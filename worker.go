@@ -368,10 +368,9 @@ func (w *Worker) release(steps []storage.ClaimedStep) {
 // sleepUntilNext sets idle to fire at next, the time a short claim said
 // the next step this worker could claim becomes due, or the next wait
 // times out (the store's clock; the millisecond covers its run_after <=
-// now). A time already past by this
-// process's clock, while the store says it is still to come, means the
-// clocks disagree: looking again every idleRecheck bounds the lateness
-// without spinning.
+// now). A time already past by this process's clock, while the store says
+// it is still to come, means the clocks disagree: looking again every
+// idleRecheck bounds the lateness without spinning.
 func (w *Worker) sleepUntilNext(ctx context.Context, idle *time.Timer, next time.Time) {
 	if next.IsZero() {
 		return // the poll is the fallback
