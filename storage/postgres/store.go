@@ -59,6 +59,7 @@ var (
 	_ storage.Store         = (*Store)(nil)
 	_ storage.FinishClaimer = (*Store)(nil)
 	_ storage.CreateClaimer = (*Store)(nil)
+	_ storage.WakeClaimer   = (*Store)(nil)
 	_ storage.Clock         = (*Store)(nil)
 )
 
