@@ -185,25 +185,18 @@ type claimedRow struct {
 // takes the steps, then the instances they start move to running, all in one
 // BEGIN IMMEDIATE transaction.
 func (s *Store) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storage.ClaimedStep, error) {
-	if p.Lease <= 0 {
-		return nil, errors.New("sqlite: claim steps: lease must be positive")
-	}
-	var out []storage.ClaimedStep
-	err := s.write(ctx, "claim steps", func(t *txn) error {
-		var err error
-		out, err = t.claim(p)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	out, _, err := s.claimSteps(ctx, p, false)
+	return out, err
 }
 
 // ClaimStepsAndWake implements storage.WakeClaimer: a claim that comes
 // back short reads the next wake in its own transaction, instead of a
 // reader's of its own after it.
 func (s *Store) ClaimStepsAndWake(ctx context.Context, p storage.ClaimParams) ([]storage.ClaimedStep, time.Time, error) {
+	return s.claimSteps(ctx, p, true)
+}
+
+func (s *Store) claimSteps(ctx context.Context, p storage.ClaimParams, wake bool) ([]storage.ClaimedStep, time.Time, error) {
 	if p.Lease <= 0 {
 		return nil, time.Time{}, errors.New("sqlite: claim steps: lease must be positive")
 	}
@@ -213,8 +206,8 @@ func (s *Store) ClaimStepsAndWake(ctx context.Context, p storage.ClaimParams) ([
 	)
 	err := s.write(ctx, "claim steps", func(t *txn) error {
 		var err error
-		if out, err = t.claim(p); err != nil || len(out) >= max(p.Limit, 1) {
-			next = time.Time{}
+		next = time.Time{} // an attempt tried again starts afresh
+		if out, err = t.claim(p); err != nil || !wake || len(out) >= max(p.Limit, 1) {
 			return err
 		}
 		next, err = nextWake(p, t.now, t.queryRow)
