@@ -2,6 +2,7 @@ package dagrun_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -55,6 +56,57 @@ steps:
 			require.NoError(t, err)
 			require.Equal(t, storage.InstanceCompleted, b.wait(t, res.ID).Status)
 			require.Zero(t, store.calls.Load(), "NextWake reads of an idle worker")
+		})
+	})
+}
+
+// failingWakeClaims fails its first fails claim-and-wake calls with err,
+// then passes them on.
+type failingWakeClaims struct {
+	storage.Store
+	err          error
+	fails, calls atomic.Int64
+}
+
+func (s *failingWakeClaims) ClaimStepsAndWake(ctx context.Context, p storage.ClaimParams) ([]storage.ClaimedStep, time.Time, error) {
+	if s.calls.Add(1) <= s.fails.Load() {
+		return nil, time.Time{}, s.err
+	}
+	return s.Store.(storage.WakeClaimer).ClaimStepsAndWake(ctx, p)
+}
+
+// TestIdleWorkerClaimFaults: a claim-and-wake call the store refuses
+// gives its slots back and is tried again after a pause, so a
+// one-slot worker still runs the instance; one that reports the database
+// lost stops the worker with that error.
+func TestIdleWorkerClaimFaults(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		const source = `
+name: later
+steps:
+  - name: a
+    handler: noop
+`
+		t.Run("unavailable", func(t *testing.T) {
+			store := &failingWakeClaims{err: fmt.Errorf("claim steps: %w", storage.ErrUnavailable)}
+			store.fails.Store(3)
+			b := setup(t, func(t *testing.T) storage.Store { store.Store = open(t); return store }, nil, source)
+			b.runWorker(t, &dagrun.WorkerConfig{Concurrency: 1, Poll: 5 * time.Millisecond, Lease: time.Hour})
+			id := b.start(t, "later", `{}`)
+			require.Equal(t, storage.InstanceCompleted, b.wait(t, id).Status)
+			require.Greater(t, store.calls.Load(), int64(3), "claims after the refused ones")
+		})
+		t.Run("database lost", func(t *testing.T) {
+			store := &failingWakeClaims{err: fmt.Errorf("claim steps: %w", storage.ErrDatabaseLost)}
+			store.fails.Store(1 << 30)
+			b := setup(t, func(t *testing.T) storage.Store { store.Store = open(t); return store }, nil, source)
+			worker, err := b.engine.NewWorker(&dagrun.WorkerConfig{Poll: 5 * time.Millisecond, Lease: time.Hour})
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			require.ErrorIs(t, worker.Run(ctx), storage.ErrDatabaseLost)
+			require.NoError(t, ctx.Err(), "the worker stopped on its own")
 		})
 	})
 }
