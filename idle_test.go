@@ -13,6 +13,15 @@ import (
 	"github.com/dagrun/dagrun/storage"
 )
 
+// laterWorkflow is one no-op step, which the idle-worker tests start
+// now or after a delay.
+const laterWorkflow = `
+name: later
+steps:
+  - name: a
+    handler: noop
+`
+
 // wakeClaimCounting counts what a worker that finds too little to do asks
 // its store: claims that also tell the next wake, and (nextWakeCounter's
 // calls) NextWake reads of their own. Embedding storage.Store, it hides
@@ -35,22 +44,16 @@ func (s *wakeClaimCounting) ClaimStepsAndWake(ctx context.Context, p storage.Cla
 func TestIdleWorkerPollsInOneCall(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
-		const source = `
-name: later
-steps:
-  - name: a
-    handler: noop
-`
 		t.Run("polls", func(t *testing.T) {
 			store := &wakeClaimCounting{}
-			setup(t, func(t *testing.T) storage.Store { store.Store = open(t); return store }, nil, source).
+			setup(t, func(t *testing.T) storage.Store { store.Store = open(t); return store }, nil, laterWorkflow).
 				runWorker(t, &dagrun.WorkerConfig{Poll: 5 * time.Millisecond, Lease: time.Hour})
 			require.Eventually(t, func() bool { return store.claimsAndWakes.Load() >= 10 }, 10*time.Second, time.Millisecond)
 			require.Zero(t, store.calls.Load(), "NextWake reads of an idle worker")
 		})
 		t.Run("delayed step", func(t *testing.T) {
 			store := &wakeClaimCounting{}
-			b := setup(t, func(t *testing.T) storage.Store { store.Store = open(t); return store }, nil, source)
+			b := setup(t, func(t *testing.T) storage.Store { store.Store = open(t); return store }, nil, laterWorkflow)
 			b.runWorker(t, &dagrun.WorkerConfig{Poll: time.Hour, Lease: time.Hour})
 			res, err := b.engine.Start(context.Background(), "later", nil, &dagrun.StartOptions{Delay: 100 * time.Millisecond})
 			require.NoError(t, err)
@@ -82,16 +85,10 @@ func (s *failingWakeClaims) ClaimStepsAndWake(ctx context.Context, p storage.Cla
 func TestIdleWorkerClaimFaults(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
-		const source = `
-name: later
-steps:
-  - name: a
-    handler: noop
-`
 		t.Run("unavailable", func(t *testing.T) {
 			store := &failingWakeClaims{err: fmt.Errorf("claim steps: %w", storage.ErrUnavailable)}
 			store.fails.Store(3)
-			b := setup(t, func(t *testing.T) storage.Store { store.Store = open(t); return store }, nil, source)
+			b := setup(t, func(t *testing.T) storage.Store { store.Store = open(t); return store }, nil, laterWorkflow)
 			b.runWorker(t, &dagrun.WorkerConfig{Concurrency: 1, Poll: 5 * time.Millisecond, Lease: time.Hour})
 			id := b.start(t, "later", `{}`)
 			require.Equal(t, storage.InstanceCompleted, b.wait(t, id).Status)
@@ -100,7 +97,7 @@ steps:
 		t.Run("database lost", func(t *testing.T) {
 			store := &failingWakeClaims{err: fmt.Errorf("claim steps: %w", storage.ErrDatabaseLost)}
 			store.fails.Store(1 << 30)
-			b := setup(t, func(t *testing.T) storage.Store { store.Store = open(t); return store }, nil, source)
+			b := setup(t, func(t *testing.T) storage.Store { store.Store = open(t); return store }, nil, laterWorkflow)
 			worker, err := b.engine.NewWorker(&dagrun.WorkerConfig{Poll: 5 * time.Millisecond, Lease: time.Hour})
 			require.NoError(t, err)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
