@@ -34,62 +34,25 @@ import (
 // The handler filter is checked on the rows the index walk meets: ready
 // steps of handlers the claimer lacks are passed over, never claimed.
 func claimSQL(c claimShape) string {
-	var b strings.Builder
-	b.WriteString(`
+	a := claimArgs{lease: "$2", worker: "$3", limit: "$4", next: 5}
+	filters := a.filters(c, "")
+	return `
 WITH cand AS (
 	SELECT id FROM {s}steps
-	WHERE status = 'pending' AND (promoted OR run_after <= ready_at) AND run_after <= {now}`)
-	next := 5 // the next parameter number
-	switch {
-	case c.queues == 1:
-		b.WriteString(` AND queue = $5`)
-		next++
-	case c.queues > 1:
-		b.WriteString(` AND queue = ANY($5::text[])`)
-		next++
-	}
-	if c.byInstance {
-		b.WriteString(` AND instance_id = $` + strconv.Itoa(next))
-		next++
-	}
-	if c.byHandler {
-		b.WriteString(` AND handler = ANY($` + strconv.Itoa(next) + `::text[])`)
-		next++
-	}
-	if c.capped {
-		// Only items of the forEach steps locked by cappedParentsSQL, each
-		// under its cap: see claimCapped.
-		b.WriteString(` AND item_concurrency > 0 AND parent_id = ANY($` + strconv.Itoa(next) + `::bigint[]) AND ` + underCap)
-	} else {
-		b.WriteString(` AND item_concurrency = 0`)
-	}
-	b.WriteString(`
+	WHERE ` + readyToClaim + filters + `
 	ORDER BY priority DESC, run_after, id
-	LIMIT $4
+	LIMIT ` + a.limit + `
 	FOR NO KEY UPDATE SKIP LOCKED
 ),
 u AS (
-	UPDATE {s}steps s SET status = 'running', attempts = s.attempts + 1, fence = s.fence + 1,
-		started_at = {now}, first_started_at = coalesce(s.first_started_at, {now}),
-		lease_until = {clock} + $2::bigint * interval '1 microsecond', worker_id = $3, promoted = false
+	UPDATE {s}steps s SET ` + a.claimSet() + `
 	FROM cand WHERE s.id = cand.id
-	RETURNING s.id, s.instance_id, s.name, s.workflow, s.handler, s.queue, s.input, s.attempts, s.fence,
-		s.max_attempts, s.backoff_us, s.max_backoff_us, s.timeout_us, s.first_started_at, s.ready_at,
-		s.lease_until, s.priority, s.run_after, s.item_index
+	RETURNING ` + claimReturning + `
 ),
-started AS (
-	UPDATE {s}instances i SET status = 'running', started_at = {now},
-		deadline = CASE WHEN i.timeout_us > 0 THEN {now} + i.timeout_us * interval '1 microsecond' END
-	WHERE i.id IN (
-		SELECT l.id FROM {s}instances l
-		WHERE l.id IN (SELECT instance_id FROM u) AND l.status = 'pending'
-		FOR NO KEY UPDATE SKIP LOCKED
-	)
-	RETURNING i.id
-),
+started AS (` + startClaimedInstances("u") + `),
 ev AS (
 	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
-	SELECT e.instance_id, e.step, e.type, e.attempt, $3, {now} FROM (
+	SELECT e.instance_id, e.step, e.type, e.attempt, ` + a.worker + `, {now} FROM (
 		SELECT u.instance_id, u.name AS step, 'step.started' AS type, u.attempts AS attempt,
 			0 AS ord, -u.priority AS k1, u.run_after AS k2, u.id AS k3
 		FROM u WHERE u.item_index = -1 -- items have no events of their own
@@ -98,15 +61,96 @@ ev AS (
 	) e
 	ORDER BY e.ord, e.k1, e.k2, e.k3, e.instance_id
 )
-SELECT id, instance_id, name, workflow, handler, queue, input, attempts, fence,
-	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until, item_index`)
-	if c.trace {
-		b.WriteString(`,
-	(SELECT traceparent FROM {s}instances i WHERE i.id = u.instance_id)`)
+SELECT ` + claimedColumns(c, "u") + `
+FROM u ORDER BY priority DESC, run_after, id`
+}
+
+// readyToClaim is the condition a step the claim's index walk may take
+// meets, whatever the filters.
+const readyToClaim = `status = 'pending' AND (promoted OR run_after <= ready_at) AND run_after <= {now}`
+
+// claimArgs are the parameter numbers of a claim in a statement: its
+// lease in microseconds, worker ID and limit, and the first of its
+// filters' (queues, instance, handlers, capped parents, in that order).
+// The statement's $1 is always the transaction's time.
+type claimArgs struct {
+	lease, worker, limit string
+	next                 int
+}
+
+// filters returns the conditions of c's filter shape on the columns of
+// the steps alias col ("" for none), numbering their parameters from
+// a.next.
+func (a claimArgs) filters(c claimShape, col string) string {
+	if col != "" {
+		col += "."
 	}
-	b.WriteString(`
-FROM u ORDER BY priority DESC, run_after, id`)
+	var b strings.Builder
+	next := a.next
+	param := func() string {
+		next++
+		return "$" + strconv.Itoa(next-1)
+	}
+	switch {
+	case c.queues == 1:
+		b.WriteString(` AND ` + col + `queue = ` + param())
+	case c.queues > 1:
+		b.WriteString(` AND ` + col + `queue = ANY(` + param() + `::text[])`)
+	}
+	if c.byInstance {
+		b.WriteString(` AND ` + col + `instance_id = ` + param())
+	}
+	if c.byHandler {
+		b.WriteString(` AND ` + col + `handler = ANY(` + param() + `::text[])`)
+	}
+	if c.capped {
+		// Only items of the forEach steps locked by cappedParentsSQL, each
+		// under its cap: see claimCapped.
+		b.WriteString(` AND ` + col + `item_concurrency > 0 AND ` + col + `parent_id = ANY(` + param() + `::bigint[]) AND ` + underCap)
+	} else {
+		b.WriteString(` AND ` + col + `item_concurrency = 0`)
+	}
 	return b.String()
+}
+
+// claimSet is what a claim writes to each step s it takes.
+func (a claimArgs) claimSet() string {
+	return `status = 'running', attempts = s.attempts + 1, fence = s.fence + 1,
+		started_at = {now}, first_started_at = coalesce(s.first_started_at, {now}),
+		lease_until = {clock} + ` + a.lease + `::bigint * interval '1 microsecond', worker_id = ` + a.worker + `, promoted = false`
+}
+
+// claimReturning is what a claim's UPDATE of steps s returns of each step
+// it took: the claim's columns (claimedColumns) and its order.
+const claimReturning = `s.id, s.instance_id, s.name, s.workflow, s.handler, s.queue, s.input, s.attempts, s.fence,
+		s.max_attempts, s.backoff_us, s.max_backoff_us, s.timeout_us, s.first_started_at, s.ready_at,
+		s.lease_until, s.priority, s.run_after, s.item_index`
+
+// claimedColumns are the columns scanClaimed reads, of the relation rel
+// with claimReturning's columns.
+func claimedColumns(c claimShape, rel string) string {
+	cols := `id, instance_id, name, workflow, handler, queue, input, attempts, fence,
+	max_attempts, backoff_us, max_backoff_us, timeout_us, first_started_at, ready_at, lease_until, item_index`
+	if c.trace {
+		cols += `,
+	(SELECT traceparent FROM {s}instances i WHERE i.id = ` + rel + `.instance_id)`
+	}
+	return cols
+}
+
+// startClaimedInstances starts the pending instances of the steps in
+// claimed, returning their IDs.
+func startClaimedInstances(claimed string) string {
+	return `
+	UPDATE {s}instances i SET status = 'running', started_at = {now},
+		deadline = CASE WHEN i.timeout_us > 0 THEN {now} + i.timeout_us * interval '1 microsecond' END
+	WHERE i.id IN (
+		SELECT l.id FROM {s}instances l
+		WHERE l.id IN (SELECT instance_id FROM ` + claimed + `) AND l.status = 'pending'
+		FOR NO KEY UPDATE SKIP LOCKED
+	)
+	RETURNING i.id
+`
 }
 
 // promoteSQL moves into the claim indexes the delayed steps whose time has
@@ -251,9 +295,17 @@ func (s *Store) claimStatement(p storage.ClaimParams, now *time.Time) (string, [
 // claimStatementFor is claimStatement, for the items of the locked
 // forEach steps parents when parents is not nil.
 func (s *Store) claimStatementFor(p storage.ClaimParams, now *time.Time, parents []int64) (string, []any) {
+	shape, args := claimArguments(p, parents)
+	return s.q(claimQueries[shape]), append([]any{now}, args...)
+}
+
+// claimArguments returns p's filter shape and its claim's arguments in
+// claimArgs order (lease, worker, limit, filters), for the items of the
+// locked forEach steps parents when parents is not nil.
+func claimArguments(p storage.ClaimParams, parents []int64) (claimShape, []any) {
 	shape := claimShape{queues: min(len(p.Queues), 2), byInstance: p.InstanceID != "", byHandler: len(p.Handlers) > 0, capped: parents != nil,
 		trace: p.TraceParent}
-	args := []any{now, p.Lease.Microseconds(), p.WorkerID, max(p.Limit, 1)}
+	args := []any{p.Lease.Microseconds(), p.WorkerID, max(p.Limit, 1)}
 	switch len(p.Queues) {
 	case 0:
 	case 1:
@@ -270,10 +322,16 @@ func (s *Store) claimStatementFor(p storage.ClaimParams, now *time.Time, parents
 	if shape.capped {
 		args = append(args, parents)
 	}
-	return s.q(claimQueries[shape]), args
+	return shape, args
 }
 
 func scanClaimed(row pgx.CollectableRow) (storage.ClaimedStep, error) {
+	return scanClaimedAfter(row)
+}
+
+// scanClaimedAfter scans a claimed step's columns after the columns
+// scanned into lead.
+func scanClaimedAfter(row pgx.CollectableRow, lead ...any) (storage.ClaimedStep, error) {
 	var (
 		c                        storage.ClaimedStep
 		input                    []byte
@@ -285,8 +343,8 @@ func scanClaimed(row pgx.CollectableRow) (storage.ClaimedStep, error) {
 	dest := [...]any{&c.StepID, &c.InstanceID, &c.Step, &c.Workflow, &c.Handler, &c.Queue, &input, &c.Attempt, &c.Fence,
 		&c.Retry.MaxAttempts, &backoff, &maxBackoff, &tmo, &first, &ready, &lease, &c.Item, &traceParent}
 	// The traceparent column is there when the claim asked for it.
-	n := min(len(dest), len(row.FieldDescriptions()))
-	err := row.Scan(dest[:n]...)
+	n := min(len(dest), len(row.FieldDescriptions())-len(lead))
+	err := row.Scan(append(lead, dest[:n]...)...)
 	c.TraceParent = traceParent.String
 	c.Input = rawJSON(input)
 	c.Retry.Backoff = time.Duration(backoff) * time.Microsecond

@@ -224,12 +224,7 @@ started AS (
 	}
 	events := `INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
 SELECT e.instance_id, e.step, e.type, 0, e.message, {now} FROM (
-	SELECT u.instance_id, u.name AS step,
-		CASE u.status WHEN 'pending' THEN 'step.ready' WHEN 'waiting' THEN 'step.ready' WHEN 'skipped' THEN 'step.skipped'
-			WHEN 'completed' THEN 'step.completed' ELSE 'step.failed' END AS type,
-		CASE WHEN u.status = 'waiting' THEN 'waiting for signal ' || u.wait_signal
-			WHEN u.status = 'completed' AND u.wait_signal <> '' THEN 'signal ' || u.wait_signal || ' received'
-			ELSE u.error END AS message, u.ord
+	SELECT u.instance_id, u.name AS step, ` + planEvent("u.status") + `, u.ord
 	FROM u` + startedEvent + `
 ) e ORDER BY e.ord`
 	tail := events
@@ -249,7 +244,22 @@ WITH c AS (
 u AS (
 	UPDATE {s}steps s SET
 		status = c.status,
-		input = CASE WHEN c.status IN ('failed', 'completed') THEN s.input ELSE c.input END,
+		` + applySet(deadline) + `
+	FROM c
+	-- No item is ever blocked, so this matches the step of that name
+	-- alone; a condition on item_index here, without statistics on a
+	-- young table, made the planner loop over the plan's rows for every
+	-- step row (measured: 89 ms instead of 2 ms for 100 changes).
+	WHERE s.instance_id = c.instance_id AND s.name = c.name AND s.status = 'blocked'
+	RETURNING s.instance_id, s.name, s.status, s.error, s.wait_signal, c.ord
+)` + started + tail
+}
+
+// applySet is what applying a plan's change c writes to its step s, but
+// for the status: the step's input, output or error, when it is ready to
+// run, its deadline (deadline: a wait's, or NULL), its concurrency key.
+func applySet(deadline string) string {
+	return `input = CASE WHEN c.status IN ('failed', 'completed') THEN s.input ELSE c.input END,
 		output = CASE WHEN c.status = 'completed' THEN c.input ELSE s.output END,
 		error = CASE WHEN c.status = 'failed' THEN c.error ELSE s.error END,
 		run_after = CASE WHEN c.status = 'pending'
@@ -259,15 +269,17 @@ u AS (
 		deadline = ` + deadline + `,
 		finished_at = CASE WHEN c.status IN ('pending', 'waiting') THEN NULL ELSE {now} END,
 		-- Set with the status, so the limit triggers see it.
-		concurrency_key = CASE WHEN c.status = 'pending' AND s.concurrency_limit > 0 THEN c.ckey END
-	FROM c
-	-- No item is ever blocked, so this matches the step of that name
-	-- alone; a condition on item_index here, without statistics on a
-	-- young table, made the planner loop over the plan's rows for every
-	-- step row (measured: 89 ms instead of 2 ms for 100 changes).
-	WHERE s.instance_id = c.instance_id AND s.name = c.name AND s.status = 'blocked'
-	RETURNING s.instance_id, s.name, s.status, s.error, s.wait_signal, c.ord
-)` + started + tail
+		concurrency_key = CASE WHEN c.status = 'pending' AND s.concurrency_limit > 0 THEN c.ckey END`
+}
+
+// planEvent is the type and message columns of the event of a plan's
+// change to status of the step u (with its error and wait signal).
+func planEvent(status string) string {
+	return `CASE ` + status + ` WHEN 'pending' THEN 'step.ready' WHEN 'waiting' THEN 'step.ready' WHEN 'skipped' THEN 'step.skipped'
+			WHEN 'completed' THEN 'step.completed' ELSE 'step.failed' END AS type,
+		CASE WHEN ` + status + ` = 'waiting' THEN 'waiting for signal ' || u.wait_signal
+			WHEN ` + status + ` = 'completed' AND u.wait_signal <> '' THEN 'signal ' || u.wait_signal || ' received'
+			ELSE u.error END AS message`
 }
 
 // finishInstancesRows is the instances finishInstancesSQL finishes, as
