@@ -162,21 +162,29 @@ func fillHistory(b *testing.B, st storage.Store, id string, n int) {
 // worker's recorder does (an eager start, then FinishAndClaim for each
 // step), reporting the time per step: with the snapshots a finish plans
 // from (speculate.go), and with every snapshot forgotten before each
-// finish, which then reads the instance first as it did before:
+// finish, which then reads the instance first as it did before; both
+// with one free slot, whose full claims leave the next step to a claim
+// after the plan. With ten free slots, the claims come back short and
+// each finish hands the next step off (handoff.go):
 // DAGRUN_TEST_POSTGRES=... go test -run '^$' -bench ChainLatency ./storage/postgres
 func BenchmarkChainLatency(b *testing.B) {
-	for _, forget := range []bool{false, true} {
-		name := "planned_from_snapshots"
-		if forget {
-			name = "reading_first"
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, bc := range []struct {
+		name   string
+		forget bool
+		limit  int
+	}{
+		{"planned_from_snapshots", false, 1},
+		{"reading_first", true, 1},
+		{"handed_off", false, 10},
+	} {
+		forget := bc.forget
+		b.Run(bc.name, func(b *testing.B) {
 			s := openBenchStore(b)
 			ctx := b.Context()
 			steps := 0
 			for b.Loop() {
 				p := chain4()
-				claim := storage.ClaimParams{WorkerID: "w", InstanceID: p.ID, Limit: 1, Lease: time.Minute}
+				claim := storage.ClaimParams{WorkerID: "w", InstanceID: p.ID, Limit: bc.limit, Lease: time.Minute}
 				_, claimed, err := s.CreateAndClaim(ctx, []storage.CreateParams{p}, storagetest.Plan, claim)
 				require.NoError(b, err)
 				for len(claimed) > 0 {

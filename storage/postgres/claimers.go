@@ -50,6 +50,15 @@ func newClaimers() *claimers {
 	return &claimers{short: map[claimer]bool{}, started: make(chan struct{}, 1)}
 }
 
+// lastShort reports whether the last claim of p's claimer (its
+// FinishAndClaim when finish) came back short, or it has made none.
+func (c *claimers) lastShort(p storage.ClaimParams, finish bool) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	short, known := c.short[claimer{p.WorkerID, finish}]
+	return short || !known
+}
+
 // claimed records a claim of p that returned n steps, made by ClaimSteps or
 // (finish) by FinishAndClaim.
 func (c *claimers) claimed(p storage.ClaimParams, finish bool, n int) {

@@ -156,6 +156,13 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		clear(out)
 		claimed, txid, planned, rec = nil, "", nil, nil
 		now := s.now()
+		// The plans of the finished steps' instances may make the claim
+		// with their changes (see handoff.go), unless the claimer works
+		// off a backlog; the claim is queued here unless they did.
+		var h *handoff
+		if claim != nil && s.claimers.lastShort(*claim, true) {
+			h = &handoff{p: *claim, into: &claimed}
+		}
 		// One round trip: lock the instances, apply the results, and load
 		// the instances' steps as they are after the results (a few of
 		// those may turn out not to need a plan).
@@ -229,10 +236,13 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				l.state.LoadDefinition = s.definitionLoader(ctx, tx, l.state.DefinitionHash)
 				touched = append(touched, l)
 			}
-			if err := s.planAndApply(st, now, touched, planFn); err != nil {
+			st.handoff = h
+			err := s.planAndApply(st, now, touched, planFn)
+			st.handoff = nil
+			if err != nil {
 				return err
 			}
-			if claim != nil {
+			if claim != nil && !h.made() {
 				s.queueClaim(st, *claim, now, &claimed)
 			}
 			// The reads and writes go first, on the tail's round trip.
@@ -255,7 +265,10 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 			}
 		}
 		planned = touched
-		if err := s.planAndApply(st, now, touched, planFn); err != nil {
+		st.handoff = h
+		err = s.planAndApply(st, now, touched, planFn)
+		st.handoff = nil
+		if err != nil {
 			return err
 		}
 		if claim == nil {
@@ -271,8 +284,10 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				}
 			}
 		}
-		// The claim goes last on the tail, after the plans it may claim from.
-		s.queueClaim(st, *claim, now, &claimed)
+		if !h.made() {
+			// The claim goes last on the tail, after the plans it may claim from.
+			s.queueClaim(st, *claim, now, &claimed)
+		}
 		return nil
 	}
 	err := s.inTx(ctx, run)

@@ -333,6 +333,7 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 		ic instanceChanges
 		fc failureChanges
 	)
+	tailLen := st.tail.Len()
 	for _, l := range ls {
 		if l.state.Status.Finished() {
 			continue // nothing can become ready in it
@@ -368,6 +369,10 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 				again = false
 			}
 		}
+	}
+	if len(ic.ids) == 0 && len(fc.ids) == 0 && st.canHandOff(&sc, tailLen) {
+		s.queueHandoff(st, now, &sc)
+		return nil
 	}
 	if n := len(sc.ids); n > 0 {
 		apply, applyOne := applyReadySQL, applyReadyOneSQL

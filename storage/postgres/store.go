@@ -531,6 +531,9 @@ type txState struct {
 	finishing bool
 	// created are the instances create inserted, as planned.
 	created []*storage.NewInstance
+	// handoff is the claim a finish's plans may make with their changes
+	// (see handoff.go), while they are planned.
+	handoff *handoff
 }
 
 func (st *txState) ready(queue string) {

@@ -33,6 +33,61 @@ var eagerTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, "eager", started[0].Message)
 	},
 
+	// The finish's claim takes the steps it made ready in claim order
+	// among every ready step: after older ones of the same priority and
+	// ones of a higher priority, before ones of a lower priority; and only
+	// those of the claim's queues.
+	"ClaimsWhatTheFinishMadeReadyInClaimOrder": func(t *testing.T, h *Harness) {
+		for _, tc := range []struct {
+			name             string
+			waitingPriority  int
+			limit            int
+			queues           []string
+			want             []string // the claimed steps, in order
+			bPending, xReady bool     // left pending
+		}{
+			{name: "an older step first", limit: 1, want: []string{"x"}, bPending: true},
+			{name: "both, the older first", limit: 2, want: []string{"x", "b"}},
+			{name: "a higher priority first", waitingPriority: 1, limit: 1, want: []string{"x"}, bPending: true},
+			{name: "before a lower priority", waitingPriority: -1, limit: 1, want: []string{"b"}, xReady: true},
+			{name: "only the claim's queues", limit: 2, queues: []string{"q.x"}, want: []string{"x"}, bPending: true},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				b := h.setup(t)
+				fc := implements[storage.FinishClaimer](b)
+				waiting := params(spec("x"))
+				waiting.Priority = tc.waitingPriority
+				b.create(waiting)
+				b.clock.Advance(time.Second)
+				id := b.createOne(spec("a"), spec("b", "a"))
+				a := b.claimStep(id, "a")
+				b.clock.Advance(time.Second)
+				_, claimed, err := fc.FinishAndClaim(b.ctx, []storage.StepResult{completed(a.Claim, `1`)}, Plan,
+					storage.ClaimParams{WorkerID: "eager", Queues: tc.queues, Limit: tc.limit, Lease: time.Minute})
+				require.NoError(t, err)
+				var got []string
+				for _, c := range claimed {
+					got = append(got, c.Step)
+				}
+				require.Equal(t, tc.want, got)
+				wantB, wantX := storage.StepRunning, storage.StepRunning
+				if tc.bPending {
+					wantB = storage.StepPending
+				}
+				if tc.xReady {
+					wantX = storage.StepPending
+				}
+				require.Equal(t, wantB, b.status(id, "b"))
+				require.Equal(t, wantX, b.status(waiting.ID, "x"))
+				// Made ready, then started if claimed: its history is the
+				// same whichever way the claim took it.
+				in := b.get(id)
+				require.Len(t, events(in, "b", storage.EventStepReady), 1)
+				require.Len(t, events(in, "b", storage.EventStepStarted), map[bool]int{true: 0, false: 1}[tc.bPending])
+			})
+		}
+	},
+
 	"StaleResultStillClaims": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		fc := implements[storage.FinishClaimer](b)
