@@ -15,19 +15,24 @@ import (
 // TestHandoffWritesAReadiedStepOnce: a finish whose plan makes a step
 // ready that its own claim takes writes that step once, blocked to
 // running; one its claim leaves for an older ready step is made pending
-// (see handoff.go). A row trigger the test adds records every update of a
-// step.
+// (see handoff.go); a claimer whose last finish claimed all it asked for
+// applies the plan and then claims, as before the hand-off. A row trigger
+// the test adds records every update of a step.
 func TestHandoffWritesAReadiedStepOnce(t *testing.T) {
 	t.Parallel()
 	type write struct{ Step, From, To string }
 	for _, tc := range []struct {
 		name  string
 		older bool // a step of another instance is ready before the finish
-		want  []write
+		// backlog: the claimer's last finish claimed all it asked for
+		backlog bool
+		want    []write
 	}{
 		{name: "handed off", want: []write{{"a", "running", "completed"}, {"b", "blocked", "running"}}},
 		{name: "an older step first", older: true,
 			want: []write{{"a", "running", "completed"}, {"b", "blocked", "pending"}, {"x", "pending", "running"}}},
+		{name: "a claimer working off a backlog", backlog: true,
+			want: []write{{"a", "running", "completed"}, {"b", "blocked", "pending"}, {"b", "pending", "running"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -66,8 +71,12 @@ END $$;
 CREATE TRIGGER record_step_write AFTER UPDATE ON `+q+`.steps FOR EACH ROW EXECUTE FUNCTION `+q+`.record_step_write();`)
 			require.NoError(t, err)
 
+			claim := storage.ClaimParams{WorkerID: "w", Limit: 1, Lease: time.Minute}
+			if tc.backlog {
+				s.claimers.claimed(claim, true, claim.Limit)
+			}
 			_, next, err := s.FinishAndClaim(ctx, []storage.StepResult{{Claim: claimed[0].Claim, Outcome: storage.OutcomeCompleted,
-				Output: json.RawMessage(`1`)}}, storagetest.Plan, storage.ClaimParams{WorkerID: "w", Limit: 1, Lease: time.Minute})
+				Output: json.RawMessage(`1`)}}, storagetest.Plan, claim)
 			require.NoError(t, err)
 			require.Len(t, next, 1)
 			require.Equal(t, tc.want[len(tc.want)-1].Step, next[0].Step)
