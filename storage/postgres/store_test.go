@@ -859,6 +859,10 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 	for shape, sql := range claimQueries {
 		statements[fmt.Sprintf("claim %+v", shape)] = sql
 	}
+	for shape, sql := range handoffQueries {
+		statements[fmt.Sprintf("hand-off %+v", shape)] = sql
+		statements[fmt.Sprintf("hand-off one %+v", shape)] = handoffOneQueries[shape]
+	}
 	scan := regexp.MustCompile(`Seq Scan on (steps|events|instances|step_logs|signals)\b`)
 	for name, sql := range statements {
 		plan := genericPlan(t, s, sql)
@@ -884,6 +888,10 @@ func TestKeyedWritesSkipInFlightIndexes(t *testing.T) {
 		"finish instances": finishInstancesSQL, "finish instance": finishInstanceSQL,
 		"record failures": recordFailuresSQL, "settle items": settleSQL, "settle child": settleChildSQL,
 		"deliver": deliverSQL,
+	}
+	for shape, sql := range handoffQueries {
+		statements[fmt.Sprintf("hand-off %+v", shape)] = sql
+		statements[fmt.Sprintf("hand-off one %+v", shape)] = handoffOneQueries[shape]
 	}
 	inFlight := regexp.MustCompile(`\b(steps_running_lease|instances_unfinished|steps_waiting_deadline)\b`)
 	for name, sql := range statements {
