@@ -122,9 +122,24 @@ func (a claimArgs) claimSet() string {
 
 // claimReturning is what a claim's UPDATE of steps s returns of each step
 // it took: the claim's columns (claimedColumns) and its order.
-const claimReturning = `s.id, s.instance_id, s.name, s.workflow, s.handler, s.queue, s.input, s.attempts, s.fence,
-		s.max_attempts, s.backoff_us, s.max_backoff_us, s.timeout_us, s.first_started_at, s.ready_at,
-		s.lease_until, s.priority, s.run_after, s.item_index`
+var claimReturning = claimColumnsOf("s", false)
+
+// claimColumnsOf is claimReturning's columns of the relation rel, each
+// under its own name; with leaseOrNow, a missing lease (a step not
+// claimed) reads as now.
+func claimColumnsOf(rel string, leaseOrNow bool) string {
+	cols := make([]string, 0, 19)
+	for _, c := range []string{"id", "instance_id", "name", "workflow", "handler", "queue", "input", "attempts", "fence",
+		"max_attempts", "backoff_us", "max_backoff_us", "timeout_us", "first_started_at", "ready_at", "lease_until",
+		"priority", "run_after", "item_index"} {
+		col := rel + "." + c
+		if c == "lease_until" && leaseOrNow {
+			col = "coalesce(" + col + ", {now}) AS lease_until"
+		}
+		cols = append(cols, col)
+	}
+	return strings.Join(cols, ", ")
+}
 
 // claimedColumns are the columns scanClaimed reads, of the relation rel
 // with claimReturning's columns.

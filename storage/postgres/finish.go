@@ -236,10 +236,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				l.state.LoadDefinition = s.definitionLoader(ctx, tx, l.state.DefinitionHash)
 				touched = append(touched, l)
 			}
-			st.handoff = h
-			err := s.planAndApply(st, now, touched, planFn)
-			st.handoff = nil
-			if err != nil {
+			if err := s.planAndHandOff(st, now, touched, planFn, h); err != nil {
 				return err
 			}
 			if claim != nil && !h.made() {
@@ -265,10 +262,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 			}
 		}
 		planned = touched
-		st.handoff = h
-		err = s.planAndApply(st, now, touched, planFn)
-		st.handoff = nil
-		if err != nil {
+		if err := s.planAndHandOff(st, now, touched, planFn, h); err != nil {
 			return err
 		}
 		if claim == nil {

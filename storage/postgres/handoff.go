@@ -54,7 +54,10 @@ func (h *handoff) made() bool { return h != nil && h.done }
 
 // handoffSQL returns the hand-off statement for a claim's filter shape:
 // $1 is the transaction's time, $2 to $7 the plans' changes as
-// applyRows has them, and the claim's arguments follow (handoffArgs).
+// applyRows has them, and the claim's arguments follow (handoffArgs). It
+// returns every step the plans changed (planned) and every step it
+// claimed (took), in claim order; a changed step it did not claim has no
+// lease, read as now, which no one reads.
 func handoffSQL(c claimShape) string {
 	a := handoffArgs
 	return `
@@ -113,9 +116,9 @@ w AS (
 	RETURNING ` + claimReturning + `
 ),
 claimed AS (
-	SELECT ` + claimReturningOf("u") + ` FROM u WHERE handed
+	SELECT ` + claimColumnsOf("u", true) + ` FROM u WHERE handed
 	UNION ALL
-	SELECT ` + claimReturningOf("w") + ` FROM w
+	SELECT ` + claimColumnsOf("w", true) + ` FROM w
 ),
 started AS (` + startClaimedInstances("w") + `),
 ev AS (
@@ -133,21 +136,11 @@ ev AS (
 	ORDER BY e.part, e.k0, e.k1, e.k2, e.k3, e.instance_id
 )
 SELECT planned, took, ` + claimedColumns(c, "x") + ` FROM (
-	SELECT true AS planned, handed AS took, ` + claimReturningOf("u") + ` FROM u
+	SELECT true AS planned, handed AS took, ` + claimColumnsOf("u", true) + ` FROM u
 	UNION ALL
-	SELECT false, true, ` + claimReturningOf("w") + ` FROM w
+	SELECT false, true, ` + claimColumnsOf("w", true) + ` FROM w
 ) x
 ORDER BY took DESC, priority DESC, run_after, id`
-}
-
-// claimReturningOf is claimReturning's columns of the relation rel, a
-// pending step's missing lease read as now: the statement returns the
-// steps its plans changed and did not claim too, whose leases no one reads.
-func claimReturningOf(rel string) string {
-	return rel + `.id, ` + rel + `.instance_id, ` + rel + `.name, ` + rel + `.workflow, ` + rel + `.handler, ` + rel + `.queue, ` +
-		rel + `.input, ` + rel + `.attempts, ` + rel + `.fence, ` + rel + `.max_attempts, ` + rel + `.backoff_us, ` +
-		rel + `.max_backoff_us, ` + rel + `.timeout_us, ` + rel + `.first_started_at, ` + rel + `.ready_at, ` +
-		`coalesce(` + rel + `.lease_until, {now}) AS lease_until, ` + rel + `.priority, ` + rel + `.run_after, ` + rel + `.item_index`
 }
 
 // handoffArgs number the claim's arguments after the plans' changes.
@@ -167,6 +160,14 @@ var handoffQueries, handoffOneQueries = func() (many, one map[claimShape]string)
 	}
 	return many, one
 }()
+
+// planAndHandOff is planAndApply, whose plans may make h's claim with
+// their changes (h.made); a nil h asks for none.
+func (s *Store) planAndHandOff(st *txState, now *time.Time, ls []*loaded, plan storage.PlanFunc, h *handoff) error {
+	st.handoff = h
+	defer func() { st.handoff = nil }()
+	return s.planAndApply(st, now, ls, plan)
+}
 
 // canHandOff reports whether a claim may go with the plans' changes sc in
 // one statement: sc makes a step pending and only skips, completes or
