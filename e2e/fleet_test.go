@@ -123,7 +123,7 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 	if run.via == "pgbouncer" {
 		fleet.db = withParam(t, startPgBouncer(t, db), "application_name", "dagrun-fleet")
 	}
-	began := time.Now()
+	began, busyBefore := time.Now(), machineBusy(t)
 	workers := make([]*process, run.workers)
 	for i := range workers {
 		workers[i] = fleet.spawnBinary(t, bin, "worker", "--concurrency", strconv.Itoa(fleetConcurrency))
@@ -135,6 +135,7 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 		allUp                         time.Time
 		completedWhenUp               int
 		stepsWhenUp                   int // steps completed when the last worker came up
+		busyWhenUp                    time.Duration
 	)
 	deadline := time.Now().Add(time.Duration(n)*25*time.Millisecond + 2*time.Minute)
 	for completed < n {
@@ -143,7 +144,7 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 			require.True(t, w.running(), "a worker exited (code %d):\n%s", w.code, w.stderr.String())
 		}
 		if allUp.IsZero() && workersUp(workers) {
-			allUp, completedWhenUp = time.Now(), completed
+			allUp, completedWhenUp, busyWhenUp = time.Now(), completed, machineBusy(t)
 			require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM dagrun.steps WHERE status = 'completed'`).Scan(&stepsWhenUp))
 			checks = startOperatorChecks(e, bin)
 		}
@@ -156,6 +157,7 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	elapsed := time.Since(began)
+	busyAtEnd := machineBusy(t)
 	require.NotNil(t, checks, "the instances completed before every worker had started")
 	checks.stop()
 
@@ -182,11 +184,15 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 
 	// steps_done_when_up tells what the fleet did while it started (of
 	// 2n steps): instances complete late whatever the fleet, since every
-	// first step is claimed before any second one.
+	// first step is claimed before any second one. The CPU figures are the
+	// whole machine's (the server, the workers, the operator's checks) per
+	// instance: a larger fleet that costs more of it per instance does more
+	// work for the same result, one that does not only waits longer.
 	t.Logf("fleet=%s workers=%d concurrency=%d instances=%d seconds=%.1f instances_per_s=%.0f all_up_s=%.1f steps_done_when_up=%d after_all_up_per_s=%.0f "+
-		"peak_server_conns=%d peak_db_conns=%d peak_fleet_conns=%d max_connections=%d operator_checks=%s",
+		"machine_cpu_ms_per_instance=%.2f after_all_up_cpu_ms_per_instance=%.2f peak_server_conns=%d peak_db_conns=%d peak_fleet_conns=%d max_connections=%d operator_checks=%s",
 		run.via, run.workers, fleetConcurrency, n, elapsed.Seconds(), float64(n)/elapsed.Seconds(),
-		allUp.Sub(began).Seconds(), stepsWhenUp, float64(n-completedWhenUp)/(elapsed-allUp.Sub(began)).Seconds(), peakServer, peakDB, peakFleet, maxConns, checks)
+		allUp.Sub(began).Seconds(), stepsWhenUp, float64(n-completedWhenUp)/(elapsed-allUp.Sub(began)).Seconds(),
+		msPer(busyAtEnd-busyBefore, n), msPer(busyAtEnd-busyWhenUp, n-completedWhenUp), peakServer, peakDB, peakFleet, maxConns, checks)
 
 	// A worker holds one pool connection and its listener; through
 	// PgBouncer the database sees PgBouncer's pool and the operator's few.
@@ -199,6 +205,37 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 	// An ordinary role still finds a free slot at the fleet's peak.
 	require.LessOrEqual(t, peakServer+2, maxConns-reserved, "the fleet left no connection for anyone else")
 	checks.require(t)
+}
+
+// machineBusy is the CPU time every core of the machine has spent busy
+// since boot (/proc/stat: all but idle and iowait), or zero where there is
+// no /proc/stat: the fleet's figures include it to tell a fleet that does
+// more work per instance from one that waits longer.
+func machineBusy(t *testing.T) time.Duration {
+	t.Helper()
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	fields := strings.Fields(line)
+	require.Greater(t, len(fields), 8, "/proc/stat: %q", line)
+	var ticks int64
+	for i, f := range fields[1:9] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		v, err := strconv.ParseInt(f, 10, 64)
+		require.NoError(t, err, "/proc/stat: %q", line)
+		ticks += v
+	}
+	const ticksPerSecond = 100 // USER_HZ, 100 on x86 and ARM Linux
+	return time.Duration(ticks) * time.Second / ticksPerSecond
+}
+
+// msPer is d in milliseconds per one of n.
+func msPer(d time.Duration, n int) float64 {
+	return float64(d.Microseconds()) / 1000 / float64(max(n, 1))
 }
 
 // workersUp reports whether every worker logged that it started.
