@@ -104,6 +104,14 @@ type planFunctions struct {
 	// routed holds the statements routed through a function: their
 	// template (the key of Store.expanded) and their own text.
 	routed map[string]string
+	// known maps the name of every function the schema held at the last
+	// look (lookAll) to its call. One read lists what the whole fleet has
+	// made so far, so a statement whose function another process made is
+	// routed at its first use, without a read of its own: 60 workers
+	// behind PgBouncer, each looking its statements up one by one, ran
+	// most of a 4,000-instance backlog before they routed them all, and
+	// planned nearly every statement at each execution meanwhile.
+	known map[string]string
 	// failures counts, per template, the attempts to make its function
 	// that failed, and outages those that found the database unavailable
 	// (which do not count as attempts).
@@ -124,32 +132,53 @@ type planFunctions struct {
 // Store.expanded) and its text with the markers expanded.
 type planRequest struct {
 	template, sql string
+	// looks counts the looks that found another session making the
+	// function, since busySince.
+	looks     int
+	busySince time.Time
 }
 
 func newPlanFunctions(s *Store) *planFunctions {
 	ctx, stop := context.WithCancel(context.Background())
 	p := &planFunctions{s: s, pending: make(chan planRequest, maxExpanded), ctx: ctx, stop: stop, done: make(chan struct{}),
-		routed: map[string]string{}, failures: map[string]int{}, outages: map[string]int{}, retryPause: planRetryPause, makeWithin: planMakeWithin}
+		routed: map[string]string{}, failures: map[string]int{}, outages: map[string]int{}, retryPause: planRetryPause, makeWithin: planMakeWithin,
+		working: 1} // the first look
+
 	p.idle = sync.NewCond(&p.mu)
 	go p.run()
 	return p
 }
 
-// consider queues a statement the store expanded for the first time.
-func (p *planFunctions) consider(template, sql string) {
+// consider routes a statement the store expanded for the first time
+// through its function when the schema is known to hold it, and returns
+// the call; otherwise it queues the statement and returns "".
+func (p *planFunctions) consider(template, sql string) string {
 	if !wrappable(sql) {
-		return
+		return ""
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.disabled || p.ctx.Err() != nil {
-		return
+		return ""
+	}
+	if call := p.known[planFunctionName(p.s.prefix, sql)]; call != "" {
+		p.route(template, sql, call)
+		return call
 	}
 	select {
-	case p.pending <- planRequest{template, sql}:
+	case p.pending <- planRequest{template: template, sql: sql}:
 		p.working++
 	default: // more statements than q keeps: this one stays as it is
 	}
+	return ""
+}
+
+// route sends the statement template through the function call; p.mu is
+// held.
+func (p *planFunctions) route(template, sql, call string) {
+	p.routed[template] = sql
+	delete(p.failures, template)
+	p.s.expanded.Store(template, call)
 }
 
 // wrappable reports whether a statement may become a function's body: a
@@ -222,48 +251,103 @@ func mainVerb(sql string) string {
 	return verb
 }
 
-// run makes the queued statements' functions, one at a time, until close:
-// a process that starts makes few, and those once.
+// run makes the queued statements' functions until close: a process that
+// starts makes few, and those once. It looks up the functions the schema
+// holds first, so that the statements a process starts with go through
+// their functions from their first use, and again for each batch of
+// statements queued meanwhile: one read routes every statement of the
+// batch whose function another process made. A read per statement, on a
+// worker's one pool connection that its claims and finishes keep busy,
+// took 60 workers behind PgBouncer 2 to 6 s to route their statements.
 func (p *planFunctions) run() {
 	defer close(p.done)
+	p.look()
+	p.finished()
 	for {
 		select {
 		case <-p.ctx.Done():
 			return
 		case r := <-p.pending:
-			p.mu.Lock()
-			disabled := p.disabled
-			p.mu.Unlock()
-			var (
-				call string
-				err  error
-			)
-			if !disabled {
-				call, err = p.attempt(r.sql)
+			batch := p.queued(r)
+			if p.anyUnknown(batch) {
+				p.look()
 			}
-			switch {
-			case err == nil && call != "":
-				p.mu.Lock()
-				p.routed[r.template] = r.sql
-				delete(p.failures, r.template)
-				p.s.expanded.Store(r.template, call)
-				p.mu.Unlock()
-			case isInsufficientPrivilege(err):
-				p.mu.Lock()
-				p.disabled = true
-				p.mu.Unlock()
-				p.s.cfg.Logger.Info("postgres: this role may not create functions in dagrun's schema, so behind PgBouncer every statement is planned at each execution; grant CREATE on the schema to keep their plans",
-					"schema", p.s.cfg.Schema, "error", firstLine(err.Error()))
-			case err != nil && p.ctx.Err() == nil:
-				p.failed(r, err)
+			for _, r := range batch {
+				p.handle(r)
 			}
-			p.mu.Lock()
-			p.working--
-			if p.working == 0 {
-				p.idle.Broadcast()
-			}
-			p.mu.Unlock()
 		}
+	}
+}
+
+// queued returns r and the requests queued after it.
+func (p *planFunctions) queued(r planRequest) []planRequest {
+	batch := []planRequest{r}
+	for {
+		select {
+		case r := <-p.pending:
+			batch = append(batch, r)
+		default:
+			return batch
+		}
+	}
+}
+
+// anyUnknown reports whether a request of batch has no known function.
+func (p *planFunctions) anyUnknown(batch []planRequest) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range batch {
+		if p.known[planFunctionName(p.s.prefix, r.sql)] == "" {
+			return true
+		}
+	}
+	return false
+}
+
+// handle routes r through its function, made by this store or found made,
+// or sets it aside, tries it again later or leaves it as it is.
+func (p *planFunctions) handle(r planRequest) {
+	p.mu.Lock()
+	disabled := p.disabled
+	p.mu.Unlock()
+	var (
+		call string
+		err  error
+	)
+	if !disabled {
+		call, err = p.resolve(r)
+	}
+	if errors.Is(err, errPlanBusy) {
+		if p.setAside(r) {
+			return // still working on it
+		}
+		err = p.heldTooLong(r, context.DeadlineExceeded)
+	}
+	switch {
+	case err == nil && call != "":
+		p.mu.Lock()
+		p.route(r.template, r.sql, call)
+		p.mu.Unlock()
+	case isInsufficientPrivilege(err):
+		p.mu.Lock()
+		p.disabled = true
+		p.mu.Unlock()
+		p.s.cfg.Logger.Info("postgres: this role may not create functions in dagrun's schema, so behind PgBouncer every statement is planned at each execution; grant CREATE on the schema to keep their plans",
+			"schema", p.s.cfg.Schema, "error", firstLine(err.Error()))
+	case err != nil && p.ctx.Err() == nil:
+		p.failed(r, err)
+	}
+	p.finished()
+}
+
+// finished counts off a piece of work: a request handled, or the first
+// look.
+func (p *planFunctions) finished() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.working--
+	if p.working == 0 {
+		p.idle.Broadcast()
 	}
 }
 
@@ -310,6 +394,7 @@ func (p *planFunctions) forget(err error) bool {
 	p.mu.Lock()
 	routed := p.routed
 	p.routed = map[string]string{}
+	p.known = nil
 	for template, sql := range routed {
 		p.s.expanded.Store(template, sql)
 	}
@@ -333,14 +418,117 @@ func (p *planFunctions) close() {
 	<-p.done
 }
 
-// wait returns once every statement queued so far is wrapped or left
-// alone; tests use it.
+// wait returns once the first look is done and every statement queued so
+// far is wrapped or left alone; tests use it.
 func (p *planFunctions) wait() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for p.working > 0 && p.ctx.Err() == nil {
 		p.idle.Wait()
 	}
+}
+
+// resolve returns the call of r's function: known already, or made (or
+// found made) by attempt.
+func (p *planFunctions) resolve(r planRequest) (string, error) {
+	p.mu.Lock()
+	call := p.known[planFunctionName(p.s.prefix, r.sql)]
+	p.mu.Unlock()
+	if call != "" {
+		return call, nil
+	}
+	call, err := p.attempt(r.sql)
+	if err != nil && r.looks > 0 && errors.Is(err, context.DeadlineExceeded) {
+		// Whether the time ran out in a pause or in the statements of
+		// the next look (on a loaded machine) is chance, not a
+		// different cause.
+		err = p.heldTooLong(r, err)
+	}
+	return call, err
+}
+
+// setAside puts r aside while another session makes its function, and
+// queues it again after a pause that doubles with each look, so that run
+// goes on with the other statements meanwhile: processes that start
+// together then make different functions at once, instead of all waiting
+// on each function in turn (60 workers behind PgBouncer each took 3 to 8
+// s to route their statements). It reports false once the lock was held
+// for p.makeWithin: the attempt has failed.
+func (p *planFunctions) setAside(r planRequest) bool {
+	if p.onBusy != nil {
+		p.onBusy()
+	}
+	if r.busySince.IsZero() {
+		r.busySince = time.Now()
+	}
+	if time.Since(r.busySince) >= p.makeWithin {
+		return false
+	}
+	pause := min(planBusyPause<<min(r.looks, 5), planBusyMaxPause)
+	r.looks++
+	time.AfterFunc(jitter(pause), func() {
+		if p.ctx.Err() == nil {
+			select {
+			case p.pending <- r:
+				return // working still counts it
+			default:
+			}
+		}
+		p.finished()
+	})
+	return true
+}
+
+// heldTooLong names the lock on r's function as the cause of err.
+func (p *planFunctions) heldTooLong(r planRequest, err error) error {
+	return fmt.Errorf("another session held the lock on function %s for %s without making it "+
+		"(a session left in a transaction holds it: see pg_stat_activity): %w",
+		planFunctionName(p.s.prefix, r.sql), p.makeWithin, err)
+}
+
+// look reads the functions the schema holds into known; a failure only
+// leaves the statements to be looked up one by one.
+func (p *planFunctions) look() {
+	ctx, cancel := context.WithTimeout(p.ctx, planMakeWithin)
+	defer cancel()
+	conn, err := p.s.pool.Acquire(ctx)
+	if err != nil {
+		return
+	}
+	defer conn.Release()
+	if _, err := p.lookAll(ctx, conn, ""); err != nil {
+		p.s.cfg.Logger.Debug("postgres: could not list dagrun's statement functions", "error", firstLine(err.Error()))
+	}
+}
+
+// lookAll reads every statement function of the schema into known and
+// returns the call of the function name, "" when the schema lacks it.
+func (p *planFunctions) lookAll(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, name string) (string, error) {
+	rows, err := q.Query(ctx, `SELECT proname::text, pronargs, proretset FROM pg_proc
+		WHERE pronamespace = $1::regnamespace AND proname LIKE $2`,
+		pgx.Identifier{p.s.cfg.Schema}.Sanitize(), planFuncPrefix+"%")
+	if err != nil {
+		return "", err
+	}
+	known := map[string]string{}
+	var (
+		fn   string
+		args int16
+		set  bool
+	)
+	_, err = pgx.ForEachRow(rows, []any{&fn, &args, &set}, func() error {
+		known[fn] = planCall(p.s.prefix, fn, int(args), !set)
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	p.mu.Lock()
+	p.known = known
+	p.mu.Unlock()
+	return known[name], nil
 }
 
 // attempt is make, unless a test's beforeMake fails it.
@@ -355,43 +543,17 @@ func (p *planFunctions) attempt(sql string) (string, error) {
 
 // make creates, unless it exists, the function of one statement and
 // returns the statement that calls it; "" when the statement stays as it
-// is. Processes that start together may make the same function: one does,
-// under a lock on its name, and the others wait for it to appear without
-// holding a connection, which behind PgBouncer is one of the few its pool
-// lends to the whole fleet. Waiting on the lock instead held 60 workers'
-// server connections for 13 s in all, about a tenth of a fleet's start.
+// is; errPlanBusy when another session holds the lock on its name: it is
+// making the function. Processes that start together may make the same
+// function: one does, under that lock, and the others look again later
+// without holding a connection, which behind PgBouncer is one of the few
+// its pool lends to the whole fleet. Waiting on the lock instead held 60
+// workers' server connections for 13 s in all, about a tenth of a fleet's
+// start.
 func (p *planFunctions) make(sql string) (string, error) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.makeWithin)
 	defer cancel()
-	name := planFunctionName(p.s.prefix, sql)
-	// heldTooLong names the lock when the attempt's time ran out after a
-	// look found it held: whether it ran out in the pause or in the next
-	// look's statements (on a loaded machine) is chance, not a different
-	// cause.
-	heldTooLong := func(looks int, err error) error {
-		if looks == 0 || p.ctx.Err() != nil || ctx.Err() == nil {
-			return err
-		}
-		return fmt.Errorf("another session held the lock on function %s for %s without making it "+
-			"(a session left in a transaction holds it: see pg_stat_activity): %w", name, p.makeWithin, ctx.Err())
-	}
-	for looks, pause := 0, planBusyPause; ; looks, pause = looks+1, min(2*pause, planBusyMaxPause) {
-		call, err := p.makeOnce(ctx, name, sql)
-		if !errors.Is(err, errPlanBusy) {
-			if err != nil {
-				err = heldTooLong(looks, err)
-			}
-			return call, err
-		}
-		if p.onBusy != nil {
-			p.onBusy()
-		}
-		select {
-		case <-ctx.Done():
-			return "", heldTooLong(looks+1, ctx.Err())
-		case <-time.After(jitter(pause)):
-		}
-	}
+	return p.makeOnce(ctx, planFunctionName(p.s.prefix, sql), sql)
 }
 
 // errPlanBusy says that another session holds the lock on a function's
@@ -406,18 +568,57 @@ func (p *planFunctions) makeOnce(ctx context.Context, name, sql string) (string,
 		return "", err
 	}
 	defer conn.Release()
-	// Made by another process already, nearly always: one read.
-	if call, err := p.made(ctx, conn, name); call != "" || err != nil {
+	// Made by another process already, nearly always: one read, which
+	// finds every other function made so far as well.
+	if call, err := p.lookAll(ctx, conn, name); call != "" || err != nil {
 		return call, err
 	}
-	// An unnamed statement: described on this connection, kept by none.
-	desc, err := conn.Conn().PgConn().Prepare(ctx, "", sql, nil)
+	// Only the session that holds the lock on name describes the
+	// statement: processes that start together find the function missing
+	// together, and each described the statement, about 2 ms of the
+	// server's time, only to learn that another was making it.
+	var call string
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		var locked bool
+		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext($1))`, p.s.prefix+name).Scan(&locked); err != nil {
+			return err
+		}
+		if !locked {
+			return errPlanBusy
+		}
+		// The check is a statement of its own, so that it reads after
+		// the lock.
+		var err error
+		if call, err = p.made(ctx, tx, name); call != "" || err != nil {
+			return err
+		}
+		create, made, err := p.describe(ctx, tx, name, sql)
+		if err != nil || create == "" {
+			return err
+		}
+		if _, err := tx.Exec(ctx, create); err != nil {
+			return err
+		}
+		call = made
+		return nil
+	})
 	if err != nil {
 		return "", err
 	}
+	return call, nil
+}
+
+// describe returns the statement that creates sql's function name and
+// the call of that function, or "" when sql stays as it is.
+func (p *planFunctions) describe(ctx context.Context, tx pgx.Tx, name, sql string) (create, call string, err error) {
+	// An unnamed statement: described on this connection, kept by none.
+	desc, err := tx.Conn().PgConn().Prepare(ctx, "", sql, nil)
+	if err != nil {
+		return "", "", err
+	}
 	changes := len(desc.Fields) == 0
 	if len(desc.ParamOIDs) > maxFuncArgs || changes && mainVerb(sql) == "SELECT" {
-		return "", nil
+		return "", "", nil
 	}
 	oids := make([]uint32, 0, len(desc.ParamOIDs)+len(desc.Fields))
 	oids = append(oids, desc.ParamOIDs...)
@@ -430,38 +631,19 @@ func (p *planFunctions) makeOnce(ctx context.Context, name, sql string) (string,
 		types  []string
 		pseudo bool
 	)
-	if err := conn.QueryRow(ctx, `SELECT array_agg(format_type(u.t, NULL) ORDER BY u.i), coalesce(bool_or(y.typtype = 'p'), false)
+	if err := tx.QueryRow(ctx, `SELECT array_agg(format_type(u.t, NULL) ORDER BY u.i), coalesce(bool_or(y.typtype = 'p'), false)
 		FROM unnest($1::oid[]) WITH ORDINALITY AS u(t, i) JOIN pg_type y ON y.oid = u.t`, oids).Scan(&types, &pseudo); err != nil {
-		return "", err
+		return "", "", err
 	}
 	if pseudo || len(types) != len(oids) {
-		return "", nil
+		return "", "", nil
 	}
 	params, columns := types[:len(desc.ParamOIDs)], types[len(desc.ParamOIDs):]
 	create, ok := planFunction(p.s.prefix+name, sql, params, columns, changes)
 	if !ok {
-		return "", nil
+		return "", "", nil
 	}
-	// The check is a statement of its own, so that it reads after the
-	// lock.
-	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		var locked bool
-		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext($1))`, p.s.prefix+name).Scan(&locked); err != nil {
-			return err
-		}
-		if !locked {
-			return errPlanBusy
-		}
-		if call, err := p.made(ctx, tx, name); call != "" || err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, create)
-		return err
-	})
-	if err != nil {
-		return "", err
-	}
-	return planCall(p.s.prefix, name, len(params), changes), nil
+	return create, planCall(p.s.prefix, name, len(params), changes), nil
 }
 
 // made returns the call of the function name if it is made already, ""

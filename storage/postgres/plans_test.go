@@ -218,10 +218,36 @@ func TestPgBouncerStoresMakeAFunctionOnce(t *testing.T) {
 	require.Equal(t, 1, planFunctionsIn(t, schema))
 }
 
+// TestPgBouncerRoutesAFunctionAnotherMadeAtFirstUse: a store that opens
+// on a schema whose functions another process made calls them from each
+// statement's first use, without a read of its own: a fleet that starts
+// together otherwise plans its hottest statements for seconds.
+func TestPgBouncerRoutesAFunctionAnotherMadeAtFirstUse(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	maker, _ := planFunctionsStore(t, schema)
+	const sql = `SELECT count(*) FROM {s}instances WHERE status = $1`
+	maker.q(sql)
+	maker.plans.wait()
+	call := maker.q(sql)
+	require.Contains(t, call, planFuncPrefix)
+
+	later, logs := planFunctionsStore(t, schema)
+	later.plans.wait() // its first look
+	require.Equal(t, call, later.q(sql), "the first use goes through the function")
+	var n int
+	require.NoError(t, later.pool.QueryRow(t.Context(), later.q(sql), "pending").Scan(&n))
+	require.Equal(t, 1, planFunctionsIn(t, schema))
+	require.NotContains(t, logs.String(), "level=WARN")
+}
+
 // TestPgBouncerWaitsForAFunctionWithoutAConnection: a store that finds
 // another session making a statement's function waits for it with no
 // connection of its pool, which behind PgBouncer is one of the few the
-// whole fleet shares, and calls the function once it is made.
+// whole fleet shares, makes and routes the other statements meanwhile (a
+// fleet that starts together makes different functions at once instead of
+// each waiting on every function in turn), and calls the function once it
+// is made.
 func TestPgBouncerWaitsForAFunctionWithoutAConnection(t *testing.T) {
 	t.Parallel()
 	schema := newSchema(t)
@@ -251,11 +277,16 @@ func TestPgBouncerWaitsForAFunctionWithoutAConnection(t *testing.T) {
 	defer cancel()
 	var n int
 	require.NoError(t, s.pool.QueryRow(stmtCtx, s.q(sql), "pending").Scan(&n), "a statement while the function is being made")
+	const free = `SELECT count(*) FROM {s}instances WHERE workflow = $1`
+	s.q(free)
+	require.Eventually(t, func() bool { return strings.Contains(s.q(free), planFuncPrefix) },
+		10*time.Second, 5*time.Millisecond, "a statement waits on another's function")
+	require.NotContains(t, s.q(sql), planFuncPrefix, "made under another session's lock")
 
 	require.NoError(t, other.Rollback(ctx)) // the other session gave up: this one makes it
 	s.plans.wait()
 	require.Contains(t, s.q(sql), planFuncPrefix)
-	require.Equal(t, 1, planFunctionsIn(t, schema))
+	require.Equal(t, 2, planFunctionsIn(t, schema))
 	require.NotContains(t, logs.String(), "level=WARN")
 }
 

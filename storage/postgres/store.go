@@ -446,8 +446,11 @@ func (s *Store) q(sql string) string {
 	if s.nExpanded.Add(1) <= maxExpanded {
 		s.expanded.Store(sql, e)
 		if s.plans != nil {
-			// Later calls get the function's call once it is made.
-			s.plans.consider(sql, e)
+			// Later calls get the function's call once it is made; this
+			// one already when the schema is known to hold it.
+			if call := s.plans.consider(sql, e); call != "" {
+				return call
+			}
 		}
 	}
 	return e
