@@ -89,7 +89,8 @@ const (
 )
 
 // planFunctions turns the statements of a store in PgBouncer mode into
-// functions, one at a time, in the background.
+// functions in the background, the statements queued together in one
+// transaction.
 type planFunctions struct {
 	s       *Store
 	pending chan planRequest
@@ -272,9 +273,7 @@ func (p *planFunctions) run() {
 			if p.anyUnknown(batch) {
 				p.look()
 			}
-			for _, r := range batch {
-				p.handle(r)
-			}
+			p.handleAll(batch)
 		}
 	}
 }
@@ -304,19 +303,51 @@ func (p *planFunctions) anyUnknown(batch []planRequest) bool {
 	return false
 }
 
-// handle routes r through its function, made by this store or found made,
-// or sets it aside, tries it again later or leaves it as it is.
-func (p *planFunctions) handle(r planRequest) {
+// handleAll routes each request of batch through its function, known,
+// made or found made, or sets it aside, tries it again later or leaves it
+// as it is. The functions the schema lacks are made together, in one
+// transaction: behind a busy PgBouncer each transaction waits its turn
+// for a server connection (a fifth of a second for 60 workers), and one
+// per statement kept the first worker of a fresh schema making functions
+// for most of a 4,000-instance backlog, which the whole fleet planned at
+// every execution meanwhile.
+func (p *planFunctions) handleAll(batch []planRequest) {
 	p.mu.Lock()
 	disabled := p.disabled
-	p.mu.Unlock()
-	var (
-		call string
-		err  error
-	)
-	if !disabled {
-		call, err = p.resolve(r)
+	var rest []planRequest
+	for _, r := range batch {
+		if call := p.known[planFunctionName(p.s.prefix, r.sql)]; call != "" || disabled {
+			p.mu.Unlock()
+			p.settle(r, call, nil)
+			p.mu.Lock()
+			continue
+		}
+		rest = append(rest, r)
 	}
+	p.mu.Unlock()
+	if len(rest) == 0 {
+		return
+	}
+	results, err := p.attemptAll(rest)
+	for i, r := range rest {
+		call, rerr := "", err
+		if err == nil {
+			call, rerr = results[i].call, results[i].err
+		}
+		if rerr != nil && r.looks > 0 && errors.Is(rerr, context.DeadlineExceeded) {
+			// Whether the time ran out in a pause or in the statements of
+			// the next look (on a loaded machine) is chance, not a
+			// different cause.
+			rerr = p.heldTooLong(r, rerr)
+		}
+		p.settle(r, call, rerr)
+	}
+}
+
+// settle acts on what making r's function came to: it routes r through
+// call, sets r aside while another session makes it (errPlanBusy), or
+// tries it again later, or leaves it as it is.
+func (p *planFunctions) settle(r planRequest, call string, err error) {
 	if errors.Is(err, errPlanBusy) {
 		if p.setAside(r) {
 			return // still working on it
@@ -330,10 +361,13 @@ func (p *planFunctions) handle(r planRequest) {
 		p.mu.Unlock()
 	case isInsufficientPrivilege(err):
 		p.mu.Lock()
+		already := p.disabled
 		p.disabled = true
 		p.mu.Unlock()
-		p.s.cfg.Logger.Info("postgres: this role may not create functions in dagrun's schema, so behind PgBouncer every statement is planned at each execution; grant CREATE on the schema to keep their plans",
-			"schema", p.s.cfg.Schema, "error", firstLine(err.Error()))
+		if !already {
+			p.s.cfg.Logger.Info("postgres: this role may not create functions in dagrun's schema, so behind PgBouncer every statement is planned at each execution; grant CREATE on the schema to keep their plans",
+				"schema", p.s.cfg.Schema, "error", firstLine(err.Error()))
+		}
 	case err != nil && p.ctx.Err() == nil:
 		p.failed(r, err)
 	}
@@ -428,25 +462,6 @@ func (p *planFunctions) wait() {
 	}
 }
 
-// resolve returns the call of r's function: known already, or made (or
-// found made) by attempt.
-func (p *planFunctions) resolve(r planRequest) (string, error) {
-	p.mu.Lock()
-	call := p.known[planFunctionName(p.s.prefix, r.sql)]
-	p.mu.Unlock()
-	if call != "" {
-		return call, nil
-	}
-	call, err := p.attempt(r.sql)
-	if err != nil && r.looks > 0 && errors.Is(err, context.DeadlineExceeded) {
-		// Whether the time ran out in a pause or in the statements of
-		// the next look (on a loaded machine) is chance, not a
-		// different cause.
-		err = p.heldTooLong(r, err)
-	}
-	return call, err
-}
-
 // setAside puts r aside while another session makes its function, and
 // queues it again after a pause that doubles with each look, so that run
 // goes on with the other statements meanwhile: processes that start
@@ -496,21 +511,20 @@ func (p *planFunctions) look() {
 		return
 	}
 	defer conn.Release()
-	if _, err := p.lookAll(ctx, conn, ""); err != nil {
+	if err := p.lookAll(ctx, conn); err != nil {
 		p.s.cfg.Logger.Debug("postgres: could not list dagrun's statement functions", "error", firstLine(err.Error()))
 	}
 }
 
-// lookAll reads every statement function of the schema into known and
-// returns the call of the function name, "" when the schema lacks it.
+// lookAll reads every statement function of the schema into known.
 func (p *planFunctions) lookAll(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, name string) (string, error) {
+}) error {
 	rows, err := q.Query(ctx, `SELECT proname::text, pronargs, proretset FROM pg_proc
 		WHERE pronamespace = $1::regnamespace AND proname LIKE $2`,
 		pgx.Identifier{p.s.cfg.Schema}.Sanitize(), planFuncPrefix+"%")
 	if err != nil {
-		return "", err
+		return err
 	}
 	known := map[string]string{}
 	var (
@@ -523,89 +537,131 @@ func (p *planFunctions) lookAll(ctx context.Context, q interface {
 		return nil
 	})
 	if err != nil {
-		return "", err
+		return err
 	}
 	p.mu.Lock()
 	p.known = known
 	p.mu.Unlock()
-	return known[name], nil
+	return nil
 }
 
-// attempt is make, unless a test's beforeMake fails it.
-func (p *planFunctions) attempt(sql string) (string, error) {
+// planResult is what an attempt to make one statement's function came
+// to: the call of the function, "" when the statement stays as it is, or
+// why it failed.
+type planResult struct {
+	call string
+	err  error
+}
+
+// attemptAll is makeAll, within p.makeWithin, unless a test's beforeMake
+// fails it.
+func (p *planFunctions) attemptAll(batch []planRequest) ([]planResult, error) {
 	if p.beforeMake != nil {
 		if err := p.beforeMake(); err != nil {
-			return "", err
+			return nil, err
 		}
 	}
-	return p.make(sql)
-}
-
-// make creates, unless it exists, the function of one statement and
-// returns the statement that calls it; "" when the statement stays as it
-// is; errPlanBusy when another session holds the lock on its name: it is
-// making the function. Processes that start together may make the same
-// function: one does, under that lock, and the others look again later
-// without holding a connection, which behind PgBouncer is one of the few
-// its pool lends to the whole fleet. Waiting on the lock instead held 60
-// workers' server connections for 13 s in all, about a tenth of a fleet's
-// start.
-func (p *planFunctions) make(sql string) (string, error) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.makeWithin)
 	defer cancel()
-	return p.makeOnce(ctx, planFunctionName(p.s.prefix, sql), sql)
+	return p.makeAll(ctx, batch)
 }
 
 // errPlanBusy says that another session holds the lock on a function's
 // name: it is making the function.
 var errPlanBusy = errors.New("postgres: another session is making the function")
 
-// makeOnce is one attempt of make, on one connection; errPlanBusy when
-// another session holds the lock on name.
-func (p *planFunctions) makeOnce(ctx context.Context, name, sql string) (string, error) {
+// makeAll creates, unless they exist, the functions of the batch's
+// statements, in one transaction, and returns each one's result: errPlanBusy
+// for a function another session holds the lock on: it is making it.
+// Processes that start together may make the same function: one does,
+// under that lock, and the others look again later without holding a
+// connection, which behind PgBouncer is one of the few its pool lends to
+// the whole fleet. Waiting on the lock instead held 60 workers' server
+// connections for 13 s in all, about a tenth of a fleet's start. An error
+// of makeAll's own is every statement's.
+func (p *planFunctions) makeAll(ctx context.Context, batch []planRequest) ([]planResult, error) {
 	conn, err := p.s.pool.Acquire(ctx)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	defer conn.Release()
 	// Made by another process already, nearly always: one read, which
 	// finds every other function made so far as well.
-	if call, err := p.lookAll(ctx, conn, name); call != "" || err != nil {
-		return call, err
+	if err := p.lookAll(ctx, conn); err != nil {
+		return nil, err
 	}
-	// Only the session that holds the lock on name describes the
-	// statement: processes that start together find the function missing
-	// together, and each described the statement, about 2 ms of the
-	// server's time, only to learn that another was making it.
-	var call string
+	results := make([]planResult, len(batch))
+	names := make([]string, len(batch))
+	var keys []string
+	var missing []int
+	p.mu.Lock()
+	for i, r := range batch {
+		names[i] = planFunctionName(p.s.prefix, r.sql)
+		if results[i].call = p.known[names[i]]; results[i].call == "" {
+			missing = append(missing, i)
+			keys = append(keys, p.s.prefix+names[i])
+		}
+	}
+	p.mu.Unlock()
+	if len(missing) == 0 {
+		return results, nil
+	}
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		var locked bool
-		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext($1))`, p.s.prefix+name).Scan(&locked); err != nil {
+		rows, err := tx.Query(ctx, `SELECT pg_try_advisory_xact_lock(hashtext(k))
+			FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i`, keys)
+		if err != nil {
 			return err
 		}
-		if !locked {
-			return errPlanBusy
-		}
-		// The check is a statement of its own, so that it reads after
-		// the lock.
-		var err error
-		if call, err = p.made(ctx, tx, name); call != "" || err != nil {
+		locked, err := pgx.CollectRows(rows, pgx.RowTo[bool])
+		if err != nil {
 			return err
 		}
-		create, made, err := p.describe(ctx, tx, name, sql)
+		// A statement of its own, so that it reads after the locks: a
+		// session that held one may have made its function meanwhile.
+		if err := p.lookAll(ctx, tx); err != nil {
+			return err
+		}
+		for j, i := range missing {
+			p.mu.Lock()
+			results[i].call = p.known[names[i]]
+			p.mu.Unlock()
+			switch {
+			case results[i].call != "":
+			case !locked[j]:
+				results[i].err = errPlanBusy
+			default:
+				results[i].call, results[i].err = p.makeIn(ctx, tx, names[i], batch[i].sql)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return results, nil
+}
+
+// makeIn creates the function name of sql in a savepoint of tx, so that a
+// statement whose function cannot be made leaves the others made, and
+// returns its call, or "" when sql stays as it is. Only the session that
+// holds the lock on name describes the statement: processes that start
+// together find the function missing together, and each described the
+// statement, about 2 ms of the server's time, only to learn that another
+// was making it.
+func (p *planFunctions) makeIn(ctx context.Context, tx pgx.Tx, name, sql string) (string, error) {
+	var call string
+	err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+		create, made, err := p.describe(ctx, sp, name, sql)
 		if err != nil || create == "" {
 			return err
 		}
-		if _, err := tx.Exec(ctx, create); err != nil {
+		if _, err := sp.Exec(ctx, create); err != nil {
 			return err
 		}
 		call = made
 		return nil
 	})
-	if err != nil {
-		return "", err
-	}
-	return call, nil
+	return call, err
 }
 
 // describe returns the statement that creates sql's function name and
@@ -644,26 +700,6 @@ func (p *planFunctions) describe(ctx context.Context, tx pgx.Tx, name, sql strin
 		return "", "", nil
 	}
 	return create, planCall(p.s.prefix, name, len(params), changes), nil
-}
-
-// made returns the call of the function name if it is made already, ""
-// if not.
-func (p *planFunctions) made(ctx context.Context, q interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, name string) (string, error) {
-	var (
-		args int16
-		rows bool
-	)
-	err := q.QueryRow(ctx, `SELECT pronargs, proretset FROM pg_proc WHERE proname = $1 AND pronamespace = $2::regnamespace`,
-		name, pgx.Identifier{p.s.cfg.Schema}.Sanitize()).Scan(&args, &rows)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", nil
-	}
-	if err != nil {
-		return "", err
-	}
-	return planCall(p.s.prefix, name, int(args), !rows), nil
 }
 
 // planFunctionName names the function of a statement of the schema prefix

@@ -241,6 +241,50 @@ func TestPgBouncerRoutesAFunctionAnotherMadeAtFirstUse(t *testing.T) {
 	require.NotContains(t, logs.String(), "level=WARN")
 }
 
+// TestPgBouncerMakesQueuedFunctionsTogether: the statements queued while
+// the store makes a function are made next, in one transaction, and one
+// whose function cannot be made leaves the others made.
+func TestPgBouncerMakesQueuedFunctionsTogether(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	s, _ := planFunctionsStore(t, schema)
+	s.plans.wait()
+	s.plans.retryPause = time.Hour // the broken statement's next try
+	making, release := make(chan struct{}), make(chan struct{})
+	var (
+		once     sync.Once
+		attempts atomic.Int32 // each one transaction
+	)
+	s.plans.beforeMake = func() error {
+		attempts.Add(1)
+		once.Do(func() { close(making); <-release })
+		return nil
+	}
+	const (
+		first  = `SELECT count(*) FROM {s}instances WHERE status = $1`
+		broken = `SELECT count(*) FROM {s}no_such_table WHERE id = $1`
+	)
+	together := []string{
+		`SELECT count(*) FROM {s}instances WHERE workflow = $1`,
+		broken,
+		`SELECT count(*) FROM {s}steps WHERE status = $1`,
+		`UPDATE {s}steps SET attempts = attempts WHERE id = $1`,
+	}
+	s.q(first)
+	<-making
+	for _, sql := range together {
+		s.q(sql)
+	}
+	close(release)
+	s.plans.wait()
+
+	for _, sql := range append([]string{first}, together...) {
+		require.Equal(t, sql != broken, strings.Contains(s.q(sql), planFuncPrefix), sql)
+	}
+	require.Equal(t, len(together), planFunctionsIn(t, schema))
+	require.EqualValues(t, 2, attempts.Load(), "attempts: the first statement's, then the rest's together")
+}
+
 // TestPgBouncerWaitsForAFunctionWithoutAConnection: a store that finds
 // another session making a statement's function waits for it with no
 // connection of its pool, which behind PgBouncer is one of the few the
