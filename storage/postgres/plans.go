@@ -616,6 +616,9 @@ func (p *planFunctions) makeAll(ctx context.Context, batch []planRequest) ([]pla
 		if err != nil {
 			return err
 		}
+		if len(locked) != len(keys) {
+			return fmt.Errorf("postgres: took %d locks on statement functions' names, asked for %d", len(locked), len(keys))
+		}
 		// A statement of its own, so that it reads after the locks: a
 		// session that held one may have made its function meanwhile.
 		if err := p.lookAll(ctx, tx); err != nil {
