@@ -82,6 +82,9 @@ const (
 // a function another session is making; each look doubles it, up to
 // planBusyMaxPause. planMakeWithin bounds one attempt to make a function,
 // waits included.
+// planCloseGrace bounds how long close waits for an attempt under way.
+const planCloseGrace = 5 * time.Second
+
 const (
 	planBusyPause    = 20 * time.Millisecond
 	planBusyMaxPause = 500 * time.Millisecond
@@ -96,7 +99,12 @@ type planFunctions struct {
 	pending chan planRequest
 	ctx     context.Context
 	stop    context.CancelFunc
-	done    chan struct{}
+	// attempts is the context of the attempts to make functions: close
+	// lets the one under way end, commit or roll back, before it cancels
+	// it (see close).
+	attempts context.Context
+	abort    context.CancelFunc
+	done     chan struct{}
 
 	mu       sync.Mutex
 	working  int  // requests queued or being made
@@ -141,7 +149,8 @@ type planRequest struct {
 
 func newPlanFunctions(s *Store) *planFunctions {
 	ctx, stop := context.WithCancel(context.Background())
-	p := &planFunctions{s: s, pending: make(chan planRequest, maxExpanded), ctx: ctx, stop: stop, done: make(chan struct{}),
+	attempts, abort := context.WithCancel(context.Background())
+	p := &planFunctions{s: s, pending: make(chan planRequest, maxExpanded), ctx: ctx, stop: stop, attempts: attempts, abort: abort, done: make(chan struct{}),
 		routed: map[string]string{}, failures: map[string]int{}, outages: map[string]int{}, retryPause: planRetryPause, makeWithin: planMakeWithin,
 		working: 1} // the first look
 
@@ -270,6 +279,9 @@ func (p *planFunctions) run() {
 			return
 		case r := <-p.pending:
 			batch := p.queued(r)
+			if p.ctx.Err() != nil {
+				return // closed: make no more
+			}
 			if p.anyUnknown(batch) {
 				p.look()
 			}
@@ -443,13 +455,24 @@ func (p *planFunctions) forget(err error) bool {
 	return true
 }
 
-// close stops making functions and waits for the one being made.
+// close stops making functions and waits for the attempt under way, for
+// up to planCloseGrace before it cancels it. Cancelled, an attempt leaves
+// its transaction to the server until the server notices: behind
+// PgBouncer the client's side of it closes at once, but the server's
+// goes on, with the locks it took, and a DROP SCHEMA right after the
+// store closed (a test's cleanup) deadlocked with it.
 func (p *planFunctions) close() {
 	p.mu.Lock()
 	p.stop()
 	p.idle.Broadcast() // a wait returns: nothing more will be made
 	p.mu.Unlock()
-	<-p.done
+	select {
+	case <-p.done:
+	case <-time.After(planCloseGrace):
+		p.abort()
+		<-p.done
+	}
+	p.abort()
 }
 
 // wait returns once the first look is done and every statement queued so
@@ -561,7 +584,7 @@ func (p *planFunctions) attemptAll(batch []planRequest) ([]planResult, error) {
 			return nil, err
 		}
 	}
-	ctx, cancel := context.WithTimeout(p.ctx, p.makeWithin)
+	ctx, cancel := context.WithTimeout(p.attempts, p.makeWithin)
 	defer cancel()
 	return p.makeAll(ctx, batch)
 }

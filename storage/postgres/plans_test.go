@@ -285,6 +285,43 @@ func TestPgBouncerMakesQueuedFunctionsTogether(t *testing.T) {
 	require.EqualValues(t, 2, attempts.Load(), "attempts: the first statement's, then the rest's together")
 }
 
+// TestPgBouncerCloseEndsTheFunctionsBeingMade: closing a store lets the
+// functions it is making be made, or rolled back, before it returns, so
+// that it leaves no transaction on the server: one cut off behind
+// PgBouncer went on holding its locks, and a DROP SCHEMA right after the
+// close deadlocked with it.
+func TestPgBouncerCloseEndsTheFunctionsBeingMade(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	s := openURL(t, withQuery(t, testURL(t), SchemaParam, schema, PgBouncerParam, "true"), &Config{MaxConns: 2})
+	s.plans.wait()
+	making := make(chan struct{})
+	s.plans.beforeMake = func() error {
+		close(making)
+		<-s.plans.ctx.Done() // the store is closing
+		return nil
+	}
+	statements := []string{
+		`SELECT count(*) FROM {s}instances WHERE status = $1`,
+		`SELECT count(*) FROM {s}steps WHERE status = $1`,
+	}
+	for _, sql := range statements {
+		s.q(sql)
+	}
+	<-making
+	require.NoError(t, s.Close())
+	require.Equal(t, len(statements), planFunctionsIn(t, schema), "the attempt under way at the close")
+
+	err := pgx.BeginFunc(t.Context(), sharedPool(t), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(t.Context(), `SET LOCAL lock_timeout = '5s'`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(t.Context(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		return err
+	})
+	require.NoError(t, err, "nothing of the store's holds the schema")
+}
+
 // TestPgBouncerWaitsForAFunctionWithoutAConnection: a store that finds
 // another session making a statement's function waits for it with no
 // connection of its pool, which behind PgBouncer is one of the few the
