@@ -82,14 +82,14 @@ const (
 // a function another session is making; each look doubles it, up to
 // planBusyMaxPause. planMakeWithin bounds one attempt to make a function,
 // waits included.
-// planCloseGrace bounds how long close waits for an attempt under way.
-const planCloseGrace = 5 * time.Second
-
 const (
 	planBusyPause    = 20 * time.Millisecond
 	planBusyMaxPause = 500 * time.Millisecond
 	planMakeWithin   = 30 * time.Second
 )
+
+// planCloseGrace bounds how long close waits for an attempt under way.
+const planCloseGrace = 5 * time.Second
 
 // planFunctions turns the statements of a store in PgBouncer mode into
 // functions in the background, the statements queued together in one
@@ -153,7 +153,6 @@ func newPlanFunctions(s *Store) *planFunctions {
 	p := &planFunctions{s: s, pending: make(chan planRequest, maxExpanded), ctx: ctx, stop: stop, attempts: attempts, abort: abort, done: make(chan struct{}),
 		routed: map[string]string{}, failures: map[string]int{}, outages: map[string]int{}, retryPause: planRetryPause, makeWithin: planMakeWithin,
 		working: 1} // the first look
-
 	p.idle = sync.NewCond(&p.mu)
 	go p.run()
 	return p
@@ -264,11 +263,12 @@ func mainVerb(sql string) string {
 // run makes the queued statements' functions until close: a process that
 // starts makes few, and those once. It looks up the functions the schema
 // holds first, so that the statements a process starts with go through
-// their functions from their first use, and again for each batch of
-// statements queued meanwhile: one read routes every statement of the
-// batch whose function another process made. A read per statement, on a
-// worker's one pool connection that its claims and finishes keep busy,
-// took 60 workers behind PgBouncer 2 to 6 s to route their statements.
+// their functions from their first use; each batch of statements queued
+// later is settled in one transaction (makeAll), whose one read routes
+// every statement of the batch whose function another process made. A
+// read per statement, on a worker's one pool connection that its claims
+// and finishes keep busy, took 60 workers behind PgBouncer 2 to 6 s to
+// route their statements.
 func (p *planFunctions) run() {
 	defer close(p.done)
 	p.look()
@@ -281,9 +281,6 @@ func (p *planFunctions) run() {
 			batch := p.queued(r)
 			if p.ctx.Err() != nil {
 				return // closed: make no more
-			}
-			if p.anyUnknown(batch) {
-				p.look()
 			}
 			p.handleAll(batch)
 		}
@@ -303,18 +300,6 @@ func (p *planFunctions) queued(r planRequest) []planRequest {
 	}
 }
 
-// anyUnknown reports whether a request of batch has no known function.
-func (p *planFunctions) anyUnknown(batch []planRequest) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, r := range batch {
-		if p.known[planFunctionName(p.s.prefix, r.sql)] == "" {
-			return true
-		}
-	}
-	return false
-}
-
 // handleAll routes each request of batch through its function, known,
 // made or found made, or sets it aside, tries it again later or leaves it
 // as it is. The functions the schema lacks are made together, in one
@@ -326,17 +311,19 @@ func (p *planFunctions) anyUnknown(batch []planRequest) bool {
 func (p *planFunctions) handleAll(batch []planRequest) {
 	p.mu.Lock()
 	disabled := p.disabled
+	calls := make([]string, len(batch))
 	var rest []planRequest
-	for _, r := range batch {
-		if call := p.known[planFunctionName(p.s.prefix, r.sql)]; call != "" || disabled {
-			p.mu.Unlock()
-			p.settle(r, call, nil)
-			p.mu.Lock()
-			continue
+	for i, r := range batch {
+		if calls[i] = p.known[planFunctionName(p.s.prefix, r.sql)]; calls[i] == "" && !disabled {
+			rest = append(rest, r)
 		}
-		rest = append(rest, r)
 	}
 	p.mu.Unlock()
+	for i, r := range batch {
+		if calls[i] != "" || disabled {
+			p.settle(r, calls[i], nil)
+		}
+	}
 	if len(rest) == 0 {
 		return
 	}
@@ -525,7 +512,8 @@ func (p *planFunctions) heldTooLong(r planRequest, err error) error {
 }
 
 // look reads the functions the schema holds into known; a failure only
-// leaves the statements to be looked up one by one.
+// leaves the statements to be found by the transactions that would make
+// them (makeAll).
 func (p *planFunctions) look() {
 	ctx, cancel := context.WithTimeout(p.ctx, planMakeWithin)
 	defer cancel()
@@ -608,26 +596,12 @@ func (p *planFunctions) makeAll(ctx context.Context, batch []planRequest) ([]pla
 		return nil, err
 	}
 	defer conn.Release()
-	// Made by another process already, nearly always: one read, which
-	// finds every other function made so far as well.
-	if err := p.lookAll(ctx, conn); err != nil {
-		return nil, err
-	}
 	results := make([]planResult, len(batch))
 	names := make([]string, len(batch))
-	var keys []string
-	var missing []int
-	p.mu.Lock()
+	keys := make([]string, len(batch))
 	for i, r := range batch {
 		names[i] = planFunctionName(p.s.prefix, r.sql)
-		if results[i].call = p.known[names[i]]; results[i].call == "" {
-			missing = append(missing, i)
-			keys = append(keys, p.s.prefix+names[i])
-		}
-	}
-	p.mu.Unlock()
-	if len(missing) == 0 {
-		return results, nil
+		keys[i] = p.s.prefix + names[i]
 	}
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT pg_try_advisory_xact_lock(hashtext(k))
@@ -642,18 +616,22 @@ func (p *planFunctions) makeAll(ctx context.Context, batch []planRequest) ([]pla
 		if len(locked) != len(keys) {
 			return fmt.Errorf("postgres: took %d locks on statement functions' names, asked for %d", len(locked), len(keys))
 		}
-		// A statement of its own, so that it reads after the locks: a
-		// session that held one may have made its function meanwhile.
+		// Made by another process already, nearly always. A statement of
+		// its own, so that it reads after the locks: a session that held
+		// one may have made its function meanwhile. The read lists every
+		// other function made so far as well.
 		if err := p.lookAll(ctx, tx); err != nil {
 			return err
 		}
-		for j, i := range missing {
-			p.mu.Lock()
-			results[i].call = p.known[names[i]]
-			p.mu.Unlock()
+		p.mu.Lock()
+		for i, name := range names {
+			results[i].call = p.known[name]
+		}
+		p.mu.Unlock()
+		for i := range batch {
 			switch {
 			case results[i].call != "":
-			case !locked[j]:
+			case !locked[i]:
 				results[i].err = errPlanBusy
 			default:
 				results[i].call, results[i].err = p.makeIn(ctx, tx, names[i], batch[i].sql)
