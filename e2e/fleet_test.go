@@ -136,6 +136,7 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 		completedWhenUp               int
 		stepsWhenUp                   int // steps completed when the last worker came up
 		busyWhenUp                    time.Duration
+		waits                         fleetWaits // summed over the samples taken once all were up
 	)
 	deadline := time.Now().Add(time.Duration(n)*25*time.Millisecond + 2*time.Minute)
 	for completed < n {
@@ -149,10 +150,19 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 			checks = startOperatorChecks(e, bin)
 		}
 		var server, inDB, ofFleet int
+		var now fleetWaits
 		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE datname = current_database()),
-			count(*) FILTER (WHERE application_name LIKE 'dagrun-fleet%')
-			FROM pg_stat_activity WHERE backend_type = 'client backend'`).Scan(&server, &inDB, &ofFleet))
+			count(*) FILTER (WHERE application_name LIKE 'dagrun-fleet%'),
+			count(*) FILTER (WHERE datname = current_database() AND state = 'active' AND wait_event_type IS NULL),
+			count(*) FILTER (WHERE datname = current_database() AND state = 'active' AND wait_event_type IN ('Lock', 'LWLock') AND wait_event <> 'WALWrite'),
+			count(*) FILTER (WHERE datname = current_database() AND state = 'active' AND wait_event IN ('WALWrite', 'WALSync')),
+			count(*) FILTER (WHERE datname = current_database() AND state LIKE 'idle in transaction%')
+			FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()`).Scan(&server, &inDB, &ofFleet,
+			&now.running, &now.locks, &now.flush, &now.inTx))
 		peakServer, peakDB, peakFleet = max(peakServer, server), max(peakDB, inDB), max(peakFleet, ofFleet)
+		if !allUp.IsZero() {
+			waits.add(now)
+		}
 		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM dagrun.instances WHERE status = 'completed'`).Scan(&completed))
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -189,10 +199,10 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 	// instance: a larger fleet that costs more of it per instance does more
 	// work for the same result, one that does not only waits longer.
 	t.Logf("fleet=%s workers=%d concurrency=%d instances=%d seconds=%.1f instances_per_s=%.0f all_up_s=%.1f steps_done_when_up=%d after_all_up_per_s=%.0f "+
-		"machine_cpu_ms_per_instance=%.2f after_all_up_cpu_ms_per_instance=%.2f peak_server_conns=%d peak_db_conns=%d peak_fleet_conns=%d max_connections=%d operator_checks=%s",
+		"machine_cpu_ms_per_instance=%.2f after_all_up_cpu_ms_per_instance=%.2f peak_server_conns=%d peak_db_conns=%d peak_fleet_conns=%d max_connections=%d server_backends_once_up=%s operator_checks=%s",
 		run.via, run.workers, fleetConcurrency, n, elapsed.Seconds(), float64(n)/elapsed.Seconds(),
 		allUp.Sub(began).Seconds(), stepsWhenUp, float64(n-completedWhenUp)/(elapsed-allUp.Sub(began)).Seconds(),
-		msPer(busyAtEnd-busyBefore, n), msPer(busyAtEnd-busyWhenUp, n-completedWhenUp), peakServer, peakDB, peakFleet, maxConns, checks)
+		msPer(busyAtEnd-busyBefore, n), msPer(busyAtEnd-busyWhenUp, n-completedWhenUp), peakServer, peakDB, peakFleet, maxConns, waits, checks)
 
 	// A worker holds one pool connection and its listener; through
 	// PgBouncer the database sees PgBouncer's pool and the operator's few.
@@ -205,6 +215,34 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 	// An ordinary role still finds a free slot at the fleet's peak.
 	require.LessOrEqual(t, peakServer+2, maxConns-reserved, "the fleet left no connection for anyone else")
 	checks.require(t)
+}
+
+// fleetWaits counts the database's server backends (the fleet's, and the
+// operator's checks') by what they are doing, summed over the loop's
+// samples: running, waiting on a lock or a lightweight lock (another
+// transaction's row, a page, the lock table), waiting for a commit's WAL
+// flush (its own or the one it joined), or inside a transaction waiting
+// on its client for the next statement. Their means over a run tell a
+// fleet whose server works from one whose transactions wait on one
+// another or on worker processes starved of CPU.
+type fleetWaits struct {
+	samples                     int
+	running, locks, flush, inTx int
+}
+
+func (w *fleetWaits) add(now fleetWaits) {
+	w.samples++
+	w.running += now.running
+	w.locks += now.locks
+	w.flush += now.flush
+	w.inTx += now.inTx
+}
+
+// String gives the mean backends of each kind per sample.
+func (w fleetWaits) String() string {
+	mean := func(v int) float64 { return float64(v) / float64(max(w.samples, 1)) }
+	return fmt.Sprintf("running:%.1f,lock_wait:%.1f,commit_flush:%.1f,in_tx_awaiting_client:%.1f,samples:%d",
+		mean(w.running), mean(w.locks), mean(w.flush), mean(w.inTx), w.samples)
 }
 
 // machineBusy is the CPU time every core of the machine has spent busy
