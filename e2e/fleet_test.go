@@ -117,6 +117,8 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 	require.NoError(t, admin.QueryRow(ctx, `SELECT current_setting('max_connections')::int,
 		current_setting('superuser_reserved_connections')::int`).Scan(&maxConns, &reserved))
 
+	statements := resetStatementStats(ctx, admin)
+
 	// The workers' connections go by a name of their own.
 	fleet := *e
 	fleet.db = withParam(t, db, "application_name", "dagrun-fleet")
@@ -199,10 +201,11 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 	// instance: a larger fleet that costs more of it per instance does more
 	// work for the same result, one that does not only waits longer.
 	t.Logf("fleet=%s workers=%d concurrency=%d instances=%d seconds=%.1f instances_per_s=%.0f all_up_s=%.1f steps_done_when_up=%d after_all_up_per_s=%.0f "+
-		"machine_cpu_ms_per_instance=%.2f after_all_up_cpu_ms_per_instance=%.2f peak_server_conns=%d peak_db_conns=%d peak_fleet_conns=%d max_connections=%d server_backends_once_up=%s operator_checks=%s",
+		"machine_cpu_ms_per_instance=%.2f after_all_up_cpu_ms_per_instance=%.2f peak_server_conns=%d peak_db_conns=%d peak_fleet_conns=%d max_connections=%d server_backends_once_up=%s statements=%s operator_checks=%s",
 		run.via, run.workers, fleetConcurrency, n, elapsed.Seconds(), float64(n)/elapsed.Seconds(),
 		allUp.Sub(began).Seconds(), stepsWhenUp, float64(n-completedWhenUp)/(elapsed-allUp.Sub(began)).Seconds(),
-		msPer(busyAtEnd-busyBefore, n), msPer(busyAtEnd-busyWhenUp, n-completedWhenUp), peakServer, peakDB, peakFleet, maxConns, waits, checks)
+		msPer(busyAtEnd-busyBefore, n), msPer(busyAtEnd-busyWhenUp, n-completedWhenUp), peakServer, peakDB, peakFleet, maxConns, waits,
+		statements.read(ctx, admin), checks)
 
 	// A worker holds one pool connection and its listener; through
 	// PgBouncer the database sees PgBouncer's pool and the operator's few.
@@ -243,6 +246,57 @@ func (w fleetWaits) String() string {
 	mean := func(v int) float64 { return float64(v) / float64(max(w.samples, 1)) }
 	return fmt.Sprintf("running:%.1f,lock_wait:%.1f,commit_flush:%.1f,in_tx_awaiting_client:%.1f,samples:%d",
 		mean(w.running), mean(w.locks), mean(w.flush), mean(w.inTx), w.samples)
+}
+
+// statementStats reads what pg_stat_statements saw of the fleet's
+// database since resetStatementStats, where the server preloads it
+// (shared_preload_libraries); elsewhere it says unavailable. Its figures
+// tell which statement a slow fleet spends its server time in: the
+// backlog claim's calls and mean time (lock and buffer waits included),
+// and all the database's statements' time.
+type statementStats struct {
+	available bool
+}
+
+// resetStatementStats creates pg_stat_statements in the fleet's database
+// and forgets what it counted there so far (the backlog's enqueueing).
+// The sessions opened after it also count the statements run inside
+// functions: through PgBouncer a claim is the body of a statement
+// function (storage/postgres, plans.go).
+func resetStatementStats(ctx context.Context, admin *pgx.Conn) statementStats {
+	var db string
+	if err := admin.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		return statementStats{}
+	}
+	for _, sql := range []string{
+		`CREATE EXTENSION IF NOT EXISTS pg_stat_statements`,
+		`ALTER DATABASE ` + pgx.Identifier{db}.Sanitize() + ` SET pg_stat_statements.track = 'all'`,
+		`SELECT pg_stat_statements_reset(0, (SELECT oid FROM pg_database WHERE datname = current_database()), 0)`,
+	} {
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			return statementStats{}
+		}
+	}
+	return statementStats{available: true}
+}
+
+// read gives the claims' calls and mean milliseconds (claimSQL's
+// statements, whose first CTE is cand, wherever they ran) and the seconds
+// of every statement the database's clients sent.
+func (s statementStats) read(ctx context.Context, admin *pgx.Conn) string {
+	if !s.available {
+		return "unavailable"
+	}
+	var claims int64
+	var claimMS, allMS float64
+	err := admin.QueryRow(ctx, `SELECT coalesce(sum(calls) FILTER (WHERE query LIKE '%WITH cand AS%'), 0)::bigint,
+		coalesce(sum(total_exec_time) FILTER (WHERE query LIKE '%WITH cand AS%'), 0),
+		coalesce(sum(total_exec_time) FILTER (WHERE toplevel), 0)
+		FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&claims, &claimMS, &allMS)
+	if err != nil {
+		return "unavailable"
+	}
+	return fmt.Sprintf("claims:%d,claim_mean_ms:%.2f,all_s:%.1f", claims, claimMS/float64(max(claims, 1)), allMS/1000)
 }
 
 // machineBusy is the CPU time every core of the machine has spent busy
