@@ -87,7 +87,7 @@ func fleetRuns(t *testing.T) (runs []fleetRun, instances int) {
 // without the race detector, and logs one line of figures per fleet. The
 // full size, whose figures the README quotes:
 //
-//	DAGRUN_E2E_FLEET=1 go test ./e2e -run TestFleet -v -timeout 30m
+//	DAGRUN_E2E_FLEET=1 go test -count=1 ./e2e -run TestFleet -v -timeout 30m
 func TestFleet(t *testing.T) {
 	skipWithoutPostgres(t)
 	runs, instances := fleetPlan(t)
