@@ -268,10 +268,12 @@ func resetStatementStats(ctx context.Context, admin *pgx.Conn) statementStats {
 	if err := admin.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
 		return statementStats{}
 	}
+	// The reset fails where the server does not preload the library,
+	// before the database's setting is touched.
 	for _, sql := range []string{
 		`CREATE EXTENSION IF NOT EXISTS pg_stat_statements`,
-		`ALTER DATABASE ` + pgx.Identifier{db}.Sanitize() + ` SET pg_stat_statements.track = 'all'`,
 		`SELECT pg_stat_statements_reset(0, (SELECT oid FROM pg_database WHERE datname = current_database()), 0)`,
+		`ALTER DATABASE ` + pgx.Identifier{db}.Sanitize() + ` SET pg_stat_statements.track = 'all'`,
 	} {
 		if _, err := admin.Exec(ctx, sql); err != nil {
 			return statementStats{}
