@@ -138,6 +138,7 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 		completedWhenUp               int
 		stepsWhenUp                   int // steps completed when the last worker came up
 		busyWhenUp                    time.Duration
+		workersCPUWhenUp              time.Duration
 		waits                         fleetWaits // summed over the samples taken once all were up
 	)
 	deadline := time.Now().Add(time.Duration(n)*25*time.Millisecond + 2*time.Minute)
@@ -148,6 +149,7 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 		}
 		if allUp.IsZero() && workersUp(workers) {
 			allUp, completedWhenUp, busyWhenUp = time.Now(), completed, machineBusy(t)
+			workersCPUWhenUp = processesCPU(t, workers)
 			require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM dagrun.steps WHERE status = 'completed'`).Scan(&stepsWhenUp))
 			checks = startOperatorChecks(e, bin)
 		}
@@ -169,7 +171,7 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	elapsed := time.Since(began)
-	busyAtEnd := machineBusy(t)
+	busyAtEnd, workersCPUAtEnd := machineBusy(t), processesCPU(t, workers)
 	require.NotNil(t, checks, "the instances completed before every worker had started")
 	checks.stop()
 
@@ -199,13 +201,16 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 	// first step is claimed before any second one. The CPU figures are the
 	// whole machine's (the server, the workers, the operator's checks) per
 	// instance: a larger fleet that costs more of it per instance does more
-	// work for the same result, one that does not only waits longer.
+	// work for the same result, one that does not only waits longer. The
+	// workers' own share, once all were up, tells the worker processes'
+	// cost from the server's.
 	t.Logf("fleet=%s workers=%d concurrency=%d instances=%d seconds=%.1f instances_per_s=%.0f all_up_s=%.1f steps_done_when_up=%d after_all_up_per_s=%.0f "+
-		"machine_cpu_ms_per_instance=%.2f after_all_up_cpu_ms_per_instance=%.2f peak_server_conns=%d peak_db_conns=%d peak_fleet_conns=%d max_connections=%d server_backends_once_up=%s statements=%s operator_checks=%s",
+		"machine_cpu_ms_per_instance=%.2f after_all_up_cpu_ms_per_instance=%.2f after_all_up_workers_cpu_ms_per_instance=%.2f "+
+		"peak_server_conns=%d peak_db_conns=%d peak_fleet_conns=%d max_connections=%d server_backends_once_up=%s statements=%s operator_checks=%s",
 		run.via, run.workers, fleetConcurrency, n, elapsed.Seconds(), float64(n)/elapsed.Seconds(),
 		allUp.Sub(began).Seconds(), stepsWhenUp, float64(n-completedWhenUp)/(elapsed-allUp.Sub(began)).Seconds(),
-		msPer(busyAtEnd-busyBefore, n), msPer(busyAtEnd-busyWhenUp, n-completedWhenUp), peakServer, peakDB, peakFleet, maxConns, waits,
-		statements.read(ctx, admin), checks)
+		msPer(busyAtEnd-busyBefore, n), msPer(busyAtEnd-busyWhenUp, n-completedWhenUp), msPer(workersCPUAtEnd-workersCPUWhenUp, n-completedWhenUp),
+		peakServer, peakDB, peakFleet, maxConns, waits, statements.read(ctx, admin), checks)
 
 	// A worker holds one pool connection and its listener; through
 	// PgBouncer the database sees PgBouncer's pool and the operator's few.
@@ -283,22 +288,28 @@ func resetStatementStats(ctx context.Context, admin *pgx.Conn) statementStats {
 }
 
 // read gives the claims' calls and mean milliseconds (claimSQL's
-// statements, whose first CTE is cand, wherever they ran) and the seconds
-// of every statement the database's clients sent.
+// statements, whose first CTE is cand, wherever they ran), the same of the
+// finishes (finishSQL's, whose first CTE is r, as is that of the lease
+// recovery, which alone names terminal outcomes), and the seconds of
+// every statement the database's clients sent.
 func (s statementStats) read(ctx context.Context, admin *pgx.Conn) string {
 	if !s.available {
 		return "unavailable"
 	}
-	var claims int64
-	var claimMS, allMS float64
+	var claims, finishes int64
+	var claimMS, finishMS, allMS float64
 	err := admin.QueryRow(ctx, `SELECT coalesce(sum(calls) FILTER (WHERE query LIKE '%WITH cand AS%'), 0)::bigint,
 		coalesce(sum(total_exec_time) FILTER (WHERE query LIKE '%WITH cand AS%'), 0),
+		coalesce(sum(calls) FILTER (WHERE query LIKE '%WITH r AS%' AND query NOT LIKE '%terminal%'), 0)::bigint,
+		coalesce(sum(total_exec_time) FILTER (WHERE query LIKE '%WITH r AS%' AND query NOT LIKE '%terminal%'), 0),
 		coalesce(sum(total_exec_time) FILTER (WHERE toplevel), 0)
-		FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&claims, &claimMS, &allMS)
+		FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(
+		&claims, &claimMS, &finishes, &finishMS, &allMS)
 	if err != nil {
 		return "unavailable"
 	}
-	return fmt.Sprintf("claims:%d,claim_mean_ms:%.2f,all_s:%.1f", claims, claimMS/float64(max(claims, 1)), allMS/1000)
+	return fmt.Sprintf("claims:%d,claim_mean_ms:%.2f,finishes:%d,finish_mean_ms:%.2f,all_s:%.1f",
+		claims, claimMS/float64(max(claims, 1)), finishes, finishMS/float64(max(finishes, 1)), allMS/1000)
 }
 
 // machineBusy is the CPU time every core of the machine has spent busy
@@ -324,6 +335,32 @@ func machineBusy(t *testing.T) time.Duration {
 		ticks += v
 	}
 	const ticksPerSecond = 100 // USER_HZ, 100 on x86 and ARM Linux
+	return time.Duration(ticks) * time.Second / ticksPerSecond
+}
+
+// processesCPU is the CPU time (user and system) the running processes
+// have used so far (/proc/PID/stat), or zero where there is no /proc.
+func processesCPU(t *testing.T, processes []*process) time.Duration {
+	t.Helper()
+	var ticks int64
+	for _, p := range processes {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+		if err != nil {
+			return 0
+		}
+		// The fields after the command name, which is in parentheses and
+		// may hold spaces: utime and stime are the 12th and 13th.
+		i := strings.LastIndexByte(string(data), ')')
+		require.Positive(t, i, "/proc/%d/stat: %q", p.cmd.Process.Pid, data)
+		fields := strings.Fields(string(data[i+1:]))
+		require.Greater(t, len(fields), 12, "/proc/%d/stat: %q", p.cmd.Process.Pid, data)
+		for _, f := range fields[11:13] {
+			v, err := strconv.ParseInt(f, 10, 64)
+			require.NoError(t, err, "/proc/%d/stat: %q", p.cmd.Process.Pid, data)
+			ticks += v
+		}
+	}
+	const ticksPerSecond = 100 // USER_HZ, as in machineBusy
 	return time.Duration(ticks) * time.Second / ticksPerSecond
 }
 
