@@ -160,7 +160,8 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 			count(*) FILTER (WHERE datname = current_database() AND state = 'active' AND wait_event_type IS NULL),
 			count(*) FILTER (WHERE datname = current_database() AND state = 'active' AND wait_event_type IN ('Lock', 'LWLock') AND wait_event <> 'WALWrite'),
 			count(*) FILTER (WHERE datname = current_database() AND state = 'active' AND wait_event IN ('WALWrite', 'WALSync')),
-			count(*) FILTER (WHERE datname = current_database() AND state LIKE 'idle in transaction%')
+			count(*) FILTER (WHERE datname = current_database() AND (state LIKE 'idle in transaction%'
+				OR state = 'active' AND wait_event = 'ClientRead'))
 			FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()`).Scan(&server, &inDB, &ofFleet,
 			&now.running, &now.locks, &now.flush, &now.inTx))
 		peakServer, peakDB, peakFleet = max(peakServer, server), max(peakDB, inDB), max(peakFleet, ofFleet)
@@ -230,9 +231,11 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 // samples: running, waiting on a lock or a lightweight lock (another
 // transaction's row, a page, the lock table), waiting for a commit's WAL
 // flush (its own or the one it joined), or inside a transaction waiting
-// on its client for the next statement. Their means over a run tell a
-// fleet whose server works from one whose transactions wait on one
-// another or on worker processes starved of CPU.
+// on its client for the next statement (idle in transaction, or, as the
+// store's pipelined transactions wait between their round trips, active
+// and reading from the client). Their means over a run tell a fleet whose
+// server works from one whose transactions wait on one another or on
+// worker processes starved of CPU.
 type fleetWaits struct {
 	samples                     int
 	running, locks, flush, inTx int
