@@ -86,10 +86,15 @@
     if (!a) return null;
     return (b ? Date.parse(b) : Date.now()) - Date.parse(a);
   }
+  // TIME_FORMAT formats as toLocaleString with the same options does, made
+  // once: toLocaleString builds a formatter on every call, about 0.1 ms,
+  // and a step's log panel asks for 200 at a time (a fifth of the task
+  // that opens a forEach step's panel, in a profile of TestBrowserForEach).
+  const TIME_FORMAT = new Intl.DateTimeFormat(undefined,
+    { year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit" });
   function fmtTime(iso) {
     if (!iso) return "–";
-    const d = new Date(iso);
-    return d.toLocaleString(undefined, { year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit" });
+    return TIME_FORMAT.format(new Date(iso));
   }
   function fmtClock(iso) {
     const d = new Date(iso);
