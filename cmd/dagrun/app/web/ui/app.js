@@ -205,8 +205,10 @@
         const k = kept.get(n === node ? "" : n.dataset.keep);
         if (!k) continue;
         if (n.tagName === "DETAILS") n.open = k.open;
-        n.scrollTop = k.top;
-        n.scrollLeft = k.left;
+        // New content starts unscrolled; setting a scroll position lays the
+        // page out at once, inside this task, so only one that moved is.
+        if (k.top) n.scrollTop = k.top;
+        if (k.left) n.scrollLeft = k.left;
       }
     };
   }
@@ -812,6 +814,11 @@
     const empty = el("p", { class: "muted small", id: "step-logs-empty" }, "No logs yet. Handlers log with handlers.Logger(ctx).");
     const cut = el("p", { class: "muted small", id: "step-logs-cut", hidden: true });
     const node = el("div", { class: "logs-box", "data-keep": "step-logs" }, empty, cut, list);
+    // Whether the list follows new lines: at its end, unless scrolled up to
+    // read. Kept as it scrolls, so that a refresh reads no layout before it
+    // appends; the follow itself waits for the next frame's layout.
+    let following = true;
+    list.addEventListener("scroll", () => { following = list.scrollTop + list.clientHeight >= list.scrollHeight - 4; }, { passive: true });
 
     function line(r) {
       const where = (r.item !== undefined && r.item !== null ? "[" + r.item + "]" : "") + "#" + r.attempt;
@@ -838,7 +845,6 @@
       const mine = ++seq;
       const data = await api("GET", "instances/" + encodeURIComponent(instanceID) + "/steps/" + encodeURIComponent(step) + "/logs?after=" + next);
       if (mine !== seq) return;
-      const atEnd = list.scrollTop + list.clientHeight >= list.scrollHeight - 4;
       // One insertion for the lot, then the oldest lines beyond the bound
       // go: the page lays the list out once a poll.
       list.append(...data.records.slice(-LOG_LINES_SHOWN).map(line));
@@ -849,7 +855,7 @@
       cut.hidden = count <= LOG_LINES_SHOWN;
       cut.textContent = "The newest " + LOG_LINES_SHOWN.toLocaleString("en-US") + " of the " + count.toLocaleString("en-US") +
         " records read; dagrun logs " + instanceID + " " + step + " shows them all.";
-      if (atEnd) list.scrollTop = list.scrollHeight; // follow, unless scrolled up to read
+      if (following) requestAnimationFrame(() => { list.scrollTop = list.scrollHeight; });
       if (data.finished && data.records.length === 0) done = true;
     }
     return { step, node, refresh };
