@@ -260,8 +260,8 @@ func (w fleetWaits) String() string {
 // database since resetStatementStats, where the server preloads it
 // (shared_preload_libraries); elsewhere it says unavailable. Its figures
 // tell which statement a slow fleet spends its server time in: the
-// backlog claim's calls and mean time (lock and buffer waits included),
-// and all the database's statements' time.
+// backlog claim's and the finish's calls and mean time (lock and buffer
+// waits included), and all the database's statements' time.
 type statementStats struct {
 	available bool
 }
@@ -337,8 +337,7 @@ func machineBusy(t *testing.T) time.Duration {
 		require.NoError(t, err, "/proc/stat: %q", line)
 		ticks += v
 	}
-	const ticksPerSecond = 100 // USER_HZ, 100 on x86 and ARM Linux
-	return time.Duration(ticks) * time.Second / ticksPerSecond
+	return time.Duration(ticks) * time.Second / userHZ
 }
 
 // processesCPU is the CPU time (user and system) the running processes
@@ -363,9 +362,12 @@ func processesCPU(t *testing.T, processes []*process) time.Duration {
 			ticks += v
 		}
 	}
-	const ticksPerSecond = 100 // USER_HZ, as in machineBusy
-	return time.Duration(ticks) * time.Second / ticksPerSecond
+	return time.Duration(ticks) * time.Second / userHZ
 }
+
+// userHZ is the clock ticks a second /proc counts CPU time in: USER_HZ,
+// 100 on x86 and ARM Linux.
+const userHZ = 100
 
 // msPer is d in milliseconds per one of n.
 func msPer(d time.Duration, n int) float64 {
