@@ -164,7 +164,9 @@ func TestBrowserForEach(t *testing.T) {
 	t.Logf("while the items ran: longest task %.0f ms (%.0f over 50 ms); longest gap of a 50 ms page timer %.0f ms over %.0f ticks; slowest evaluate round trip %s",
 		beat["longestTask"], beat["longTasks"], beat["maxGap"], beat["ticks"], slowest.Round(time.Millisecond))
 	// A frozen page runs a task of seconds and leaves scripts waiting, not
-	// the tens of milliseconds measured here. The timer's gap is logged,
+	// the 90-460 ms measured here alone on a 2-vCPU VM (opening the step's
+	// panel, the longest; 1,352 ms once in CI beside the other packages'
+	// tests, before the panel's times and layouts got cheaper). The timer's gap is logged,
 	// not asserted: on a loaded machine it counts the time the page was
 	// not scheduled at all (3.1 s in one CI run on a loaded machine).
 	require.Less(t, beat["longestTask"], 1000.0, "the page froze")
