@@ -251,6 +251,7 @@ func (s *Store) claimSteps(ctx context.Context, p storage.ClaimParams, wake bool
 	// under a concurrency cap wait comes with it, from their own partial
 	// index, nearly always empty; so does the next wake, when asked for,
 	// read after the claim took its steps.
+	signals := s.signals.Load() // before the claim reads anything
 	err := s.retry(ctx, func() error {
 		sql, args := s.claimStatement(p, s.now())
 		var b pgx.Batch
@@ -280,6 +281,7 @@ func (s *Store) claimSteps(ctx context.Context, p storage.ClaimParams, wake bool
 		out = append(out, capped...)
 	}
 	s.claimers.claimed(p, false, len(out))
+	s.claimers.looked(p, signals, wake && !capped && next == nil && len(out) < max(p.Limit, 1))
 	if next == nil || len(out) >= max(p.Limit, 1) {
 		return out, time.Time{}, nil
 	}

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"strings"
 	"sync"
 	"time"
 
@@ -38,6 +39,21 @@ type claimers struct {
 	busySince time.Time
 	// started is signalled when a claimer starts waiting.
 	started chan struct{}
+	// settled holds, by worker and filters, the store's signal count as of
+	// the worker's claim loop's last claim, if that claim found nothing
+	// left to claim and nothing due later (see settledSince).
+	settled map[settledKey]uint64
+}
+
+// settledKey is a worker and the filters of its claims.
+type settledKey struct {
+	workerID, instanceID string
+	queues, handlers     string
+}
+
+func settledKeyOf(p storage.ClaimParams) settledKey {
+	return settledKey{workerID: p.WorkerID, instanceID: p.InstanceID,
+		queues: strings.Join(p.Queues, "\x00"), handlers: strings.Join(p.Handlers, "\x00")}
 }
 
 // claimer is one worker's claim loop or its recorder.
@@ -47,7 +63,7 @@ type claimer struct {
 }
 
 func newClaimers() *claimers {
-	return &claimers{short: map[claimer]bool{}, started: make(chan struct{}, 1)}
+	return &claimers{short: map[claimer]bool{}, settled: map[settledKey]uint64{}, started: make(chan struct{}, 1)}
 }
 
 // lastShort reports whether the last claim of p's claimer (its
@@ -108,4 +124,34 @@ func (c *claimers) needed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.waiting > 0
+}
+
+// looked records a claim of p's claim loop (ClaimSteps or
+// ClaimStepsAndWake) made when the store had sent signals signals to its
+// subscribers: settled when it came back short and knew of no step due
+// later, or left nothing for its worker to find until told.
+func (c *claimers) looked(p storage.ClaimParams, signals uint64, settled bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if settled {
+		c.settled[settledKeyOf(p)] = signals
+	} else {
+		delete(c.settled, settledKeyOf(p))
+	}
+}
+
+// settledSince reports whether p's worker's claim loop found nothing to
+// claim and nothing due later at its last claim, and the store has sent
+// its subscribers no signal since (signals is the count now). A step that
+// became claimable since then was made ready either by another process,
+// whose NOTIFY is on its way to the listener and will wake the claim loop,
+// or by this one, whose commit would have signalled: either way the claim
+// loop is to hear of it, so an eager claim made now could only take it
+// from the claim loop a moment sooner. A finish that made nothing ready
+// then leaves its eager claim out (see Store.eagerClaimNeeded).
+func (c *claimers) settledSince(p storage.ClaimParams, signals uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	at, ok := c.settled[settledKeyOf(p)]
+	return ok && at == signals
 }

@@ -151,10 +151,11 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		txid    string
 		planned []*loaded
 		rec     *planRecorder
+		skipped bool // the eager claim was left out (eagerClaimNeeded)
 	)
 	run := func(tx pgx.Tx, st *txState) error {
 		clear(out)
-		claimed, txid, planned, rec = nil, "", nil, nil
+		claimed, txid, planned, rec, skipped = nil, "", nil, nil, false
 		now := s.now()
 		// The plans of the finished steps' instances may make the claim
 		// with their changes (see handoff.go), unless the claimer works
@@ -240,7 +241,10 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				return err
 			}
 			if claim != nil && !h.made() {
-				s.queueClaim(st, *claim, now, &claimed)
+				skipped = !s.eagerClaimNeeded(st, *claim)
+				if !skipped {
+					s.queueClaim(st, *claim, now, &claimed)
+				}
 			}
 			// The reads and writes go first, on the tail's round trip.
 			st.tail.QueuedQueries = append(b.QueuedQueries, st.tail.QueuedQueries...)
@@ -279,8 +283,10 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 			}
 		}
 		if !h.made() {
-			// The claim goes last on the tail, after the plans it may claim from.
-			s.queueClaim(st, *claim, now, &claimed)
+			if skipped = !s.eagerClaimNeeded(st, *claim); !skipped {
+				// The claim goes last on the tail, after the plans it may claim from.
+				s.queueClaim(st, *claim, now, &claimed)
+			}
 		}
 		return nil
 	}
@@ -296,11 +302,32 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 	if predicted != nil {
 		s.speculated.Add(1)
 	}
-	if claim != nil {
+	switch {
+	case skipped:
+		s.skippedClaims.Add(1)
+	case claim != nil:
 		s.snapshots.put(derive(planned, rec, results, claimed, txid, time.Now()))
 		s.claimers.claimed(*claim, true, len(claimed))
 	}
 	return out, claimed, nil
+}
+
+// eagerClaimNeeded reports whether a finish's eager claim may find what
+// its worker's claim loop will not be told of. It need not when the
+// finish made nothing ready, and the claim loop's last claim found
+// nothing to claim and nothing due later with nothing signalled since,
+// while the listener listens (see claimers.settledSince): then it could
+// find only steps another process made ready, whose NOTIFY wakes the claim
+// loop. An idle worker's last finish of an instance thus commits without
+// a claim that would find nothing, a hundred microseconds of the server's
+// time an instance of a chain. Behind PgBouncer there is no listener and
+// the claim is always made: there it is how a worker hears of the steps
+// other processes made ready before its next poll.
+func (s *Store) eagerClaimNeeded(st *txState, p storage.ClaimParams) bool {
+	if len(st.readyQueues) > 0 || st.itemSlotFreed || s.listenerPID() == 0 {
+		return true
+	}
+	return !s.claimers.settledSince(p, s.signals.Load())
 }
 
 // markCancelled sets Cancelled on the results that were refused because

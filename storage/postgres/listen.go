@@ -47,6 +47,7 @@ func (s *Store) Subscribe() (<-chan struct{}, func()) {
 
 // broadcast signals every subscriber, without blocking.
 func (s *Store) broadcast() {
+	s.signals.Add(1)
 	s.subsMu.Lock()
 	defer s.subsMu.Unlock()
 	for sub := range s.subs {

@@ -205,6 +205,12 @@ type Store struct {
 
 	subsMu sync.Mutex
 	subs   map[*subscriber]struct{}
+	// signals counts the signals sent to the subscribers (broadcast), so
+	// that a claim can tell whether anything was announced since another
+	// (see claimers.settledSince); skippedClaims counts the finishes that
+	// left their eager claim out for that.
+	signals       atomic.Uint64
+	skippedClaims atomic.Int64
 	// listener is started by the first Subscribe and stopped by Close.
 	listener *listener
 	// listenerRest is the constant listenerRest; tests shorten it.
