@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -157,4 +158,56 @@ func TestClaimersSettled(t *testing.T) {
 	c.looked(w, 3, false)
 	require.False(t, c.settledSince(w, 3), "settled after a look that was not")
 	require.True(t, c.settledSince(other, 3))
+}
+
+// TestSettledHandoffWritesWhatAHandoffWrites: a settled worker's finish
+// hands off the step its plan makes ready without walking the ready index,
+// and leaves the same history, claim and steps as a worker's that is not
+// settled (whose store has no listener).
+func TestSettledHandoffWritesWhatAHandoffWrites(t *testing.T) {
+	t.Parallel()
+	type outcome struct {
+		claimed []string
+		events  []string
+		steps   []string
+	}
+	run := func(t *testing.T, f *eagerFixture) outcome {
+		t.Helper()
+		p := params(spec("a"), spec("b", "a"), spec("c", "a"))
+		_, err := f.s.CreateInstances(t.Context(), nil, []storage.CreateParams{p}, storagetest.Plan)
+		require.NoError(t, err)
+		steps := f.look(3)
+		require.Len(t, steps, 1)
+		results, claimed, err := f.s.FinishAndClaim(t.Context(), []storage.StepResult{{Claim: steps[0].Claim, Outcome: storage.OutcomeCompleted,
+			Output: json.RawMessage(`1`)}}, storagetest.Plan, storage.ClaimParams{WorkerID: "w", Limit: 1, Lease: time.Minute})
+		require.NoError(t, err)
+		require.True(t, results[0].Accepted)
+		var out outcome
+		for _, c := range claimed {
+			out.claimed = append(out.claimed, fmt.Sprintf("%s attempt %d fence %d", c.Step, c.Attempt, c.Fence))
+		}
+		events, err := f.s.ListEvents(t.Context(), storage.EventsParams{InstanceID: p.ID})
+		require.NoError(t, err)
+		for _, e := range events {
+			out.events = append(out.events, fmt.Sprintf("%s %s %d %q", e.Type, e.Step, e.Attempt, e.Message))
+		}
+		st, err := f.s.GetInstance(t.Context(), p.ID)
+		require.NoError(t, err)
+		for _, s := range st.Steps {
+			out.steps = append(out.steps, fmt.Sprintf("%s %s %d", s.Name, s.Status, s.Attempts))
+		}
+		return out
+	}
+
+	settled := newEagerFixture(t, "handoff-settled")
+	got := run(t, settled)
+	require.EqualValues(t, 1, settled.s.settledHandoffs.Load(), "a settled worker's finish walked the ready index")
+
+	deaf := &eagerFixture{worker: newWorker(t, "handoff-deaf", nil)}
+	want := run(t, deaf)
+	require.Zero(t, deaf.s.settledHandoffs.Load(), "a worker that hears of no other process's commit took a settled hand-off")
+
+	require.Equal(t, want, got)
+	require.Equal(t, []string{"b attempt 1 fence 1"}, got.claimed, "the claim took the first readied step in claim order")
+	require.Contains(t, got.steps, "c pending 0", "the readied step the claim left is pending")
 }

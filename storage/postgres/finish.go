@@ -324,10 +324,15 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 // the claim is always made: there it is how a worker hears of the steps
 // other processes made ready before its next poll.
 func (s *Store) eagerClaimNeeded(st *txState, p storage.ClaimParams) bool {
-	if len(st.readyQueues) > 0 || st.itemSlotFreed || s.listenerPID() == 0 {
-		return true
-	}
-	return !s.claimers.settledSince(p, s.signals.Load())
+	return len(st.readyQueues) > 0 || st.itemSlotFreed || !s.settled(p)
+}
+
+// settled reports whether p's worker's claim loop found nothing to claim
+// and nothing due later at its last claim, nothing was signalled since,
+// and the listener listens: then every step that became claimable since
+// is one whose news is on its way to the claim loop (claimers.settledSince).
+func (s *Store) settled(p storage.ClaimParams) bool {
+	return s.listenerPID() != 0 && s.claimers.settledSince(p, s.signals.Load())
 }
 
 // markCancelled sets Cancelled on the results that were refused because

@@ -862,6 +862,8 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 	for shape, sql := range handoffQueries {
 		statements[fmt.Sprintf("hand-off %+v", shape)] = sql
 		statements[fmt.Sprintf("hand-off one %+v", shape)] = handoffOneQueries[shape]
+		statements[fmt.Sprintf("settled hand-off %+v", shape)] = settledHandoffQueries[shape]
+		statements[fmt.Sprintf("settled hand-off one %+v", shape)] = settledHandoffOneQueries[shape]
 	}
 	scan := regexp.MustCompile(`Seq Scan on (steps|events|instances|step_logs|signals)\b`)
 	for name, sql := range statements {
@@ -892,6 +894,8 @@ func TestKeyedWritesSkipInFlightIndexes(t *testing.T) {
 	for shape, sql := range handoffQueries {
 		statements[fmt.Sprintf("hand-off %+v", shape)] = sql
 		statements[fmt.Sprintf("hand-off one %+v", shape)] = handoffOneQueries[shape]
+		statements[fmt.Sprintf("settled hand-off %+v", shape)] = settledHandoffQueries[shape]
+		statements[fmt.Sprintf("settled hand-off one %+v", shape)] = settledHandoffOneQueries[shape]
 	}
 	inFlight := regexp.MustCompile(`\b(steps_running_lease|instances_unfinished|steps_waiting_deadline)\b`)
 	for name, sql := range statements {
