@@ -116,20 +116,7 @@ claimed AS (
 	SELECT ` + claimColumnsOf("w", true) + ` FROM w
 ),
 started AS (` + startClaimedInstances("w") + `),
-ev AS (
-	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
-	SELECT e.instance_id, e.step, e.type, e.attempt, e.message, {now} FROM (
-		SELECT u.instance_id, u.name AS step, ` + planEvent("u.change") + `, 0 AS attempt,
-			0 AS part, u.ord AS k0, 0 AS k1, NULL::timestamptz AS k2, 0::bigint AS k3
-		FROM u
-		UNION ALL
-		SELECT k.instance_id, k.name, 'step.started', ` + a.worker + `, k.attempts, 1, 0, -k.priority, k.run_after, k.id
-		FROM claimed k WHERE k.item_index = -1 -- items have no events of their own
-		UNION ALL
-		SELECT started.id, '', 'instance.started', ` + a.worker + `, 0, 2, 0, 0, NULL, 0 FROM started
-	) e
-	ORDER BY e.part, e.k0, e.k1, e.k2, e.k3, e.instance_id
-)
+ev AS (` + handoffEvents("claimed", "started") + `)
 SELECT planned, took, ` + claimedColumns(c, "x") + ` FROM (
 	SELECT true AS planned, handed AS took, ` + claimColumnsOf("u", true) + ` FROM u
 	UNION ALL
@@ -177,6 +164,31 @@ func handoffApply() string {
 `
 }
 
+// handoffEvents is a hand-off's INSERT of its events: the plans' changes
+// (u), then the steps claimed (the relation claimed, with claimReturning's
+// columns), then the instances started (the relation started, unless "").
+func handoffEvents(claimed, started string) string {
+	a := handoffArgs
+	instances := ""
+	if started != "" {
+		instances = `
+		UNION ALL
+		SELECT started.id, '', 'instance.started', ` + a.worker + `, 0, 2, 0, 0, NULL, 0 FROM ` + started
+	}
+	return `
+	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
+	SELECT e.instance_id, e.step, e.type, e.attempt, e.message, {now} FROM (
+		SELECT u.instance_id, u.name AS step, ` + planEvent("u.change") + `, 0 AS attempt,
+			0 AS part, u.ord AS k0, 0 AS k1, NULL::timestamptz AS k2, 0::bigint AS k3
+		FROM u
+		UNION ALL
+		SELECT k.instance_id, k.name, 'step.started', ` + a.worker + `, k.attempts, 1, 0, -k.priority, k.run_after, k.id
+		FROM ` + claimed + ` k WHERE k.item_index = -1 -- items have no events of their own` + instances + `
+	) e
+	ORDER BY e.part, e.k0, e.k1, e.k2, e.k3, e.instance_id
+`
+}
+
 // settledHandoffSQL is handoffSQL for a settled worker: the claim takes
 // the claimable steps the plans make ready, in claim order, and nothing
 // else. Its parameters and rows are handoffSQL's.
@@ -193,18 +205,7 @@ rk AS (
 	SELECT r.*, k.id IS NOT NULL AS handed FROM r LEFT JOIN pick k ON k.id = r.id
 ),
 u AS (` + handoffApply() + `),
-ev AS (
-	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
-	SELECT e.instance_id, e.step, e.type, e.attempt, e.message, {now} FROM (
-		SELECT u.instance_id, u.name AS step, ` + planEvent("u.change") + `, 0 AS attempt,
-			0 AS part, u.ord AS k0, 0 AS k1, NULL::timestamptz AS k2, 0::bigint AS k3
-		FROM u
-		UNION ALL
-		SELECT u.instance_id, u.name, 'step.started', ` + a.worker + `, u.attempts, 1, 0, -u.priority, u.run_after, u.id
-		FROM u WHERE u.handed AND u.item_index = -1
-	) e
-	ORDER BY e.part, e.k0, e.k1, e.k2, e.k3, e.instance_id
-)
+ev AS (` + handoffEvents("(SELECT * FROM u WHERE handed)", "") + `)
 SELECT true AS planned, handed AS took, ` + claimedColumns(c, "u") + ` FROM (
 	SELECT handed, ` + claimColumnsOf("u", true) + ` FROM u
 ) u
