@@ -68,18 +68,8 @@ func (h *handoff) made() bool { return h != nil && h.done }
 // returns every step the plans changed (planned) and every step it
 // claimed (took), in claim order; a changed step it did not claim has no
 // lease, read as now, which no one reads.
-//
-// settled is the hand-off of a worker that has nothing else to claim
-// (Store.settled): it takes only steps its plans make ready, without the
-// index walk, so its statement has no UPDATE of walked steps nor of their
-// instances, each of which opens its table's indexes and, for instances,
-// fires the counting trigger, at every execution, also when it changes
-// nothing.
-func handoffSQL(c claimShape, settled bool) string {
+func handoffSQL(c claimShape) string {
 	a := handoffArgs
-	if settled {
-		return settledHandoffSQL(c)
-	}
 	return `
 WITH ` + handoffChanges(c) + `,
 cand AS (
@@ -189,9 +179,13 @@ func handoffEvents(claimed, started string) string {
 `
 }
 
-// settledHandoffSQL is handoffSQL for a settled worker: the claim takes
-// the claimable steps the plans make ready, in claim order, and nothing
-// else. Its parameters and rows are handoffSQL's.
+// settledHandoffSQL is handoffSQL for a settled worker (Store.settled):
+// the claim takes the claimable steps the plans make ready, in claim
+// order, and nothing else. Without the index walk the statement has no
+// UPDATE of walked steps nor of their instances, each of which opens its
+// table's indexes and, for instances, fires the counting trigger at every
+// execution, also when it changes nothing. Its parameters and rows are
+// handoffSQL's.
 func settledHandoffSQL(c claimShape) string {
 	a := handoffArgs
 	return `
@@ -218,19 +212,21 @@ var handoffArgs = claimArgs{lease: "$8", worker: "$9", limit: "$10", next: 11}
 // handoffQueries are the hand-off statements by claim shape, of many
 // changes and of one (see oneRow). A capped claim (items under a cap)
 // never hands off.
-var handoffQueries, handoffOneQueries = handoffStatements(false)
+var handoffQueries, handoffOneQueries = handoffStatements(handoffSQL)
 
 // settledHandoffQueries and settledHandoffOneQueries are their settled
 // versions.
-var settledHandoffQueries, settledHandoffOneQueries = handoffStatements(true)
+var settledHandoffQueries, settledHandoffOneQueries = handoffStatements(settledHandoffSQL)
 
-func handoffStatements(settled bool) (many, one map[claimShape]string) {
+// handoffStatements builds a hand-off statement of each claim shape that
+// hands off, of many changes and of one.
+func handoffStatements(build func(claimShape) string) (many, one map[claimShape]string) {
 	many, one = map[claimShape]string{}, map[claimShape]string{}
 	for shape := range claimQueries {
 		if shape.capped {
 			continue
 		}
-		many[shape] = handoffSQL(shape, settled)
+		many[shape] = build(shape)
 		one[shape] = oneRow(many[shape], applyRows, applyRow)
 	}
 	return many, one
