@@ -976,6 +976,13 @@ type Store interface {
 // wake-up between a step and the one it made ready.
 type FinishClaimer interface {
 	// FinishAndClaim is FinishSteps followed by ClaimSteps(p), atomically.
+	// A store may leave the claim out, returning no steps, when the
+	// transaction made nothing ready and it knows that anything the claim
+	// could find will be announced to its subscribers (Subscribe): the
+	// PostgreSQL store does so for a worker whose last ClaimStepsAndWake
+	// found nothing to claim and nothing due later, with nothing announced
+	// since. So an empty claim proves nothing about what is ready; the
+	// caller claims again when its subscription signals.
 	FinishAndClaim(ctx context.Context, results []StepResult, plan PlanFunc, p ClaimParams) ([]FinishResult, []ClaimedStep, error)
 }
 
