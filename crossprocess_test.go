@@ -13,22 +13,23 @@ import (
 	"github.com/dagrun/dagrun/handlers"
 	"github.com/dagrun/dagrun/storage"
 	"github.com/dagrun/dagrun/storage/backendtest"
-	"github.com/dagrun/dagrun/storage/postgres"
 )
 
-// TestIdleWorkerTakesWorkStartedElsewhereAsItFinishes: an idle worker on
-// PostgreSQL whose last step finishes just as another process starts an
-// instance runs that instance without waiting for a poll. Such a finish
-// may leave its eager claim out (the worker's claim loop found nothing to
-// claim, and the other process's NOTIFY is still on its way): the claim
-// loop must then take the instance when the NOTIFY arrives. The worker
-// polls once an hour, so a lost wake-up fails the test.
+// TestIdleWorkerTakesWorkStartedElsewhereAsItFinishes: an idle worker
+// whose last step finishes just as another process starts an instance runs
+// that instance without waiting for a poll, and so does one that has
+// nothing to do. On PostgreSQL the finish may leave its eager claim out
+// (the worker's claim loop found nothing to claim, and the other process's
+// NOTIFY is still on its way): the claim loop must then take the instance
+// when the NOTIFY arrives. On SQLite the finish's claim takes it, and an
+// idle worker hears of the other process's commit from the database file.
+// The worker polls once an hour, so a lost wake-up fails the test.
 func TestIdleWorkerTakesWorkStartedElsewhereAsItFinishes(t *testing.T) {
 	t.Parallel()
-	if !backendtest.PostgresAvailable(t) {
-		t.Skip("set DAGRUN_TEST_POSTGRES to run the PostgreSQL tests")
-	}
-	url := backendtest.PostgresURL(t)
+	backendtest.EachShared(t, idleWorkerTakesWorkStartedElsewhere)
+}
+
+func idleWorkerTakesWorkStartedElsewhere(t *testing.T, connect func() storage.Store) {
 	registry := handlers.NewRegistry()
 	handlers.RegisterBuiltins(registry)
 	started, release := make(chan struct{}), make(chan struct{})
@@ -47,12 +48,10 @@ func TestIdleWorkerTakesWorkStartedElsewhereAsItFinishes(t *testing.T) {
 		require.NoError(t, err)
 		workflows = append(workflows, w)
 	}
-	// Two processes: two stores, each with its own pool and listener.
+	// Two processes: two stores on one database, each with its own
+	// connections (and, on PostgreSQL, its own listener).
 	engine := func() *dagrun.Engine {
-		store, err := postgres.Open(t.Context(), url, nil)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = store.Close() })
-		e, err := dagrun.New(store, registry, &dagrun.Config{Workflows: workflows})
+		e, err := dagrun.New(connect(), registry, &dagrun.Config{Workflows: workflows})
 		require.NoError(t, err)
 		return e
 	}
@@ -60,17 +59,26 @@ func TestIdleWorkerTakesWorkStartedElsewhereAsItFinishes(t *testing.T) {
 	b := &testBundle{engine: worker, registry: registry}
 	b.runWorker(t, &dagrun.WorkerConfig{Poll: time.Hour, Concurrency: 1})
 
+	// runs starts quick from the other process and waits for the worker to
+	// run it.
+	runs := func(round int, when string) {
+		t.Helper()
+		res, err := other.Start(context.Background(), "quick", json.RawMessage(`{}`), nil)
+		require.NoError(t, err)
+		if when == "as the worker's step finishes" {
+			release <- struct{}{} // the worker's step finishes as the news travels
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		inst, err := other.Follow(ctx, res.ID, nil)
+		require.NoError(t, err, "round %d: an instance another process started %s did not run within 10 s", round, when)
+		require.Equal(t, storage.InstanceCompleted, inst.Status)
+	}
 	for round := range 20 {
 		held := b.start(t, "hold", `{}`)
 		<-started
-		res, err := other.Start(context.Background(), "quick", json.RawMessage(`{}`), nil)
-		require.NoError(t, err)
-		release <- struct{}{} // the worker's step finishes as the NOTIFY travels
+		runs(round, "as the worker's step finishes")
 		require.Equal(t, storage.InstanceCompleted, b.wait(t, held).Status)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		inst, err := other.Follow(ctx, res.ID, nil)
-		cancel()
-		require.NoError(t, err, "round %d: the instance another process started did not run within 10 s", round)
-		require.Equal(t, storage.InstanceCompleted, inst.Status)
+		runs(round, "while the worker had nothing to do")
 	}
 }

@@ -31,20 +31,52 @@ import (
 )
 
 // Backend opens a fresh, empty store of one kind; the store is closed when
-// the test ends.
+// the test ends. Shared makes a fresh, empty database and returns what
+// opens a store on it, each call another store with connections of its
+// own, as another process would have.
 type Backend struct {
-	Name string
-	Open func(t testing.TB) storage.Store
+	Name   string
+	Open   func(t testing.TB) storage.Store
+	Shared func(t testing.TB) func() (storage.Store, error)
 }
 
 // All returns SQLite, and PostgreSQL when DAGRUN_TEST_POSTGRES is set.
 func All(t testing.TB) []Backend {
 	t.Helper()
-	list := []Backend{{Name: "sqlite", Open: OpenSQLite}}
+	list := []Backend{{Name: "sqlite", Open: OpenSQLite, Shared: sharedSQLite}}
 	if PostgresAvailable(t) {
-		list = append(list, Backend{Name: "postgres", Open: OpenPostgres})
+		list = append(list, Backend{Name: "postgres", Open: OpenPostgres, Shared: sharedPostgres})
 	}
 	return list
+}
+
+// EachShared runs test once per backend, as parallel subtests; each call
+// of connect opens another store on the subtest's one database (see
+// Backend.Shared), closed when the test ends.
+func EachShared(t *testing.T, test func(t *testing.T, connect func() storage.Store)) {
+	t.Helper()
+	for _, b := range All(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			open := b.Shared(t)
+			test(t, func() storage.Store {
+				store, err := open()
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = store.Close() })
+				return store
+			})
+		})
+	}
+}
+
+func sharedSQLite(t testing.TB) func() (storage.Store, error) {
+	path := filepath.Join(t.TempDir(), "dagrun.db")
+	return func() (storage.Store, error) { return sqlite.Open(context.Background(), path, nil) }
+}
+
+func sharedPostgres(t testing.TB) func() (storage.Store, error) {
+	url := PostgresURL(t)
+	return func() (storage.Store, error) { return postgres.Open(context.Background(), url, nil) }
 }
 
 // Each runs test once per backend, as parallel subtests.
