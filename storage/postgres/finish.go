@@ -66,6 +66,10 @@ ev AS (
 	FROM u WHERE u.parent_id IS NULL -- items have no events of their own
 	ORDER BY ord
 )
+` + finishSelect
+
+// finishSelect is what finishSQL returns of each step it finished.
+const finishSelect = `
 SELECT ord, instance_id, status, queue, coalesce(parent_id, 0), item_concurrency > 0 FROM u`
 
 // finishRows and finishLocked are finishSQL's rows and the steps it locks,
@@ -174,22 +178,31 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		)
 		var b pgx.Batch
 		s.queueLock(&b, instanceIDs, locked)
-		if predicted != nil {
-			s.queueVerify(&b, used, &txid)
-		}
-		finish := b.Queue(s.q(finishSQL), now, stepIDs, instanceIDs, fences, outcomes, outputs, errs, messages, runAfters, delays)
+		sql, args := finishSQL, []any{now, stepIDs, instanceIDs, fences, outcomes, outputs, errs, messages, runAfters, delays}
 		if n == 1 {
-			finish.SQL, finish.Arguments = s.q(finishOneSQL), []any{now, stepIDs[0], instanceIDs[0], fences[0], outcomes[0], outputs[0], errs[0], messages[0], runAfters[0], delays[0]}
+			sql, args = finishOneSQL, []any{now, stepIDs[0], instanceIDs[0], fences[0], outcomes[0], outputs[0], errs[0], messages[0], runAfters[0], delays[0]}
 		}
-		finish.Query(func(rows pgx.Rows) error {
-			var (
-				ord, parent       int64
-				instanceID, queue string
-				status            storage.StepStatus
-				accepted          int
-				capped            bool
-			)
-			_, err := pgx.ForEachRow(rows, []any{&ord, &instanceID, &status, &queue, &parent, &capped}, func() error {
+		var (
+			ord, parent       int64
+			instanceID, queue string
+			status            storage.StepStatus
+			capped            bool
+			checked           int
+			row               = []any{&ord, &instanceID, &status, &queue, &parent, &capped}
+		)
+		if predicted != nil {
+			// The snapshots are checked in the finishing statement.
+			sql = verifiedFinishSQL
+			if n == 1 {
+				sql = verifiedFinishOneSQL
+			}
+			ids, xmins, steps := snapshotChecks(used)
+			args = append(args, ids, xmins, steps)
+			row = append(row, &checked, &txid)
+		}
+		b.Queue(s.q(sql), args...).Query(func(rows pgx.Rows) error {
+			accepted := 0
+			_, err := pgx.ForEachRow(rows, row, func() error {
 				out[ord-1].Accepted = true
 				accepted++
 				if capped && status != storage.StepPending {
@@ -215,8 +228,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				return nil
 			})
 			if err == nil && predicted != nil && accepted != n {
-				// The snapshots held, so every claim did: only a bug gets here.
-				err = fmt.Errorf("a finish planned from snapshots recorded %d of %d results", accepted, n)
+				err = errFinishedElsewhere
 			}
 			return err
 		})

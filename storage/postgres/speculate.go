@@ -54,14 +54,14 @@ const (
 	snapshotTTL      = time.Minute
 )
 
-// staleSnapshot is raised by verifySnapshotsSQL; it travels in the error
+// staleSnapshot is raised by verifySnapshots; it travels in the error
 // of a failed cast to int, the one way a plain statement can raise.
 const staleSnapshot = "dagrun: stale snapshot"
 
 // snapshot is an instance as a transaction of this store left it.
 type snapshot struct {
 	loaded *loaded
-	// steps renders the steps' versions as verifySnapshotsSQL does.
+	// steps renders the steps' versions as verifySnapshots does.
 	steps string
 	taken time.Time
 }
@@ -180,40 +180,69 @@ func (l *loaded) clone() *loaded {
 	return &cp
 }
 
-// verifySnapshotsSQL raises staleSnapshot unless every instance in $1 is
-// the row version of xmin $2, with no signal waiting, and its steps the
-// versions $3 lists; it returns the transaction's ID, the xmin of the rows
-// it writes. It reads each instance by key.
-const verifySnapshotsSQL = `
-SELECT (CASE WHEN count(*) = cardinality($1::text[]) THEN '0' ELSE '` + staleSnapshot + `' END)::int,
-	pg_current_xact_id()::xid::text
-FROM unnest($1::text[], $2::text[], $3::text[]) AS v(id, xmin, steps)
-JOIN {s}instances i ON i.id = v.id
-WHERE i.xmin::text = v.xmin
-	AND NOT EXISTS (SELECT 1 FROM {s}signals g WHERE g.instance_id = v.id AND NOT g.delivered)
-	AND (` + snapshotStepsSQL + `) = v.steps`
-
 // snapshotStepsSQL renders the versions of the steps of instance v.id.
 const snapshotStepsSQL = `SELECT coalesce(string_agg(s.id || ':' || s.xmin::text, ',' ORDER BY s.id), '')
 	FROM {s}steps s WHERE s.instance_id = v.id AND s.item_index = -1`
 
-// queueVerify queues the check of the snapshots on b; txid receives the
-// transaction's ID.
-func (s *Store) queueVerify(b *pgx.Batch, used []*snapshot, txid *string) {
-	ids, xmins, steps := make([]string, len(used)), make([]string, len(used)), make([]string, len(used))
+// verifySnapshots returns the check of the snapshots whose instance IDs,
+// instance versions (xmin) and rendered step versions are the arrays ids,
+// xmins and steps: one row whose ok raises staleSnapshot unless every
+// instance is that row version, with no signal waiting, and its steps the
+// versions listed, and whose txid is the transaction's ID, the xmin of the
+// rows it writes. It reads each instance by key.
+func verifySnapshots(ids, xmins, steps string) string {
+	return `SELECT (CASE WHEN count(*) = cardinality(` + ids + `::text[]) THEN '0' ELSE '` + staleSnapshot + `' END)::int AS ok,
+	pg_current_xact_id()::xid::text AS txid
+FROM unnest(` + ids + `::text[], ` + xmins + `::text[], ` + steps + `::text[]) AS v(id, xmin, steps)
+JOIN {s}instances i ON i.id = v.id
+WHERE i.xmin::text = v.xmin
+	AND NOT EXISTS (SELECT 1 FROM {s}signals g WHERE g.instance_id = v.id AND NOT g.delivered)
+	AND (` + snapshotStepsSQL + `) = v.steps`
+}
+
+// A finish planned from snapshots checks them in its finishing statement,
+// after the statement that locked their instances: a statement's snapshot
+// is taken as it starts, so the check sees every transaction that held an
+// instance's lock before this one, and sees the steps as they were before
+// the statement's own writes, as the snapshots have them. The finish's
+// rows gain the check's two columns; both must be read, or the planner
+// would drop the unread cast that raises. A finish whose rows come back
+// fewer than its results may have been planned without running the check
+// (no row to join it to): the snapshot is then stale, since under the
+// version it holds the claim is the step's (see errFinishedElsewhere).
+var (
+	verifiedFinishSQL    = verifiedFinish(finishSQL)
+	verifiedFinishOneSQL = verifiedFinish(finishOneSQL)
+)
+
+func verifiedFinish(finish string) string {
+	return oneRow(finish, finishSelect, `,
+checked AS (`+verifySnapshots("$11", "$12", "$13")+`
+)
+SELECT u.ord, u.instance_id, u.status, u.queue, coalesce(u.parent_id, 0), u.item_concurrency > 0, checked.ok, checked.txid
+FROM u, checked`)
+}
+
+// errFinishedElsewhere is returned by a finish planned from snapshots
+// that recorded fewer results than it had: isStaleSnapshot holds for it.
+var errFinishedElsewhere = errors.New(staleSnapshot + ": a step of the snapshot no longer runs under its claim")
+
+// snapshotChecks returns the arguments of verifySnapshots for the
+// snapshots used.
+func snapshotChecks(used []*snapshot) (ids, xmins, steps []string) {
+	ids, xmins, steps = make([]string, len(used)), make([]string, len(used)), make([]string, len(used))
 	for i, sn := range used {
 		ids[i], xmins[i], steps[i] = sn.loaded.state.ID, sn.loaded.xmin, sn.steps
 	}
-	b.Queue(s.q(verifySnapshotsSQL), ids, xmins, steps).QueryRow(func(row pgx.Row) error {
-		var ok int
-		return row.Scan(&ok, txid)
-	})
+	return ids, xmins, steps
 }
 
-// isStaleSnapshot reports whether err is verifySnapshotsSQL's.
+// isStaleSnapshot reports whether err is the snapshots' check's, or
+// errFinishedElsewhere.
 func isStaleSnapshot(err error) bool {
 	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "22P02" && strings.Contains(pe.Message, staleSnapshot)
+	return errors.Is(err, errFinishedElsewhere) ||
+		errors.As(err, &pe) && pe.Code == "22P02" && strings.Contains(pe.Message, staleSnapshot)
 }
 
 // planRecorder wraps a PlanFunc, keeping each instance's plan and how often

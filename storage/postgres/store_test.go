@@ -854,7 +854,8 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 		"expired waits": expiredWaitsSQL, "expire waits": expireWaitsSQL, "next wake": nextWakeSQL,
 		"deliver": deliverSQL, "start workflow step": startWorkflowStepSQL, "settle child": settleChildSQL,
 		"latest events": instanceEventsSQL(latestEventsSQL), "events after": instanceEventsSQL(eventsAfterSQL),
-		"unseen events": instanceEventsSQL(unseenEventsSQL),
+		"unseen events":   instanceEventsSQL(unseenEventsSQL),
+		"verified finish": verifiedFinishSQL, "verified finish one": verifiedFinishOneSQL,
 	}
 	for shape, sql := range claimQueries {
 		statements[fmt.Sprintf("claim %+v", shape)] = sql
@@ -889,7 +890,7 @@ func TestKeyedWritesSkipInFlightIndexes(t *testing.T) {
 		"finish": finishSQL, "finish one": finishOneSQL, "extend": extendSQL, "release": releaseSQL,
 		"finish instances": finishInstancesSQL, "finish instance": finishInstanceSQL,
 		"record failures": recordFailuresSQL, "settle items": settleSQL, "settle child": settleChildSQL,
-		"deliver": deliverSQL,
+		"deliver": deliverSQL, "verified finish": verifiedFinishSQL, "verified finish one": verifiedFinishOneSQL,
 	}
 	for shape, sql := range handoffQueries {
 		statements[fmt.Sprintf("hand-off %+v", shape)] = sql
