@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -31,18 +32,27 @@ WITH d AS (
 	SELECT * FROM unnest($2::text[], $3::text[], $4::bytea[])
 	ON CONFLICT (hash) DO NOTHING
 ),
+cs AS MATERIALIZED (
+	-- The steps claimed as they are inserted ($59, see claimAtInsert),
+	-- but for those of a queue under a limit, which take their slot as a
+	-- claim of theirs is promoted; the claim's lease is $60, its worker $61.
+	SELECT c.instance_id, c.position, c.name, c.ord
+	FROM unnest($15::text[], $16::int[], $17::text[], $19::text[], $59::bool[])
+		WITH ORDINALITY AS c(instance_id, position, name, queue, claim, ord)
+	WHERE c.claim AND NOT EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = c.queue)
+),
 ins AS (
 	INSERT INTO {s}instances (id, workflow, definition_hash, status, input, output, error, idempotency_key, priority,
 		run_after, created_at, started_at, finished_at, timeout_us, failing, failed_step, deadline,
 		concurrency_key, concurrency_limit, held, traceparent, trace_caller, parent_id, parent_step, parent_item, depth, deferred)
-	SELECT r.id, r.workflow, r.hash, r.status, r.input, r.output, r.error, r.key, r.priority,
+	SELECT r.id, r.workflow, r.hash, k.status, r.input, r.output, r.error, r.key, r.priority,
 		greatest({now}, r.run_after), {now},
-		CASE WHEN r.status = 'running' THEN {now} END,
-		CASE WHEN r.status IN ('completed', 'failed', 'cancelled') THEN {now} END,
+		CASE WHEN k.status = 'running' THEN {now} END,
+		CASE WHEN k.status IN ('completed', 'failed', 'cancelled') THEN {now} END,
 		r.timeout_us, r.failing, r.failed_step,
 		-- A workflow timeout counts from the start, unless the instance
 		-- failed at once and only runs its onFailure steps.
-		CASE WHEN r.status = 'running' AND r.timeout_us > 0 AND NOT r.failing
+		CASE WHEN k.status = 'running' AND r.timeout_us > 0 AND NOT r.failing
 			THEN {now} + r.timeout_us * interval '1 microsecond' END,
 		r.ckey, r.climit, r.held, r.traceparent, r.trace_caller, r.parent_id, r.parent_step, r.parent_item, r.depth, r.deferred
 	FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::json[], $10::json[], $11::text[], $12::text[],
@@ -51,6 +61,9 @@ ins AS (
 		WITH ORDINALITY AS r(id, workflow, hash, status, input, output, error, key, priority, run_after,
 			timeout_us, failing, failed_step, ckey, climit, held, traceparent, trace_caller,
 			parent_id, parent_step, parent_item, depth, deferred, ord)
+		-- An instance a step of which is claimed starts with the claim.
+		CROSS JOIN LATERAL (SELECT CASE WHEN EXISTS (SELECT 1 FROM cs WHERE cs.instance_id = r.id)
+			THEN 'running' ELSE r.status END AS status) k
 	ORDER BY r.ord
 	ON CONFLICT (workflow, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 	RETURNING id
@@ -59,8 +72,10 @@ st AS (
 	INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, depends_on, status,
 		max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after, ready_at, finished_at,
 		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline, on_failure,
-		concurrency_key, concurrency_limit, held_by_instance, queue_limited, child_workflow)
-	SELECT x.instance_id, x.position, x.name, x.handler, x.queue, x.workflow, x.depends_on::text[], x.status,
+		concurrency_key, concurrency_limit, held_by_instance, queue_limited, child_workflow,
+		attempts, fence, started_at, first_started_at, lease_until, worker_id)
+	SELECT x.instance_id, x.position, x.name, x.handler, x.queue, x.workflow, x.depends_on::text[],
+		CASE WHEN cs.claimed THEN 'running' ELSE x.status END,
 		x.max_attempts, x.backoff_us, x.max_backoff_us, x.timeout_us, x.priority, x.input, x.error,
 		CASE WHEN x.status = 'pending' THEN greatest({now}, x.run_after) END,
 		CASE WHEN x.status IN ('pending', 'waiting') THEN {now} END,
@@ -70,7 +85,12 @@ st AS (
 			THEN greatest({now}, x.run_after) + x.wait_timeout_us * interval '1 microsecond' END,
 		x.on_failure,
 		x.ckey, x.climit, x.held, NOT x.for_each AND EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = x.queue),
-		x.child_workflow
+		x.child_workflow,
+		-- What a claim writes (claimArgs.claimSet).
+		CASE WHEN cs.claimed THEN 1 ELSE 0 END, CASE WHEN cs.claimed THEN 1 ELSE 0 END,
+		CASE WHEN cs.claimed THEN {now} END, CASE WHEN cs.claimed THEN {now} END,
+		CASE WHEN cs.claimed THEN {clock} + $60::bigint * interval '1 microsecond' END,
+		CASE WHEN cs.claimed THEN $61::text ELSE '' END
 	FROM unnest($15::text[], $16::int[], $17::text[], $18::text[], $19::text[], $20::text[], $21::text[], $22::text[],
 			$23::int[], $24::bigint[], $25::bigint[], $26::bigint[], $27::int[], $28::json[], $29::text[], $30::timestamptz[],
 			$35::json[], $36::bool[], $37::int[], $38::bool[], $39::text[], $40::bigint[], $47::bool[],
@@ -80,14 +100,22 @@ st AS (
 			output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, on_failure,
 			ckey, climit, held, child_workflow)
 	JOIN ins ON ins.id = x.instance_id
+	LEFT JOIN LATERAL (SELECT true AS claimed FROM cs WHERE cs.instance_id = x.instance_id AND cs.position = x.position) cs ON true
 	ORDER BY x.instance_id, x.position
 ),
 ev AS (
-	INSERT INTO {s}events (instance_id, step, type, message, at)
-	SELECT e.instance_id, e.step, e.type, e.message, {now}
-	FROM unnest($31::text[], $32::text[], $33::text[], $34::text[]) WITH ORDINALITY AS e(instance_id, step, type, message, ord)
+	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
+	SELECT e.instance_id, e.step, e.type, e.attempt, e.message, {now} FROM (
+		SELECT e.instance_id, e.step, e.type, 0 AS attempt, e.message, 0 AS part, e.ord
+		FROM unnest($31::text[], $32::text[], $33::text[], $34::text[]) WITH ORDINALITY AS e(instance_id, step, type, message, ord)
+		UNION ALL
+		-- A claim's events, after the creation's.
+		SELECT cs.instance_id, cs.name, 'step.started', 1, $61::text, 1, cs.ord FROM cs
+		UNION ALL
+		SELECT cs.instance_id, '', 'instance.started', 0, $61::text, 2, min(cs.ord) FROM cs GROUP BY cs.instance_id
+	) e
 	JOIN ins ON ins.id = e.instance_id
-	ORDER BY e.ord
+	ORDER BY e.part, e.ord
 )
 SELECT id FROM ins`
 
@@ -167,19 +195,30 @@ func (s *Store) CreateAndClaim(ctx context.Context, params []storage.CreateParam
 		ids     map[string][]int64
 		txid    string
 	)
+	atInsert := false
 	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
 		now := s.now()
+		if len(params) == 1 && s.settled(p) {
+			st.insertClaim = &p
+		}
 		var err error
 		if results, err = s.create(ctx, tx, st, now, params, plan, true); err != nil {
 			return err
 		}
-		s.queueClaim(st, p, now, &claimed)
 		created, ids, txid = st.created, nil, ""
+		if atInsert = len(st.insertClaimed) > 0; atInsert {
+			s.queueInsertClaimed(st, p, now, &claimed, &ids, &txid)
+			return nil
+		}
+		s.queueClaim(st, p, now, &claimed)
 		s.queueCreatedSteps(st, created, &ids, &txid)
 		return nil
 	})
 	if err != nil {
 		return nil, nil, createError(err)
+	}
+	if atInsert {
+		s.insertClaims.Add(1)
 	}
 	s.snapshots.put(deriveCreated(created, ids, claimed, txid, time.Now()))
 	return results, claimed, nil
@@ -291,7 +330,8 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 		rows.stOutputs, rows.stForEach, rows.stCaps, rows.stContinue, rows.stSignals, rows.stWaitTimeouts,
 		rows.timeouts, rows.failing, rows.failedSteps, rows.concurrencyKeys, rows.concurrencyLimits, rows.held,
 		rows.stOnFailure, rows.stKeys, rows.stLimits, rows.stHeld, rows.traceParents, rows.traceCallers,
-		rows.parentIDs, rows.parentSteps, rows.parentItems, rows.depths, rows.stChildWorkflows, rows.deferred).Query(func(dbRows pgx.Rows) error {
+		rows.parentIDs, rows.parentSteps, rows.parentItems, rows.depths, rows.stChildWorkflows, rows.deferred,
+		rows.stClaims, rows.claimLease, rows.claimWorker).Query(func(dbRows pgx.Rows) error {
 		var err error
 		inserted, err = pgx.CollectRows(dbRows, pgx.RowTo[string])
 		return err
@@ -447,6 +487,12 @@ type createRows struct {
 	concurrencyKeys, stKeys     []*string
 	concurrencyLimits, stLimits []int32
 	held, stHeld                []bool
+
+	// The steps claimed as they are inserted, and that claim's lease in
+	// microseconds and worker (see claimAtInsert).
+	stClaims    []bool
+	claimLease  int64
+	claimWorker string
 }
 
 func (r *createRows) definition(p *storage.CreateParams) {
@@ -505,9 +551,20 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance, held bool) {
 	}
 	r.depths = append(r.depths, int32(p.Depth))
 	r.deferred = append(r.deferred, n.Deferred)
+	claim := st.insertClaim
+	if claim != nil && !instanceClaimableAtInsert(n, held) {
+		claim = nil
+	}
+	if claim != nil {
+		r.claimLease, r.claimWorker = claim.Lease.Microseconds(), claim.WorkerID
+	}
 	for i, ns := range n.Steps {
 		sp := &p.Steps[i]
-		if ns.Status == storage.StepPending {
+		atInsert := claim != nil && len(st.insertClaimed) < max(claim.Limit, 1) && stepClaimableAtInsert(*sp, ns, *claim)
+		r.stClaims = append(r.stClaims, atInsert)
+		if atInsert {
+			st.insertClaimed = append(st.insertClaimed, stepRef{p.ID, sp.Name})
+		} else if ns.Status == storage.StepPending {
 			// As a plan's: an eager claim on the tail that takes it
 			// leaves no one to tell (see txState.claimedAllReady).
 			st.readyByPlan(queueOf(*sp), p.ID, sp.Name)
@@ -613,4 +670,88 @@ func nilIfEmpty(s string) *string {
 		return nil
 	}
 	return &s
+}
+
+// Claims at insert. A start that claims for a worker of its process
+// (CreateAndClaim) whose claim loop is settled (Store.settled: its last
+// claim found nothing, nothing was signalled since, and the listener
+// listens) need not look for other ready steps: any there are will be
+// announced to that loop. So its claim takes only the new instance's
+// first steps, and takes them as it inserts them: the steps go in
+// running under the claim and the instance started, with the claim's
+// events after the creation's, instead of a claim statement that walks
+// the ready index and writes each step and the instance a second time.
+// Only what a claim of the worker would take plainly is claimed so:
+// steps of its queues and handlers, up to its limit, neither delayed,
+// nor under a concurrency limit (a queue's is checked by createSQL),
+// nor forEach, wait or workflow steps, of an instance started at once.
+
+// instanceClaimableAtInsert reports whether a claim at insert may start
+// the new instance n.
+func instanceClaimableAtInsert(n *storage.NewInstance, held bool) bool {
+	p := n.Params
+	return n.Status == storage.InstancePending && !n.Failing && !held && !n.Deferred && p.RunAfter.IsZero() &&
+		p.Parent == nil && (p.ConcurrencyLimit == 0 || p.ConcurrencyKey == "")
+}
+
+// stepClaimableAtInsert reports whether a claim at insert with p may take
+// the new step sp, planned as ns.
+func stepClaimableAtInsert(sp storage.StepSpec, ns storage.NewStep, p storage.ClaimParams) bool {
+	return ns.Status == storage.StepPending && !sp.ForEach && sp.ItemConcurrency == 0 && sp.Wait == nil &&
+		sp.Workflow == "" && (sp.ConcurrencyLimit == 0 || ns.ConcurrencyKey == "") &&
+		(len(p.Queues) == 0 || slices.Contains(p.Queues, queueOf(sp))) &&
+		(len(p.Handlers) == 0 || slices.Contains(p.Handlers, sp.Handler))
+}
+
+// insertClaimedSQL reads back the steps of the instance $2 a start
+// created with a claim at insert, in position order: each one's status
+// and the transaction's ID, then the claim's columns (claimedColumns),
+// with lease_until read as now for a step not claimed so that every row
+// scans alike.
+func insertClaimedSQL(trace bool) string {
+	cols := strings.Replace(claimedColumns(claimShape{trace: trace}, "s"), "lease_until", "coalesce(lease_until, {now})", 1)
+	return `SELECT status, pg_current_xact_id()::xid::text, ` + cols + `
+FROM {s}steps s WHERE s.instance_id = $2 AND s.item_index = -1 ORDER BY s.position`
+}
+
+var insertClaimedQueries = [2]string{insertClaimedSQL(false), insertClaimedSQL(true)}
+
+// queueInsertClaimed queues, on the tail after the creating statement,
+// the read of what its claim at insert took (into claimed), with the
+// steps' IDs (ids) and the transaction's ID (txid) a snapshot needs. A
+// step marked for the claim that is pending instead was of a limited
+// queue: it was made ready, and the worker's claim loop hears of it as
+// of any other.
+func (s *Store) queueInsertClaimed(st *txState, p storage.ClaimParams, now *time.Time, claimed *[]storage.ClaimedStep, ids *map[string][]int64, txid *string) {
+	instanceID := st.insertClaimed[0].instanceID
+	sql := insertClaimedQueries[0]
+	if p.TraceParent {
+		sql = insertClaimedQueries[1]
+	}
+	st.tail.Queue(s.q(sql), now, instanceID).Query(func(rows pgx.Rows) error {
+		var (
+			got    []int64
+			took   []storage.ClaimedStep
+			status storage.StepStatus
+		)
+		for rows.Next() {
+			c, err := scanClaimedAfter(rows, &status, txid)
+			if err != nil {
+				return err
+			}
+			got = append(got, c.StepID)
+			switch {
+			case status == storage.StepRunning:
+				took = append(took, c)
+			case status == storage.StepPending && slices.Contains(st.insertClaimed, stepRef{instanceID, c.Step}):
+				st.ready(c.Queue)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		*claimed, st.claimed = took, took
+		*ids = map[string][]int64{instanceID: got}
+		return nil
+	})
 }

@@ -209,10 +209,12 @@ type Store struct {
 	// that a claim can tell whether anything was announced since another
 	// (see claimers.settledSince); skippedClaims counts the finishes that
 	// left their eager claim out for that, settledHandoffs the hand-offs
-	// that walked no index for it.
+	// that walked no index for it, and insertClaims the starts that
+	// claimed their steps as they inserted them (see claimAtInsert).
 	signals         atomic.Uint64
 	skippedClaims   atomic.Int64
 	settledHandoffs atomic.Int64
+	insertClaims    atomic.Int64
 	// listener is started by the first Subscribe and stopped by Close.
 	listener *listener
 	// listenerRest is the constant listenerRest; tests shorten it.
@@ -548,6 +550,11 @@ type txState struct {
 	// handoff is the claim a finish's plans may make with their changes
 	// (see handoff.go), while they are planned.
 	handoff *handoff
+	// insertClaim is the claim a start makes as it inserts its steps,
+	// when it may (see claimAtInsert), and insertClaimed the steps create
+	// marked for it.
+	insertClaim   *storage.ClaimParams
+	insertClaimed []stepRef
 }
 
 func (st *txState) ready(queue string) {

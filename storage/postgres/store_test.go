@@ -856,6 +856,7 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 		"latest events": instanceEventsSQL(latestEventsSQL), "events after": instanceEventsSQL(eventsAfterSQL),
 		"unseen events":   instanceEventsSQL(unseenEventsSQL),
 		"verified finish": verifiedFinishSQL, "verified finish one": verifiedFinishOneSQL,
+		"insert claimed": insertClaimedQueries[0], "insert claimed, traced": insertClaimedQueries[1],
 	}
 	for shape, sql := range claimQueries {
 		statements[fmt.Sprintf("claim %+v", shape)] = sql
