@@ -198,7 +198,7 @@ func (s *Store) CreateAndClaim(ctx context.Context, params []storage.CreateParam
 	atInsert := false
 	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
 		now := s.now()
-		if len(params) == 1 && s.settled(p) {
+		if len(params) == 1 && (p.InstanceID == "" || p.InstanceID == params[0].ID) && s.settled(p) {
 			st.insertClaim = &p
 		}
 		var err error
@@ -681,10 +681,12 @@ func nilIfEmpty(s string) *string {
 // running under the claim and the instance started, with the claim's
 // events after the creation's, instead of a claim statement that walks
 // the ready index and writes each step and the instance a second time.
-// Only what a claim of the worker would take plainly is claimed so:
-// steps of its queues and handlers, up to its limit, neither delayed,
-// nor under a concurrency limit (a queue's is checked by createSQL),
-// nor forEach, wait or workflow steps, of an instance started at once.
+// Only what a claim of the worker would take plainly is claimed so, by a
+// claimer bound to no other instance: steps of its queues and handlers, up
+// to its limit, neither delayed, nor under a concurrency limit (a queue's
+// is checked by createSQL), nor forEach, wait or workflow steps, of a
+// single instance started at once. A start of several instances claims
+// the usual way.
 
 // instanceClaimableAtInsert reports whether a claim at insert may start
 // the new instance n.

@@ -53,6 +53,8 @@ func TestStartClaimsAtInsertWhatAClaimWould(t *testing.T) {
 			claim: storage.ClaimParams{Limit: 2, Queues: []string{"other"}}},
 		{name: "other handlers", start: func() storage.CreateParams { return params(spec("a")) },
 			claim: storage.ClaimParams{Limit: 2, Handlers: []string{"other"}}},
+		{name: "a claimer bound to another instance", start: func() storage.CreateParams { return params(spec("a")) },
+			claim: storage.ClaimParams{Limit: 2, InstanceID: "pg-elsewhere"}},
 		{name: "a delayed start", start: func() storage.CreateParams {
 			p := params(spec("a"))
 			p.RunAfter = time.Now().Add(time.Hour)
