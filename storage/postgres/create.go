@@ -26,21 +26,59 @@ import (
 // one array literal per step, since unnest cannot take an array of arrays.
 // run_after is the time the caller asked for, NULL for none; the store
 // makes it no earlier than {now}, which greatest does as it ignores NULL.
-const createSQL = `
-WITH d AS (
-	INSERT INTO {s}definitions (hash, workflow, source)
-	SELECT * FROM unnest($2::text[], $3::text[], $4::bytea[])
-	ON CONFLICT (hash) DO NOTHING
-),
+// claimingCreateSQL is createSQL that also claims the steps marked in $59
+// as it inserts them (see claimAtInsert), with the lease $60 and the
+// worker $61; a start that claims nothing so runs createSQL, whose rows
+// pay nothing for it.
+var (
+	createSQL         = createStatement(false)
+	claimingCreateSQL = createStatement(true)
+)
+
+func createStatement(claiming bool) string {
+	var (
+		claims      string
+		started     = `(SELECT r.status AS status)`
+		claimed     = `(SELECT false AS claimed)`
+		claimCols   string
+		claimValues string
+		claimEvents string
+	)
+	if claiming {
+		claims = `
 cs AS MATERIALIZED (
-	-- The steps claimed as they are inserted ($59, see claimAtInsert),
-	-- but for those of a queue under a limit, which take their slot as a
-	-- claim of theirs is promoted; the claim's lease is $60, its worker $61.
+	-- The steps marked, but for those of a queue under a limit, which
+	-- take their slot as a claim of theirs is promoted.
 	SELECT c.instance_id, c.position, c.name, c.ord
 	FROM unnest($15::text[], $16::int[], $17::text[], $19::text[], $59::bool[])
 		WITH ORDINALITY AS c(instance_id, position, name, queue, claim, ord)
 	WHERE c.claim AND NOT EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = c.queue)
-),
+),`
+		// An instance a step of which is claimed starts with the claim.
+		started = `(SELECT CASE WHEN EXISTS (SELECT 1 FROM cs WHERE cs.instance_id = r.id)
+			THEN 'running' ELSE r.status END AS status)`
+		claimed = `(SELECT EXISTS (SELECT 1 FROM cs WHERE cs.instance_id = x.instance_id AND cs.position = x.position) AS claimed)`
+		claimCols = `,
+		attempts, fence, started_at, first_started_at, lease_until, worker_id`
+		// What a claim writes (claimArgs.claimSet).
+		claimValues = `,
+		CASE WHEN c.claimed THEN 1 ELSE 0 END, CASE WHEN c.claimed THEN 1 ELSE 0 END,
+		CASE WHEN c.claimed THEN {now} END, CASE WHEN c.claimed THEN {now} END,
+		CASE WHEN c.claimed THEN {clock} + $60::bigint * interval '1 microsecond' END,
+		CASE WHEN c.claimed THEN $61::text ELSE '' END`
+		// A claim's events, after the creation's.
+		claimEvents = `
+		UNION ALL
+		SELECT cs.instance_id, cs.name, 'step.started', 1, $61::text, 1, cs.ord FROM cs
+		UNION ALL
+		SELECT cs.instance_id, '', 'instance.started', 0, $61::text, 2, min(cs.ord) FROM cs GROUP BY cs.instance_id`
+	}
+	return `
+WITH d AS (
+	INSERT INTO {s}definitions (hash, workflow, source)
+	SELECT * FROM unnest($2::text[], $3::text[], $4::bytea[])
+	ON CONFLICT (hash) DO NOTHING
+),` + claims + `
 ins AS (
 	INSERT INTO {s}instances (id, workflow, definition_hash, status, input, output, error, idempotency_key, priority,
 		run_after, created_at, started_at, finished_at, timeout_us, failing, failed_step, deadline,
@@ -61,9 +99,7 @@ ins AS (
 		WITH ORDINALITY AS r(id, workflow, hash, status, input, output, error, key, priority, run_after,
 			timeout_us, failing, failed_step, ckey, climit, held, traceparent, trace_caller,
 			parent_id, parent_step, parent_item, depth, deferred, ord)
-		-- An instance a step of which is claimed starts with the claim.
-		CROSS JOIN LATERAL (SELECT CASE WHEN EXISTS (SELECT 1 FROM cs WHERE cs.instance_id = r.id)
-			THEN 'running' ELSE r.status END AS status) k
+		CROSS JOIN LATERAL ` + started + ` k
 	ORDER BY r.ord
 	ON CONFLICT (workflow, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 	RETURNING id
@@ -72,10 +108,9 @@ st AS (
 	INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, depends_on, status,
 		max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after, ready_at, finished_at,
 		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline, on_failure,
-		concurrency_key, concurrency_limit, held_by_instance, queue_limited, child_workflow,
-		attempts, fence, started_at, first_started_at, lease_until, worker_id)
+		concurrency_key, concurrency_limit, held_by_instance, queue_limited, child_workflow` + claimCols + `)
 	SELECT x.instance_id, x.position, x.name, x.handler, x.queue, x.workflow, x.depends_on::text[],
-		CASE WHEN cs.claimed THEN 'running' ELSE x.status END,
+		CASE WHEN c.claimed THEN 'running' ELSE x.status END,
 		x.max_attempts, x.backoff_us, x.max_backoff_us, x.timeout_us, x.priority, x.input, x.error,
 		CASE WHEN x.status = 'pending' THEN greatest({now}, x.run_after) END,
 		CASE WHEN x.status IN ('pending', 'waiting') THEN {now} END,
@@ -85,12 +120,7 @@ st AS (
 			THEN greatest({now}, x.run_after) + x.wait_timeout_us * interval '1 microsecond' END,
 		x.on_failure,
 		x.ckey, x.climit, x.held, NOT x.for_each AND EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = x.queue),
-		x.child_workflow,
-		-- What a claim writes (claimArgs.claimSet).
-		CASE WHEN cs.claimed THEN 1 ELSE 0 END, CASE WHEN cs.claimed THEN 1 ELSE 0 END,
-		CASE WHEN cs.claimed THEN {now} END, CASE WHEN cs.claimed THEN {now} END,
-		CASE WHEN cs.claimed THEN {clock} + $60::bigint * interval '1 microsecond' END,
-		CASE WHEN cs.claimed THEN $61::text ELSE '' END
+		x.child_workflow` + claimValues + `
 	FROM unnest($15::text[], $16::int[], $17::text[], $18::text[], $19::text[], $20::text[], $21::text[], $22::text[],
 			$23::int[], $24::bigint[], $25::bigint[], $26::bigint[], $27::int[], $28::json[], $29::text[], $30::timestamptz[],
 			$35::json[], $36::bool[], $37::int[], $38::bool[], $39::text[], $40::bigint[], $47::bool[],
@@ -100,24 +130,20 @@ st AS (
 			output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, on_failure,
 			ckey, climit, held, child_workflow)
 	JOIN ins ON ins.id = x.instance_id
-	LEFT JOIN LATERAL (SELECT true AS claimed FROM cs WHERE cs.instance_id = x.instance_id AND cs.position = x.position) cs ON true
+	CROSS JOIN LATERAL ` + claimed + ` c
 	ORDER BY x.instance_id, x.position
 ),
 ev AS (
 	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
 	SELECT e.instance_id, e.step, e.type, e.attempt, e.message, {now} FROM (
 		SELECT e.instance_id, e.step, e.type, 0 AS attempt, e.message, 0 AS part, e.ord
-		FROM unnest($31::text[], $32::text[], $33::text[], $34::text[]) WITH ORDINALITY AS e(instance_id, step, type, message, ord)
-		UNION ALL
-		-- A claim's events, after the creation's.
-		SELECT cs.instance_id, cs.name, 'step.started', 1, $61::text, 1, cs.ord FROM cs
-		UNION ALL
-		SELECT cs.instance_id, '', 'instance.started', 0, $61::text, 2, min(cs.ord) FROM cs GROUP BY cs.instance_id
+		FROM unnest($31::text[], $32::text[], $33::text[], $34::text[]) WITH ORDINALITY AS e(instance_id, step, type, message, ord)` + claimEvents + `
 	) e
 	JOIN ins ON ins.id = e.instance_id
 	ORDER BY e.part, e.ord
 )
 SELECT id FROM ins`
+}
 
 // definitionLockClass is the first key of the advisory locks that keep
 // Prune from deleting a definition a start is about to use; the second is
@@ -321,7 +347,11 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 		b = &st.tail
 	}
 	b.Queue(lockDefinitionsShared, rows.defHashes)
-	b.Queue(s.q(createSQL), now,
+	sql := createSQL
+	if slices.Contains(rows.stClaims, true) {
+		sql = claimingCreateSQL
+	}
+	insert := b.Queue(s.q(sql), now,
 		rows.defHashes, rows.defWorkflows, rows.defSources,
 		rows.ids, rows.workflows, rows.hashes, rows.statuses, rows.inputs, rows.outputs, rows.errors, rows.keys, rows.priorities, rows.runAfters,
 		rows.stInst, rows.stPos, rows.stNames, rows.stHandlers, rows.stQueues, rows.stWorkflows, rows.stDeps, rows.stStatuses,
@@ -330,8 +360,11 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 		rows.stOutputs, rows.stForEach, rows.stCaps, rows.stContinue, rows.stSignals, rows.stWaitTimeouts,
 		rows.timeouts, rows.failing, rows.failedSteps, rows.concurrencyKeys, rows.concurrencyLimits, rows.held,
 		rows.stOnFailure, rows.stKeys, rows.stLimits, rows.stHeld, rows.traceParents, rows.traceCallers,
-		rows.parentIDs, rows.parentSteps, rows.parentItems, rows.depths, rows.stChildWorkflows, rows.deferred,
-		rows.stClaims, rows.claimLease, rows.claimWorker).Query(func(dbRows pgx.Rows) error {
+		rows.parentIDs, rows.parentSteps, rows.parentItems, rows.depths, rows.stChildWorkflows, rows.deferred)
+	if sql == claimingCreateSQL {
+		insert.Arguments = append(insert.Arguments, rows.stClaims, rows.claimLease, rows.claimWorker)
+	}
+	insert.Query(func(dbRows pgx.Rows) error {
 		var err error
 		inserted, err = pgx.CollectRows(dbRows, pgx.RowTo[string])
 		return err

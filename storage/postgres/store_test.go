@@ -842,7 +842,7 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 	fillFinishedHistory(t, s, 5000, true)
 	statements := map[string]string{
 		"extend": extendSQL, "release": releaseSQL, "finish": finishSQL,
-		"expired leases": expiredSQL, "recover": recoverSQL, "create": createSQL, "existing": existingSQL,
+		"expired leases": expiredSQL, "recover": recoverSQL, "create": createSQL, "claiming create": claimingCreateSQL, "existing": existingSQL,
 		"lock instances": lockInstancesSQL, "load steps": loadStepStatesSQL, "load signals": loadSignalsSQL,
 		"apply step changes": applyStepChangesSQL, "apply ready": applyReadySQL, "finish instances": finishInstancesSQL,
 		"finish one": finishOneSQL, "lock instance": lockInstanceSQL, "load step states": loadStepStateSQL,
