@@ -188,10 +188,11 @@ const snapshotStepsSQL = `SELECT coalesce(string_agg(s.id || ':' || s.xmin::text
 // instance versions (xmin) and rendered step versions are the arrays ids,
 // xmins and steps: one row whose ok raises staleSnapshot unless every
 // instance is that row version, with no signal waiting, and its steps the
-// versions listed, and whose txid is the transaction's ID, the xmin of the
-// rows it writes. It reads each instance by key.
-func verifySnapshots(ids, xmins, steps string) string {
-	return `SELECT (CASE WHEN count(*) = cardinality(` + ids + `::text[]) THEN '0' ELSE '` + staleSnapshot + `' END)::int AS ok,
+// versions listed, and the condition also holds, and whose txid is the
+// transaction's ID, the xmin of the rows it writes. It reads each
+// instance by key.
+func verifySnapshots(ids, xmins, steps, also string) string {
+	return `SELECT (CASE WHEN count(*) = cardinality(` + ids + `::text[]) AND ` + also + ` THEN '0' ELSE '` + staleSnapshot + `' END)::int AS ok,
 	pg_current_xact_id()::xid::text AS txid
 FROM unnest(` + ids + `::text[], ` + xmins + `::text[], ` + steps + `::text[]) AS v(id, xmin, steps)
 JOIN {s}instances i ON i.id = v.id
@@ -204,28 +205,29 @@ WHERE i.xmin::text = v.xmin
 // after the statement that locked their instances: a statement's snapshot
 // is taken as it starts, so the check sees every transaction that held an
 // instance's lock before this one, and sees the steps as they were before
-// the statement's own writes, as the snapshots have them. The finish's
-// rows gain the check's two columns; both must be read, or the planner
-// would drop the unread cast that raises. A finish whose rows come back
-// fewer than its results may have been planned without running the check
-// (no row to join it to): the snapshot is then stale, since under the
-// version it holds the claim is the step's (see errFinishedElsewhere).
+// the statement's own writes, as the snapshots have them. The check also
+// counts the steps the statement finished: the plans, the claim and the
+// COMMIT follow on the same round trip, so a finish that recorded fewer
+// results than it had (a step no longer running under its claim, which the
+// snapshots said it was) must abort the transaction on the server, as a
+// stale snapshot does; the client learns of it only once all of it ran.
+// The check is the preserved side of the join with the finished rows, so
+// it runs even when there are none, and both its columns are returned, or
+// the planner would drop the unread cast that raises.
 var (
-	verifiedFinishSQL    = verifiedFinish(finishSQL)
-	verifiedFinishOneSQL = verifiedFinish(finishOneSQL)
+	verifiedFinishSQL    = verifiedFinish(finishSQL, "cardinality($2::bigint[])")
+	verifiedFinishOneSQL = verifiedFinish(finishOneSQL, "1")
 )
 
-func verifiedFinish(finish string) string {
+// verifiedFinish returns finish with the snapshots' check, finish
+// recording expected results.
+func verifiedFinish(finish, expected string) string {
 	return oneRow(finish, finishSelect, `,
-checked AS (`+verifySnapshots("$11", "$12", "$13")+`
+checked AS (`+verifySnapshots("$11", "$12", "$13", "(SELECT count(*) FROM u) = "+expected)+`
 )
 SELECT u.ord, u.instance_id, u.status, u.queue, coalesce(u.parent_id, 0), u.item_concurrency > 0, checked.ok, checked.txid
-FROM u, checked`)
+FROM checked LEFT JOIN u ON true`)
 }
-
-// errFinishedElsewhere is returned by a finish planned from snapshots
-// that recorded fewer results than it had: isStaleSnapshot holds for it.
-var errFinishedElsewhere = errors.New(staleSnapshot + ": a step of the snapshot no longer runs under its claim")
 
 // snapshotChecks returns the arguments of verifySnapshots for the
 // snapshots used.
@@ -237,12 +239,10 @@ func snapshotChecks(used []*snapshot) (ids, xmins, steps []string) {
 	return ids, xmins, steps
 }
 
-// isStaleSnapshot reports whether err is the snapshots' check's, or
-// errFinishedElsewhere.
+// isStaleSnapshot reports whether err is the snapshots' check's.
 func isStaleSnapshot(err error) bool {
 	var pe *pgconn.PgError
-	return errors.Is(err, errFinishedElsewhere) ||
-		errors.As(err, &pe) && pe.Code == "22P02" && strings.Contains(pe.Message, staleSnapshot)
+	return errors.As(err, &pe) && pe.Code == "22P02" && strings.Contains(pe.Message, staleSnapshot)
 }
 
 // planRecorder wraps a PlanFunc, keeping each instance's plan and how often

@@ -249,6 +249,62 @@ func TestStaleSnapshotFallsBack(t *testing.T) {
 	}
 }
 
+// TestStaleSnapshotOfARecoveredStepCommitsNothing: a finish planned from
+// a snapshot whose step was taken back meanwhile (its lease expired and
+// another process recovered it) records nothing, and nothing its plan
+// made from the snapshot commits, although the plan, the claim and the
+// COMMIT went to the server with the finish: the step runs again, and the
+// next step stays blocked.
+func TestStaleSnapshotOfARecoveredStepCommitsNothing(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	other := openInSchema(t, s.cfg.Schema, nil)
+	ctx := t.Context()
+	created, err := s.CreateInstances(ctx, nil, []storage.CreateParams{chain()}, storagetest.Plan)
+	require.NoError(t, err)
+	id := created[0].ID
+	p := storage.ClaimParams{WorkerID: "w", InstanceID: id, Limit: 2, Lease: time.Minute}
+	claimed, err := s.ClaimSteps(ctx, p)
+	require.NoError(t, err)
+	for range 2 { // a, then b planned from a's snapshot, claiming c
+		require.Len(t, claimed, 1)
+		_, claimed, err = s.FinishAndClaim(ctx, []storage.StepResult{completed(claimed[0])}, storagetest.Plan, p)
+		require.NoError(t, err)
+	}
+	require.Len(t, claimed, 1)
+	require.Equal(t, "c", claimed[0].Step)
+
+	// c's lease runs out and another process takes the step back.
+	lost, err := other.ExtendLeases(ctx, []storage.Claim{claimed[0].Claim}, time.Millisecond)
+	require.NoError(t, err)
+	require.Empty(t, lost)
+	require.Eventually(t, func() bool {
+		n, err := other.RecoverExpired(ctx, 10, storagetest.Plan)
+		require.NoError(t, err)
+		return n == 1
+	}, 10*time.Second, 5*time.Millisecond)
+
+	attempts := 0
+	out, next, err := s.FinishAndClaim(storage.WithAttemptHook(ctx, func() { attempts++ }),
+		[]storage.StepResult{completed(claimed[0])}, storagetest.Plan, p)
+	require.NoError(t, err)
+	require.Equal(t, 2, attempts, "the finish planned from the snapshot, then again the usual way")
+	require.False(t, out[0].Accepted, "a result of a step taken back was recorded")
+	require.EqualValues(t, 1, s.staleSnapshots.Load())
+	for _, c := range next {
+		require.NotEqual(t, "d", c.Step, "d was claimed from the stale plan")
+	}
+	in, err := s.GetInstance(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, storage.InstanceRunning, in.Status)
+	statuses := map[string]storage.StepStatus{}
+	for _, st := range in.Steps {
+		statuses[st.Name] = st.Status
+	}
+	require.Equal(t, storage.StepBlocked, statuses["d"], "the plan made from the stale snapshot committed")
+	require.Contains(t, []storage.StepStatus{storage.StepPending, storage.StepRunning}, statuses["c"], "c runs again")
+}
+
 func TestRenderVersionsAsTheServerDoes(t *testing.T) {
 	t.Parallel()
 	s := openTestStore(t, nil)
