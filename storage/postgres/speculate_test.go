@@ -206,22 +206,7 @@ func TestStaleSnapshotFallsBack(t *testing.T) {
 			s := openTestStore(t, nil)
 			other := openInSchema(t, s.cfg.Schema, nil)
 			ctx := t.Context()
-			created, err := s.CreateInstances(ctx, nil, []storage.CreateParams{chain()}, storagetest.Plan)
-			require.NoError(t, err)
-			id := created[0].ID
-			p := storage.ClaimParams{WorkerID: "w", InstanceID: id, Limit: 2, Lease: time.Minute}
-			claimed, err := s.ClaimSteps(ctx, p)
-			require.NoError(t, err)
-			// a, then b (planned from a's snapshot): the finish of b keeps
-			// a snapshot of the instance with c running.
-			for range 2 {
-				require.Len(t, claimed, 1)
-				_, claimed, err = s.FinishAndClaim(ctx, []storage.StepResult{completed(claimed[0])}, storagetest.Plan, p)
-				require.NoError(t, err)
-			}
-			require.Len(t, claimed, 1)
-			require.Equal(t, "c", claimed[0].Step)
-			require.EqualValues(t, 1, s.speculated.Load(), "b's finish was planned from a's snapshot")
+			id, p, claimed := snapshotWithCRunning(t, s)
 
 			tc.change(t, other, id, claimed[0])
 			attempts := 0
@@ -249,6 +234,30 @@ func TestStaleSnapshotFallsBack(t *testing.T) {
 	}
 }
 
+// snapshotWithCRunning starts a chain in s and runs it to c under a claim
+// bound to it: a, then b (planned from a's snapshot), whose finish keeps a
+// snapshot of the instance with c running. It returns the instance, the
+// claim's parameters and c's claim.
+func snapshotWithCRunning(t *testing.T, s *Store) (string, storage.ClaimParams, []storage.ClaimedStep) {
+	t.Helper()
+	ctx := t.Context()
+	created, err := s.CreateInstances(ctx, nil, []storage.CreateParams{chain()}, storagetest.Plan)
+	require.NoError(t, err)
+	id := created[0].ID
+	p := storage.ClaimParams{WorkerID: "w", InstanceID: id, Limit: 2, Lease: time.Minute}
+	claimed, err := s.ClaimSteps(ctx, p)
+	require.NoError(t, err)
+	for range 2 {
+		require.Len(t, claimed, 1)
+		_, claimed, err = s.FinishAndClaim(ctx, []storage.StepResult{completed(claimed[0])}, storagetest.Plan, p)
+		require.NoError(t, err)
+	}
+	require.Len(t, claimed, 1)
+	require.Equal(t, "c", claimed[0].Step)
+	require.EqualValues(t, 1, s.speculated.Load(), "b's finish was planned from a's snapshot")
+	return id, p, claimed
+}
+
 // TestStaleSnapshotOfARecoveredStepCommitsNothing: a finish planned from
 // a snapshot whose step was taken back meanwhile (its lease expired and
 // another process recovered it) records nothing, and nothing its plan
@@ -260,19 +269,7 @@ func TestStaleSnapshotOfARecoveredStepCommitsNothing(t *testing.T) {
 	s := openTestStore(t, nil)
 	other := openInSchema(t, s.cfg.Schema, nil)
 	ctx := t.Context()
-	created, err := s.CreateInstances(ctx, nil, []storage.CreateParams{chain()}, storagetest.Plan)
-	require.NoError(t, err)
-	id := created[0].ID
-	p := storage.ClaimParams{WorkerID: "w", InstanceID: id, Limit: 2, Lease: time.Minute}
-	claimed, err := s.ClaimSteps(ctx, p)
-	require.NoError(t, err)
-	for range 2 { // a, then b planned from a's snapshot, claiming c
-		require.Len(t, claimed, 1)
-		_, claimed, err = s.FinishAndClaim(ctx, []storage.StepResult{completed(claimed[0])}, storagetest.Plan, p)
-		require.NoError(t, err)
-	}
-	require.Len(t, claimed, 1)
-	require.Equal(t, "c", claimed[0].Step)
+	id, p, claimed := snapshotWithCRunning(t, s)
 
 	// c's lease runs out and another process takes the step back.
 	lost, err := other.ExtendLeases(ctx, []storage.Claim{claimed[0].Claim}, time.Millisecond)
