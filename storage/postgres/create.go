@@ -742,11 +742,12 @@ func stepClaimableAtInsert(sp storage.StepSpec, ns storage.NewStep, p storage.Cl
 // created with a claim at insert, in position order: each one's status
 // and the transaction's ID, then the claim's columns (claimedColumns),
 // with lease_until read as now for a step not claimed so that every row
-// scans alike.
+// scans alike (claimColumnsOf, as the settled hand-off reads its rows).
 func insertClaimedSQL(trace bool) string {
-	cols := strings.Replace(claimedColumns(claimShape{trace: trace}, "s"), "lease_until", "coalesce(lease_until, {now})", 1)
-	return `SELECT status, pg_current_xact_id()::xid::text, ` + cols + `
-FROM {s}steps s WHERE s.instance_id = $2 AND s.item_index = -1 ORDER BY s.position`
+	return `SELECT status, txid, ` + claimedColumns(claimShape{trace: trace}, "s") + ` FROM (
+	SELECT s.status, pg_current_xact_id()::xid::text AS txid, s.position, ` + claimColumnsOf("s", true) + `
+	FROM {s}steps s WHERE s.instance_id = $2 AND s.item_index = -1
+) s ORDER BY position`
 }
 
 var insertClaimedQueries = [2]string{insertClaimedSQL(false), insertClaimedSQL(true)}
