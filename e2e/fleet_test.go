@@ -118,6 +118,7 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 		current_setting('superuser_reserved_connections')::int`).Scan(&maxConns, &reserved))
 
 	statements := resetStatementStats(ctx, admin)
+	workBefore := readDatabaseWork(ctx, t, admin)
 
 	// The workers' connections go by a name of their own.
 	fleet := *e
@@ -161,9 +162,10 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 			count(*) FILTER (WHERE datname = current_database() AND state = 'active' AND wait_event_type IN ('Lock', 'LWLock') AND wait_event <> 'WALWrite'),
 			count(*) FILTER (WHERE datname = current_database() AND state = 'active' AND wait_event IN ('WALWrite', 'WALSync')),
 			count(*) FILTER (WHERE datname = current_database() AND (state LIKE 'idle in transaction%'
-				OR state = 'active' AND wait_event = 'ClientRead'))
+				OR state = 'active' AND wait_event = 'ClientRead')),
+			coalesce(max(age(backend_xmin)) FILTER (WHERE datname = current_database()), 0)
 			FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()`).Scan(&server, &inDB, &ofFleet,
-			&now.running, &now.locks, &now.flush, &now.inTx))
+			&now.running, &now.locks, &now.flush, &now.inTx, &now.snapshotAge))
 		peakServer, peakDB, peakFleet = max(peakServer, server), max(peakDB, inDB), max(peakFleet, ofFleet)
 		if !allUp.IsZero() {
 			waits.add(now)
@@ -184,6 +186,10 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 		require.Equal(t, 0, w.wait(t, 30*time.Second), "worker exit code; stderr:\n%s", w.stderr.String())
 		require.NotContains(t, w.stderr.String(), "level=ERROR", "a worker logged an error")
 		require.NotContains(t, w.stderr.String(), "too many clients", "the server refused a worker")
+	}
+	work := "unavailable" // PgBouncer's server connections outlive the workers, their counts unflushed
+	if run.via == "direct" {
+		work = readDatabaseWork(ctx, t, admin).since(workBefore, n)
 	}
 
 	// Each transition once: one attempt per step, one step.started and one
@@ -207,11 +213,11 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 	// cost from the server's.
 	t.Logf("fleet=%s workers=%d concurrency=%d instances=%d seconds=%.1f instances_per_s=%.0f all_up_s=%.1f steps_done_when_up=%d after_all_up_per_s=%.0f "+
 		"machine_cpu_ms_per_instance=%.2f after_all_up_cpu_ms_per_instance=%.2f after_all_up_workers_cpu_ms_per_instance=%.2f "+
-		"peak_server_conns=%d peak_db_conns=%d peak_fleet_conns=%d max_connections=%d server_backends_once_up=%s statements=%s operator_checks=%s",
+		"peak_server_conns=%d peak_db_conns=%d peak_fleet_conns=%d max_connections=%d server_backends_once_up=%s database_work=%s statements=%s operator_checks=%s",
 		run.via, run.workers, fleetConcurrency, n, elapsed.Seconds(), float64(n)/elapsed.Seconds(),
 		allUp.Sub(began).Seconds(), stepsWhenUp, float64(n-completedWhenUp)/(elapsed-allUp.Sub(began)).Seconds(),
 		msPer(busyAtEnd-busyBefore, n), msPer(busyAtEnd-busyWhenUp, n-completedWhenUp), msPer(workersCPUAtEnd-workersCPUWhenUp, n-completedWhenUp),
-		peakServer, peakDB, peakFleet, maxConns, waits, statements.read(ctx, admin), checks)
+		peakServer, peakDB, peakFleet, maxConns, waits, work, statements.read(ctx, admin), checks)
 
 	// A worker holds one pool connection and its listener; through
 	// PgBouncer the database sees PgBouncer's pool and the operator's few.
@@ -236,9 +242,16 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 // and reading from the client). Their means over a run tell a fleet whose
 // server works from one whose transactions wait on one another or on
 // worker processes starved of CPU.
+//
+// snapshotAge is the age, in transactions, of the oldest snapshot a
+// backend of the database held: row versions that transactions since
+// then replaced stay visible to it, so every claim's walk of the ready
+// index passes the entries of the steps claimed since, unable to mark
+// them dead (database_work's index entries per instance count the walk).
 type fleetWaits struct {
 	samples                     int
 	running, locks, flush, inTx int
+	snapshotAge                 int
 }
 
 func (w *fleetWaits) add(now fleetWaits) {
@@ -247,13 +260,47 @@ func (w *fleetWaits) add(now fleetWaits) {
 	w.locks += now.locks
 	w.flush += now.flush
 	w.inTx += now.inTx
+	w.snapshotAge += now.snapshotAge
 }
 
 // String gives the mean backends of each kind per sample.
 func (w fleetWaits) String() string {
 	mean := func(v int) float64 { return float64(v) / float64(max(w.samples, 1)) }
-	return fmt.Sprintf("running:%.1f,lock_wait:%.1f,commit_flush:%.1f,in_tx_awaiting_client:%.1f,samples:%d",
-		mean(w.running), mean(w.locks), mean(w.flush), mean(w.inTx), w.samples)
+	return fmt.Sprintf("running:%.1f,lock_wait:%.1f,commit_flush:%.1f,in_tx_awaiting_client:%.1f,oldest_snapshot_xids:%.0f,samples:%d",
+		mean(w.running), mean(w.locks), mean(w.flush), mean(w.inTx), mean(w.snapshotAge), w.samples)
+}
+
+// databaseWork is what pg_stat_database counted of the fleet's database:
+// commits, index entries and sequential-scan rows read (tup_returned),
+// rows fetched, and buffers found in the cache. A backend adds its counts
+// when it exits at the latest, so the figures are complete once the
+// workers' connections are gone.
+type databaseWork struct {
+	commits, returned, fetched, bufferHits int64
+}
+
+// readDatabaseWork reads the database's counts once every other backend
+// of it (the workers', the operator's checks', the backlog's server's) has
+// exited, and so added its own.
+func readDatabaseWork(ctx context.Context, t *testing.T, admin *pgx.Conn) databaseWork {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var left int
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&left))
+		return left == 0
+	}, 30*time.Second, 20*time.Millisecond, "the database's other backends exit")
+	var w databaseWork
+	require.NoError(t, admin.QueryRow(ctx, `SELECT xact_commit, tup_returned, tup_fetched, blks_hit
+		FROM pg_stat_database WHERE datname = current_database()`).Scan(&w.commits, &w.returned, &w.fetched, &w.bufferHits))
+	return w
+}
+
+// since gives the counts added since before, per instance of n.
+func (w databaseWork) since(before databaseWork, n int) string {
+	per := func(now, then int64) float64 { return float64(now-then) / float64(n) }
+	return fmt.Sprintf("commits:%.2f,index_entries:%.0f,rows_fetched:%.0f,buffer_hits:%.0f (per instance)",
+		per(w.commits, before.commits), per(w.returned, before.returned), per(w.fetched, before.fetched), per(w.bufferHits, before.bufferHits))
 }
 
 // statementStats reads what pg_stat_statements saw of the fleet's
