@@ -47,7 +47,7 @@ func TestCallsEndTheirTransactions(t *testing.T) {
 // awaitRollbackBy gives database/sql, were tx bound to the context just
 // ended, the time to begin rolling it back on its own: a statement then
 // finds tx done. A transaction the call alone ends stays open throughout.
-func awaitRollbackBy(tx *sql.Tx) {
+func awaitRollbackBy(tx querier) {
 	for range 100 {
 		if _, err := tx.ExecContext(context.Background(), "SELECT 1"); err != nil {
 			return

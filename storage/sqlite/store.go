@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"net/url"
@@ -452,7 +453,7 @@ func (s *Store) write(ctx context.Context, op string, fn func(t *txn) error) err
 		return s.fail(op, err)
 	}
 	storage.AttemptStarted(ctx)
-	t := &txn{ctx: ctx, tx: tx.Tx, now: s.now()}
+	t := &txn{ctx: ctx, tx: tx.conn, now: s.now()}
 	if err := fn(t); err != nil {
 		tx.rollback()
 		return s.fail(op, err)
@@ -473,18 +474,75 @@ func (s *Store) write(ctx context.Context, op string, fn func(t *txn) error) err
 // beginWrite begins a BEGIN IMMEDIATE transaction, waiting for another
 // process's write lock for up to the busy timeout, one busySlice at a time
 // so that the wait ends as soon as ctx does.
-func (s *Store) beginWrite(ctx context.Context) (*connTx, error) {
+func (s *Store) beginWrite(ctx context.Context) (*writeTx, error) {
+	conn, err := s.w.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
 	deadline := time.Now().Add(s.busy)
 	for {
-		tx, err := begin(ctx, s.w, nil)
+		_, err := conn.ExecContext(context.WithoutCancel(ctx), "BEGIN IMMEDIATE")
 		var se sqlite3.Error
 		if err == nil || !errors.As(err, &se) || se.Code != sqlite3.ErrBusy || ctx.Err() != nil || !time.Now().Before(deadline) {
-			if err != nil && ctx.Err() != nil {
-				return nil, ctx.Err()
+			if err != nil {
+				_ = conn.Close()
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				return nil, err
 			}
-			return tx, err
+			return &writeTx{conn: conn}, nil
 		}
 	}
+}
+
+// querier runs a transaction's statements: the writer's connection inside
+// its BEGIN IMMEDIATE (writeTx), or a caller's *sql.Tx.
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// writeTx is a write transaction begun and ended by statements on the
+// writer's connection rather than a *sql.Tx: database/sql starts a
+// goroutine for every Tx, and one more for every query of it, to watch the
+// Tx's context; a writer's transaction ends only when the call ends it,
+// always before the call returns, so nothing needs watching. Statements
+// still stop when their own context ends.
+type writeTx struct {
+	conn *sql.Conn
+}
+
+// commit commits unless ctx ended meanwhile, and returns the connection
+// to its pool.
+func (t *writeTx) commit(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		t.rollback()
+		return err
+	}
+	if _, err := t.conn.ExecContext(context.WithoutCancel(ctx), "COMMIT"); err != nil {
+		t.rollback()
+		return err
+	}
+	return t.conn.Close()
+}
+
+// rollback rolls back and returns the connection to its pool; one whose
+// transaction could not be rolled back is closed instead, so that no later
+// write finds it open.
+func (t *writeTx) rollback() {
+	if _, err := t.conn.ExecContext(context.Background(), "ROLLBACK"); err != nil && !noTransaction(err) {
+		_ = t.conn.Raw(func(any) error { return driver.ErrBadConn })
+	}
+	_ = t.conn.Close()
+}
+
+// noTransaction reports whether err says no transaction was open: SQLite
+// rolls back by itself on some errors (a full disk, an interrupted
+// statement that could not be undone otherwise).
+func noTransaction(err error) bool {
+	return strings.Contains(err.Error(), "no transaction is active")
 }
 
 // read runs fn in one read transaction on the read pool, so its queries see
@@ -504,8 +562,8 @@ func (s *Store) read(ctx context.Context, op string, fn func(tx *sql.Tx) error) 
 	return nil
 }
 
-// connTx is a transaction on a connection taken from a pool for it alone.
-// database/sql rolls a transaction back when the context it was begun with
+// connTx is a read transaction on a connection taken from a pool for it
+// alone (writes are writeTx). database/sql rolls a transaction back when the context it was begun with
 // ends, but on a goroutine of its own, which returns the connection after
 // the call that began it has returned: Close, which does not wait for
 // connections in use, then returned while SQLite still had the file open
@@ -530,17 +588,6 @@ func begin(ctx context.Context, db *sql.DB, opts *sql.TxOptions) (*connTx, error
 		return nil, err
 	}
 	return &connTx{Tx: tx, conn: conn}, nil
-}
-
-// commit commits unless ctx ended meanwhile, as a transaction begun with
-// ctx would, and returns the connection to its pool.
-func (t *connTx) commit(ctx context.Context) error {
-	defer t.conn.Close()
-	if err := ctx.Err(); err != nil {
-		_ = t.Tx.Rollback()
-		return err
-	}
-	return t.Tx.Commit()
 }
 
 // rollback rolls back, if the transaction is still open, and returns the

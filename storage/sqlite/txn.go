@@ -19,7 +19,7 @@ import (
 // one statement at the end.
 type txn struct {
 	ctx    context.Context
-	tx     *sql.Tx
+	tx     querier
 	now    time.Time
 	events []any // eventColumns values per event, see event
 	logged []loggedEvent
