@@ -528,21 +528,21 @@ func (t *writeTx) commit(ctx context.Context) error {
 	return t.conn.Close()
 }
 
-// rollback rolls back and returns the connection to its pool; one whose
-// transaction could not be rolled back is closed instead, so that no later
-// write finds it open.
+// rollback rolls back and returns the connection to its pool. When the
+// ROLLBACK fails, the connection goes back only if SQLite left no
+// transaction open (it rolls back by itself on some errors, a full disk or
+// an interrupted statement); otherwise it is closed, so that no later
+// write finds a transaction open.
 func (t *writeTx) rollback() {
-	if _, err := t.conn.ExecContext(context.Background(), "ROLLBACK"); err != nil && !noTransaction(err) {
-		_ = t.conn.Raw(func(any) error { return driver.ErrBadConn })
+	if _, err := t.conn.ExecContext(context.Background(), "ROLLBACK"); err != nil {
+		_ = t.conn.Raw(func(dc any) error {
+			if c, ok := dc.(*sqlite3.SQLiteConn); ok && c.AutoCommit() {
+				return nil
+			}
+			return driver.ErrBadConn
+		})
 	}
 	_ = t.conn.Close()
-}
-
-// noTransaction reports whether err says no transaction was open: SQLite
-// rolls back by itself on some errors (a full disk, an interrupted
-// statement that could not be undone otherwise).
-func noTransaction(err error) bool {
-	return strings.Contains(err.Error(), "no transaction is active")
 }
 
 // read runs fn in one read transaction on the read pool, so its queries see

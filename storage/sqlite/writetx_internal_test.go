@@ -47,6 +47,17 @@ func TestWriteEndsItsTransactionWhateverHappens(t *testing.T) {
 			stop()
 			return err
 		}, context.Canceled.Error()},
+		{"the transaction is gone before the ROLLBACK", func(t *txn, _ context.CancelFunc) error {
+			if _, err := t.exec(`INSERT INTO parents (id) VALUES (1)`); err != nil {
+				return err
+			}
+			// As SQLite does by itself on some errors: the write's own
+			// ROLLBACK then fails, with nothing left open.
+			if _, err := t.exec(`ROLLBACK`); err != nil {
+				return err
+			}
+			return errFailed
+		}, errFailed.Error()},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -55,6 +66,7 @@ func TestWriteEndsItsTransactionWhateverHappens(t *testing.T) {
 			err := s.write(ctx, "write", func(tx *txn) error { return c.write(tx, stop) })
 			require.ErrorContains(t, err, c.wantErr)
 			require.Zero(t, s.w.Stats().InUse, "the writer's connection is back in its pool")
+			require.Equal(t, 1, s.w.Stats().OpenConnections, "the writer's connection, with no transaction open, is kept")
 
 			var parents, children int
 			require.NoError(t, s.write(t.Context(), "next write", func(tx *txn) error {
