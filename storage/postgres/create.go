@@ -27,7 +27,7 @@ import (
 // run_after is the time the caller asked for, NULL for none; the store
 // makes it no earlier than {now}, which greatest does as it ignores NULL.
 // claimingCreateSQL is createSQL that also claims the steps marked in $59
-// as it inserts them (see claimAtInsert), with the lease $60 and the
+// as it inserts them ("Claims at insert", below), with the lease $60 and the
 // worker $61; a start that claims nothing so runs createSQL, whose rows
 // pay nothing for it.
 var (
@@ -522,7 +522,7 @@ type createRows struct {
 	held, stHeld                []bool
 
 	// The steps claimed as they are inserted, and that claim's lease in
-	// microseconds and worker (see claimAtInsert).
+	// microseconds and worker ("Claims at insert", below).
 	stClaims    []bool
 	claimLease  int64
 	claimWorker string

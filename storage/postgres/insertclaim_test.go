@@ -12,7 +12,7 @@ import (
 )
 
 // TestStartClaimsAtInsertWhatAClaimWould: a start that claims for a
-// settled worker (see claimAtInsert) inserts the steps it may take
+// settled worker ("Claims at insert" in create.go) inserts the steps it may take
 // claimed, and leaves what the usual start and claim leave: the same
 // claims, steps, instance and history, whatever the store took the
 // short way or not. A step it may not take that way (one more than its

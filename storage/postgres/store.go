@@ -210,7 +210,8 @@ type Store struct {
 	// (see claimers.settledSince); skippedClaims counts the finishes that
 	// left their eager claim out for that, settledHandoffs the hand-offs
 	// that walked no index for it, and insertClaims the starts that
-	// claimed their steps as they inserted them (see claimAtInsert).
+	// claimed their steps as they inserted them ("Claims at insert" in
+	// create.go).
 	signals         atomic.Uint64
 	skippedClaims   atomic.Int64
 	settledHandoffs atomic.Int64
@@ -551,8 +552,8 @@ type txState struct {
 	// (see handoff.go), while they are planned.
 	handoff *handoff
 	// insertClaim is the claim a start makes as it inserts its steps,
-	// when it may (see claimAtInsert), and insertClaimed the steps create
-	// marked for it.
+	// when it may ("Claims at insert" in create.go), and insertClaimed
+	// the steps create marked for it.
 	insertClaim   *storage.ClaimParams
 	insertClaimed []stepRef
 }
