@@ -1,8 +1,13 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -45,4 +50,56 @@ func TestKeepFreedMemory(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, keepFreedMemory(nil)(t.Context(), conn), "a pool with no AfterConnect of its own")
 	require.Equal(t, keepFreedMemorySQL, lastQuery())
+}
+
+// TestKeepFreedMemoryKeepsStatementMemory: after keepFreedMemorySQL a
+// server process keeps the memory its statements free, so a statement
+// that allocates 1 MB faults its pages in once, not at every run. It
+// reads the process's page faults from /proc, so it needs the server on
+// this machine, readable by the test's user.
+func TestKeepFreedMemoryKeepsStatementMemory(t *testing.T) {
+	t.Parallel()
+	const statement = `SELECT octet_length(repeat(repeat('x', 1024), 1024))` // a 1 MB result
+	const runs = 10
+	faults := func(keep bool) int64 {
+		t.Helper()
+		conn, err := pgx.Connect(t.Context(), testURL(t))
+		require.NoError(t, err)
+		defer func() { _ = conn.Close(context.Background()) }()
+		if keep {
+			_, err := conn.Exec(t.Context(), keepFreedMemorySQL)
+			require.NoError(t, err)
+		}
+		_, err = conn.Exec(t.Context(), statement) // looks up the functions once
+		require.NoError(t, err)
+		before := minorFaults(t, conn.PgConn().PID())
+		for range runs {
+			_, err := conn.Exec(t.Context(), statement)
+			require.NoError(t, err)
+		}
+		return minorFaults(t, conn.PgConn().PID()) - before
+	}
+	without, with := faults(false), faults(true)
+	const pages = runs * (1 << 20) / 4096
+	if without < pages/2 {
+		t.Skipf("the server's allocator kept the freed memory without the statement (%d page faults in %d runs)", without, runs)
+	}
+	require.Less(t, with, without/4, "page faults of %d runs of a 1 MB statement after keepFreedMemorySQL (without it: %d)", runs, without)
+}
+
+// minorFaults reads the minor page faults of the local process pid so
+// far, or skips the test when the process is not readable here.
+func minorFaults(t *testing.T, pid uint32) int64 {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Skipf("the server process is not readable on this machine: %v", err)
+	}
+	// The fields after the command's name, which ends with the last ')':
+	// state, ppid, pgrp, session, tty, tpgid, flags, then minflt.
+	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+	require.Greater(t, len(fields), 7, "/proc/%d/stat", pid)
+	n, err := strconv.ParseInt(fields[7], 10, 64)
+	require.NoError(t, err, "/proc/%d/stat", pid)
+	return n
 }

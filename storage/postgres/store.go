@@ -776,7 +776,14 @@ func firstLine(s string) string {
 // depended on the plans it ran: a worker whose hand-offs walked no index
 // (settledHandoffSQL) made 98 page faults an instance of latency4
 // instead of 22, and its every start took 1.2 ms instead of 0.35.
-const keepFreedMemorySQL = `SELECT length(repeat('x', 2 << 20))`
+//
+// The chunk is built from 1 KB copies and measured in bytes: repeat('x',
+// 2 MB) copies one byte two million times, and length() counts the
+// characters of the result: the statement took 20 ms on a new
+// connection that way, 12 ms this way (mostly its page faults; means of
+// 20 connections), which every command and every worker of a fleet
+// pays as it connects.
+const keepFreedMemorySQL = `SELECT octet_length(repeat(repeat('x', 1024), 2048))`
 
 // keepFreedMemory runs keepFreedMemorySQL on each new connection, after
 // next (the pool's own AfterConnect) when there is one.
