@@ -209,28 +209,22 @@ ORDER BY took DESC, priority DESC, run_after, id`
 // handoffArgs number the claim's arguments after the plans' changes.
 var handoffArgs = claimArgs{lease: "$8", worker: "$9", limit: "$10", next: 11}
 
-// handoffQueries are the hand-off statements by claim shape, of many
-// changes and of one (see oneRow). A capped claim (items under a cap)
-// never hands off.
-var handoffQueries, handoffOneQueries = handoffStatements(handoffSQL)
+// handoffQueries and handoffOneQueries are the hand-off statements by
+// claim shape, of many changes and of one (see oneRow). A capped claim
+// (items under a cap) never hands off.
+var (
+	handoffQueries    = byShape(handoffSQL)
+	handoffOneQueries = byShape(func(c claimShape) string { return oneRow(handoffQueries.of(c), applyRows, applyRow) })
+)
 
 // settledHandoffQueries and settledHandoffOneQueries are their settled
 // versions.
-var settledHandoffQueries, settledHandoffOneQueries = handoffStatements(settledHandoffSQL)
-
-// handoffStatements builds a hand-off statement of each claim shape that
-// hands off, of many changes and of one.
-func handoffStatements(build func(claimShape) string) (many, one map[claimShape]string) {
-	many, one = map[claimShape]string{}, map[claimShape]string{}
-	for shape := range claimQueries {
-		if shape.capped {
-			continue
-		}
-		many[shape] = build(shape)
-		one[shape] = oneRow(many[shape], applyRows, applyRow)
-	}
-	return many, one
-}
+var (
+	settledHandoffQueries    = byShape(settledHandoffSQL)
+	settledHandoffOneQueries = byShape(func(c claimShape) string {
+		return oneRow(settledHandoffQueries.of(c), applyRows, applyRow)
+	})
+)
 
 // planAndHandOff is planAndApply, whose plans may make h's claim with
 // their changes (h.made); a nil h asks for none.
@@ -278,10 +272,10 @@ func (s *Store) queueHandoff(st *txState, now *time.Time, sc *stepChanges) {
 		// The claim's index walk must see the delayed steps now due.
 		st.tail.Queue(s.q(promoteSQL), now)
 	}
-	sql := many[shape]
+	sql := many.of(shape)
 	if n == 1 {
 		args = []any{now, sc.ids[0], sc.names[0], sc.statuses[0], sc.inputs[0], sc.errors[0], sc.keys[0]}
-		sql = one[shape]
+		sql = one.of(shape)
 	}
 	args = append(args, rest...)
 	st.tail.Queue(s.q(sql), args...).Query(func(rows pgx.Rows) error {

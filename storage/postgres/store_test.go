@@ -380,7 +380,7 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 	}
 	for _, c := range cases {
 		args := append([]any{nil, time.Minute.Microseconds(), "w", 10}, c.args...)
-		for mode, plan := range explainPlans(t, s, claimQueries[c.shape], args...) {
+		for mode, plan := range explainPlans(t, s, claimQueries.of(c.shape), args...) {
 			require.Contains(t, plan, "Index Scan using "+c.index, "%s %v:\n%s", mode, c.shape, plan)
 			require.NotContains(t, plan, "Seq Scan on steps", "%s %v:\n%s", mode, c.shape, plan)
 		}
@@ -858,15 +858,10 @@ func TestGenericPlansUseIndexes(t *testing.T) {
 		"verified finish": verifiedFinishSQL, "verified finish one": verifiedFinishOneSQL,
 		"insert claimed": insertClaimedQueries[0], "insert claimed, traced": insertClaimedQueries[1],
 	}
-	for shape, sql := range claimQueries {
-		statements[fmt.Sprintf("claim %+v", shape)] = sql
+	for _, shape := range claimShapes() {
+		statements[fmt.Sprintf("claim %+v", shape)] = claimQueries.of(shape)
 	}
-	for shape, sql := range handoffQueries {
-		statements[fmt.Sprintf("hand-off %+v", shape)] = sql
-		statements[fmt.Sprintf("hand-off one %+v", shape)] = handoffOneQueries[shape]
-		statements[fmt.Sprintf("settled hand-off %+v", shape)] = settledHandoffQueries[shape]
-		statements[fmt.Sprintf("settled hand-off one %+v", shape)] = settledHandoffOneQueries[shape]
-	}
+	addHandoffStatements(statements)
 	scan := regexp.MustCompile(`Seq Scan on (steps|events|instances|step_logs|signals)\b`)
 	for name, sql := range statements {
 		plan := genericPlan(t, s, sql)
@@ -893,12 +888,7 @@ func TestKeyedWritesSkipInFlightIndexes(t *testing.T) {
 		"record failures": recordFailuresSQL, "settle items": settleSQL, "settle child": settleChildSQL,
 		"deliver": deliverSQL, "verified finish": verifiedFinishSQL, "verified finish one": verifiedFinishOneSQL,
 	}
-	for shape, sql := range handoffQueries {
-		statements[fmt.Sprintf("hand-off %+v", shape)] = sql
-		statements[fmt.Sprintf("hand-off one %+v", shape)] = handoffOneQueries[shape]
-		statements[fmt.Sprintf("settled hand-off %+v", shape)] = settledHandoffQueries[shape]
-		statements[fmt.Sprintf("settled hand-off one %+v", shape)] = settledHandoffOneQueries[shape]
-	}
+	addHandoffStatements(statements)
 	inFlight := regexp.MustCompile(`\b(steps_running_lease|instances_unfinished|steps_waiting_deadline)\b`)
 	for name, sql := range statements {
 		plan := genericPlan(t, s, sql)
@@ -940,4 +930,18 @@ func genericPlan(t *testing.T, s *Store, query string) string {
 	})
 	require.NoError(t, err)
 	return plan
+}
+
+// addHandoffStatements adds the hand-off statements of every shape that
+// hands off (an uncapped one) to statements, by name.
+func addHandoffStatements(statements map[string]string) {
+	for _, shape := range claimShapes() {
+		if shape.capped {
+			continue
+		}
+		statements[fmt.Sprintf("hand-off %+v", shape)] = handoffQueries.of(shape)
+		statements[fmt.Sprintf("hand-off one %+v", shape)] = handoffOneQueries.of(shape)
+		statements[fmt.Sprintf("settled hand-off %+v", shape)] = settledHandoffQueries.of(shape)
+		statements[fmt.Sprintf("settled hand-off one %+v", shape)] = settledHandoffOneQueries.of(shape)
+	}
 }
