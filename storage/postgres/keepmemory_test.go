@@ -103,3 +103,30 @@ func minorFaults(t *testing.T, pid uint32) int64 {
 	require.NoError(t, err, "/proc/%d/stat", pid)
 	return n
 }
+
+// TestShortLivedStoreSkipsMemoryWarmUp: the connections of a store made by
+// Open run keepFreedMemory after connecting, unless the store is short
+// lived or goes through PgBouncer.
+func TestShortLivedStoreSkipsMemoryWarmUp(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		cfg    Config
+		warmUp bool
+	}{
+		{"long lived", Config{}, true},
+		{"short lived", Config{ShortLived: true}, false},
+		{"through PgBouncer", Config{PgBouncer: true}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := c.cfg
+			cfg.Schema, cfg.MaxConns = newSchema(t), 1
+			s, err := Open(t.Context(), testURL(t), &cfg)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = s.Close() })
+			require.Equal(t, c.warmUp, s.Pool().Config().AfterConnect != nil, "a hook after connecting")
+		})
+	}
+}

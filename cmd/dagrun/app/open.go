@@ -33,14 +33,16 @@ const (
 // SQLite. Any other scheme is a usage error rather than a file name.
 // schema (--db-schema) names PostgreSQL's schema for dagrun's tables;
 // empty leaves it to the URL's dagrun_schema parameter, else "dagrun".
-// conns sizes a PostgreSQL pool when the URL has no pool_max_conns (zero:
-// commandConns).
+// conns sizes a PostgreSQL pool when the URL has no pool_max_conns; zero
+// is a one-off command's store: commandConns connections, without the
+// warm-up that only a long-lived connection earns back
+// (postgres.Config.ShortLived).
 func openStore(ctx context.Context, db, schema string, logger *slog.Logger, conns int32) (storage.Store, error) {
 	switch {
 	case db == "":
 		return nil, usageError(fmt.Errorf("--db is empty: give a SQLite path or a postgres:// URL"))
 	case strings.HasPrefix(db, "postgres://"), strings.HasPrefix(db, "postgresql://"):
-		cfg := &postgres.Config{Schema: schema, Logger: logger}
+		cfg := &postgres.Config{Schema: schema, Logger: logger, ShortLived: conns == 0}
 		if !strings.Contains(db, "pool_max_conns") {
 			cfg.MaxConns = cmp.Or(conns, commandConns)
 		}
