@@ -54,7 +54,9 @@ func (c *cli) startCommand() *cobra.Command {
 					return usageError(fmt.Errorf("--traceparent: %v", err))
 				}
 			}
-			c.conns = followConns
+			if !detach {
+				c.conns = followConns // a worker runs the instance here
+			}
 			engine, err := c.engine(ctx)
 			if err != nil {
 				return err
@@ -124,7 +126,9 @@ func (c *cli) retryCommand() *cobra.Command {
 				}
 				return c.bulk(ctx, &sel, "retry", "retried", (*dagrun.Engine).RetrySelected)
 			}
-			c.conns = followConns
+			if !detach {
+				c.conns = followConns // a worker runs the re-armed steps here
+			}
 			engine, err := c.engine(ctx)
 			if err != nil {
 				return err
