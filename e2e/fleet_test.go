@@ -391,25 +391,38 @@ func machineBusy(t *testing.T) time.Duration {
 // have used so far (/proc/PID/stat), or zero where there is no /proc.
 func processesCPU(t *testing.T, processes []*process) time.Duration {
 	t.Helper()
-	var ticks int64
+	var sum time.Duration
 	for _, p := range processes {
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
-		if err != nil {
+		cpu, ok := processCPU(t, p.cmd.Process.Pid)
+		if !ok {
 			return 0
 		}
-		// The fields after the command name, which is in parentheses and
-		// may hold spaces: utime and stime are the 12th and 13th.
-		i := strings.LastIndexByte(string(data), ')')
-		require.Positive(t, i, "/proc/%d/stat: %q", p.cmd.Process.Pid, data)
-		fields := strings.Fields(string(data[i+1:]))
-		require.Greater(t, len(fields), 12, "/proc/%d/stat: %q", p.cmd.Process.Pid, data)
-		for _, f := range fields[11:13] {
-			v, err := strconv.ParseInt(f, 10, 64)
-			require.NoError(t, err, "/proc/%d/stat: %q", p.cmd.Process.Pid, data)
-			ticks += v
-		}
+		sum += cpu
 	}
-	return time.Duration(ticks) * time.Second / userHZ
+	return sum
+}
+
+// processCPU is the CPU time (user and system) process pid has used so
+// far, from /proc/PID/stat; false where it cannot be read.
+func processCPU(tb testing.TB, pid int) (time.Duration, bool) {
+	tb.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	// The fields after the command name, which is in parentheses and may
+	// hold spaces: utime and stime are the 12th and 13th.
+	i := strings.LastIndexByte(string(data), ')')
+	require.Positive(tb, i, "/proc/%d/stat: %q", pid, data)
+	fields := strings.Fields(string(data[i+1:]))
+	require.Greater(tb, len(fields), 12, "/proc/%d/stat: %q", pid, data)
+	var ticks int64
+	for _, f := range fields[11:13] {
+		v, err := strconv.ParseInt(f, 10, 64)
+		require.NoError(tb, err, "/proc/%d/stat: %q", pid, data)
+		ticks += v
+	}
+	return time.Duration(ticks) * time.Second / userHZ, true
 }
 
 // userHZ is the clock ticks a second /proc counts CPU time in: USER_HZ,

@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,27 +22,31 @@ import (
 //
 //	DAGRUN_E2E_NORACE=1 [DAGRUN_TEST_POSTGRES=postgres://...] go test ./e2e -run '^$' -bench WakeupLatency -benchtime 100x
 func BenchmarkWakeupLatency(b *testing.B) {
+	benchBackends(b, func(b *testing.B, db string, postgres bool) {
+		if postgres {
+			benchWakeup(b, db, "--poll", "5s")
+		} else {
+			benchWakeup(b, db)
+		}
+	})
+}
+
+// benchBackends runs bench as sub-benchmarks: on a SQLite file, and on a
+// PostgreSQL database of its own when DAGRUN_TEST_POSTGRES is set.
+func benchBackends(b *testing.B, bench func(b *testing.B, db string, postgres bool)) {
 	b.Run("sqlite", func(b *testing.B) {
-		benchWakeup(b, filepath.Join(b.TempDir(), "dagrun.db"))
+		bench(b, filepath.Join(b.TempDir(), "dagrun.db"), false)
 	})
 	b.Run("postgres", func(b *testing.B) {
 		if os.Getenv("DAGRUN_TEST_POSTGRES") == "" {
 			b.Skip("DAGRUN_TEST_POSTGRES is not set")
 		}
-		benchWakeup(b, newPostgresDB(b), "--poll", "5s")
+		bench(b, newPostgresDB(b), true)
 	})
 }
 
 func benchWakeup(b *testing.B, db string, workerArgs ...string) {
-	e := &env{dir: b.TempDir(), db: db}
-	e.workflows = e.dir + "/workflows"
-	if err := os.MkdirAll(e.workflows, 0o755); err != nil {
-		b.Fatal(err)
-	}
-	const wf = "name: wake\nsteps:\n  - {name: first, handler: noop}\n"
-	if err := os.WriteFile(e.workflows+"/wake.yaml", []byte(wf), 0o644); err != nil {
-		b.Fatal(err)
-	}
+	e := benchEnv(b, db)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	worker := e.command(ctx, append([]string{"worker"}, workerArgs...)...)
@@ -91,24 +94,38 @@ func benchWakeup(b *testing.B, db string, workerArgs ...string) {
 	b.ReportMetric(0, "ns/op")
 }
 
+// benchEnv returns an environment on db with one workflow, wake: a
+// single noop step.
+func benchEnv(b *testing.B, db string) *env {
+	b.Helper()
+	e := &env{dir: b.TempDir(), db: db}
+	e.workflows = e.dir + "/workflows"
+	if err := os.MkdirAll(e.workflows, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	const wf = "name: wake\nsteps:\n  - {name: first, handler: noop}\n"
+	if err := os.WriteFile(e.workflows+"/wake.yaml", []byte(wf), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	return e
+}
+
 // idleCPU returns the CPU time process pid used over d (user plus system,
 // from /proc/pid/stat) as a percentage of d.
 func idleCPU(b *testing.B, pid int, d time.Duration) float64 {
 	b.Helper()
-	ticks := func() int64 {
-		data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil {
-			b.Fatal(err)
-		}
-		// Fields after the command name, which is in parentheses and may
-		// hold spaces: utime and stime are the 12th and 13th of them.
-		f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
-		u, _ := strconv.ParseInt(f[11], 10, 64)
-		s, _ := strconv.ParseInt(f[12], 10, 64)
-		return u + s
-	}
-	before := ticks()
+	before := mustProcessCPU(b, pid)
 	time.Sleep(d)
-	const clockTicks = 100 // USER_HZ on Linux
-	return float64(ticks()-before) / clockTicks / d.Seconds() * 100
+	return float64(mustProcessCPU(b, pid)-before) / float64(d) * 100
+}
+
+// mustProcessCPU is processCPU, failing the benchmark where there is no
+// /proc to read it from.
+func mustProcessCPU(b *testing.B, pid int) time.Duration {
+	b.Helper()
+	cpu, ok := processCPU(b, pid)
+	if !ok {
+		b.Fatalf("cannot read the CPU time of process %d from /proc", pid)
+	}
+	return cpu
 }
