@@ -134,7 +134,7 @@ type cli struct {
 	// metrics events (serve sets it to its Prometheus metrics).
 	observer dagrun.Observer
 	// conns, when set before engine() is called, sizes a PostgreSQL pool
-	// (see openStore); zero is commandConns.
+	// (see openStore); zero is a one-off command's store, of commandConns.
 	conns int32
 	// longRunning, set by worker and serve before engine() is called,
 	// makes workflow files with errors a warning in the log: a one-shot

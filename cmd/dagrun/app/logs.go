@@ -57,9 +57,10 @@ func (c *cli) logsCommand() *cobra.Command {
 	return cmd
 }
 
-// openLogStore opens the store alone: reading logs needs no workflows.
+// openLogStore opens the store alone, a one-off command's (conns zero):
+// reading logs needs no workflows.
 func (c *cli) openLogStore(ctx context.Context) (storage.Store, error) {
-	store, err := openStore(ctx, c.db, c.dbSchema, c.logger, commandConns)
+	store, err := openStore(ctx, c.db, c.dbSchema, c.logger, 0)
 	if err != nil {
 		return nil, err
 	}
