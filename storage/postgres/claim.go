@@ -208,23 +208,6 @@ type claimShape struct {
 	trace bool
 }
 
-// claimShapes lists every claim shape.
-func claimShapes() []claimShape {
-	var shapes []claimShape
-	for q := 0; q <= 2; q++ {
-		for _, i := range []bool{false, true} {
-			for _, h := range []bool{false, true} {
-				for _, capped := range []bool{false, true} {
-					for _, tr := range []bool{false, true} {
-						shapes = append(shapes, claimShape{queues: q, byInstance: i, byHandler: h, capped: capped, trace: tr})
-					}
-				}
-			}
-		}
-	}
-	return shapes
-}
-
 // statementsByShape builds a statement for each claim shape once, the
 // first time the process asks for that shape: the statement text stays
 // constant, so pgx's statement cache prepares it once per connection. A

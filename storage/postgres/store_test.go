@@ -945,3 +945,21 @@ func addHandoffStatements(statements map[string]string) {
 		statements[fmt.Sprintf("settled hand-off one %+v", shape)] = settledHandoffOneQueries.of(shape)
 	}
 }
+
+// claimShapes lists every claim shape, for the tests that check each
+// shape's statements.
+func claimShapes() []claimShape {
+	var shapes []claimShape
+	for q := 0; q <= 2; q++ {
+		for _, i := range []bool{false, true} {
+			for _, h := range []bool{false, true} {
+				for _, capped := range []bool{false, true} {
+					for _, tr := range []bool{false, true} {
+						shapes = append(shapes, claimShape{queues: q, byInstance: i, byHandler: h, capped: capped, trace: tr})
+					}
+				}
+			}
+		}
+	}
+	return shapes
+}
