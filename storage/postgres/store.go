@@ -371,6 +371,7 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 	if !cfg.PgBouncer && !cfg.ShortLived {
 		pcfg.AfterConnect = keepFreedMemory(pcfg.AfterConnect)
 	}
+	pcfg.ConnConfig.DialFunc = quietDial(pcfg.ConnConfig.DialFunc)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, interpretError(err)

@@ -1,0 +1,178 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// quietPair dials a loopback listener through quietDial and returns the
+// quiet client end and the server's end.
+func quietPair(t *testing.T) (client, server net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- c
+	}()
+	var d net.Dialer
+	client, err = quietDial(d.DialContext)(context.Background(), "tcp", ln.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(func() { client.Close() })
+	require.IsType(t, &quietConn{}, client)
+	server, ok := <-accepted
+	require.True(t, ok, "accept")
+	t.Cleanup(func() { server.Close() })
+	return client, server
+}
+
+func TestQuietConnCarriesWhatNetDoes(t *testing.T) {
+	client, server := quietPair(t)
+	// More than the sockets' buffers hold, so that the write waits for
+	// the reader at least once.
+	sent := bytes.Repeat([]byte("0123456789abcdef"), 1<<20)
+	reply := []byte("done")
+	got := make(chan []byte, 1)
+	go func() {
+		b := make([]byte, len(sent))
+		if _, err := io.ReadFull(server, b); err != nil {
+			got <- nil
+			return
+		}
+		got <- b
+		_, _ = server.Write(reply)
+		server.Close()
+	}()
+
+	n, err := client.Write(sent)
+	require.NoError(t, err)
+	require.Equal(t, len(sent), n)
+	require.Equal(t, sent, <-got, "the server read what the quiet connection wrote")
+
+	back, err := io.ReadAll(client)
+	require.NoError(t, err, "a connection the server closed ends with io.EOF")
+	require.Equal(t, reply, back)
+	n, err = client.Read(make([]byte, 8))
+	require.Zero(t, n)
+	require.ErrorIs(t, err, io.EOF)
+}
+
+func TestQuietConnFailsLikeNet(t *testing.T) {
+	t.Run("read past its deadline", func(t *testing.T) {
+		client, _ := quietPair(t)
+		require.NoError(t, client.SetReadDeadline(time.Now().Add(10*time.Millisecond)))
+		_, err := client.Read(make([]byte, 8))
+		var netErr net.Error
+		require.ErrorAs(t, err, &netErr)
+		require.True(t, netErr.Timeout(), "a deadline is a timeout to pgconn: %v", err)
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	})
+	t.Run("read after close", func(t *testing.T) {
+		client, _ := quietPair(t)
+		require.NoError(t, client.Close())
+		_, err := client.Read(make([]byte, 8))
+		require.ErrorIs(t, err, net.ErrClosed)
+	})
+	t.Run("write after close", func(t *testing.T) {
+		client, _ := quietPair(t)
+		require.NoError(t, client.Close())
+		_, err := client.Write([]byte("x"))
+		require.ErrorIs(t, err, net.ErrClosed)
+	})
+	t.Run("write to a reset connection", func(t *testing.T) {
+		client, server := quietPair(t)
+		// Closing with unread data and no linger resets the connection.
+		require.NoError(t, server.(*net.TCPConn).SetLinger(0))
+		require.NoError(t, server.Close())
+		var err error
+		for i := 0; i < 100 && err == nil; i++ {
+			_, err = client.Write(bytes.Repeat([]byte("x"), 64<<10))
+		}
+		require.Error(t, err)
+		var op *net.OpError
+		require.ErrorAs(t, err, &op)
+		require.Equal(t, "write", op.Op)
+		require.True(t, errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET), "%v", err)
+	})
+}
+
+func TestQuietDialLeavesOtherConnectionsAlone(t *testing.T) {
+	a, b := net.Pipe()
+	t.Cleanup(func() { a.Close(); b.Close() })
+	dial := quietDial(func(context.Context, string, string) (net.Conn, error) { return a, nil })
+	got, err := dial(context.Background(), "pipe", "")
+	require.NoError(t, err)
+	require.Same(t, a, got, "a connection without a descriptor is returned as it is")
+}
+
+// BenchmarkRoundTrip runs SELECT 1 on one connection from a process that
+// does nothing else, through net's own socket calls and through the quiet
+// ones, and reports the process's context switches and CPU per round trip:
+// between two round trips every goroutine waits, which is when a system
+// call wakes the runtime's monitor thread.
+//
+//	DAGRUN_TEST_POSTGRES=... go test ./storage/postgres -run '^$' -bench RoundTrip
+func BenchmarkRoundTrip(b *testing.B) {
+	url := testURL(b)
+	for _, bc := range []struct {
+		name  string
+		quiet bool
+	}{{"net", false}, {"quiet", true}} {
+		b.Run(bc.name, func(b *testing.B) {
+			cfg, err := pgx.ParseConfig(url)
+			require.NoError(b, err)
+			if bc.quiet {
+				cfg.DialFunc = quietDial(cfg.DialFunc)
+			}
+			ctx := context.Background()
+			conn, err := pgx.ConnectConfig(ctx, cfg)
+			require.NoError(b, err)
+			b.Cleanup(func() { conn.Close(ctx) })
+			var one int
+			require.NoError(b, conn.QueryRow(ctx, "SELECT 1").Scan(&one))
+			before := processUsage(b)
+			b.ResetTimer()
+			for b.Loop() {
+				if err := conn.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			after := processUsage(b)
+			b.ReportMetric(float64(after.switches-before.switches)/float64(b.N), "switches/op")
+			b.ReportMetric(float64(after.cpu-before.cpu)/float64(b.N)/1e3, "cpu-µs/op")
+		})
+	}
+}
+
+// usage is what the kernel counted for this process so far.
+type usage struct {
+	switches int64         // voluntary and involuntary context switches
+	cpu      time.Duration // user and system time
+}
+
+func processUsage(tb testing.TB) usage {
+	tb.Helper()
+	var ru syscall.Rusage
+	require.NoError(tb, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	return usage{
+		switches: ru.Nvcsw + ru.Nivcsw,
+		cpu:      time.Duration(ru.Utime.Nano() + ru.Stime.Nano()),
+	}
+}
