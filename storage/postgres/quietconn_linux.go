@@ -21,8 +21,11 @@ import (
 // polling to every 20 µs, so a process that goes idle between round trips
 // pays several context switches per round trip for a thread that has
 // nothing to do: a socket read or write on a non-blocking descriptor never
-// blocks, so there is no processor for sysmon to take back. In a fleet of
-// 40 workers on two cores, that was a quarter of the workers' CPU.
+// blocks, so there is no processor for sysmon to take back. Measured
+// (BenchmarkRoundTrip, a process idle 2 ms between round trips): five
+// context switches and 54-59 µs of CPU per round trip through net's calls,
+// two and a half and 29-36 µs through these; a fleet of 40 workers on two
+// cores spent 40% less CPU per instance in its workers.
 // The reads and writes here are the same non-blocking calls the net
 // package makes, through the same poller and deadlines (syscall.RawConn),
 // only issued as raw system calls.
