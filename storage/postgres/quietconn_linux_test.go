@@ -3,10 +3,13 @@ package postgres
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -119,6 +122,60 @@ func TestQuietDialLeavesOtherConnectionsAlone(t *testing.T) {
 	got, err := dial(context.Background(), "pipe", "")
 	require.NoError(t, err)
 	require.Same(t, a, got, "a connection without a descriptor is returned as it is")
+}
+
+// TestQuietDialCarriesSessions runs a PostgreSQL session through quietDial
+// as the store's connections do: over TCP, over TLS (which pgconn starts on
+// the quiet connection) and over a Unix socket, and a statement that its
+// context interrupts, which pgconn does through a deadline on the socket.
+func TestQuietDialCarriesSessions(t *testing.T) {
+	base, err := pgx.ParseConfig(testURL(t))
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name    string
+		connStr string
+		network string // of the quiet connection under any TLS
+		tls     bool
+	}{
+		{"tcp", fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", base.Host, base.Port, base.User, base.Database), "tcp", false},
+		{"tls", fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=require", base.Host, base.Port, base.User, base.Database), "tcp", true},
+		{"unix socket", fmt.Sprintf("host=/var/run/postgresql user=%s dbname=%s", base.User, base.Database), "unix", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.network == "unix" {
+				if _, err := os.Stat("/var/run/postgresql"); err != nil {
+					t.Skipf("no socket directory: %v", err)
+				}
+			}
+			cfg, err := pgx.ParseConfig(tc.connStr)
+			require.NoError(t, err)
+			cfg.DialFunc = quietDial(cfg.DialFunc)
+			ctx := context.Background()
+			conn, err := pgx.ConnectConfig(ctx, cfg)
+			if err != nil && tc.tls && strings.Contains(err.Error(), "refused TLS") {
+				t.Skipf("the server does not offer TLS: %v", err)
+			}
+			require.NoError(t, err)
+			t.Cleanup(func() { conn.Close(ctx) })
+			under := conn.PgConn().Conn()
+			if tc.tls {
+				tlsConn, ok := under.(*tls.Conn)
+				require.True(t, ok, "a TLS session: %T", under)
+				under = tlsConn.NetConn()
+			}
+			require.IsType(t, &quietConn{}, under)
+			require.Equal(t, tc.network, under.LocalAddr().Network())
+
+			var got string
+			require.NoError(t, conn.QueryRow(ctx, "SELECT repeat('x', 100000)").Scan(&got))
+			require.Len(t, got, 100000)
+
+			short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			defer cancel()
+			_, err = conn.Exec(short, "SELECT pg_sleep(10)")
+			require.ErrorIs(t, err, context.DeadlineExceeded, "an interrupted statement reports its context's error")
+		})
+	}
 }
 
 // BenchmarkRoundTrip runs statements that wait 2 ms on the server, one at
