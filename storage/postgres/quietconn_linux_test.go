@@ -178,6 +178,22 @@ func TestQuietDialCarriesSessions(t *testing.T) {
 	}
 }
 
+// TestStoreConnectionsAreQuiet: the pool of a store Open makes reads and
+// writes through quietDial, for a worker's store and a one-off command's
+// alike. (The listener connects with the pool's configuration, DialFunc
+// included.)
+func TestStoreConnectionsAreQuiet(t *testing.T) {
+	for _, shortLived := range []bool{false, true} {
+		t.Run(fmt.Sprintf("short-lived %v", shortLived), func(t *testing.T) {
+			s := openInSchema(t, newSchema(t), &Config{ShortLived: shortLived})
+			conn, err := s.Pool().Acquire(t.Context())
+			require.NoError(t, err)
+			defer conn.Release()
+			require.IsType(t, &quietConn{}, conn.Conn().PgConn().Conn())
+		})
+	}
+}
+
 // BenchmarkRoundTrip runs statements that wait 2 ms on the server, one at
 // a time on one connection, through net's own socket calls and through the
 // quiet ones, and reports the process's context switches and CPU per round
