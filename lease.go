@@ -43,10 +43,18 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 		lostSet := make(map[attemptKey]error, len(lost))
 		why := map[string]error{} // by instance: a forEach's items go together
 		for _, c := range lost {
+			key := attemptKey{c.StepID, c.Fence}
+			if !w.mayStop(key) {
+				// Recorded, or its result on the way, most likely since
+				// the list was taken: nothing to stop, and no reason to
+				// read the whole instance for.
+				lostSet[key] = errLeaseLost
+				continue
+			}
 			if why[c.InstanceID] == nil {
 				why[c.InstanceID] = w.whyLost(ctx, c.InstanceID)
 			}
-			lostSet[attemptKey{c.StepID, c.Fence}] = why[c.InstanceID]
+			lostSet[key] = why[c.InstanceID]
 		}
 		w.mu.Lock()
 		for _, c := range claims {
@@ -63,6 +71,15 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 		}
 		w.mu.Unlock()
 	}
+}
+
+// mayStop reports whether the attempt of key still runs here with its
+// result unsent: one a lost lease would stop.
+func (w *Worker) mayStop(key attemptKey) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	a := w.attempts[key]
+	return a != nil && !a.sent
 }
 
 // whyLost says why the store no longer renews the lease of a claim of an

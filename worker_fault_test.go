@@ -413,3 +413,93 @@ steps:
 		require.NotContains(t, logs.String(), "stale result")
 	})
 }
+
+// renewalRacingStore holds a heartbeat's first renewal until the step it
+// renews has been recorded, as when a finish commits while the renewal is
+// on its way, and counts the reads of whole instances made between the
+// end of that renewal and the start of the next one.
+type renewalRacingStore struct {
+	storage.Store
+	renewals      atomic.Int32
+	firstRenewal  chan struct{} // closed as the first renewal starts
+	recorded      chan struct{} // closed as the first finish returns
+	secondRenewal chan struct{} // closed as the second renewal starts
+	recordedOnce  sync.Once
+	inWindow      atomic.Bool
+	readsInWindow atomic.Int32
+}
+
+func (s *renewalRacingStore) ExtendLeases(ctx context.Context, claims []storage.Claim, lease time.Duration) ([]storage.Claim, error) {
+	switch s.renewals.Add(1) {
+	case 1:
+		close(s.firstRenewal)
+		select {
+		case <-s.recorded:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		lost, err := s.Store.ExtendLeases(ctx, claims, lease)
+		s.inWindow.Store(true)
+		return lost, err
+	case 2:
+		s.inWindow.Store(false)
+		close(s.secondRenewal)
+	}
+	return s.Store.ExtendLeases(ctx, claims, lease)
+}
+
+func (s *renewalRacingStore) FinishSteps(ctx context.Context, rs []storage.StepResult, plan storage.PlanFunc) ([]storage.FinishResult, error) {
+	out, err := s.Store.FinishSteps(ctx, rs, plan)
+	s.recordedOnce.Do(func() { close(s.recorded) })
+	return out, err
+}
+
+func (s *renewalRacingStore) GetInstance(ctx context.Context, id string) (*storage.Instance, error) {
+	if s.inWindow.Load() {
+		s.readsInWindow.Add(1)
+	}
+	return s.Store.GetInstance(ctx, id)
+}
+
+// A renewal that finds a step no longer running under the worker's claim
+// because the worker recorded its result meanwhile stops nothing, so it
+// must not read the instance to learn why: with many workers each renewal
+// raced a few finishes, and each lost claim cost a read of its instance
+// with all its events.
+func TestRenewalRacingAFinishReadsNoInstance(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		store := &renewalRacingStore{Store: open(t), firstRenewal: make(chan struct{}),
+			recorded: make(chan struct{}), secondRenewal: make(chan struct{})}
+		registry := handlers.NewRegistry()
+		waitFor := func(ch chan struct{}) handlers.Handler {
+			return func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+				select {
+				case <-ch:
+					return json.RawMessage(`{}`), nil
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+		}
+		registry.Register("until-first-renewal", waitFor(store.firstRenewal))
+		registry.Register("until-second-renewal", waitFor(store.secondRenewal))
+		b := setup(t, func(*testing.T) storage.Store { return store }, registry, `
+name: raced
+steps:
+  - {name: a, handler: until-first-renewal}
+`, `
+name: next
+steps:
+  - {name: a, handler: until-second-renewal}
+`)
+		b.runWorker(t, &dagrun.WorkerConfig{Concurrency: 2, Lease: 300 * time.Millisecond})
+		raced := b.start(t, "raced", ``)
+		<-store.recorded
+		next := b.start(t, "next", ``)
+		<-store.secondRenewal // the heartbeat that renewed too late is done
+		require.Zero(t, store.readsInWindow.Load(), "instances read for a claim whose result was recorded")
+		require.Equal(t, storage.InstanceCompleted, b.wait(t, raced).Status)
+		require.Equal(t, storage.InstanceCompleted, b.wait(t, next).Status)
+	})
+}
