@@ -775,24 +775,26 @@ func firstLine(s string) string {
 }
 
 // keepFreedMemorySQL makes a new server process allocate and free one
-// chunk of 2 MB. A server process frees the memory of each statement when
-// it ends, and glibc's malloc gives the top of its heap back to the
+// chunk of 512 KB. A server process frees the memory of each statement
+// when it ends, and glibc's malloc gives the top of its heap back to the
 // kernel as soon as more than 128 KB of it is free, so the next
 // statement faults its pages in again. But glibc raises that bar for the
 // life of the process to twice the largest chunk it has mapped and
-// unmapped (its dynamic mmap threshold): after this statement, up to 4 MB
-// stay mapped between statements. Whether a process got there by chance
+// unmapped (its dynamic mmap threshold): after this statement, up to 1 MB
+// stay mapped between statements, and a statement that maps a larger
+// chunk raises the bar again. Whether a process got there by chance
 // depended on the plans it ran: a worker whose hand-offs walked no index
 // (settledHandoffSQL) made 98 page faults an instance of latency4
 // instead of 22, and its every start took 1.2 ms instead of 0.35.
 //
 // The chunk is built from 1 KB copies and measured in bytes: repeat('x',
-// 2 MB) copies one byte two million times, and length() counts the
-// characters of the result: the statement took 20 ms on a new
-// connection that way, 12 ms this way (mostly its page faults; means of
-// 20 connections), which every command and every worker of a fleet
-// pays as it connects.
-const keepFreedMemorySQL = `SELECT octet_length(repeat(repeat('x', 1024), 2048))`
+// n) copies one byte at a time, and length() counts the characters of
+// the result. Its cost is mostly its page faults, which every worker of a
+// fleet pays as it connects: a chunk of 2 MB took 13.4 ms on a new
+// connection, this one 5.2 (means of 20 connections), and the bench's
+// server processes made as many page faults at their work after either
+// (latency4 300 and chain4 4000 on PostgreSQL, /proc/PID/stat of each).
+const keepFreedMemorySQL = `SELECT octet_length(repeat(repeat('x', 1024), 512))`
 
 // keepFreedMemory runs keepFreedMemorySQL on each new connection, after
 // next (the pool's own AfterConnect) when there is one.
