@@ -799,8 +799,15 @@ type Store interface {
 
 	// ClaimSteps atomically claims up to p.Limit ready steps (pending,
 	// run_after passed, instance not finished; of p.Handlers, p.Queues and
-	// p.InstanceID when given), highest priority first, then oldest ready;
-	// increments their attempts and fences; and takes a lease.
+	// p.InstanceID when given), highest priority first, then the earliest
+	// run_after; increments their attempts and fences; and takes a lease.
+	// A step made ready by its dependencies (or an item of a forEach step)
+	// gets its instance's run_after, the time the instance could first
+	// run: it takes its instance's place, ahead of the steps of instances
+	// that started later, so that started instances finish first (as
+	// Airflow orders task instances by their run's date). A step due at a
+	// time of its own (a retry's backoff, a snooze, a released claim) gets
+	// that time.
 	// The first claim of an instance's step moves it from pending to
 	// running. A Limit below 1 claims one step; Lease must be positive.
 	// Items of forEach steps are claimed like steps (ClaimedStep.Item is

@@ -463,7 +463,8 @@ const (
 )
 
 // releaseSQL puts held claims back in the queue without counting the
-// attempt, ready at once. The caller holds the instances' locks.
+// attempt, ready at once in the place they had. The caller holds the
+// instances' locks.
 const releaseSQL = `
 WITH w AS (
 	SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[]) WITH ORDINALITY AS w(id, fence, instance_id, ord)
@@ -475,7 +476,7 @@ l AS MATERIALIZED (
 ),
 u AS (
 	UPDATE {s}steps s SET status = ` + requeueStatus + `, finished_at = ` + requeueFinishedAt + `,
-		attempts = s.attempts - 1, run_after = {now} + ` + heldSQL + `, ready_at = {now},
+		attempts = s.attempts - 1, run_after = least(s.run_after, {now}) + ` + heldSQL + `, ready_at = {now},
 		lease_until = NULL, worker_id = ''
 	FROM l, {s}instances i
 	WHERE s.id = l.id AND l.status = 'running' AND i.id = s.instance_id

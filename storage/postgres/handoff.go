@@ -19,10 +19,11 @@ import (
 //
 // The claim keeps its order: its candidates are the ready steps of the
 // claim's index walk and the steps the plans make ready that it may take
-// at once, each at its priority and the time it is ready (now), and it
-// takes the first of them in claim order. A step the plans make ready
-// that another claimer's step of a higher priority, or one ready earlier,
-// precedes is made pending as before.
+// at once, each at its priority and the time it is due (its instance's
+// run_after, which is what the plan writes to a step it makes pending),
+// and it takes the first of them in claim order. A step the plans make
+// ready that a step of a higher priority, or of an instance that started
+// earlier, precedes is made pending as before.
 //
 // A step made ready is taken at once only if nothing would hold it: no
 // concurrency key, no queue limit or instance admission, its instance
@@ -33,13 +34,21 @@ import (
 // an apply and then a claim), which is what a chain's or a fan-out's
 // steps are.
 //
-// A claimer that works off a backlog takes older ready steps first and
-// leaves those its plans make ready: there the hand-off hands little off
-// and costs more than an apply and a claim (its candidates, its picks and
-// every change's row sent back; chain4 on PostgreSQL 6,252 and 6,340
-// steps/s against 6,635 and 6,732 when every finish handed off). So a
-// finish hands off only while its claimer's last finish and claim came
+// A finish hands off only while its claimer's last finish and claim came
 // back short (claimers.lastShort): a worker that keeps up with its work.
+// One that works off a backlog applies its plans and then claims, in the
+// same transaction; its claim takes the steps the plans made ready first
+// all the same, as they are due from their instances' starts, before the
+// backlog's. When such a claimer took older ready steps first (before
+// steps made ready took their instance's place), the hand-off handed
+// little off and cost more than an apply and a claim (chain4 on
+// PostgreSQL 6,252 and 6,340 steps/s against 6,635 and 6,732 when every
+// finish handed off). Now that it would hand them off, handing off in a
+// backlog too was measured and not kept: chain4 (12,000 instances, three
+// rounds alternating) 5,910 / 5,773 / 5,801 steps/s against 5,683 /
+// 5,448 / 5,320, but two directly connected fleet workers draining 4,000
+// instances 802 / 906 / 805 / 769 / 806 instances/s once up against 913 /
+// 836 / 823 / 942 / 844.
 //
 // A worker whose claim loop last found nothing to claim and nothing due
 // later, with nothing signalled since (Store.settled), hands off without
@@ -81,7 +90,7 @@ cand AS (
 ),
 pick AS MATERIALIZED (
 	SELECT id, handed FROM (
-		SELECT id, priority, {now} AS run_after, true AS handed FROM r WHERE claimable
+		SELECT id, priority, instance_run_after AS run_after, true AS handed FROM r WHERE claimable
 		UNION ALL
 		SELECT id, priority, run_after, false FROM cand
 	) x
@@ -123,7 +132,7 @@ func handoffChanges(c claimShape) string {
 	` + applyRows + `
 ),
 r AS (
-	SELECT c.*, s.id, s.priority,
+	SELECT c.*, s.id, s.priority, i.run_after AS instance_run_after,
 		c.status = 'pending' AND c.ckey IS NULL AND NOT s.held_by_instance AND NOT s.queue_limited
 			AND i.status = 'running' AND NOT i.paused AND i.run_after <= {now}` + a.filters(c, "s") + ` AS claimable
 	FROM c

@@ -48,6 +48,12 @@ CREATE TRIGGER record_step_write AFTER UPDATE ON `+q+`.steps FOR EACH ROW EXECUT
 // createChain creates instance id whose steps run one after another.
 func createChain(t *testing.T, s *Store, id string, names ...string) {
 	t.Helper()
+	createChainAt(t, s, id, 0, names...)
+}
+
+// createChainAt is createChain at a priority.
+func createChainAt(t *testing.T, s *Store, id string, priority int, names ...string) {
+	t.Helper()
 	var steps []storage.StepSpec
 	for i, name := range names {
 		sp := storage.StepSpec{Name: name, Handler: "h", Queue: "default", Retry: storage.RetryPolicy{MaxAttempts: 1}}
@@ -57,7 +63,7 @@ func createChain(t *testing.T, s *Store, id string, names ...string) {
 		steps = append(steps, sp)
 	}
 	_, err := s.CreateInstances(t.Context(), nil, []storage.CreateParams{{ID: id, Workflow: "wf", DefinitionHash: "h1",
-		Definition: []byte("name: wf\n"), Steps: steps}}, storagetest.Plan)
+		Definition: []byte("name: wf\n"), Priority: priority, Steps: steps}}, storagetest.Plan)
 	require.NoError(t, err)
 }
 
@@ -81,20 +87,24 @@ func finishA(t *testing.T, s *Store, a storage.ClaimedStep) ([]storage.ClaimedSt
 
 // TestHandoffWritesAReadiedStepOnce: a finish whose plan makes a step
 // ready that its own claim takes writes that step once, blocked to
-// running; one its claim leaves for an older ready step is made pending
+// running (also ahead of a ready step of an instance started later); one
+// its claim leaves for a ready step of a higher priority is made pending
 // (see handoff.go); a claimer whose last finish claimed all it asked for
 // applies the plan and then claims, as before the hand-off.
 func TestHandoffWritesAReadiedStepOnce(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name  string
-		older bool // a step of another instance is ready before the finish
+		name    string
+		younger bool // a step of an instance started later is ready before the finish
+		higher  bool // and of a higher priority
 		// backlog: the claimer's last finish claimed all it asked for
 		backlog bool
 		want    []stepWrite
 	}{
 		{name: "handed off", want: []stepWrite{{"a", "running", "completed"}, {"b", "blocked", "running"}}},
-		{name: "an older step first", older: true,
+		{name: "ahead of a younger instance", younger: true,
+			want: []stepWrite{{"a", "running", "completed"}, {"b", "blocked", "running"}}},
+		{name: "a higher priority first", younger: true, higher: true,
 			want: []stepWrite{{"a", "running", "completed"}, {"b", "blocked", "pending"}, {"x", "pending", "running"}}},
 		{name: "a claimer working off a backlog", backlog: true,
 			want: []stepWrite{{"a", "running", "completed"}, {"b", "blocked", "pending"}, {"b", "pending", "running"}}},
@@ -102,8 +112,12 @@ func TestHandoffWritesAReadiedStepOnce(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s, q, a := newHandoffFixture(t)
-			if tc.older {
-				createChain(t, s, "ho-older", "x")
+			if tc.younger {
+				priority := 0
+				if tc.higher {
+					priority = 1
+				}
+				createChainAt(t, s, "ho-younger", priority, "x")
 			}
 			if tc.backlog {
 				s.claimers.claimed(storage.ClaimParams{WorkerID: "w", Limit: 1}, true, 1)

@@ -20,7 +20,7 @@ import (
 const expandSQL = `
 WITH p AS (
 	UPDATE {s}steps s SET status = 'running', started_at = {now}, first_started_at = {now}, ready_at = {now},
-		run_after = (SELECT greatest({now}, i.run_after) + ` + heldSQL + ` FROM {s}instances i WHERE i.id = s.instance_id), lease_until = NULL
+		run_after = (SELECT i.run_after + ` + heldSQL + ` FROM {s}instances i WHERE i.id = s.instance_id), lease_until = NULL
 	WHERE s.instance_id = $2 AND s.item_index = -1 AND s.name = $3 AND s.status = 'blocked' AND s.for_each
 	RETURNING s.*
 ),
@@ -268,15 +268,18 @@ const underCap = `(SELECT count(*) FROM {s}steps r WHERE r.parent_id = {s}steps.
 // readySteps is the ready (pending and due) steps and items, as a FROM
 // item: read from the partial indexes of pending rows, the claims' (steps
 // and uncapped items), the delayed ones' (due, not promoted yet by a
-// claim) and the capped items', never from the whole table.
+// claim) and the capped items', never from the whole table. ready_since
+// is when each became ready: its run_after orders it (a step made ready
+// by its dependencies has its instance's), so the later of that and the
+// time it was made pending.
 const readySteps = `(
-	SELECT workflow, queue, handler, run_after FROM {s}steps
+	SELECT workflow, queue, handler, greatest(run_after, ready_at) AS ready_since FROM {s}steps
 	WHERE status = 'pending' AND item_concurrency = 0 AND (promoted OR run_after <= ready_at) AND run_after <= {now}
 	UNION ALL
-	SELECT workflow, queue, handler, run_after FROM {s}steps
+	SELECT workflow, queue, handler, greatest(run_after, ready_at) AS ready_since FROM {s}steps
 	WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after <= {now} AND item_concurrency = 0
 	UNION ALL
-	SELECT workflow, queue, handler, run_after FROM {s}steps
+	SELECT workflow, queue, handler, greatest(run_after, ready_at) AS ready_since FROM {s}steps
 	WHERE status = 'pending' AND item_concurrency > 0 AND run_after <= {now}
 ) ready`
 

@@ -263,7 +263,7 @@ func applySet(deadline string) string {
 		output = CASE WHEN c.status = 'completed' THEN c.input ELSE s.output END,
 		error = CASE WHEN c.status = 'failed' THEN c.error ELSE s.error END,
 		run_after = CASE WHEN c.status = 'pending'
-			THEN (SELECT greatest({now}, i.run_after) + ` + heldSQL + ` FROM {s}instances i WHERE i.id = s.instance_id)
+			THEN (SELECT i.run_after + ` + heldSQL + ` FROM {s}instances i WHERE i.id = s.instance_id)
 			ELSE s.run_after END,
 		ready_at = CASE WHEN c.status IN ('pending', 'waiting') THEN {now} ELSE s.ready_at END,
 		deadline = ` + deadline + `,

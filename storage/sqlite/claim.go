@@ -89,12 +89,14 @@ const readyTerm = `(promoted = 1 OR run_after <= ready_at)`
 // readySteps is the ready (pending and due) steps and items as a FROM
 // item with the columns the figures need: read from the claims' index and
 // the delayed steps' (due, not promoted yet by a claim), never from the
-// whole table. ?1 is now.
+// whole table. ?1 is now. ready_since is when each became ready: its
+// run_after orders it (a step made ready by its dependencies has its
+// instance's), so the later of that and the time it was made pending.
 const readySteps = `(
-	SELECT workflow, queue, handler, run_after FROM steps
+	SELECT workflow, queue, handler, max(run_after, ready_at) AS ready_since FROM steps
 	WHERE status = 'pending' AND ` + readyTerm + ` AND run_after <= ?1
 	UNION ALL
-	SELECT workflow, queue, handler, run_after FROM steps
+	SELECT workflow, queue, handler, max(run_after, ready_at) AS ready_since FROM steps
 	WHERE status = 'pending' AND promoted = 0 AND run_after > ready_at AND run_after <= ?1
 ) ready`
 
@@ -398,7 +400,7 @@ func (s *Store) ReleaseSteps(ctx context.Context, claims []storage.Claim) error 
 				attempts, index int
 			)
 			err := t.queryRow(`UPDATE steps SET status = `+requeueStatus+`, finished_at = `+requeueFinishedAt+`,
-					attempts = attempts - 1, run_after = ?1`+requeueHeld+`, ready_at = ?1, lease_until = NULL, worker_id = ''
+					attempts = attempts - 1, run_after = min(run_after, ?1)`+requeueHeld+`, ready_at = ?1, lease_until = NULL, worker_id = ''
 				WHERE id = ?2 AND fence = ?3 AND status = 'running' RETURNING status, attempts, item_index`, now, c.StepID, c.Fence).Scan(&status, &attempts, &index)
 			if errors.Is(err, sql.ErrNoRows) {
 				continue // not held any more: nothing to release

@@ -287,13 +287,17 @@ func (t *txn) flushPlans(b *planBatch) error {
 	return nil
 }
 
-// due is the run_after of a step the plan makes ready now: not before the
-// instance's run_after, and held back while the instance is paused.
+// due is the run_after of a step the plan makes ready now: its instance's
+// run_after, held back while the instance is paused. A step made ready by
+// its dependencies thus takes its instance's place among the ready steps
+// (claim order is priority, then run_after): an instance that has begun
+// goes on before the instances that started after it (see the storage
+// package's claim order).
 func (l *loaded) due(now int64) int64 {
 	if l.paused {
 		return max(now, l.runAfter) + storage.PauseShiftMicros
 	}
-	return max(now, l.runAfter)
+	return l.runAfter
 }
 
 func (l *loaded) index(name string) int {

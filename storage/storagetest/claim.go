@@ -205,6 +205,36 @@ var claimTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, []string{second, third, first}, order)
 	},
 
+	"MadeReadyTakesItsInstancesPlace": func(t *testing.T, h *Harness) {
+		// A step made ready by its dependencies is due from its instance's
+		// run_after: it goes before the steps of instances started after
+		// its own, so that a backlog's instances finish in the order they
+		// started instead of every first step running before any second.
+		b := h.setup(t)
+		onQueue := func(s storage.StepSpec) storage.StepSpec { s.Queue = "q"; return s }
+		chain := []storage.StepSpec{onQueue(spec("a")), onQueue(spec("b", "a"))}
+		first := b.createOne(chain...)
+		b.clock.Advance(time.Second)
+		second := b.createOne(chain...)
+		b.clock.Advance(time.Second)
+		got := b.claim(storage.ClaimParams{Limit: 1})
+		require.Len(t, got, 1)
+		require.Equal(t, first, got[0].InstanceID)
+		b.clock.Advance(time.Second)
+		require.Equal(t, []storage.FinishResult{{Accepted: true}}, b.finish(completed(got[0].Claim, `1`)))
+		in := b.get(first)
+		ready := step(t, in, "b")
+		require.Equal(t, storage.StepPending, ready.Status)
+		require.True(t, ready.RunAfter.Equal(in.RunAfter), "due from its instance's run_after")
+		require.True(t, ready.ReadyAt.Equal(b.now()), "ready since its dependency finished")
+
+		var order []string
+		for _, c := range b.claim(storage.ClaimParams{}) {
+			order = append(order, c.InstanceID+"/"+c.Step)
+		}
+		require.Equal(t, []string{first + "/b", second + "/a"}, order)
+	},
+
 	"InvalidLease": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		b.createOne(spec("a"))

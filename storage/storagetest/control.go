@@ -22,6 +22,7 @@ var releaseTests = map[string]func(*testing.T, *Harness){
 		require.Zero(t, a.Attempts, "a released attempt does not count")
 		require.Nil(t, a.LeaseUntil)
 		require.False(t, a.RunAfter.After(b.now()), "claimable at once")
+		require.True(t, a.RunAfter.Equal(in.RunAfter), "in the place it had")
 		require.Len(t, events(in, "a", storage.EventStepReleased), 1)
 
 		require.Equal(t, []storage.FinishResult{{}}, b.finish(completed(c.Claim, `1`)), "the released claim is stale")
@@ -125,7 +126,8 @@ var retryTests = map[string]func(*testing.T, *Harness){
 		require.Zero(t, sa.Attempts, "attempts reset")
 		require.Empty(t, sa.Error)
 		require.Nil(t, sa.FinishedAt)
-		require.True(t, sa.RunAfter.Equal(b.now()))
+		require.True(t, sa.RunAfter.Equal(in.RunAfter), "a re-armed step takes its instance's place")
+		require.True(t, sa.ReadyAt.Equal(b.now()))
 		require.Equal(t, storage.StepBlocked, step(t, in, "b").Status)
 		sc := step(t, in, "c")
 		require.Equal(t, storage.StepCompleted, sc.Status)

@@ -34,13 +34,15 @@ var eagerTests = map[string]func(*testing.T, *Harness){
 	},
 
 	// The finish's claim takes the steps it made ready in claim order
-	// among every ready step: after older ones of the same priority and
-	// ones of a higher priority, before ones of a lower priority; and only
-	// those of the claim's queues.
+	// among every ready step, at their instance's place: after those of
+	// older instances of the same priority and ones of a higher priority,
+	// before ones of a lower priority and those of instances started
+	// later; and only those of the claim's queues.
 	"ClaimsWhatTheFinishMadeReadyInClaimOrder": func(t *testing.T, h *Harness) {
 		for _, tc := range []struct {
 			name             string
 			waitingPriority  int
+			waitingLater     bool // the waiting instance starts after the finishing one
 			limit            int
 			queues           []string
 			want             []string // the claimed steps, in order
@@ -50,6 +52,8 @@ var eagerTests = map[string]func(*testing.T, *Harness){
 			{name: "both, the older first", limit: 2, want: []string{"x", "b"}},
 			{name: "a higher priority first", waitingPriority: 1, limit: 1, want: []string{"x"}, bPending: true},
 			{name: "before a lower priority", waitingPriority: -1, limit: 1, want: []string{"b"}, xReady: true},
+			{name: "before a younger instance", waitingLater: true, limit: 1, want: []string{"b"}, xReady: true},
+			{name: "both, the younger instance last", waitingLater: true, limit: 2, want: []string{"b", "x"}},
 			{name: "only the claim's queues", limit: 2, queues: []string{"q.x"}, want: []string{"x"}, bPending: true},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
@@ -57,11 +61,17 @@ var eagerTests = map[string]func(*testing.T, *Harness){
 				fc := implements[storage.FinishClaimer](b)
 				waiting := params(spec("x"))
 				waiting.Priority = tc.waitingPriority
-				b.create(waiting)
-				b.clock.Advance(time.Second)
+				if !tc.waitingLater {
+					b.create(waiting)
+					b.clock.Advance(time.Second)
+				}
 				id := b.createOne(spec("a"), spec("b", "a"))
 				a := b.claimStep(id, "a")
 				b.clock.Advance(time.Second)
+				if tc.waitingLater {
+					b.create(waiting)
+					b.clock.Advance(time.Second)
+				}
 				_, claimed, err := fc.FinishAndClaim(b.ctx, []storage.StepResult{completed(a.Claim, `1`)}, Plan,
 					storage.ClaimParams{WorkerID: "eager", Queues: tc.queues, Limit: tc.limit, Lease: time.Minute})
 				require.NoError(t, err)

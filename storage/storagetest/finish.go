@@ -66,7 +66,7 @@ var finishTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, storage.StepPending, bs.Status)
 		require.JSONEq(t, string(stepInput(t, "b", map[string]string{"a": `{"paid":true}`})), string(bs.Input))
 		require.True(t, bs.ReadyAt.Equal(now))
-		require.True(t, bs.RunAfter.Equal(now))
+		require.True(t, bs.RunAfter.Equal(in.RunAfter), "due from its instance's run_after")
 		require.Equal(t, storage.StepSkipped, step(t, in, "skip1").Status)
 		require.Len(t, events(in, "skip1", storage.EventStepSkipped), 1)
 		require.Equal(t, storage.StepPending, step(t, in, "c").Status, "a skipped step unblocks its dependents")
