@@ -93,10 +93,10 @@ const readyTerm = `(promoted = 1 OR run_after <= ready_at)`
 // run_after orders it (a step made ready by its dependencies has its
 // instance's), so the later of that and the time it was made pending.
 const readySteps = `(
-	SELECT workflow, queue, handler, max(run_after, ready_at) AS ready_since FROM steps
+	SELECT workflow, queue, handler, max(run_after, coalesce(ready_at, run_after)) AS ready_since FROM steps
 	WHERE status = 'pending' AND ` + readyTerm + ` AND run_after <= ?1
 	UNION ALL
-	SELECT workflow, queue, handler, max(run_after, ready_at) AS ready_since FROM steps
+	SELECT workflow, queue, handler, max(run_after, coalesce(ready_at, run_after)) AS ready_since FROM steps
 	WHERE status = 'pending' AND promoted = 0 AND run_after > ready_at AND run_after <= ?1
 ) ready`
 

@@ -263,6 +263,22 @@ var statsTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, 91*time.Second, wfs["wf"].OldestReady, "the oldest across queues")
 	},
 
+	"OldestReadyCountsFromReady": func(t *testing.T, h *Harness) {
+		// A step made ready by its dependencies is due from its instance's
+		// start (claim order), but its age counts from when it became
+		// ready; a delayed step's from when its time came.
+		b := h.setup(t)
+		id := b.createOne(spec("a"), spec("b", "a"))
+		b.clock.Advance(10 * time.Second)
+		b.complete(id, "a", `1`)
+		b.clock.Advance(3 * time.Second)
+		st, err := b.store.Stats(b.ctx)
+		require.NoError(t, err)
+		require.Len(t, st.Workflows, 1)
+		require.Equal(t, 1, st.Workflows[0].ReadySteps)
+		require.Equal(t, 3*time.Second, st.Workflows[0].OldestReady)
+	},
+
 	"Empty": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		st, err := b.store.Stats(b.ctx)
