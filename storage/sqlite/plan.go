@@ -166,7 +166,7 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 		var err error
 		switch c.Status {
 		case storage.StepPending:
-			b.ready = append(b.ready, [4]any{l.ids[i], jsonArg(c.Input), l.due(now), nullText(c.ConcurrencyKey)})
+			b.ready = append(b.ready, [4]any{l.ids[i], jsonArg(c.Input), l.due(), nullText(c.ConcurrencyKey)})
 			t.event(id, c.Name, storage.EventStepReady, 0, "")
 		case storage.StepSkipped:
 			_, err = t.exec(`UPDATE steps SET status = 'skipped', input = ?, finished_at = ? WHERE id = ?`,
@@ -192,7 +192,7 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 				t.event(id, c.Name, storage.EventStepStarted, 0, storage.ChildrenStartedMessage(c.Children))
 				err = t.startChildren(id, l.state.Depth, l.ids[i], c, max(now, l.runAfter))
 			} else if err = storage.CheckExpansion(id, nil, c); err == nil {
-				err = t.expand(l.ids[i], c.Items, l.due(now))
+				err = t.expand(l.ids[i], c.Items, l.due())
 			}
 		case storage.StepCompleted:
 			_, err = t.exec(`UPDATE steps SET status = 'completed', output = ?, finished_at = ? WHERE id = ?`,
@@ -293,9 +293,9 @@ func (t *txn) flushPlans(b *planBatch) error {
 // (claim order is priority, then run_after): an instance that has begun
 // goes on before the instances that started after it (see the storage
 // package's claim order).
-func (l *loaded) due(now int64) int64 {
+func (l *loaded) due() int64 {
 	if l.paused {
-		return max(now, l.runAfter) + storage.PauseShiftMicros
+		return l.runAfter + storage.PauseShiftMicros
 	}
 	return l.runAfter
 }

@@ -3,6 +3,7 @@ package storagetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -233,6 +234,30 @@ var claimTests = map[string]func(*testing.T, *Harness){
 			order = append(order, c.InstanceID+"/"+c.Step)
 		}
 		require.Equal(t, []string{first + "/b", second + "/a"}, order)
+	},
+
+	"ItemsTakeTheirInstancesPlace": func(t *testing.T, h *Harness) {
+		// The items of a forEach step are due from their instance's
+		// run_after too: before the steps of an instance started later.
+		b := h.setup(t)
+		onQueue := func(s storage.StepSpec) storage.StepSpec { s.Queue = "q"; return s }
+		p := itemsParams(2, onQueue(spec("first")), onQueue(eachSpec("each", "first")))
+		_, err := b.store.CreateInstances(b.ctx, nil, []storage.CreateParams{p}, ItemsPlan)
+		require.NoError(t, err)
+		b.clock.Advance(time.Second)
+		younger := b.createOne(onQueue(spec("a")))
+		b.clock.Advance(time.Second)
+		got := b.claim(storage.ClaimParams{Limit: 1})
+		require.Len(t, got, 1)
+		require.Equal(t, p.ID+"/first", got[0].InstanceID+"/"+got[0].Step)
+		b.clock.Advance(time.Second)
+		require.Equal(t, []storage.FinishResult{{Accepted: true}}, b.finishItems(completed(got[0].Claim, `1`)))
+
+		var order []string
+		for _, c := range b.claim(storage.ClaimParams{}) {
+			order = append(order, fmt.Sprintf("%s/%s/%d", c.InstanceID, c.Step, c.Item))
+		}
+		require.Equal(t, []string{p.ID + "/each/0", p.ID + "/each/1", younger + "/a/-1"}, order)
 	},
 
 	"InvalidLease": func(t *testing.T, h *Harness) {

@@ -307,6 +307,32 @@ var operationTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, map[string]bool{"b": true, "c": true, "r": true}, names)
 	},
 
+	"PauseKeepsAReadiedStepsPlace": func(t *testing.T, h *Harness) {
+		// A step made ready while its instance is paused waits, and once
+		// resumed is due from its instance's run_after like any other:
+		// before the steps of an instance started later.
+		b := h.setup(t)
+		onQueue := func(s storage.StepSpec) storage.StepSpec { s.Queue = "q"; return s }
+		id := b.createOne(onQueue(spec("a")), onQueue(spec("b", "a")))
+		claimed := b.claim(storage.ClaimParams{Limit: 1})
+		require.Len(t, claimed, 1)
+		c := claimed[0]
+		b.clock.Advance(time.Second)
+		younger := b.createOne(onQueue(spec("a")))
+		b.clock.Advance(time.Second)
+		require.NoError(t, b.op().PauseInstance(b.ctx, id))
+		b.finish(completed(c.Claim, `1`))
+		b.clock.Advance(time.Second)
+		require.NoError(t, b.op().ResumeInstance(b.ctx, id))
+		in := b.get(id)
+		require.True(t, step(t, in, "b").RunAfter.Equal(in.RunAfter), "due from its instance's run_after")
+		var order []string
+		for _, c := range b.claim(storage.ClaimParams{}) {
+			order = append(order, c.InstanceID+"/"+c.Step)
+		}
+		require.Equal(t, []string{id + "/b", younger + "/a"}, order)
+	},
+
 	"PauseKeepsASleepingStepsTime": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		id := b.createOne(spec("a"))
