@@ -273,15 +273,18 @@ const underCap = `(SELECT count(*) FROM {s}steps r WHERE r.parent_id = {s}steps.
 // by its dependencies has its instance's), so the later of that and the
 // time it was made pending.
 const readySteps = `(
-	SELECT workflow, queue, handler, greatest(run_after, ready_at) AS ready_since FROM {s}steps
+	SELECT workflow, queue, handler, ` + readySince + ` FROM {s}steps
 	WHERE status = 'pending' AND item_concurrency = 0 AND (promoted OR run_after <= ready_at) AND run_after <= {now}
 	UNION ALL
-	SELECT workflow, queue, handler, greatest(run_after, ready_at) AS ready_since FROM {s}steps
+	SELECT workflow, queue, handler, ` + readySince + ` FROM {s}steps
 	WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after <= {now} AND item_concurrency = 0
 	UNION ALL
-	SELECT workflow, queue, handler, greatest(run_after, ready_at) AS ready_since FROM {s}steps
+	SELECT workflow, queue, handler, ` + readySince + ` FROM {s}steps
 	WHERE status = 'pending' AND item_concurrency > 0 AND run_after <= {now}
 ) ready`
+
+// readySince is readySteps' ready_since column.
+const readySince = `greatest(run_after, ready_at) AS ready_since`
 
 // cappedPendingSQL tells whether any item under a concurrency cap is
 // claimable.

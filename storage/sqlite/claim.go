@@ -93,12 +93,15 @@ const readyTerm = `(promoted = 1 OR run_after <= ready_at)`
 // run_after orders it (a step made ready by its dependencies has its
 // instance's), so the later of that and the time it was made pending.
 const readySteps = `(
-	SELECT workflow, queue, handler, max(run_after, coalesce(ready_at, run_after)) AS ready_since FROM steps
+	SELECT workflow, queue, handler, ` + readySince + ` FROM steps
 	WHERE status = 'pending' AND ` + readyTerm + ` AND run_after <= ?1
 	UNION ALL
-	SELECT workflow, queue, handler, max(run_after, coalesce(ready_at, run_after)) AS ready_since FROM steps
+	SELECT workflow, queue, handler, ` + readySince + ` FROM steps
 	WHERE status = 'pending' AND promoted = 0 AND run_after > ready_at AND run_after <= ?1
 ) ready`
+
+// readySince is readySteps' ready_since column (a NULL ready_at reads as run_after).
+const readySince = `max(run_after, coalesce(ready_at, run_after)) AS ready_since`
 
 // dueSQL lists the delayed steps whose time has come (?1 is now), so that
 // promote moves them into the claim indexes: a bounded number per claim,
