@@ -324,15 +324,20 @@ steps:
 	})
 }
 
+// hangRegistry's hang handler returns only once its context ends.
+func hangRegistry() *handlers.Registry {
+	registry := handlers.NewRegistry()
+	registry.Register("hang", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	return registry
+}
+
 func TestTimeoutCancelsTheAttempt(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
-		registry := handlers.NewRegistry()
-		registry.Register("hang", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
-			<-ctx.Done()
-			return nil, ctx.Err()
-		})
-		b := setup(t, open, registry, `
+		b := setup(t, open, hangRegistry(), `
 name: hang
 steps:
   - {name: wait, handler: hang, timeout: 50ms, retry: {maxAttempts: 2, backoff: 1ms}}

@@ -18,9 +18,9 @@ const DefaultMaxDepth = 10
 
 // startChildren turns change, a ready workflow step's (with one input per
 // child: the step's own, or one per forEach item), into the start of its
-// children, built as a start builds an instance: the child workflow as
-// this engine knows it now, its input checked against its schema. The
-// store creates them in the transaction that applies the change. What can
+// children, built as a start builds an instance (childParams) from the
+// child workflow as this engine knows it now. The store creates them in
+// the transaction that applies the change. What can
 // never succeed however often it is tried (an unknown workflow, an input
 // the schema refuses, the depth limit) fails the step for good instead.
 func (p *planner) startChildren(step *dag.Step, change storage.StepChange, inputs []json.RawMessage) storage.StepChange {
@@ -38,36 +38,53 @@ func (p *planner) startChildren(step *dag.Step, change storage.StepChange, input
 	}
 	change.Children = make([]storage.CreateParams, len(inputs))
 	for i, in := range inputs {
-		input, err := e.decodeInput(w, in)
-		if err != nil {
-			var ie *InputError
-			if errors.As(err, &ie) {
-				err = ie.Err
-			}
-			if len(change.Items) > 0 {
-				return fail("input of item %d for workflow %s: %v", i, w.Name, err)
-			}
-			return fail("input for workflow %s: %v", w.Name, err)
-		}
 		id, err := uuid.NewV7()
 		if err != nil {
 			// Only when the system's random source fails.
 			return fail("new child instance ID: %v", err)
 		}
-		change.Children[i] = storage.CreateParams{
-			ID:             id.String(),
-			Workflow:       w.Name,
-			DefinitionHash: w.Hash,
-			Definition:     w.Source,
-			Input:          input,
-			Steps:          e.stepSpecs(w),
-			Depth:          depth,
+		child, err := e.childParams(w, id.String(), in, depth)
+		if err != nil {
+			if len(change.Items) > 0 {
+				return fail("input of item %d for workflow %s: %v", i, w.Name, err)
+			}
+			return fail("input for workflow %s: %v", w.Name, err)
 		}
+		change.Children[i] = child
 		if e.tracing != nil {
 			change.Children[i].TraceParent, change.Children[i].TraceCaller = childTrace(p.state.TraceParent)
 		}
 	}
 	return change
+}
+
+// childParams builds child id of workflow w at depth from its input as a
+// start builds an instance: under w's timeout, counted against w's
+// concurrency limit with the instances started directly. The error is why
+// the input cannot start it: the schema refused it, or it gives no usable
+// concurrency key.
+func (e *Engine) childParams(w *dag.Workflow, id string, in json.RawMessage, depth int) (storage.CreateParams, error) {
+	input, err := e.decodeInput(w, in)
+	if err == nil {
+		p := storage.CreateParams{
+			ID:             id,
+			Workflow:       w.Name,
+			DefinitionHash: w.Hash,
+			Definition:     w.Source,
+			Input:          input,
+			Timeout:        w.Timeout,
+			Steps:          e.stepSpecs(w),
+			Depth:          depth,
+		}
+		if err = limitInstance(w, &p); err == nil {
+			return p, nil
+		}
+	}
+	var ie *InputError
+	if errors.As(err, &ie) {
+		err = ie.Err
+	}
+	return storage.CreateParams{}, err
 }
 
 // descendants returns the IDs of the child instances of id, recursively.

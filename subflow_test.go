@@ -451,3 +451,92 @@ steps:
 		require.Equal(t, storage.InstanceFailed, inst.Status, "a child cancelled by itself fails its parent's step")
 	})
 }
+
+// A child runs under its own workflow's timeout, as an instance started
+// directly does: the child times out and fails its parent's step with it.
+func TestChildTimesOutUnderItsWorkflowsTimeout(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, hangRegistry(), `
+name: slow-child
+timeout: 200ms
+steps:
+  - {name: work, handler: hang}
+`, `
+name: caller
+steps:
+  - {name: call, workflow: slow-child}
+`)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "caller", `{}`))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		child, err := b.engine.Get(context.Background(), childOf(t, inst, "call"))
+		require.NoError(t, err)
+		require.Equal(t, storage.InstanceFailed, child.Status)
+		require.Equal(t, "workflow timed out after 200ms", child.Error)
+		require.Equal(t, 200*time.Millisecond, child.Timeout)
+		require.Equal(t, "child instance "+child.ID+" failed: workflow timed out after 200ms", step(t, inst, "call").Error)
+	})
+}
+
+// A child counts against its workflow's concurrency limit, with the
+// instances started directly: one running per key, the others held
+// until it finishes. A key its input cannot give fails the step for good.
+func TestChildWaitsForItsWorkflowsConcurrencyLimit(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		release := make(chan struct{})
+		var running, most, calls atomic.Int32
+		registry := handlers.NewRegistry()
+		registry.Register("gate", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			calls.Add(1)
+			n := running.Add(1)
+			defer running.Add(-1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			select {
+			case <-release:
+				return json.RawMessage(`"done"`), nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		})
+		b := setup(t, open, registry, `
+name: per-account
+concurrency: {key: "${{ input.account }}", limit: 1}
+steps:
+  - {name: book, handler: gate}
+`, `
+name: batch
+steps:
+  - name: each
+    forEach: ${{ input.accounts }}
+    workflow: per-account
+    input: {account: "${{ item }}"}
+`)
+		direct := b.start(t, "per-account", `{"account": "acme"}`)
+		parent := b.start(t, "batch", `{"accounts": ["acme", "acme"]}`)
+		inst, err := b.engine.Get(context.Background(), parent)
+		require.NoError(t, err)
+		children := step(t, inst, "each").Children
+		require.Len(t, children, 2)
+		for _, id := range children {
+			require.True(t, b.held(t, id, "book"), "child %s waits for the directly started acme instance", id)
+		}
+
+		b.runWorker(t, nil)
+		for range 3 {
+			require.Eventually(t, func() bool { return running.Load() == 1 }, 20*time.Second, 5*time.Millisecond)
+			release <- struct{}{}
+		}
+		require.Equal(t, storage.InstanceCompleted, b.wait(t, direct).Status)
+		require.Equal(t, storage.InstanceCompleted, b.wait(t, parent).Status)
+		require.Equal(t, int32(3), calls.Load())
+		require.Equal(t, int32(1), most.Load(), "two acme instances ran at once")
+
+		bad := b.wait(t, b.start(t, "batch", `{"accounts": [{"id": 1}]}`))
+		require.Equal(t, storage.InstanceFailed, bad.Status)
+		require.Empty(t, step(t, bad, "each").Children, "no child was created")
+		require.Equal(t, "input of item 0 for workflow per-account: concurrency.key: the key must be a text or a number, got an object", step(t, bad, "each").Error)
+	})
+}

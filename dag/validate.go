@@ -478,7 +478,10 @@ func (p *parser) step(b *stepBuild, def defaults) {
 			s.Queue = q
 		}
 	}
-	if n := r.Concurrency; n != nil && n.Kind == yaml.MappingNode {
+	switch n := r.Concurrency; {
+	case n == nil, r.Workflow != nil:
+		// None, or a workflow step's, which workflowStep refuses.
+	case n.Kind == yaml.MappingNode:
 		// {key, limit}: compiled with the expressions, checked here.
 		switch {
 		case r.ForEach != nil:
@@ -486,7 +489,7 @@ func (p *parser) step(b *stepBuild, def defaults) {
 		case r.Wait != nil:
 			p.c.at(n, `%s: a wait step runs no handler, so "concurrency" does not apply: remove it`, b.label)
 		}
-	} else if n != nil {
+	default:
 		switch c, err := strconv.Atoi(n.Value); {
 		case r.ForEach == nil:
 			p.c.at(n, `%s: "concurrency" as a number caps the items of a forEach step running at once: add forEach, or write {key, limit} to limit this step across instances`, b.label)
