@@ -316,6 +316,43 @@ steps:
 	require.False(t, second.StartTime.Before(first.EndTime), "the run starts at the retry, after the first run ended")
 }
 
+// A scheduled instance is traced as a started one is: a trace of its own
+// (no caller), whose instance span parents its attempts' spans.
+func TestTracingScheduledInstance(t *testing.T) {
+	t.Parallel()
+	exporter := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exporter), sdktrace.WithIDGenerator(dagrun.TraceIDGenerator()))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	b := obsBundle(t, handlers.NewRegistry(), &dagrun.Config{TracerProvider: tp},
+		scheduledWorkflow("tick", `{cron: "@every 1s", overlap: allow}`))
+	b.runWorker(t, nil)
+	s, err := b.engine.NewScheduler(nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	var byName map[string][]tracetest.SpanStub
+	require.Eventually(t, func() bool {
+		byName = spansBy(exporter.GetSpans())
+		return len(byName["workflow tick"]) >= 1
+	}, 20*time.Second, 10*time.Millisecond, "a scheduled instance's span")
+	root := byName["workflow tick"][0]
+	require.False(t, root.Parent.IsValid(), "a scheduled instance's trace has no caller")
+	inst, err := b.engine.Get(ctx, attr(root, "workflow.instance.id").AsString())
+	require.NoError(t, err)
+	require.Equal(t, inst.TraceParent[36:52], root.SpanContext.SpanID().String(), "with the IDs chosen as it was fired")
+	attempts := 0
+	for _, a := range byName["step a"] {
+		if a.Parent.SpanID() == root.SpanContext.SpanID() {
+			require.Equal(t, root.SpanContext.TraceID(), a.SpanContext.TraceID())
+			attempts++
+		}
+	}
+	require.Equal(t, 1, attempts, "its attempt is its instance span's child")
+}
+
 func TestTracingOff(t *testing.T) {
 	t.Parallel()
 	b := obsBundle(t, handlers.NewRegistry(), &dagrun.Config{}, `name: plain

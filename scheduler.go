@@ -287,6 +287,11 @@ func (s *Scheduler) fire(ctx context.Context, w *dag.Workflow, sch *dag.Schedule
 	if err := limitInstance(w, &p.Instance); err != nil {
 		return storage.FireResult{}, err
 	}
+	if s.engine.tracing != nil {
+		// Each tick's instance is a trace of its own: nobody called it, and
+		// whatever span the scheduler's context carries is not its cause.
+		p.Instance.TraceParent, p.Instance.TraceCaller = instanceTrace(context.Background())
+	}
 	rec := s.engine.newFinishRecorder()
 	res, err := s.engine.store.FireSchedule(rec.attach(ctx), p, rec.plan)
 	if err != nil {
