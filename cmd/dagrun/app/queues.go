@@ -46,7 +46,7 @@ func writeQueues(w io.Writer, list []dagrun.QueueInfo) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "QUEUE\tREADY\tHELD\tRUNNING\tOLDEST WAIT\tCONCURRENCY\tRATE")
+	fmt.Fprintln(tw, "QUEUE\tDEPTH\tHELD\tRUNNING\tOLDEST WAIT\tCONCURRENCY\tRATE")
 	for _, q := range list {
 		wait := "-"
 		if q.Ready > 0 {

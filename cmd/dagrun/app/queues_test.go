@@ -45,11 +45,11 @@ func TestQueueSetAndQueues(t *testing.T) {
 	var list []view.Queue
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &list))
 	require.Len(t, list, 1)
-	require.Equal(t, view.Queue{Queue: "mail", Ready: 2, Held: 1, Concurrency: 2, OldestWaitSeconds: list[0].OldestWaitSeconds}, list[0])
+	require.Equal(t, view.Queue{Queue: "mail", Depth: 2, Ready: 2, Held: 1, Concurrency: 2, OldestWaitSeconds: list[0].OldestWaitSeconds}, list[0])
 
 	r = b.run(t, "", "queues")
 	require.Equal(t, app.ExitOK, r.code, r.stderr)
-	require.Regexp(t, `(?m)^QUEUE\s+READY\s+HELD\s+RUNNING\s+OLDEST WAIT\s+CONCURRENCY\s+RATE$`, r.stdout)
+	require.Regexp(t, `(?m)^QUEUE\s+DEPTH\s+HELD\s+RUNNING\s+OLDEST WAIT\s+CONCURRENCY\s+RATE$`, r.stdout)
 	require.Regexp(t, `(?m)^mail\s+2\s+1\s+0\s+\S+\s+2\s+none$`, r.stdout)
 
 	for _, tc := range []struct {

@@ -8,8 +8,10 @@ import (
 // Field names and shapes are part of the public contract.
 type Queue struct {
 	Queue string `json:"queue"`
-	// Ready counts pending steps that are due, held ones included: the
-	// queue's depth.
+	// Depth counts the steps waiting to run: pending and due, held ones
+	// included.
+	Depth int `json:"depth"`
+	// Ready is Depth under the name the first release gave it.
 	Ready int `json:"ready"`
 	// Held counts the ready steps a concurrency limit holds back.
 	Held    int `json:"held"`
@@ -35,6 +37,7 @@ func NewQueues(list []dagrun.QueueInfo) []Queue {
 	for i, q := range list {
 		out[i] = Queue{
 			Queue:             q.Queue,
+			Depth:             q.Ready,
 			Ready:             q.Ready,
 			Held:              q.Held,
 			Running:           q.Running,

@@ -1530,7 +1530,7 @@
     append(main, [
       el("div", { class: "page-head" }, el("h1", {}, "Queues")),
       el("div", { class: "card" }, el("table", { id: "queues" },
-        el("thead", {}, el("tr", {}, ["Queue", "Ready", "Held", "Running", "Oldest wait", "Concurrency", "Rate (N/DUR)", ""].map((h) => el("th", {}, h)))),
+        el("thead", {}, el("tr", {}, ["Queue", "Depth", "Held", "Running", "Oldest wait", "Concurrency", "Rate (N/DUR)", ""].map((h) => el("th", {}, h)))),
         tbody)),
       addForm,
     ]);
@@ -1557,7 +1557,7 @@
       const list = await api("GET", "queues");
       if (gen !== generation) return false;
       for (const q of extra) {
-        if (!list.some((x) => x.queue === q)) list.push({ queue: q, ready: 0, held: 0, running: 0, oldestWaitSeconds: 0, concurrency: 0, rate: null });
+        if (!list.some((x) => x.queue === q)) list.push({ queue: q, depth: 0, ready: 0, held: 0, running: 0, oldestWaitSeconds: 0, concurrency: 0, rate: null });
       }
       clear(tbody);
       if (!list.length) {
@@ -1575,10 +1575,10 @@
         button.addEventListener("click", () => save(q, concurrency, rate, button));
         tbody.appendChild(el("tr", {},
           el("td", { class: "mono" }, q.queue),
-          el("td", { class: "num" }, String(q.ready)),
+          el("td", { class: "num" }, String(q.depth)),
           el("td", { class: "num" }, String(q.held)),
           el("td", { class: "num" }, String(q.running)),
-          el("td", { class: "num" }, q.ready ? q.oldestWaitSeconds.toFixed(1) + "s" : "-"),
+          el("td", { class: "num" }, q.depth ? q.oldestWaitSeconds.toFixed(1) + "s" : "-"),
           el("td", {}, concurrency),
           el("td", {}, rate),
           el("td", {}, button)));
