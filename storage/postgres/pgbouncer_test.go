@@ -108,6 +108,7 @@ func TestPgBouncerURL(t *testing.T) {
 	t.Run("invalid", func(t *testing.T) {
 		_, err := Open(t.Context(), withQuery(t, testURL(t), SchemaParam, schema, PgBouncerParam, "maybe"), &Config{MaxConns: 1})
 		require.EqualError(t, err, `postgres: invalid database URL: pgbouncer="maybe": use pgbouncer=true or pgbouncer=false`)
+		require.ErrorIs(t, err, ErrInvalidURL)
 	})
 }
 

@@ -258,22 +258,36 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	return newStore(ctx, pool, false, cfg, nil)
 }
 
+// ErrInvalidURL is wrapped by Open's error for a URL it cannot read: a
+// mistake of whoever wrote it, which no retry mends.
+var ErrInvalidURL = errors.New("invalid database URL")
+
+// urlProblem says what pgx found wrong with a URL without quoting it: its
+// error begins "cannot parse `URL`: ", and the URL may hold a password
+// pgx could not tell apart to hide.
+func urlProblem(err error) string {
+	msg := firstLine(err.Error())
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) && strings.HasPrefix(msg, "cannot parse `") {
+		if _, rest, ok := strings.Cut(msg, "`: "); ok {
+			return rest
+		}
+	}
+	return msg
+}
+
 // Open builds a pool from a postgres:// URL (or key=value DSN), sized by
 // cfg.MaxConns, checks the database can be reached, and migrates the schema.
 // An unreachable server, unknown database or failed authentication returns
-// an error wrapping storage.ErrUnavailable. Close closes the pool.
+// an error wrapping storage.ErrUnavailable, a URL it cannot read one
+// wrapping ErrInvalidURL. Close closes the pool.
 func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 	explicitTimeout := cfg != nil && cfg.StatementTimeout != 0
 	explicitMaxConns := cfg != nil && cfg.MaxConns != 0
 	explicitSchema := cfg != nil && cfg.Schema != ""
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		// The parse error may quote the URL; say only what is wrong with it.
-		var pe *pgconn.ParseConfigError
-		if errors.As(err, &pe) && pe.Unwrap() != nil {
-			err = pe.Unwrap()
-		}
-		return nil, fmt.Errorf("postgres: invalid database URL: %v", firstLine(err.Error()))
+		return nil, fmt.Errorf("postgres: %w: %v", ErrInvalidURL, urlProblem(err))
 	}
 	// pgconn keeps settings it does not know as runtime parameters to send
 	// to the server, which would refuse dagrun's own.
@@ -288,7 +302,7 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 		delete(params, PgBouncerParam)
 		on, err := strconv.ParseBool(v)
 		if err != nil {
-			return nil, fmt.Errorf("postgres: invalid database URL: %s=%q: use %s=true or %s=false", PgBouncerParam, v, PgBouncerParam, PgBouncerParam)
+			return nil, fmt.Errorf("postgres: %w: %s=%q: use %s=true or %s=false", ErrInvalidURL, PgBouncerParam, v, PgBouncerParam, PgBouncerParam)
 		}
 		c.PgBouncer = c.PgBouncer || on
 	}

@@ -273,11 +273,13 @@ func (c *cli) setupLogging(cmd *cobra.Command) error {
 // this binary's registry. It returns the good definitions and the errors of
 // the bad files. A signal stops the wait (see whileRunning).
 func (c *cli) loadWorkflows(ctx context.Context) ([]*dag.Workflow, error) {
-	if _, err := os.Stat(c.workflowsDir); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil
-		}
+	switch fi, err := os.Stat(c.workflowsDir); {
+	case errors.Is(err, os.ErrNotExist):
+		return nil, nil
+	case err != nil:
 		return nil, usageError(fmt.Errorf("read workflows folder: %v", err))
+	case !fi.IsDir():
+		return nil, usageError(fmt.Errorf("--workflows %s is a file, not a folder: give the folder of the workflow files", c.workflowsDir))
 	}
 	return whileRunning(ctx, func() ([]*dag.Workflow, error) {
 		return dag.LoadDir(c.workflowsDir, &dag.ParseOptions{HandlerExists: c.registry.Has})

@@ -352,6 +352,10 @@ func TestErrorLines(t *testing.T) {
 		{args: []string{"--log-level", "loud", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "mysql://localhost/x", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "sqlite:", "list"}, code: app.ExitUsage},
+		{args: []string{"--db", "postgres://u@127.0.0.1:notaport/x", "list"}, code: app.ExitUsage},
+		{args: []string{"--db", "postgres://u@127.0.0.1:5432/x?pool_max_conns=abc", "list"}, code: app.ExitUsage},
+		{args: []string{"--db", "postgres://u@127.0.0.1:5432/x?pgbouncer=maybe", "list"}, code: app.ExitUsage},
+		{args: []string{"--workflows", "app_test.go", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "", "list"}, code: app.ExitUsage},
 		{args: []string{"--db-schema", "tenant", "list"}, code: app.ExitUsage},
 	}

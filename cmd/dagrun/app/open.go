@@ -3,6 +3,7 @@ package app
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -46,7 +47,11 @@ func openStore(ctx context.Context, db, schema string, logger *slog.Logger, conn
 		if !strings.Contains(db, "pool_max_conns") {
 			cfg.MaxConns = cmp.Or(conns, commandConns)
 		}
-		return postgres.Open(ctx, db, cfg)
+		store, err := postgres.Open(ctx, db, cfg)
+		if errors.Is(err, postgres.ErrInvalidURL) {
+			return nil, usageError(err)
+		}
+		return store, err
 	case strings.HasPrefix(db, "sqlite:"):
 		path := strings.TrimPrefix(strings.TrimPrefix(db, "sqlite:"), "//")
 		if path == "" {
