@@ -37,6 +37,9 @@ type UnknownSignalError struct {
 	Name       string
 	// Signals are the names the instance's wait steps wait for, sorted.
 	Signals []string
+	// WaitSteps are the names of the steps waiting for them: WaitSteps[i]
+	// waits for Signals[i].
+	WaitSteps []string
 }
 
 func (e *UnknownSignalError) Error() string {
@@ -47,7 +50,11 @@ func (e *UnknownSignalError) Error() string {
 	if len(e.Signals) == 0 {
 		return fmt.Sprintf("instance %s has no wait steps, so it takes no signal %q", e.InstanceID, name)
 	}
-	return fmt.Sprintf("instance %s waits for no signal %q (its wait steps wait for: %s)", e.InstanceID, name, strings.Join(e.Signals, ", "))
+	waits := make([]string, len(e.Signals))
+	for i, signal := range e.Signals {
+		waits[i] = fmt.Sprintf("step %s waits for %s", e.WaitSteps[i], signal)
+	}
+	return fmt.Sprintf("instance %s waits for no signal %q (its wait steps: %s)", e.InstanceID, name, strings.Join(waits, ", "))
 }
 
 // SignalDataError reports a signal payload that is malformed, too large, or
@@ -107,7 +114,9 @@ func (e *Engine) Signal(ctx context.Context, req SignalRequest) (SignalResult, e
 		}
 		wait := waitFor(w, req.Name)
 		if wait == nil {
-			return SignalResult{}, &UnknownSignalError{InstanceID: inst.ID, Name: req.Name, Signals: waitSignals(w)}
+			unknown := &UnknownSignalError{InstanceID: inst.ID, Name: req.Name}
+			unknown.Signals, unknown.WaitSteps = waitSignals(w)
+			return SignalResult{}, unknown
 		}
 		payload, _, err = decodeJSON(payload, "payload", e.config.MaxOutputBytes)
 		if err == nil {
@@ -179,14 +188,18 @@ func waitFor(w *dag.Workflow, signal string) *dag.Wait {
 	return nil
 }
 
-// waitSignals returns the signals w's wait steps wait for, sorted.
-func waitSignals(w *dag.Workflow) []string {
-	var names []string
+// waitSignals returns the signals w's wait steps wait for, sorted, and
+// the steps waiting for each.
+func waitSignals(w *dag.Workflow) (signals, steps []string) {
+	var waits []*dag.Step
 	for _, s := range w.Steps {
 		if s.Wait != nil {
-			names = append(names, s.Wait.Signal)
+			waits = append(waits, s)
 		}
 	}
-	sort.Strings(names)
-	return names
+	sort.SliceStable(waits, func(i, j int) bool { return waits[i].Wait.Signal < waits[j].Wait.Signal })
+	for _, s := range waits {
+		signals, steps = append(signals, s.Wait.Signal), append(steps, s.Name)
+	}
+	return signals, steps
 }

@@ -140,7 +140,8 @@ func TestSignalRefusalsWriteNothing(t *testing.T) {
 				var ue *dagrun.UnknownSignalError
 				require.ErrorAs(t, err, &ue)
 				require.Equal(t, []string{"approve", "payment.confirmed"}, ue.Signals)
-				require.Equal(t, `instance `+id+` waits for no signal "aprove" (its wait steps wait for: approve, payment.confirmed)`, err.Error())
+				require.Equal(t, []string{"approve", "confirm"}, ue.WaitSteps)
+				require.Equal(t, `instance `+id+` waits for no signal "aprove" (its wait steps: step approve waits for approve, step confirm waits for payment.confirmed)`, err.Error())
 			}},
 			{"empty name", "", `{}`, func(t *testing.T, err error) {
 				var ue *dagrun.UnknownSignalError
@@ -150,7 +151,7 @@ func TestSignalRefusalsWriteNothing(t *testing.T) {
 			{"malformed name", "a\xff", `{}`, func(t *testing.T, err error) {
 				var ue *dagrun.UnknownSignalError
 				require.ErrorAs(t, err, &ue)
-				require.Equal(t, `instance `+id+` waits for no signal "a\xff" (its wait steps wait for: approve, payment.confirmed)`, err.Error())
+				require.Equal(t, `instance `+id+` waits for no signal "a\xff" (its wait steps: step approve waits for approve, step confirm waits for payment.confirmed)`, err.Error())
 			}},
 			{"unknown instance", "approve", `{}`, func(t *testing.T, err error) {
 				require.ErrorIs(t, err, storage.ErrNotFound)
