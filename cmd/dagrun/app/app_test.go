@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -101,11 +102,17 @@ var (
 	maskClock    = regexp.MustCompile(`\b\d{2}:\d{2}:\d{2}\b`)
 	maskDuration = regexp.MustCompile(`\b\d+(\.\d+)?(ns|µs|ms|s)\b…?`)
 	columnGap    = regexp.MustCompile(`\S  +`)
+	// maskWorker matches a worker ID of this machine: host-pid-random.
+	maskWorker = func() *regexp.Regexp {
+		host, _ := os.Hostname()
+		return regexp.MustCompile(regexp.QuoteMeta(cmp.Or(host, "worker")) + `-\d+-[0-9a-f]{8}\b`)
+	}()
 )
 
 // mask hides what changes from run to run, then re-aligns table columns,
 // since a masked duration may be narrower or wider than the real one.
 func mask(s string) string {
+	s = maskWorker.ReplaceAllString(s, "<WORKER>")
 	s = maskUUID.ReplaceAllString(s, "<ID>")
 	s = maskTime.ReplaceAllString(s, "<TIME>")
 	s = maskClock.ReplaceAllString(s, "<CLOCK>")

@@ -227,7 +227,46 @@ func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 	writeChildren(w, inst)
 	writeWakes(w, inst, now)
 	writeOperations(w, inst)
+	writeHistory(w, inst)
 	return nil
+}
+
+// historyLines is how many of an instance's latest events status prints.
+const historyLines = 20
+
+// writeHistory prints the latest of what the engine did to the instance,
+// oldest first: its steps' attempts, their errors and retries, what was
+// skipped or cancelled (what was done by hand has its own section, see
+// writeOperations). The whole history is in the JSON and the API.
+func writeHistory(w io.Writer, inst *storage.Instance) {
+	var events []storage.Event
+	for _, e := range inst.Events {
+		if e.Actor == "" {
+			events = append(events, e)
+		}
+	}
+	if len(events) == 0 {
+		return
+	}
+	if len(events) > historyLines || inst.EventsTruncated {
+		events = events[max(0, len(events)-historyLines):]
+		fmt.Fprintf(w, "\nHistory (the latest %d events; dagrun status %s --json or GET /api/instances/%s/events has them all):\n", len(events), inst.ID, inst.ID)
+	} else {
+		fmt.Fprintln(w, "\nHistory:")
+	}
+	for _, e := range events {
+		what := string(e.Type)
+		if e.Step != "" {
+			what += " " + e.Step
+			if e.Attempt > 0 {
+				what += fmt.Sprintf("#%d", e.Attempt)
+			}
+		}
+		if e.Message != "" {
+			what += ": " + truncate(oneLineString(e.Message), 120)
+		}
+		fmt.Fprintf(w, "  %s  %s\n", view.Time(e.At), what)
+	}
 }
 
 // parentLine names the step (and item) that started a child instance, with
