@@ -315,14 +315,15 @@ func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, logs *logW
 }
 
 // callHandler runs a handler, turning a panic into an error that carries the
-// panic value, so one bad handler never takes the worker down. The stack
-// goes to the step's log: stored in the error, it would be repeated in
-// every event and status line of the step.
+// panic value and, after its first line, the stack, so one bad handler
+// never takes the worker down. The stack goes to the step's log as well.
+// Tables and progress lines show an error's first line only.
 func callHandler(ctx context.Context, h handlers.Handler, input json.RawMessage) (out json.RawMessage, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			handlers.Logger(ctx).Error("handler panicked", slog.String("panic", fmt.Sprint(r)), slog.String("stack", string(debug.Stack())))
-			err = fmt.Errorf("handler panicked: %v (its stack is in the step's log)", r)
+			stack := debug.Stack()
+			handlers.Logger(ctx).Error("handler panicked", slog.String("panic", fmt.Sprint(r)), slog.String("stack", string(stack)))
+			err = fmt.Errorf("handler panicked: %v\n\n%s", r, stack)
 		}
 	}()
 	return h(ctx, input)

@@ -312,8 +312,10 @@ steps:
 		inst := b.wait(t, b.start(t, "boom", ``))
 		require.Equal(t, storage.InstanceFailed, inst.Status)
 		errText := step(t, inst, "explode").Error
-		require.Contains(t, errText, "handler panicked: kaboom")
-		require.NotContains(t, errText, "goroutine", "the error stays short")
+		first, stack, _ := strings.Cut(errText, "\n")
+		require.Equal(t, "handler panicked: kaboom", first)
+		require.Contains(t, stack, "goroutine", "the stack is in the step's error, after its first line")
+		require.Contains(t, stack, "TestPanicFailsTheAttemptAndTheWorkerLivesOn", "down to the handler that panicked")
 		logged, err := b.store.ListLogs(context.Background(), storage.LogsParams{InstanceID: inst.ID, Step: "explode"})
 		require.NoError(t, err)
 		require.NotEmpty(t, logged)
