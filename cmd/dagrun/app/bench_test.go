@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
 )
 
 // TestBenchMap: the map workload runs one instance of N forEach items to
@@ -26,7 +28,7 @@ func TestBenchMap(t *testing.T) {
 			require.NotNil(t, m, res.stdout)
 			size, err := strconv.Atoi(m[1])
 			require.NoError(t, err)
-			require.Less(t, size, 64<<10, "the instance object of %d items", items)
+			require.Less(t, size, view.MaxInlineItemsOutput+16<<10, "the instance object of %d items", items)
 		})
 	}
 }

@@ -117,9 +117,9 @@ type Step struct {
 }
 
 // MaxInlineItemsOutput bounds the output of a forEach step that the
-// instance object inlines: a few items' outputs are shown in full, while
-// 10,000 of them are read a page at a time.
-const MaxInlineItemsOutput = 16 << 10
+// instance object inlines: the outputs of thousands of small items are
+// shown in full, while 10,000 larger ones are read a page at a time.
+const MaxInlineItemsOutput = 256 << 10
 
 // ItemCounts counts a forEach step's items by status.
 type ItemCounts struct {
