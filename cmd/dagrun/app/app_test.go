@@ -359,6 +359,7 @@ func TestErrorLines(t *testing.T) {
 		{args: []string{"--log-level", "loud", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "mysql://localhost/x", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "sqlite:", "list"}, code: app.ExitUsage},
+		{args: []string{"worker", "--queues", " , "}, code: app.ExitUsage},
 		{args: []string{"--db", "postgres://u@127.0.0.1:notaport/x", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "postgres://u@127.0.0.1:5432/x?pool_max_conns=abc", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "postgres://u@127.0.0.1:5432/x?pgbouncer=maybe", "list"}, code: app.ExitUsage},

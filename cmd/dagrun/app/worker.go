@@ -41,6 +41,10 @@ func (c *cli) workerCommand() *cobra.Command {
 						config.Queues = append(config.Queues, q)
 					}
 				}
+				if len(config.Queues) == 0 {
+					// Not every queue: whoever wrote it meant some.
+					return usageError(fmt.Errorf("--queues %q names no queue: give comma-separated names, or leave it out for every queue", queues))
+				}
 			}
 			// Checked before the database is opened: bad flags touch nothing.
 			if err := config.Validate(); err != nil {
