@@ -1,6 +1,7 @@
 package dag
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
@@ -24,7 +25,9 @@ import (
 //
 // broken, which may be nil, names the workflows whose files did not parse
 // (name -> file), so that a call to one of them says so rather than
-// "unknown workflow".
+// "unknown workflow". ws may hold what ParseFilePartial read of such files:
+// their own calls are checked too (a cycle through one included), while a
+// call to one says its file has errors.
 func CheckCalls(ws []*Workflow, broken map[string]string) ErrorList {
 	errs, _ := checkCalls(ws, broken)
 	return errs
@@ -34,21 +37,31 @@ func CheckCalls(ws []*Workflow, broken map[string]string) ErrorList {
 // the workflows that cannot run as written: those with a bad call, and
 // those calling one of them, directly or not.
 func checkCalls(ws []*Workflow, broken map[string]string) (ErrorList, map[string]bool) {
-	byName := make(map[string]*Workflow, len(ws))
+	byName := make(map[string]*Workflow, len(ws)) // the workflows a step may call
+	partial := map[string]*Workflow{}             // read from files with errors
 	var names []string
 	for _, w := range ws {
-		if _, dup := byName[w.Name]; !dup {
-			byName[w.Name] = w
-			names = append(names, w.Name)
+		_, dup := byName[w.Name]
+		if _, dupPartial := partial[w.Name]; dup || dupPartial {
+			continue
 		}
+		if w.partial {
+			partial[w.Name] = w
+		} else {
+			byName[w.Name] = w
+		}
+		names = append(names, w.Name)
 	}
 	sort.Strings(names)
 
 	var errs ErrorList
 	bad := map[string]bool{}
-	edges := map[string][]callSite{} // caller -> its sound calls
+	edges := map[string][]callSite{} // caller -> its calls of a workflow that exists
 	for _, name := range names {
-		w := byName[name]
+		w := cmp.Or(byName[name], partial[name])
+		if w.partial {
+			bad[name] = true
+		}
 		for _, site := range callSites(w) {
 			callee, ok := byName[site.step.Workflow]
 			switch {
@@ -56,6 +69,9 @@ func checkCalls(ws []*Workflow, broken map[string]string) (ErrorList, map[string
 				errs = append(errs, site.errorf("calls workflow %q, whose file %s has errors: fix them first (dagrun validate lists them)",
 					site.step.Workflow, filepath.Base(broken[site.step.Workflow])))
 				bad[name] = true
+				if partial[site.step.Workflow] != nil {
+					edges[name] = append(edges[name], site) // for the cycles through it
+				}
 			case !ok:
 				dym := ""
 				if m := suggest(site.step.Workflow, names); m != "" {
@@ -102,7 +118,7 @@ func checkCalls(ws []*Workflow, broken map[string]string) (ErrorList, map[string
 				continue
 			}
 			for _, site := range edges[name] {
-				if bad[site.step.Workflow] {
+				if bad[site.step.Workflow] && partial[site.step.Workflow] == nil { // a partial one's call said so
 					errs = append(errs, site.errorf("calls workflow %q, which has errors of its own (in %s): fix them first",
 						site.step.Workflow, filepath.Base(byName[site.step.Workflow].file)))
 					bad[name] = true

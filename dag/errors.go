@@ -60,6 +60,10 @@ func (l ErrorList) Unwrap() []error {
 	return errs
 }
 
+// Sort orders the errors by file, line and column, as Parse and LoadDir
+// return them, for a list that joins errors of both.
+func (l ErrorList) Sort() { sortErrors(l) }
+
 // sortErrors orders by position; a stable sort keeps the order in which
 // problems at the same node were found, which is the order a reader fixes them.
 func sortErrors(l ErrorList) {

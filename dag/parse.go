@@ -38,6 +38,17 @@ type ParseOptions struct {
 // filename == ""). On any error it returns nil and an ErrorList holding every
 // error found, sorted by line and column.
 func Parse(filename string, src []byte, opts *ParseOptions) (*Workflow, error) {
+	w, err := parsePartial(filename, src, opts)
+	if err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// parsePartial is Parse returning, besides the errors of a file it
+// refuses, what it built of it (nil when not even a named workflow): a
+// partial workflow, marked so, whose calls CheckCalls still checks.
+func parsePartial(filename string, src []byte, opts *ParseOptions) (*Workflow, error) {
 	if opts == nil {
 		opts = &ParseOptions{}
 	}
@@ -47,22 +58,40 @@ func Parse(filename string, src []byte, opts *ParseOptions) (*Workflow, error) {
 		return nil, p.c.errs
 	}
 	w := p.parse()
+	if w != nil {
+		w.file = filename
+	}
 	if len(p.c.errs) > 0 {
 		sortErrors(p.c.errs)
+		if w != nil && isName(w.Name) {
+			w.partial = true
+			return w, p.c.errs
+		}
 		return nil, p.c.errs
 	}
-	w.file = filename
 	return w, nil
 }
 
 // ParseFile reads and parses one workflow file. A file that cannot be read
 // gives the os error (so errors.Is(err, fs.ErrNotExist) works), not an ErrorList.
 func ParseFile(path string, opts *ParseOptions) (*Workflow, error) {
+	w, err := ParseFilePartial(path, opts)
+	if err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// ParseFilePartial is ParseFile returning, with the errors of a file it
+// refuses, what it read of its workflow when it could read a name: a
+// workflow that must never run, given to CheckCalls with the others so
+// that a bad call in a file with other errors is reported too.
+func ParseFilePartial(path string, opts *ParseOptions) (*Workflow, error) {
 	src, err := readWorkflowFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read workflow: %w", err)
 	}
-	return Parse(path, src, opts)
+	return parsePartial(path, src, opts)
 }
 
 // readWorkflowFile reads a file, or MaxFileBytes+1 of it: enough for Parse
@@ -94,6 +123,9 @@ func LoadDir(dir string, opts *ParseOptions) ([]*Workflow, error) {
 		errs   ErrorList
 		byName = map[string]string{}
 		broken = map[string]string{} // workflows whose file has errors, by the name the file gives
+		// partial are what could be read of those files: their calls are
+		// checked too, so that every error of a file shows at once.
+		partial []*Workflow
 	)
 	for _, e := range entries {
 		name := e.Name()
@@ -107,7 +139,7 @@ func LoadDir(dir string, opts *ParseOptions) ([]*Workflow, error) {
 			errs = append(errs, &Error{File: path, Msg: fmt.Sprintf("cannot read the file: %v", err)})
 			continue
 		}
-		w, err := Parse(path, src, opts)
+		w, err := parsePartial(path, src, opts)
 		if err != nil {
 			broken[strings.TrimSuffix(name, ext)] = path
 			var l ErrorList
@@ -115,6 +147,9 @@ func LoadDir(dir string, opts *ParseOptions) ([]*Workflow, error) {
 				errs = append(errs, l...)
 			} else {
 				errs = append(errs, &Error{File: path, Msg: err.Error()})
+			}
+			if w != nil {
+				partial = append(partial, w)
 			}
 			continue
 		}
@@ -125,7 +160,7 @@ func LoadDir(dir string, opts *ParseOptions) ([]*Workflow, error) {
 		byName[w.Name] = path
 		wfs = append(wfs, w)
 	}
-	callErrs, bad := checkCalls(wfs, broken)
+	callErrs, bad := checkCalls(append(slices.Clip(wfs), partial...), broken)
 	errs = append(errs, callErrs...)
 	wfs = slices.DeleteFunc(wfs, func(w *Workflow) bool { return bad[w.Name] })
 	sort.Slice(wfs, func(i, j int) bool { return wfs[i].Name < wfs[j].Name })

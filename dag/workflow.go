@@ -32,6 +32,7 @@ type Workflow struct {
 	failureOrder      []*Step // the same for OnFailure
 	nameLine, nameCol int     // position of the name, for LoadDir's duplicate check
 	file              string  // the file name given to Parse, for CheckCalls' positions
+	partial           bool    // read from a file with errors: never run, never called (ParseFilePartial)
 }
 
 // RetryPolicy says how often and how fast a failed step is tried again:

@@ -284,6 +284,13 @@ func TestValidateCalls(t *testing.T) {
 	require.Equal(t, "ok fine (1 step)\n", res.stdout)
 	require.Equal(t, `testdata/calls/loop-b.yaml:6:15: step "call-a": workflow call cycle loop-b -> loop-a -> loop-b: each instance would start another without end; remove one of these workflow steps`+"\n", res.stderr)
 
+	// A file with errors of its own has its calls checked too: every
+	// error shows at once.
+	res = b.run(t, "", "validate", "testdata/calls/sloppy.yaml")
+	require.Equal(t, app.ExitUsage, res.code)
+	require.Equal(t, `testdata/calls/sloppy.yaml:5:14: step "wait": timeout 10 has no unit: write 10s for seconds (use a Go duration such as 30s, 5m or 1h30m)`+"\n"+
+		`testdata/calls/sloppy.yaml:7:15: step "call": unknown workflow "shiping"; did you mean "shipping"? (workflows of this folder: checkout, fine, loop-a, loop-b, partial, shipping, sloppy)`+"\n", res.stderr)
+
 	// A file is checked against its own folder's workflows, whatever
 	// --workflows says: that is where its workflow steps find theirs.
 	elsewhere := setup(t)

@@ -105,6 +105,9 @@ func (c *cli) checkFiles(files []string, withFolder bool, opts *dag.ParseOptions
 		named  = map[string]bool{}
 		broken = map[string]string{}
 	)
+	// partial are what could be read of the files with errors: their
+	// calls are checked too, so that every error of a file shows at once.
+	var partial []*dag.Workflow
 	note := func(path string, w *dag.Workflow, err error) {
 		switch {
 		case err == nil:
@@ -117,11 +120,14 @@ func (c *cli) checkFiles(files []string, withFolder bool, opts *dag.ParseOptions
 			if _, ok := broken[name]; !ok {
 				broken[name] = path
 			}
+			if w != nil {
+				partial = append(partial, w)
+			}
 		}
 	}
 	firstFile := map[string]string{} // by workflow name, the first file checked that declares it
 	for i, file := range files {
-		w, err := dag.ParseFile(file, opts)
+		w, err := dag.ParseFilePartial(file, opts)
 		if err == nil {
 			if first, dup := firstFile[w.Name]; dup {
 				// As the engine's loader refuses it: which one would run?
@@ -130,7 +136,10 @@ func (c *cli) checkFiles(files []string, withFolder bool, opts *dag.ParseOptions
 				firstFile[w.Name] = file
 			}
 		}
-		out[i] = fileCheck{file: file, workflow: w, err: err}
+		out[i] = fileCheck{file: file, err: err}
+		if err == nil {
+			out[i].workflow = w
+		}
 		note(file, w, err)
 	}
 	if withFolder {
@@ -150,26 +159,30 @@ func (c *cli) checkFiles(files []string, withFolder bool, opts *dag.ParseOptions
 			if slices.Contains(files, file) {
 				continue
 			}
-			w, err := dag.ParseFile(file, opts)
-			if err == nil && named[w.Name] {
+			w, err := dag.ParseFilePartial(file, opts)
+			if w != nil && named[w.Name] {
 				continue // a file given by name stands for its workflow
 			}
 			note(file, w, err)
 		}
 	}
-	calls := dag.CheckCalls(valid, broken)
+	calls := dag.CheckCalls(append(valid, partial...), broken)
 	for i := range out {
 		f := &out[i]
-		if f.err != nil {
-			continue
-		}
 		var mine dag.ErrorList
+		if f.err != nil {
+			if !errors.As(f.err, &mine) {
+				continue // the file could not be read
+			}
+			mine = slices.Clone(mine)
+		}
 		for _, e := range calls {
 			if e.File == f.file {
 				mine = append(mine, e)
 			}
 		}
 		if len(mine) > 0 {
+			mine.Sort()
 			f.err = mine
 		}
 	}
