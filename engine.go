@@ -31,6 +31,10 @@ const (
 type Config struct {
 	// Workflows are the definitions instances can be started from.
 	Workflows []*dag.Workflow
+	// InvalidWorkflows are the workflows whose files have errors, by name
+	// (the file's), with those errors: a start of one is refused naming
+	// them, rather than as an unknown workflow. Optional.
+	InvalidWorkflows map[string]error
 	// Logger receives the engine's logs. Default: discard.
 	Logger *slog.Logger
 	// MaxInputBytes bounds a start input, and a step's input once its
@@ -191,6 +195,9 @@ func (e *Engine) Workflows() []*dag.Workflow {
 type UnknownWorkflowError struct {
 	Name      string
 	Available []string
+	// Invalid, when set, is why the workflows folder's file of that name
+	// is not loaded: its errors (a dag.ErrorList).
+	Invalid error
 }
 
 func (e *UnknownWorkflowError) Error() string {
@@ -198,6 +205,21 @@ func (e *UnknownWorkflowError) Error() string {
 	name := e.Name
 	if len(name) > 64 {
 		name = name[:64] + "…"
+	}
+	if e.Invalid != nil {
+		first, more := e.Invalid.Error(), 0
+		var list dag.ErrorList
+		if errors.As(e.Invalid, &list) && len(list) > 0 {
+			first, more = list[0].Error(), len(list)-1
+		}
+		if i := strings.IndexByte(first, '\n'); i >= 0 {
+			first = first[:i]
+		}
+		msg := fmt.Sprintf("workflow %q is invalid: %s", name, first)
+		if more > 0 {
+			msg += fmt.Sprintf(" (and %d more)", more)
+		}
+		return msg + "; dagrun validate lists every error"
 	}
 	if len(e.Available) == 0 {
 		return fmt.Sprintf("unknown workflow %q: no workflows are loaded (put WORKFLOW.yaml files in the workflows folder)", name)
@@ -209,12 +231,18 @@ func (e *Engine) lookupWorkflow(name string) (*dag.Workflow, error) {
 	if w, ok := e.workflows[name]; ok {
 		return w, nil
 	}
+	return nil, e.UnknownWorkflow(name)
+}
+
+// UnknownWorkflow is the error of a use of name, a workflow the engine does
+// not know: the ones it knows, or why name's file was refused.
+func (e *Engine) UnknownWorkflow(name string) *UnknownWorkflowError {
 	names := make([]string, 0, len(e.workflows))
 	for n := range e.workflows {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	return nil, &UnknownWorkflowError{Name: name, Available: names}
+	return &UnknownWorkflowError{Name: name, Available: names, Invalid: e.config.InvalidWorkflows[name]}
 }
 
 // definition returns the parsed snapshot with the given hash, parsing the

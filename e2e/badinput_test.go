@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -174,4 +176,31 @@ func TestBadDatabase(t *testing.T) {
 	res := e.run(t, "list")
 	require.Equal(t, 2, res.code)
 	golden(t, "badinput-db-unknown-scheme", mask(requireOneLine(t, res.stderr))+"\n")
+}
+
+// TestStartOfAnInvalidWorkflow: a workflow whose file has errors is refused
+// naming its first error, by the CLI and by the API (422), rather than
+// reported as unknown; the folder's other workflows still start.
+func TestStartOfAnInvalidWorkflow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "invalid.db", map[string]string{"broken.yaml": "name: broken\ntimeout: 10\nsteps:\n  - {name: a, handler: echo}\n"})
+	res := e.run(t, "start", "broken")
+	require.Equal(t, 2, res.code, res.stderr)
+	require.Contains(t, requireOneLine(t, res.stderr), "workflow broken is invalid: ")
+
+	server, base := e.serveAPI(t, plainBinary)
+	t.Cleanup(func() { server.stop(t) })
+	resp, err := http.Post(base+"/api/workflows/broken/instances", "application/json", strings.NewReader(`{}`))
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, string(body))
+	require.Contains(t, string(body), `workflow \"broken\" is invalid: `)
+	require.Contains(t, string(body), `timeout 10 has no unit`)
+
+	resp, err = http.Post(base+"/api/workflows/order-processing/instances", "application/json", strings.NewReader(`{"input": `+validOrder+`}`))
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
 }

@@ -23,6 +23,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -322,16 +324,18 @@ func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
 		return nil, usageError(fmt.Errorf("invalid --max-items %d: must be at least 1", c.maxItems))
 	}
 	workflows, loadErr := c.loadWorkflows(ctx)
+	var invalid map[string]error
 	if loadErr != nil {
 		var list dag.ErrorList
 		if !errors.As(loadErr, &list) {
 			return nil, loadErr
 		}
 		// Bad files do not stop the others from being used; a process that
-		// runs on says so once.
+		// runs on says so once, and a start of one says why it is refused.
 		if c.longRunning {
 			c.logger.Warn("some workflow files have errors; run `dagrun validate` for details", slog.Int("errors", len(list)))
 		}
+		invalid = invalidByName(list, workflows)
 	}
 	store, err := openStore(ctx, c.db, c.dbSchema, c.logger, c.conns)
 	if err != nil {
@@ -354,11 +358,28 @@ func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
 			closeStore()
 		}
 	}
-	config := &dagrun.Config{Workflows: workflows, Logger: c.logger, Observer: c.observer, MaxItems: c.maxItems}
+	config := &dagrun.Config{Workflows: workflows, InvalidWorkflows: invalid, Logger: c.logger, Observer: c.observer, MaxItems: c.maxItems}
 	if tp != nil {
 		config.TracerProvider = tp
 	}
 	return dagrun.New(store, c.registry, config)
+}
+
+// invalidByName groups a folder's load errors by the workflow each file is
+// named for, leaving out the workflows that loaded (an error of a call to a
+// broken one is the caller's, whose file is named for the caller).
+func invalidByName(list dag.ErrorList, loaded []*dag.Workflow) map[string]error {
+	out := map[string]error{}
+	for _, e := range list {
+		base := filepath.Base(e.File)
+		name := strings.TrimSuffix(base, filepath.Ext(base))
+		if slices.ContainsFunc(loaded, func(w *dag.Workflow) bool { return w.Name == name }) {
+			continue
+		}
+		mine, _ := out[name].(dag.ErrorList)
+		out[name] = append(mine, e)
+	}
+	return out
 }
 
 // addMaxItemsFlag adds --max-items to a command whose process plans steps,

@@ -101,7 +101,7 @@ type retryJSON struct {
 func (s *Server) getWorkflow(w http.ResponseWriter, r *http.Request) {
 	wf, ok := s.engine.Workflow(r.PathValue("name"))
 	if !ok {
-		writeError(w, http.StatusNotFound, (&dagrun.UnknownWorkflowError{Name: r.PathValue("name"), Available: s.workflowNames()}).Error())
+		s.fail(w, r, s.engine.UnknownWorkflow(r.PathValue("name")))
 		return
 	}
 	writeJSON(w, http.StatusOK, newWorkflowDetail(wf))
@@ -164,15 +164,6 @@ func newStepDef(st *dag.Step) stepDef {
 		}
 	}
 	return d
-}
-
-func (s *Server) workflowNames() []string {
-	wfs := s.engine.Workflows()
-	names := make([]string, len(wfs))
-	for i, wf := range wfs {
-		names[i] = wf.Name
-	}
-	return names
 }
 
 // startRequest is the body of POST /api/workflows/{name}/instances.
@@ -506,6 +497,8 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over the limit of %d bytes", tooBig.Limit))
 	case errors.As(err, &inputErr), errors.As(err, &argErr), errors.As(err, &signalErr):
 		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.As(err, &unknown) && unknown.Invalid != nil:
+		writeError(w, http.StatusUnprocessableEntity, err.Error())
 	case errors.As(err, &unknown), errors.As(err, &noSignal):
 		writeError(w, http.StatusNotFound, err.Error())
 	case errors.Is(err, storage.ErrNotFound):

@@ -81,6 +81,8 @@ type setupOpts struct {
 	tokens map[string]string
 	// tracerProvider, when set, turns tracing on.
 	tracerProvider trace.TracerProvider
+	// invalid are workflows whose files have errors (Config.InvalidWorkflows).
+	invalid map[string]error
 }
 
 func setup(t *testing.T, open func(t *testing.T) storage.Store, opts *setupOpts) *testBundle {
@@ -105,7 +107,7 @@ func setup(t *testing.T, open func(t *testing.T) storage.Store, opts *setupOpts)
 	}
 	store := open(t)
 	metrics := web.NewMetrics()
-	engine, err := dagrun.New(store, registry, &dagrun.Config{Workflows: workflows, Observer: metrics, TracerProvider: opts.tracerProvider})
+	engine, err := dagrun.New(store, registry, &dagrun.Config{Workflows: workflows, InvalidWorkflows: opts.invalid, Observer: metrics, TracerProvider: opts.tracerProvider})
 	require.NoError(t, err)
 	srv, err := web.NewServer(engine, &web.Config{Token: opts.token, Tokens: opts.tokens, Metrics: metrics, MaxBodyBytes: opts.maxBody})
 	require.NoError(t, err)
@@ -358,7 +360,8 @@ func TestStartRunAndGet(t *testing.T) {
 func TestStartErrors(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
-		b := setup(t, open, &setupOpts{maxBody: 4 << 10})
+		broken := dag.ErrorList{{File: "workflows/broken.yaml", Line: 2, Col: 10, Msg: "timeout 10 has no unit"}, {File: "workflows/broken.yaml", Line: 3, Col: 1, Msg: "more"}}
+		b := setup(t, open, &setupOpts{maxBody: 4 << 10, invalid: map[string]error{"broken": broken}})
 		for _, tc := range []struct {
 			name, path, body string
 			header           []string
@@ -366,6 +369,8 @@ func TestStartErrors(t *testing.T) {
 			want             string
 		}{
 			{"unknown workflow", "/api/workflows/nope/instances", `{}`, nil, http.StatusNotFound, `unknown workflow "nope" (available: flaky, greet)`},
+			{"invalid workflow", "/api/workflows/broken/instances", `{}`, nil, http.StatusUnprocessableEntity,
+				`workflow "broken" is invalid: workflows/broken.yaml:2:10: timeout 10 has no unit (and 1 more); dagrun validate lists every error`},
 			{"input fails the schema", "/api/workflows/greet/instances", `{"input": {"name": 42}}`, nil, http.StatusBadRequest, "workflow greet"},
 			{"input misses a field", "/api/workflows/greet/instances", `{}`, nil, http.StatusBadRequest, "name"},
 			{"malformed body", "/api/workflows/greet/instances", `{"input": `, nil, http.StatusBadRequest, "invalid request body"},
