@@ -11,35 +11,67 @@ import (
 // This file is the engine side of workflow timeouts and onFailure steps.
 // An instance that fails (a step failed for good, its workflow timeout
 // passed, its output failed to evaluate) while its workflow has onFailure
-// steps does not end at once: the plan records the failure, the store
-// cancels the unfinished main steps, and the instance stays running while
-// the onFailure steps run. When none of them is left to run, whatever they
-// did, it fails with the original error.
+// steps, or while other main steps run an attempt, does not end at once:
+// the plan records the failure, the store cancels the unfinished main
+// steps but for the running attempts when a step failed (in-flight work is
+// not aborted halfway; a timeout or a cancel still stops it), and the
+// instance stays running, failing. Once no main step runs any more (their
+// attempts recorded as they end, without retries), its onFailure steps
+// run; when none of them is left to run, whatever they did, it fails with
+// the original error.
 
 // settle finishes a plan of the main steps: a failure of an instance with
-// onFailure steps becomes a recorded Failure that runs them, and a
-// completion skips them.
+// onFailure steps, or of one whose other main steps still run an attempt,
+// becomes a recorded Failure (the instance is failing), and a completion
+// skips the onFailure steps.
 func (p *planner) settle(plan *storage.Plan) *storage.Plan {
 	ic := plan.Instance
 	switch {
-	case ic == nil || len(p.w.OnFailure) == 0:
-		if ic != nil && ic.Status == storage.InstanceFailed {
-			p.dropStarts(plan)
-		}
+	case ic == nil:
 		return plan
-	case ic.Status == storage.InstanceCompleted:
+	case ic.Status == storage.InstanceFailed && (len(p.w.OnFailure) > 0 || p.failedStep != "" && p.inFlight()):
+		plan.Instance = nil
+		return p.fail(plan, &storage.Failure{Error: ic.Error, Step: p.failedStep})
+	case ic.Status == storage.InstanceFailed:
+		p.dropStarts(plan)
+		return plan
+	case ic.Status == storage.InstanceCompleted && len(p.w.OnFailure) > 0:
 		// Shown as skipped, not cancelled: nothing went wrong.
 		for _, s := range p.w.OnFailure {
 			if p.status[s.Name] == storage.StepBlocked {
 				plan.Steps = append(plan.Steps, storage.StepChange{Name: s.Name, Status: storage.StepSkipped})
 			}
 		}
-		return plan
-	case ic.Status == storage.InstanceFailed:
-		plan.Instance = nil
-		return p.fail(plan, &storage.Failure{Error: ic.Error, Step: p.failedStep})
 	}
 	return plan
+}
+
+// runsAttempt reports whether step, when running, runs an attempt of a
+// handler on some worker: neither a forEach step (its items run) nor a
+// workflow step (its child runs).
+func runsAttempt(step *dag.Step) bool {
+	return step.ForEach == nil && step.Workflow == ""
+}
+
+// inFlight reports whether a main step of the failing instance still has
+// an attempt in flight, which it finishes before the onFailure steps run
+// and the instance ends: a running step that runs a handler, or a pending
+// one (put back by a snooze or a worker's shutdown while the instance was
+// failing: it runs to its end as well).
+func (p *planner) inFlight() bool {
+	for _, s := range p.w.Steps {
+		switch p.status[s.Name] {
+		case storage.StepRunning:
+			if runsAttempt(s) {
+				return true
+			}
+		case storage.StepPending:
+			if p.failure != nil || p.state.Failure != nil {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // runFailure plans an instance that timed out, or whose onFailure steps
@@ -55,24 +87,38 @@ func (p *planner) runFailure() *storage.Plan {
 		return p.fail(plan, f)
 	}
 	p.failure = p.state.Failure
+	if p.inFlight() {
+		// The main steps still running finish first (a timeout cancelled
+		// them before this plan: see storage.TimeoutStore).
+		return plan
+	}
 	p.promote(plan, p.w.OnFailureOrder())
 	p.finishFailure(plan)
 	return plan
 }
 
 // fail records the failure f in plan and makes the onFailure steps that
-// can run ready.
+// can run ready, or, while main steps still run an attempt, leaves them
+// blocked until those attempts end.
 func (p *planner) fail(plan *storage.Plan, f *storage.Failure) *storage.Plan {
 	p.dropStarts(plan)
-	// The store cancels the unfinished main steps with the failure; the
-	// onFailure steps' expressions see them so.
+	// The store cancels the unfinished main steps with the failure, but
+	// for the running attempts of a step's failure, which finish (a
+	// timeout stops them too); the onFailure steps' expressions see them
+	// so.
+	stop := p.state.TimedOut > 0
 	for _, s := range p.w.Steps {
-		if !p.status[s.Name].Finished() {
-			p.status[s.Name] = storage.StepCancelled
+		st := p.status[s.Name]
+		if st.Finished() || !stop && st == storage.StepRunning && runsAttempt(s) {
+			continue
 		}
+		p.status[s.Name] = storage.StepCancelled
 	}
 	plan.Failure = f
 	p.failure = f
+	if p.inFlight() {
+		return plan
+	}
 	p.promote(plan, p.w.OnFailureOrder())
 	p.finishFailure(plan)
 	return plan
@@ -119,7 +165,9 @@ func (p *planner) workflowEnv() dag.WorkflowEnv {
 }
 
 // recordFailing remembers that a plan recorded the failure of state's
-// instance, with the main steps whose handlers report must stop.
+// instance, with the main steps whose handlers report must stop: the ones
+// the store cancelled (a forEach step's items), not the attempts of
+// running steps, which finish, unless the instance timed out.
 func (r *finishRecorder) recordFailing(state *storage.InstanceState) {
 	w, err := r.engine.definition(state.DefinitionHash, state.LoadDefinition)
 	if err != nil {
@@ -127,6 +175,9 @@ func (r *finishRecorder) recordFailing(state *storage.InstanceState) {
 	}
 	main := make(map[string]bool, len(w.Steps))
 	for _, s := range w.Steps {
+		if state.TimedOut == 0 && runsAttempt(s) {
+			continue
+		}
 		main[s.Name] = true
 	}
 	r.mu.Lock()

@@ -63,10 +63,33 @@ func failureRegistry(t *testing.T) (*handlers.Registry, chan struct{}) {
 func TestOnFailureStepsRunAndTheInstanceFailsWithTheOriginalError(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
-		registry, _ := failureRegistry(t)
+		// charge fails once slow runs: slow finishes its attempt, then the
+		// onFailure steps run.
+		started, release := make(chan struct{}), make(chan struct{})
+		registry := handlers.NewRegistry()
+		registry.Register("gate", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
+			close(started)
+			select {
+			case <-release:
+				return json.RawMessage(`{}`), nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		})
+		registry.Register("decline", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
+			<-started
+			return nil, handlers.Permanent(errors.New("card declined"))
+		})
 		b := setup(t, open, registry, chargeWorkflow)
 		b.runWorker(t, nil)
-		inst := b.wait(t, b.start(t, "charge", `{}`))
+		id := b.start(t, "charge", `{}`)
+		failing := b.awaitStatus(t, id, "charge", storage.StepFailed)
+		require.Equal(t, storage.InstanceRunning, failing.Status)
+		require.True(t, failing.Failing)
+		require.Equal(t, storage.StepRunning, step(t, failing, "slow").Status)
+		require.Equal(t, storage.StepBlocked, step(t, failing, "refund").Status, "after slow's attempt")
+		close(release)
+		inst := b.wait(t, id)
 
 		const original = "step charge failed: card declined"
 		require.Equal(t, storage.InstanceFailed, inst.Status)
@@ -75,7 +98,7 @@ func TestOnFailureStepsRunAndTheInstanceFailsWithTheOriginalError(t *testing.T) 
 		require.False(t, inst.Failing)
 
 		want := map[string]storage.StepStatus{
-			"prepare": storage.StepCompleted, "charge": storage.StepFailed, "slow": storage.StepCancelled,
+			"prepare": storage.StepCompleted, "charge": storage.StepFailed, "slow": storage.StepCompleted,
 			"ship": storage.StepCancelled, "refund": storage.StepCompleted, "page": storage.StepFailed,
 			"after-page": storage.StepCancelled,
 		}
@@ -87,7 +110,7 @@ func TestOnFailureStepsRunAndTheInstanceFailsWithTheOriginalError(t *testing.T) 
 		}
 		require.Equal(t, []string{"prepare", "charge", "slow", "ship", "refund", "page", "after-page"}, names,
 			"onFailure steps come after the others")
-		requireJSON(t, `{"error": "`+original+`", "failed": "charge", "order": 42, "slow": "cancelled"}`, step(t, inst, "refund").Output)
+		requireJSON(t, `{"error": "`+original+`", "failed": "charge", "order": 42, "slow": "completed"}`, step(t, inst, "refund").Output)
 
 		var types []storage.EventType
 		for _, e := range inst.Events {
@@ -309,6 +332,7 @@ steps:
     handler: decline
   - name: slow
     handler: gate
+    dependsOn: [boom]
 onFailure:
   - name: undo
     forEach: [1, 2, 3]
@@ -365,5 +389,147 @@ steps:
 		require.Less(t, time.Since(started), 10*time.Second, "at its time, not at a poll or a lease recovery")
 		require.Equal(t, storage.InstanceFailed, inst.Status)
 		require.Equal(t, "workflow timed out after 300ms", inst.Error)
+	})
+}
+
+// holdRegistry has decline (fails for good at once) and hold, which tells
+// started, then blocks until release is closed and ends as result says
+// (an output, or with err a retryable failure); cancelled tells whether
+// its context was cancelled meanwhile.
+type holdHandler struct {
+	started   chan struct{}
+	release   chan struct{}
+	cancelled atomic.Bool
+	err       error
+}
+
+func holdRegistry(t *testing.T, fail error) (*handlers.Registry, *holdHandler) {
+	t.Helper()
+	h := &holdHandler{started: make(chan struct{}, 10), release: make(chan struct{}), err: fail}
+	r := handlers.NewRegistry()
+	r.Register("decline", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
+		return nil, handlers.Permanent(errors.New("card declined"))
+	})
+	r.Register("hold", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
+		h.started <- struct{}{}
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			h.cancelled.Store(true)
+			return nil, ctx.Err()
+		}
+		if h.err != nil {
+			return nil, h.err
+		}
+		return json.RawMessage(`{"held": "done"}`), nil
+	})
+	return r, h
+}
+
+const siblingWorkflow = `
+name: sibling
+defaults:
+  retry: {maxAttempts: 3, backoff: 10ms}
+steps:
+  - name: quick
+    handler: decline
+  - name: slow
+    handler: hold
+  - name: after
+    handler: echo
+    dependsOn: [quick, slow]
+  - name: after-slow
+    handler: echo
+    dependsOn: [slow]
+`
+
+// startSibling starts the sibling workflow (with extra appended) and
+// returns once quick failed while slow's handler holds: the instance is
+// failing, not failed, and slow still runs.
+func startSibling(t *testing.T, open func(*testing.T) storage.Store, fail error, extra string) (*testBundle, *holdHandler, string) {
+	t.Helper()
+	registry, h := holdRegistry(t, fail)
+	b := setup(t, open, registry, siblingWorkflow+extra)
+	b.runWorker(t, nil)
+	id := b.start(t, "sibling", `{}`)
+	<-h.started
+	inst := b.awaitStatus(t, id, "quick", storage.StepFailed)
+	time.Sleep(200 * time.Millisecond) // a heartbeat or a poll would have stopped it by now
+	inst, err := b.engine.Get(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, storage.InstanceRunning, inst.Status, "not failed while a sibling runs")
+	require.True(t, inst.Failing)
+	require.Equal(t, "step quick failed: card declined", inst.Error)
+	require.Equal(t, storage.StepRunning, step(t, inst, "slow").Status)
+	require.Equal(t, storage.StepCancelled, step(t, inst, "after-slow").Status, "nothing new starts")
+	require.False(t, h.cancelled.Load(), "the running sibling's context is not cancelled")
+	return b, h, id
+}
+
+func TestARunningSiblingFinishesItsAttemptWhenAStepFailsForGood(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b, h, id := startSibling(t, open, nil, "")
+		close(h.release)
+		inst := b.wait(t, id)
+		require.False(t, h.cancelled.Load())
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, "step quick failed: card declined", inst.Error, "the first failure's error")
+		require.Equal(t, "quick", inst.FailedStep)
+		require.False(t, inst.Failing)
+		require.Equal(t, storage.StepCompleted, step(t, inst, "slow").Status)
+		requireJSON(t, `{"held": "done"}`, step(t, inst, "slow").Output)
+		require.Equal(t, storage.StepCancelled, step(t, inst, "after").Status)
+		require.Equal(t, storage.StepCancelled, step(t, inst, "after-slow").Status)
+
+		// A retry re-arms the failed and cancelled steps and keeps the
+		// output that completed while the instance was failing.
+		require.NoError(t, b.engine.Retry(context.Background(), id))
+		inst = b.wait(t, id)
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, storage.StepCompleted, step(t, inst, "slow").Status)
+		require.Equal(t, 1, step(t, inst, "slow").Attempts, "kept, not run again")
+		require.Equal(t, storage.StepCompleted, step(t, inst, "after-slow").Status)
+		require.Equal(t, storage.StepCancelled, step(t, inst, "after").Status)
+	})
+}
+
+func TestOnFailureStepsStartOnceTheRunningSiblingFinished(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b, h, id := startSibling(t, open, nil, `
+onFailure:
+  - name: cleanup
+    handler: echo
+    input: {slow: "${{ steps.slow.status }}", error: "${{ workflow.error }}", step: "${{ workflow.failedStep }}"}
+`)
+		inst, err := b.engine.Get(context.Background(), id)
+		require.NoError(t, err)
+		require.Equal(t, storage.StepBlocked, step(t, inst, "cleanup").Status, "compensation waits for the running sibling")
+		close(h.release)
+		inst = b.wait(t, id)
+		require.False(t, h.cancelled.Load())
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, "step quick failed: card declined", inst.Error)
+		require.Equal(t, "quick", inst.FailedStep)
+		require.Equal(t, storage.StepCompleted, step(t, inst, "slow").Status)
+		requireJSON(t, `{"slow": "completed", "error": "step quick failed: card declined", "step": "quick"}`, step(t, inst, "cleanup").Output)
+	})
+}
+
+func TestARunningSiblingThatFailsIsNotRetriedWhileTheInstanceFails(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b, h, id := startSibling(t, open, errors.New("flaky"), "")
+		close(h.release)
+		inst := b.wait(t, id)
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, "step quick failed: card declined", inst.Error, "the first failure's error")
+		require.Equal(t, "quick", inst.FailedStep)
+		slow := step(t, inst, "slow")
+		require.Equal(t, storage.StepFailed, slow.Status)
+		require.Equal(t, 1, slow.Attempts, "no retry while the instance fails")
+		require.Contains(t, slow.Error, "flaky")
+		require.Len(t, h.started, 0, "started once")
 	})
 }

@@ -301,9 +301,11 @@ steps:
 }
 
 // When a step's terminal failure fails the instance, its running siblings
-// are cancelled with it: their handlers see their context cancelled at
-// once, they end cancelled, and the worker does not warn of stale results.
-func TestFailedInstanceStopsRunningSiblings(t *testing.T) {
+// finish their attempt (the instance is failing meanwhile); a cancel of the
+// failing instance stops them: their handlers see their context cancelled
+// at once, they end cancelled, and the worker does not warn of stale
+// results.
+func TestCancelOfAFailingInstanceStopsRunningSiblings(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
 		siblingStarted := make(chan struct{})
@@ -336,6 +338,16 @@ steps:
 		b.engine = engine
 		b.runWorker(t, nil) // a 30s lease: only the local stop can be this quick
 		id := b.start(t, "siblings", ``)
+		b.awaitStatus(t, id, "fail", storage.StepFailed)
+		select {
+		case cause := <-siblingCause:
+			t.Fatalf("the running sibling was stopped by the failure: %v", cause)
+		case <-time.After(200 * time.Millisecond):
+		}
+		got, err := b.engine.Get(context.Background(), id)
+		require.NoError(t, err)
+		require.True(t, got.Failing)
+		require.NoError(t, b.engine.Cancel(context.Background(), id))
 		select {
 		case cause := <-siblingCause:
 			require.NotEqual(t, "ran on", cause.Error())
@@ -343,7 +355,7 @@ steps:
 			t.Fatal("the running sibling was not stopped")
 		}
 		inst := b.wait(t, id)
-		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, storage.InstanceCancelled, inst.Status)
 		require.Equal(t, storage.StepCancelled, step(t, inst, "slow").Status)
 		require.NotContains(t, logs.String(), "stale result")
 	})

@@ -6,9 +6,11 @@ import (
 	"time"
 )
 
-// Failure is what failed an instance that has onFailure steps. The store
-// keeps it on the instance, which stays running while those steps run,
-// and the instance then fails with Error, whatever they did.
+// Failure is what failed an instance that has onFailure steps, or whose
+// other main steps were running an attempt when a step failed for good.
+// The store keeps it on the instance, which stays running (failing) while
+// those attempts finish and then while the onFailure steps run, and the
+// instance then fails with Error, whatever they did.
 type Failure struct {
 	Error string
 	// Step is the step whose failure failed the instance; "" when no
@@ -16,8 +18,9 @@ type Failure struct {
 	Step string
 }
 
-// EventInstanceFailing records that an instance failed and runs its
-// onFailure steps before it ends failed.
+// EventInstanceFailing records that an instance failed and, before it
+// ends failed, lets its running main steps finish their attempts and runs
+// its onFailure steps.
 const EventInstanceFailing EventType = "instance.failing"
 
 // WorkflowTimeoutError is the error of an instance that ran longer than
@@ -37,8 +40,13 @@ type TimeoutStore interface {
 	// the plan fails it or records its Failure (cancelling its unfinished
 	// steps, running ones included: their claims go stale); a plan that
 	// does neither is overruled, the instance failed with
-	// WorkflowTimeoutError. An instance whose Failure is recorded has no
-	// deadline any more. It returns how many instances it expired.
+	// WorkflowTimeoutError. A failing instance (its Failure recorded)
+	// keeps its deadline only while main steps still run an attempt (see
+	// Plan.Failure): when it passes, the store cancels those steps (their
+	// claims go stale; their events say WorkflowTimeoutError), clears the
+	// deadline, and plans the instance with TimedOut set and its Failure
+	// kept, so that its onFailure steps run or it fails with its
+	// Failure's error. It returns how many instances it expired.
 	// NextWake counts these deadlines too.
 	ExpireInstances(ctx context.Context, limit int, plan PlanFunc) (int, error)
 }

@@ -291,7 +291,9 @@ type Outcome int
 const (
 	// OutcomeCompleted records Output and lets dependents proceed.
 	OutcomeCompleted Outcome = iota + 1
-	// OutcomeRetry records Error and makes the step pending again at RunAfter.
+	// OutcomeRetry records Error and makes the step pending again at
+	// RunAfter; for a main step of a failing instance (see Plan.Failure)
+	// it is the step's terminal failure instead.
 	OutcomeRetry
 	// OutcomeFailed records Error as the step's terminal failure.
 	OutcomeFailed
@@ -393,10 +395,23 @@ type Plan struct {
 	// that is not finished always belongs to an unfinished instance.
 	Instance *InstanceChange
 	// Failure, when non-nil (with Instance nil), records that the
-	// instance failed while it has onFailure steps to run: the store
-	// keeps the Failure on the instance, clears its deadline, and cancels
-	// its unfinished main steps, running ones included (their claims go
-	// stale), after applying Steps, which may make onFailure steps ready.
+	// instance failed while it has onFailure steps to run, or while other
+	// main steps run an attempt: the store keeps the Failure on the
+	// instance (which is failing: running, Instance.Failing) and, after
+	// applying Steps, which may make onFailure steps ready, cancels its
+	// unfinished main steps (blocked, pending, waiting, and running
+	// forEach steps with their items and workflow steps with their
+	// children) but for the running steps that run an attempt (neither
+	// forEach nor workflow steps): in-flight work is not aborted halfway.
+	// Their attempts finish and are recorded as they end: a completion
+	// completes the step, a failure fails it for good (a retry's, or an
+	// expired lease's, with attempts left too: nothing new starts in an
+	// instance that failed), and the instance is planned again after each
+	// (with its Failure set); a snooze or a release puts it back pending,
+	// to run to its end as well. The instance keeps its deadline while
+	// such a step runs or is pending, and has none after. When the
+	// instance timed out (InstanceState.TimedOut), the running ones are
+	// cancelled too (their claims go stale), and it has no deadline.
 	// The instance stays running until a later plan finishes it.
 	Failure *Failure
 	// Deferred, for an InstanceState with Deferred set, tells that the
@@ -496,7 +511,9 @@ type Instance struct {
 	Timeout  time.Duration
 	Deadline *time.Time
 	// FailedStep is the step whose failure failed the instance ("" when
-	// none did), and Failing tells that its onFailure steps are running.
+	// none did), and Failing tells that it failed but has not ended yet:
+	// its running main steps finish their attempts, then its onFailure
+	// steps run (see Plan.Failure).
 	FailedStep string
 	Failing    bool
 	CreatedAt  time.Time
@@ -863,8 +880,9 @@ type Store interface {
 
 	// RecoverExpired takes back up to limit running steps whose lease ended
 	// before now: each counts as a failed attempt, pending again after its
-	// retry delay, or failed for good when attempts are exhausted (then plan
-	// is called for the instance). It returns how many it recovered.
+	// retry delay, or failed for good when attempts are exhausted or it is
+	// a main step of a failing instance (see Plan.Failure); then plan is
+	// called for the instance. It returns how many it recovered.
 	RecoverExpired(ctx context.Context, limit int, plan PlanFunc) (int, error)
 
 	// CancelInstance cancels an unfinished instance and its unfinished steps

@@ -456,6 +456,11 @@ func (s *Store) ExtendLeases(ctx context.Context, claims []storage.Claim, lease 
 const (
 	requeueStatus     = `CASE WHEN i.finished_at IS NULL THEN 'pending' ELSE 'cancelled' END`
 	requeueFinishedAt = `CASE WHEN i.finished_at IS NULL THEN NULL ELSE {now} END`
+	// failingMainSQL tells a main step (s) of a failing instance (i, not
+	// finished: see storage.Plan.Failure): a failed attempt of it with
+	// attempts left (a retry, an expired lease) fails it for good, as
+	// nothing new starts in an instance that failed.
+	failingMainSQL = `(i.failing AND i.finished_at IS NULL AND s.parent_id IS NULL AND NOT s.on_failure)`
 	// heldSQL is added to the run_after of a step made pending: a paused
 	// instance's steps are held back (see storage.PauseShiftMicros, which
 	// a test checks this equals).

@@ -9,40 +9,62 @@ import (
 	"github.com/dagrun/dagrun/storage"
 )
 
-// failureChanges holds the Failures plans recorded, as parallel arrays.
+// failureChanges holds the Failures plans recorded, as parallel arrays;
+// stop tells a timed-out instance, whose running attempts are cancelled
+// too.
 type failureChanges struct {
 	ids, errors, steps []string
+	stop               []bool
 }
 
 // add records f for l's instance and updates l's state as the store will
-// leave it: its unfinished main steps cancelled.
+// leave it: its unfinished main steps cancelled, but for the running
+// ones when the instance did not time out (a forEach or workflow step
+// among them is cancelled all the same, which the state does not show:
+// the plan tells those apart by its definition).
 func (c *failureChanges) add(l *loaded, f *storage.Failure) {
 	if f == nil {
 		return
 	}
+	stop := l.state.TimedOut > 0
 	c.ids = append(c.ids, l.state.ID)
 	c.errors = append(c.errors, f.Error)
 	c.steps = append(c.steps, f.Step)
+	c.stop = append(c.stop, stop)
 	for i := range l.state.Steps {
-		if ss := &l.state.Steps[i]; !l.onFailure[i] && !ss.Status.Finished() {
-			ss.Status = storage.StepCancelled
+		ss := &l.state.Steps[i]
+		if l.onFailure[i] || ss.Status.Finished() || !stop && ss.Status == storage.StepRunning {
+			continue
 		}
+		ss.Status = storage.StepCancelled
 	}
 	l.state.Failure = f
 }
 
+// inFlightMainSQL tells a main step (s, item_index -1) that runs an
+// attempt: running with a lease, neither a forEach step (its items run)
+// nor a workflow step (its child runs), or pending again after a snooze
+// or a release while its instance is failing.
+const inFlightMainSQL = `((s.status = 'running' AND NOT s.for_each AND s.child_workflow = '' OR s.status = 'pending') AND NOT s.on_failure)`
+
 // recordFailuresSQL keeps the failures on their instances (which stay
-// running, without a deadline) and cancels their unfinished main steps
-// and the items of those, running ones included, with the events of both.
-// The onFailure steps, and their items, are left alone.
+// running, failing) and cancels their unfinished main steps and the items
+// of those, with the events of both; but for the running attempts of
+// plain steps when a step failed (x.stop false: not a timeout), which
+// finish (in-flight work is not aborted halfway), the instance keeping
+// its deadline until they end. The onFailure steps, and their items, are
+// left alone.
 const recordFailuresSQL = `
 WITH x AS (
-	SELECT * FROM unnest($2::text[], $3::text[], $4::text[]) AS x(id, error, step)
+	SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::bool[]) AS x(id, error, step, stop)
 ),
 i AS (
-	UPDATE {s}instances i SET failing = true, error = x.error, failed_step = x.step, deadline = NULL
+	UPDATE {s}instances i SET failing = true, error = x.error, failed_step = x.step,
+		deadline = CASE WHEN x.stop OR NOT EXISTS (
+			SELECT 1 FROM {s}steps s WHERE s.instance_id = i.id AND s.item_index = -1 AND ` + inFlightMainSQL + `)
+			THEN NULL ELSE i.deadline END
 	FROM x WHERE i.id = x.id AND i.status IN ('pending', 'running')
-	RETURNING i.id, i.error
+	RETURNING i.id, i.error, x.stop
 ),
 c AS (
 	UPDATE {s}steps s SET status = 'cancelled', finished_at = {now}, lease_until = NULL, deadline = NULL
@@ -50,6 +72,7 @@ c AS (
 	WHERE s.instance_id = i.id AND s.status IN ('blocked', 'pending', 'running', 'waiting') AND NOT s.on_failure
 		AND (s.parent_id IS NULL OR s.parent_id NOT IN (
 			SELECT f.id FROM {s}steps f WHERE f.instance_id = i.id AND f.item_index = -1 AND f.on_failure))
+		AND (i.stop OR s.parent_id IS NOT NULL OR NOT (s.status = 'running' AND NOT s.for_each AND s.child_workflow = ''))
 	RETURNING s.instance_id, s.name, s.attempts, s.position, s.item_index, i.error
 ),
 ev AS (
@@ -65,7 +88,7 @@ FROM ev ORDER BY ev.instance_id, ev.ord, ev.position`
 // queueFailures queues the recording of the failures on the tail.
 func (s *Store) queueFailures(st *txState, now *time.Time, c *failureChanges) {
 	if len(c.ids) > 0 {
-		st.tail.Queue(s.q(recordFailuresSQL), now, c.ids, c.errors, c.steps)
+		st.tail.Queue(s.q(recordFailuresSQL), now, c.ids, c.errors, c.steps, c.stop)
 	}
 }
 
@@ -118,13 +141,23 @@ func (s *Store) ExpireInstances(ctx context.Context, limit int, plan storage.Pla
 		for _, id := range ids {
 			// Locked now: another process may have finished it, or
 			// recorded its failure, since the query.
-			if l := ls[id]; l != nil && l.state.Status == storage.InstanceRunning && l.state.Failure == nil {
+			if l := ls[id]; l != nil && l.state.Status == storage.InstanceRunning {
 				l.state.TimedOut = time.Duration(l.timeout) * time.Microsecond
 				expired = append(expired, l)
 				// Its running steps are cancelled: lock them in id order,
 				// as a cancel does, so as not to deadlock with a
 				// heartbeat or a finish.
 				b.Queue(s.q(lockUnfinishedStepsSQL), id)
+				if l.state.Failure != nil {
+					// Failing, it waited for the attempts of its main
+					// steps: its timeout stops them, then the plan goes on.
+					b.Queue(s.q(stopFailingSQL), now, id, storage.WorkflowTimeoutError(l.state.TimedOut))
+					for i := range l.state.Steps {
+						if ss := &l.state.Steps[i]; !l.onFailure[i] && (ss.Status == storage.StepRunning || ss.Status == storage.StepPending) {
+							ss.Status = storage.StepCancelled
+						}
+					}
+				}
 			}
 		}
 		if len(expired) == 0 {
@@ -136,6 +169,27 @@ func (s *Store) ExpireInstances(ctx context.Context, limit int, plan storage.Pla
 		return len(expired), s.planAndApply(st, now, expired, checkedTimeout(plan))
 	})
 }
+
+// stopFailingSQL cancels the main steps of a failing instance ($2) that
+// still run an attempt, its workflow timeout having passed ($3 the
+// error), and clears its deadline.
+const stopFailingSQL = `
+WITH i AS (
+	UPDATE {s}instances SET deadline = NULL WHERE id = $2
+),
+c AS (
+	UPDATE {s}steps s SET status = 'cancelled', finished_at = {now}, lease_until = NULL, deadline = NULL
+	WHERE s.instance_id = $2 AND s.item_index = -1 AND ` + inFlightMainSQL + `
+	RETURNING s.name, s.attempts, s.position
+)
+INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
+SELECT $2, c.name, 'step.cancelled', c.attempts, $3, {now} FROM c ORDER BY c.position`
+
+// clearFailingDeadlineSQL clears the deadline of a failing instance ($1)
+// whose main steps run no attempt any more.
+const clearFailingDeadlineSQL = `
+UPDATE {s}instances i SET deadline = NULL WHERE i.id = $1 AND i.deadline IS NOT NULL AND NOT EXISTS (
+	SELECT 1 FROM {s}steps s WHERE s.instance_id = $1 AND s.item_index = -1 AND ` + inFlightMainSQL + `)`
 
 // checkedTimeout wraps plan so that a timed-out instance always ends or
 // records its failure: a plan that does neither is overruled.

@@ -37,14 +37,15 @@ l AS MATERIALIZED (
 ),
 u AS (
 	UPDATE {s}steps s SET
-		status = CASE r.outcome WHEN 1 THEN 'completed' WHEN 3 THEN 'failed' ELSE ` + requeueStatus + ` END,
+		status = CASE WHEN r.outcome = 1 THEN 'completed' WHEN r.outcome = 3 OR r.outcome = 2 AND ` + failingMainSQL + ` THEN 'failed'
+			ELSE ` + requeueStatus + ` END,
 		output = CASE WHEN r.outcome = 1 THEN r.output ELSE s.output END,
 		error = CASE r.outcome WHEN 1 THEN '' WHEN 4 THEN s.error ELSE r.error END,
 		attempts = CASE WHEN r.outcome = 4 THEN s.attempts - 1 ELSE s.attempts END,
 		run_after = CASE WHEN r.outcome IN (2, 4) THEN greatest({now} + r.delay_us * interval '1 microsecond', r.run_after) + ` + heldSQL + `
 			ELSE s.run_after END,
 		ready_at = CASE WHEN r.outcome IN (2, 4) THEN {now} ELSE s.ready_at END,
-		finished_at = CASE WHEN r.outcome IN (1, 3) THEN {now} ELSE ` + requeueFinishedAt + ` END,
+		finished_at = CASE WHEN r.outcome IN (1, 3) OR r.outcome = 2 AND ` + failingMainSQL + ` THEN {now} ELSE ` + requeueFinishedAt + ` END,
 		lease_until = NULL,
 		worker_id = CASE WHEN r.outcome IN (2, 4) THEN '' ELSE s.worker_id END
 	FROM r, l, {s}instances i
@@ -56,7 +57,7 @@ u AS (
 ev AS (
 	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
 	SELECT instance_id, name,
-		CASE WHEN status = 'cancelled' THEN 'step.cancelled'
+		CASE WHEN status = 'cancelled' THEN 'step.cancelled' WHEN status = 'failed' THEN 'step.failed'
 			ELSE (ARRAY['step.completed', 'step.retrying', 'step.failed', 'step.snoozed'])[outcome] END,
 		CASE WHEN outcome = 4 THEN attempts + 1 ELSE attempts END,
 		CASE WHEN status = 'cancelled' THEN 'instance already finished'
@@ -402,11 +403,11 @@ l AS MATERIALIZED (
 ),
 u AS (
 	UPDATE {s}steps s SET
-		status = CASE WHEN r.terminal THEN 'failed' ELSE ` + requeueStatus + ` END,
+		status = CASE WHEN r.terminal OR ` + failingMainSQL + ` THEN 'failed' ELSE ` + requeueStatus + ` END,
 		error = r.message,
 		run_after = CASE WHEN r.terminal THEN s.run_after ELSE {now} + r.delay_us * interval '1 microsecond' + ` + heldSQL + ` END,
 		ready_at = CASE WHEN r.terminal THEN s.ready_at ELSE {now} END,
-		finished_at = CASE WHEN r.terminal THEN {now} ELSE ` + requeueFinishedAt + ` END,
+		finished_at = CASE WHEN r.terminal OR ` + failingMainSQL + ` THEN {now} ELSE ` + requeueFinishedAt + ` END,
 		lease_until = NULL,
 		worker_id = CASE WHEN r.terminal THEN s.worker_id ELSE '' END
 	FROM r, l, {s}instances i

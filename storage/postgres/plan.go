@@ -338,6 +338,11 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 		if l.state.Status.Finished() {
 			continue // nothing can become ready in it
 		}
+		if l.state.Failure != nil && l.state.TimedOut == 0 {
+			// A failing instance keeps its deadline while its main steps
+			// run an attempt, no longer.
+			st.tail.Queue(s.q(clearFailingDeadlineSQL), l.state.ID)
+		}
 		// A wait step that becomes ready and finds its signal completes
 		// at once (see stepChanges.add): plan again for its dependents.
 		// Each round completes steps, so this ends.

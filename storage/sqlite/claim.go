@@ -434,13 +434,25 @@ const (
 	// requeueHeld is added to the run_after of a step put back in the
 	// queue: a paused instance's steps are held back (see
 	// storage.PauseShiftMicros).
-	requeueHeld = ` + CASE WHEN (SELECT paused FROM instances i WHERE i.id = steps.instance_id) THEN ` + pauseShift + ` ELSE 0 END`
-	pauseShift  = `315569520000000000` // storage.PauseShiftMicros, checked by a test
+	// retryStatus and retryFinishedAt are requeueStatus and
+	// requeueFinishedAt for a failed attempt with attempts left (a retry,
+	// an expired lease): a main step of a failing instance (see
+	// storage.Plan.Failure) is failed for good instead, as nothing new
+	// starts in an instance that failed.
+	retryStatus = `CASE WHEN (SELECT finished_at FROM instances i WHERE i.id = steps.instance_id) IS NOT NULL THEN 'cancelled'
+		WHEN ` + failingMain + ` THEN 'failed' ELSE 'pending' END`
+	retryFinishedAt = `CASE WHEN (SELECT finished_at FROM instances i WHERE i.id = steps.instance_id) IS NULL AND NOT ` + failingMain + ` THEN NULL ELSE ?1 END`
+	failingMain     = `(steps.parent_id IS NULL AND NOT steps.on_failure AND (SELECT failing FROM instances i WHERE i.id = steps.instance_id))`
+	requeueHeld     = ` + CASE WHEN (SELECT paused FROM instances i WHERE i.id = steps.instance_id) THEN ` + pauseShift + ` ELSE 0 END`
+	pauseShift      = `315569520000000000` // storage.PauseShiftMicros, checked by a test
 )
 
 func requeueEvent(status storage.StepStatus, pending storage.EventType) storage.EventType {
-	if status == storage.StepCancelled {
+	switch status {
+	case storage.StepCancelled:
 		return storage.EventStepCancelled
+	case storage.StepFailed:
+		return storage.EventStepFailed
 	}
 	return pending
 }

@@ -66,8 +66,15 @@ func (s *Store) sweep(ctx context.Context, op string, plan storage.PlanFunc, lim
 }
 
 // expire plans the timed-out instances, and fails the ones whose plan
-// neither failed them nor recorded their failure.
+// neither failed them nor recorded their failure. A failing instance
+// (a step failed for good while others ran an attempt) has its deadline
+// until those attempts end: its timeout cancels them first.
 func (t *txn) expire(ids []string, plan storage.PlanFunc) error {
+	// A failing instance waits for the attempts of its main steps:
+	// its timeout stops them, then the plan goes on.
+	if err := t.stopFailing(ids); err != nil {
+		return err
+	}
 	t.timedOut = make(map[string]bool, len(ids))
 	for _, id := range ids {
 		t.timedOut[id] = true
@@ -108,20 +115,26 @@ func (t *txn) expire(ids []string, plan storage.PlanFunc) error {
 }
 
 // recordFailure applies a Plan's Failure: the instance keeps its error
-// and runs its onFailure steps, its unfinished main steps (and their
-// items) are cancelled, running ones included, and it has no deadline
-// any more.
+// and runs its onFailure steps, and its unfinished main steps (and their
+// items) are cancelled, but for the running attempts of plain steps
+// (neither forEach nor workflow steps), which finish unless the instance
+// timed out: in-flight work is not aborted halfway. It has no deadline
+// any more once none of those runs (see expire).
 func (t *txn) recordFailure(l *loaded, f *storage.Failure) error {
 	id := l.state.ID
 	now := us(t.now)
-	if _, err := t.exec(`UPDATE instances SET failing = 1, error = ?, failed_step = ?, deadline = NULL WHERE id = ?`,
-		f.Error, f.Step, id); err != nil {
+	stop := t.timedOut[id]
+	if _, err := t.exec(`UPDATE instances SET failing = 1, error = ?1, failed_step = ?2,
+			deadline = CASE WHEN ?4 OR NOT EXISTS (SELECT 1 FROM steps WHERE instance_id = ?3 AND item_index = -1 AND `+inFlightMain+`)
+				THEN NULL ELSE deadline END
+		WHERE id = ?3`, f.Error, f.Step, id, stop); err != nil {
 		return err
 	}
 	rows, err := t.query(`UPDATE steps SET status = 'cancelled', finished_at = ?1, lease_until = NULL, deadline = NULL
 		WHERE instance_id = ?2 AND status IN ('blocked', 'pending', 'running', 'waiting') AND on_failure = 0
 			AND (parent_id IS NULL OR parent_id NOT IN (SELECT id FROM steps WHERE instance_id = ?2 AND item_index = -1 AND on_failure))
-		RETURNING name, attempts, item_index`, now, id)
+			AND (?3 OR parent_id IS NOT NULL OR NOT (`+inFlightMain+`))
+		RETURNING name, attempts, item_index`, now, id, stop)
 	if err != nil {
 		return err
 	}
@@ -145,6 +158,63 @@ func (t *txn) recordFailure(l *loaded, f *storage.Failure) error {
 	}
 	t.event(id, "", storage.EventInstanceFailing, 0, f.Error)
 	l.state.Failure = f
+	return nil
+}
+
+// inFlightMain tells a main step (of the row's instance, item_index -1)
+// that runs an attempt: running with a lease, neither a forEach step
+// (its items run) nor a workflow step (its child runs), or pending again
+// after a snooze or a release while its instance is failing.
+const inFlightMain = `(status = 'running' AND for_each = 0 AND child_workflow = '' OR status = 'pending') AND NOT on_failure`
+
+// stopFailing cancels the main steps of failing instances (among ids)
+// that still run an attempt, as their workflow timeout passed; the
+// instances have no deadline any more.
+func (t *txn) stopFailing(ids []string) error {
+	idsJSON, err := json.Marshal(ids)
+	if err != nil {
+		return err
+	}
+	rows, err := t.query(`UPDATE instances SET deadline = NULL
+		WHERE id IN (SELECT value FROM json_each(?)) AND status = 'running' AND failing
+		RETURNING id, timeout_us`, string(idsJSON))
+	if err != nil {
+		return err
+	}
+	failing := map[string]int64{}
+	if err := eachRow(rows, func(sc scanner) error {
+		var (
+			id      string
+			timeout int64
+		)
+		err := sc.Scan(&id, &timeout)
+		failing[id] = timeout
+		return err
+	}); err != nil {
+		return err
+	}
+	for id, timeout := range failing {
+		msg := storage.WorkflowTimeoutError(time.Duration(timeout) * time.Microsecond)
+		rows, err := t.query(`UPDATE steps SET status = 'cancelled', finished_at = ?1, lease_until = NULL, deadline = NULL
+			WHERE instance_id = ?2 AND item_index = -1 AND `+inFlightMain+`
+			RETURNING name, attempts`, us(t.now), id)
+		if err != nil {
+			return err
+		}
+		if err := eachRow(rows, func(sc scanner) error {
+			var (
+				name     string
+				attempts int
+			)
+			if err := sc.Scan(&name, &attempts); err != nil {
+				return err
+			}
+			t.event(id, name, storage.EventStepCancelled, attempts, msg)
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

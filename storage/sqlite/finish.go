@@ -270,7 +270,7 @@ func (t *txn) finish(r *storage.StepResult) (string, int64, storage.StepStatus, 
 			lease_until = NULL `+held, now, c.StepID, c.Fence, r.Error)
 	case storage.OutcomeRetry:
 		typ = storage.EventStepRetrying
-		row = t.queryRow(`UPDATE steps SET status = `+requeueStatus+`, finished_at = `+requeueFinishedAt+`,
+		row = t.queryRow(`UPDATE steps SET status = `+retryStatus+`, finished_at = `+retryFinishedAt+`,
 			error = ?4, run_after = ?5`+requeueHeld+`, ready_at = ?1, lease_until = NULL, worker_id = '' `+held,
 			now, c.StepID, c.Fence, r.Error, max(now+r.Delay.Microseconds(), us(r.RunAfter)))
 	case storage.OutcomeSnooze:
@@ -294,8 +294,11 @@ func (t *txn) finish(r *storage.StepResult) (string, int64, storage.StepStatus, 
 	} else if err != nil {
 		return "", 0, "", err
 	}
-	if status == storage.StepCancelled {
+	switch {
+	case status == storage.StepCancelled:
 		typ, msg = storage.EventStepCancelled, "instance already finished"
+	case status == storage.StepFailed && r.Outcome == storage.OutcomeRetry:
+		typ = storage.EventStepFailed // its instance is failing: no retry
 	}
 	attempt := attempts
 	if r.Outcome == storage.OutcomeSnooze {
@@ -380,13 +383,16 @@ func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.Plan
 			}
 			runAfter := us(t.now.Add(policy.Delay(e.attempts, rand.Float64())))
 			var status storage.StepStatus
-			if err := t.queryRow(`UPDATE steps SET status = `+requeueStatus+`, finished_at = `+requeueFinishedAt+`,
+			if err := t.queryRow(`UPDATE steps SET status = `+retryStatus+`, finished_at = `+retryFinishedAt+`,
 				error = ?2, run_after = ?3`+requeueHeld+`, ready_at = ?1, lease_until = NULL, worker_id = '' WHERE id = ?4 RETURNING status`,
 				now, msg, runAfter, e.id).Scan(&status); err != nil {
 				return err
 			}
 			if !item {
 				t.event(e.instanceID, e.name, requeueEvent(status, storage.EventStepRetrying), e.attempts, msg)
+			}
+			if status == storage.StepFailed && !slices.Contains(failed, e.instanceID) {
+				failed = append(failed, e.instanceID) // its instance is failing: no retry
 			}
 		}
 		settled, err := t.settleItems(parents)

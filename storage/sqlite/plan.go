@@ -115,6 +115,13 @@ func (t *txn) plan(ids []string, plan storage.PlanFunc) error {
 		}
 		if t.timedOut[id] {
 			l.state.TimedOut = time.Duration(l.timeout) * time.Microsecond
+		} else if l.state.Failure != nil {
+			// A failing instance keeps its deadline while its main steps
+			// run an attempt, no longer.
+			if _, err := t.exec(`UPDATE instances SET deadline = NULL WHERE id = ?1 AND deadline IS NOT NULL
+				AND NOT EXISTS (SELECT 1 FROM steps WHERE instance_id = ?1 AND item_index = -1 AND `+inFlightMain+`)`, id); err != nil {
+				return err
+			}
 		}
 		p, err := plan(&l.state)
 		if err != nil {

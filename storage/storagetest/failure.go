@@ -26,21 +26,32 @@ func onFailureSpec(name string, deps ...string) storage.StepSpec {
 // timeout fails the instance: its failure is recorded and the onFailure
 // steps run (pending with Plan's input once their dependencies
 // completed); when none is left to run it fails with the recorded
-// error. A completed instance skips them.
+// error. A completed instance skips them. A step's failure while main
+// steps run an attempt (every running main step does here: there are no
+// forEach or workflow steps) is recorded even without onFailure steps,
+// and the onFailure steps wait, as the instance does, until no main step
+// runs or is pending any more (a timeout cancels them).
 func FailurePlan(st *storage.InstanceState) (*storage.Plan, error) {
 	main, onFail := *st, *st
 	main.Steps, onFail.Steps = nil, nil
+	inFlight := false
 	for _, s := range st.Steps {
 		if strings.HasPrefix(s.Name, "onfail") {
 			onFail.Steps = append(onFail.Steps, s)
 		} else {
 			main.Steps = append(main.Steps, s)
+			if st.TimedOut == 0 && (s.Status == storage.StepRunning || st.Failure != nil && s.Status == storage.StepPending) {
+				inFlight = true
+			}
 		}
 	}
 	p := &storage.Plan{}
 	failure := st.Failure
 	switch {
 	case failure != nil:
+		if inFlight {
+			return p, nil
+		}
 	case st.TimedOut > 0:
 		failure = &storage.Failure{Error: storage.WorkflowTimeoutError(st.TimedOut)}
 		p.Failure = failure
@@ -57,7 +68,7 @@ func FailurePlan(st *storage.InstanceState) (*storage.Plan, error) {
 			}
 		}
 		ic := p.Instance
-		if ic == nil || len(onFail.Steps) == 0 {
+		if ic == nil || len(onFail.Steps) == 0 && (ic.Status == storage.InstanceCompleted || !inFlight) {
 			return p, nil
 		}
 		if ic.Status == storage.InstanceCompleted {
@@ -70,6 +81,9 @@ func FailurePlan(st *storage.InstanceState) (*storage.Plan, error) {
 			failure = &storage.Failure{Error: ic.Error, Step: strings.TrimSuffix(strings.TrimPrefix(ic.Error, "step "), " failed")}
 		}
 		p.Instance, p.Failure = nil, failure
+		if inFlight {
+			return p, nil
+		}
 	}
 	op, err := Plan(&onFail)
 	if err != nil {
@@ -140,9 +154,9 @@ var failureTests = map[string]func(*testing.T, *Harness){
 		require.True(t, in.Failing)
 		require.Equal(t, "step a failed", in.Error)
 		require.Equal(t, "a", in.FailedStep)
-		require.Equal(t, storage.StepCancelled, step(t, in, "b").Status, "running main steps are cancelled")
+		require.Equal(t, storage.StepRunning, step(t, in, "b").Status, "a running main step finishes its attempt")
 		require.Equal(t, storage.StepCancelled, step(t, in, "c").Status)
-		require.Equal(t, storage.StepPending, step(t, in, "onfail-x").Status)
+		require.Equal(t, storage.StepBlocked, step(t, in, "onfail-x").Status, "onFailure steps wait for the running ones")
 		require.True(t, step(t, in, "onfail-x").OnFailure)
 		require.False(t, step(t, in, "a").OnFailure)
 		require.Len(t, events(in, "", storage.EventInstanceFailing), 1)
@@ -151,8 +165,15 @@ var failureTests = map[string]func(*testing.T, *Harness){
 
 		lost, err := b.store.ExtendLeases(b.ctx, []storage.Claim{cb.Claim}, time.Minute)
 		require.NoError(t, err)
-		require.Equal(t, []storage.Claim{cb.Claim}, lost, "the cancelled step's claim is stale")
-		require.Equal(t, []storage.FinishResult{{Cancelled: true}}, b.finishFailing(completed(cb.Claim, `1`)))
+		require.Empty(t, lost, "the running step's claim holds")
+		require.Equal(t, []storage.FinishResult{{Accepted: true}}, b.finishFailing(completed(cb.Claim, `1`)))
+		in = b.get(id)
+		require.Equal(t, storage.InstanceRunning, in.Status)
+		require.True(t, in.Failing)
+		require.Equal(t, storage.StepCompleted, step(t, in, "b").Status)
+		require.JSONEq(t, `1`, string(step(t, in, "b").Output))
+		require.Equal(t, storage.StepCancelled, step(t, in, "c").Status, "nothing new starts")
+		require.Equal(t, storage.StepPending, step(t, in, "onfail-x").Status)
 
 		// An onFailure step's own failure does not change the outcome;
 		// the one it blocks is cancelled with the instance.
@@ -170,6 +191,107 @@ var failureTests = map[string]func(*testing.T, *Harness){
 			names[i] = s.Name
 		}
 		require.Equal(t, []string{"a", "b", "c", "onfail-x", "onfail-y"}, names, "onFailure steps come after the others")
+	},
+	"RunningStepOfAFailingInstanceIsNotRetried": func(t *testing.T, h *Harness) {
+		// No onFailure steps: the failure is recorded all the same while
+		// b runs, and the instance fails once b's attempt ended.
+		b := h.setup(t)
+		id := b.createFailing(failureParams(0, spec("a"), spec("b"), spec("c", "b")))
+		ca, cb := b.claimStep(id, "a"), b.claimStep(id, "b")
+		b.finishFailing(failedFor(ca.Claim, "boom"))
+		in := b.get(id)
+		require.Equal(t, storage.InstanceRunning, in.Status)
+		require.True(t, in.Failing)
+		require.Equal(t, storage.StepCancelled, step(t, in, "c").Status)
+		require.Equal(t, []storage.FinishResult{{Accepted: true}}, b.finishFailing(storage.StepResult{
+			Claim: cb.Claim, Outcome: storage.OutcomeRetry, Error: "flaky", RunAfter: b.now()}))
+		in = b.get(id)
+		require.Equal(t, storage.InstanceFailed, in.Status)
+		require.Equal(t, "step a failed", in.Error, "the first failure's error")
+		require.Equal(t, "a", in.FailedStep)
+		require.False(t, in.Failing)
+		st := step(t, in, "b")
+		require.Equal(t, storage.StepFailed, st.Status, "failed for good: attempts were left, but the instance fails")
+		require.Equal(t, "flaky", st.Error)
+		require.Equal(t, 1, st.Attempts)
+		require.NotNil(t, st.FinishedAt)
+		require.Len(t, events(in, "b", storage.EventStepFailed), 1)
+		require.Empty(t, events(in, "b", storage.EventStepRetrying))
+		require.Empty(t, b.claim(storage.ClaimParams{InstanceID: id, Queues: []string{"q.b"}, Limit: 10}))
+	},
+	"LostAttemptOfAFailingInstanceIsNotRetried": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createFailing(failureParams(0, spec("a"), spec("b"), onFailureSpec("onfail-x")))
+		ca := b.claimStep(id, "a")
+		b.claim(storage.ClaimParams{InstanceID: id, Queues: []string{"q.b"}, Limit: 1, Lease: time.Second})
+		b.finishFailing(failedFor(ca.Claim, "boom"))
+		require.Equal(t, storage.StepBlocked, b.status(id, "onfail-x"))
+		b.clock.Advance(2 * time.Second)
+		n, err := b.store.RecoverExpired(b.ctx, 10, FailurePlan)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		in := b.get(id)
+		require.Equal(t, storage.InstanceRunning, in.Status)
+		require.Equal(t, storage.StepFailed, step(t, in, "b").Status, "its lost attempt fails it for good")
+		require.Contains(t, step(t, in, "b").Error, "lease expired")
+		require.Equal(t, storage.StepPending, step(t, in, "onfail-x").Status)
+		b.completeFailing(id, "onfail-x", `1`)
+		in = b.get(id)
+		require.Equal(t, storage.InstanceFailed, in.Status)
+		require.Equal(t, "step a failed", in.Error)
+	},
+	"TimeoutOfAFailingInstanceCancelsItsRunningSteps": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createFailing(failureParams(time.Minute, spec("a"), spec("b"), onFailureSpec("onfail-x")))
+		ca, cb := b.claimStep(id, "a"), b.claimStep(id, "b")
+		b.finishFailing(failedFor(ca.Claim, "boom"))
+		in := b.get(id)
+		require.True(t, in.Failing)
+		require.NotNil(t, in.Deadline, "the timeout holds while main steps run")
+		b.clock.Advance(time.Minute)
+		require.Equal(t, 1, b.expire())
+		in = b.get(id)
+		require.Equal(t, storage.InstanceRunning, in.Status)
+		require.True(t, in.Failing)
+		require.Equal(t, "step a failed", in.Error, "the first failure's error stays")
+		require.Nil(t, in.Deadline, "the onFailure steps run without the workflow timeout")
+		require.Equal(t, storage.StepCancelled, step(t, in, "b").Status)
+		require.Equal(t, "workflow timed out after 1m", events(in, "b", storage.EventStepCancelled)[0].Message)
+		require.Equal(t, storage.StepPending, step(t, in, "onfail-x").Status)
+		lost, err := b.store.ExtendLeases(b.ctx, []storage.Claim{cb.Claim}, time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, []storage.Claim{cb.Claim}, lost, "the cancelled step's claim is stale")
+		require.Equal(t, []storage.FinishResult{{Cancelled: true}}, b.finishFailing(completed(cb.Claim, `1`)))
+		require.Zero(t, b.expire())
+		b.completeFailing(id, "onfail-x", `1`)
+		in = b.get(id)
+		require.Equal(t, storage.InstanceFailed, in.Status)
+		require.Equal(t, "step a failed", in.Error)
+	},
+	"FailingInstanceLosesItsDeadlineOnceItsStepsEnded": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createFailing(failureParams(time.Minute, spec("a"), spec("b"), onFailureSpec("onfail-x")))
+		ca, cb := b.claimStep(id, "a"), b.claimStep(id, "b")
+		b.finishFailing(failedFor(ca.Claim, "boom"))
+		require.NotNil(t, b.get(id).Deadline)
+		b.finishFailing(completed(cb.Claim, `1`))
+		in := b.get(id)
+		require.Nil(t, in.Deadline, "the onFailure steps run without the workflow timeout")
+		require.Equal(t, storage.StepPending, step(t, in, "onfail-x").Status)
+		b.clock.Advance(time.Hour)
+		require.Zero(t, b.expire())
+	},
+	"CancelOfAFailingInstanceCancelsItsRunningSteps": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createFailing(failureParams(0, spec("a"), spec("b"), onFailureSpec("onfail-x")))
+		ca, cb := b.claimStep(id, "a"), b.claimStep(id, "b")
+		b.finishFailing(failedFor(ca.Claim, "boom"))
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "cancelled by request", FailurePlan))
+		in := b.get(id)
+		require.Equal(t, storage.InstanceCancelled, in.Status)
+		require.Equal(t, storage.StepCancelled, step(t, in, "b").Status)
+		require.Equal(t, storage.StepCancelled, step(t, in, "onfail-x").Status)
+		require.Equal(t, []storage.FinishResult{{Cancelled: true}}, b.finishFailing(completed(cb.Claim, `1`)))
 	},
 	"RepairsRearmTheOnFailureSteps": func(t *testing.T, h *Harness) {
 		// Retry from a step and a skip revive a failed instance: its
