@@ -174,11 +174,13 @@ func (r *finishRecorder) recordFailing(state *storage.InstanceState) {
 		return // the plan just read it; the heartbeat stops them anyway
 	}
 	main := make(map[string]bool, len(w.Steps))
-	for _, s := range w.Steps {
+	orphaned := false
+	for i, s := range w.Steps {
 		if state.TimedOut == 0 && runsAttempt(s) {
 			continue
 		}
 		main[s.Name] = true
+		orphaned = orphaned || s.Workflow != "" && i < len(state.Steps) && state.Steps[i].Status == storage.StepRunning
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -186,6 +188,12 @@ func (r *finishRecorder) recordFailing(state *storage.InstanceState) {
 		r.failing = map[string]map[string]bool{}
 	}
 	r.failing[state.ID] = main
+	if orphaned {
+		if r.orphaned == nil {
+			r.orphaned = map[string]bool{}
+		}
+		r.orphaned[state.ID] = true
+	}
 }
 
 // stopFailing stops this process's handlers of the main steps the
@@ -199,8 +207,37 @@ func (r *finishRecorder) stopFailing() {
 		for _, w := range workers {
 			w.stopSteps(id, main)
 		}
+		if r.orphaned[id] {
+			r.engine.stopCancelledChildren(context.Background(), id)
+		}
 	}
-	r.failing = nil
+	r.failing, r.orphaned = nil, nil
+}
+
+// stopCancelledChildren stops this process's handlers of the children of
+// a failing instance that its recorded failure cancelled with their
+// workflow steps, and of their descendants; the children of its onFailure
+// steps run on.
+func (e *Engine) stopCancelledChildren(ctx context.Context, id string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	before := ""
+	for {
+		page, err := e.store.ListInstances(ctx, storage.ListParams{Parent: id, BeforeID: before, Limit: MaxListLimit})
+		if err != nil {
+			e.logger.Warn("dagrun: list child instances to stop their handlers", "instance", id, "error", err)
+			return
+		}
+		for _, in := range page {
+			if in.Status.Finished() {
+				e.stopLocalTree(ctx, in.ID)
+			}
+		}
+		if len(page) < MaxListLimit {
+			return
+		}
+		before = page[len(page)-1].ID
+	}
 }
 
 // stopSteps stops the running handlers of the named steps of an instance.

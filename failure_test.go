@@ -533,3 +533,62 @@ func TestARunningSiblingThatFailsIsNotRetriedWhileTheInstanceFails(t *testing.T)
 		require.Len(t, h.started, 0, "started once")
 	})
 }
+
+// A workflow step is no attempt: its child is cancelled when a sibling
+// fails for good, while a running handler finishes its attempt.
+func TestAFailureCancelsTheChildOfARunningWorkflowStep(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		registry, h := holdRegistry(t, nil)
+		childStarted, childStopped := make(chan struct{}), make(chan struct{})
+		registry.Register("forever", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
+			close(childStarted)
+			<-ctx.Done()
+			close(childStopped)
+			return nil, ctx.Err()
+		})
+		registry.Register("late", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
+			<-childStarted
+			<-h.started
+			return nil, handlers.Permanent(errors.New("card declined"))
+		})
+		b := setup(t, open, registry, `
+name: parent
+steps:
+  - name: quick
+    handler: late
+  - name: slow
+    handler: hold
+  - name: sub
+    workflow: child
+`, `
+name: child
+steps:
+  - name: work
+    handler: forever
+`)
+		b.runWorker(t, nil)
+		id := b.start(t, "parent", `{}`)
+		select {
+		case <-childStopped:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the child's handler was not stopped")
+		}
+		inst, err := b.engine.Get(context.Background(), id)
+		require.NoError(t, err)
+		require.Equal(t, storage.InstanceRunning, inst.Status)
+		require.True(t, inst.Failing)
+		require.Equal(t, storage.StepCancelled, step(t, inst, "sub").Status)
+		require.Equal(t, storage.StepRunning, step(t, inst, "slow").Status)
+		child, err := b.engine.Get(context.Background(), step(t, inst, "sub").Children[0])
+		require.NoError(t, err)
+		require.Equal(t, storage.InstanceCancelled, child.Status)
+		require.Equal(t, "parent instance "+id+" failed", child.Error)
+		require.False(t, h.cancelled.Load())
+		close(h.release)
+		inst = b.wait(t, id)
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, "step quick failed: card declined", inst.Error)
+		require.Equal(t, storage.StepCompleted, step(t, inst, "slow").Status)
+	})
+}

@@ -64,6 +64,9 @@ type finishRecorder struct {
 	// failing holds, per instance whose failure a plan recorded, the
 	// names of its main steps, whose handlers are to stop.
 	failing map[string]map[string]bool
+	// orphaned are the instances among failing that had a workflow step
+	// running, whose children the failure cancelled.
+	orphaned map[string]bool
 }
 
 type finishedInstance struct {
@@ -86,7 +89,7 @@ func (r *finishRecorder) attach(ctx context.Context) context.Context {
 func (r *finishRecorder) reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.ended, r.failing = nil, nil
+	r.ended, r.failing, r.orphaned = nil, nil, nil
 }
 
 func (r *finishRecorder) plan(state *storage.InstanceState) (*storage.Plan, error) {

@@ -85,11 +85,37 @@ INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
 SELECT ev.instance_id, ev.step, ev.type, ev.attempt, ev.message, {now}
 FROM ev ORDER BY ev.instance_id, ev.ord, ev.position`
 
-// queueFailures queues the recording of the failures on the tail.
+// orphansSQL finds, locked in id order, the unfinished children of the
+// workflow steps (and items) of failing instances ($1) that their
+// recorded failure cancelled.
+const orphansSQL = `
+SELECT i.id, i.parent_id FROM {s}instances i
+WHERE i.parent_id = ANY($1::text[]) AND i.finished_at IS NULL AND EXISTS (
+	SELECT 1 FROM {s}steps s WHERE s.instance_id = i.parent_id AND s.child_id = i.id AND s.status = 'cancelled')
+ORDER BY i.id FOR NO KEY UPDATE OF i`
+
+// orphan is a child instance whose workflow step a recorded failure
+// cancelled.
+type orphan struct{ id, parent string }
+
+// queueFailures queues the recording of the failures on the tail, and
+// the search for the children of the workflow steps they cancel, which
+// the follow-up cancels (see followUp): a child is no attempt to wait
+// for.
 func (s *Store) queueFailures(st *txState, now *time.Time, c *failureChanges) {
-	if len(c.ids) > 0 {
-		st.tail.Queue(s.q(recordFailuresSQL), now, c.ids, c.errors, c.steps, c.stop)
+	if len(c.ids) == 0 {
+		return
 	}
+	st.tail.Queue(s.q(recordFailuresSQL), now, c.ids, c.errors, c.steps, c.stop)
+	st.finishing = true
+	st.tail.Queue(s.q(orphansSQL), c.ids).Query(func(rows pgx.Rows) error {
+		var o orphan
+		_, err := pgx.ForEachRow(rows, []any{&o.id, &o.parent}, func() error {
+			st.orphans = append(st.orphans, o)
+			return nil
+		})
+		return err
+	})
 }
 
 // rearmFailureSQL readies a retried instance ($2) for another failure: its

@@ -566,6 +566,10 @@ type txState struct {
 	plan     storage.PlanFunc
 	starts   []childStart
 	finished []finishedInstance
+	// orphans are the unfinished children of the workflow steps (and
+	// items) a recorded failure cancelled in a failing instance, to cancel
+	// with them.
+	orphans []orphan
 	// finishing is set while the tail holds a statement that finishes
 	// instances: what it finishes may call for follow-ups.
 	finishing bool
@@ -654,7 +658,7 @@ func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel string, own *l
 			st.tail.Queue("SELECT pg_notify($1, $2)", channel, payload("", st.readyQueues))
 		}
 		if st.tail.Len() > 0 {
-			if own != nil && !st.finishing && len(st.starts) == 0 && len(st.finished) == 0 {
+			if own != nil && !st.finishing && len(st.starts) == 0 && len(st.finished) == 0 && len(st.orphans) == 0 {
 				return own.commitWith(ctx, &st.tail)
 			}
 			if err := tx.SendBatch(ctx, &st.tail).Close(); err != nil {
@@ -662,7 +666,7 @@ func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel string, own *l
 			}
 			st.tail, st.finishing = pgx.Batch{}, false
 		}
-		if len(st.starts) == 0 && len(st.finished) == 0 {
+		if len(st.starts) == 0 && len(st.finished) == 0 && len(st.orphans) == 0 {
 			return nil
 		}
 		// The follow-ups may make steps ready that an eager claim on the

@@ -171,12 +171,21 @@ RETURNING s.id, coalesce(s.parent_id, 0)`
 // queues is the next tail.
 func (s *Store) followUp(ctx context.Context, tx pgx.Tx, st *txState) error {
 	now := s.now()
-	starts, finished := st.starts, st.finished
-	st.starts, st.finished = nil, nil
+	starts, finished, orphans := st.starts, st.finished, st.orphans
+	st.starts, st.finished, st.orphans = nil, nil, nil
 	for _, c := range starts {
 		if err := s.createChildren(ctx, tx, st, now, c); err != nil {
 			return err
 		}
+	}
+	if len(orphans) > 0 {
+		ids, statuses, msgs := make([]string, len(orphans)), make([]string, len(orphans)), make([]string, len(orphans))
+		for i, o := range orphans {
+			ids[i], statuses[i] = o.id, string(storage.InstanceCancelled)
+			msgs[i] = storage.ParentFinishedMessage(o.parent, storage.InstanceFailed)
+			st.tail.Queue(s.q(lockUnfinishedStepsSQL), o.id)
+		}
+		s.queueFinish(st, now, ids, statuses, make([]json.RawMessage, len(ids)), msgs, true)
 	}
 	if len(finished) == 0 {
 		return nil

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/dagrun/dagrun/storage"
@@ -134,17 +135,22 @@ func (t *txn) recordFailure(l *loaded, f *storage.Failure) error {
 		WHERE instance_id = ?2 AND status IN ('blocked', 'pending', 'running', 'waiting') AND on_failure = 0
 			AND (parent_id IS NULL OR parent_id NOT IN (SELECT id FROM steps WHERE instance_id = ?2 AND item_index = -1 AND on_failure))
 			AND (?3 OR parent_id IS NOT NULL OR NOT (`+inFlightMain+`))
-		RETURNING name, attempts, item_index`, now, id, stop)
+		RETURNING name, attempts, item_index, child_id`, now, id, stop)
 	if err != nil {
 		return err
 	}
+	var children []string
 	if err := eachRow(rows, func(sc scanner) error {
 		var (
 			name            string
 			attempts, index int
+			child           string
 		)
-		if err := sc.Scan(&name, &attempts, &index); err != nil {
+		if err := sc.Scan(&name, &attempts, &index, &child); err != nil {
 			return err
+		}
+		if child != "" {
+			children = append(children, child)
 		}
 		if index < 0 {
 			t.event(id, name, storage.EventStepCancelled, attempts, f.Error)
@@ -158,6 +164,22 @@ func (t *txn) recordFailure(l *loaded, f *storage.Failure) error {
 	}
 	t.event(id, "", storage.EventInstanceFailing, 0, f.Error)
 	l.state.Failure = f
+	// The children of the workflow steps (and items) it cancelled are
+	// cancelled with them, as when the instance fails: a child is no
+	// attempt to wait for.
+	slices.Sort(children)
+	for _, child := range children {
+		var unfinished bool
+		if err := t.queryRow(`SELECT finished_at IS NULL FROM instances WHERE id = ?`, child).Scan(&unfinished); err != nil {
+			return err
+		}
+		if !unfinished {
+			continue
+		}
+		if err := t.finishInstance(child, storage.InstanceCancelled, nil, storage.ParentFinishedMessage(id, storage.InstanceFailed), true); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
