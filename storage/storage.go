@@ -392,7 +392,10 @@ type Plan struct {
 	// cancels its unfinished steps, running ones included (a completed
 	// instance has none left): their claims become stale, so the workers
 	// running them stop the handlers at their next heartbeat, and a step
-	// that is not finished always belongs to an unfinished instance.
+	// that is not finished always belongs to an unfinished instance. (The
+	// engine does not fail an instance so while a step's terminal failure
+	// leaves other steps running an attempt: it records a Failure, and
+	// finishes the instance once they ended.)
 	Instance *InstanceChange
 	// Failure, when non-nil (with Instance nil), records that the
 	// instance failed while it has onFailure steps to run, or while other

@@ -450,7 +450,7 @@ func (s *Store) ExtendLeases(ctx context.Context, claims []storage.Claim, lease 
 
 // requeueStatus is the status of a step put back in the queue: pending, or
 // cancelled when its instance already finished (it was running when a
-// sibling failed the instance), so that a pending step always belongs to an
+// plan failed the instance), so that a pending step always belongs to an
 // unfinished instance and claims need no join. The caller holds the
 // instance lock, so the instance cannot finish concurrently.
 const (

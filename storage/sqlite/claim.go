@@ -425,7 +425,7 @@ func (s *Store) ReleaseSteps(ctx context.Context, claims []storage.Claim) error 
 }
 
 // A step put back in the queue while its instance is already finished (it
-// was running when a sibling failed the instance) is cancelled instead, so
+// was running when a plan failed the instance) is cancelled instead, so
 // that a pending step always belongs to an unfinished instance and claims
 // need not join instances. ?1 is now.
 const (
