@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -392,12 +393,15 @@ steps:
 	})
 }
 
-// holdRegistry has decline (fails for good at once) and hold, which tells
-// started, then blocks until release is closed and ends as result says
-// (an output, or with err a retryable failure); cancelled tells whether
-// its context was cancelled meanwhile.
+// holdRegistry has decline, which fails for good as soon as hold runs,
+// and hold, which tells started (once per attempt) and running (closed at
+// its first attempt), then blocks until release is closed and ends as err
+// says (an output, or with err a retryable failure); cancelled tells
+// whether its context was cancelled meanwhile.
 type holdHandler struct {
 	started   chan struct{}
+	running   chan struct{}
+	once      sync.Once
 	release   chan struct{}
 	cancelled atomic.Bool
 	err       error
@@ -405,13 +409,19 @@ type holdHandler struct {
 
 func holdRegistry(t *testing.T, fail error) (*handlers.Registry, *holdHandler) {
 	t.Helper()
-	h := &holdHandler{started: make(chan struct{}, 10), release: make(chan struct{}), err: fail}
+	h := &holdHandler{started: make(chan struct{}, 10), running: make(chan struct{}), release: make(chan struct{}), err: fail}
 	r := handlers.NewRegistry()
 	r.Register("decline", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
+		select {
+		case <-h.running:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 		return nil, handlers.Permanent(errors.New("card declined"))
 	})
 	r.Register("hold", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
 		h.started <- struct{}{}
+		h.once.Do(func() { close(h.running) })
 		select {
 		case <-h.release:
 		case <-ctx.Done():
@@ -452,8 +462,7 @@ func startSibling(t *testing.T, open func(*testing.T) storage.Store, fail error,
 	b := setup(t, open, registry, siblingWorkflow+extra)
 	b.runWorker(t, nil)
 	id := b.start(t, "sibling", `{}`)
-	<-h.started
-	inst := b.awaitStatus(t, id, "quick", storage.StepFailed)
+	b.awaitStatus(t, id, "quick", storage.StepFailed)
 	time.Sleep(200 * time.Millisecond) // a heartbeat or a poll would have stopped it by now
 	inst, err := b.engine.Get(context.Background(), id)
 	require.NoError(t, err)
@@ -530,7 +539,7 @@ func TestARunningSiblingThatFailsIsNotRetriedWhileTheInstanceFails(t *testing.T)
 		require.Equal(t, storage.StepFailed, slow.Status)
 		require.Equal(t, 1, slow.Attempts, "no retry while the instance fails")
 		require.Contains(t, slow.Error, "flaky")
-		require.Len(t, h.started, 0, "started once")
+		require.Len(t, h.started, 1, "started once")
 	})
 }
 
@@ -549,7 +558,7 @@ func TestAFailureCancelsTheChildOfARunningWorkflowStep(t *testing.T) {
 		})
 		registry.Register("late", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
 			<-childStarted
-			<-h.started
+			<-h.running
 			return nil, handlers.Permanent(errors.New("card declined"))
 		})
 		b := setup(t, open, registry, `
