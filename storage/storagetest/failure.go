@@ -268,6 +268,30 @@ var failureTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, storage.InstanceFailed, in.Status)
 		require.Equal(t, "step a failed", in.Error)
 	},
+	"SnoozedStepOfAFailingInstanceRunsToItsEnd": func(t *testing.T, h *Harness) {
+		// A snooze is no failure: the step is pending again, and the
+		// failing instance waits for it as for a running one.
+		b := h.setup(t)
+		id := b.createFailing(failureParams(0, spec("a"), spec("b"), onFailureSpec("onfail-x")))
+		ca, cb := b.claimStep(id, "a"), b.claimStep(id, "b")
+		b.finishFailing(failedFor(ca.Claim, "boom"))
+		require.Equal(t, []storage.FinishResult{{Accepted: true}}, b.finishFailing(storage.StepResult{
+			Claim: cb.Claim, Outcome: storage.OutcomeSnooze, RunAfter: b.now().Add(time.Minute)}))
+		in := b.get(id)
+		require.Equal(t, storage.InstanceRunning, in.Status)
+		require.True(t, in.Failing)
+		require.Equal(t, storage.StepPending, step(t, in, "b").Status)
+		require.Equal(t, storage.StepBlocked, step(t, in, "onfail-x").Status)
+		b.clock.Advance(time.Minute)
+		b.completeFailing(id, "b", `2`)
+		in = b.get(id)
+		require.Equal(t, storage.StepCompleted, step(t, in, "b").Status)
+		require.Equal(t, storage.StepPending, step(t, in, "onfail-x").Status)
+		b.completeFailing(id, "onfail-x", `1`)
+		in = b.get(id)
+		require.Equal(t, storage.InstanceFailed, in.Status)
+		require.Equal(t, "step a failed", in.Error)
+	},
 	"FailingInstanceLosesItsDeadlineOnceItsStepsEnded": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		id := b.createFailing(failureParams(time.Minute, spec("a"), spec("b"), onFailureSpec("onfail-x")))
