@@ -165,9 +165,10 @@ func (p *planner) workflowEnv() dag.WorkflowEnv {
 }
 
 // recordFailing remembers that a plan recorded the failure of state's
-// instance, with the main steps whose handlers report must stop: the ones
-// the store cancelled (a forEach step's items), not the attempts of
-// running steps, which finish, unless the instance timed out.
+// instance, or that a failing instance timed out, with the main steps
+// whose handlers report must stop: the ones the store cancelled (a
+// forEach step's items), not the attempts of running steps, which finish,
+// unless the instance timed out.
 func (r *finishRecorder) recordFailing(state *storage.InstanceState) {
 	w, err := r.engine.definition(state.DefinitionHash, state.LoadDefinition)
 	if err != nil {

@@ -601,3 +601,55 @@ steps:
 		require.Equal(t, storage.StepCompleted, step(t, inst, "slow").Status)
 	})
 }
+
+// The workflow timeout of a failing instance stops the steps that still
+// run: at once in this process, not at their next heartbeat.
+func TestWorkflowTimeoutOfAFailingInstanceStopsItsRunningSteps(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		registry, h := holdRegistry(t, nil)
+		// cleanup runs while the instance is still running (failing): it
+		// reports whether slow's handler was stopped by then.
+		registry.Register("stopped", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
+			deadline := time.Now().Add(5 * time.Second)
+			for !h.cancelled.Load() && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			return json.Marshal(map[string]any{"stopped": h.cancelled.Load(), "in": json.RawMessage(in)})
+		})
+		b := setup(t, open, registry, `
+name: sibling
+timeout: 1s
+steps:
+  - name: quick
+    handler: decline
+  - name: slow
+    handler: hold
+onFailure:
+  - name: cleanup
+    handler: stopped
+    input: {slow: "${{ steps.slow.status }}", error: "${{ workflow.error }}"}
+`)
+		b.runWorker(t, &dagrun.WorkerConfig{Lease: time.Minute})
+		started := time.Now()
+		id := b.start(t, "sibling", `{}`)
+		inst := b.wait(t, id)
+		require.Less(t, time.Since(started), 15*time.Second, "at the timeout, not at a heartbeat")
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, "step quick failed: card declined", inst.Error, "the first failure's error")
+		require.Equal(t, storage.StepCancelled, step(t, inst, "slow").Status)
+		require.Equal(t, "workflow timed out after 1s", lifecycleOf(inst, "slow", storage.EventStepCancelled))
+		requireJSON(t, `{"stopped": true, "in": {"slow": "cancelled", "error": "step quick failed: card declined"}}`, step(t, inst, "cleanup").Output)
+	})
+}
+
+// lifecycleOf returns the message of step's last event of type typ.
+func lifecycleOf(inst *storage.Instance, name string, typ storage.EventType) string {
+	msg := ""
+	for _, e := range inst.Events {
+		if e.Step == name && e.Type == typ {
+			msg = e.Message
+		}
+	}
+	return msg
+}

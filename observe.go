@@ -94,7 +94,9 @@ func (r *finishRecorder) reset() {
 
 func (r *finishRecorder) plan(state *storage.InstanceState) (*storage.Plan, error) {
 	p, err := r.engine.plan(state)
-	if err == nil && p.Failure != nil {
+	if err == nil && (p.Failure != nil || state.Failure != nil && state.TimedOut > 0) {
+		// A recorded failure, or the timeout of a failing instance, which
+		// cancelled the steps still running.
 		r.recordFailing(state)
 	}
 	if err != nil || p.Instance == nil {
