@@ -635,15 +635,27 @@ func (c *cli) handlersCommand() *cobra.Command {
 }
 
 // statusText is an instance's status as status and list show it: a paused
-// one says so, and a failed instance whose onFailure steps run is still
-// running, and says why.
+// one says so, and a failed instance whose running steps finish, or whose
+// onFailure steps run, is still running, and says why.
 func statusText(inst *storage.Instance) string {
 	text := string(inst.Status)
 	if inst.Failing {
-		text += " (failed; running its onFailure steps)"
+		text += " (" + failingText(inst) + ")"
 	}
 	if inst.Paused {
 		text += " (paused)"
 	}
 	return text
+}
+
+// failingText says why a failing instance still runs: a step failed for
+// good while others ran a handler, which finish their attempt first (a
+// snoozed or released one is pending again), or its onFailure steps run.
+func failingText(inst *storage.Instance) string {
+	for _, s := range inst.Steps {
+		if !s.OnFailure && (s.Status == storage.StepRunning || s.Status == storage.StepPending) {
+			return "failed; its running steps finish first"
+		}
+	}
+	return "failed; running its onFailure steps"
 }

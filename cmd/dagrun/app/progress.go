@@ -116,7 +116,7 @@ func (p *progress) line(inst *storage.Instance, ev storage.Event) string {
 		}
 		return line
 	case storage.EventInstanceFailing:
-		return fmt.Sprintf("instance %s failed (%s); running its onFailure steps", inst.ID, msg)
+		return fmt.Sprintf("instance %s failed (%s); %s", inst.ID, msg, strings.TrimPrefix(failingText(inst), "failed; "))
 	case storage.EventInstanceCompleted, storage.EventInstanceFailed, storage.EventInstanceCancelled:
 		line := fmt.Sprintf("instance %s %s", inst.ID, strings.TrimPrefix(string(ev.Type), "instance."))
 		if inst.FinishedAt != nil {

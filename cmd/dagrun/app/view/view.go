@@ -40,8 +40,9 @@ type Instance struct {
 	// Timeout is the workflow timeout ("10m"), Deadline when the running
 	// instance times out; both absent without a timeout. FailedStep is
 	// the step whose failure failed the instance (absent when none did,
-	// e.g. a timeout); Failing, while its onFailure steps run (its status
-	// still running), tells that it failed already.
+	// e.g. a timeout); Failing, while its running steps finish their
+	// attempt or its onFailure steps run (its status still running),
+	// tells that it failed already.
 	Timeout    string  `json:"timeout,omitempty"`
 	Deadline   *string `json:"deadline,omitempty"`
 	FailedStep *string `json:"failedStep,omitempty"`

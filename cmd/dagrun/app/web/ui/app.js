@@ -580,12 +580,18 @@
 
   // failureRows are the instance's rows about its workflow timeout and
   // its failure: the timeout and, while it runs, when it times out; the
-  // step that failed it; and, while its onFailure steps run, that it
-  // failed already although it still runs.
+  // step that failed it; and, while its running steps finish or its
+  // onFailure steps run, that it failed already although it still runs.
   function failureRows(inst) {
     const rows = [];
     if (inst.timeout) rows.push(["Timeout", inst.deadline ? inst.timeout + " (until " + fmtTime(inst.deadline) + ")" : inst.timeout]);
-    if (inst.failing) rows.push(["Failing", el("span", { class: "value", id: "failing" }, "failed; running its onFailure steps")]);
+    if (inst.failing) {
+      // A step failed for good while others ran a handler: those finish
+      // their attempt before the onFailure steps run.
+      const finishing = (inst.steps || []).some((s) => !s.onFailure && (s.status === "running" || s.status === "pending"));
+      rows.push(["Failing", el("span", { class: "value", id: "failing" },
+        finishing ? "failed; its running steps finish first" : "failed; running its onFailure steps")]);
+    }
     if (inst.failedStep) rows.push(["Failed step", el("span", { class: "mono value", id: "failed-step" }, inst.failedStep)]);
     return rows;
   }
