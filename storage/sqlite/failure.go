@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/dagrun/dagrun/storage"
@@ -135,22 +134,17 @@ func (t *txn) recordFailure(l *loaded, f *storage.Failure) error {
 		WHERE instance_id = ?2 AND status IN ('blocked', 'pending', 'running', 'waiting') AND on_failure = 0
 			AND (parent_id IS NULL OR parent_id NOT IN (SELECT id FROM steps WHERE instance_id = ?2 AND item_index = -1 AND on_failure))
 			AND (?3 OR parent_id IS NOT NULL OR NOT (`+inFlightMain+`))
-		RETURNING name, attempts, item_index, child_id`, now, id, stop)
+		RETURNING name, attempts, item_index`, now, id, stop)
 	if err != nil {
 		return err
 	}
-	var children []string
 	if err := eachRow(rows, func(sc scanner) error {
 		var (
 			name            string
 			attempts, index int
-			child           string
 		)
-		if err := sc.Scan(&name, &attempts, &index, &child); err != nil {
+		if err := sc.Scan(&name, &attempts, &index); err != nil {
 			return err
-		}
-		if child != "" {
-			children = append(children, child)
 		}
 		if index < 0 {
 			t.event(id, name, storage.EventStepCancelled, attempts, f.Error)
@@ -166,21 +160,9 @@ func (t *txn) recordFailure(l *loaded, f *storage.Failure) error {
 	l.state.Failure = f
 	// The children of the workflow steps (and items) it cancelled are
 	// cancelled with them, as when the instance fails: a child is no
-	// attempt to wait for.
-	slices.Sort(children)
-	for _, child := range children {
-		var unfinished bool
-		if err := t.queryRow(`SELECT finished_at IS NULL FROM instances WHERE id = ?`, child).Scan(&unfinished); err != nil {
-			return err
-		}
-		if !unfinished {
-			continue
-		}
-		if err := t.finishInstance(child, storage.InstanceCancelled, nil, storage.ParentFinishedMessage(id, storage.InstanceFailed), true); err != nil {
-			return err
-		}
-	}
-	return nil
+	// attempt to wait for. Its only unfinished children are theirs: its
+	// onFailure steps have not started yet.
+	return t.cancelChildren(id, storage.InstanceFailed)
 }
 
 // inFlightMain tells a main step (of the row's instance, item_index -1)
