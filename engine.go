@@ -207,19 +207,7 @@ func (e *UnknownWorkflowError) Error() string {
 		name = name[:64] + "…"
 	}
 	if e.Invalid != nil {
-		first, more := e.Invalid.Error(), 0
-		var list dag.ErrorList
-		if errors.As(e.Invalid, &list) && len(list) > 0 {
-			first, more = list[0].Error(), len(list)-1
-		}
-		if i := strings.IndexByte(first, '\n'); i >= 0 {
-			first = first[:i]
-		}
-		msg := fmt.Sprintf("workflow %q is invalid: %s", name, first)
-		if more > 0 {
-			msg += fmt.Sprintf(" (and %d more)", more)
-		}
-		return msg + "; dagrun validate lists every error"
+		return fmt.Sprintf("workflow %q is invalid: %s; dagrun validate lists every error", name, dag.Summary(e.Invalid))
 	}
 	if len(e.Available) == 0 {
 		return fmt.Sprintf("unknown workflow %q: no workflows are loaded (put WORKFLOW.yaml files in the workflows folder)", name)

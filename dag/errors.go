@@ -60,6 +60,24 @@ func (l ErrorList) Unwrap() []error {
 	return errs
 }
 
+// Summary puts a file's errors on one line: the first, and how many more
+// there are ("FILE:LINE:COL: message (and 2 more)"). An error that is no
+// ErrorList gives its first line.
+func Summary(err error) string {
+	first, more := err.Error(), 0
+	var list ErrorList
+	if errors.As(err, &list) && len(list) > 0 {
+		first, more = list[0].Error(), len(list)-1
+	}
+	if i := strings.IndexByte(first, '\n'); i >= 0 {
+		first = first[:i]
+	}
+	if more > 0 {
+		first += fmt.Sprintf(" (and %d more)", more)
+	}
+	return first
+}
+
 // Sort orders the errors by file, line and column, as Parse and LoadDir
 // return them, for a list that joins errors of both.
 func (l ErrorList) Sort() { sortErrors(l) }

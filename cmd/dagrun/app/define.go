@@ -307,14 +307,5 @@ func callsWorkflows(w *dag.Workflow) bool {
 // invalidWorkflowError sums up a workflow file's validation errors on one
 // line: the first error, how many more, and the command that lists them.
 func invalidWorkflowError(name, path string, err error) error {
-	first, more := err.Error(), 0
-	var list dag.ErrorList
-	if errors.As(err, &list) && len(list) > 0 {
-		first, more = list[0].Error(), len(list)-1
-	}
-	msg := fmt.Sprintf("workflow %s is invalid: %s", name, oneLineString(first))
-	if more > 0 {
-		msg += fmt.Sprintf(" (and %d more)", more)
-	}
-	return fmt.Errorf("%s; list every error with: dagrun validate %s", msg, path)
+	return fmt.Errorf("workflow %s is invalid: %s; list every error with: dagrun validate %s", name, dag.Summary(err), path)
 }
