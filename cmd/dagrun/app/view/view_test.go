@@ -43,6 +43,20 @@ func TestInstanceLeavesItemsOut(t *testing.T) {
 	require.NoError(t, json.Unmarshal(data, &got))
 	require.JSONEq(t, `[{"t": 1}, null]`, string(got.Steps[0].Output), "a few items' outputs are inlined")
 	require.False(t, got.Steps[0].OutputOmitted)
+
+	// Thousands of small outputs, up to the bound, are inlined too.
+	small := "[" + strings.TrimSuffix(strings.Repeat(`{"n": 12345},`, 5000), ",") + "]"
+	require.Less(t, len(small), view.MaxInlineItemsOutput)
+	many := &storage.Instance{ID: "i3", Workflow: "thumbnails", Status: storage.InstanceCompleted, Steps: []storage.Step{
+		{Name: "count", Status: storage.StepCompleted, Output: json.RawMessage(small),
+			Items: &storage.ItemCounts{Total: 5000, Completed: 5000}},
+	}}
+	data, err = json.Marshal(view.NewInstance(many))
+	require.NoError(t, err)
+	got = view.Instance{}
+	require.NoError(t, json.Unmarshal(data, &got))
+	require.JSONEq(t, small, string(got.Steps[0].Output), "5,000 small outputs are inlined")
+	require.False(t, got.Steps[0].OutputOmitted)
 }
 
 // TestInstanceParentAndChildren: a child instance names its parent's step
