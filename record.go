@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"time"
 
 	"github.com/dagrun/dagrun/storage"
@@ -35,6 +36,16 @@ const (
 // recorded.
 func (w *Worker) recordLoop(ctx context.Context) {
 	for {
+		// Let the attempts the last commit started, and any other
+		// runnable goroutine, run before taking a batch: an attempt that
+		// finishes at once then joins this batch instead of waking the
+		// loop alone, a commit of one, while its siblings queue for the
+		// next. Without it a chain4 bench on SQLite split its attempts
+		// into commits of one and of 30-60; with it most take 64 or more
+		// and it ran 4% faster (record.go's figures: see the README's
+		// Performance section). It costs a scheduler pass when nothing
+		// else runs.
+		runtime.Gosched()
 		w.mu.Lock()
 		n := min(len(w.queue), maxFinishBatch)
 		batch := append([]finished(nil), w.queue[:n]...)
