@@ -14,6 +14,9 @@ func TestLibrarySettings(t *testing.T) {
 	if !memStatusOff {
 		t.Error("sqlite3_config(SQLITE_CONFIG_MEMSTATUS) failed: a connection was opened before this package's initialisation")
 	}
+	if !stmtJournalInMemory {
+		t.Error("sqlite3_config(SQLITE_CONFIG_STMTJRNL_SPILL) failed: a connection was opened before this package's initialisation")
+	}
 }
 
 // TestDSNWithoutConnectionMutex: the store's pools, and a caller's opened
