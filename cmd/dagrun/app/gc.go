@@ -5,6 +5,8 @@ import (
 	"runtime/debug"
 	"runtime/metrics"
 	"sync/atomic"
+
+	"github.com/KimMachineGun/automemlimit/memlimit"
 )
 
 // A dagrun process whose environment sets no GOGC collects when its heap
@@ -26,8 +28,11 @@ import (
 // GOGC/100) and the multiple of the live heap. So the target is set again
 // after each collection, from the live heap it found (gcTuner): high
 // while little is live, defaultGCPercent once three times the live heap
-// passes the floor. Set GOGC (or GOMEMLIMIT, which still applies) to
-// choose otherwise.
+// passes the floor. So that the floor never takes a process in a
+// container past the container's memory, GOMEMLIMIT is set to 90% of the
+// cgroup's memory limit, if it has one (automemlimit): the collector then
+// runs before the heap reaches it, whatever GOGC says. Set GOGC (or
+// GOMEMLIMIT, which then still applies) to choose otherwise.
 const (
 	defaultGCPercent = 200
 	heapFloor        = 64 << 20
@@ -51,12 +56,22 @@ func tunesGC(getenv func(string) string) bool {
 	return getenv("GOGC") == ""
 }
 
-// tuneGC starts a gcTuner unless the environment sets GOGC. The tuner
-// lives as long as the process.
+// tuneGC starts a gcTuner, and bounds the heap by the container's memory,
+// unless the environment sets GOGC. The tuner lives as long as the
+// process.
 func tuneGC(getenv func(string) string) {
 	if tunesGC(getenv) {
+		limitMemory(memlimit.FromCgroup)
 		startGCTuner()
 	}
+}
+
+// limitMemory sets GOMEMLIMIT to 90% of the memory limit provider reads,
+// unless the environment sets GOMEMLIMIT or AUTOMEMLIMIT=off; with no
+// limit (or none it can read: not Linux, no cgroup) the heap is left
+// unbounded, as Go leaves it.
+func limitMemory(provider memlimit.Provider) {
+	_, _ = memlimit.Set(memlimit.WithProvider(provider), memlimit.WithRatio(0.9))
 }
 
 // gcTuner sets GOGC after each collection from the live heap it found.

@@ -1,12 +1,14 @@
 package app
 
 import (
+	"math"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"testing"
 	"time"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/stretchr/testify/require"
 )
 
@@ -88,4 +90,29 @@ func currentGCPercent() int {
 	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
 	metrics.Read(s)
 	return int(s[0].Value.Uint64())
+}
+
+// TestLimitMemory: a container's memory limit bounds the heap at 90% of
+// it; the environment's GOMEMLIMIT, or none to read, leaves Go's.
+func TestLimitMemory(t *testing.T) {
+	before := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(before) })
+	tests := []struct {
+		name       string
+		gomemlimit string
+		provider   memlimit.Provider
+		want       int64
+	}{
+		{name: "a cgroup limit", provider: memlimit.Limit(1 << 30), want: 1 << 30 * 9 / 10},
+		{name: "no limit", provider: func() (uint64, error) { return 0, memlimit.ErrNoLimit }, want: math.MaxInt64},
+		{name: "GOMEMLIMIT set", gomemlimit: "2GiB", provider: memlimit.Limit(1 << 30), want: math.MaxInt64},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("GOMEMLIMIT", tt.gomemlimit)
+			debug.SetMemoryLimit(math.MaxInt64)
+			limitMemory(tt.provider)
+			require.InDelta(t, tt.want, debug.SetMemoryLimit(-1), 1)
+		})
+	}
 }
