@@ -33,6 +33,7 @@ func (p *planner) settle(plan *storage.Plan) *storage.Plan {
 		plan.Instance = nil
 		return p.fail(plan, &storage.Failure{Error: ic.Error, Step: p.failedStep})
 	case ic.Status == storage.InstanceFailed:
+		ic.FailedStep = p.failedStep
 		p.dropStarts(plan)
 		return plan
 	case ic.Status == storage.InstanceCompleted && len(p.w.OnFailure) > 0:

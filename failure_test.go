@@ -147,6 +147,32 @@ onFailure:
 	})
 }
 
+// TestAnInstanceThatFailsAtOnceNamesItsFailedStep: without onFailure
+// steps or running siblings the instance fails in the transaction that
+// records the step's failure, and still names the step, as one whose
+// failure waited does.
+func TestAnInstanceThatFailsAtOnceNamesItsFailedStep(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		r, _ := failureRegistry(t)
+		b := setup(t, open, r, `
+name: declined
+steps:
+  - name: prepare
+    handler: echo
+  - name: charge
+    handler: decline
+    dependsOn: [prepare]
+`)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "declined", `{}`))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		require.Equal(t, "step charge failed: card declined", inst.Error)
+		require.Equal(t, "charge", inst.FailedStep)
+		require.False(t, inst.Failing)
+	})
+}
+
 func TestWorkflowTimeoutFailsAnInstanceWaitingForASignal(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {

@@ -222,6 +222,9 @@ func planNew(p *CreateParams, plan PlanFunc, loadStored func() ([]byte, error), 
 			return nil, fmt.Errorf("plan for instance %s sets status %q: only completed, failed or cancelled are allowed", p.ID, ic.Status)
 		}
 		n.Status, n.Output, n.Error = ic.Status, ic.Output, ic.Error
+		if ic.FailedStep != "" {
+			n.FailedStep = ic.FailedStep
+		}
 		for i := range n.Steps {
 			if s := &n.Steps[i]; !s.Finished() {
 				s.Status, s.Items, s.Children = StepCancelled, nil, nil

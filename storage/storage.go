@@ -477,6 +477,10 @@ type InstanceChange struct {
 	Status InstanceStatus
 	Output json.RawMessage
 	Error  string
+	// FailedStep is, for a failed instance, the step whose failure failed
+	// it ("": none did, or it was recorded with a Failure before);
+	// Instance.FailedStep reads it.
+	FailedStep string
 }
 
 // PlanFunc computes a Plan. It must be pure: it runs inside a write

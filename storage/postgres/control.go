@@ -57,7 +57,7 @@ func (s *Store) CancelInstance(ctx context.Context, id, reason string, plan stor
 		}
 		st.plan = plan
 		st.tail.Queue(s.q(lockUnfinishedStepsSQL), id)
-		s.queueFinish(st, s.now(), []string{id}, []string{string(storage.InstanceCancelled)}, []json.RawMessage{nil}, []string{reason}, true)
+		s.queueFinish(st, s.now(), []string{id}, []string{string(storage.InstanceCancelled)}, []json.RawMessage{nil}, []string{reason}, []string{""}, true)
 		s.queueActor(ctx, st, id)
 		return nil
 	})

@@ -28,7 +28,7 @@ var (
 	applyReadyOneSQL   = oneRow(applyReadySQL, applyRows, applyRow)
 	applyStepChangeSQL = oneRow(applyStepChangesSQL, applyRows, applyRow)
 	finishInstanceSQL  = oneRow(finishInstancesSQL, finishInstancesRows,
-		`SELECT $2::text AS id, $3::text AS status, $4::json AS output, $5::text AS error`)
+		`SELECT $2::text AS id, $3::text AS status, $4::json AS output, $5::text AS error, $6::text AS failed_step`)
 )
 
 // applyRow is applyRows for one change.

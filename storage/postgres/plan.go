@@ -284,7 +284,7 @@ func planEvent(status string) string {
 
 // finishInstancesRows is the instances finishInstancesSQL finishes, as
 // arrays.
-const finishInstancesRows = `SELECT * FROM unnest($2::text[], $3::text[], $4::json[], $5::text[]) AS x(id, status, output, error)`
+const finishInstancesRows = `SELECT * FROM unnest($2::text[], $3::text[], $4::json[], $5::text[], $6::text[]) AS x(id, status, output, error, failed_step)`
 
 // finishInstancesSQL finishes unfinished instances and cancels their
 // unfinished steps (running ones too: their claims go stale), with the
@@ -296,7 +296,8 @@ WITH x AS (
 	` + finishInstancesRows + `
 ),
 i AS (
-	UPDATE {s}instances i SET status = x.status, output = x.output, error = x.error, finished_at = {now}
+	UPDATE {s}instances i SET status = x.status, output = x.output, error = x.error, finished_at = {now},
+		failed_step = coalesce(nullif(x.failed_step, ''), i.failed_step)
 	FROM x
 	WHERE i.id = x.id AND i.status IN ('pending', 'running')
 	RETURNING i.id, i.status, i.error, i.output, i.parent_id, i.parent_step, i.parent_item
@@ -412,7 +413,7 @@ func (s *Store) planAndApply(st *txState, now *time.Time, ls []*loaded, plan sto
 	// (onFailure steps made ready stay so), before the finishes.
 	s.queueFailures(st, now, &fc)
 	if len(ic.ids) > 0 {
-		s.queueFinish(st, now, ic.ids, ic.statuses, ic.outputs, ic.errors, ic.followUp)
+		s.queueFinish(st, now, ic.ids, ic.statuses, ic.outputs, ic.errors, ic.failedSteps, ic.followUp)
 	}
 	return nil
 }
@@ -514,8 +515,8 @@ func stepIndex(is *storage.InstanceState, name string) int {
 
 // instanceChanges holds InstanceChanges of many instances as parallel arrays.
 type instanceChanges struct {
-	ids, statuses, errors []string
-	outputs               []json.RawMessage
+	ids, statuses, errors, failedSteps []string
+	outputs                            []json.RawMessage
 	// followUp is set when one of them is a child, whose parent's step
 	// to settle, or ends otherwise than completed, with children to cancel.
 	followUp bool
@@ -534,6 +535,7 @@ func (c *instanceChanges) add(in *storage.InstanceState, ch *storage.InstanceCha
 	c.statuses = append(c.statuses, string(ch.Status))
 	c.outputs = append(c.outputs, jsonOrNil(ch.Output))
 	c.errors = append(c.errors, ch.Error)
+	c.failedSteps = append(c.failedSteps, ch.FailedStep)
 	return nil
 }
 

@@ -43,11 +43,11 @@ type finishedInstance struct {
 // completes with no parent has no step to settle and no child left to
 // cancel, and its transaction may commit with the tail (see
 // txState.finish).
-func (s *Store) queueFinish(st *txState, now *time.Time, ids, statuses []string, outputs []json.RawMessage, errs []string, followUp bool) {
+func (s *Store) queueFinish(st *txState, now *time.Time, ids, statuses []string, outputs []json.RawMessage, errs, failedSteps []string, followUp bool) {
 	st.finishing = st.finishing || followUp
-	q := st.tail.Queue(s.q(finishInstancesSQL), now, ids, statuses, outputs, errs)
+	q := st.tail.Queue(s.q(finishInstancesSQL), now, ids, statuses, outputs, errs, failedSteps)
 	if len(ids) == 1 {
-		q.SQL, q.Arguments = s.q(finishInstanceSQL), []any{now, ids[0], statuses[0], outputs[0], errs[0]}
+		q.SQL, q.Arguments = s.q(finishInstanceSQL), []any{now, ids[0], statuses[0], outputs[0], errs[0], failedSteps[0]}
 	}
 	q.Query(func(rows pgx.Rows) error {
 		var (
@@ -185,7 +185,7 @@ func (s *Store) followUp(ctx context.Context, tx pgx.Tx, st *txState) error {
 			msgs[i] = storage.ParentFinishedMessage(o.parent, storage.InstanceFailed)
 			st.tail.Queue(s.q(lockUnfinishedStepsSQL), o.id)
 		}
-		s.queueFinish(st, now, ids, statuses, make([]json.RawMessage, len(ids)), msgs, true)
+		s.queueFinish(st, now, ids, statuses, make([]json.RawMessage, len(ids)), msgs, make([]string, len(ids)), true)
 	}
 	if len(finished) == 0 {
 		return nil
@@ -324,6 +324,6 @@ func (s *Store) cancelChildren(ctx context.Context, tx pgx.Tx, st *txState, now 
 	for _, id := range ids {
 		st.tail.Queue(s.q(lockUnfinishedStepsSQL), id)
 	}
-	s.queueFinish(st, now, ids, statuses, make([]json.RawMessage, len(ids)), msgs, true)
+	s.queueFinish(st, now, ids, statuses, make([]json.RawMessage, len(ids)), msgs, make([]string, len(ids)), true)
 	return nil
 }

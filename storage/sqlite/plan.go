@@ -257,6 +257,11 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 			if err := t.finishInstance(id, ic.Status, ic.Output, ic.Error, unfinished); err != nil {
 				return err
 			}
+			if ic.FailedStep != "" {
+				if _, err := t.exec(`UPDATE instances SET failed_step = ? WHERE id = ?`, ic.FailedStep, id); err != nil {
+					return err
+				}
+			}
 		} else {
 			b.completed = append(b.completed, [3]any{id, string(ic.Status), jsonArg(ic.Output)})
 			t.event(id, "", storage.InstanceEventOf(ic.Status), 0, "")

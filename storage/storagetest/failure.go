@@ -141,6 +141,32 @@ func (b *bundle) expire() int {
 }
 
 var failureTests = map[string]func(*testing.T, *Harness){
+	"InstanceFailedAtOnceKeepsItsFailedStep": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createFailing(failureParams(0, spec("a"), spec("b", "a")))
+		c := b.claimStep(id, "a")
+		// A plan that fails the instance at once (no onFailure step, none
+		// running) names the step in its InstanceChange.
+		plan := func(st *storage.InstanceState) (*storage.Plan, error) {
+			p, err := FailurePlan(st)
+			if err == nil && p.Instance != nil && p.Instance.Status == storage.InstanceFailed {
+				p.Instance.FailedStep = "a"
+			}
+			return p, err
+		}
+		got, err := b.store.FinishSteps(b.ctx, []storage.StepResult{failedFor(c.Claim, "boom")}, plan)
+		require.NoError(t, err)
+		require.Equal(t, []storage.FinishResult{{Accepted: true}}, got)
+		in := b.get(id)
+		require.Equal(t, storage.InstanceFailed, in.Status)
+		require.False(t, in.Failing)
+		require.Equal(t, "a", in.FailedStep)
+
+		require.NoError(t, b.store.RetryInstance(b.ctx, id, FailurePlan))
+		in = b.get(id)
+		require.Equal(t, storage.InstanceRunning, in.Status)
+		require.Empty(t, in.FailedStep, "a retried instance has not failed")
+	},
 	"RecordedFailureCancelsMainStepsAndRunsOnFailureSteps": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		id := b.createFailing(failureParams(0, spec("a"), spec("b"), spec("c", "a", "b"),
