@@ -133,6 +133,16 @@ func (b *bundle) completeFailing(id, name, output string) {
 	require.Equal(b.t, []storage.FinishResult{{Accepted: true}}, b.finishFailing(completed(c.Claim, output)))
 }
 
+// runOnFailureToTheEnd completes the onFailure step onfail-x, after
+// which the instance fails with the failure it recorded, msg.
+func (b *bundle) runOnFailureToTheEnd(id, msg string) {
+	b.t.Helper()
+	b.completeFailing(id, "onfail-x", `1`)
+	in := b.get(id)
+	require.Equal(b.t, storage.InstanceFailed, in.Status)
+	require.Equal(b.t, msg, in.Error)
+}
+
 func (b *bundle) expire() int {
 	b.t.Helper()
 	n, err := b.store.ExpireInstances(b.ctx, 0, FailurePlan)
@@ -261,10 +271,7 @@ var failureTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, storage.StepFailed, step(t, in, "b").Status, "its lost attempt fails it for good")
 		require.Contains(t, step(t, in, "b").Error, "lease expired")
 		require.Equal(t, storage.StepPending, step(t, in, "onfail-x").Status)
-		b.completeFailing(id, "onfail-x", `1`)
-		in = b.get(id)
-		require.Equal(t, storage.InstanceFailed, in.Status)
-		require.Equal(t, "step a failed", in.Error)
+		b.runOnFailureToTheEnd(id, "step a failed")
 	},
 	"TimeoutOfAFailingInstanceCancelsItsRunningSteps": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
@@ -289,10 +296,7 @@ var failureTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, []storage.Claim{cb.Claim}, lost, "the cancelled step's claim is stale")
 		require.Equal(t, []storage.FinishResult{{Cancelled: true}}, b.finishFailing(completed(cb.Claim, `1`)))
 		require.Zero(t, b.expire())
-		b.completeFailing(id, "onfail-x", `1`)
-		in = b.get(id)
-		require.Equal(t, storage.InstanceFailed, in.Status)
-		require.Equal(t, "step a failed", in.Error)
+		b.runOnFailureToTheEnd(id, "step a failed")
 	},
 	"SnoozedStepOfAFailingInstanceRunsToItsEnd": func(t *testing.T, h *Harness) {
 		// A snooze is no failure: the step is pending again, and the
@@ -313,10 +317,7 @@ var failureTests = map[string]func(*testing.T, *Harness){
 		in = b.get(id)
 		require.Equal(t, storage.StepCompleted, step(t, in, "b").Status)
 		require.Equal(t, storage.StepPending, step(t, in, "onfail-x").Status)
-		b.completeFailing(id, "onfail-x", `1`)
-		in = b.get(id)
-		require.Equal(t, storage.InstanceFailed, in.Status)
-		require.Equal(t, "step a failed", in.Error)
+		b.runOnFailureToTheEnd(id, "step a failed")
 	},
 	"FailingInstanceLosesItsDeadlineOnceItsStepsEnded": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
@@ -468,10 +469,7 @@ var failureTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, storage.StepCancelled, b.status(id, "await-ok"))
 		b.clock.Advance(time.Hour)
 		require.Zero(t, b.expire())
-		b.completeFailing(id, "onfail-x", `1`)
-		in = b.get(id)
-		require.Equal(t, storage.InstanceFailed, in.Status)
-		require.Equal(t, "workflow timed out after 1h", in.Error)
+		b.runOnFailureToTheEnd(id, "workflow timed out after 1h")
 	},
 	"APlanThatIgnoresTheTimeoutIsOverruled": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
