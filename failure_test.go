@@ -430,12 +430,15 @@ type holdHandler struct {
 	once      sync.Once
 	release   chan struct{}
 	cancelled atomic.Bool
+	stopped   chan struct{} // closed when cancelled is first set
+	stopOnce  sync.Once
 	err       error
 }
 
 func holdRegistry(t *testing.T, fail error) (*handlers.Registry, *holdHandler) {
 	t.Helper()
-	h := &holdHandler{started: make(chan struct{}, 10), running: make(chan struct{}), release: make(chan struct{}), err: fail}
+	h := &holdHandler{started: make(chan struct{}, 10), running: make(chan struct{}), release: make(chan struct{}),
+		stopped: make(chan struct{}), err: fail}
 	r := handlers.NewRegistry()
 	r.Register("decline", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
 		select {
@@ -452,6 +455,7 @@ func holdRegistry(t *testing.T, fail error) (*handlers.Registry, *holdHandler) {
 		case <-h.release:
 		case <-ctx.Done():
 			h.cancelled.Store(true)
+			h.stopOnce.Do(func() { close(h.stopped) })
 			return nil, ctx.Err()
 		}
 		if h.err != nil {
@@ -637,9 +641,9 @@ func TestWorkflowTimeoutOfAFailingInstanceStopsItsRunningSteps(t *testing.T) {
 		// cleanup runs while the instance is still running (failing): it
 		// reports whether slow's handler was stopped by then.
 		registry.Register("stopped", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
-			deadline := time.Now().Add(5 * time.Second)
-			for !h.cancelled.Load() && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond)
+			select {
+			case <-h.stopped:
+			case <-time.After(5 * time.Second):
 			}
 			return json.Marshal(map[string]any{"stopped": h.cancelled.Load(), "in": json.RawMessage(in)})
 		})
