@@ -88,26 +88,14 @@ func (t *txn) expire(ids []string, plan storage.PlanFunc) error {
 	if err != nil {
 		return err
 	}
-	rows, err := t.query(`SELECT id, timeout_us FROM instances WHERE id IN (SELECT value FROM json_each(?))
+	overruled, err := t.timeouts(`SELECT id, timeout_us FROM instances WHERE id IN (SELECT value FROM json_each(?))
 		AND status = 'running' AND NOT failing`, string(idsJSON))
 	if err != nil {
 		return err
 	}
-	overruled := map[string]int64{}
-	if err := eachRow(rows, func(sc scanner) error {
-		var (
-			id      string
-			timeout int64
-		)
-		err := sc.Scan(&id, &timeout)
-		overruled[id] = timeout
-		return err
-	}); err != nil {
-		return err
-	}
 	for id, timeout := range overruled {
-		msg := storage.WorkflowTimeoutError(time.Duration(timeout) * time.Microsecond)
-		if err := t.finishInstance(id, storage.InstanceFailed, nil, msg, true); err != nil {
+		msg := storage.WorkflowTimeoutError(timeout)
+		if err := t.finishInstance(id, storage.InstanceChange{Status: storage.InstanceFailed, Error: msg}, true); err != nil {
 			return err
 		}
 	}
@@ -165,6 +153,26 @@ func (t *txn) recordFailure(l *loaded, f *storage.Failure) error {
 	return t.cancelChildren(id, storage.InstanceFailed)
 }
 
+// timeouts runs query, which returns instances' id and timeout_us, and
+// maps each instance to its workflow timeout.
+func (t *txn) timeouts(query string, args ...any) (map[string]time.Duration, error) {
+	rows, err := t.query(query, args...)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]time.Duration{}
+	err = eachRow(rows, func(sc scanner) error {
+		var (
+			id      string
+			timeout int64
+		)
+		err := sc.Scan(&id, &timeout)
+		out[id] = time.Duration(timeout) * time.Microsecond
+		return err
+	})
+	return out, err
+}
+
 // inFlightMain tells a main step (of the row's instance, item_index -1)
 // that runs an attempt: running with a lease, neither a forEach step
 // (its items run) nor a workflow step (its child runs), or pending again
@@ -179,26 +187,14 @@ func (t *txn) stopFailing(ids []string) error {
 	if err != nil {
 		return err
 	}
-	rows, err := t.query(`UPDATE instances SET deadline = NULL
+	failing, err := t.timeouts(`UPDATE instances SET deadline = NULL
 		WHERE id IN (SELECT value FROM json_each(?)) AND status = 'running' AND failing
 		RETURNING id, timeout_us`, string(idsJSON))
 	if err != nil {
 		return err
 	}
-	failing := map[string]int64{}
-	if err := eachRow(rows, func(sc scanner) error {
-		var (
-			id      string
-			timeout int64
-		)
-		err := sc.Scan(&id, &timeout)
-		failing[id] = timeout
-		return err
-	}); err != nil {
-		return err
-	}
 	for id, timeout := range failing {
-		msg := storage.WorkflowTimeoutError(time.Duration(timeout) * time.Microsecond)
+		msg := storage.WorkflowTimeoutError(timeout)
 		rows, err := t.query(`UPDATE steps SET status = 'cancelled', finished_at = ?1, lease_until = NULL, deadline = NULL
 			WHERE instance_id = ?2 AND item_index = -1 AND `+inFlightMain+`
 			RETURNING name, attempts`, us(t.now), id)
