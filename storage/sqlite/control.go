@@ -22,7 +22,7 @@ func (s *Store) CancelInstance(ctx context.Context, id, reason string, plan stor
 		if status.Finished() {
 			return storage.Refuse(storage.ErrConflict, "instance %s is already %s", id, status)
 		}
-		if err := t.finishInstance(id, storage.InstanceCancelled, nil, reason, true); err != nil {
+		if err := t.finishInstance(id, storage.InstanceChange{Status: storage.InstanceCancelled, Error: reason}, true); err != nil {
 			return err
 		}
 		return t.planReplan(plan)

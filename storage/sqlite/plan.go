@@ -254,13 +254,8 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 		}
 		// A child's finish settles its parent's step: not batched.
 		if unfinished || ic.Error != "" || l.child {
-			if err := t.finishInstance(id, ic.Status, ic.Output, ic.Error, unfinished); err != nil {
+			if err := t.finishInstance(id, *ic, unfinished); err != nil {
 				return err
-			}
-			if ic.FailedStep != "" {
-				if _, err := t.exec(`UPDATE instances SET failed_step = ? WHERE id = ?`, ic.FailedStep, id); err != nil {
-					return err
-				}
 			}
 		} else {
 			b.completed = append(b.completed, [3]any{id, string(ic.Status), jsonArg(ic.Output)})
@@ -326,17 +321,21 @@ func (l *loaded) index(name string) int {
 // stale), and every unfinished child instance. The caller knows when there
 // are none, the common case of a completed instance. It is the one place
 // an instance finishes (but for a batch of completions of top-level
-// instances, see collect), so it settles the parent's step of a child.
-func (t *txn) finishInstance(id string, status storage.InstanceStatus, output json.RawMessage, msg string, cancelSteps bool) error {
+// instances, see collect), so it settles the parent's step of a child. A
+// failed step the change names is kept; without one, the instance keeps
+// the one its recorded failure named, if any.
+func (t *txn) finishInstance(id string, ic storage.InstanceChange, cancelSteps bool) error {
 	now := us(t.now)
+	status, output, msg := ic.Status, ic.Output, ic.Error
 	var (
 		parentID   sql.NullString
 		parentStep string
 		parentItem int
 	)
-	if err := t.queryRow(`UPDATE instances SET status = ?, output = ?, error = ?, finished_at = ? WHERE id = ?
-		RETURNING parent_id, parent_step, parent_item`,
-		status, jsonArg(output), msg, now, id).Scan(&parentID, &parentStep, &parentItem); err != nil {
+	if err := t.queryRow(`UPDATE instances SET status = ?1, output = ?2, error = ?3, finished_at = ?4,
+			failed_step = coalesce(nullif(?6, ''), failed_step)
+		WHERE id = ?5 RETURNING parent_id, parent_step, parent_item`,
+		status, jsonArg(output), msg, now, id, ic.FailedStep).Scan(&parentID, &parentStep, &parentItem); err != nil {
 		return err
 	}
 	if cancelSteps {

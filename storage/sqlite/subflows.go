@@ -128,7 +128,7 @@ func (t *txn) cancelChildren(id string, status storage.InstanceStatus) error {
 		return err
 	}
 	for _, child := range children {
-		if err := t.finishInstance(child, storage.InstanceCancelled, nil, storage.ParentFinishedMessage(id, status), true); err != nil {
+		if err := t.finishInstance(child, storage.InstanceChange{Status: storage.InstanceCancelled, Error: storage.ParentFinishedMessage(id, status)}, true); err != nil {
 			return err
 		}
 	}
