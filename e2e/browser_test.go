@@ -453,19 +453,86 @@ func TestServeRefusesPublicBindWithoutToken(t *testing.T) {
 	}
 }
 
-// browserSignIn opens the UI in a window of that size and gives it the
-// server's token when it asks.
+// browserSignIn opens the UI in a window of that size and gives the
+// server's token to the sign-in page the server answers with.
 func browserSignIn(t *testing.T, ctx context.Context, console *browserConsole, base, token string, width, height int64) {
 	t.Helper()
 	browserDo(t, ctx, console, "sign in",
 		chromedp.EmulateViewport(width, height),
 		chromedp.Navigate(base),
-		// The server has a token: the UI asks for it.
-		chromedp.WaitVisible(chromedp.CSS("#login #token")),
-		chromedp.SendKeys(chromedp.CSS("#token"), token),
-		chromedp.Click(chromedp.CSS(`#login-form button[type="submit"]`)),
-		chromedp.WaitNotPresent(chromedp.CSS("dialog#login[open]")),
+		browserSubmitToken(token),
+		browserWaitSignedIn(),
 	)
+}
+
+// browserLoginForm is the server's sign-in form.
+const browserLoginForm = `form[action="/ui/login"]`
+
+// browserSubmitToken fills in the sign-in page and sends it.
+func browserSubmitToken(token string) chromedp.Action[chromedp.Void] {
+	return chromedp.Steps(
+		// The server has a token: instead of the UI it sends a sign-in page.
+		chromedp.WaitVisible(chromedp.CSS(browserLoginForm+" #token")),
+		chromedp.SendKeys(chromedp.CSS(browserLoginForm+" #token"), token),
+		chromedp.Click(chromedp.CSS(browserLoginForm+` button[type="submit"]`)),
+	)
+}
+
+// browserWaitSignedIn waits for the UI, signed in, to have reached the API.
+func browserWaitSignedIn() chromedp.Action[chromedp.Void] {
+	return chromedp.Steps(
+		chromedp.WaitVisible(chromedp.CSS(`#logout button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#live.ok")),
+	)
+}
+
+// TestBrowserSignInAndOut signs in on the server's sign-in page, first
+// with a wrong token, and out again: by the UI's button, and in another
+// tab, which sends the open UI back to the sign-in page.
+func TestBrowserSignInAndOut(t *testing.T) {
+	chromium := browserChromium(t)
+	dir, workflows := browserWorkflows(t, map[string]string{"fragile.yaml": browserWorkflow})
+	const token = "browser-signin-token"
+	base := browserServe(t, binary, dir, workflows, token)
+	ctx := browserContext(t, chromium)
+	console := browserWatchConsole(ctx)
+
+	browserDo(t, ctx, console, "give a wrong token",
+		chromedp.Navigate(base+"#/workflows"),
+		browserSubmitToken("not-the-token"),
+		chromedp.WaitVisible(chromedp.CSS(browserLoginForm+" .error")),
+	)
+	refusal, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(browserLoginForm+" .error")))
+	require.NoError(t, err)
+	require.Equal(t, "That token was not accepted.", refusal)
+	browserScreenshot(t, ctx, "browser-sign-in-refused.png")
+
+	browserDo(t, ctx, console, "give the token", browserSubmitToken(token), browserWaitSignedIn())
+	// The token is in a cookie the page's script cannot read, and nowhere
+	// else in the page's reach.
+	kept, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.cookie + "|" + sessionStorage.length + "|" + localStorage.length`))
+	require.NoError(t, err)
+	require.Equal(t, "|0|0", kept)
+	browserDo(t, ctx, console, "open a page of the UI by its address",
+		chromedp.Navigate(base+"#/workflows"),
+		chromedp.WaitVisible(chromedp.CSS(`a[href="#/workflows/fragile"]`)),
+	)
+	browserScreenshot(t, ctx, "browser-signed-in.png")
+
+	browserDo(t, ctx, console, "sign out with the button",
+		chromedp.Click(chromedp.CSS(`#logout button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS(browserLoginForm+" #token")),
+	)
+	where, err := chromedp.Run(ctx, chromedp.Location())
+	require.NoError(t, err)
+	require.Equal(t, base, where)
+
+	browserDo(t, ctx, console, "sign in again", browserSubmitToken(token), browserWaitSignedIn())
+	browserDo(t, ctx, console, "sign out in another tab; the open UI goes to the sign-in page",
+		chromedp.Evaluate[chromedp.Void](`fetch("ui/logout", {method: "POST"}).then(() => {})`, chromedp.EvalAwaitPromise),
+		chromedp.WaitVisible(chromedp.CSS(browserLoginForm+" #token")),
+	)
+	browserRequireNoErrors(t, console)
 }
 
 // browserRequireNoErrors fails the test if the page threw or broke its

@@ -79,6 +79,10 @@
 //	                does not answer; never needs the token
 //	GET  /metrics   Prometheus text format
 //	GET  /          the web UI (static files under /ui/)
+//	POST /ui/login  with a token only: the form of the sign-in page
+//	                (token=<token>, next=<path>); sets the sign-in cookie
+//	                and answers 303 to next, or 401 and the page again
+//	POST /ui/logout clears the sign-in cookie; 303 to /
 //
 // Durations in definitions are Go duration strings ("1m30s"); times are
 // RFC 3339 in UTC. Graph is {"nodes": [{"id", "layer", "order", "x", "y",
@@ -93,19 +97,24 @@
 //
 // # Security
 //
-// With Config.Token set, every /api route and /metrics need
-// "Authorization: Bearer <token>" (compared in constant time). /healthz is
-// open so load balancers can probe it, and so are the UI's static files:
-// they are the same bytes for everyone and carry no data, and a browser
-// cannot attach a header to a page navigation. The UI asks for the token in
-// a login form, keeps it in sessionStorage (gone when the tab closes) and
-// sends it as the Authorization header on every API call.
+// With Config.Token set, every route but /healthz (open so load balancers
+// can probe it) needs the token, the web UI and /api/openapi.json included:
+// as "Authorization: Bearer <token>", or as the HttpOnly, SameSite=Strict
+// cookie dagrun_token, which holds an HMAC of the token rather than the
+// token (both compared in constant time). A browser cannot attach a header
+// to a page navigation, so when one asks for / or /ui/... without the
+// token (its Accept names text/html) it gets, with the 401, a sign-in page
+// whose form posts the token to /ui/login; that route, the one other that
+// needs no token, sets the cookie, which the UI's API calls then carry
+// (they are same-origin). Every other refused request gets the JSON 401.
+// What a request does is recorded under its token's name either way.
 //
 // Without a token the server is meant for loopback use only (`dagrun serve`
 // refuses a non-loopback address without one), and it then rejects requests
 // whose Host is not a loopback name, so a web page cannot reach it through
 // DNS rebinding. Cross-origin browser POSTs are refused either way
-// (net/http.CrossOriginProtection), request bodies are capped, and every
+// (net/http.CrossOriginProtection; so another site cannot sign a browser
+// in or out either), request bodies are capped, and every
 // response carries Content-Security-Policy: default-src 'self' and
 // X-Content-Type-Options: nosniff. The UI builds its DOM with textContent,
 // never innerHTML, so data in inputs, outputs and errors is never markup.

@@ -30,8 +30,9 @@ var openAPIJSON = sync.OnceValues(func() ([]byte, error) {
 // OpenAPI returns the OpenAPI 3.1 description of the HTTP API as JSON.
 func OpenAPI() ([]byte, error) { return openAPIJSON() }
 
-// serveOpenAPI answers GET /api/openapi.json. It needs no token: the
-// document holds no data, and a client generator should not need one.
+// serveOpenAPI answers GET /api/openapi.json. Like every route but
+// /healthz it needs the token: the document holds no data, but it tells
+// a stranger what the server is and what it can do.
 func (s *Server) serveOpenAPI(w http.ResponseWriter, r *http.Request) {
 	doc, err := openAPIJSON()
 	if err != nil {

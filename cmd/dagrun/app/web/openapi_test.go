@@ -137,14 +137,22 @@ func (c *contract) call(t *testing.T, route, path, body string, want int) *respo
 }
 
 // bearerSent checks a request against a security scheme its route
-// requires: the scheme is the bearer token the server takes, and the
-// request sends one. The server's own tests check the token's value.
+// requires: the scheme is the bearer token or the sign-in cookie the
+// server takes, and the request sends it. The server's own tests check
+// the values.
 func bearerSent(_ context.Context, in *openapi3filter.AuthenticationInput) error {
-	if s := in.SecurityScheme; s.Type != "http" || !strings.EqualFold(s.Scheme, "bearer") {
-		return fmt.Errorf("security scheme %q is not the bearer token the server takes", in.SecuritySchemeName)
-	}
-	if !strings.HasPrefix(in.RequestValidationInput.Request.Header.Get("Authorization"), "Bearer ") {
-		return errors.New("the request sends no bearer token")
+	req := in.RequestValidationInput.Request
+	switch s := in.SecurityScheme; {
+	case s.Type == "http" && strings.EqualFold(s.Scheme, "bearer"):
+		if !strings.HasPrefix(req.Header.Get("Authorization"), "Bearer ") {
+			return errors.New("the request sends no bearer token")
+		}
+	case s.Type == "apiKey" && s.In == "cookie" && s.Name == "dagrun_token":
+		if _, err := req.Cookie(s.Name); err != nil {
+			return errors.New("the request sends no sign-in cookie")
+		}
+	default:
+		return fmt.Errorf("security scheme %q is neither the bearer token nor the cookie the server takes", in.SecuritySchemeName)
 	}
 	return nil
 }
@@ -260,10 +268,11 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	c.call(t, "POST /api/schedules/{workflow}/{index}/pause", "/api/schedules/nightly/7/pause", "", http.StatusNotFound)
 	c.call(t, "POST /api/schedules/{workflow}/{index}/resume", "/api/schedules/nightly/x/resume", "", http.StatusBadRequest)
 
-	// Without the token every route but the open ones is a 401.
+	// Without the token every route but /healthz is a 401.
 	token := b.token
 	b.token = ""
 	c.call(t, "GET /api/instances", "/api/instances", "", http.StatusUnauthorized)
+	c.call(t, "GET /api/openapi.json", "/api/openapi.json", "", http.StatusUnauthorized)
 	b.token = token
 
 	routes := serverRoutes(t, b)
@@ -301,12 +310,13 @@ func documentedRoutes(t *testing.T, b *testBundle) []string {
 	return out
 }
 
-// TestOpenAPIIsServedWithoutToken lets client generators fetch the
-// document from a server that requires a token.
-func TestOpenAPIIsServedWithoutToken(t *testing.T) {
+// TestOpenAPIIsServed: the document is OpenAPI 3.1 and, like every route
+// but /healthz, needs the token.
+func TestOpenAPIIsServed(t *testing.T) {
 	t.Parallel()
 	b := setup(t, openSQLite, &setupOpts{token: "s3cret"})
-	b.token = ""
+	anon := &testBundle{server: b.server}
+	requireError(t, anon.do(t, http.MethodGet, "/api/openapi.json", ""), http.StatusUnauthorized, "missing token")
 	r := b.do(t, http.MethodGet, "/api/openapi.json", "")
 	require.Equal(t, http.StatusOK, r.status)
 	var doc map[string]any

@@ -28,8 +28,9 @@ const healthTimeout = 3 * time.Second
 // Config configures a Server. The zero value (or nil) serves without a
 // token, logs nothing, and keeps its own metrics.
 type Config struct {
-	// Token, when set, is required as a bearer token on every route but
-	// /healthz and the UI's static files. Default: none.
+	// Token, when set, is required on every route but /healthz: as a
+	// bearer token, or as the cookie the web UI's sign-in page sets.
+	// Default: none.
 	Token string
 	// Tokens are more accepted tokens, by name: what a request with one
 	// does is recorded in the history as done by its name (Token's name is
@@ -120,7 +121,7 @@ func NewServer(engine *dagrun.Engine, config *Config) (*Server, error) {
 	// Built inside out. A request meets, in order: panic recovery (a 500
 	// instead of a dropped connection), the security headers (so even
 	// refusals carry them), the loopback Host check, cross-origin
-	// protection, the body cap, and only then routing and the token check.
+	// protection, the body cap, and only then the token check and routing.
 	var h http.Handler = http.HandlerFunc(s.dispatch)
 	h = s.limitBody(h)
 	csrf := http.NewCrossOriginProtection()
@@ -137,7 +138,7 @@ func NewServer(engine *dagrun.Engine, config *Config) (*Server, error) {
 func (s *Server) routes() {
 	api := func(pattern string, h http.HandlerFunc) {
 		s.apiRoutes = append(s.apiRoutes, pattern)
-		s.mux.Handle(pattern, s.requireToken(h))
+		s.mux.Handle(pattern, h)
 	}
 	api("GET /api/workflows", s.listWorkflows)
 	api("GET /api/workflows/{name}", s.getWorkflow)
@@ -157,27 +158,38 @@ func (s *Server) routes() {
 	api("POST /api/schedules/{workflow}/{index}/resume", s.resumeSchedule)
 	api("GET /api/queues", s.listQueues)
 	api("POST /api/queues/{name}", s.setQueueLimit)
-	s.mux.Handle("GET /metrics", s.requireToken(s.metrics.handler(s.logger)))
+	s.mux.Handle("GET /metrics", s.metrics.handler(s.logger))
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /api/openapi.json", s.serveOpenAPI)
 	s.apiRoutes = append(s.apiRoutes, "GET /metrics", "GET /healthz", "GET /api/openapi.json")
 	s.uiRoutes()
+	s.loginRoutes()
 }
+
+// openRoutes need no token: the health probe, for load balancers, and the
+// web UI's sign-in, which is where a browser gives the token.
+var openRoutes = []string{"GET /healthz", "POST /ui/login"}
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.handler.ServeHTTP(w, r)
 }
 
-// dispatch routes a request, answering unknown routes and wrong methods
-// with JSON errors instead of the mux's plain text. Unknown routes need the
-// token too, so they reveal nothing to a caller without it.
+// dispatch checks the token and routes a request, answering unknown routes
+// and wrong methods with JSON errors instead of the mux's plain text. The
+// check is here rather than on each route so that no route can be added
+// without it; unknown routes need the token too, so they reveal nothing to
+// a caller without it.
 func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
-	if _, pattern := s.mux.Handler(r); pattern != "" {
-		s.mux.ServeHTTP(w, r)
-		return
+	var h http.Handler = s.mux
+	_, pattern := s.mux.Handler(r)
+	if pattern == "" {
+		h = http.HandlerFunc(s.noRoute)
 	}
-	s.requireToken(http.HandlerFunc(s.noRoute)).ServeHTTP(w, r)
+	if !slices.Contains(openRoutes, pattern) {
+		h = s.requireToken(h)
+	}
+	h.ServeHTTP(w, r)
 }
 
 func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
@@ -200,12 +212,16 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 	writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path))
 }
 
+// contentSecurityPolicy lets a page load only this server's files; the
+// sign-in page adds its inline style (loginCSP).
+const contentSecurityPolicy = "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+
 // securityHeaders sets headers that make the browser treat every response
 // as what it says it is and load nothing from elsewhere.
 func securityHeaders(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
-		h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+		h.Set("Content-Security-Policy", contentSecurityPolicy)
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("X-Frame-Options", "DENY")
 		h.Set("Referrer-Policy", "no-referrer")

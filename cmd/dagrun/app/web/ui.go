@@ -1,31 +1,47 @@
 package web
 
 import (
+	"bytes"
 	"embed"
+	"html/template"
 	"io/fs"
 	"net/http"
 	"strings"
+	"time"
 )
 
-// uiFiles is the web UI: one HTML shell, a stylesheet and a script, no
-// third-party code and nothing fetched from elsewhere. The shell holds no
-// data; the script fetches everything from the API and renders it with
-// textContent, so no stored value can become markup.
+// The web UI is one HTML shell (shellSource) and the files beside it
+// (uiFiles): a stylesheet, a script and an icon, no third-party code and
+// nothing fetched from elsewhere. The shell holds no data; the script
+// fetches everything from the API and renders it with textContent, so no
+// stored value can become markup.
 //
-//go:embed ui/index.html ui/app.css ui/app.js ui/favicon.svg
+//go:embed ui/app.css ui/app.js ui/favicon.svg
 var uiFiles embed.FS
+
+// shellSource is a template only for whether the shell offers to sign out
+// (with a token); it is served at / and nowhere else.
+//
+//go:embed ui/index.html
+var shellSource string
+
+var shellTemplate = template.Must(template.New("shell").Parse(shellSource))
 
 func (s *Server) uiRoutes() {
 	assets, err := fs.Sub(uiFiles, "ui")
 	if err != nil {
 		panic(err) // the embed pattern above guarantees the folder
 	}
+	var shell bytes.Buffer
+	if err := shellTemplate.Execute(&shell, struct{ SignOut bool }{s.protected()}); err != nil {
+		panic(err) // a fixed template and a bool: a bug
+	}
 	files := http.FileServerFS(assets)
 	// Pages are addressed by the URL fragment (#/instances/ID), so the
 	// server only ever serves the shell at / and the assets beside it.
 	s.mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		noCache(w)
-		http.ServeFileFS(w, r, assets, "index.html")
+		http.ServeContent(w, r, "index.html", time.Time{}, bytes.NewReader(shell.Bytes()))
 	})
 	s.mux.Handle("GET /ui/", http.StripPrefix("/ui/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "" || strings.HasSuffix(r.URL.Path, "/") {

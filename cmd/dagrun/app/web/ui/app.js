@@ -7,9 +7,10 @@
 // steps cannot become markup or script.
 //
 // Pages are addressed by the URL fragment (#/instances/ID), so links and
-// reloads work without server-side routes. With a server token the UI asks
-// for it once and keeps it in sessionStorage (per tab, gone when the tab
-// closes), sending it as "Authorization: Bearer <token>" on every call.
+// reloads work without server-side routes. With a server token the server
+// asks for it on a sign-in page, and the browser then holds an HttpOnly
+// cookie, which this script never sees and every API call (same origin)
+// carries.
 "use strict";
 
 (() => {
@@ -18,7 +19,6 @@
   // API answers at most LIST_MAX per request.
   const LIST_PAGE = 50;
   const LIST_MAX = 500;
-  const TOKEN_KEY = "dagrun.token";
   const STATUSES = ["pending", "running", "completed", "failed", "cancelled"];
   const ICONS = {
     blocked: "\u22EF", pending: "\u25F7", running: "\u21BB", waiting: "\u25D4", completed: "\u2713",
@@ -29,7 +29,6 @@
   const main = document.getElementById("main");
   const banner = document.getElementById("banner");
   const live = document.getElementById("live");
-  const logout = document.getElementById("logout");
 
   // ---- DOM helpers: the only way this UI creates elements. ----
 
@@ -270,8 +269,6 @@
 
   async function api(method, path, body) {
     const headers = { Accept: "application/json" };
-    const token = sessionStorage.getItem(TOKEN_KEY);
-    if (token) headers.Authorization = "Bearer " + token;
     const init = { method, headers, cache: "no-store" };
     if (body !== undefined) {
       headers["Content-Type"] = "application/json";
@@ -287,8 +284,10 @@
     let data = null;
     try { data = await resp.json(); } catch (_) { /* not JSON */ }
     if (resp.status === 401) {
-      setLive(false, "token needed");
-      showLogin(token ? "That token was not accepted." : "");
+      // Signed out elsewhere, or the server's token changed: loading the
+      // page again gets the sign-in page.
+      setLive(false, "signed out");
+      location.reload();
       throw new APIError(401, (data && data.error) || "unauthorized");
     }
     setLive(true);
@@ -299,7 +298,6 @@
   function setLive(ok, why) {
     live.className = "live " + (ok ? "ok" : "down");
     live.textContent = ok ? "live" : why;
-    logout.hidden = !sessionStorage.getItem(TOKEN_KEY);
   }
 
   // showError shows an error in the banner, or hides it. What an action
@@ -308,7 +306,7 @@
   // refresh reported, so that a refusal is not gone before it is read.
   let actionError = false;
   function showError(err, fromPoll) {
-    if (err && err.status === 401) return; // the login dialog says it
+    if (err && err.status === 401) return; // the sign-in page is on its way
     if (!err && fromPoll && actionError) return;
     banner.textContent = err ? String(err.message || err) : "";
     banner.hidden = !err;
@@ -316,31 +314,6 @@
   }
   banner.title = "Click to dismiss";
   banner.addEventListener("click", () => showError(null));
-
-  // ---- Login ----
-
-  const dialog = document.getElementById("login");
-  const loginForm = document.getElementById("login-form");
-  const tokenInput = document.getElementById("token");
-  const loginError = document.getElementById("login-error");
-
-  function showLogin(message) {
-    loginError.textContent = message || "";
-    if (!dialog.open) dialog.showModal();
-    tokenInput.focus();
-  }
-  loginForm.addEventListener("submit", (ev) => {
-    ev.preventDefault();
-    sessionStorage.setItem(TOKEN_KEY, tokenInput.value.trim());
-    tokenInput.value = "";
-    dialog.close();
-    route();
-  });
-  dialog.addEventListener("cancel", (ev) => ev.preventDefault());
-  logout.addEventListener("click", () => {
-    sessionStorage.removeItem(TOKEN_KEY);
-    route();
-  });
 
   // ---- Router and polling ----
 

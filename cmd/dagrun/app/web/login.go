@@ -1,0 +1,145 @@
+package web
+
+import (
+	"bytes"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/base64"
+	"errors"
+	"html/template"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// loginSource is the sign-in page a browser gets instead of a 401's JSON
+// when the server has a token. It loads nothing (everything else needs
+// the token) and runs no script: a plain form posts the token to
+// /ui/login, which sets the sign-in cookie (see tokenCookie).
+//
+//go:embed login.html
+var loginSource string
+
+var loginTemplate = template.Must(template.New("login").Parse(loginSource))
+
+// loginCSP is the server's policy plus the digest of the page's own style
+// element, the one inline thing it allows.
+var loginCSP = func() string {
+	_, css, _ := strings.Cut(loginSource, "<style>")
+	css, _, _ = strings.Cut(css, "</style>")
+	sum := sha256.Sum256([]byte(css))
+	return contentSecurityPolicy + "; style-src 'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
+}()
+
+// wantsLoginPage reports whether a refused request is a browser on its way
+// to the web UI; an API call, curl or a script keep the JSON error.
+func wantsLoginPage(r *http.Request) bool {
+	if r.URL.Path != "/" && !strings.HasPrefix(r.URL.Path, "/ui/") {
+		return false
+	}
+	for _, accept := range r.Header.Values("Accept") {
+		for part := range strings.SplitSeq(accept, ",") {
+			mediaType, _, _ := strings.Cut(part, ";")
+			if strings.EqualFold(strings.TrimSpace(mediaType), "text/html") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// writeLoginPage answers 401 with the sign-in page, which sends the user
+// to back once signed in, and says message above the button.
+func writeLoginPage(w http.ResponseWriter, back, message string) {
+	var page bytes.Buffer
+	if err := loginTemplate.Execute(&page, struct{ Next, Message string }{back, message}); err != nil {
+		// The template is fixed and its data two strings: this is a bug.
+		panic(err)
+	}
+	h := w.Header()
+	h.Set("Content-Security-Policy", loginCSP)
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusUnauthorized)
+	_, _ = w.Write(page.Bytes())
+}
+
+// loginRoutes serve the sign-in and sign-out of the web UI, on a server
+// with a token only. POST /ui/login needs no token, since it is where the
+// token is given; like every POST it is refused cross-origin, so another
+// site cannot sign a browser in to its own choice of token.
+func (s *Server) loginRoutes() {
+	if !s.protected() {
+		return
+	}
+	s.mux.HandleFunc("POST /ui/login", s.login)
+	s.mux.HandleFunc("POST /ui/logout", s.logout)
+}
+
+// login checks the posted token and, if it is one of the server's, sets
+// the sign-in cookie and sends the browser back to the UI.
+func (s *Server) login(w http.ResponseWriter, r *http.Request) {
+	if err := r.ParseForm(); err != nil {
+		var tooBig *http.MaxBytesError
+		if !errors.As(err, &tooBig) {
+			err = &requestError{status: http.StatusBadRequest, msg: "invalid sign-in form (send token=<token> as application/x-www-form-urlencoded): " + err.Error()}
+		}
+		s.fail(w, r, err)
+		return
+	}
+	back := sameSitePath(r.PostForm.Get("next"))
+	t, ok := s.matchSecret(strings.TrimSpace(r.PostForm.Get("token")))
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="dagrun"`)
+		if wantsLoginPage(r) {
+			writeLoginPage(w, back, "That token was not accepted.")
+			return
+		}
+		writeError(w, http.StatusUnauthorized, "wrong token: use the token given to dagrun serve with --token or DAGRUN_TOKEN")
+		return
+	}
+	// A session cookie: gone when the browser closes, as the token a tab
+	// kept used to be.
+	setTokenCookie(w, r, base64.RawURLEncoding.EncodeToString(t.cookie[:]), 0)
+	http.Redirect(w, r, back, http.StatusSeeOther)
+}
+
+// logout clears the sign-in cookie. It needs the token like every route:
+// a browser without it has nothing to sign out of.
+func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
+	setTokenCookie(w, r, "", -1)
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// setTokenCookie sets the sign-in cookie; maxAge as http.Cookie's.
+// HttpOnly keeps it from the page's script, SameSite=Strict from requests
+// another site starts, and Secure, over TLS, from plain HTTP.
+func setTokenCookie(w http.ResponseWriter, r *http.Request, value string, maxAge int) {
+	http.SetCookie(w, &http.Cookie{
+		Name:     tokenCookie,
+		Value:    value,
+		Path:     "/",
+		MaxAge:   maxAge,
+		HttpOnly: true,
+		Secure:   r.TLS != nil,
+		SameSite: http.SameSiteStrictMode,
+	})
+}
+
+// sameSitePath returns next if it is a path on this server, else "/", so
+// that the sign-in cannot be used to send a browser elsewhere. Browsers
+// read a backslash as a slash and drop tabs and newlines from a URL, so
+// "/\evil.example" would be another host: such paths are refused too.
+func sameSitePath(next string) string {
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" ||
+		!strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") {
+		return "/"
+	}
+	for _, c := range []byte(next) {
+		if c <= ' ' || c == '\\' || c == 0x7f {
+			return "/"
+		}
+	}
+	return next
+}
