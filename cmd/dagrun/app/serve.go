@@ -40,9 +40,10 @@ func (c *cli) serveCommand() *cobra.Command {
 		Short: "Serve the HTTP JSON API, the web UI and Prometheus /metrics; --worker also runs steps",
 		Long: "Serve the HTTP JSON API under /api/, the web UI at /, Prometheus metrics at /metrics and a health check at /healthz.\n" +
 			"With --worker it also runs a worker in the same process, so `dagrun serve --worker` alone is a complete\n" +
-			"single-machine deployment. With a token (--token or DAGRUN_TOKEN) every route but /healthz and the UI's static\n" +
-			"files needs Authorization: Bearer <token>; the UI asks for it once per browser tab. A non-loopback --addr is\n" +
-			"refused without a token. SIGINT or SIGTERM stop serving, then the worker finishes its running steps.",
+			"single-machine deployment. With a token (--token or DAGRUN_TOKEN) every route but /healthz needs\n" +
+			"Authorization: Bearer <token>; a browser signs in on the page the server shows it, which sets a cookie.\n" +
+			"A non-loopback --addr is refused without a token. SIGINT or SIGTERM stop serving, then the worker finishes\n" +
+			"its running steps.",
 		Args: exactArgs(0, "serve [--addr 127.0.0.1:8080] [--token T] [--worker] [--concurrency N] [--no-schedules]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// The environment is read here rather than as the flag's
