@@ -63,17 +63,15 @@ func TestBrowserSubflow(t *testing.T) {
 	child := parent.Steps[0].Children[0]
 
 	// The list shows the parent only; ?all=true its children too.
-	var list struct {
-		Instances []struct {
-			ID string `json:"id"`
-		} `json:"instances"`
+	var list []struct {
+		ID string `json:"id"`
 	}
 	apiClient.call(t, http.MethodGet, "/api/instances", "", http.StatusOK, &list)
-	require.Len(t, list.Instances, 1)
+	require.Len(t, list, 1)
 	apiClient.call(t, http.MethodGet, "/api/instances?all=true", "", http.StatusOK, &list)
-	require.Len(t, list.Instances, 4)
+	require.Len(t, list, 4)
 	apiClient.call(t, http.MethodGet, "/api/instances?parent="+started.ID, "", http.StatusOK, &list)
-	require.Len(t, list.Instances, 3)
+	require.Len(t, list, 3)
 
 	ctx := browserContext(t, chromium)
 	console := browserWatchConsole(ctx)

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -214,13 +215,9 @@ func (s *Server) startInstance(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, view.NewInstance(inst))
 }
 
-// instanceList is GET /api/instances. Next is the ID to pass as before to
-// get the following page; empty on the last page.
-type instanceList struct {
-	Instances []view.Instance `json:"instances"`
-	Next      string          `json:"next"`
-}
-
+// listInstances is GET /api/instances: a JSON array of instance objects,
+// newest first, as `dagrun list --json` prints it. The next page, when
+// there is one, is in the Link header, so the body stays the bare array.
 func (s *Server) listInstances(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	p := storage.ListParams{Workflow: q.Get("workflow"), BeforeID: q.Get("before"), Limit: defaultListLimit, Parent: q.Get("parent")}
@@ -259,15 +256,25 @@ func (s *Server) listInstances(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	out := instanceList{Instances: make([]view.Instance, 0, min(len(list), want))}
+	out := make([]view.Instance, 0, min(len(list), want))
 	for i := range list {
 		if i == want {
-			out.Next = list[i-1].ID
+			w.Header().Set("Link", nextLink(r, "before", list[i-1].ID))
 			break
 		}
-		out.Instances = append(out.Instances, view.NewInstance(&list[i]))
+		out = append(out, view.NewInstance(&list[i]))
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// nextLink is a Link header (RFC 8288) to the page after this one: the
+// request's URL with param set to value, so the filters and the limit
+// carry over.
+func nextLink(r *http.Request, param, value string) string {
+	q := r.URL.Query()
+	q.Set(param, value)
+	u := url.URL{Path: r.URL.Path, RawQuery: q.Encode()}
+	return "<" + u.String() + `>; rel="next"`
 }
 
 // instanceDetail is GET /api/instances/{id}: the instance object plus its

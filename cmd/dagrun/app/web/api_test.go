@@ -171,6 +171,21 @@ func (b *testBundle) do(t *testing.T, method, path, body string, header ...strin
 	return &response{status: resp.StatusCode, header: resp.Header, body: data}
 }
 
+// nextLink is the target of the rel="next" link of a list response, or ""
+// on the last page.
+func nextLink(t *testing.T, r *response) string {
+	t.Helper()
+	links := r.header.Values("Link")
+	if len(links) == 0 {
+		return ""
+	}
+	require.Len(t, links, 1, "one Link header")
+	target, params, ok := strings.Cut(links[0], ">; ")
+	require.True(t, ok && strings.HasPrefix(target, "<"), "Link header %q is not <URL>; rel=...", links[0])
+	require.Equal(t, `rel="next"`, params, "Link header %q", links[0])
+	return strings.TrimPrefix(target, "<")
+}
+
 // requireError checks an error response: the status and a JSON {"error"}
 // whose message contains want.
 func requireError(t *testing.T, r *response, status int, want string) {
@@ -345,16 +360,13 @@ func TestStartRunAndGet(t *testing.T) {
 		// The list holds the same instance object, without events.
 		r = b.do(t, http.MethodGet, "/api/instances?workflow=greet", "")
 		require.Equal(t, http.StatusOK, r.status)
-		var list struct {
-			Instances []map[string]any `json:"instances"`
-			Next      string           `json:"next"`
-		}
-		require.NoError(t, json.Unmarshal(r.body, &list))
-		require.Len(t, list.Instances, 1)
-		require.Equal(t, "", list.Next)
-		require.Equal(t, id, list.Instances[0]["id"])
-		require.NotContains(t, list.Instances[0], "events")
-		require.Len(t, list.Instances[0]["steps"], 2)
+		var list []map[string]any
+		require.NoError(t, json.Unmarshal(r.body, &list), "body: %s", r.body)
+		require.Len(t, list, 1)
+		require.Empty(t, r.header.Values("Link"), "the only page links to no next one")
+		require.Equal(t, id, list[0]["id"])
+		require.NotContains(t, list[0], "events")
+		require.Len(t, list[0]["steps"], 2)
 
 		requireError(t, b.do(t, http.MethodGet, "/api/instances/no-such-id", ""), http.StatusNotFound, `no instance with ID "no-such-id"`)
 	})
@@ -434,48 +446,40 @@ func TestListFiltersAndPaging(t *testing.T) {
 		flaky := b.start(t, "flaky", "")
 		require.Equal(t, http.StatusOK, b.do(t, http.MethodPost, "/api/instances/"+flaky+"/cancel", "").status)
 
+		// Paging follows the Link header, which keeps the filter and the limit.
 		var seen []string
-		next := ""
-		for page := 0; ; page++ {
+		path := "/api/instances?workflow=greet&limit=2"
+		for page := 0; path != ""; page++ {
 			require.Less(t, page, 5, "paging does not end")
-			path := "/api/instances?workflow=greet&limit=2"
-			if next != "" {
-				path += "&before=" + next
-			}
 			r := b.do(t, http.MethodGet, path, "")
 			require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
-			var list struct {
-				Instances []struct {
-					ID string `json:"id"`
-				} `json:"instances"`
-				Next string `json:"next"`
+			var list []struct {
+				ID string `json:"id"`
 			}
-			require.NoError(t, json.Unmarshal(r.body, &list))
-			require.LessOrEqual(t, len(list.Instances), 2)
-			for _, inst := range list.Instances {
+			require.NoError(t, json.Unmarshal(r.body, &list), "body: %s", r.body)
+			require.LessOrEqual(t, len(list), 2)
+			for _, inst := range list {
 				seen = append(seen, inst.ID)
 			}
-			if list.Next == "" {
-				break
+			path = nextLink(t, r)
+			if path != "" {
+				require.Equal(t, "/api/instances?before="+list[len(list)-1].ID+"&limit=2&workflow=greet", path)
 			}
-			require.Equal(t, list.Instances[len(list.Instances)-1].ID, list.Next)
-			next = list.Next
 		}
 		// Newest first, each exactly once.
 		require.Equal(t, []string{ids[4], ids[3], ids[2], ids[1], ids[0]}, seen)
 
 		r := b.do(t, http.MethodGet, "/api/instances?status=cancelled", "")
 		require.Equal(t, http.StatusOK, r.status)
-		var cancelled struct {
-			Instances []map[string]any `json:"instances"`
-		}
-		require.NoError(t, json.Unmarshal(r.body, &cancelled))
-		require.Len(t, cancelled.Instances, 1)
-		require.Equal(t, flaky, cancelled.Instances[0]["id"])
+		var cancelled []map[string]any
+		require.NoError(t, json.Unmarshal(r.body, &cancelled), "body: %s", r.body)
+		require.Len(t, cancelled, 1)
+		require.Equal(t, flaky, cancelled[0]["id"])
 
 		r = b.do(t, http.MethodGet, "/api/instances?workflow=nothing", "")
 		require.Equal(t, http.StatusOK, r.status)
-		require.JSONEq(t, `{"instances": [], "next": ""}`, string(r.body))
+		require.JSONEq(t, `[]`, string(r.body))
+		require.Empty(t, r.header.Values("Link"))
 
 		requireError(t, b.do(t, http.MethodGet, "/api/instances?status=done", ""), http.StatusBadRequest, `invalid status "done"`)
 		requireError(t, b.do(t, http.MethodGet, "/api/instances?limit=0", ""), http.StatusBadRequest, `invalid limit "0"`)

@@ -32,9 +32,10 @@
 //	     201 with the instance; 200 with the existing instance when the
 //	     idempotency key matched one; 400 for input the workflow rejects.
 //	GET  /api/instances?workflow=W&status=S&limit=N&before=ID
-//	     {"instances": [instance...], "next": "ID or empty"}: newest first,
-//	     limit 1..500 (default 50); pass next as before for the next page.
-//	     List items carry steps but no events.
+//	     [instance...], newest first, as `dagrun list --json` prints them;
+//	     limit 1..500 (default 50). Unless it is the last, a page has a
+//	     header Link: </api/instances?...&before=ID>; rel="next", the URL
+//	     of the next page. List items carry steps but no events.
 //	GET  /api/instances/{id}
 //	     the instance with "events", the latest 100 of its history (and
 //	     "eventsTruncated": true when older ones exist), plus "graph": its

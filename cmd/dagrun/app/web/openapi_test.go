@@ -207,13 +207,18 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	caller := c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/caller/instances", "", http.StatusCreated).json(t)["id"].(string)
 	require.Equal(t, storage.InstanceCompleted, b.wait(t, caller).Status)
 	c.call(t, "GET /api/instances/{id}", "/api/instances/"+caller, "", http.StatusOK)
-	children := c.call(t, "GET /api/instances", "/api/instances?parent="+caller, "", http.StatusOK).json(t)["instances"].([]any)
+	var children []struct {
+		ID string `json:"id"`
+	}
+	require.NoError(t, json.Unmarshal(c.call(t, "GET /api/instances", "/api/instances?parent="+caller, "", http.StatusOK).body, &children))
 	require.Len(t, children, 1)
-	c.call(t, "GET /api/instances/{id}", "/api/instances/"+children[0].(map[string]any)["id"].(string), "", http.StatusOK)
+	c.call(t, "GET /api/instances/{id}", "/api/instances/"+children[0].ID, "", http.StatusOK)
 	c.call(t, "GET /api/instances", "/api/instances?all=true", "", http.StatusOK)
 
 	c.call(t, "GET /api/instances", "/api/instances", "", http.StatusOK)
 	c.call(t, "GET /api/instances", "/api/instances?workflow=greet&status=completed&limit=1", "", http.StatusOK)
+	first := c.call(t, "GET /api/instances", "/api/instances?all=true&workflow=greet&status=completed&limit=1", "", http.StatusOK)
+	require.NotEmpty(t, first.header.Get("Link"), "greet completed twice (once as caller's child): the first page links to the next")
 	c.call(t, "GET /api/instances", "/api/instances?status=bogus", "", http.StatusBadRequest)
 	c.call(t, "GET /api/instances/{id}", "/api/instances/"+greetID, "", http.StatusOK)
 	c.call(t, "GET /api/instances/{id}", "/api/instances/missing", "", http.StatusNotFound)

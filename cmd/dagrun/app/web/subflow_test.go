@@ -34,14 +34,12 @@ func TestListChildren(t *testing.T) {
 			t.Helper()
 			r := b.do(t, http.MethodGet, "/api/instances"+query, "")
 			require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
-			var out struct {
-				Instances []struct {
-					ID string `json:"id"`
-				} `json:"instances"`
+			var out []struct {
+				ID string `json:"id"`
 			}
-			require.NoError(t, json.Unmarshal(r.body, &out))
+			require.NoError(t, json.Unmarshal(r.body, &out), "body: %s", r.body)
 			ids := []string{}
-			for _, inst := range out.Instances {
+			for _, inst := range out {
 				ids = append(ids, inst.ID)
 			}
 			return ids

@@ -267,7 +267,9 @@
     constructor(status, message) { super(message); this.status = status; }
   }
 
-  async function api(method, path, body) {
+  // api resolves to the response's JSON, or with withHeaders to
+  // {data, headers}, for a list whose next page is in its Link header.
+  async function api(method, path, body, withHeaders) {
     const headers = { Accept: "application/json" };
     const init = { method, headers, cache: "no-store" };
     if (body !== undefined) {
@@ -292,7 +294,14 @@
     }
     setLive(true);
     if (!resp.ok) throw new APIError(resp.status, (data && data.error) || resp.status + " " + resp.statusText);
-    return data;
+    return withHeaders ? { data, headers: resp.headers } : data;
+  }
+
+  // nextParam is a parameter of the rel="next" URL of a Link header
+  // (RFC 8288), or "" when there is no next page.
+  function nextParam(link, name) {
+    const m = /<([^>]*)>\s*;\s*rel="?next"?/.exec(link || "");
+    return m ? new URL(m[1], location.href).searchParams.get(name) || "" : "";
   }
 
   function setLive(ok, why) {
@@ -438,10 +447,10 @@
         if (params.get("workflow")) q.set("workflow", params.get("workflow"));
         if (params.get("status")) q.set("status", params.get("status"));
         if (params.get("all") === "true") q.set("all", "true");
-        const data = await api("GET", "instances?" + q.toString());
+        const page = await api("GET", "instances?" + q.toString(), undefined, true);
         if (gen !== generation || mine !== seq) return;
-        instances.push(...data.instances);
-        cursor = data.next || "";
+        instances.push(...page.data);
+        cursor = nextParam(page.headers.get("Link"), "before");
       } while (cursor && instances.length < wanted);
       more.hidden = !cursor;
       count.textContent = instances.length + (cursor ? "+" : "") + " shown";
