@@ -752,24 +752,10 @@ type browserAPI struct {
 
 func (a *browserAPI) call(t *testing.T, method, path, body string, wantStatus int, out any) {
 	t.Helper()
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	req, err := http.NewRequest(method, strings.TrimSuffix(a.base, "/")+path, rd)
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+a.token)
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
+	resp, data := apiCall(t, method, strings.TrimSuffix(a.base, "/")+path, body, "Authorization", "Bearer "+a.token)
 	require.Equal(t, wantStatus, resp.StatusCode, "%s %s: %s", method, path, data)
 	if out != nil {
-		require.NoError(t, json.Unmarshal(data, out))
+		require.NoError(t, json.Unmarshal([]byte(data), out))
 	}
 }
 
