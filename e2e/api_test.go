@@ -129,3 +129,26 @@ func TestAPIListsWhatTheCLIPrints(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, all, string(joined))
 }
+
+// TestAPIStartReplaysAKey: a second start with the same workflow and key
+// answers as the first did, 201 with the first instance, marked as a
+// replay, and starts nothing.
+func TestAPIStartReplaysAKey(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, filepath.Join(t.TempDir(), "dagrun.db"), map[string]string{"yearly.yaml": yearlyYAML})
+	base := serveAPI(t, e)
+	url := base + "/api/workflows/yearly/instances"
+
+	first, created := apiCall(t, http.MethodPost, url, `{"input": {"n": 1}, "key": "k-1", "delay": "1h"}`)
+	require.Equal(t, http.StatusCreated, first.StatusCode, created)
+	require.Empty(t, first.Header.Values("Idempotent-Replayed"))
+	again, replayed := apiCall(t, http.MethodPost, url, `{"input": {"n": 2}, "key": "k-1"}`)
+	require.Equal(t, http.StatusCreated, again.StatusCode, replayed)
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	require.Equal(t, first.Header.Get("Location"), again.Header.Get("Location"))
+	require.JSONEq(t, created, replayed)
+
+	var list []instance
+	require.NoError(t, json.Unmarshal([]byte(e.mustRun(t, "list", "--json").stdout), &list))
+	require.Len(t, list, 1, "the repeat started nothing")
+}

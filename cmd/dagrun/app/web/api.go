@@ -207,12 +207,14 @@ func (s *Server) startInstance(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	status := http.StatusCreated
+	// A repeat with the key answers as the first start did, so a client
+	// that retries a start it never saw the answer of needs no other
+	// branch; the header tells one that cares that nothing was started.
 	if res.Existed {
-		status = http.StatusOK
+		w.Header().Set("Idempotent-Replayed", "true")
 	}
 	w.Header().Set("Location", "/api/instances/"+res.ID)
-	writeJSON(w, status, view.NewInstance(inst))
+	writeJSON(w, http.StatusCreated, view.NewInstance(inst))
 }
 
 // listInstances is GET /api/instances: a JSON array of instance objects,

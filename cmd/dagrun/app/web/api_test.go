@@ -427,11 +427,18 @@ func TestIdempotentStart(t *testing.T) {
 		b := setup(t, open, nil)
 		first := b.do(t, http.MethodPost, "/api/workflows/greet/instances", `{"input": {"name": "a"}, "key": "order-1", "delay": "1h"}`)
 		require.Equal(t, http.StatusCreated, first.status, "body: %s", first.body)
+		require.Empty(t, first.header.Values("Idempotent-Replayed"), "a first start is no replay")
+		// The repeat answers as the first start did, and says it is a replay.
 		again := b.do(t, http.MethodPost, "/api/workflows/greet/instances", `{"input": {"name": "b"}, "key": "order-1"}`)
-		require.Equal(t, http.StatusOK, again.status, "body: %s", again.body)
-		require.Equal(t, first.json(t)["id"], again.json(t)["id"])
+		require.Equal(t, http.StatusCreated, again.status, "body: %s", again.body)
+		require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+		require.Equal(t, first.header.Get("Location"), again.header.Get("Location"))
+		require.JSONEq(t, string(first.body), string(again.body), "the first instance, unchanged")
 		require.Equal(t, "order-1", again.json(t)["key"])
 		require.JSONEq(t, `{"name":"a"}`, string(mustMarshal(t, again.json(t)["input"])))
+		list, err := b.engine.List(t.Context(), storage.ListParams{})
+		require.NoError(t, err)
+		require.Len(t, list, 1, "the repeat started nothing")
 	})
 }
 

@@ -29,8 +29,9 @@
 //	      "graph": Graph (with "mermaid")}
 //	POST /api/workflows/{name}/instances
 //	     body {"input": any, "key": "k", "priority": 0, "delay": "10s"}
-//	     201 with the instance; 200 with the existing instance when the
-//	     idempotency key matched one; 400 for input the workflow rejects.
+//	     201 with the instance; when the idempotency key matched one, 201
+//	     with that instance and the header Idempotent-Replayed: true
+//	     (nothing is started); 400 for input the workflow rejects.
 //	GET  /api/instances?workflow=W&status=S&limit=N&before=ID
 //	     [instance...], newest first, as `dagrun list --json` prints them;
 //	     limit 1..500 (default 50). Unless it is the last, a page has a

@@ -177,7 +177,8 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 
 	started := c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/greet/instances", `{"input": {"name": "ada"}, "key": "k-1", "priority": 2}`, http.StatusCreated)
 	greetID := started.json(t)["id"].(string)
-	c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/greet/instances", `{"input": {"name": "ada"}, "key": "k-1"}`, http.StatusOK)
+	replay := c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/greet/instances", `{"input": {"name": "ada"}, "key": "k-1"}`, http.StatusCreated)
+	require.Equal(t, "true", replay.header.Get("Idempotent-Replayed"))
 	c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/greet/instances", `{"input": {}}`, http.StatusBadRequest)
 	c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/greet/instances", `{"name": "ada"}`, http.StatusBadRequest)
 	c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/nope/instances", ``, http.StatusNotFound)
