@@ -724,6 +724,13 @@ func TestValidateAndGraph(t *testing.T) {
 	require.Equal(t, "ok greet-everyone (2 steps)\nok order-fulfilment (3 steps)\nok order-processing (4 steps)\nok refund-approval (4 steps)\nok shipping (2 steps)\n", res.stdout)
 	require.Equal(t, strings.Count(golden0(t, "validate-broken"), "\n"), strings.Count(res.stderr, "\n"))
 
+	// A file that cannot be read is an error at its start, in the same form.
+	res = e.run(t, "validate", "nonexist.yaml")
+	require.Equal(t, 2, res.code)
+	require.Empty(t, res.stdout)
+	require.Regexp(t, `^nonexist\.yaml:1:1: \S[^\n]*\n$`, res.stderr)
+	golden(t, "validate-missing-file", res.stderr)
+
 	golden(t, "graph-mermaid", e.mustRun(t, "graph", "order-processing", "--format", "mermaid").stdout)
 	golden(t, "graph-dot", e.mustRun(t, "graph", "order-processing", "--format", "dot").stdout)
 	require.Equal(t, e.mustRun(t, "graph", "order-processing").stdout, e.mustRun(t, "graph", "order-processing", "--format", "mermaid").stdout, "mermaid is the default")

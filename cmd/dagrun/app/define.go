@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -24,32 +26,28 @@ func (c *cli) validateCommand() *cobra.Command {
 			"must exist (in the files given, their folders or the --workflows folder), must not call each other in a cycle,\n" +
 			"and must get the inputs they require.",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			files, err := c.filesToValidate(args)
-			if err != nil {
-				return usageError(err)
-			}
+			files, problems := c.filesToValidate(args)
 			opts := &dag.ParseOptions{HandlerExists: c.registry.Has}
 			checked, err := whileRunning(cmd.Context(), func() ([]fileCheck, error) { return c.checkFiles(files, len(args) > 0, opts), nil })
 			if err != nil {
 				return err
 			}
-			bad := 0
 			for _, f := range checked {
 				if f.err == nil {
 					fmt.Fprintf(c.io.Stdout, "ok %s (%s)\n", f.workflow.Name, view.Count(len(f.workflow.Steps), "step"))
 					continue
 				}
-				bad++
-				var list dag.ErrorList
-				if errors.As(f.err, &list) {
-					for _, e := range list {
-						fmt.Fprintln(c.io.Stderr, e.Error())
-					}
-				} else {
-					fmt.Fprintf(c.io.Stderr, "%s: %v\n", f.file, f.err)
-				}
+				problems = append(problems, fileErrors(f.file, f.err)...)
 			}
-			if bad > 0 {
+			for _, e := range problems {
+				// An error without a place points at the file's start, so
+				// that every line reads FILE:LINE:COL: as editors expect.
+				if e.Line == 0 {
+					e = &dag.Error{File: e.File, Line: 1, Col: 1, Msg: e.Msg}
+				}
+				fmt.Fprintln(c.io.Stderr, e.Error())
+			}
+			if len(problems) > 0 {
 				return &exitError{code: ExitUsage}
 			}
 			return nil
@@ -58,12 +56,21 @@ func (c *cli) validateCommand() *cobra.Command {
 }
 
 // filesToValidate lists the files validate checks: args, with a folder
-// standing for its workflow files, or the --workflows folder's.
-func (c *cli) filesToValidate(args []string) ([]string, error) {
+// standing for its workflow files, or the --workflows folder's. A folder
+// it cannot list, or that holds no workflow file, is a problem of its own;
+// the other arguments are still checked.
+func (c *cli) filesToValidate(args []string) ([]string, dag.ErrorList) {
 	if len(args) == 0 {
-		return workflowFiles(c.workflowsDir)
+		files, err := workflowFiles(c.workflowsDir)
+		if err != nil {
+			return nil, dag.ErrorList{folderProblem(c.workflowsDir, err, "set --workflows or DAGRUN_WORKFLOWS to the folder of your workflow files")}
+		}
+		return files, nil
 	}
-	var files []string
+	var (
+		files    []string
+		problems dag.ErrorList
+	)
 	seen := map[string]bool{}
 	add := func(file string) {
 		if key := filepath.Clean(file); !seen[key] { // a file named twice is one file
@@ -75,7 +82,7 @@ func (c *cli) filesToValidate(args []string) ([]string, error) {
 		if info, err := os.Stat(arg); err == nil && info.IsDir() {
 			inFolder, err := workflowFiles(arg)
 			if err != nil {
-				return nil, err
+				problems = append(problems, folderProblem(arg, err, "name a folder or files that hold workflows"))
 			}
 			for _, f := range inFolder {
 				add(f)
@@ -84,7 +91,58 @@ func (c *cli) filesToValidate(args []string) ([]string, error) {
 		}
 		add(arg)
 	}
-	return files, nil
+	return files, problems
+}
+
+// errNoWorkflowFiles is workflowFiles' answer for a folder that holds no
+// workflow file.
+var errNoWorkflowFiles = errors.New("no .yaml or .yml files in this folder")
+
+// readableFix is what to do about a file or folder dagrun may not read.
+const readableFix = "make it readable by the user dagrun runs as"
+
+// folderProblem is validate's error for a folder it cannot take workflow
+// files from; fix says what to do unless a permission is what is wrong.
+func folderProblem(dir string, err error, fix string) *dag.Error {
+	msg := errNoWorkflowFiles.Error()
+	if !errors.Is(err, errNoWorkflowFiles) {
+		msg = "cannot read the folder: " + systemReason(err)
+		if errors.Is(err, fs.ErrPermission) {
+			fix = readableFix
+		}
+	}
+	return &dag.Error{File: dir, Line: 1, Col: 1, Msg: msg + "; " + fix}
+}
+
+// fileErrors are the errors of a workflow file as validate prints them:
+// those of its content as they are, and a file it cannot read as one error
+// at its start that says why without repeating the path.
+func fileErrors(file string, err error) dag.ErrorList {
+	var list dag.ErrorList
+	if errors.As(err, &list) {
+		return list
+	}
+	fix := "check that it is a readable file"
+	switch {
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
+		fix = "check the path"
+	case errors.Is(err, fs.ErrPermission):
+		fix = readableFix
+	case errors.Is(err, syscall.ELOOP):
+		fix = "check where its symbolic links point"
+	}
+	return dag.ErrorList{{File: file, Line: 1, Col: 1, Msg: "cannot read the workflow file: " + systemReason(err) + "; " + fix}}
+}
+
+// systemReason is what the system said was wrong with a path, without
+// the operation and the path an *fs.PathError names: the line validate
+// prints starts with the path already.
+func systemReason(err error) string {
+	var pathErr *fs.PathError
+	if errors.As(err, &pathErr) {
+		return pathErr.Err.Error()
+	}
+	return err.Error()
 }
 
 // fileCheck is what validate found in one file: its workflow, or its errors.
@@ -201,11 +259,11 @@ func folders(files []string) []string {
 }
 
 // workflowFiles lists the workflow files of a workflows folder (see
-// dag.WorkflowFile).
+// dag.WorkflowFile): the error is the system's, or errNoWorkflowFiles.
 func workflowFiles(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("read workflows folder: %v (set --workflows or DAGRUN_WORKFLOWS)", err)
+		return nil, err
 	}
 	var files []string
 	for _, e := range entries {
@@ -214,7 +272,7 @@ func workflowFiles(dir string) ([]string, error) {
 		}
 	}
 	if len(files) == 0 {
-		return nil, fmt.Errorf("no .yaml or .yml files in %s", dir)
+		return nil, errNoWorkflowFiles
 	}
 	sort.Strings(files)
 	return files, nil
