@@ -185,6 +185,11 @@ func (c *cli) checkFiles(files []string, withFolder bool, opts *dag.ParseOptions
 	}
 	firstFile := map[string]string{} // by workflow name, the first file checked that declares it
 	for i, file := range files {
+		if e := notLoaded(file); e != nil {
+			// Not even a broken workflow: the engine never reads it.
+			out[i] = fileCheck{file: file, err: dag.ErrorList{e}}
+			continue
+		}
 		w, err := dag.ParseFilePartial(file, opts)
 		if err == nil {
 			if first, dup := firstFile[w.Name]; dup {
@@ -245,6 +250,23 @@ func (c *cli) checkFiles(files []string, withFolder bool, opts *dag.ParseOptions
 		}
 	}
 	return out
+}
+
+// notLoaded is the error of a file given by name that the engine would
+// never load from a workflows folder (see dag.WorkflowFile), so that an ok
+// from validate always means the workflow loads; nil for a workflow file.
+func notLoaded(file string) *dag.Error {
+	base := filepath.Base(file)
+	var msg string
+	switch {
+	case dag.WorkflowFile(base):
+		return nil
+	case strings.HasPrefix(base, "."):
+		msg = "dagrun skips files whose name starts with a dot, as editor leftovers; rename it without the dot"
+	default:
+		msg = "not a workflow file: dagrun loads only files whose name ends in .yaml or .yml; rename it to end in .yaml"
+	}
+	return &dag.Error{File: file, Line: 1, Col: 1, Msg: msg}
 }
 
 // folders returns the folders of files, each once, in order.

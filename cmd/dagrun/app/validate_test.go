@@ -18,7 +18,8 @@ import (
 var validateLine = regexp.MustCompile(`^[^:]+:\d+:\d+: \S`)
 
 // TestValidateProblems: whatever validate cannot check (a file it cannot
-// read, a folder without workflow files) is reported as FILE:LINE:COL: message like a mistake inside a
+// read, a folder without workflow files, a file the engine would never
+// load) is reported as FILE:LINE:COL: message like a mistake inside a
 // file, with exit code 2, and does not stop the check of the others.
 func TestValidateProblems(t *testing.T) {
 	t.Parallel()
@@ -29,7 +30,10 @@ func TestValidateProblems(t *testing.T) {
 		require.NoError(t, os.WriteFile(path, []byte(src), 0o644))
 		return path
 	}
+	greet := "name: %s\nsteps:\n  - {name: hello, handler: echo}\n"
 	empty := write("empty.yaml", "")
+	notes := write("notes.txt", fmt.Sprintf(greet, "notes.txt"))
+	draft := write(".draft.yaml", fmt.Sprintf(greet, "draft"))
 	noWorkflows := filepath.Join(dir, "no-workflows")
 	require.NoError(t, os.Mkdir(noWorkflows, 0o755))
 	write("no-workflows/README.md", "not a workflow\n")
@@ -46,6 +50,8 @@ func TestValidateProblems(t *testing.T) {
 		{name: "path through a file", args: []string{"validate", "testdata/workflows/greet.yaml/inner.yaml"}},
 		{name: "symbolic link loop", args: []string{"validate", loop}},
 		{name: "empty file", args: []string{"validate", empty}},
+		{name: "not a .yaml file", args: []string{"validate", notes}},
+		{name: "dot-file", args: []string{"validate", draft}},
 		{name: "folder without workflow files", args: []string{"validate", noWorkflows}},
 		{name: "workflows folder missing", workflows: filepath.Join(dir, "nowhere"), args: []string{"validate"}},
 		{name: "workflows folder without workflow files", workflows: noWorkflows, args: []string{"validate"}},
