@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -490,10 +491,24 @@ func describe(n *yaml.Node) string {
 		case "!!int", "!!float":
 			return "a number (" + n.Value + ")"
 		default:
-			return fmt.Sprintf("the text %q", n.Value)
+			return "the text " + quoteText(n.Value)
 		}
 	}
 	return "an unexpected YAML value"
+}
+
+// maxQuotedText is how much of a text value a message quotes: enough to
+// recognise it, not so much that one line of output holds a whole file.
+const maxQuotedText = 64
+
+// quoteText quotes s for a message, its first maxQuotedText characters and
+// how many more there are when it is longer.
+func quoteText(s string) string {
+	r := []rune(s)
+	if len(r) <= maxQuotedText {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("%s... (%d characters)", strconv.Quote(string(r[:maxQuotedText])), len(r))
 }
 
 // hashSource is the content hash the engine keys definition snapshots by.

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -354,4 +355,21 @@ steps:
 	require.Equal(t, "shipping", w.Step("each").Workflow)
 	require.NotNil(t, w.Step("each").ForEach)
 	require.Empty(t, w.Step("pick").Workflow)
+}
+
+func TestMessagesClipLongText(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("a", 2<<20)
+	tests := []struct {
+		name, src, want string
+	}{
+		{"short text whole", "just words\n", `1:1: a workflow must be a YAML mapping with keys such as name and steps, got the text "just words"`},
+		{"a file that is one long text", long + "\n", `1:1: a workflow must be a YAML mapping with keys such as name and steps, got the text "` +
+			strings.Repeat("a", maxQuotedText) + `"... (2097152 characters)`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.want, parseErrors(t, "", tt.src))
+		})
+	}
 }

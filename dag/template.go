@@ -540,7 +540,7 @@ func describeValue(v any) string {
 	case nil:
 		return "null"
 	case string:
-		return fmt.Sprintf("the text %q", x)
+		return "the text " + quoteText(x)
 	case bool:
 		return strconv.FormatBool(x)
 	case []any:
