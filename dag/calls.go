@@ -81,6 +81,10 @@ func checkCalls(ws []*Workflow, broken map[string]string) (ErrorList, map[string
 				bad[name] = true
 			default:
 				edges[name] = append(edges[name], site)
+				if msg := CappedLimited(site.step, callee); msg != "" {
+					errs = append(errs, site.errorf("%s", msg))
+					bad[name] = true
+				}
 				if missing := missingInput(site.step, callee); len(missing) > 0 {
 					what, them := "property", "it"
 					if len(missing) > 1 {
@@ -153,6 +157,17 @@ func callSites(w *Workflow) []callSite {
 		}
 	}
 	return sites
+}
+
+// CappedLimited is why a forEach workflow step cannot cap its children
+// running at once when callee limits its instances itself, "" when it
+// can: the cap is a concurrency key of the children too, and an instance
+// has only one.
+func CappedLimited(step *Step, callee *Workflow) string {
+	if step.ForEach == nil || step.Concurrency == 0 || callee.Concurrency == nil {
+		return ""
+	}
+	return fmt.Sprintf(`workflow %q limits its instances with its own "concurrency", so a forEach step over it cannot cap its items too: remove one of them`, callee.Name)
 }
 
 // missingInput lists the top-level required properties of callee's input

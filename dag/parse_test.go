@@ -344,6 +344,10 @@ steps:
   - name: each
     forEach: [1, 2]
     workflow: shipping
+  - name: each-capped
+    forEach: [1, 2, 3]
+    workflow: shipping
+    concurrency: 2
 `), testOptions())
 	require.NoError(t, err)
 	ship := w.Step("ship")
@@ -354,6 +358,9 @@ steps:
 	require.True(t, ship.ContinueOnError)
 	require.Equal(t, "shipping", w.Step("each").Workflow)
 	require.NotNil(t, w.Step("each").ForEach)
+	require.Zero(t, w.Step("each").Concurrency)
+	require.Equal(t, 2, w.Step("each-capped").Concurrency, "caps the children running at once")
+	require.Nil(t, w.Step("each-capped").KeyConcurrency)
 	require.Empty(t, w.Step("pick").Workflow)
 }
 

@@ -24,11 +24,10 @@ func (p *parser) workflowStep(b *stepBuild) {
 			p.c.at(k.node, `%s: a workflow step runs no handler, so it takes no %q: %s belongs in the child workflow's steps`, b.label, k.key, k.key)
 		}
 	}
-	switch {
-	case r.Concurrency == nil:
-	case r.ForEach != nil:
-		p.c.at(r.Concurrency, `%s: a forEach workflow step starts the child of every item at once, so it takes no "concurrency": remove it`, b.label)
-	default:
+	// On a forEach workflow step a number caps the children running at
+	// once, read as any forEach step's cap is; without forEach there are
+	// no items to cap.
+	if r.Concurrency != nil && r.ForEach == nil {
 		p.c.at(r.Concurrency, `%s: a workflow step runs no handler, so it takes no "concurrency": give the child workflow a top-level "concurrency", which its instances count against`, b.label)
 	}
 }

@@ -479,8 +479,8 @@ func (p *parser) step(b *stepBuild, def defaults) {
 		}
 	}
 	switch n := r.Concurrency; {
-	case n == nil, r.Workflow != nil:
-		// None, or a workflow step's, which workflowStep refuses.
+	case n == nil, r.Workflow != nil && r.ForEach == nil:
+		// None, or a single workflow step's, which workflowStep refuses.
 	case n.Kind == yaml.MappingNode:
 		// {key, limit}: compiled with the expressions, checked here.
 		switch {
