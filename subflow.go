@@ -36,6 +36,20 @@ func (p *planner) startChildren(step *dag.Step, change storage.StepChange, input
 	if depth > p.config.MaxDepth {
 		return fail("sub-workflow depth limit %d reached: instance %s (workflow %s) is at depth %d and cannot start workflow %s; stop the recursion, or raise the engine's depth limit", p.config.MaxDepth, p.state.ID, p.state.Workflow, p.state.Depth, w.Name)
 	}
+	capKey := ""
+	if step.ForEach != nil && step.Concurrency > 0 {
+		// Checked when the folder loads too, but the child's definition
+		// may have changed since; dropping either limit would break it.
+		if msg := dag.CappedLimited(step, w); msg != "" {
+			return fail("%s", msg)
+		}
+		// The cap is a workflow-level key the children share and no other
+		// instance has: a user's key written to collide with it would
+		// have to embed this parent's UUID. Children are created in item
+		// order, with rising IDs and one priority, so the store admits
+		// them in item order.
+		capKey = "forEach " + p.state.ID + "/" + step.Name
+	}
 	change.Children = make([]storage.CreateParams, len(inputs))
 	for i, in := range inputs {
 		id, err := uuid.NewV7()
@@ -49,6 +63,9 @@ func (p *planner) startChildren(step *dag.Step, change storage.StepChange, input
 				return fail("input of item %d for workflow %s: %v", i, w.Name, err)
 			}
 			return fail("input for workflow %s: %v", w.Name, err)
+		}
+		if capKey != "" {
+			child.ConcurrencyKey, child.ConcurrencyLimit = capKey, step.Concurrency
 		}
 		change.Children[i] = child
 		if e.tracing != nil {

@@ -540,3 +540,99 @@ steps:
 		require.Equal(t, "input of item 0 for workflow per-account: concurrency.key: the key must be a text or a number, got an object", step(t, bad, "each").Error)
 	})
 }
+
+// A forEach workflow step with concurrency N runs at most N children at
+// once: the others wait pending and are admitted in item order as earlier
+// ones finish.
+func TestForEachWorkflowConcurrencyCapsTheChildrenRunning(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		letters := []string{"a", "b", "c", "d", "e"}
+		release := map[string]chan struct{}{}
+		for _, l := range letters {
+			release[l] = make(chan struct{})
+		}
+		var running, most atomic.Int32
+		registry := handlers.NewRegistry()
+		registry.Register("gate", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
+			var v struct{ Item string }
+			if err := json.Unmarshal(in, &v); err != nil {
+				return nil, err
+			}
+			n := running.Add(1)
+			defer running.Add(-1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			select {
+			case <-release[v.Item]:
+				return json.Marshal(map[string]string{"got": v.Item})
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		})
+		b := setup(t, open, registry, `
+name: leg
+steps:
+  - {name: hold, handler: gate, input: {item: "${{ input.item }}"}}
+output: ${{ steps.hold.output }}
+`, `
+name: fanout
+steps:
+  - name: each
+    forEach: ${{ input.items }}
+    workflow: leg
+    concurrency: 2
+    input: {item: "${{ item }}"}
+output: ${{ steps.each.output }}
+`)
+		parent := b.start(t, "fanout", `{"items": ["a", "b", "c", "d", "e"]}`)
+		inst, err := b.engine.Get(context.Background(), parent)
+		require.NoError(t, err)
+		each := step(t, inst, "each")
+		children := each.Children
+		require.Len(t, children, 5)
+		// admitted reports which children may run: the first n, in item order.
+		admitted := func(n int) bool {
+			for i, id := range children {
+				if b.held(t, id, "hold") != (i >= n) {
+					return false
+				}
+			}
+			return true
+		}
+		require.True(t, admitted(2))
+		b.runWorker(t, nil)
+		for i, l := range letters {
+			require.Eventually(t, func() bool { return running.Load() == int32(min(2, len(letters)-i)) }, 20*time.Second, 5*time.Millisecond)
+			release[l] <- struct{}{}
+			require.Eventually(t, func() bool { return admitted(min(i+3, len(letters))) }, 20*time.Second, 5*time.Millisecond,
+				"item %d finished: the next in item order is admitted, no other", i)
+		}
+		inst = b.wait(t, parent)
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		requireJSON(t, `[{"got": "a"}, {"got": "b"}, {"got": "c"}, {"got": "d"}, {"got": "e"}]`, inst.Output)
+		require.Equal(t, int32(2), most.Load(), "more than 2 children ran at once")
+	})
+}
+
+// A child workflow with a concurrency of its own cannot take the cap of a
+// forEach step as well: loading a folder refuses it, and a definition that
+// changed since fails the step for good rather than dropping one limit.
+func TestForEachWorkflowConcurrencyOverALimitedChildFailsTheStep(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, oneAtATimeWorkflow, `
+name: fanout
+steps:
+  - name: each
+    forEach: [1, 2, 3]
+    workflow: one-at-a-time
+    concurrency: 2
+`)
+		inst := b.wait(t, b.start(t, "fanout", ""))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		each := step(t, inst, "each")
+		require.Empty(t, each.Children, "no child was created")
+		require.Equal(t, `workflow "one-at-a-time" limits its instances with its own "concurrency", so a forEach step over it cannot cap its items too: remove one of them`, each.Error)
+	})
+}
