@@ -542,8 +542,8 @@ steps:
 }
 
 // A forEach workflow step with concurrency N runs at most N children at
-// once: the others wait pending and are admitted in item order as earlier
-// ones finish.
+// once: the others wait pending (their items too) and are admitted in item
+// order as earlier ones finish.
 func TestForEachWorkflowConcurrencyCapsTheChildrenRunning(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
@@ -591,6 +591,18 @@ output: ${{ steps.each.output }}
 		each := step(t, inst, "each")
 		children := each.Children
 		require.Len(t, children, 5)
+		require.Equal(t, storage.ItemCounts{Total: 5, Pending: 3, Running: 2}, *each.Items, "an item whose child waits for its slot is not running")
+		items, err := b.store.ListItems(context.Background(), storage.ItemsParams{InstanceID: parent, Step: "each"})
+		require.NoError(t, err)
+		var statuses []storage.StepStatus
+		for _, it := range items {
+			statuses = append(statuses, it.Status)
+		}
+		require.Equal(t, []storage.StepStatus{storage.StepRunning, storage.StepRunning, storage.StepPending, storage.StepPending, storage.StepPending}, statuses)
+		pending, err := b.store.ListItems(context.Background(), storage.ItemsParams{InstanceID: parent, Step: "each", Status: storage.StepPending})
+		require.NoError(t, err)
+		require.Len(t, pending, 3, "the status filter agrees with the statuses shown")
+
 		// admitted reports which children may run: the first n, in item order.
 		admitted := func(n int) bool {
 			for i, id := range children {

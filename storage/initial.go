@@ -316,6 +316,14 @@ func CountItem(c *ItemCounts, status StepStatus, n int) {
 	}
 }
 
+// HoldItems counts n running items of c as pending: items of a forEach
+// workflow step whose child instances wait to be admitted under their
+// concurrency limit, so that nothing of theirs runs yet.
+func HoldItems(c *ItemCounts, n int) {
+	c.Running -= n
+	c.Pending += n
+}
+
 // ForEachSteps returns the expanded forEach steps of instances for which
 // keep holds, by row ID, and their IDs in order: what a backend fills in
 // from the items (their counts, their children) with one query.

@@ -581,7 +581,9 @@ type Step struct {
 	Children []string
 }
 
-// ItemCounts counts the items of a forEach step by status.
+// ItemCounts counts the items of a forEach step by status. An item of a
+// forEach workflow step whose child instance is held by its concurrency
+// limit counts as pending, as ListItems shows it: nothing of it runs yet.
 type ItemCounts struct{ Total, Pending, Running, Completed, Failed, Cancelled int }
 
 // Item is one item of a forEach step. An item is claimed, leased, retried,

@@ -152,9 +152,12 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 	var out []storage.Item
 	err := s.retry(ctx, func() error {
 		out = nil
-		var parentID int64
-		err := s.db.QueryRow(ctx, s.q(`SELECT id FROM {s}steps WHERE instance_id = $1 AND item_index = -1 AND name = $2`),
-			p.InstanceID, p.Step).Scan(&parentID)
+		var (
+			parentID  int64
+			callsFlow bool
+		)
+		err := s.db.QueryRow(ctx, s.q(`SELECT id, child_workflow <> '' FROM {s}steps WHERE instance_id = $1 AND item_index = -1 AND name = $2`),
+			p.InstanceID, p.Step).Scan(&parentID, &callsFlow)
 		if errors.Is(err, pgx.ErrNoRows) {
 			var exists bool
 			if err := s.db.QueryRow(ctx, s.q(`SELECT EXISTS (SELECT 1 FROM {s}instances WHERE id = $1)`), p.InstanceID).Scan(&exists); err != nil {
@@ -168,8 +171,12 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 		if err != nil {
 			return err
 		}
-		rows, err := s.db.Query(ctx, s.q(`SELECT item_index, status, attempts, input, output, error, started_at, finished_at, worker_id, child_id
-			FROM {s}steps WHERE parent_id = $1 AND ($4 = '' OR status = $4) ORDER BY item_index LIMIT $2 OFFSET $3`),
+		status := "status"
+		if callsFlow {
+			status = itemStatusSQL
+		}
+		rows, err := s.db.Query(ctx, s.q(`SELECT item_index, `+status+`, attempts, input, output, error, started_at, finished_at, worker_id, child_id
+			FROM {s}steps WHERE parent_id = $1 AND ($4 = '' OR `+status+` = $4) ORDER BY item_index LIMIT $2 OFFSET $3`),
 			parentID, limit, max(p.Offset, 0), string(p.Status))
 		if err != nil {
 			return err
@@ -207,8 +214,20 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 // only the items' status index.
 const itemCountsSQL = `SELECT parent_id, status, count(*) FROM {s}steps WHERE parent_id = ANY($1) GROUP BY parent_id, status`
 
-// queueItemCounts fills in, when the batch runs, the item counts of the
-// forEach steps of instances, whose steps must be loaded by then.
+// heldItemsSQL counts the running items of forEach workflow steps ($1)
+// whose child is held (itemStatusSQL).
+const heldItemsSQL = `SELECT s.parent_id, count(*) FROM {s}steps s JOIN {s}instances i ON i.id = s.child_id
+	WHERE s.parent_id = ANY($1) AND s.status = 'running' AND i.held GROUP BY s.parent_id`
+
+// itemStatusSQL is the status shown of an item of a forEach workflow
+// step: running from the start, it is pending while its child waits to be
+// admitted under its concurrency limit, since nothing of it runs yet.
+const itemStatusSQL = `CASE WHEN status = 'running' AND EXISTS (SELECT 1 FROM {s}instances i
+	WHERE i.id = {s}steps.child_id AND i.held) THEN 'pending' ELSE status END`
+
+// itemCounts fills in the item counts of the forEach steps of instances,
+// then moves the items whose child is held (itemStatusSQL) from running to
+// pending, reading only the items of forEach workflow steps.
 func (s *Store) itemCounts(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, instances []storage.Instance) error {
@@ -225,8 +244,21 @@ func (s *Store) itemCounts(ctx context.Context, q interface {
 		status storage.StepStatus
 		n      int
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &status, &n}, func() error {
+	if _, err = pgx.ForEachRow(rows, []any{&id, &status, &n}, func() error {
 		storage.CountItem(byID[id].Items, status, n)
+		return nil
+	}); err != nil {
+		return err
+	}
+	calling, ids := storage.ForEachSteps(instances, func(st *storage.Step) bool { return st.Workflow != "" })
+	if len(ids) == 0 {
+		return nil
+	}
+	if rows, err = q.Query(ctx, s.q(heldItemsSQL), ids); err != nil {
+		return err
+	}
+	_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error {
+		storage.HoldItems(calling[id].Items, n)
 		return nil
 	})
 	return err

@@ -149,9 +149,12 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 	var out []storage.Item
 	err := s.read(ctx, "list items", func(tx *sql.Tx) error {
 		out = nil
-		var parentID int64
-		err := tx.QueryRowContext(ctx, `SELECT id FROM steps WHERE instance_id = ? AND item_index = -1 AND name = ?`,
-			p.InstanceID, p.Step).Scan(&parentID)
+		var (
+			parentID  int64
+			callsFlow bool
+		)
+		err := tx.QueryRowContext(ctx, `SELECT id, child_workflow <> '' FROM steps WHERE instance_id = ? AND item_index = -1 AND name = ?`,
+			p.InstanceID, p.Step).Scan(&parentID, &callsFlow)
 		if errors.Is(err, sql.ErrNoRows) {
 			var n int
 			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM instances WHERE id = ?`, p.InstanceID).Scan(&n); err != nil {
@@ -165,10 +168,14 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 		if err != nil {
 			return err
 		}
-		q := `SELECT item_index, status, attempts, input, output, error, started_at, finished_at, worker_id, child_id
+		status := "status"
+		if callsFlow {
+			status = itemStatusSQL
+		}
+		q := `SELECT item_index, ` + status + `, attempts, input, output, error, started_at, finished_at, worker_id, child_id
 			FROM steps WHERE parent_id = ?1`
 		if p.Status != "" {
-			q += ` AND status = ?4`
+			q += ` AND ` + status + ` = ?4`
 		}
 		q += ` ORDER BY item_index LIMIT ?2 OFFSET ?3`
 		args := []any{parentID, limit, max(p.Offset, 0)}
@@ -200,8 +207,16 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 	return out, nil
 }
 
+// itemStatusSQL is the status shown of an item of a forEach workflow
+// step: running from the start, it is pending while its child waits to be
+// admitted under its concurrency limit, since nothing of it runs yet.
+const itemStatusSQL = `CASE WHEN status = 'running' AND EXISTS (SELECT 1 FROM instances i
+	WHERE i.id = steps.child_id AND i.held = 1) THEN 'pending' ELSE status END`
+
 // itemCounts fills in the item counts of the forEach steps of instances,
-// with one grouped query that reads only the items' status index.
+// with one grouped query that reads only the items' status index, then
+// moves the items whose child is held (itemStatusSQL) from running to
+// pending, reading only the items of forEach workflow steps.
 func itemCounts(ctx context.Context, tx *sql.Tx, instances []storage.Instance) error {
 	byID, ids := forEachSteps(instances, func(*storage.Step) bool { return true })
 	if len(byID) == 0 {
@@ -212,7 +227,7 @@ func itemCounts(ctx context.Context, tx *sql.Tx, instances []storage.Instance) e
 	if err != nil {
 		return err
 	}
-	return eachRow(rows, func(sc scanner) error {
+	if err := eachRow(rows, func(sc scanner) error {
 		var (
 			id     int64
 			status storage.StepStatus
@@ -222,6 +237,25 @@ func itemCounts(ctx context.Context, tx *sql.Tx, instances []storage.Instance) e
 			return err
 		}
 		storage.CountItem(byID[id].Items, status, n)
+		return nil
+	}); err != nil {
+		return err
+	}
+	calling, ids := forEachSteps(instances, func(st *storage.Step) bool { return st.Workflow != "" })
+	if len(calling) == 0 {
+		return nil
+	}
+	rows, err = tx.QueryContext(ctx, `SELECT s.parent_id, count(*) FROM steps s JOIN instances i ON i.id = s.child_id
+		WHERE s.parent_id IN (SELECT value FROM json_each(?)) AND s.status = 'running' AND i.held = 1 GROUP BY s.parent_id`, ids)
+	if err != nil {
+		return err
+	}
+	return eachRow(rows, func(sc scanner) error {
+		var id, n int64
+		if err := sc.Scan(&id, &n); err != nil {
+			return err
+		}
+		storage.HoldItems(calling[id].Items, int(n))
 		return nil
 	})
 }

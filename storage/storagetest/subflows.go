@@ -400,6 +400,68 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 		require.JSONEq(t, `[{"steps":1},{"steps":1},{"steps":1}]`, string(step(t, in, "each").Output), "child outputs in item order")
 	},
 
+	"ForEachItemOfAHeldChildIsPending": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		calls := callPlan(map[string][]storage.StepSpec{"each": {spec("c")}})
+		// One child at a time, as a forEach workflow step with concurrency 1.
+		plan := func(st *storage.InstanceState) (*storage.Plan, error) {
+			p, err := calls(st)
+			if p != nil {
+				for i := range p.Steps {
+					for j := range p.Steps[i].Children {
+						p.Steps[i].Children[j].ConcurrencyKey, p.Steps[i].Children[j].ConcurrencyLimit = "each of "+st.ID, 1
+					}
+				}
+			}
+			return p, err
+		}
+		each := callSpec("each")
+		each.ForEach = true
+		id := b.createWith(plan, itemsParams(3, each))
+		shown := func(want storage.ItemCounts, statuses ...storage.StepStatus) {
+			t.Helper()
+			require.Equal(t, &want, step(t, b.get(id), "each").Items)
+			listed, err := b.store.ListInstances(b.ctx, storage.ListParams{})
+			require.NoError(t, err)
+			for _, in := range listed {
+				if in.ID == id {
+					require.Equal(t, &want, step(t, &in, "each").Items, "listed as got")
+				}
+			}
+			items, err := b.store.ListItems(b.ctx, storage.ItemsParams{InstanceID: id, Step: "each"})
+			require.NoError(t, err)
+			var got []storage.StepStatus
+			for _, it := range items {
+				got = append(got, it.Status)
+			}
+			require.Equal(t, statuses, got)
+			for _, status := range []storage.StepStatus{storage.StepPending, storage.StepRunning} {
+				items, err := b.store.ListItems(b.ctx, storage.ItemsParams{InstanceID: id, Step: "each", Status: status})
+				require.NoError(t, err)
+				var want []int
+				for i, s := range statuses {
+					if s == status {
+						want = append(want, i)
+					}
+				}
+				var got []int
+				for _, it := range items {
+					got = append(got, it.Index)
+				}
+				require.Equal(t, want, got, "items listed as %s", status)
+			}
+		}
+		shown(storage.ItemCounts{Total: 3, Running: 1, Pending: 2}, storage.StepRunning, storage.StepPending, storage.StepPending)
+
+		children := step(t, b.get(id), "each").Children
+		b.completeWith(plan, children[0], "c", `1`)
+		shown(storage.ItemCounts{Total: 3, Completed: 1, Running: 1, Pending: 1}, storage.StepCompleted, storage.StepRunning, storage.StepPending)
+		b.completeWith(plan, children[1], "c", `1`)
+		b.completeWith(plan, children[2], "c", `1`)
+		shown(storage.ItemCounts{Total: 3, Completed: 3}, storage.StepCompleted, storage.StepCompleted, storage.StepCompleted)
+		require.Equal(t, storage.InstanceCompleted, b.get(id).Status)
+	},
+
 	"ForEachChildFailureFailsStep": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		plan := callPlan(map[string][]storage.StepSpec{"each": {spec("c")}})
