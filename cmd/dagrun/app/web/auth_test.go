@@ -152,7 +152,7 @@ func TestSignInPage(t *testing.T) {
 	c := tokenCookie(r)
 	require.NotNil(t, c)
 	require.True(t, c.HttpOnly)
-	require.Equal(t, http.SameSiteStrictMode, c.SameSite)
+	require.Equal(t, http.SameSiteLaxMode, c.SameSite)
 	require.Equal(t, "/", c.Path)
 	require.False(t, c.Secure, "plain HTTP")
 	require.Zero(t, c.MaxAge, "a session cookie")
@@ -201,7 +201,7 @@ func TestSignInPage(t *testing.T) {
 	require.Negative(t, cleared.MaxAge, "expired now")
 	require.Equal(t, "/", cleared.Path)
 	require.True(t, cleared.HttpOnly)
-	require.Equal(t, http.SameSiteStrictMode, cleared.SameSite)
+	require.Equal(t, http.SameSiteLaxMode, cleared.SameSite)
 
 	// Another site cannot sign a browser in, or out.
 	for _, header := range [][]string{{"Sec-Fetch-Site", "cross-site"}, {"Origin", "https://evil.example"}} {

@@ -101,7 +101,7 @@
 //
 // With Config.Token set, every route but /healthz (open so load balancers
 // can probe it) needs the token, the web UI and /api/openapi.json included:
-// as "Authorization: Bearer <token>", or as the HttpOnly, SameSite=Strict
+// as "Authorization: Bearer <token>", or as the HttpOnly, SameSite=Lax
 // cookie dagrun_token, which holds an HMAC of the token rather than the
 // token (both compared in constant time). A browser cannot attach a header
 // to a page navigation, so when one asks for / or /ui/... without the

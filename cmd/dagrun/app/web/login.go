@@ -112,8 +112,12 @@ func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
 }
 
 // setTokenCookie sets the sign-in cookie; maxAge as http.Cookie's.
-// HttpOnly keeps it from the page's script, SameSite=Strict from requests
-// another site starts, and Secure, over TLS, from plain HTTP.
+// HttpOnly keeps it from the page's script, and Secure, over TLS, from
+// plain HTTP. SameSite=Lax keeps it from every request another site starts
+// but a top-level GET, so a link to the UI pasted in a chat opens signed
+// in; what such a GET answers is shown to the user, never to the site,
+// no GET route changes anything, and a cross-site POST is refused anyway
+// (http.CrossOriginProtection).
 func setTokenCookie(w http.ResponseWriter, r *http.Request, value string, maxAge int) {
 	http.SetCookie(w, &http.Cookie{
 		Name:     tokenCookie,
@@ -122,7 +126,7 @@ func setTokenCookie(w http.ResponseWriter, r *http.Request, value string, maxAge
 		MaxAge:   maxAge,
 		HttpOnly: true,
 		Secure:   r.TLS != nil,
-		SameSite: http.SameSiteStrictMode,
+		SameSite: http.SameSiteLaxMode,
 	})
 }
 
