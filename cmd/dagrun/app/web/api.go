@@ -32,7 +32,8 @@ const (
 	maxListLimit     = 500
 )
 
-// workflowSummary is one item of GET /api/workflows.
+// workflowSummary is one item of GET /api/workflows, which answers a bare
+// array as every list of the API does.
 type workflowSummary struct {
 	Name        string `json:"name"`
 	Description string `json:"description"`
@@ -45,7 +46,7 @@ func (s *Server) listWorkflows(w http.ResponseWriter, _ *http.Request) {
 	for _, wf := range s.engine.Workflows() {
 		out = append(out, workflowSummary{Name: wf.Name, Description: wf.Description, Steps: len(wf.Steps), Hash: wf.Hash})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"workflows": out})
+	writeJSON(w, http.StatusOK, out)
 }
 
 // workflowDetail is GET /api/workflows/{name}.

@@ -224,13 +224,11 @@ func TestWorkflowsAPI(t *testing.T) {
 
 		r := b.do(t, http.MethodGet, "/api/workflows", "")
 		require.Equal(t, http.StatusOK, r.status)
-		var list struct {
-			Workflows []map[string]any `json:"workflows"`
-		}
+		var list []map[string]any
 		require.NoError(t, json.Unmarshal(r.body, &list))
-		require.Len(t, list.Workflows, 2)
-		require.Equal(t, "flaky", list.Workflows[0]["name"])
-		greet := list.Workflows[1]
+		require.Len(t, list, 2)
+		require.Equal(t, "flaky", list[0]["name"])
+		greet := list[1]
 		require.Equal(t, "greet", greet["name"])
 		require.Equal(t, "Say hello twice.", greet["description"])
 		require.EqualValues(t, 2, greet["steps"])
@@ -831,7 +829,7 @@ func TestNewServerConfig(t *testing.T) {
 	data, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	require.JSONEq(t, `{"workflows": []}`, string(bytes.TrimSpace(data)))
+	require.JSONEq(t, `[]`, string(bytes.TrimSpace(data)))
 }
 
 func TestIsLoopbackHost(t *testing.T) {

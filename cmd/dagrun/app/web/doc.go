@@ -17,7 +17,7 @@
 // (storage unavailable) or 500.
 //
 //	GET  /api/workflows
-//	     {"workflows": [{"name", "description", "steps": N, "hash"}]}
+//	     [{"name", "description", "steps": N, "hash"}]
 //	GET  /api/workflows/{name}
 //	     {"name", "description", "hash", "inputSchema", "source" (the YAML),
 //	      "steps": [{"name", "handler", "dependsOn", "queue",

@@ -423,7 +423,7 @@
     // The workflow filter lists the served workflows plus a filtered-for
     // name that is no longer served (its old instances still exist).
     api("GET", "workflows").then((data) => {
-      const names = data.workflows.map((w) => w.name);
+      const names = data.map((w) => w.name);
       const wanted = params.get("workflow");
       if (wanted && !names.includes(wanted)) names.push(wanted);
       for (const n of names) workflowSel.appendChild(el("option", { value: n }, n));
@@ -1589,10 +1589,10 @@
       const data = await api("GET", "workflows");
       if (gen !== generation) return false;
       clear(tbody);
-      if (!data.workflows.length) {
+      if (!data.length) {
         tbody.appendChild(el("tr", {}, el("td", { colspan: 4, class: "empty" }, "No workflows loaded: put WORKFLOW.yaml files in the folder given to --workflows and restart dagrun serve.")));
       }
-      for (const w of data.workflows) {
+      for (const w of data) {
         tbody.appendChild(el("tr", {},
           el("td", {}, link("/workflows/" + encodeURIComponent(w.name), w.name)),
           el("td", {}, w.description),
