@@ -124,20 +124,23 @@ const dueSQL = `SELECT id FROM (SELECT id, priority, run_after FROM steps
 const promoteSQL = `UPDATE steps SET promoted = 1, rate_slot_due = 0, slots_due = 0 WHERE id = ?1`
 
 // promote moves the steps of dueSQL into the claim indexes, in claim
-// order.
+// order. First, a rated queue that has been idle gives its waiting steps
+// their slots again from now (respaceIdleRates), so that those whose
+// slots passed while no worker ran start the rate's interval apart rather
+// than together.
 func (t *txn) promote(now int64) error {
-	rows, err := t.query(dueSQL, now)
+	due, err := t.dueSteps(now)
+	if err != nil || len(due) == 0 {
+		return err
+	}
+	respaced, err := t.respaceIdleRates(now)
 	if err != nil {
 		return err
 	}
-	var due []int64
-	if err := eachRow(rows, func(sc scanner) error {
-		var id int64
-		err := sc.Scan(&id)
-		due = append(due, id)
-		return err
-	}); err != nil {
-		return err
+	if respaced {
+		if due, err = t.dueSteps(now); err != nil {
+			return err
+		}
 	}
 	for _, id := range due {
 		if _, err := t.exec(promoteSQL, id); err != nil {
@@ -145,6 +148,64 @@ func (t *txn) promote(now int64) error {
 		}
 	}
 	return nil
+}
+
+// dueSteps lists the steps of dueSQL.
+func (t *txn) dueSteps(now int64) ([]int64, error) {
+	rows, err := t.query(dueSQL, now)
+	if err != nil {
+		return nil, err
+	}
+	var due []int64
+	err = eachRow(rows, func(sc scanner) error {
+		var id int64
+		err := sc.Scan(&id)
+		due = append(due, id)
+		return err
+	})
+	return due, err
+}
+
+// idleRatesSQL lists the rated queues (?1 is now) with a step whose slot
+// has come (a step of steps_delayed the rate spaced out) and no start for
+// longer than the rate's interval or a second, whichever is longer: a
+// queue no worker served for a while, whose passed slots would otherwise
+// all start at once. A busy queue's late claims keep their slots, so the
+// rate holds on average under load. The latest start is one entry of
+// steps_rate_starts.
+const idleRatesSQL = `SELECT q.queue, q.interval_us FROM queue_limits q
+	WHERE q.interval_us > 0
+	AND EXISTS (SELECT 1 FROM steps s WHERE s.status = 'pending' AND s.promoted = 0 AND s.run_after > s.ready_at
+		AND s.run_after <= ?1 AND s.queue = q.queue AND s.queue_limited = 1 AND s.rate_slot_due = 0)
+	AND coalesce((SELECT max(r.started_at) FROM steps r
+		WHERE r.queue = q.queue AND r.queue_limited = 1 AND r.started_at IS NOT NULL), 0) < ?1 - max(q.interval_us, 1000000)`
+
+// respaceIdleRates gives the waiting steps of each queue of idleRatesSQL
+// their slots again from now (respace) and reports whether there was one.
+func (t *txn) respaceIdleRates(now int64) (bool, error) {
+	rows, err := t.query(idleRatesSQL, now)
+	if err != nil {
+		return false, err
+	}
+	type rated struct {
+		queue    string
+		interval int64
+	}
+	var idle []rated
+	if err := eachRow(rows, func(sc scanner) error {
+		var r rated
+		err := sc.Scan(&r.queue, &r.interval)
+		idle = append(idle, r)
+		return err
+	}); err != nil {
+		return false, err
+	}
+	for _, r := range idle {
+		if err := t.respace(r.queue, now, r.interval); err != nil {
+			return false, err
+		}
+	}
+	return len(idle) > 0, nil
 }
 
 // underCap holds for an item of a forEach step with a concurrency cap

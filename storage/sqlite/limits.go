@@ -198,7 +198,9 @@ func (t *txn) respace(queue string, now, interval int64) error {
 		return err
 	}
 	for i, id := range ids {
-		if _, err := t.exec(`UPDATE steps SET run_after = ? WHERE id = ?`, starts[i], id); err != nil {
+		// A promoted step given a later start goes back among the delayed
+		// steps, where the next wake-up is read and promotion finds it.
+		if _, err := t.exec(`UPDATE steps SET run_after = ?1, promoted = promoted AND ?1 <= ?2 WHERE id = ?3`, starts[i], now, id); err != nil {
 			return err
 		}
 	}

@@ -101,6 +101,18 @@ func (h *Harness) setupLimits(t *testing.T) *limitBundle {
 	return &limitBundle{bundle: h.setup(t), claims: map[string]storage.Claim{}}
 }
 
+// twoASecond limits q.work to two starts a second and creates n instances
+// of one step in it, one after the other, returning their IDs.
+func (b *limitBundle) twoASecond(n int) []string {
+	b.t.Helper()
+	require.NoError(b.t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Rate: 2, Per: time.Second}))
+	var ids []string
+	for range n {
+		ids = append(ids, b.createKeyed(keyed("", 0, 0))...)
+	}
+	return ids
+}
+
 // claimAll claims every claimable step and returns their instances.
 func (b *limitBundle) claimAll() []string {
 	b.t.Helper()
@@ -303,11 +315,7 @@ var limitTests = map[string]func(*testing.T, *Harness){
 	},
 	"QueueRateSpacesStarts": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
-		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Rate: 2, Per: time.Second}))
-		var ids []string
-		for range 3 {
-			ids = append(ids, b.createKeyed(keyed("", 0, 0))...)
-		}
+		ids := b.twoASecond(3)
 		require.Equal(t, ids[:1], b.claimAll())
 		wake, err := b.store.NextWake(b.ctx, storage.ClaimParams{})
 		require.NoError(t, err)
@@ -322,6 +330,27 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		require.Empty(t, b.claimAll())
 		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work"}))
 		require.Equal(t, later, b.claimAll())
+	},
+	"QueueRateAfterAnIdleSpellStartsFromNow": func(t *testing.T, h *Harness) {
+		b := h.setupLimits(t)
+		ids := b.twoASecond(4)
+		// No worker for 1.5 s: the slots of the first three passed. The
+		// first claim starts one, and the others keep the rate's interval
+		// from it rather than starting together.
+		b.clock.Advance(1500 * time.Millisecond)
+		require.Equal(t, ids[:1], b.claimAll())
+		require.Empty(t, b.claimAll(), "a step whose slot passed while no worker ran started with the first")
+		wake, err := b.store.NextWake(b.ctx, storage.ClaimParams{})
+		require.NoError(t, err)
+		require.Equal(t, b.now().Add(500*time.Millisecond), wake.UTC())
+		b.clock.Advance(500 * time.Millisecond)
+		require.Equal(t, ids[1:2], b.claimAll())
+		// A claim that comes late while the queue is busy keeps the slots:
+		// the next start catches up, so the rate holds on average.
+		b.clock.Advance(700 * time.Millisecond)
+		require.Equal(t, ids[2:3], b.claimAll())
+		b.clock.Advance(300 * time.Millisecond)
+		require.Equal(t, ids[3:], b.claimAll())
 	},
 	"QueueRateSlotsStepsWhenTheyFallDue": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)

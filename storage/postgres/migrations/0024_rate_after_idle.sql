@@ -1,0 +1,109 @@
+-- dagrun schema, version 24: a rated queue that was idle starts from now.
+--
+-- A rate gives each step of its queue a start time (a slot) as the step
+-- becomes ready. Steps that became ready while no worker of the queue ran
+-- kept the slots that passed meanwhile, and all started together when a
+-- worker came. promote_due now first gives such a queue's waiting steps
+-- their slots again from its own time, interval apart in claim order, when
+-- one of its slots has come and nothing of the queue started for longer
+-- than the rate's interval (or a second, if that is longer). A busy
+-- queue's late claims keep their slots, so the rate holds on average under
+-- load. The queue's latest start is one entry of steps_rate_starts.
+--
+-- The queue's lock is taken with the others of its kind, in order, before
+-- any row; rows another transaction holds (a claim taking them now) keep
+-- their slots rather than be waited for.
+CREATE INDEX steps_rate_starts ON steps (queue, started_at)
+    WHERE queue_limited AND started_at IS NOT NULL;
+
+CREATE OR REPLACE FUNCTION promote_due(at timestamptz) RETURNS integer
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    batch bigint[];
+    idle text[];
+    l record;
+    r record;
+    due bigint;
+    n integer := 0;
+    step interval;
+    next_start timestamptz;
+    first timestamptz;
+BEGIN
+    batch := ARRAY(
+        SELECT id FROM steps
+        WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after <= at
+        ORDER BY run_after LIMIT 1000);
+    IF cardinality(batch) = 0 THEN
+        RETURN 0;
+    END IF;
+    idle := ARRAY(
+        SELECT q.queue FROM queue_limits q
+        WHERE q.interval_us > 0
+            AND q.queue IN (SELECT s.queue FROM steps s WHERE s.id = ANY (batch) AND s.queue_limited AND NOT s.rate_slot_due)
+            AND coalesce((SELECT max(x.started_at) FROM steps x
+                WHERE x.queue = q.queue AND x.queue_limited AND x.started_at IS NOT NULL), 'epoch')
+                < at - greatest(q.interval_us, 1000000) * interval '1 microsecond'
+        ORDER BY 1);
+    FOR l IN
+        SELECT DISTINCT i.workflow, i.concurrency_key FROM steps s JOIN instances i ON i.id = s.instance_id
+        WHERE s.id = ANY (batch) AND s.slots_due AND s.held_by_instance
+            AND i.held AND i.concurrency_key IS NOT NULL
+        ORDER BY 1, 2
+    LOOP
+        PERFORM limits_lock('i', l.workflow, l.concurrency_key, '');
+    END LOOP;
+    FOR l IN
+        SELECT queue FROM steps WHERE id = ANY (batch) AND slots_due AND queue_limited
+        UNION
+        SELECT unnest(idle)
+        ORDER BY 1
+    LOOP
+        PERFORM limits_lock('q', l.queue, '', '');
+    END LOOP;
+    FOR l IN
+        SELECT DISTINCT workflow, name, concurrency_key FROM steps
+        WHERE id = ANY (batch) AND slots_due AND concurrency_key IS NOT NULL
+        ORDER BY 1, 2, 3
+    LOOP
+        PERFORM limits_lock('k', l.workflow, l.name, l.concurrency_key);
+    END LOOP;
+    -- As the Go store's respace for a changed rate: start times interval
+    -- apart from at, in claim order, none before a step's own.
+    FOR l IN SELECT q.queue, q.interval_us FROM queue_limits q WHERE q.queue = ANY (idle) ORDER BY 1
+    LOOP
+        step := l.interval_us * interval '1 microsecond';
+        next_start := at;
+        FOR r IN
+            SELECT id, run_after FROM steps
+            WHERE queue = l.queue AND queue_limited AND status = 'pending' AND NOT rate_slot_due
+                AND run_after < '9999-01-01 00:00:00+00'
+            ORDER BY priority DESC, run_after, id
+            FOR NO KEY UPDATE SKIP LOCKED
+        LOOP
+            first := greatest(r.run_after, next_start);
+            next_start := first + step;
+            -- One a claim would take before its new time waits for it
+            -- among the delayed steps, where the next wake-up is read.
+            UPDATE steps SET run_after = first, promoted = promoted AND first <= at WHERE id = r.id;
+        END LOOP;
+        UPDATE queue_limits SET tat = next_start WHERE queue = l.queue;
+    END LOOP;
+    -- The steps that were ready already and now start at once wait among
+    -- the delayed ones too: promote them with the batch.
+    IF cardinality(idle) > 0 THEN
+        batch := batch || ARRAY(
+            SELECT id FROM steps
+            WHERE queue = ANY (idle) AND queue_limited AND status = 'pending' AND NOT promoted
+                AND run_after > ready_at AND run_after <= at AND NOT slots_due AND NOT (id = ANY (batch)));
+    END IF;
+    FOR due IN
+        SELECT id FROM steps
+        WHERE id = ANY (batch) AND status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after <= at
+        ORDER BY priority DESC, run_after, id
+        FOR NO KEY UPDATE SKIP LOCKED
+    LOOP
+        UPDATE steps SET promoted = true, rate_slot_due = false, slots_due = false WHERE id = due;
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END $$;
