@@ -333,3 +333,51 @@ steps:
 		})
 	}
 }
+
+// TestQueueRateAfterAnIdleSpell starts instances of a rated queue while no
+// worker runs, and a worker only after their slots have passed: the
+// starts keep the rate's interval from the first one rather than coming
+// together.
+func TestQueueRateAfterAnIdleSpell(t *testing.T) {
+	t.Parallel()
+	const (
+		instances = 4
+		interval  = 500 * time.Millisecond // --rate 2/s
+		idle      = 1500 * time.Millisecond
+	)
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			db := b.newDB(t)
+			e := newEnv(t, db, map[string]string{"paced.yaml": `name: paced
+steps:
+  - {name: a, handler: noop, queue: paced}
+`})
+			e.mustRun(t, "queue", "set", "paced", "--rate", "2/s")
+			first := time.Now()
+			for range instances {
+				e.mustRun(t, "start", "paced", "--detach")
+			}
+			// The scenario is a spell with no worker: only time passing
+			// makes it, so this waits rather than awaits a condition.
+			time.Sleep(time.Until(first.Add(idle)))
+			e.spawnBinary(t, plainBinary, "worker")
+			awaitCompleted(t, e, "paced", instances, time.Minute)
+			var starts []int64
+			for _, r := range historyRuns(t, db) {
+				starts = append(starts, r.start)
+			}
+			require.Len(t, starts, instances)
+			slices.Sort(starts)
+			// The first claim gives the waiting steps slots an interval
+			// apart from its own time, on the store's clock; a claim may
+			// come a little after its slot, never before, and the next
+			// slot stays where it was. Together they would start within
+			// milliseconds.
+			for i := 1; i < len(starts); i++ {
+				since := time.Duration(starts[i]-starts[0]) * time.Microsecond
+				require.GreaterOrEqual(t, since, time.Duration(i)*interval, "start %d came %s after the first: gaps %v ms", i, since, gaps(starts))
+				require.Greater(t, starts[i]-starts[i-1], (interval / 2).Microseconds(), "start %d came with the one before it: gaps %v ms", i, gaps(starts))
+			}
+		})
+	}
+}
