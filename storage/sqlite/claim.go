@@ -166,22 +166,23 @@ func (t *txn) dueSteps(now int64) ([]int64, error) {
 	return due, err
 }
 
-// idleRatesSQL lists the rated queues (?1 is now) with a step whose slot
-// has come (a step of steps_delayed the rate spaced out) and no start for
-// longer than the rate's interval or a second, whichever is longer: a
-// queue no worker served for a while, whose passed slots would otherwise
-// all start at once. A busy queue's late claims keep their slots, so the
-// rate holds on average under load. The latest start is one entry of
-// steps_rate_starts.
+// idleRatesSQL lists the rated queues (?1 is now) with a step of
+// steps_delayed whose time has come (its slot, or a time of its own after
+// which it takes one) and no start for longer than the rate's interval or
+// a second, whichever is longer: a queue no worker served for a while,
+// whose passed slots would otherwise all start at once. A busy queue's
+// late claims keep their slots, so the rate holds on average under load.
+// The latest start is one entry of steps_rate_starts.
 const idleRatesSQL = `SELECT q.queue, q.interval_us FROM queue_limits q
 	WHERE q.interval_us > 0
 	AND EXISTS (SELECT 1 FROM steps s WHERE s.status = 'pending' AND s.promoted = 0 AND s.run_after > s.ready_at
-		AND s.run_after <= ?1 AND s.queue = q.queue AND s.queue_limited = 1 AND s.rate_slot_due = 0)
+		AND s.run_after <= ?1 AND s.queue = q.queue AND s.queue_limited = 1)
 	AND coalesce((SELECT max(r.started_at) FROM steps r
 		WHERE r.queue = q.queue AND r.queue_limited = 1 AND r.started_at IS NOT NULL), 0) < ?1 - max(q.interval_us, 1000000)`
 
-// respaceIdleRates gives the waiting steps of each queue of idleRatesSQL
-// their slots again from now (respace) and reports whether there was one.
+// respaceIdleRates gives the waiting steps of each queue of idleRatesSQL,
+// and those whose own time has come, their slots again from now (respace);
+// it reports whether there was one.
 func (t *txn) respaceIdleRates(now int64) (bool, error) {
 	rows, err := t.query(idleRatesSQL, now)
 	if err != nil {
@@ -201,7 +202,7 @@ func (t *txn) respaceIdleRates(now int64) (bool, error) {
 		return false, err
 	}
 	for _, r := range idle {
-		if err := t.respace(r.queue, now, r.interval); err != nil {
+		if err := t.respace(r.queue, now, r.interval, true); err != nil {
 			return false, err
 		}
 	}

@@ -127,7 +127,7 @@ func (t *txn) applyQueueLimit(l storage.QueueLimit, oldInterval, oldTat int64) e
 	}
 	// A new rate spaces out the ready steps from now.
 	if interval > 0 && interval != oldInterval {
-		if err := t.respace(l.Queue, now, interval); err != nil {
+		if err := t.respace(l.Queue, now, interval, false); err != nil {
 			return err
 		}
 	}
@@ -175,10 +175,12 @@ func (t *txn) releaseHeld(queue string, now int64) error {
 
 // respace gives the queue's ready steps start times interval apart from
 // now, in claim order, and leaves the rate's next start after the last.
-// Steps waiting for a time of their own take their slot when it comes.
-func (t *txn) respace(queue string, now, interval int64) error {
-	rows, err := t.query(`SELECT id, run_after FROM steps WHERE queue = ? AND queue_limited = 1 AND status = 'pending'
-		AND rate_slot_due = 0 AND run_after < `+heldUS+` ORDER BY priority DESC, run_after, id`, queue)
+// Steps waiting for a time of their own take their slot when it comes;
+// with due, those whose time has come take theirs here too, in claim
+// order with the others, instead of as they are promoted.
+func (t *txn) respace(queue string, now, interval int64, due bool) error {
+	rows, err := t.query(`SELECT id, run_after FROM steps WHERE queue = ?1 AND queue_limited = 1 AND status = 'pending'
+		AND (rate_slot_due = 0 OR ?3 AND run_after <= ?2) AND run_after < `+heldUS+` ORDER BY priority DESC, run_after, id`, queue, now, due)
 	if err != nil {
 		return err
 	}
@@ -200,7 +202,7 @@ func (t *txn) respace(queue string, now, interval int64) error {
 	for i, id := range ids {
 		// A promoted step given a later start goes back among the delayed
 		// steps, where the next wake-up is read and promotion finds it.
-		if _, err := t.exec(`UPDATE steps SET run_after = ?1, promoted = promoted AND ?1 <= ?2 WHERE id = ?3`, starts[i], now, id); err != nil {
+		if _, err := t.exec(`UPDATE steps SET run_after = ?1, promoted = promoted AND ?1 <= ?2, rate_slot_due = 0 WHERE id = ?3`, starts[i], now, id); err != nil {
 			return err
 		}
 	}

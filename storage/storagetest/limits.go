@@ -352,6 +352,21 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		b.clock.Advance(300 * time.Millisecond)
 		require.Equal(t, ids[3:], b.claimAll())
 	},
+	"QueueRateAfterAnIdleSpellStartsDelayedStepsFromNow": func(t *testing.T, h *Harness) {
+		b := h.setupLimits(t)
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Rate: 2, Per: time.Second}))
+		at := b.now().Add(500 * time.Millisecond)
+		ids := b.createKeyed(delayedBy(keyed("", 0, 0), at), delayedBy(keyed("", 0, 0), at), delayedBy(keyed("", 0, 0), at))
+		// Their time came 1.5 s before any claim: each takes its slot of
+		// the rate from the first claim's time, not from its own.
+		b.clock.Advance(2 * time.Second)
+		require.Equal(t, ids[:1], b.claimAll())
+		require.Empty(t, b.claimAll(), "steps whose time came while no worker ran started together")
+		b.clock.Advance(500 * time.Millisecond)
+		require.Equal(t, ids[1:2], b.claimAll())
+		b.clock.Advance(500 * time.Millisecond)
+		require.Equal(t, ids[2:], b.claimAll())
+	},
 	"QueueRateSlotsStepsWhenTheyFallDue": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
 		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Rate: 2, Per: time.Second}))

@@ -5,8 +5,11 @@
 -- kept the slots that passed meanwhile, and all started together when a
 -- worker came. promote_due now first gives such a queue's waiting steps
 -- their slots again from its own time, interval apart in claim order, when
--- one of its slots has come and nothing of the queue started for longer
--- than the rate's interval (or a second, if that is longer). A busy
+-- one of its steps is due (at its slot, or at a time of its own after
+-- which it takes one) and nothing of the queue started for longer than
+-- the rate's interval (or a second, if that is longer); the steps whose
+-- own time has come (a delayed start, a retry's backoff) take theirs with
+-- them, in claim order, rather than as they are promoted. A busy
 -- queue's late claims keep their slots, so the rate holds on average under
 -- load. The queue's latest start is one entry of steps_rate_starts.
 --
@@ -39,7 +42,7 @@ BEGIN
     idle := ARRAY(
         SELECT q.queue FROM queue_limits q
         WHERE q.interval_us > 0
-            AND q.queue IN (SELECT s.queue FROM steps s WHERE s.id = ANY (batch) AND s.queue_limited AND NOT s.rate_slot_due)
+            AND q.queue IN (SELECT s.queue FROM steps s WHERE s.id = ANY (batch) AND s.queue_limited)
             AND coalesce((SELECT max(x.started_at) FROM steps x
                 WHERE x.queue = q.queue AND x.queue_limited AND x.started_at IS NOT NULL), 'epoch')
                 < at - greatest(q.interval_us, 1000000) * interval '1 microsecond'
@@ -68,14 +71,15 @@ BEGIN
         PERFORM limits_lock('k', l.workflow, l.name, l.concurrency_key);
     END LOOP;
     -- As the Go store's respace for a changed rate: start times interval
-    -- apart from at, in claim order, none before a step's own.
+    -- apart from at, in claim order, none before a step's own; here the
+    -- steps whose own time has come take their slot too.
     FOR l IN SELECT q.queue, q.interval_us FROM queue_limits q WHERE q.queue = ANY (idle) ORDER BY 1
     LOOP
         step := l.interval_us * interval '1 microsecond';
         next_start := at;
         FOR r IN
             SELECT id, run_after FROM steps
-            WHERE queue = l.queue AND queue_limited AND status = 'pending' AND NOT rate_slot_due
+            WHERE queue = l.queue AND queue_limited AND status = 'pending' AND (NOT rate_slot_due OR run_after <= at)
                 AND run_after < '9999-01-01 00:00:00+00'
             ORDER BY priority DESC, run_after, id
             FOR NO KEY UPDATE SKIP LOCKED
@@ -84,7 +88,7 @@ BEGIN
             next_start := first + step;
             -- One a claim would take before its new time waits for it
             -- among the delayed steps, where the next wake-up is read.
-            UPDATE steps SET run_after = first, promoted = promoted AND first <= at WHERE id = r.id;
+            UPDATE steps SET run_after = first, promoted = promoted AND first <= at, rate_slot_due = false WHERE id = r.id;
         END LOOP;
         UPDATE queue_limits SET tat = next_start WHERE queue = l.queue;
     END LOOP;
