@@ -188,9 +188,12 @@ func startClaimedInstances(claimed string) string {
 // (migration 22), so that claims and finishes never deadlock on them.
 //
 // The function is called only when its first probe would find a step
-// due (dueSQL): nearly every claim finds none, and a PL/pgSQL call with
-// its own search_path cost such a claim three times the probe alone.
-const promoteSQL = `SELECT {s}promote_due({now}) WHERE EXISTS (SELECT FROM {s}steps WHERE ` + dueSQL + `{now})`
+// due (dueSQL), or a queue has a rate (whose steps an idle spell may have
+// left to start together: migration 24): nearly every claim finds
+// neither, and a PL/pgSQL call with its own search_path cost such a claim
+// three times the probe alone.
+const promoteSQL = `SELECT {s}promote_due({now}) WHERE EXISTS (SELECT FROM {s}steps WHERE ` + dueSQL + `{now})
+	OR EXISTS (SELECT FROM {s}queue_limits WHERE interval_us > 0)`
 
 // dueSQL, followed by a time, is the condition of promote_due's first
 // probe: a delayed step due by then. TestPromoteGuardIsTheProbe keeps

@@ -129,18 +129,12 @@ const promoteSQL = `UPDATE steps SET promoted = 1, rate_slot_due = 0, slots_due 
 // slots passed while no worker ran start the rate's interval apart rather
 // than together.
 func (t *txn) promote(now int64) error {
-	due, err := t.dueSteps(now)
-	if err != nil || len(due) == 0 {
+	if err := t.respaceIdleRates(now); err != nil {
 		return err
 	}
-	respaced, err := t.respaceIdleRates(now)
+	due, err := t.dueSteps(now)
 	if err != nil {
 		return err
-	}
-	if respaced {
-		if due, err = t.dueSteps(now); err != nil {
-			return err
-		}
 	}
 	for _, id := range due {
 		if _, err := t.exec(promoteSQL, id); err != nil {
@@ -166,27 +160,29 @@ func (t *txn) dueSteps(now int64) ([]int64, error) {
 	return due, err
 }
 
-// idleRatesSQL lists the rated queues (?1 is now) with a step of
-// steps_delayed whose time has come (its slot, or a time of its own after
-// which it takes one) and no start for longer than the rate's interval or
-// a second, whichever is longer: a queue no worker served for a while,
-// whose passed slots would otherwise all start at once. A busy queue's
+// idleRatesSQL lists the rated queues (?1 is now) with two steps or more
+// that a claim could start now (ready, or delayed and due: their slots or
+// their own times passed) and no start for longer than the rate's
+// interval or a second, whichever is longer: a queue no worker served for
+// a while, whose steps would otherwise all start at once. A busy queue's
 // late claims keep their slots, so the rate holds on average under load.
-// The latest start is one entry of steps_rate_starts.
+// The late steps are read from steps_queue_limited, whose status term the
+// query repeats; the latest start is one entry of steps_rate_starts. With
+// no rated queue, the query reads queue_limits alone.
 const idleRatesSQL = `SELECT q.queue, q.interval_us FROM queue_limits q
 	WHERE q.interval_us > 0
-	AND EXISTS (SELECT 1 FROM steps s WHERE s.status = 'pending' AND s.promoted = 0 AND s.run_after > s.ready_at
-		AND s.run_after <= ?1 AND s.queue = q.queue AND s.queue_limited = 1)
+	AND (SELECT count(*) FROM (SELECT 1 FROM steps s WHERE s.queue = q.queue AND s.queue_limited = 1
+		AND s.status = 'pending' AND s.status IN ('pending', 'running') AND s.run_after <= ?1 LIMIT 2)) = 2
 	AND coalesce((SELECT max(r.started_at) FROM steps r
 		WHERE r.queue = q.queue AND r.queue_limited = 1 AND r.started_at IS NOT NULL), 0) < ?1 - max(q.interval_us, 1000000)`
 
 // respaceIdleRates gives the waiting steps of each queue of idleRatesSQL,
-// and those whose own time has come, their slots again from now (respace);
-// it reports whether there was one.
-func (t *txn) respaceIdleRates(now int64) (bool, error) {
+// and those whose own time has come, their slots again from now
+// (respace).
+func (t *txn) respaceIdleRates(now int64) error {
 	rows, err := t.query(idleRatesSQL, now)
 	if err != nil {
-		return false, err
+		return err
 	}
 	type rated struct {
 		queue    string
@@ -199,14 +195,14 @@ func (t *txn) respaceIdleRates(now int64) (bool, error) {
 		idle = append(idle, r)
 		return err
 	}); err != nil {
-		return false, err
+		return err
 	}
 	for _, r := range idle {
 		if err := t.respace(r.queue, now, r.interval, true); err != nil {
-			return false, err
+			return err
 		}
 	}
-	return len(idle) > 0, nil
+	return nil
 }
 
 // underCap holds for an item of a forEach step with a concurrency cap

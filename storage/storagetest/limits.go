@@ -352,6 +352,24 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		b.clock.Advance(300 * time.Millisecond)
 		require.Equal(t, ids[3:], b.claimAll())
 	},
+	"QueueRateAfterAnIdleSpellSpacesReadySteps": func(t *testing.T, h *Harness) {
+		b := h.setupLimits(t)
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Rate: 2, Per: time.Second}))
+		// Started a second apart with no worker: each is ready at once,
+		// its slot its own start. The first claim takes one, and the
+		// others keep the rate's interval from it.
+		var ids []string
+		for range 3 {
+			ids = append(ids, b.createKeyed(keyed("", 0, 0))...)
+			b.clock.Advance(time.Second)
+		}
+		require.Equal(t, ids[:1], b.claimAll())
+		require.Empty(t, b.claimAll(), "ready steps of an idle queue started together")
+		b.clock.Advance(500 * time.Millisecond)
+		require.Equal(t, ids[1:2], b.claimAll())
+		b.clock.Advance(500 * time.Millisecond)
+		require.Equal(t, ids[2:], b.claimAll())
+	},
 	"QueueRateAfterAnIdleSpellStartsDelayedStepsFromNow": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
 		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Rate: 2, Per: time.Second}))

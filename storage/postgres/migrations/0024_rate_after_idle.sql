@@ -3,11 +3,12 @@
 -- A rate gives each step of its queue a start time (a slot) as the step
 -- becomes ready. Steps that became ready while no worker of the queue ran
 -- kept the slots that passed meanwhile, and all started together when a
--- worker came. promote_due now first gives such a queue's waiting steps
--- their slots again from its own time, interval apart in claim order, when
--- one of its steps is due (at its slot, or at a time of its own after
--- which it takes one) and nothing of the queue started for longer than
--- the rate's interval (or a second, if that is longer); the steps whose
+-- worker came. promote_due, which a claim now calls also when a queue
+-- has a rate, first gives such a queue's waiting steps their slots again
+-- from its own time, interval apart in claim order, when two of its steps
+-- or more could start now (ready, or due at their slots or at times of
+-- their own) and nothing of the queue started for longer than the rate's
+-- interval (or a second, if that is longer); the steps whose
 -- own time has come (a delayed start, a retry's backoff) take theirs with
 -- them, in claim order, rather than as they are promoted. A busy
 -- queue's late claims keep their slots, so the rate holds on average under
@@ -36,17 +37,18 @@ BEGIN
         SELECT id FROM steps
         WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after <= at
         ORDER BY run_after LIMIT 1000);
-    IF cardinality(batch) = 0 THEN
-        RETURN 0;
-    END IF;
     idle := ARRAY(
         SELECT q.queue FROM queue_limits q
         WHERE q.interval_us > 0
-            AND q.queue IN (SELECT s.queue FROM steps s WHERE s.id = ANY (batch) AND s.queue_limited)
+            AND (SELECT count(*) FROM (SELECT FROM steps s WHERE s.queue = q.queue AND s.queue_limited
+                AND s.status = 'pending' AND s.run_after <= at LIMIT 2) late) = 2
             AND coalesce((SELECT max(x.started_at) FROM steps x
                 WHERE x.queue = q.queue AND x.queue_limited AND x.started_at IS NOT NULL), 'epoch')
                 < at - greatest(q.interval_us, 1000000) * interval '1 microsecond'
         ORDER BY 1);
+    IF cardinality(batch) = 0 AND cardinality(idle) = 0 THEN
+        RETURN 0;
+    END IF;
     FOR l IN
         SELECT DISTINCT i.workflow, i.concurrency_key FROM steps s JOIN instances i ON i.id = s.instance_id
         WHERE s.id = ANY (batch) AND s.slots_due AND s.held_by_instance
