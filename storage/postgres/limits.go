@@ -124,7 +124,7 @@ func (s *Store) applyQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, 
 	}
 	// A new rate spaces out the ready steps from now.
 	if interval > 0 && interval != oldInterval {
-		if err := s.respace(ctx, tx, now, l.Queue, interval); err != nil {
+		if err := exec(`SELECT {s}respace_queue($2, {now}, false)`, now, l.Queue); err != nil {
 			return err
 		}
 	}
@@ -142,46 +142,6 @@ func (s *Store) applyQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, 
 		}
 	}
 	return exec(`SELECT {s}limits_release_queue($2, {now})`, now, l.Queue)
-}
-
-// respace gives the queue's ready steps start times interval apart from
-// now, in claim order, and leaves the rate's next start after the last.
-// Steps waiting for a time of their own take their slot when it comes.
-func (s *Store) respace(ctx context.Context, tx pgx.Tx, now *time.Time, queue string, interval int64) error {
-	var start time.Time
-	if err := tx.QueryRow(ctx, s.q(`SELECT {now}::timestamptz`), now).Scan(&start); err != nil {
-		return err
-	}
-	rows, err := tx.Query(ctx, s.q(`SELECT id, run_after FROM {s}steps WHERE queue = $1 AND queue_limited AND status = 'pending'
-		AND NOT rate_slot_due AND run_after < `+heldAt+` ORDER BY priority DESC, run_after, id`), queue)
-	if err != nil {
-		return err
-	}
-	var (
-		ids    []int64
-		starts []time.Time
-		id     int64
-		at     time.Time
-	)
-	step := time.Duration(interval) * time.Microsecond
-	tat := start
-	if _, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error {
-		first := at
-		if tat.After(first) {
-			first = tat
-		}
-		tat = first.Add(step)
-		ids, starts = append(ids, id), append(starts, first)
-		return nil
-	}); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, s.q(`UPDATE {s}steps s SET run_after = x.start
-		FROM unnest($1::bigint[], $2::timestamptz[]) AS x(id, start) WHERE s.id = x.id`), ids, starts); err != nil {
-		return err
-	}
-	_, err = tx.Exec(ctx, s.q(`UPDATE {s}queue_limits SET tat = $2 WHERE queue = $1`), queue, tat)
-	return err
 }
 
 // Queues implements storage.Store.

@@ -183,6 +183,7 @@ var laterFunctions = []struct {
 	{"limits_instance_held", "({s}steps)", 18},
 	{"limits_due", "()", 18},
 	{"promote_due", "(timestamptz)", 21},
+	{"respace_queue", "(text, timestamptz, boolean)", 24},
 }
 
 // legacyLockKey is the advisory lock older versions took to migrate their

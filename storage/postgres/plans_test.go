@@ -433,8 +433,9 @@ func undoLastMigration(t *testing.T, schema string) {
 	last := ms[len(ms)-1]
 	var undo string
 	switch last.Version {
-	case 24: // an index, and one function replaced: its previous version again
-		undo = "DROP INDEX steps_rate_starts; " + replacingFunction(t, ms, 22, "promote_due")
+	case 24: // an index and a function added, one function replaced: its previous version again
+		undo = "DROP INDEX steps_rate_starts; DROP FUNCTION respace_queue(text, timestamptz, boolean); " +
+			replacingFunction(t, ms, 22, "promote_due")
 	default:
 		t.Fatalf("undoLastMigration does not know how to undo %s", last.Name)
 	}

@@ -20,18 +20,50 @@
 CREATE INDEX steps_rate_starts ON steps (queue, started_at)
     WHERE queue_limited AND started_at IS NOT NULL;
 
+-- respace_queue gives queue q's ready steps start times its rate's
+-- interval apart from at, in claim order, none before a step's own, and
+-- leaves the rate's next start after the last: for a changed rate (the
+-- store's SetQueueLimit) and for an idle rated queue (promote_due, with
+-- with_due: the steps whose own time has come take their slot here too,
+-- rather than as they are promoted). A promoted step given a later start
+-- goes back among the delayed steps, where the next wake-up is read. Rows
+-- another transaction holds (a claim taking them now) keep their slots
+-- rather than be waited for.
+CREATE FUNCTION respace_queue(q text, at timestamptz, with_due boolean) RETURNS void
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    r record;
+    step interval;
+    next_start timestamptz := at;
+    first timestamptz;
+BEGIN
+    SELECT interval_us * interval '1 microsecond' INTO step FROM queue_limits WHERE queue = q;
+    IF step IS NULL OR step <= interval '0' THEN
+        RETURN;
+    END IF;
+    FOR r IN
+        SELECT id, run_after FROM steps
+        WHERE queue = q AND queue_limited AND status = 'pending' AND (NOT rate_slot_due OR with_due AND run_after <= at)
+            AND run_after < '9999-01-01 00:00:00+00'
+        ORDER BY priority DESC, run_after, id
+        FOR NO KEY UPDATE SKIP LOCKED
+    LOOP
+        first := greatest(r.run_after, next_start);
+        next_start := first + step;
+        UPDATE steps SET run_after = first, promoted = promoted AND first <= at, rate_slot_due = false WHERE id = r.id;
+    END LOOP;
+    UPDATE queue_limits SET tat = next_start WHERE queue = q;
+END $$;
+
 CREATE OR REPLACE FUNCTION promote_due(at timestamptz) RETURNS integer
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     batch bigint[];
     idle text[];
     l record;
-    r record;
+    idle_queue text;
     due bigint;
     n integer := 0;
-    step interval;
-    next_start timestamptz;
-    first timestamptz;
 BEGIN
     batch := ARRAY(
         SELECT id FROM steps
@@ -72,27 +104,9 @@ BEGIN
     LOOP
         PERFORM limits_lock('k', l.workflow, l.name, l.concurrency_key);
     END LOOP;
-    -- As the Go store's respace for a changed rate: start times interval
-    -- apart from at, in claim order, none before a step's own; here the
-    -- steps whose own time has come take their slot too.
-    FOR l IN SELECT q.queue, q.interval_us FROM queue_limits q WHERE q.queue = ANY (idle) ORDER BY 1
+    FOREACH idle_queue IN ARRAY idle
     LOOP
-        step := l.interval_us * interval '1 microsecond';
-        next_start := at;
-        FOR r IN
-            SELECT id, run_after FROM steps
-            WHERE queue = l.queue AND queue_limited AND status = 'pending' AND (NOT rate_slot_due OR run_after <= at)
-                AND run_after < '9999-01-01 00:00:00+00'
-            ORDER BY priority DESC, run_after, id
-            FOR NO KEY UPDATE SKIP LOCKED
-        LOOP
-            first := greatest(r.run_after, next_start);
-            next_start := first + step;
-            -- One a claim would take before its new time waits for it
-            -- among the delayed steps, where the next wake-up is read.
-            UPDATE steps SET run_after = first, promoted = promoted AND first <= at, rate_slot_due = false WHERE id = r.id;
-        END LOOP;
-        UPDATE queue_limits SET tat = next_start WHERE queue = l.queue;
+        PERFORM respace_queue(idle_queue, at, true);
     END LOOP;
     -- The steps that were ready already and now start at once wait among
     -- the delayed ones too: promote them with the batch.
