@@ -113,6 +113,19 @@ func (b *limitBundle) twoASecond(n int) []string {
 	return ids
 }
 
+// startTwoASecond requires that the steps of ids start one at a time,
+// 500 ms apart (q.work at two a second) from now, in their order; why
+// names the failure of a second start with the first.
+func (b *limitBundle) startTwoASecond(ids []string, why string) {
+	b.t.Helper()
+	require.Equal(b.t, ids[:1], b.claimAll())
+	require.Empty(b.t, b.claimAll(), why)
+	for i := 1; i < len(ids); i++ {
+		b.clock.Advance(500 * time.Millisecond)
+		require.Equal(b.t, ids[i:i+1], b.claimAll(), "start %d", i)
+	}
+}
+
 // claimAll claims every claimable step and returns their instances.
 func (b *limitBundle) claimAll() []string {
 	b.t.Helper()
@@ -363,12 +376,7 @@ var limitTests = map[string]func(*testing.T, *Harness){
 			ids = append(ids, b.createKeyed(keyed("", 0, 0))...)
 			b.clock.Advance(time.Second)
 		}
-		require.Equal(t, ids[:1], b.claimAll())
-		require.Empty(t, b.claimAll(), "ready steps of an idle queue started together")
-		b.clock.Advance(500 * time.Millisecond)
-		require.Equal(t, ids[1:2], b.claimAll())
-		b.clock.Advance(500 * time.Millisecond)
-		require.Equal(t, ids[2:], b.claimAll())
+		b.startTwoASecond(ids, "ready steps of an idle queue started together")
 	},
 	"QueueRateAfterAnIdleSpellStartsDelayedStepsFromNow": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
@@ -378,12 +386,7 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		// Their time came 1.5 s before any claim: each takes its slot of
 		// the rate from the first claim's time, not from its own.
 		b.clock.Advance(2 * time.Second)
-		require.Equal(t, ids[:1], b.claimAll())
-		require.Empty(t, b.claimAll(), "steps whose time came while no worker ran started together")
-		b.clock.Advance(500 * time.Millisecond)
-		require.Equal(t, ids[1:2], b.claimAll())
-		b.clock.Advance(500 * time.Millisecond)
-		require.Equal(t, ids[2:], b.claimAll())
+		b.startTwoASecond(ids, "steps whose time came while no worker ran started together")
 	},
 	"QueueRateSlotsStepsWhenTheyFallDue": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
