@@ -507,7 +507,15 @@ func TestBrowserSignInAndOut(t *testing.T) {
 	require.Equal(t, "That token was not accepted.", refusal)
 	browserScreenshot(t, ctx, "browser-sign-in-refused.png")
 
-	browserDo(t, ctx, console, "give the token", browserSubmitToken(token), browserWaitSignedIn())
+	// Signed in, the browser is back at the page it was opened at: the
+	// sign-in page keeps the address's fragment, which the server never sees.
+	browserDo(t, ctx, console, "give the token, and land on the page asked for",
+		browserSubmitToken(token), browserWaitSignedIn(),
+		chromedp.WaitVisible(chromedp.CSS(`a[href="#/workflows/fragile"]`)),
+	)
+	landed, err := chromedp.Run(ctx, chromedp.Location())
+	require.NoError(t, err)
+	require.Equal(t, base+"#/workflows", landed)
 	// The token is in a cookie the page's script cannot read, and nowhere
 	// else in the page's reach.
 	kept, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.cookie + "|" + sessionStorage.length + "|" + localStorage.length`))

@@ -14,22 +14,31 @@ import (
 
 // loginSource is the sign-in page a browser gets instead of a 401's JSON
 // when the server has a token. It loads nothing (everything else needs
-// the token) and runs no script: a plain form posts the token to
-// /ui/login, which sets the sign-in cookie (see tokenCookie).
+// the token): a plain form posts the token to /ui/login, which sets the
+// sign-in cookie (see tokenCookie). Its one script adds the address's
+// fragment to where the form goes next: the UI's pages are fragments
+// (#/instances/ID), which a browser never sends to the server, so a deep
+// link opened while signed out would otherwise land on the start page.
 //
 //go:embed login.html
 var loginSource string
 
 var loginTemplate = template.Must(template.New("login").Parse(loginSource))
 
-// loginCSP is the server's policy plus the digest of the page's own style
-// element, the one inline thing it allows.
-var loginCSP = func() string {
-	_, css, _ := strings.Cut(loginSource, "<style>")
-	css, _, _ = strings.Cut(css, "</style>")
-	sum := sha256.Sum256([]byte(css))
-	return contentSecurityPolicy + "; style-src 'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
-}()
+// loginCSP is the server's policy plus the digests of the page's own
+// style and script elements, the only inline things it allows.
+var loginCSP = contentSecurityPolicy +
+	"; style-src " + inlineDigest(loginSource, "style") +
+	"; script-src " + inlineDigest(loginSource, "script")
+
+// inlineDigest returns the CSP source expression ('sha256-...') that
+// allows the content of page's first element named tag.
+func inlineDigest(page, tag string) string {
+	_, content, _ := strings.Cut(page, "<"+tag+">")
+	content, _, _ = strings.Cut(content, "</"+tag+">")
+	sum := sha256.Sum256([]byte(content))
+	return "'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
+}
 
 // wantsLoginPage reports whether a refused request is a browser on its way
 // to the web UI; an API call, curl or a script keep the JSON error.
