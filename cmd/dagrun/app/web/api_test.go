@@ -63,6 +63,7 @@ steps:
 
 type testBundle struct {
 	engine  *dagrun.Engine
+	web     *web.Server
 	store   storage.Store
 	metrics *web.Metrics
 	server  *httptest.Server
@@ -121,7 +122,7 @@ func setup(t *testing.T, open func(t *testing.T) storage.Store, opts *setupOpts)
 		go func() { defer close(done); _ = worker.Run(ctx) }()
 		t.Cleanup(func() { cancel(); <-done })
 	}
-	return &testBundle{engine: engine, store: store, metrics: metrics, server: ts, token: opts.token, fixed: fixed}
+	return &testBundle{engine: engine, web: srv, store: store, metrics: metrics, server: ts, token: opts.token, fixed: fixed}
 }
 
 // response is a decoded API response.

@@ -117,17 +117,27 @@ func (s *Server) requireToken(next http.Handler) http.Handler {
 		})
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// After signing in, back to the page asked for; a form's POST (a
+		// sign-out) cannot be repeated by a redirect.
+		back := "/"
+		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+			back = r.URL.RequestURI()
+		}
+		guess := presentsToken(r)
+		if guess {
+			if retryAfter, blocked := s.guesses.blocked(r); blocked {
+				s.refuseGuesses(w, r, retryAfter, back)
+				return
+			}
+		}
 		name, refusal := s.authenticate(r)
 		if name == "" {
+			if guess {
+				s.guesses.wrong(r)
+			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="dagrun"`)
 			if wantsLoginPage(r) {
-				// After signing in, back to the page asked for; a form's
-				// POST (a sign-out) cannot be repeated by a redirect.
-				back := "/"
-				if r.Method == http.MethodGet || r.Method == http.MethodHead {
-					back = r.URL.RequestURI()
-				}
-				writeLoginPage(w, back, "")
+				writeLoginPage(w, http.StatusUnauthorized, back, "")
 				return
 			}
 			writeError(w, http.StatusUnauthorized, refusal)

@@ -8,7 +8,9 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -106,6 +108,7 @@ func requireLoginPage(t *testing.T, r *response, message string) {
 func TestEveryRouteNeedsTheToken(t *testing.T) {
 	t.Parallel()
 	b := setup(t, openSQLite, &setupOpts{token: "s3cret", tokens: map[string]string{"alice": "a-s3cret"}})
+	web.SetGuessLimit(b.web, 1<<20, time.Second, time.Now) // two wrong cookies per route
 	anon := &testBundle{server: b.server}
 	cookies := map[string]string{"plain token": anon.cookieFor(t, "s3cret"), "named token": anon.cookieFor(t, "a-s3cret")}
 
@@ -281,4 +284,54 @@ func TestNoSignInWithoutAToken(t *testing.T) {
 	requireError(t, r, http.StatusMethodNotAllowed, "method POST is not allowed on /ui/login")
 	require.Nil(t, tokenCookie(r))
 	requireError(t, b.do(t, http.MethodPost, "/ui/logout", ""), http.StatusMethodNotAllowed, "method POST is not allowed on /ui/logout")
+}
+
+// TestWrongTokensAreBoundedPerAddress: an address that gave too many wrong
+// tokens is refused with 429 whatever token it sends next, until its
+// guesses come back; a request without a token and right tokens never
+// count.
+func TestWrongTokensAreBoundedPerAddress(t *testing.T) {
+	t.Parallel()
+	b := setup(t, openSQLite, &setupOpts{token: "s3cret"})
+	var now atomic.Int64
+	now.Store(time.Unix(1_700_000_000, 0).UnixNano())
+	web.SetGuessLimit(b.web, 3, 10*time.Second, func() time.Time { return time.Unix(0, now.Load()) })
+	anon := &testBundle{server: b.server}
+	bearer := func(token string) *response {
+		return anon.do(t, http.MethodGet, "/api/workflows", "", "Authorization", "Bearer "+token)
+	}
+
+	for range 10 {
+		require.Equal(t, http.StatusOK, bearer("s3cret").status, "a right token never counts")
+		requireError(t, anon.do(t, http.MethodGet, "/api/workflows", ""), http.StatusUnauthorized, "missing token")
+	}
+	for range 3 {
+		requireError(t, bearer("guess"), http.StatusUnauthorized, "wrong token")
+	}
+	r := bearer("guess")
+	requireError(t, r, http.StatusTooManyRequests, "too many wrong tokens from this address: try again in 10 s")
+	require.Equal(t, "10", r.header.Get("Retry-After"))
+	requireError(t, bearer("s3cret"), http.StatusTooManyRequests, "too many wrong tokens") // a right guess looks like a wrong one
+	require.Equal(t, http.StatusTooManyRequests, anon.signIn(t, "s3cret", "").status)
+	requireError(t, anon.do(t, http.MethodGet, "/api/workflows", "", "Cookie", cookieName+"=czNjcmV0"), http.StatusTooManyRequests, "too many wrong tokens")
+	requireError(t, anon.do(t, http.MethodGet, "/api/workflows", ""), http.StatusUnauthorized, "missing token")
+	page := anon.signIn(t, "s3cret", "/#/workflows")
+	require.Equal(t, http.StatusTooManyRequests, page.status)
+	require.Contains(t, string(page.body), "Too many wrong tokens from this address: try again in 10 s.")
+	require.Contains(t, string(page.body), `value="/#/workflows"`, "the page still goes back where it was opened")
+
+	now.Add(int64(4 * time.Second))
+	r = bearer("s3cret")
+	require.Equal(t, "6", r.header.Get("Retry-After"), "the wait counts down")
+	now.Add(int64(6 * time.Second))
+	require.Equal(t, http.StatusOK, bearer("s3cret").status, "one guess is back")
+	require.Equal(t, http.StatusSeeOther, anon.signIn(t, "s3cret", "").status)
+	requireLoginPage(t, anon.signIn(t, "guess", ""), "That token was not accepted.")
+	requireError(t, bearer("s3cret"), http.StatusTooManyRequests, "too many wrong tokens")
+
+	now.Add(int64(30 * time.Second))
+	for range 3 {
+		requireError(t, bearer("guess"), http.StatusUnauthorized, "wrong token")
+	}
+	requireError(t, bearer("guess"), http.StatusTooManyRequests, "too many wrong tokens")
 }

@@ -57,9 +57,10 @@ func wantsLoginPage(r *http.Request) bool {
 	return false
 }
 
-// writeLoginPage answers 401 with the sign-in page, which sends the user
-// to back once signed in, and says message above the button.
-func writeLoginPage(w http.ResponseWriter, back, message string) {
+// writeLoginPage answers status (401, or 429 after too many wrong tokens)
+// with the sign-in page, which sends the user to back once signed in, and
+// says message above the button.
+func writeLoginPage(w http.ResponseWriter, status int, back, message string) {
 	var page bytes.Buffer
 	if err := loginTemplate.Execute(&page, struct{ Next, Message string }{back, message}); err != nil {
 		// The template is fixed and its data two strings: this is a bug.
@@ -69,7 +70,7 @@ func writeLoginPage(w http.ResponseWriter, back, message string) {
 	h.Set("Content-Security-Policy", loginCSP)
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	h.Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusUnauthorized)
+	w.WriteHeader(status)
 	_, _ = w.Write(page.Bytes())
 }
 
@@ -97,11 +98,16 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	back := sameSitePath(r.PostForm.Get("next"))
+	if retryAfter, blocked := s.guesses.blocked(r); blocked {
+		s.refuseGuesses(w, r, retryAfter, back)
+		return
+	}
 	t, ok := s.matchSecret(strings.TrimSpace(r.PostForm.Get("token")))
 	if !ok {
+		s.guesses.wrong(r)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="dagrun"`)
 		if wantsLoginPage(r) {
-			writeLoginPage(w, back, "That token was not accepted.")
+			writeLoginPage(w, http.StatusUnauthorized, back, "That token was not accepted.")
 			return
 		}
 		writeError(w, http.StatusUnauthorized, "wrong token: use the token given to dagrun serve with --token or DAGRUN_TOKEN")

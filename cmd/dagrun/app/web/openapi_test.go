@@ -279,7 +279,14 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	b.token = ""
 	c.call(t, "GET /api/instances", "/api/instances", "", http.StatusUnauthorized)
 	c.call(t, "GET /api/openapi.json", "/api/openapi.json", "", http.StatusUnauthorized)
+	// Too many wrong tokens from one address: a 429, right tokens too.
+	web.SetGuessLimit(b.web, 1, time.Minute, time.Now)
+	b.token = "wrong"
+	c.call(t, "GET /api/instances", "/api/instances", "", http.StatusUnauthorized)
+	c.call(t, "GET /api/instances", "/api/instances", "", http.StatusTooManyRequests)
 	b.token = token
+	c.call(t, "GET /api/instances", "/api/instances", "", http.StatusTooManyRequests)
+	web.SetGuessLimit(b.web, 1, time.Minute, time.Now)
 
 	routes := serverRoutes(t, b)
 	documented := documentedRoutes(t, b)

@@ -83,6 +83,7 @@ type Server struct {
 	mux     *http.ServeMux
 	handler http.Handler
 	tokens  []namedToken
+	guesses *guessLimiter
 	// apiRoutes are the patterns of every route but the UI's, which the
 	// OpenAPI document must describe (see Routes).
 	apiRoutes []string
@@ -116,6 +117,7 @@ func NewServer(engine *dagrun.Engine, config *Config) (*Server, error) {
 		metrics: config.Metrics,
 		mux:     http.NewServeMux(),
 		tokens:  config.tokens(),
+		guesses: newGuessLimiter(),
 	}
 	s.routes()
 	// Built inside out. A request meets, in order: panic recovery (a 500
