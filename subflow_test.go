@@ -627,6 +627,71 @@ output: ${{ steps.each.output }}
 	})
 }
 
+// A retry of the parent of a capped forEach workflow step runs its failed
+// and cancelled children again under the same cap: the children it
+// retries wait for their slots, as they did at the first run.
+func TestForEachWorkflowConcurrencyHoldsAcrossARetry(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		var fail atomic.Bool
+		fail.Store(true)
+		release := make(chan struct{})
+		var running, most, calls atomic.Int32
+		registry := handlers.NewRegistry()
+		registry.Register("gate", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
+			calls.Add(1)
+			if fail.Load() {
+				return nil, handlers.Permanent(errors.New("not yet"))
+			}
+			n := running.Add(1)
+			defer running.Add(-1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			select {
+			case <-release:
+				return in, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		})
+		b := setup(t, open, registry, `
+name: leg
+steps:
+  - {name: hold, handler: gate, input: {item: "${{ input.item }}"}, retry: {maxAttempts: 1}}
+output: ${{ steps.hold.output.item }}
+`, `
+name: fanout
+steps:
+  - name: each
+    forEach: ${{ input.items }}
+    workflow: leg
+    concurrency: 2
+    input: {item: "${{ item }}"}
+output: ${{ steps.each.output }}
+`)
+		b.runWorker(t, nil)
+		ctx := context.Background()
+		parent := b.start(t, "fanout", `{"items": ["a", "b", "c", "d", "e", "f"]}`)
+		inst := b.wait(t, parent)
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		each := step(t, inst, "each")
+		require.Equal(t, 6, each.Items.Failed+each.Items.Cancelled, "every item failed or was cancelled: %+v", *each.Items)
+		require.LessOrEqual(t, calls.Load(), int32(2), "at most the 2 admitted children ran before the step failed")
+
+		fail.Store(false)
+		require.NoError(t, b.engine.Retry(ctx, parent))
+		for left := 6; left > 0; left-- {
+			require.Eventually(t, func() bool { return running.Load() == int32(min(2, left)) }, 20*time.Second, 5*time.Millisecond,
+				"%d children left: as many run as the cap allows", left)
+			release <- struct{}{}
+		}
+		inst = b.wait(t, parent)
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		requireJSON(t, `["a", "b", "c", "d", "e", "f"]`, inst.Output)
+		require.Equal(t, int32(2), most.Load(), "more than 2 retried children ran at once")
+	})
+}
+
 // A child workflow with a concurrency of its own cannot take the cap of a
 // forEach step as well: loading a folder refuses it, and a definition that
 // changed since fails the step for good rather than dropping one limit.
