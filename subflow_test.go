@@ -636,10 +636,9 @@ func TestForEachWorkflowConcurrencyHoldsAcrossARetry(t *testing.T) {
 		var fail atomic.Bool
 		fail.Store(true)
 		release := make(chan struct{})
-		var running, most, calls atomic.Int32
+		var running, most atomic.Int32
 		registry := handlers.NewRegistry()
 		registry.Register("gate", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
-			calls.Add(1)
 			if fail.Load() {
 				return nil, handlers.Permanent(errors.New("not yet"))
 			}
@@ -675,8 +674,10 @@ output: ${{ steps.each.output }}
 		inst := b.wait(t, parent)
 		require.Equal(t, storage.InstanceFailed, inst.Status)
 		each := step(t, inst, "each")
+		// A child that failed frees its slot before its failure fails the
+		// step, so a third may have started meanwhile: the count is not
+		// bounded here.
 		require.Equal(t, 6, each.Items.Failed+each.Items.Cancelled, "every item failed or was cancelled: %+v", *each.Items)
-		require.LessOrEqual(t, calls.Load(), int32(2), "at most the 2 admitted children ran before the step failed")
 
 		fail.Store(false)
 		require.NoError(t, b.engine.Retry(ctx, parent))
