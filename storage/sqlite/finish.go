@@ -50,6 +50,18 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		var parents []int64  // forEach steps whose items finished
 		logRows := make([]int64, len(results))
 		logsKept := make([]bool, len(results))
+		var snaps map[string]*loaded // see snapshots.go
+		if s.snaps != nil {
+			var err error
+			if snaps, err = t.usable(t.prior); err != nil {
+				return err
+			}
+			t.planned = make(map[string]*loaded)
+		}
+		// instanceOf is each accepted result's instance, "" for the
+		// others; completedMain tells a main step completed as claimed.
+		instanceOf := make([]string, len(results))
+		completedMain := make([]bool, len(results))
 		completedIn, err := t.completeMany(results)
 		if err != nil {
 			return err
@@ -79,6 +91,8 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				continue
 			}
 			out[i].Accepted = true
+			instanceOf[i] = instanceID
+			completedMain[i] = completedIn != nil && r.Outcome == storage.OutcomeCompleted && parent == 0
 			logRows[i] = cmp.Or(parent, r.Claim.StepID)
 			if parent != 0 {
 				if status == storage.StepCompleted || status == storage.StepFailed {
@@ -111,14 +125,22 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				touched = append(touched, id)
 			}
 		}
+		if snaps != nil {
+			t.planFrom = foreseen(snaps, results, instanceOf, completedMain)
+			s.snaps.used.Add(int64(len(t.planFrom)))
+		}
 		if err := t.plan(touched, plan); err != nil {
 			return err
 		}
 		ready = ready || len(touched) > 0 || t.itemSlotFreed
 		if claim != nil {
 			var err error
-			claimed, err = t.claim(*claim)
-			return err
+			if claimed, err = t.claim(*claim); err != nil {
+				return err
+			}
+		}
+		if t.planned != nil && len(parents) == 0 && !t.spilled && !t.itemSlotFreed {
+			t.keepSnapshots(snaps, touched, instanceOf, claimed)
 		}
 		return nil
 	})

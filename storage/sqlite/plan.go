@@ -103,7 +103,7 @@ func (t *txn) plan(ids []string, plan storage.PlanFunc) error {
 		return nil
 	}
 	t.planFn = plan
-	ls, err := t.loadMany(ids)
+	ls, err := t.loadPlanned(ids)
 	if err != nil {
 		return err
 	}
@@ -130,6 +130,13 @@ func (t *txn) plan(ids []string, plan storage.PlanFunc) error {
 		if err := t.collect(&b, l, p); err != nil {
 			return err
 		}
+		if t.planned != nil {
+			if onlyReady(p) {
+				t.planned[id] = l
+			} else if !localPlan(p) {
+				t.spilled = true
+			}
+		}
 	}
 	if err := t.flushPlans(&b); err != nil {
 		return err
@@ -140,9 +147,64 @@ func (t *txn) plan(ids []string, plan storage.PlanFunc) error {
 	// Each round finishes steps, so this ends.
 	if replan := t.replan; len(replan) > 0 {
 		t.replan = nil
+		t.spilled = true
 		return t.plan(replan, plan)
 	}
 	return nil
+}
+
+// loadPlanned returns the instances to plan: those a finish foresaw
+// (planFrom, see snapshots.go) as they are, the others loaded.
+func (t *txn) loadPlanned(ids []string) (map[string]*loaded, error) {
+	if len(t.planFrom) == 0 {
+		return t.loadMany(ids)
+	}
+	var missing []string
+	for _, id := range ids {
+		if t.planFrom[id] == nil {
+			missing = append(missing, id)
+		}
+	}
+	ls := make(map[string]*loaded, len(ids))
+	if len(missing) > 0 {
+		var err error
+		if ls, err = t.loadMany(missing); err != nil {
+			return nil, err
+		}
+	}
+	for _, id := range ids {
+		if l := t.planFrom[id]; l != nil {
+			l.state.LoadDefinition = t.definition(l.state.DefinitionHash)
+			ls[id] = l
+		}
+	}
+	t.planFrom = nil // a plan again (replan) reads what this one wrote
+	return ls, nil
+}
+
+// localPlan reports whether p changed its own instance and no other: it
+// made steps pending or completed the instance. A failure cancels the
+// instance's children, a child started or a step expanded writes rows a
+// snapshot does not hold.
+func localPlan(p *storage.Plan) bool {
+	if p == nil {
+		return true
+	}
+	if p.Failure != nil || p.Deferred || p.Instance != nil && p.Instance.Status != storage.InstanceCompleted {
+		return false
+	}
+	for _, c := range p.Steps {
+		if c.Status != storage.StepPending {
+			return false
+		}
+	}
+	return true
+}
+
+// onlyReady reports whether p did nothing but make steps pending: the one
+// plan whose effect on an instance a snapshot follows (see snapshots.go).
+func onlyReady(p *storage.Plan) bool {
+	return localPlan(p) && (p == nil || p.Instance == nil)
 }
 
 // planBatch gathers the two transitions that dominate every group commit,

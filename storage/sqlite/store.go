@@ -109,6 +109,10 @@ type Store struct {
 	// lost, once set, is returned by every later call: a database lost
 	// stays lost.
 	lost atomic.Pointer[error]
+
+	// snaps are the snapshots finishes plan from (see snapshots.go); nil
+	// for a pool from New.
+	snaps *snapshotCache
 }
 
 // DSN returns the data source name for the SQLite file at path with the
@@ -187,7 +191,7 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 	w.SetMaxIdleConns(1)
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
-	s := &Store{w: w, r: w, own: true, name: path, now: cfg.Now, busy: cfg.BusyTimeout}
+	s := &Store{w: w, r: w, own: true, name: path, now: cfg.Now, busy: cfg.BusyTimeout, snaps: &snapshotCache{}}
 	if err := s.migrate(ctx); err != nil {
 		_ = w.Close()
 		return nil, err
@@ -453,7 +457,9 @@ func (s *Store) write(ctx context.Context, op string, fn func(t *txn) error) err
 		return s.fail(op, err)
 	}
 	storage.AttemptStarted(ctx)
-	t := &txn{ctx: ctx, tx: tx.conn, now: s.now()}
+	// Every write empties the snapshot cache; only a finish that commits
+	// fills it again (see snapshots.go).
+	t := &txn{ctx: ctx, tx: tx.conn, now: s.now(), prior: s.snaps.take()}
 	if err := fn(t); err != nil {
 		tx.rollback()
 		return s.fail(op, err)
@@ -465,6 +471,7 @@ func (s *Store) write(ctx context.Context, op string, fn func(t *txn) error) err
 	if err := tx.commit(ctx); err != nil {
 		return s.fail(op, err)
 	}
+	s.snaps.put(t.kept)
 	if s.checkpoints != nil {
 		s.checkpoints.kick()
 	}

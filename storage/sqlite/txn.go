@@ -35,6 +35,19 @@ type txn struct {
 	// concurrency cap finished and its siblings wait: they were pending
 	// all along, but may run only now (see settleItems).
 	itemSlotFreed bool
+
+	// Snapshots (see snapshots.go): prior are those the cache held when
+	// the transaction began; planFrom the instances a finish plans from
+	// them; planned, when not nil, collects the instances whose plan only
+	// made steps pending, as planned; spilled tells that the transaction
+	// may have written other instances than those it finished, planned
+	// or claimed, so that it keeps no snapshot; kept are those to put in
+	// the cache once the transaction committed.
+	prior    snapshots
+	planFrom map[string]*loaded
+	planned  map[string]*loaded
+	spilled  bool
+	kept     snapshots
 }
 
 const (
