@@ -127,6 +127,9 @@ func (t *txn) cancelChildren(id string, status storage.InstanceStatus) error {
 	}); err != nil {
 		return err
 	}
+	if len(children) > 0 {
+		t.spilled = true // other instances than those planned changed
+	}
 	for _, child := range children {
 		if err := t.finishInstance(child, storage.InstanceChange{Status: storage.InstanceCancelled, Error: storage.ParentFinishedMessage(id, status)}, true); err != nil {
 			return err
