@@ -21,8 +21,13 @@ import (
 //
 // A snapshot holds only while nothing else wrote the database since the
 // commit that kept it. The cache is emptied at the start of every write
-// transaction of the store, so only the finish right after may use it,
-// and is given back only by a finish that committed. Another connection's
+// transaction of the store and filled again only by a finish that
+// committed: with the snapshots of the instances it planned, and the
+// earlier ones of the instances it did not write (not finished, planned
+// or claimed from), or with none when it may have written other instances
+// (a failure that cancels children, an expansion, a plan again: spilled).
+// So a snapshot is used only by a finish with nothing but finishes since
+// the commit that kept it. Another connection's
 // commit (another process, or a pool of the caller's) shows as a change of
 // PRAGMA data_version on the writer's connection, which every finish reads
 // under its write lock, with the connection's own mark (temp.user_version,
