@@ -191,23 +191,24 @@ func foreseen(snaps map[string]*loaded, results []storage.StepResult, instanceOf
 // (keep), and the prior ones (snaps) of every other instance, which it
 // did not write.
 func (t *txn) keepSnapshots(snaps map[string]*loaded, touched, instanceOf []string, claimed []storage.ClaimedStep) {
+	claimedOf := make(map[string][]storage.ClaimedStep, len(claimed))
+	for _, c := range claimed {
+		claimedOf[c.InstanceID] = append(claimedOf[c.InstanceID], c)
+	}
 	for _, id := range touched {
 		if l := t.planned[id]; l != nil {
-			t.keep(l, claimed)
+			t.keep(l, claimedOf[id])
 		}
 	}
-	written := make(map[string]bool, len(touched)+len(instanceOf)+len(claimed))
+	written := make(map[string]bool, len(touched)+len(instanceOf))
 	for _, id := range touched {
 		written[id] = true
 	}
 	for _, id := range instanceOf {
 		written[id] = true
 	}
-	for _, c := range claimed {
-		written[c.InstanceID] = true
-	}
 	for id, sn := range snaps {
-		if !written[id] && len(t.kept.m) < maxSnapshots {
+		if !written[id] && claimedOf[id] == nil && len(t.kept.m) < maxSnapshots {
 			if t.kept.m == nil {
 				t.kept.m = make(map[string]*loaded)
 			}
@@ -216,8 +217,8 @@ func (t *txn) keepSnapshots(snaps map[string]*loaded, touched, instanceOf []stri
 	}
 }
 
-// keep records l, as its plan left it, with the claims of this
-// transaction applied, as a snapshot this transaction keeps.
+// keep records l, as its plan left it, with claimed (this transaction's
+// claims of its steps) applied, as a snapshot this transaction keeps.
 func (t *txn) keep(l *loaded, claimed []storage.ClaimedStep) {
 	if t.kept.m == nil {
 		t.kept.m = make(map[string]*loaded)
@@ -230,9 +231,6 @@ func (t *txn) keep(l *loaded, claimed []storage.ClaimedStep) {
 	}
 	sn := l.clone()
 	for _, c := range claimed {
-		if c.InstanceID != sn.state.ID {
-			continue
-		}
 		i := slices.Index(sn.ids, c.StepID)
 		if c.Item >= 0 || i < 0 {
 			return // an item, or a step the snapshot does not hold
