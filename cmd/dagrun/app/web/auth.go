@@ -117,16 +117,10 @@ func (s *Server) requireToken(next http.Handler) http.Handler {
 		})
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// After signing in, back to the page asked for; a form's POST (a
-		// sign-out) cannot be repeated by a redirect.
-		back := "/"
-		if r.Method == http.MethodGet || r.Method == http.MethodHead {
-			back = r.URL.RequestURI()
-		}
 		guess := presentsToken(r)
 		if guess {
 			if retryAfter, blocked := s.guesses.blocked(r); blocked {
-				s.refuseGuesses(w, r, retryAfter, back)
+				s.refuseGuesses(w, r, retryAfter, returnTo(r))
 				return
 			}
 		}
@@ -137,7 +131,7 @@ func (s *Server) requireToken(next http.Handler) http.Handler {
 			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="dagrun"`)
 			if wantsLoginPage(r) {
-				writeLoginPage(w, http.StatusUnauthorized, back, "")
+				writeLoginPage(w, http.StatusUnauthorized, returnTo(r), "")
 				return
 			}
 			writeError(w, http.StatusUnauthorized, refusal)
@@ -145,6 +139,16 @@ func (s *Server) requireToken(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(storage.WithActor(r.Context(), name)))
 	})
+}
+
+// returnTo is where a browser refused on its way to r goes once signed
+// in: the page asked for; a form's POST (a sign-out) cannot be repeated by
+// a redirect.
+func returnTo(r *http.Request) string {
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		return r.URL.RequestURI()
+	}
+	return "/"
 }
 
 // bearerToken extracts the token of an "Authorization: Bearer" header; the
