@@ -486,14 +486,12 @@ func TestChildWaitsForItsWorkflowsConcurrencyLimit(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
 		release := make(chan struct{})
-		var running, most, calls atomic.Int32
+		var gates concurrentCalls
+		var calls atomic.Int32
 		registry := handlers.NewRegistry()
 		registry.Register("gate", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
 			calls.Add(1)
-			n := running.Add(1)
-			defer running.Add(-1)
-			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-			}
+			defer gates.enter()()
 			select {
 			case <-release:
 				return json.RawMessage(`"done"`), nil
@@ -526,19 +524,44 @@ steps:
 
 		b.runWorker(t, nil)
 		for range 3 {
-			require.Eventually(t, func() bool { return running.Load() == 1 }, 20*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return gates.running.Load() == 1 }, 20*time.Second, 5*time.Millisecond)
 			release <- struct{}{}
 		}
 		require.Equal(t, storage.InstanceCompleted, b.wait(t, direct).Status)
 		require.Equal(t, storage.InstanceCompleted, b.wait(t, parent).Status)
 		require.Equal(t, int32(3), calls.Load())
-		require.Equal(t, int32(1), most.Load(), "two acme instances ran at once")
+		require.Equal(t, int32(1), gates.most.Load(), "two acme instances ran at once")
 
 		bad := b.wait(t, b.start(t, "batch", `{"accounts": [{"id": 1}]}`))
 		require.Equal(t, storage.InstanceFailed, bad.Status)
 		require.Empty(t, step(t, bad, "each").Children, "no child was created")
 		require.Equal(t, "input of item 0 for workflow per-account: concurrency.key: the key must be a text or a number, got an object", step(t, bad, "each").Error)
 	})
+}
+
+// cappedFanoutWorkflow runs leg once per item of its input, two children
+// at a time.
+const cappedFanoutWorkflow = `
+name: fanout
+steps:
+  - name: each
+    forEach: ${{ input.items }}
+    workflow: leg
+    concurrency: 2
+    input: {item: "${{ item }}"}
+output: ${{ steps.each.output }}
+`
+
+// concurrentCalls counts the handler calls running and the most that ran
+// at once.
+type concurrentCalls struct{ running, most atomic.Int32 }
+
+// enter counts a call in; the function it returns counts it out.
+func (c *concurrentCalls) enter() func() {
+	n := c.running.Add(1)
+	for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
+	}
+	return func() { c.running.Add(-1) }
 }
 
 // A forEach workflow step with concurrency N runs at most N children at
@@ -552,17 +575,14 @@ func TestForEachWorkflowConcurrencyCapsTheChildrenRunning(t *testing.T) {
 		for _, l := range letters {
 			release[l] = make(chan struct{})
 		}
-		var running, most atomic.Int32
+		var gates concurrentCalls
 		registry := handlers.NewRegistry()
 		registry.Register("gate", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
 			var v struct{ Item string }
 			if err := json.Unmarshal(in, &v); err != nil {
 				return nil, err
 			}
-			n := running.Add(1)
-			defer running.Add(-1)
-			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-			}
+			defer gates.enter()()
 			select {
 			case <-release[v.Item]:
 				return json.Marshal(map[string]string{"got": v.Item})
@@ -575,16 +595,7 @@ name: leg
 steps:
   - {name: hold, handler: gate, input: {item: "${{ input.item }}"}}
 output: ${{ steps.hold.output }}
-`, `
-name: fanout
-steps:
-  - name: each
-    forEach: ${{ input.items }}
-    workflow: leg
-    concurrency: 2
-    input: {item: "${{ item }}"}
-output: ${{ steps.each.output }}
-`)
+`, cappedFanoutWorkflow)
 		parent := b.start(t, "fanout", `{"items": ["a", "b", "c", "d", "e"]}`)
 		inst, err := b.engine.Get(context.Background(), parent)
 		require.NoError(t, err)
@@ -615,7 +626,7 @@ output: ${{ steps.each.output }}
 		require.True(t, admitted(2))
 		b.runWorker(t, nil)
 		for i, l := range letters {
-			require.Eventually(t, func() bool { return running.Load() == int32(min(2, len(letters)-i)) }, 20*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return gates.running.Load() == int32(min(2, len(letters)-i)) }, 20*time.Second, 5*time.Millisecond)
 			release[l] <- struct{}{}
 			require.Eventually(t, func() bool { return admitted(min(i+3, len(letters))) }, 20*time.Second, 5*time.Millisecond,
 				"item %d finished: the next in item order is admitted, no other", i)
@@ -623,7 +634,7 @@ output: ${{ steps.each.output }}
 		inst = b.wait(t, parent)
 		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
 		requireJSON(t, `[{"got": "a"}, {"got": "b"}, {"got": "c"}, {"got": "d"}, {"got": "e"}]`, inst.Output)
-		require.Equal(t, int32(2), most.Load(), "more than 2 children ran at once")
+		require.Equal(t, int32(2), gates.most.Load(), "more than 2 children ran at once")
 	})
 }
 
@@ -636,16 +647,13 @@ func TestForEachWorkflowConcurrencyHoldsAcrossARetry(t *testing.T) {
 		var fail atomic.Bool
 		fail.Store(true)
 		release := make(chan struct{})
-		var running, most atomic.Int32
+		var gates concurrentCalls
 		registry := handlers.NewRegistry()
 		registry.Register("gate", func(ctx context.Context, in json.RawMessage) (json.RawMessage, error) {
 			if fail.Load() {
 				return nil, handlers.Permanent(errors.New("not yet"))
 			}
-			n := running.Add(1)
-			defer running.Add(-1)
-			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-			}
+			defer gates.enter()()
 			select {
 			case <-release:
 				return in, nil
@@ -658,16 +666,7 @@ name: leg
 steps:
   - {name: hold, handler: gate, input: {item: "${{ input.item }}"}, retry: {maxAttempts: 1}}
 output: ${{ steps.hold.output.item }}
-`, `
-name: fanout
-steps:
-  - name: each
-    forEach: ${{ input.items }}
-    workflow: leg
-    concurrency: 2
-    input: {item: "${{ item }}"}
-output: ${{ steps.each.output }}
-`)
+`, cappedFanoutWorkflow)
 		b.runWorker(t, nil)
 		ctx := context.Background()
 		parent := b.start(t, "fanout", `{"items": ["a", "b", "c", "d", "e", "f"]}`)
@@ -682,14 +681,14 @@ output: ${{ steps.each.output }}
 		fail.Store(false)
 		require.NoError(t, b.engine.Retry(ctx, parent))
 		for left := 6; left > 0; left-- {
-			require.Eventually(t, func() bool { return running.Load() == int32(min(2, left)) }, 20*time.Second, 5*time.Millisecond,
+			require.Eventually(t, func() bool { return gates.running.Load() == int32(min(2, left)) }, 20*time.Second, 5*time.Millisecond,
 				"%d children left: as many run as the cap allows", left)
 			release <- struct{}{}
 		}
 		inst = b.wait(t, parent)
 		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
 		requireJSON(t, `["a", "b", "c", "d", "e", "f"]`, inst.Output)
-		require.Equal(t, int32(2), most.Load(), "more than 2 retried children ran at once")
+		require.Equal(t, int32(2), gates.most.Load(), "more than 2 retried children ran at once")
 	})
 }
 
