@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"encoding/json"
+	"errors"
 	"path/filepath"
 	"testing"
 	"time"
@@ -14,8 +15,8 @@ import (
 
 // TestFinishPlansFromSnapshotsOnlyWhileNothingElseWrote: a finish plans
 // from the snapshot its previous finish kept, and from none once another
-// connection committed or the store wrote otherwise in between; the
-// instance ends as it would have without them.
+// connection committed, the store wrote otherwise, or a finish that used
+// one rolled back; the instance ends as it would have without them.
 func TestFinishPlansFromSnapshotsOnlyWhileNothingElseWrote(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -32,7 +33,7 @@ func TestFinishPlansFromSnapshotsOnlyWhileNothingElseWrote(t *testing.T) {
 		_, err := store.CreateInstances(ctx, nil, []storage.CreateParams{{
 			ID: id, Workflow: "wf", DefinitionHash: "h", Definition: []byte("x"),
 			Steps: []storage.StepSpec{{Name: "a"}, {Name: "b", DependsOn: []string{"a"}}, {Name: "c", DependsOn: []string{"b"}},
-				{Name: "d", DependsOn: []string{"c"}}, {Name: "e", DependsOn: []string{"d"}}},
+				{Name: "d", DependsOn: []string{"c"}}, {Name: "e", DependsOn: []string{"d"}}, {Name: "f", DependsOn: []string{"e"}}},
 		}}, storagetest.Plan)
 		require.NoError(t, err)
 	}
@@ -56,23 +57,34 @@ func TestFinishPlansFromSnapshotsOnlyWhileNothingElseWrote(t *testing.T) {
 	require.Equal(t, "c", c[0].Step)
 	require.Equal(t, int64(1), s.snaps.used.Load(), "the finish of b planned from the snapshot a's finish kept")
 
-	create(other, "i2") // another connection commits
+	// A finish that rolls back puts nothing back: the snapshot it used is
+	// gone, and the finish run again reads the instance.
+	refused := errors.New("plan refused")
+	_, _, err = s.FinishAndClaim(ctx, []storage.StepResult{{Claim: c[0].Claim, Outcome: storage.OutcomeCompleted, Output: json.RawMessage(`{"step": "c"}`)}},
+		func(*storage.InstanceState) (*storage.Plan, error) { return nil, refused }, claim)
+	require.ErrorIs(t, err, refused)
+	require.Equal(t, int64(2), s.snaps.used.Load(), "the refused finish planned from the snapshot")
 	d := finish(c[0], `{"step": "c"}`)
 	require.Equal(t, "d", d[0].Step)
-	require.Equal(t, int64(1), s.snaps.used.Load(), "another connection wrote: the instance is read")
+	require.Equal(t, int64(2), s.snaps.used.Load(), "after a rollback the instance is read")
 
-	_, err = s.ExtendLeases(ctx, []storage.Claim{d[0].Claim}, time.Minute) // another write of this store
-	require.NoError(t, err)
+	create(other, "i2") // another connection commits
 	e := finish(d[0], `{"step": "d"}`)
 	require.Equal(t, "e", e[0].Step)
-	require.Equal(t, int64(1), s.snaps.used.Load(), "the store wrote otherwise: the instance is read")
+	require.Equal(t, int64(2), s.snaps.used.Load(), "another connection wrote: the instance is read")
 
-	require.Empty(t, finish(e[0], `{"step": "e"}`))
-	require.Equal(t, int64(2), s.snaps.used.Load())
+	_, err = s.ExtendLeases(ctx, []storage.Claim{e[0].Claim}, time.Minute) // another write of this store
+	require.NoError(t, err)
+	f := finish(e[0], `{"step": "e"}`)
+	require.Equal(t, "f", f[0].Step)
+	require.Equal(t, int64(2), s.snaps.used.Load(), "the store wrote otherwise: the instance is read")
+
+	require.Empty(t, finish(f[0], `{"step": "f"}`))
+	require.Equal(t, int64(3), s.snaps.used.Load())
 	inst, err := s.GetInstance(ctx, "i1")
 	require.NoError(t, err)
 	require.Equal(t, storage.InstanceCompleted, inst.Status)
-	require.JSONEq(t, `{"steps": 5}`, string(inst.Output))
+	require.JSONEq(t, `{"steps": 6}`, string(inst.Output))
 	for _, st := range inst.Steps {
 		require.Equal(t, storage.StepCompleted, st.Status, st.Name)
 		require.Equal(t, 1, st.Attempts, st.Name)
