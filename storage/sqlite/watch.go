@@ -24,6 +24,14 @@ const (
 	// its own log many times a second, and each look takes the writer
 	// connection for a moment.
 	lookGap = 2 * time.Millisecond
+	// settleGap is how long after a burst of writes that showed no other
+	// connection's commit the store looks once more. A commit writes its
+	// last frame to the log and only then publishes itself in the log's
+	// index (shared memory, which no file event reports); a look that
+	// falls between the two sees nothing, and no later write would call
+	// for another look. settleGap covers a committer descheduled between
+	// the two steps for that long; the worker's poll covers the rest.
+	settleGap = 20 * time.Millisecond
 )
 
 // watcher is the goroutine that turns other processes' commits into
@@ -82,16 +90,18 @@ func (s *Store) watchDataVersion(ctx context.Context, w *watcher) {
 		last  int64
 		known bool
 	)
-	look := func() {
+	look := func() bool {
 		var v int64
 		if err := stmt.QueryRowContext(never).Scan(&v); err != nil {
 			known = false
-			return
+			return false
 		}
-		if known && v != last {
+		changed := known && v != last
+		if changed {
 			s.notify()
 		}
 		last, known = v, true
+		return changed
 	}
 
 	// Watch the folder, not the log: SQLite deletes the log when the last
@@ -126,6 +136,8 @@ func (s *Store) watchDataVersion(ctx context.Context, w *watcher) {
 		case <-ctx.Done():
 			return
 		case <-poll:
+			look()
+			continue
 		case ev, ok := <-events:
 			if !ok {
 				return
@@ -135,21 +147,39 @@ func (s *Store) watchDataVersion(ctx context.Context, w *watcher) {
 			}
 		case <-errs: // events were lost (queue overflow): look anyway
 		}
-		for more := true; more; {
-			look()
-			more = false
-			if events == nil {
-				break
-			}
-			// Writes within the gap gather into one more look.
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(lookGap):
-			}
-			more = drain(events, log)
+		if !followWrites(ctx, events, log, look, time.After) {
+			return
 		}
 	}
+}
+
+// followWrites answers a write to the log: it looks at once, again lookGap
+// later for as long as more writes come, and, when none of those looks saw
+// another connection's commit, once more settleGap after the last write.
+// It reports false when ctx ended meanwhile. after is time.After but in
+// tests.
+func followWrites(ctx context.Context, events <-chan fsnotify.Event, log string, look func() bool,
+	after func(time.Duration) <-chan time.Time) bool {
+	seen := look()
+	for more := true; more; {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-after(lookGap):
+		}
+		if more = drain(events, log); more {
+			seen = look() || seen
+		}
+	}
+	if !seen {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-after(settleGap):
+		}
+		look()
+	}
+	return true
 }
 
 func logWrite(ev fsnotify.Event, log string) bool {
