@@ -155,31 +155,64 @@ func (s *Store) watchDataVersion(ctx context.Context, w *watcher) {
 
 // followWrites answers a write to the log: it looks at once, again lookGap
 // later for as long as more writes come, and, when none of those looks saw
-// another connection's commit, once more settleGap after the last write.
-// It reports false when ctx ended meanwhile. after is time.After but in
-// tests.
+// another connection's commit, once more settleGap after the last write,
+// unless a write comes sooner, which starts the answer over. It reports
+// false when ctx ended or the events stopped meanwhile. after is
+// time.After but in tests.
 func followWrites(ctx context.Context, events <-chan fsnotify.Event, log string, look func() bool,
 	after func(time.Duration) <-chan time.Time) bool {
-	seen := look()
-	for more := true; more; {
+	for {
+		seen := look()
+		for more := true; more; {
+			select {
+			case <-ctx.Done():
+				return false
+			case <-after(lookGap):
+			}
+			if more = drain(events, log); more {
+				seen = look() || seen
+			}
+		}
+		if seen {
+			return true
+		}
+		switch settled(ctx, events, log, after(settleGap)) {
+		case settledQuietly:
+			look()
+			return true
+		case settledStopped:
+			return false
+		}
+		// settledByWrite: another burst, answered the same way
+	}
+}
+
+type settleEnd int
+
+const (
+	settledQuietly settleEnd = iota // the settling time passed without a write
+	settledByWrite                  // the log was written first
+	settledStopped                  // ctx ended or the events stopped
+)
+
+// settled waits for timer, or for the next write to log, whichever comes
+// first.
+func settled(ctx context.Context, events <-chan fsnotify.Event, log string, timer <-chan time.Time) settleEnd {
+	for {
 		select {
 		case <-ctx.Done():
-			return false
-		case <-after(lookGap):
-		}
-		if more = drain(events, log); more {
-			seen = look() || seen
+			return settledStopped
+		case <-timer:
+			return settledQuietly
+		case ev, ok := <-events:
+			if !ok {
+				return settledStopped
+			}
+			if logWrite(ev, log) {
+				return settledByWrite
+			}
 		}
 	}
-	if !seen {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-after(settleGap):
-		}
-		look()
-	}
-	return true
 }
 
 func logWrite(ev fsnotify.Event, log string) bool {
@@ -192,7 +225,10 @@ func drain(events <-chan fsnotify.Event, log string) bool {
 	found := false
 	for {
 		select {
-		case ev := <-events:
+		case ev, ok := <-events:
+			if !ok { // stopped: settled (or the caller's loop) finds out
+				return found
+			}
 			found = found || logWrite(ev, log)
 		default:
 			return found
