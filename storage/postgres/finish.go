@@ -190,6 +190,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 			capped            bool
 			checked           int
 			row               = []any{&ord, &instanceID, &status, &queue, &parent, &capped}
+			ids, xmins, steps []string // the snapshots' checks
 		)
 		if predicted != nil {
 			// The snapshots are checked in the finishing statement.
@@ -197,44 +198,58 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 			if n == 1 {
 				sql = verifiedFinishOneSQL
 			}
-			ids, xmins, steps := snapshotChecks(used)
+			ids, xmins, steps = snapshotChecks(used)
 			args = append(args, ids, xmins, steps)
 			row = append(row, &checked, &txid)
 		}
-		b.Queue(s.q(sql), args...).Query(func(rows pgx.Rows) error {
-			accepted := 0
-			_, err := pgx.ForEachRow(rows, row, func() error {
-				out[ord-1].Accepted = true
-				accepted++
-				if capped && status != storage.StepPending {
-					st.freedItemSlot(queue)
-				}
-				if predicted != nil {
-					return nil // planned already
-				}
-				if parent != 0 && status != storage.StepPending {
-					if (status == storage.StepCompleted || status == storage.StepFailed) && !slices.Contains(parents, parent) {
-						parents = append(parents, parent)
+		queueFinish := func() {
+			b.Queue(s.q(sql), args...).Query(func(rows pgx.Rows) error {
+				accepted := 0
+				_, err := pgx.ForEachRow(rows, row, func() error {
+					out[ord-1].Accepted = true
+					accepted++
+					if capped && status != storage.StepPending {
+						st.freedItemSlot(queue)
+					}
+					if predicted != nil {
+						return nil // planned already
+					}
+					if parent != 0 && status != storage.StepPending {
+						if (status == storage.StepCompleted || status == storage.StepFailed) && !slices.Contains(parents, parent) {
+							parents = append(parents, parent)
+						}
+						return nil
+					}
+					switch status {
+					case storage.StepCompleted, storage.StepFailed:
+						if l := locked[instanceID]; l != nil && !slices.Contains(touched, l) {
+							touched = append(touched, l)
+						}
+					case storage.StepPending:
+						st.ready(queue)
 					}
 					return nil
+				})
+				if err == nil && predicted != nil && accepted != n {
+					// The check counts the finished rows: only a bug gets here,
+					// after the transaction committed.
+					err = fmt.Errorf("a finish planned from snapshots recorded %d of %d results", accepted, n)
 				}
-				switch status {
-				case storage.StepCompleted, storage.StepFailed:
-					if l := locked[instanceID]; l != nil && !slices.Contains(touched, l) {
-						touched = append(touched, l)
-					}
-				case storage.StepPending:
-					st.ready(queue)
-				}
-				return nil
+				return err
 			})
-			if err == nil && predicted != nil && accepted != n {
-				// The check counts the finished rows: only a bug gets here,
-				// after the transaction committed.
-				err = fmt.Errorf("a finish planned from snapshots recorded %d of %d results", accepted, n)
-			}
-			return err
-		})
+		}
+		if mayHoldFinish(results, predicted != nil, h) {
+			// It may go with its plans' hand-off (finishhandoff.go).
+			h.finish = &heldFinish{args: []any{now, stepIDs[0], instanceIDs[0], fences[0], outputs[0], messages[0], ids, xmins, steps}, accept: func(queue string, capped bool, id string) {
+				out[0].Accepted = true
+				if capped {
+					st.freedItemSlot(queue)
+				}
+				txid = id
+			}}
+		} else {
+			queueFinish()
+		}
 		if predicted == nil {
 			s.queueLoadSteps(ctx, tx, &b, instanceIDs, locked)
 		}
@@ -254,6 +269,9 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 			}
 			if err := s.planAndHandOff(st, now, touched, planFn, h); err != nil {
 				return err
+			}
+			if h != nil && h.finish != nil && !h.finish.merged {
+				queueFinish()
 			}
 			if claim != nil && !h.made() {
 				skipped = !s.eagerClaimNeeded(st, *claim)

@@ -66,6 +66,9 @@ type handoff struct {
 	into *[]storage.ClaimedStep
 	// done is set when the plans' statement made the claim.
 	done bool
+	// finish, when not nil, is the transaction's finish, held back so
+	// that it may go with the hand-off (finishhandoff.go).
+	finish *heldFinish
 }
 
 // made reports whether the plans made h's claim; a nil h asks for none.
@@ -80,7 +83,7 @@ func (h *handoff) made() bool { return h != nil && h.done }
 func handoffSQL(c claimShape) string {
 	a := handoffArgs
 	return `
-WITH ` + handoffChanges(c) + `,
+WITH ` + handoffChanges(c, a, applyRows) + `,
 cand AS (
 	SELECT id, priority, run_after FROM {s}steps
 	WHERE ` + readyToClaim + a.filters(c, "") + `
@@ -124,12 +127,12 @@ SELECT planned, took, ` + claimedColumns(c, "x") + ` FROM (
 ORDER BY took DESC, priority DESC, run_after, id`
 }
 
-// handoffChanges are a hand-off's first CTEs: the plans' changes (c) and
-// the steps they change, each with whether the claim may take it (r).
-func handoffChanges(c claimShape) string {
-	a := handoffArgs
+// handoffChanges are a hand-off's first CTEs: the plans' changes (c, the
+// rows of changes) and the steps they change, each with whether the claim
+// (numbered by a) may take it (r).
+func handoffChanges(c claimShape, a claimArgs, changes string) string {
 	return `c AS (
-	` + applyRows + `
+	` + changes + `
 ),
 r AS (
 	SELECT c.*, s.id, s.priority, i.run_after AS instance_run_after,
@@ -198,12 +201,8 @@ func handoffEvents(claimed, started string) string {
 func settledHandoffSQL(c claimShape) string {
 	a := handoffArgs
 	return `
-WITH ` + handoffChanges(c) + `,
-pick AS MATERIALIZED (
-	SELECT id FROM r WHERE claimable
-	ORDER BY priority DESC, id
-	LIMIT ` + a.limit + `
-),
+WITH ` + handoffChanges(c, a, applyRows) + `,
+` + settledPick(a) + `,
 rk AS (
 	SELECT r.*, k.id IS NOT NULL AS handed FROM r LEFT JOIN pick k ON k.id = r.id
 ),
@@ -213,6 +212,16 @@ SELECT true AS planned, handed AS took, ` + claimedColumns(c, "u") + ` FROM (
 	SELECT handed, ` + claimColumnsOf("u", true) + ` FROM u
 ) u
 ORDER BY took DESC, priority DESC, run_after, id`
+}
+
+// settledPick is a settled hand-off's pick: the claimable steps the plans
+// make ready, in claim order, up to the claim's limit.
+func settledPick(a claimArgs) string {
+	return `pick AS MATERIALIZED (
+	SELECT id FROM r WHERE claimable
+	ORDER BY priority DESC, id
+	LIMIT ` + a.limit + `
+)`
 }
 
 // handoffArgs number the claim's arguments after the plans' changes.
@@ -277,6 +286,10 @@ func (s *Store) queueHandoff(st *txState, now *time.Time, sc *stepChanges) {
 	if settled {
 		many, one = settledHandoffQueries, settledHandoffOneQueries
 		s.settledHandoffs.Add(1)
+		if h.finish != nil && n == 1 {
+			s.queueFinishHandoff(st, h.finish, sc, shape, rest)
+			return
+		}
 	} else {
 		// The claim's index walk must see the delayed steps now due.
 		st.tail.Queue(s.q(promoteSQL), now)

@@ -239,10 +239,13 @@ type Store struct {
 
 	// snapshots serve finishes that plan before they read; speculated
 	// counts those finishes, staleSnapshots the ones that found an
-	// instance changed and ran again the usual way (see speculate.go).
+	// instance changed and ran again the usual way (see speculate.go),
+	// finishHandoffs those that went with their hand-off in one statement
+	// (finishhandoff.go).
 	snapshots      snapshots
 	speculated     atomic.Int64
 	staleSnapshots atomic.Int64
+	finishHandoffs atomic.Int64
 
 	// plans turns statements into functions that keep their plans
 	// behind PgBouncer (plans.go); nil otherwise.
