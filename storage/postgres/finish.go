@@ -157,6 +157,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		planned []*loaded
 		rec     *planRecorder
 		skipped bool // the eager claim was left out (eagerClaimNeeded)
+		held    *heldFinish
 	)
 	run := func(tx pgx.Tx, st *txState) error {
 		clear(out)
@@ -238,15 +239,17 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				return err
 			})
 		}
+		held = nil
 		if mayHoldFinish(results, predicted != nil, h) {
 			// It may go with its plans' hand-off (finishhandoff.go).
-			h.finish = &heldFinish{args: []any{now, stepIDs[0], instanceIDs[0], fences[0], outputs[0], messages[0], ids, xmins, steps}, accept: func(queue string, capped bool, id string) {
+			held = &heldFinish{args: []any{now, stepIDs[0], instanceIDs[0], fences[0], outputs[0], messages[0], ids, xmins, steps}, accept: func(queue string, capped bool, id string) {
 				out[0].Accepted = true
 				if capped {
 					st.freedItemSlot(queue)
 				}
 				txid = id
 			}}
+			h.finish = held
 		} else {
 			queueFinish()
 		}
@@ -270,7 +273,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 			if err := s.planAndHandOff(st, now, touched, planFn, h); err != nil {
 				return err
 			}
-			if h != nil && h.finish != nil && !h.finish.merged {
+			if held != nil && !held.merged {
 				queueFinish()
 			}
 			if claim != nil && !h.made() {
@@ -334,6 +337,9 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 	}
 	if predicted != nil {
 		s.speculated.Add(1)
+		if held != nil && held.merged {
+			s.finishHandoffs.Add(1)
+		}
 	}
 	switch {
 	case skipped:

@@ -145,7 +145,6 @@ type heldFinish struct {
 func (s *Store) queueFinishHandoff(st *txState, f *heldFinish, sc *stepChanges, shape claimShape, rest []any) {
 	h := st.handoff
 	f.merged = true
-	s.finishHandoffs.Add(1)
 	args := make([]any, 0, len(f.args)+6+len(rest))
 	args = append(args, f.args...)
 	args = append(args, sc.ids[0], sc.names[0], sc.statuses[0], sc.inputs[0], sc.errors[0], sc.keys[0])

@@ -201,37 +201,64 @@ func TestStaleSnapshotFallsBack(t *testing.T) {
 		},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			s := openTestStore(t, nil)
-			other := openInSchema(t, s.cfg.Schema, nil)
-			ctx := t.Context()
-			id, p, claimed := snapshotWithCRunning(t, s)
-
-			tc.change(t, other, id, claimed[0])
-			attempts := 0
-			out, next, err := s.FinishAndClaim(storage.WithAttemptHook(ctx, func() { attempts++ }),
-				[]storage.StepResult{completed(claimed[0])}, storagetest.Plan, p)
-			require.NoError(t, err)
-			require.Equal(t, 2, attempts, "the finish planned from the snapshot, then again the usual way")
-			require.Equal(t, storage.FinishResult{Accepted: tc.accepted, Cancelled: tc.cancelled}, out[0])
-			require.EqualValues(t, 1, s.staleSnapshots.Load(), "finishes that found their snapshot stale")
-			require.EqualValues(t, 1, s.speculated.Load(), "c's finish ran the usual way")
-
-			in, err := s.GetInstance(ctx, id)
-			require.NoError(t, err)
-			if !tc.accepted {
-				require.Equal(t, storage.InstanceCancelled, in.Status)
-				require.Empty(t, next)
-				return
+		// A settled worker's finish of c would also hand d off in the
+		// finishing statement (finishhandoff.go).
+		for _, settled := range []bool{false, true} {
+			name := tc.name
+			if settled {
+				name += ", settled worker"
 			}
-			require.Len(t, next, 1)
-			require.Equal(t, "d", next[0].Step)
-			var input struct{ Deps map[string]json.RawMessage }
-			require.NoError(t, json.Unmarshal(next[0].Input, &input))
-			require.JSONEq(t, `{"done":"c"}`, string(input.Deps["c"]), "d's input holds c's output")
-		})
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				s := openTestStore(t, nil)
+				other := openInSchema(t, s.cfg.Schema, nil)
+				if settled {
+					f := newEagerFixture(t, "stale-settled")
+					s, other = f.s, f.other
+				}
+				staleFallsBack(t, s, other, settled, tc.change, tc.accepted, tc.cancelled)
+			})
+		}
 	}
+}
+
+// staleFallsBack runs a case of TestStaleSnapshotFallsBack on s, other
+// changing the instance; with settled, the claim loop of s looks (and
+// finds nothing) before the change.
+func staleFallsBack(t *testing.T, s, other *Store, settled bool,
+	change func(t *testing.T, other *Store, instance string, c storage.ClaimedStep), accepted, cancelled bool) {
+	t.Helper()
+	ctx := t.Context()
+	id, p, claimed := snapshotWithCRunning(t, s)
+	if settled {
+		_, _, err := s.ClaimStepsAndWake(ctx, p)
+		require.NoError(t, err)
+	}
+
+	change(t, other, id, claimed[0])
+	require.Equal(t, settled, s.settled(p), "the worker is settled")
+	attempts := 0
+	out, next, err := s.FinishAndClaim(storage.WithAttemptHook(ctx, func() { attempts++ }),
+		[]storage.StepResult{completed(claimed[0])}, storagetest.Plan, p)
+	require.NoError(t, err)
+	require.Equal(t, 2, attempts, "the finish planned from the snapshot, then again the usual way")
+	require.Equal(t, storage.FinishResult{Accepted: accepted, Cancelled: cancelled}, out[0])
+	require.EqualValues(t, 1, s.staleSnapshots.Load(), "finishes that found their snapshot stale")
+	require.EqualValues(t, 1, s.speculated.Load(), "c's finish ran the usual way")
+	require.Zero(t, s.finishHandoffs.Load(), "a finish and hand-off from a stale snapshot committed")
+
+	in, err := s.GetInstance(ctx, id)
+	require.NoError(t, err)
+	if !accepted {
+		require.Equal(t, storage.InstanceCancelled, in.Status)
+		require.Empty(t, next)
+		return
+	}
+	require.Len(t, next, 1)
+	require.Equal(t, "d", next[0].Step)
+	var input struct{ Deps map[string]json.RawMessage }
+	require.NoError(t, json.Unmarshal(next[0].Input, &input))
+	require.JSONEq(t, `{"done":"c"}`, string(input.Deps["c"]), "d's input holds c's output")
 }
 
 // snapshotWithCRunning starts a chain in s and runs it to c under a claim
