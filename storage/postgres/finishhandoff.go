@@ -46,10 +46,11 @@ const finishHandoffChange = `SELECT $10::text AS instance_id, $11::text AS name,
 // the finished step's queue and whether it is an item under a cap, whether
 // the claim took the changed step, and the changed step's claim columns.
 //
-// Each column of the UPDATE is what finishSQL writes for a completion (c.finish)
-// or what handoffApply writes, evaluated on the row the UPDATE locked as
-// in those statements. The finished step is locked first (l), as
-// finishSQL locks it, then the changed one, as the hand-off would after it.
+// Each column of the UPDATE is what finishSQL writes for a completion
+// (c.finish) or what handoffApply writes, evaluated on the row the UPDATE
+// locked, as in those statements. The finished step is locked first (l),
+// as finishSQL locks it, then the changed one, as the hand-off would
+// after it.
 func finishHandoffSQL(c claimShape) string {
 	a := finishHandoffArgs
 	return `
