@@ -61,9 +61,9 @@ ev AS (
 		SELECT started.id, '', 'instance.started', 0, 1, 0, NULL, 0 FROM started
 	) e
 	ORDER BY e.ord, e.k1, e.k2, e.k3, e.instance_id
-)
+)` + markClaimed(c) + `
 SELECT ` + claimedColumns(c, "u") + `
-FROM u ORDER BY priority DESC, run_after, id`
+FROM u` + markedBy(c) + ` ORDER BY priority DESC, run_after, id`
 }
 
 // readyToClaim is the condition a step the claim's index walk may take
@@ -209,6 +209,9 @@ type claimShape struct {
 	capped     bool
 	// trace returns each step's instance's traceparent last.
 	trace bool
+	// snapshots names the claimed steps' instances for the reads of
+	// claimsnapshot.go.
+	snapshots bool
 }
 
 // statementsByShape builds a statement for each claim shape once, the
@@ -216,7 +219,6 @@ type claimShape struct {
 // constant, so pgx's statement cache prepares it once per connection. A
 // process runs a few of the shapes; building all of the store's 144 at
 // init cost every dagrun command, a worker as much as a one-statement
-// CLI call, 3.5 ms and 1.1 MB before main (GODEBUG=inittrace=1).
 type statementsByShape struct {
 	build func(claimShape) string
 	built sync.Map // claimShape to string
@@ -264,8 +266,9 @@ func (s *Store) claimSteps(ctx context.Context, p storage.ClaimParams, wake bool
 	// index, nearly always empty; so does the next wake, when asked for,
 	// read after the claim took its steps.
 	signals := s.signals.Load() // before the claim reads anything
+	var read map[string]*loaded
 	err := s.retry(ctx, func() error {
-		sql, args := s.claimStatement(p, s.now())
+		sql, args := s.claimStatement(p, s.now(), true)
 		var b pgx.Batch
 		b.Queue(s.q(promoteSQL), args[0])
 		b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
@@ -273,6 +276,8 @@ func (s *Store) claimSteps(ctx context.Context, p storage.ClaimParams, wake bool
 			out, err = pgx.CollectRows(rows, scanClaimed)
 			return err
 		})
+		read = make(map[string]*loaded)
+		s.queueClaimedReads(&b, nil, read)
 		b.Queue(s.q(cappedPendingSQL), s.now()).QueryRow(func(row pgx.Row) error { return row.Scan(&capped) })
 		if wake {
 			queues, handlers := wakeFilters(p)
@@ -283,6 +288,7 @@ func (s *Store) claimSteps(ctx context.Context, p storage.ClaimParams, wake bool
 	if err != nil {
 		return nil, time.Time{}, s.fail("claim steps", err)
 	}
+	s.snapshots.put(claimedSnapshots(read, out, time.Now()))
 	if capped && len(out) < max(p.Limit, 1) {
 		// Items the capped claim takes were claimable already: the wake
 		// read before it can only be early, which costs an empty claim.
@@ -303,9 +309,11 @@ func (s *Store) claimSteps(ctx context.Context, p storage.ClaimParams, wake bool
 // queueClaim queues a claim on the transaction's tail; into receives the
 // claimed steps when the tail runs. A claim that took every ready step
 // (the ones this commit readied too) leaves nothing for this store's other
-// claimers, so the transaction signals none.
-func (s *Store) queueClaim(st *txState, p storage.ClaimParams, now *time.Time, into *[]storage.ClaimedStep) {
-	sql, args := s.claimStatement(p, now)
+// claimers, so the transaction signals none. With read not nil, the
+// instances it takes steps of, but those of known, are read into read
+// after it (claimsnapshot.go).
+func (s *Store) queueClaim(st *txState, p storage.ClaimParams, now *time.Time, into *[]storage.ClaimedStep, read map[string]*loaded, known []string) {
+	sql, args := s.claimStatement(p, now, read != nil)
 	st.tail.Queue(s.q(promoteSQL), now)
 	st.tail.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 		claimed, err := pgx.CollectRows(rows, scanClaimed)
@@ -313,16 +321,22 @@ func (s *Store) queueClaim(st *txState, p storage.ClaimParams, now *time.Time, i
 		st.quiet = p.TookAll(len(claimed))
 		return err
 	})
+	if read != nil {
+		s.queueClaimedReads(&st.tail, known, read)
+	}
 }
 
 // claimStatement returns the claim statement for p's filter shape and its
-// arguments.
-func (s *Store) claimStatement(p storage.ClaimParams, now *time.Time) (string, []any) {
-	return s.claimStatementFor(p, now, nil)
+// arguments; with snapshots, one that names the instances it takes steps
+// of for queueClaimedReads.
+func (s *Store) claimStatement(p storage.ClaimParams, now *time.Time, snapshots bool) (string, []any) {
+	shape, args := claimArguments(p, nil)
+	shape.snapshots = snapshots
+	return s.q(claimQueries.of(shape)), append([]any{now}, args...)
 }
 
 // claimStatementFor is claimStatement, for the items of the locked
-// forEach steps parents when parents is not nil.
+// forEach steps parents.
 func (s *Store) claimStatementFor(p storage.ClaimParams, now *time.Time, parents []int64) (string, []any) {
 	shape, args := claimArguments(p, parents)
 	return s.q(claimQueries.of(shape)), append([]any{now}, args...)

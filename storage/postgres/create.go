@@ -236,7 +236,7 @@ func (s *Store) CreateAndClaim(ctx context.Context, params []storage.CreateParam
 			s.queueInsertClaimed(st, p, now, &claimed, &ids, &txid)
 			return nil
 		}
-		s.queueClaim(st, p, now, &claimed)
+		s.queueClaim(st, p, now, &claimed, nil, nil)
 		s.queueCreatedSteps(st, created, &ids, &txid)
 		return nil
 	})

@@ -158,10 +158,13 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		rec     *planRecorder
 		skipped bool // the eager claim was left out (eagerClaimNeeded)
 		held    *heldFinish
+		// claimRead holds the instances the eager claim took steps of but
+		// the plans did not touch (claimsnapshot.go).
+		claimRead map[string]*loaded
 	)
 	run := func(tx pgx.Tx, st *txState) error {
 		clear(out)
-		claimed, txid, planned, rec, skipped = nil, "", nil, nil, false
+		claimed, txid, planned, rec, skipped, claimRead = nil, "", nil, nil, false, nil
 		now := s.now()
 		// The plans of the finished steps' instances may make the claim
 		// with their changes (see handoff.go), unless the claimer works
@@ -279,7 +282,8 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 			if claim != nil && !h.made() {
 				skipped = !s.eagerClaimNeeded(st, *claim)
 				if !skipped {
-					s.queueClaim(st, *claim, now, &claimed)
+					claimRead = make(map[string]*loaded)
+					s.queueClaim(st, *claim, now, &claimed, claimRead, instanceIDsOf(planned))
 				}
 			}
 			// The reads and writes go first, on the tail's round trip.
@@ -321,7 +325,8 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		if !h.made() {
 			if skipped = !s.eagerClaimNeeded(st, *claim); !skipped {
 				// The claim goes last on the tail, after the plans it may claim from.
-				s.queueClaim(st, *claim, now, &claimed)
+				claimRead = make(map[string]*loaded)
+				s.queueClaim(st, *claim, now, &claimed, claimRead, instanceIDsOf(planned))
 			}
 		}
 		return nil
@@ -345,7 +350,9 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 	case skipped:
 		s.skippedClaims.Add(1)
 	case claim != nil:
-		s.snapshots.put(derive(planned, rec, results, claimed, txid, time.Now()))
+		taken := time.Now()
+		s.snapshots.put(claimedSnapshots(claimRead, claimed, taken))
+		s.snapshots.put(derive(planned, rec, results, claimed, txid, taken))
 		s.claimers.claimed(*claim, true, len(claimed))
 	}
 	return out, claimed, nil

@@ -78,27 +78,32 @@ const markDeferredSQL = `UPDATE {s}instances SET deferred = true WHERE id = $1`
 // ids are fine) on b; into receives them when the batch runs.
 func (s *Store) queueLock(b *pgx.Batch, ids []string, into map[string]*loaded) {
 	queueByIDs(b, s.q(lockInstancesSQL), s.q(lockInstanceSQL), ids).Query(func(rows pgx.Rows) error {
-		var (
-			st      storage.InstanceState
-			input   []byte
-			timeout int64
-			failing bool
-			failure storage.Failure
-			xmin    string
-		)
-		_, err := pgx.ForEachRow(rows, []any{&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input,
-			&timeout, &failing, &failure.Error, &failure.Step, &st.Depth, &st.TraceParent, &xmin, &st.Deferred}, func() error {
-			l := &loaded{state: st, timeout: timeout, xmin: xmin}
-			l.state.Input = rawJSON(input)
-			if failing {
-				f := failure
-				l.state.Failure = &f
-			}
-			into[st.ID] = l
-			return nil
-		})
-		return err
+		return scanInstances(rows, into)
 	})
+}
+
+// scanInstances reads the rows of lockInstancesSQL's columns into into.
+func scanInstances(rows pgx.Rows, into map[string]*loaded) error {
+	var (
+		st      storage.InstanceState
+		input   []byte
+		timeout int64
+		failing bool
+		failure storage.Failure
+		xmin    string
+	)
+	_, err := pgx.ForEachRow(rows, []any{&st.ID, &st.Workflow, &st.DefinitionHash, &st.Status, &input,
+		&timeout, &failing, &failure.Error, &failure.Step, &st.Depth, &st.TraceParent, &xmin, &st.Deferred}, func() error {
+		l := &loaded{state: st, timeout: timeout, xmin: xmin}
+		l.state.Input = rawJSON(input)
+		if failing {
+			f := failure
+			l.state.Failure = &f
+		}
+		into[st.ID] = l
+		return nil
+	})
+	return err
 }
 
 const loadStepStatesSQL = `
@@ -112,31 +117,7 @@ SELECT instance_id, name, payload FROM {s}signals WHERE instance_id = ANY($1) AN
 // transaction sees them, after a queueLock of them on the same batch.
 func (s *Store) queueLoadSteps(ctx context.Context, tx pgx.Tx, b *pgx.Batch, ids []string, into map[string]*loaded) {
 	queueByIDs(b, s.q(loadStepStatesSQL), s.q(loadStepStateSQL), ids).Query(func(rows pgx.Rows) error {
-		var (
-			id, queue, signal, xmin string
-			ss                      storage.StepState
-			output                  []byte
-			onFailure               bool
-			stepID, fence           int64
-		)
-		_, err := pgx.ForEachRow(rows, []any{&id, &ss.Name, &ss.DependsOn, &ss.Status, &output, &ss.Error, &ss.Attempts, &queue, &signal, &onFailure,
-			&stepID, &fence, &xmin}, func() error {
-			l := into[id]
-			if l == nil {
-				return nil
-			}
-			ss.Output = rawJSON(output)
-			if len(ss.DependsOn) == 0 {
-				ss.DependsOn = nil
-			}
-			l.state.Steps = append(l.state.Steps, ss)
-			l.queues = append(l.queues, queue)
-			l.waitSignals = append(l.waitSignals, signal)
-			l.onFailure = append(l.onFailure, onFailure)
-			l.ids, l.fences, l.xmins = append(l.ids, stepID), append(l.fences, fence), append(l.xmins, xmin)
-			ss = storage.StepState{}
-			return nil
-		})
+		err := scanStepStates(rows, into)
 		for _, l := range into {
 			l.state.LoadDefinition = s.definitionLoader(ctx, tx, l.state.DefinitionHash)
 		}
@@ -158,6 +139,37 @@ func (s *Store) queueLoadSteps(ctx context.Context, tx pgx.Tx, b *pgx.Batch, ids
 		})
 		return err
 	})
+}
+
+// scanStepStates reads the rows of loadStepStatesSQL's columns into the
+// instances of into they belong to, skipping the others.
+func scanStepStates(rows pgx.Rows, into map[string]*loaded) error {
+	var (
+		id, queue, signal, xmin string
+		ss                      storage.StepState
+		output                  []byte
+		onFailure               bool
+		stepID, fence           int64
+	)
+	_, err := pgx.ForEachRow(rows, []any{&id, &ss.Name, &ss.DependsOn, &ss.Status, &output, &ss.Error, &ss.Attempts, &queue, &signal, &onFailure,
+		&stepID, &fence, &xmin}, func() error {
+		l := into[id]
+		if l == nil {
+			return nil
+		}
+		ss.Output = rawJSON(output)
+		if len(ss.DependsOn) == 0 {
+			ss.DependsOn = nil
+		}
+		l.state.Steps = append(l.state.Steps, ss)
+		l.queues = append(l.queues, queue)
+		l.waitSignals = append(l.waitSignals, signal)
+		l.onFailure = append(l.onFailure, onFailure)
+		l.ids, l.fences, l.xmins = append(l.ids, stepID), append(l.fences, fence), append(l.xmins, xmin)
+		ss = storage.StepState{}
+		return nil
+	})
+	return err
 }
 
 // lock locks instances and loads their steps, in one round trip.

@@ -180,7 +180,7 @@ func TestPgBouncerStatementsBecomeFunctions(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, claimed, 1)
 	s.plans.wait()
-	require.Contains(t, s.q(claimQueries.of(claimShape{})), planFuncPrefix)
+	require.Contains(t, s.q(claimQueries.of(claimShape{snapshots: true})), planFuncPrefix)
 	_, err = s.CreateInstances(ctx, nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
 	require.NoError(t, err)
 	again, err := s.ClaimSteps(ctx, claim)
@@ -508,7 +508,7 @@ func TestPgBouncerWithoutCreateOnTheSchema(t *testing.T) {
 		require.Len(t, claimed, 1)
 		s.plans.wait()
 	}
-	require.NotContains(t, s.q(claimQueries.of(claimShape{})), planFuncPrefix)
+	require.NotContains(t, s.q(claimQueries.of(claimShape{snapshots: true})), planFuncPrefix)
 	require.Zero(t, planFunctionsIn(t, schema))
 	require.Equal(t, 1, strings.Count(logs.String(), "may not create functions"), logs.String())
 	require.NotNil(t, owner)
@@ -558,7 +558,7 @@ func TestPgBouncerStatementsOutliveTheirFunctions(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, storage.InstanceCompleted, in.Status)
 	}
-	claimSQL := claimQueries.of(claimShape{})
+	claimSQL := claimQueries.of(claimShape{snapshots: true})
 
 	run(func() {})
 	s.plans.wait()

@@ -13,11 +13,14 @@ import (
 )
 
 // TestFinishRoundTrips: finishing a step and claiming the next in the same
-// transaction takes two round trips, the COMMIT going with the last batch;
-// finishing the step so claimed takes one, planned from the snapshot the
-// first finish kept (see speculate.go), also when the step's instance
-// completes (a top-level instance that completes has nothing to follow
-// up).
+// transaction takes one round trip, planned from the snapshot the claim of
+// the step kept (claimsnapshot.go), and so does finishing the step so
+// claimed, planned from the snapshot the first finish kept (speculate.go),
+// also when the step's instance completes (a top-level instance that
+// completes has nothing to follow up). A step whose claim left a sibling
+// ready, which another worker could take, gets no snapshot: its finish
+// reads the instance first, in two round trips, the COMMIT going with the
+// last batch.
 func TestFinishRoundTrips(t *testing.T) {
 	t.Parallel()
 	s, tracer := storeCountingTrips(t)
@@ -26,15 +29,14 @@ func TestFinishRoundTrips(t *testing.T) {
 	step := func(name string, deps ...string) storage.StepSpec {
 		return storage.StepSpec{Name: name, Handler: "h", Queue: "default", DependsOn: deps, Retry: storage.RetryPolicy{MaxAttempts: 1}}
 	}
-	_, err := s.CreateInstances(ctx, nil, []storage.CreateParams{{ID: "rt-1", Workflow: "wf", DefinitionHash: "h1",
-		Definition: []byte("name: wf\n"), Steps: []storage.StepSpec{step("a"), step("b", "a")}}}, storagetest.Plan)
-	require.NoError(t, err)
-	claim := storage.ClaimParams{WorkerID: "w", Limit: 1, Lease: time.Minute}
-	claimed, err := s.ClaimSteps(ctx, claim)
-	require.NoError(t, err)
-	require.Len(t, claimed, 1)
-
-	finish := func(c storage.ClaimedStep) []storage.ClaimedStep {
+	create := func(id string, steps ...storage.StepSpec) storage.ClaimParams {
+		t.Helper()
+		_, err := s.CreateInstances(ctx, nil, []storage.CreateParams{{ID: id, Workflow: "wf", DefinitionHash: "h1",
+			Definition: []byte("name: wf\n"), Steps: steps}}, storagetest.Plan)
+		require.NoError(t, err)
+		return storage.ClaimParams{WorkerID: "w", InstanceID: id, Limit: 1, Lease: time.Minute}
+	}
+	finish := func(c storage.ClaimedStep, claim storage.ClaimParams) []storage.ClaimedStep {
 		t.Helper()
 		tracer.trips.Store(0)
 		out, next, err := s.FinishAndClaim(ctx, []storage.StepResult{{Claim: c.Claim, Outcome: storage.OutcomeCompleted,
@@ -43,15 +45,37 @@ func TestFinishRoundTrips(t *testing.T) {
 		require.True(t, out[0].Accepted)
 		return next
 	}
-	next := finish(claimed[0])
-	require.Len(t, next, 1, "b claimed in the same transaction")
-	require.EqualValues(t, 2, tracer.trips.Load(), "finish a and claim b")
-	finish(next[0])
-	require.EqualValues(t, 1, tracer.trips.Load(), "finish b, completing the instance")
-	require.EqualValues(t, 1, s.speculated.Load(), "finishes planned from a snapshot")
-	in, err := s.GetInstance(ctx, "rt-1")
+	requireCompleted := func(id string) {
+		t.Helper()
+		in, err := s.GetInstance(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, storage.InstanceCompleted, in.Status)
+	}
+
+	claim := create("rt-1", step("a"), step("b", "a"))
+	claimed, err := s.ClaimSteps(ctx, claim)
 	require.NoError(t, err)
-	require.Equal(t, storage.InstanceCompleted, in.Status)
+	require.Len(t, claimed, 1)
+	next := finish(claimed[0], claim)
+	require.Len(t, next, 1, "b claimed in the same transaction")
+	require.EqualValues(t, 1, tracer.trips.Load(), "finish a and claim b")
+	finish(next[0], claim)
+	require.EqualValues(t, 1, tracer.trips.Load(), "finish b, completing the instance")
+	require.EqualValues(t, 2, s.speculated.Load(), "finishes planned from a snapshot")
+	requireCompleted("rt-1")
+
+	claim = create("rt-2", step("a"), step("b"), step("c", "a", "b"))
+	claimed, err = s.ClaimSteps(ctx, claim)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1, "one of a and b claimed, the other left ready")
+	next = finish(claimed[0], claim)
+	require.EqualValues(t, 2, tracer.trips.Load(), "finish a step whose sibling was left ready, and claim the sibling")
+	require.EqualValues(t, 2, s.speculated.Load(), "a finish planned from a snapshot of an instance another worker could change")
+	require.Len(t, next, 1)
+	last := finish(next[0], claim)
+	require.Len(t, last, 1, "c claimed with the sibling's finish")
+	finish(last[0], claim)
+	requireCompleted("rt-2")
 }
 
 // TestStartRoundTrips: a start without an idempotency key is one round

@@ -31,7 +31,9 @@ import (
 // the plans, the claim and the commit in one round trip. When the check
 // fails (another transaction wrote the instance in between: a cancel, a
 // signal, a sibling's claim or lease renewal), it raises, the transaction
-// rolls back, and the finish runs again the usual way.
+// rolls back, and the finish runs again the usual way. A claim that took
+// a step of an instance no one else can change reads the instance and
+// keeps a snapshot of it too (claimsnapshot.go).
 //
 // The check is complete because a plan is a pure function of what
 // lockInstancesSQL, loadStepStatesSQL and loadSignalsSQL read: the same

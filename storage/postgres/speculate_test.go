@@ -49,8 +49,9 @@ func completed(c storage.ClaimedStep) storage.StepResult {
 // TestSpeculativeFinishSeesWhatAReadWould drives two instances of a
 // workflow to the end with the same results: one the way a worker's
 // recorder does (FinishAndClaim, which claims the next steps and plans
-// from the snapshot its previous transaction kept where it can), the other
-// by FinishSteps and ClaimSteps, which read and keep none. Every plan of
+// from the snapshot its previous transaction or claim kept where it can),
+// the other by FinishSteps and ClaimSteps, its claims' snapshots dropped,
+// so that every finish reads. Every plan of
 // the first must have been asked about the same state as the plan of the
 // second at the same point, and the first must have planned from
 // snapshots as often as the case says.
@@ -68,20 +69,21 @@ func TestSpeculativeFinishSeesWhatAReadWould(t *testing.T) {
 		// speculated is how many finishes plan from snapshots.
 		speculated int64
 	}{
-		// The first finish reads and keeps a snapshot; the other three
-		// plan from the snapshot their predecessor kept.
-		{name: "chain", create: chain, limit: 2, speculated: 3},
+		// The first finish plans from its claim's snapshot, the other
+		// three from the snapshot their predecessor kept.
+		{name: "chain", create: chain, limit: 2, speculated: 4},
 		// The start keeps a snapshot of what it created and claimed: every
 		// finish plans from one.
 		{name: "chain started eagerly", create: chain, limit: 2, eager: true, speculated: 4},
 		// a readies b and c and its claim takes b: c could be claimed
 		// elsewhere, so a's finish keeps no snapshot; b's claims c, and
-		// the finishes of c and d plan from snapshots.
-		{name: "fan-out one at a time", create: fanOut, limit: 1, speculated: 2},
+		// the finishes of a (from its claim's), c and d plan from
+		// snapshots.
+		{name: "fan-out one at a time", create: fanOut, limit: 1, speculated: 3},
 		// b fails once: its retry is finished the usual way, and its
 		// second attempt runs with the error of the first, which its
 		// completion clears.
-		{name: "retried step", create: fanOut, limit: 2, retry: "b", speculated: 2},
+		{name: "retried step", create: fanOut, limit: 2, retry: "b", speculated: 3},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -133,6 +135,9 @@ func TestSpeculativeFinishSeesWhatAReadWould(t *testing.T) {
 				if len(claimed) == 0 {
 					break
 				}
+				s.snapshots.mu.Lock()
+				delete(s.snapshots.m, slow)
+				s.snapshots.mu.Unlock()
 				out, err := s.FinishSteps(ctx, resultsOf(claimed), rec.plan)
 				require.NoError(t, err)
 				for _, o := range out {
@@ -167,39 +172,7 @@ func fanOut() storage.CreateParams {
 // finish finds out, and records the result as a read would have it.
 func TestStaleSnapshotFallsBack(t *testing.T) {
 	t.Parallel()
-	cases := []struct {
-		name string
-		// change changes the instance whose step c runs under claim c.
-		change func(t *testing.T, other *Store, instance string, c storage.ClaimedStep)
-		// accepted and cancelled are what the finish of c must answer.
-		accepted, cancelled bool
-	}{
-		{
-			name: "cancelled",
-			change: func(t *testing.T, other *Store, instance string, _ storage.ClaimedStep) {
-				require.NoError(t, other.CancelInstance(t.Context(), instance, "by test", storagetest.Plan))
-			},
-			cancelled: true,
-		},
-		{
-			name: "signalled",
-			change: func(t *testing.T, other *Store, instance string, _ storage.ClaimedStep) {
-				_, err := other.SendSignal(t.Context(), storage.SignalParams{InstanceID: instance, Name: "later",
-					Payload: json.RawMessage(`1`)}, storagetest.Plan)
-				require.NoError(t, err)
-			},
-			accepted: true,
-		},
-		{
-			name: "lease renewed",
-			change: func(t *testing.T, other *Store, _ string, c storage.ClaimedStep) {
-				lost, err := other.ExtendLeases(t.Context(), []storage.Claim{c.Claim}, time.Hour)
-				require.NoError(t, err)
-				require.Empty(t, lost)
-			},
-			accepted: true,
-		},
-	}
+	cases := staleChanges()
 	for _, tc := range cases {
 		// A settled worker's finish of c would also hand d off in the
 		// finishing statement (finishhandoff.go).
@@ -244,7 +217,7 @@ func staleFallsBack(t *testing.T, s, other *Store, settled bool,
 	require.Equal(t, 2, attempts, "the finish planned from the snapshot, then again the usual way")
 	require.Equal(t, storage.FinishResult{Accepted: accepted, Cancelled: cancelled}, out[0])
 	require.EqualValues(t, 1, s.staleSnapshots.Load(), "finishes that found their snapshot stale")
-	require.EqualValues(t, 1, s.speculated.Load(), "c's finish ran the usual way")
+	require.EqualValues(t, 2, s.speculated.Load(), "c's finish ran the usual way")
 	require.Zero(t, s.finishHandoffs.Load(), "a finish and hand-off from a stale snapshot committed")
 
 	in, err := s.GetInstance(ctx, id)
@@ -262,8 +235,8 @@ func staleFallsBack(t *testing.T, s, other *Store, settled bool,
 }
 
 // snapshotWithCRunning starts a chain in s and runs it to c under a claim
-// bound to it: a, then b (planned from a's snapshot), whose finish keeps a
-// snapshot of the instance with c running. It returns the instance, the
+// bound to it: a (planned from its claim's snapshot), then b (planned from
+// a's), whose finish keeps a snapshot of the instance with c running. It returns the instance, the
 // claim's parameters and c's claim.
 func snapshotWithCRunning(t *testing.T, s *Store) (string, storage.ClaimParams, []storage.ClaimedStep) {
 	t.Helper()
@@ -281,7 +254,7 @@ func snapshotWithCRunning(t *testing.T, s *Store) (string, storage.ClaimParams, 
 	}
 	require.Len(t, claimed, 1)
 	require.Equal(t, "c", claimed[0].Step)
-	require.EqualValues(t, 1, s.speculated.Load(), "b's finish was planned from a's snapshot")
+	require.EqualValues(t, 2, s.speculated.Load(), "a's and b's finishes were planned from snapshots")
 	return id, p, claimed
 }
 
@@ -393,13 +366,14 @@ func TestNoSnapshotWhileAnotherWorkerHoldsAStep(t *testing.T) {
 // snapshot, and found none stale.
 func requireReadFinish(t *testing.T, s *Store, step storage.ClaimedStep, p storage.ClaimParams, next string) {
 	t.Helper()
+	speculated, stale := s.speculated.Load(), s.staleSnapshots.Load()
 	out, claimed, err := s.FinishAndClaim(t.Context(), []storage.StepResult{completed(step)}, storagetest.Plan, p)
 	require.NoError(t, err)
 	require.True(t, out[0].Accepted)
 	require.Len(t, claimed, 1)
 	require.Equal(t, next, claimed[0].Step)
-	require.Zero(t, s.staleSnapshots.Load(), "finishes that found their snapshot stale")
-	require.Zero(t, s.speculated.Load(), "finishes planned from snapshots")
+	require.Equal(t, stale, s.staleSnapshots.Load(), "the finish found its snapshot stale")
+	require.Equal(t, speculated, s.speculated.Load(), "the finish was planned from a snapshot")
 }
 
 // TestNoSnapshotOfAStartWithAStepLeftReady: a start whose eager claim left
@@ -477,4 +451,45 @@ func TestSnapshotsStayBounded(t *testing.T) {
 	}
 	require.Len(t, c.m, 1, "none had expired: all went")
 	require.Contains(t, c.m, fmt.Sprint("j", maxSnapshots/2-1))
+}
+
+// staleChange is a change another process makes to an instance whose step
+// c runs under claim c, making a snapshot of it stale, and what the finish
+// of c must answer after it.
+type staleChange struct {
+	name                string
+	change              func(t *testing.T, other *Store, instance string, c storage.ClaimedStep)
+	accepted, cancelled bool
+}
+
+// staleChanges are the changes TestStaleSnapshotFallsBack and
+// TestClaimSnapshotGoesStale make.
+func staleChanges() []staleChange {
+	return []staleChange{
+		{
+			name: "cancelled",
+			change: func(t *testing.T, other *Store, instance string, _ storage.ClaimedStep) {
+				require.NoError(t, other.CancelInstance(t.Context(), instance, "by test", storagetest.Plan))
+			},
+			cancelled: true,
+		},
+		{
+			name: "signalled",
+			change: func(t *testing.T, other *Store, instance string, _ storage.ClaimedStep) {
+				_, err := other.SendSignal(t.Context(), storage.SignalParams{InstanceID: instance, Name: "later",
+					Payload: json.RawMessage(`1`)}, storagetest.Plan)
+				require.NoError(t, err)
+			},
+			accepted: true,
+		},
+		{
+			name: "lease renewed",
+			change: func(t *testing.T, other *Store, _ string, c storage.ClaimedStep) {
+				lost, err := other.ExtendLeases(t.Context(), []storage.Claim{c.Claim}, time.Hour)
+				require.NoError(t, err)
+				require.Empty(t, lost)
+			},
+			accepted: true,
+		},
+	}
 }
