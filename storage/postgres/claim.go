@@ -219,6 +219,7 @@ type claimShape struct {
 // constant, so pgx's statement cache prepares it once per connection. A
 // process runs a few of the shapes; building all of the store's 144 at
 // init cost every dagrun command, a worker as much as a one-statement
+// CLI call, 3.5 ms and 1.1 MB before main (GODEBUG=inittrace=1).
 type statementsByShape struct {
 	build func(claimShape) string
 	built sync.Map // claimShape to string

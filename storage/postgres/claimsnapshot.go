@@ -32,7 +32,11 @@ import (
 // since a statement cannot read what another returned. A snapshot is kept
 // only of an instance that only its claimer can change next: running, not
 // failing, no signal waiting, and every step finished, blocked, or taken by
-// this claim.
+// this claim. A finish's claim reads on the tail, and when follow-ups run
+// after the tail (a child instance's parent to settle, children to start
+// or cancel) they may write what it read at the transaction's own row
+// versions, which a check of versions cannot tell apart: its snapshots are
+// then dropped.
 
 // claimedSetting holds, for the rest of a claim's transaction, the IDs of
 // the instances whose steps (not items) it took, as a text[] literal.
@@ -40,7 +44,7 @@ const claimedSetting = "dagrun.claimed"
 
 // claimedIDs reads claimedSetting: NULL when no claim of the transaction
 // named any (a claim that took nothing need not run markClaimed's CTE, and
-// an earlier transaction's setting reads as ”).
+// an earlier transaction's setting reads as the empty string).
 const claimedIDs = `nullif(current_setting('` + claimedSetting + `', true), '')::text[]`
 
 // markClaimed is the claim statement's CTE that names its instances, for
@@ -58,6 +62,7 @@ mark AS (
 )`
 }
 
+// markedBy is the join that runs markClaimed's CTE.
 func markedBy(c claimShape) string {
 	if !c.snapshots {
 		return ""
@@ -66,9 +71,9 @@ func markedBy(c claimShape) string {
 }
 
 // claimedInstancesSQL reads the instances markClaimed named but those of
-// $1, as lockInstancesSQL does but without a lock, leaving out those a snapshot
-// cannot serve: not running, failing, with a signal waiting, or an input
-// larger than a snapshot keeps.
+// $1, as lockInstancesSQL does but without a lock, leaving out those a
+// snapshot cannot serve: not running, failing, with a signal waiting, or
+// with an input larger than a snapshot keeps.
 var claimedInstancesSQL = `
 SELECT i.id, i.workflow, i.definition_hash, i.status, i.input, i.timeout_us, i.failing, i.error, i.failed_step, i.depth,
 	coalesce(i.traceparent, '') AS traceparent, i.xmin::text AS xmin,

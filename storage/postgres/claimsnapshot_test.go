@@ -136,3 +136,57 @@ func TestFinishKeepsSnapshotsOfTheInstancesItsClaimStarts(t *testing.T) {
 	require.EqualValues(t, 1, s.speculated.Load(), "finishes planned from snapshots")
 	require.Zero(t, s.staleSnapshots.Load())
 }
+
+// TestNoClaimSnapshotAfterFollowUps: when follow-ups ran after the tail
+// of a finish (here the parent of the child instance it completed, whose
+// workflow step settles), they could have written, at the transaction's
+// own row versions, an instance the tail's claim read, which no check of
+// versions would tell: the claim keeps no snapshot then.
+func TestNoClaimSnapshotAfterFollowUps(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	ctx := t.Context()
+	// call starts a child instance whose one step is leaf.
+	withChild := func(st *storage.InstanceState) (*storage.Plan, error) {
+		p, err := storagetest.Plan(st)
+		if err != nil || p == nil {
+			return p, err
+		}
+		for i, c := range p.Steps {
+			if c.Name == "call" && c.Status == storage.StepPending {
+				child := params(spec("leaf"))
+				child.Workflow, child.DefinitionHash, child.Definition = "child", "hash-child", []byte("name: child\n")
+				child.Depth = st.Depth + 1
+				p.Steps[i] = storage.StepChange{Name: c.Name, Status: storage.StepRunning, Input: c.Input,
+					Children: []storage.CreateParams{child}}
+			}
+		}
+		return p, nil
+	}
+	call := spec("call")
+	call.Workflow = "child"
+	parent := params(call)
+	_, err := s.CreateInstances(ctx, nil, []storage.CreateParams{parent}, withChild)
+	require.NoError(t, err)
+	in, err := s.GetInstance(ctx, parent.ID)
+	require.NoError(t, err)
+	require.Len(t, in.Steps[0].Children, 1)
+	child := in.Steps[0].Children[0]
+	other := params(spec("x"))
+	_, err = s.CreateInstances(ctx, nil, []storage.CreateParams{other}, storagetest.Plan)
+	require.NoError(t, err)
+
+	leaf, err := s.ClaimSteps(ctx, storage.ClaimParams{WorkerID: "w", InstanceID: child, Limit: 1, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, leaf, 1)
+	out, next, err := s.FinishAndClaim(ctx, []storage.StepResult{completed(leaf[0])}, withChild,
+		storage.ClaimParams{WorkerID: "w", Limit: 1, Lease: time.Minute})
+	require.NoError(t, err)
+	require.True(t, out[0].Accepted)
+	require.Len(t, next, 1)
+	require.Equal(t, other.ID, next[0].InstanceID, "the finish's claim took x")
+	in, err = s.GetInstance(ctx, parent.ID)
+	require.NoError(t, err)
+	require.Equal(t, storage.InstanceCompleted, in.Status, "the follow-up settled the parent")
+	require.NotContains(t, s.snapshots.m, other.ID, "a snapshot read before follow-ups")
+}

@@ -159,12 +159,14 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		skipped bool // the eager claim was left out (eagerClaimNeeded)
 		held    *heldFinish
 		// claimRead holds the instances the eager claim took steps of but
-		// the plans did not touch (claimsnapshot.go).
+		// the plans did not touch (claimsnapshot.go), and last the
+		// transaction's state, which says whether they may be kept.
 		claimRead map[string]*loaded
+		last      *txState
 	)
 	run := func(tx pgx.Tx, st *txState) error {
 		clear(out)
-		claimed, txid, planned, rec, skipped, claimRead = nil, "", nil, nil, false, nil
+		claimed, txid, planned, rec, skipped, claimRead, last = nil, "", nil, nil, false, nil, st
 		now := s.now()
 		// The plans of the finished steps' instances may make the claim
 		// with their changes (see handoff.go), unless the claimer works
@@ -351,7 +353,9 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		s.skippedClaims.Add(1)
 	case claim != nil:
 		taken := time.Now()
-		s.snapshots.put(claimedSnapshots(claimRead, claimed, taken))
+		if !last.followedUp {
+			s.snapshots.put(claimedSnapshots(claimRead, claimed, taken))
+		}
 		s.snapshots.put(derive(planned, rec, results, claimed, txid, taken))
 		s.claimers.claimed(*claim, true, len(claimed))
 	}

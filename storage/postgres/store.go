@@ -576,6 +576,11 @@ type txState struct {
 	// finishing is set while the tail holds a statement that finishes
 	// instances: what it finishes may call for follow-ups.
 	finishing bool
+	// followedUp is set once follow-ups ran after the tail: they may have
+	// changed, at the transaction's own row versions, instances the tail
+	// read after its claim, so no snapshot is kept of those
+	// (claimsnapshot.go).
+	followedUp bool
 	// created are the instances create inserted, as planned.
 	created []*storage.NewInstance
 	// handoff is the claim a finish's plans may make with their changes
@@ -675,6 +680,7 @@ func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel string, own *l
 		// The follow-ups may make steps ready that an eager claim on the
 		// tail did not see.
 		st.quiet = false
+		st.followedUp = true
 		if err := st.store.followUp(ctx, tx, st); err != nil {
 			return err
 		}
