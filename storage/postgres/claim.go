@@ -324,6 +324,7 @@ func (s *Store) queueClaim(st *txState, p storage.ClaimParams, now *time.Time, i
 	})
 	if read != nil {
 		s.queueClaimedReads(&st.tail, known, read)
+		st.claimRead = read
 	}
 }
 

@@ -159,15 +159,22 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		skipped bool // the eager claim was left out (eagerClaimNeeded)
 		held    *heldFinish
 		// claimRead holds the instances the eager claim took steps of but
-		// the plans did not touch (claimsnapshot.go), and last the
-		// transaction's state, which says whether they may be kept.
+		// the plans did not touch (claimsnapshot.go).
 		claimRead map[string]*loaded
-		last      *txState
 	)
 	run := func(tx pgx.Tx, st *txState) error {
 		clear(out)
-		claimed, txid, planned, rec, skipped, claimRead, last = nil, "", nil, nil, false, nil, st
+		claimed, txid, planned, rec, skipped, claimRead = nil, "", nil, nil, false, nil
 		now := s.now()
+		// eagerClaim queues the claim on the tail, after the plans it may
+		// claim from, unless it could find only what its worker's claim
+		// loop will be told of (eagerClaimNeeded).
+		eagerClaim := func() {
+			if skipped = !s.eagerClaimNeeded(st, *claim); !skipped {
+				claimRead = make(map[string]*loaded)
+				s.queueClaim(st, *claim, now, &claimed, claimRead, instanceIDsOf(planned))
+			}
+		}
 		// The plans of the finished steps' instances may make the claim
 		// with their changes (see handoff.go), unless the claimer works
 		// off a backlog; the claim is queued here unless they did.
@@ -282,11 +289,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				queueFinish()
 			}
 			if claim != nil && !h.made() {
-				skipped = !s.eagerClaimNeeded(st, *claim)
-				if !skipped {
-					claimRead = make(map[string]*loaded)
-					s.queueClaim(st, *claim, now, &claimed, claimRead, instanceIDsOf(planned))
-				}
+				eagerClaim()
 			}
 			// The reads and writes go first, on the tail's round trip.
 			st.tail.QueuedQueries = append(b.QueuedQueries, st.tail.QueuedQueries...)
@@ -325,11 +328,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 			}
 		}
 		if !h.made() {
-			if skipped = !s.eagerClaimNeeded(st, *claim); !skipped {
-				// The claim goes last on the tail, after the plans it may claim from.
-				claimRead = make(map[string]*loaded)
-				s.queueClaim(st, *claim, now, &claimed, claimRead, instanceIDsOf(planned))
-			}
+			eagerClaim()
 		}
 		return nil
 	}
@@ -353,9 +352,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		s.skippedClaims.Add(1)
 	case claim != nil:
 		taken := time.Now()
-		if !last.followedUp {
-			s.snapshots.put(claimedSnapshots(claimRead, claimed, taken))
-		}
+		s.snapshots.put(claimedSnapshots(claimRead, claimed, taken))
 		s.snapshots.put(derive(planned, rec, results, claimed, txid, taken))
 		s.claimers.claimed(*claim, true, len(claimed))
 	}

@@ -576,11 +576,11 @@ type txState struct {
 	// finishing is set while the tail holds a statement that finishes
 	// instances: what it finishes may call for follow-ups.
 	finishing bool
-	// followedUp is set once follow-ups ran after the tail: they may have
-	// changed, at the transaction's own row versions, instances the tail
-	// read after its claim, so no snapshot is kept of those
-	// (claimsnapshot.go).
-	followedUp bool
+	// claimRead holds the instances the tail reads after its claim, for
+	// snapshots (claimsnapshot.go). Follow-ups may change them at the
+	// transaction's own row versions, which no check of versions would
+	// tell, so they empty it when they run.
+	claimRead map[string]*loaded
 	// created are the instances create inserted, as planned.
 	created []*storage.NewInstance
 	// handoff is the claim a finish's plans may make with their changes
@@ -680,7 +680,7 @@ func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel string, own *l
 		// The follow-ups may make steps ready that an eager claim on the
 		// tail did not see.
 		st.quiet = false
-		st.followedUp = true
+		clear(st.claimRead)
 		if err := st.store.followUp(ctx, tx, st); err != nil {
 			return err
 		}
