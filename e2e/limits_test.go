@@ -73,15 +73,10 @@ func (s *slowServer) mostAtOnce() map[string]int {
 	return most
 }
 
-// stepRun is one attempt of a step as the history tells it: from its
-// step.started event to the step.completed that ended it.
-type stepRun struct {
-	instance, step string
-	start, end     int64 // unix microseconds
-}
-
-// historyRuns reads the started and completed events of every step.
-func historyRuns(t *testing.T, db string) []stepRun {
+// historyStarts reads the started and completed events of every step and
+// returns, in the order the attempts completed, the time each one started
+// (unix microseconds): the starts the rate tests space.
+func historyStarts(t *testing.T, db string) []int64 {
 	t.Helper()
 	const where = ` WHERE type IN ('step.started', 'step.completed') ORDER BY id`
 	type event struct {
@@ -117,7 +112,7 @@ func historyRuns(t *testing.T, db string) []stepRun {
 		require.NoError(t, rows.Err())
 	}
 	open := map[[2]string]int64{}
-	var runs []stepRun
+	var starts []int64
 	for _, e := range events {
 		k := [2]string{e.instance, e.step}
 		if e.typ == "step.started" {
@@ -126,10 +121,10 @@ func historyRuns(t *testing.T, db string) []stepRun {
 		}
 		start, ok := open[k]
 		require.True(t, ok, "step %s of %s completed without starting", e.step, e.instance)
-		runs = append(runs, stepRun{instance: e.instance, step: e.step, start: start, end: e.at})
+		starts = append(starts, start)
 		delete(open, k)
 	}
-	return runs
+	return starts
 }
 
 // contend runs the instances (instance i has input {"n": i}) on four worker
@@ -286,9 +281,9 @@ steps:
 			e.mustRun(t, "queue", "set", "rated", "--rate", "25/s")
 			awaitCompleted(t, e, "rated", instances, 2*time.Minute)
 			var starts []int64
-			for _, r := range historyRuns(t, db) {
-				if r.start >= rated.UnixMicro() {
-					starts = append(starts, r.start)
+			for _, start := range historyStarts(t, db) {
+				if start >= rated.UnixMicro() {
+					starts = append(starts, start)
 				}
 			}
 			// The first step was due at once under the slow rate: a worker
@@ -348,10 +343,7 @@ steps:
 			time.Sleep(time.Until(first.Add(idle)))
 			e.spawnBinary(t, plainBinary, "worker")
 			awaitCompleted(t, e, "paced", instances, time.Minute)
-			var starts []int64
-			for _, r := range historyRuns(t, db) {
-				starts = append(starts, r.start)
-			}
+			starts := historyStarts(t, db)
 			require.Len(t, starts, instances)
 			slices.Sort(starts)
 			// The first claim gives the waiting steps slots an interval
