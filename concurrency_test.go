@@ -166,3 +166,47 @@ func TestParseRate(t *testing.T) {
 		require.True(t, errors.As(err, &argErr), "%s: got %v", in, err)
 	}
 }
+
+const queuedStepWorkflow = `
+name: queued
+steps:
+  - {name: a, handler: echo, queue: narrow}
+`
+
+// Work a limit holds starts as soon as a slot frees, not at the next poll:
+// the worker that finished what held it is told in the same commit. The
+// worker here polls once an hour and has settled, idle, before the runs
+// start; the held run must finish within seconds, well before the worker's
+// other timers (its heartbeats, every 10 s) would look again.
+func TestReleasedWorkWakesTheWorker(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name, source, workflow, input string
+	}{
+		{"workflow key", perCustomerWorkflow, "per-customer", `{"customer": "acme"}`},
+		{"step key", perRegionStepWorkflow, "per-region", `{"region": "eu"}`},
+		{"queue concurrency", queuedStepWorkflow, "queued", `{}`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+				b := setup(t, open, nil, c.source, chainWorkflow)
+				ctx := context.Background()
+				require.NoError(t, b.engine.SetQueueLimit(ctx, dagrun.QueueLimit{Queue: "narrow", Concurrency: 1}))
+				b.runWorker(t, &dagrun.WorkerConfig{Poll: time.Hour})
+				// A run first, so that the worker's last claim found nothing.
+				require.Equal(t, storage.InstanceCompleted, b.wait(t, b.start(t, "chain", `{"n": 1}`)).Status)
+
+				first, second := b.start(t, c.workflow, c.input), b.start(t, c.workflow, c.input)
+				for _, id := range []string{first, second} {
+					ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+					inst, err := b.engine.Follow(ctx, id, nil)
+					cancel()
+					require.NoError(t, err, "instance %s did not finish: the held run waits for a poll", id)
+					require.Equal(t, storage.InstanceCompleted, inst.Status)
+				}
+			})
+		})
+	}
+}

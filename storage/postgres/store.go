@@ -658,15 +658,22 @@ func (st *txState) claimedAllReady() bool {
 //
 // A transaction of the store's own passes own, and its last tail, the one
 // no follow-up can come of, goes with its COMMIT (see lazyTx.commitWith).
+//
+// Each tail ends with releasedSQL, and so does the COMMIT of a transaction
+// whose tail is empty: the steps the limits' triggers released count as
+// made ready, in the caller's transaction with one more NOTIFY.
 func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel string, own *lazyTx) error {
 	notified := 0
 	for {
+		if st.tail.Len() > 0 || own != nil && own.Tx != nil && !st.followUps() {
+			st.queueReleased()
+		}
 		if n := len(st.readyQueues); n > notified && channel != "" {
 			notified = n
 			st.tail.Queue("SELECT pg_notify($1, $2)", channel, payload("", st.readyQueues))
 		}
 		if st.tail.Len() > 0 {
-			if own != nil && !st.finishing && len(st.starts) == 0 && len(st.finished) == 0 && len(st.orphans) == 0 {
+			if own != nil && !st.finishing && !st.followUps() {
 				return own.commitWith(ctx, &st.tail)
 			}
 			if err := tx.SendBatch(ctx, &st.tail).Close(); err != nil {
@@ -674,7 +681,10 @@ func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel string, own *l
 			}
 			st.tail, st.finishing = pgx.Batch{}, false
 		}
-		if len(st.starts) == 0 && len(st.finished) == 0 && len(st.orphans) == 0 {
+		if channel != "" && len(st.readyQueues) > notified {
+			continue // the NOTIFY of the steps the tail released
+		}
+		if !st.followUps() {
 			return nil
 		}
 		// The follow-ups may make steps ready that an eager claim on the
@@ -685,6 +695,33 @@ func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel string, own *l
 			return err
 		}
 	}
+}
+
+// followUps reports whether what the tails did calls for more (see
+// Store.followUp).
+func (st *txState) followUps() bool {
+	return len(st.starts) > 0 || len(st.finished) > 0 || len(st.orphans) > 0
+}
+
+// releasedSQL reads the queues whose held steps the transaction released,
+// one line each (limits_release_step, migration 25).
+const releasedSQL = `SELECT coalesce(current_setting('dagrun.released', true), '')`
+
+// queueReleased queues releasedSQL on the tail: the queues it names were
+// made ready, by statements whose own results do not say so, and an eager
+// claim in the same statement as the release could not see their steps.
+func (st *txState) queueReleased() {
+	st.tail.Queue(releasedSQL).QueryRow(func(row pgx.Row) error {
+		var lines string
+		if err := row.Scan(&lines); err != nil {
+			return err
+		}
+		for queue := range strings.Lines(lines) {
+			st.ready(strings.TrimSuffix(queue, "\n"))
+			st.quiet = false
+		}
+		return nil
+	})
 }
 
 // newOrigin returns a random tag for a store's notifications.

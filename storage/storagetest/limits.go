@@ -168,6 +168,30 @@ func (b *limitBundle) runningClaim(id string) storage.Claim {
 }
 
 var limitTests = map[string]func(*testing.T, *Harness){
+	// The finish that frees a limit's slot releases the held work in
+	// the same transaction, and tells the store's subscribers as of any
+	// step made ready: a worker whose last claim found nothing would
+	// otherwise leave the released step for its next poll.
+	"ReleaseSignalsSubscribers": func(t *testing.T, h *Harness) {
+		for _, tc := range oneSlotLimits() {
+			t.Run(tc.name, func(t *testing.T) {
+				b := h.setupLimits(t)
+				ch, cancel := b.store.Subscribe()
+				defer cancel()
+				tc.limit(b)
+				ids := b.createKeyed(tc.make(), tc.make())
+				require.Equal(t, ids[:1], b.claimAll(), "one at a time")
+				require.True(t, b.held(ids[1]))
+				if h.Settle != nil {
+					h.Settle(t, b.store)
+				}
+				drainSignals(ch)
+				b.complete(ids[0])
+				awaitSignal(t, ch, "a finish that released a held step")
+				require.Equal(t, ids[1:], b.claimAll())
+			})
+		}
+	},
 	"InstanceKeyAdmitsInCreationOrder": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
 		ids := b.createKeyed(keyed("a", 1, 0), keyed("a", 1, 0), keyed("b", 1, 0))
