@@ -220,6 +220,9 @@ func parseNamedTokens(flags []string, env string) (map[string]string, error) {
 		if err := web.CheckTokenName(name); err != nil {
 			return nil, usageError(err)
 		}
+		if err := web.CheckTokenSecret(secret); err != nil {
+			return nil, usageError(fmt.Errorf("invalid named token %s: %w", name, err))
+		}
 		if _, dup := out[name]; dup {
 			return nil, usageError(fmt.Errorf("token name %s is given twice", name))
 		}

@@ -52,6 +52,10 @@ func TestOperations(t *testing.T) {
 		{[]string{"retry", "--workflow", "greet", "--status", "cancelled"}, app.ExitOK},
 		{[]string{"serve", "--named-token", "s3cret"}, app.ExitUsage},
 		{[]string{"serve", "--named-token", "bad name=s3cret"}, app.ExitUsage},
+		{[]string{"serve", "--named-token", "ops= s3cret"}, app.ExitUsage},
+		{[]string{"serve", "--token", " "}, app.ExitUsage},
+		{[]string{"serve", "--token", "s3cret "}, app.ExitUsage},
+		{[]string{"serve", "--token", "s3c\tret"}, app.ExitUsage},
 	}
 	var report strings.Builder
 	for _, c := range cases {

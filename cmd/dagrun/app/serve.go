@@ -51,6 +51,9 @@ func (c *cli) serveCommand() *cobra.Command {
 			if token == "" {
 				token = c.io.Getenv("DAGRUN_TOKEN")
 			}
+			if err := web.CheckTokenSecret(token); err != nil {
+				return usageError(fmt.Errorf("invalid --token (or DAGRUN_TOKEN): %w", err))
+			}
 			tokens, err := parseNamedTokens(namedTokens, c.io.Getenv("DAGRUN_TOKENS"))
 			if err != nil {
 				return err

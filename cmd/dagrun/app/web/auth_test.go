@@ -335,3 +335,19 @@ func TestWrongTokensAreBoundedPerAddress(t *testing.T) {
 	}
 	requireError(t, bearer("guess"), http.StatusTooManyRequests, "too many wrong tokens")
 }
+
+// TestTokensNoClientCanSendAreRefused: an Authorization header drops the
+// whitespace around a token and carries no control character, so a server
+// given such a token would refuse everyone, saying the token is missing.
+func TestTokensNoClientCanSendAreRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, openSQLite, nil)
+	for _, secret := range []string{" ", "s3cret ", "\ts3cret", "s3c\nret", "s3c\x00ret"} {
+		_, err := web.NewServer(b.engine, &web.Config{Token: secret})
+		require.Error(t, err, "token %q", secret)
+		_, err = web.NewServer(b.engine, &web.Config{Tokens: map[string]string{"ops": secret}})
+		require.ErrorContains(t, err, "token ops", "named token %q", secret)
+	}
+	_, err := web.NewServer(b.engine, &web.Config{Token: "s3c ret", Tokens: map[string]string{"ops": "a b"}})
+	require.NoError(t, err, "a space inside a token goes through")
+}

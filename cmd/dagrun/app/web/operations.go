@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"unicode"
 
 	"github.com/dagrun/dagrun"
 	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
@@ -30,6 +31,19 @@ func (s *Server) operationRoutes(api func(string, http.HandlerFunc)) {
 // counted repetition ({0,63}) compiles into as many copies of its class,
 // built at every process start.
 var tokenNameSyntax = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@-]*$`)
+
+// CheckTokenSecret refuses a token's secret that no client could send:
+// an Authorization header drops the spaces around it, and carries no
+// control character.
+func CheckTokenSecret(secret string) error {
+	if strings.TrimSpace(secret) != secret {
+		return errors.New("the token begins or ends with whitespace, which an Authorization header drops: give it without")
+	}
+	if strings.ContainsFunc(secret, unicode.IsControl) {
+		return errors.New("the token holds a control character (a newline, a tab), which an Authorization header cannot carry")
+	}
+	return nil
+}
 
 // CheckTokenName reports why name cannot name a token.
 func CheckTokenName(name string) error {

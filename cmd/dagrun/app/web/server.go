@@ -69,6 +69,14 @@ func (c *Config) validate() error {
 		if secret == "" {
 			return fmt.Errorf("web: token %s has an empty secret", name)
 		}
+		if err := CheckTokenSecret(secret); err != nil {
+			return fmt.Errorf("web: token %s: %w", name, err)
+		}
+	}
+	if c.Token != "" {
+		if err := CheckTokenSecret(c.Token); err != nil {
+			return fmt.Errorf("web: %w", err)
+		}
 	}
 	return nil
 }
