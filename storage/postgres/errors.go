@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"syscall"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -75,6 +76,11 @@ func unavailable(err error) (string, bool) {
 			// (a restart): what was in flight may or may not have
 			// committed, which fences settle when it is tried again.
 			return fmt.Sprintf("%s: %s closed the connection (%s): retry later", storage.ErrUnavailable, where, firstLine(err.Error())), true
+		}
+		if pe == nil && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNABORTED)) {
+			// The same, seen as a reset: a PgBouncer or server killed with
+			// the connection's data unread resets it instead of closing it.
+			return fmt.Sprintf("%s: %s reset the connection (%s): retry later", storage.ErrUnavailable, where, firstLine(err.Error())), true
 		}
 		return "", false
 	}

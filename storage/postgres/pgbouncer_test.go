@@ -296,6 +296,10 @@ func TestUnavailableErrors(t *testing.T) {
 		"PgBouncer found no server":   {&pgconn.PgError{Code: "08P01", Message: "query_wait_timeout"}, true, ""},
 		"PgBouncer lost its server":   {&pgconn.PgError{Code: "08P01", Message: "server conn crashed?"}, true, ""},
 		"connection closed mid-query": {fmt.Errorf("receive message: %w", io.ErrUnexpectedEOF), true, ""},
+		// A PgBouncer or server killed under load resets some connections
+		// rather than closing them.
+		"connection reset mid-query": {&net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}, true, "reset the connection"},
+		"broken pipe on a send":      {&net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("write", syscall.EPIPE)}, true, "reset the connection"},
 		// 57P01 is a shutdown and pg_terminate_backend alike.
 		"connection terminated":      {&pgconn.PgError{Code: "57P01", Message: "terminating connection due to administrator command"}, true, "a shutdown, or an administrator terminated it"},
 		"another protocol violation": {&pgconn.PgError{Code: "08P01", Message: "invalid message format"}, false, ""},
