@@ -75,7 +75,16 @@ func instanceEventsSQL(query string) string {
 // instance ID and whose further parameters are args, for an instance that
 // must exist, and returns the events in ID order with the snapshot they
 // were read in: one statement, so one snapshot.
-func (s *Store) instanceEvents(ctx context.Context, id, query string, args ...any) ([]storage.Event, string, error) {
+func (s *Store) instanceEvents(ctx context.Context, id, query string, args ...any) (events []storage.Event, snapshot string, err error) {
+	err = s.retry(ctx, func() (err error) {
+		events, snapshot, err = s.instanceEventsOnce(ctx, id, query, args...)
+		return err
+	})
+	return events, snapshot, err
+}
+
+// instanceEventsOnce is one try of instanceEvents.
+func (s *Store) instanceEventsOnce(ctx context.Context, id, query string, args ...any) ([]storage.Event, string, error) {
 	rows, err := s.db.Query(ctx, s.q(instanceEventsSQL(query)), append([]any{id}, args...)...)
 	if err != nil {
 		return nil, "", err

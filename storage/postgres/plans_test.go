@@ -574,6 +574,60 @@ func TestPgBouncerStatementsOutliveTheirFunctions(t *testing.T) {
 	require.Equal(t, 1, strings.Count(logs.String(), "level=WARN"), logs.String())
 }
 
+// TestPgBouncerReadsOutliveTheirFunctions: what is not a worker's
+// transaction (the reads of the CLI and the API, a worker's goodbye, a
+// schedule's pause) also runs again as it is when it is the first to find
+// its function gone, rather than failing once.
+func TestPgBouncerReadsOutliveTheirFunctions(t *testing.T) {
+	t.Parallel()
+	cases := map[string]func(ctx context.Context, s *Store, id string) error{
+		"GetInstance": func(ctx context.Context, s *Store, id string) error {
+			_, err := s.GetInstance(ctx, id)
+			return err
+		},
+		"ListInstances": func(ctx context.Context, s *Store, _ string) error {
+			_, err := s.ListInstances(ctx, storage.ListParams{Limit: 10})
+			return err
+		},
+		"ListEvents": func(ctx context.Context, s *Store, id string) error {
+			_, err := s.ListEvents(ctx, storage.EventsParams{InstanceID: id})
+			return err
+		},
+		"Queues": func(ctx context.Context, s *Store, _ string) error {
+			_, err := s.Queues(ctx)
+			return err
+		},
+		"ListWorkers": func(ctx context.Context, s *Store, _ string) error {
+			_, err := s.ListWorkers(ctx)
+			return err
+		},
+		"RemoveWorker": func(ctx context.Context, s *Store, _ string) error {
+			return s.RemoveWorker(ctx, "w")
+		},
+		"ListSchedules": func(ctx context.Context, s *Store, _ string) error {
+			_, err := s.ListSchedules(ctx)
+			return err
+		},
+	}
+	for name, op := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			schema := newSchema(t)
+			s, logs := planFunctionsStore(t, schema)
+			ctx := t.Context()
+			created, err := s.CreateInstances(ctx, nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
+			require.NoError(t, err)
+			id := created[0].ID
+			require.NoError(t, op(ctx, s, id))
+			s.plans.wait()
+			require.Positive(t, planFunctionsIn(t, schema))
+			dropPlanFunctions(t, schema)
+			require.NoError(t, op(ctx, s, id), "the first call after the functions vanished")
+			require.Equal(t, 1, strings.Count(logs.String(), "vanished"), logs.String())
+		})
+	}
+}
+
 // TestPgBouncerTriesAFailedFunctionAgain: a function that could not be
 // made for a passing reason is made at a later try; one that fails every
 // try leaves its statement as it is, with one warning.

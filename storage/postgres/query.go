@@ -15,10 +15,13 @@ import (
 // read runs fn in a read-only REPEATABLE READ transaction, so that the
 // several queries of one answer (an instance, its steps, its events) see
 // one snapshot.
+//
+// fn runs again when a statement function it called had vanished (see
+// Store.retry), so it must start its answer afresh.
 func (s *Store) read(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	err := s.runTx(ctx, readBegin, func(tx *lazyTx) error { return fn(tx) })
-	s.replan(err)
-	return interpretError(err)
+	return s.retry(ctx, func() error {
+		return s.runTx(ctx, readBegin, func(tx *lazyTx) error { return fn(tx) })
+	})
 }
 
 const instanceColumns = `id, workflow, definition_hash, status, input, output, error, coalesce(idempotency_key, ''),
@@ -306,7 +309,11 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 		return nil, s.fail("stats", err)
 	}
 	if gone > compactCountsAbove {
-		if _, err := s.db.Exec(ctx, s.q(compactCountsSQL)); err != nil {
+		err := s.retry(ctx, func() error {
+			_, err := s.db.Exec(ctx, s.q(compactCountsSQL))
+			return err
+		})
+		if err != nil {
 			return nil, s.fail("stats: fold instance counts", err)
 		}
 	}
@@ -356,8 +363,10 @@ const pruneBatch = 500
 func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (int, error) {
 	if dryRun {
 		var n int
-		err := s.db.QueryRow(ctx, s.q(`SELECT count(*) FROM {s}instances
-			WHERE finished_at IS NOT NULL AND finished_at < $1 AND parent_id IS NULL`), olderThan).Scan(&n)
+		err := s.retry(ctx, func() error {
+			return s.db.QueryRow(ctx, s.q(`SELECT count(*) FROM {s}instances
+				WHERE finished_at IS NOT NULL AND finished_at < $1 AND parent_id IS NULL`), olderThan).Scan(&n)
+		})
 		if err != nil {
 			return 0, s.fail("prune", err)
 		}

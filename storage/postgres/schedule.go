@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dagrun/dagrun/storage"
 )
@@ -111,11 +112,15 @@ func (s *Store) RegisterSchedules(ctx context.Context, p storage.RegisterSchedul
 
 // ListSchedules implements storage.Store.
 func (s *Store) ListSchedules(ctx context.Context) ([]storage.Schedule, error) {
-	rows, err := s.db.Query(ctx, s.q(`SELECT `+scheduleColumns+scheduleFrom+` ORDER BY s.workflow, s.position`))
-	if err != nil {
-		return nil, s.fail("list schedules", err)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (storage.Schedule, error) { return scanSchedule(row) })
+	var out []storage.Schedule
+	err := s.retry(ctx, func() error {
+		rows, err := s.db.Query(ctx, s.q(`SELECT `+scheduleColumns+scheduleFrom+` ORDER BY s.workflow, s.position`))
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (storage.Schedule, error) { return scanSchedule(row) })
+		return err
+	})
 	if err != nil {
 		return nil, s.fail("list schedules", err)
 	}
@@ -181,10 +186,14 @@ func (s *Store) FireSchedule(ctx context.Context, p storage.FireParams, plan sto
 
 // SetSchedulePaused implements storage.Store.
 func (s *Store) SetSchedulePaused(ctx context.Context, p storage.SetPausedParams) error {
-	tag, err := s.db.Exec(ctx, s.q(`UPDATE {s}schedules SET
-			last_tick = CASE WHEN paused AND NOT $2 THEN greatest(last_tick, $3) ELSE last_tick END,
-			paused = $2, updated_at = {now}
-		WHERE workflow = $4 AND position = $5`), s.now(), p.Paused, p.Now, p.Workflow, p.Index)
+	var tag pgconn.CommandTag
+	err := s.retry(ctx, func() (err error) {
+		tag, err = s.db.Exec(ctx, s.q(`UPDATE {s}schedules SET
+				last_tick = CASE WHEN paused AND NOT $2 THEN greatest(last_tick, $3) ELSE last_tick END,
+				paused = $2, updated_at = {now}
+			WHERE workflow = $4 AND position = $5`), s.now(), p.Paused, p.Now, p.Workflow, p.Index)
+		return err
+	})
 	if err != nil {
 		return s.fail("pause schedule", err)
 	}

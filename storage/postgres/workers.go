@@ -37,7 +37,11 @@ func (s *Store) AnnounceWorker(ctx context.Context, w storage.WorkerInfo) error 
 
 // RemoveWorker implements storage.Store.
 func (s *Store) RemoveWorker(ctx context.Context, id string) error {
-	if _, err := s.db.Exec(ctx, s.q(`DELETE FROM {s}workers WHERE id = $1`), id); err != nil {
+	err := s.retry(ctx, func() error {
+		_, err := s.db.Exec(ctx, s.q(`DELETE FROM {s}workers WHERE id = $1`), id)
+		return err
+	})
+	if err != nil {
 		return s.fail("remove worker", err)
 	}
 	return nil
@@ -45,25 +49,29 @@ func (s *Store) RemoveWorker(ctx context.Context, id string) error {
 
 // ListWorkers implements storage.Store.
 func (s *Store) ListWorkers(ctx context.Context) ([]storage.WorkerInfo, error) {
-	rows, err := s.db.Query(ctx, s.q(`SELECT id, handlers, queues, started_at, last_seen FROM {s}workers
-		WHERE last_seen >= {now} - $2 * interval '1 microsecond' ORDER BY id`), s.now(), storage.PresenceTTL.Microseconds())
-	if err != nil {
-		return nil, s.fail("list workers", err)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (storage.WorkerInfo, error) {
-		var (
-			w                 storage.WorkerInfo
-			started, lastSeen time.Time
-		)
-		err := row.Scan(&w.ID, &w.Handlers, &w.Queues, &started, &lastSeen)
-		if len(w.Handlers) == 0 {
-			w.Handlers = nil
+	var out []storage.WorkerInfo
+	err := s.retry(ctx, func() error {
+		rows, err := s.db.Query(ctx, s.q(`SELECT id, handlers, queues, started_at, last_seen FROM {s}workers
+			WHERE last_seen >= {now} - $2 * interval '1 microsecond' ORDER BY id`), s.now(), storage.PresenceTTL.Microseconds())
+		if err != nil {
+			return err
 		}
-		if len(w.Queues) == 0 {
-			w.Queues = nil
-		}
-		w.StartedAt, w.LastSeen = started.UTC(), lastSeen.UTC()
-		return w, err
+		out, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (storage.WorkerInfo, error) {
+			var (
+				w                 storage.WorkerInfo
+				started, lastSeen time.Time
+			)
+			err := row.Scan(&w.ID, &w.Handlers, &w.Queues, &started, &lastSeen)
+			if len(w.Handlers) == 0 {
+				w.Handlers = nil
+			}
+			if len(w.Queues) == 0 {
+				w.Queues = nil
+			}
+			w.StartedAt, w.LastSeen = started.UTC(), lastSeen.UTC()
+			return w, err
+		})
+		return err
 	})
 	if err != nil {
 		return nil, s.fail("list workers", err)
