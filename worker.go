@@ -222,6 +222,10 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 				sleepCtx(ctx, wait)
 				continue
 			}
+			if errorDelay > 0 {
+				// The failed tries were each logged; say that they ended.
+				w.logger.InfoContext(ctx, "dagrun: claim steps: the store answers again")
+			}
 			errorDelay = 0
 			w.adopt(free, steps)
 			if len(steps) > 0 {

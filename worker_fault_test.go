@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -513,5 +514,43 @@ steps:
 		require.Zero(t, store.readsInWindow.Load(), "instances read for a claim whose result was recorded")
 		require.Equal(t, storage.InstanceCompleted, b.wait(t, raced).Status)
 		require.Equal(t, storage.InstanceCompleted, b.wait(t, next).Status)
+	})
+}
+
+// outageStore fails every claim while down, as a store whose server went
+// away does.
+type outageStore struct {
+	storage.Store
+	down atomic.Bool
+}
+
+func (s *outageStore) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storage.ClaimedStep, error) {
+	if s.down.Load() {
+		return nil, fmt.Errorf("%w: the server went away", storage.ErrUnavailable)
+	}
+	return s.Store.ClaimSteps(ctx, p)
+}
+
+// A worker whose claims fail says so at each try, and says once that the
+// store answers again when one succeeds, so that an operator reading its
+// log knows the outage ended; it then runs work as before.
+func TestWorkerSaysWhenItsStoreAnswersAgain(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		store := &outageStore{Store: open(t)}
+		logs := &syncBuffer{}
+		b := setupConfig(t, func(*testing.T) storage.Store { return store },
+			dagrun.Config{Logger: slog.New(slog.NewTextHandler(logs, nil))}, chainWorkflow)
+		store.down.Store(true)
+		b.runWorker(t, &dagrun.WorkerConfig{Poll: 10 * time.Millisecond})
+		require.Eventually(t, func() bool { return strings.Count(logs.String(), "dagrun: claim steps") >= 2 },
+			10*time.Second, 5*time.Millisecond, "the failed claims are logged")
+		require.NotContains(t, logs.String(), "answers again")
+
+		store.down.Store(false)
+		require.Eventually(t, func() bool { return strings.Contains(logs.String(), "answers again") },
+			10*time.Second, 5*time.Millisecond, logs.String())
+		require.Equal(t, 1, strings.Count(logs.String(), "answers again"), logs.String())
+		require.Equal(t, storage.InstanceCompleted, b.wait(t, b.start(t, "chain", `{"n": 1}`)).Status)
 	})
 }
