@@ -177,19 +177,20 @@ func TestConcurrencyLimitsUnderContention(t *testing.T) {
 		name, yaml string
 		setup      []string
 		limit      int
+		keys       int // the key values the steps call the server with
 	}{
-		{name: "WorkflowKey", limit: 1, yaml: `name: limited
+		{name: "WorkflowKey", limit: 1, keys: contentionKeys, yaml: `name: limited
 concurrency: {key: "${{ input.n % 5 }}", limit: 1}
 steps:
   - {name: a, handler: http, input: {url: "URL?key=${{ input.n % 5 }}"}}
   - {name: b, handler: http, input: {url: "URL?key=${{ input.n % 5 }}"}, dependsOn: [a]}
 `},
-		{name: "StepKey", limit: 1, yaml: `name: limited
+		{name: "StepKey", limit: 1, keys: contentionKeys, yaml: `name: limited
 steps:
   - {name: a, handler: http, input: {url: "URL?key=${{ input.n % 5 }}"}, concurrency: {key: "${{ input.n % 5 }}", limit: 1}}
   - {name: b, handler: noop, dependsOn: [a]}
 `},
-		{name: "QueueConcurrency", limit: 3, setup: []string{"queue", "set", "narrow", "--concurrency", "3"}, yaml: `name: limited
+		{name: "QueueConcurrency", limit: 3, keys: 1, setup: []string{"queue", "set", "narrow", "--concurrency", "3"}, yaml: `name: limited
 steps:
   - {name: a, handler: http, queue: narrow, input: {url: "URL?key=queue"}}
 `},
@@ -208,11 +209,7 @@ steps:
 				}
 				contend(t, e, bin, "limited", contentionInstances, 3*time.Minute)
 				most := server.mostAtOnce()
-				keys := contentionKeys
-				if tc.setup != nil {
-					keys = 1
-				}
-				require.Len(t, most, keys, "keys the steps called the server with: %v", most)
+				require.Len(t, most, tc.keys, "keys the steps called the server with: %v", most)
 				for key, n := range most {
 					t.Logf("key %s: at most %d handlers at once (limit %d)", key, n, tc.limit)
 					require.LessOrEqual(t, n, tc.limit, "key %s ran more steps at once than its limit", key)
