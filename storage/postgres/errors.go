@@ -87,7 +87,7 @@ func unavailable(err error) (string, bool) {
 	switch {
 	case pe != nil:
 		hint := "check the user, password and database in the database URL"
-		if pe.Code == "3D000" {
+		if missingDatabase(pe) {
 			hint = "create the database or fix its name in the database URL"
 		}
 		return fmt.Sprintf("%s: %s: %s: %s", storage.ErrUnavailable, where, pe.Message, hint), true
@@ -145,6 +145,18 @@ func pgbouncerNoServer(msg string) bool {
 		}
 	}
 	return false
+}
+
+// missingDatabase reports whether pe refuses a connection because its
+// database does not exist: the server's own 3D000, or PgBouncer's, which
+// relays the server's message (its [databases] section sends the name on)
+// or says it knows no such database, both under 08P01.
+func missingDatabase(pe *pgconn.PgError) bool {
+	if pe.Code == "3D000" {
+		return true
+	}
+	return pe.Code == "08P01" && (strings.HasPrefix(pe.Message, "no such database") ||
+		strings.HasPrefix(pe.Message, "database ") && strings.HasSuffix(pe.Message, " does not exist"))
 }
 
 // isRetryable reports whether a transaction aborted by err can simply run

@@ -317,3 +317,38 @@ func TestUnavailableErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestPgBouncerUnknownDatabase: a database URL naming a database that does
+// not exist gets the same advice through PgBouncer as from the server,
+// although PgBouncer relays the server's refusal under its own SQLSTATE.
+func TestPgBouncerUnknownDatabase(t *testing.T) {
+	t.Parallel()
+	bouncer, err := url.Parse(startPgBouncer(t, testURL(t), 1))
+	require.NoError(t, err)
+	bouncer.Path = "/dagrun_no_such_database"
+	_, err = Open(t.Context(), bouncer.String(), &Config{MaxConns: 1})
+	require.ErrorIs(t, err, storage.ErrUnavailable)
+	require.Contains(t, err.Error(), `database "dagrun_no_such_database" does not exist: create the database or fix its name in the database URL`)
+	require.NotContains(t, err.Error(), "\n")
+}
+
+func TestMissingDatabase(t *testing.T) {
+	t.Parallel()
+	cases := map[string]struct {
+		err  *pgconn.PgError
+		want bool
+	}{
+		"the server":                     {&pgconn.PgError{Code: "3D000", Message: `database "orders" does not exist`}, true},
+		"PgBouncer relaying the server":  {&pgconn.PgError{Code: "08P01", Message: `database "orders" does not exist`}, true},
+		"PgBouncer without the database": {&pgconn.PgError{Code: "08P01", Message: "no such database: orders"}, true},
+		"PgBouncer without a server":     {&pgconn.PgError{Code: "08P01", Message: "server login has been failing, try again later (server_login_retry)"}, false},
+		"a wrong password":               {&pgconn.PgError{Code: "28P01", Message: `password authentication failed for user "dagrun"`}, false},
+		"a missing role":                 {&pgconn.PgError{Code: "28000", Message: `role "dagrun" does not exist`}, false},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			require.Equal(t, c.want, missingDatabase(c.err))
+		})
+	}
+}
