@@ -5,12 +5,13 @@ import (
 	"runtime/debug"
 	"runtime/metrics"
 	"sync/atomic"
+	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 )
 
 // A dagrun process whose environment sets no GOGC collects when its heap
-// reaches the larger of heapFloor and three times what is live
+// reaches the larger of a floor and three times what is live
 // (defaultGCPercent), where Go's default is twice what is live with a
 // 4 MiB floor.
 //
@@ -18,11 +19,23 @@ import (
 // allocates is short-lived: rows read to plan an instance, results,
 // records. With Go's 4 MiB floor the collector ran about 45 times a second
 // in a chain4 bench on SQLite, and its mark workers and assists took
-// cycles from the one writer that sets the pace. GOGC=200 gained 10%; the
-// floor another 5-10% (see the README's Performance section). The floor
-// costs resident memory only while a process allocates that fast, and is
-// bounded: a process with a large live heap is collected at three times
-// it, as before.
+// cycles from the one writer that sets the pace. GOGC=200 gained 10%; a
+// 64 MiB floor another 5-10% (see the README's Performance section).
+//
+// But the heap below the floor is memory the process touches for the
+// first time: each page costs a page fault, about 20 µs on a VM that
+// traps them. A worker that allocates slowly gains nothing from a high
+// floor and pays for it: latency4's worker (300 instances on PostgreSQL,
+// about 32 MB a second) faulted in 48 MB of fresh heap with the 64 MiB
+// floor, 12,000 page faults and a fifth of its CPU. So the floor starts
+// at startFloor and doubles, up to maxFloor, each time a collection
+// follows the one before within fastCycle: a process that allocates fast
+// (chain4 on SQLite: a collection about every 45 ms at 8 MiB) reaches the high
+// floor within its first few hundred milliseconds, and one that does not
+// stays low (latency4: 5,100 page faults, half the resident memory).
+// The floor costs resident memory only while a process allocates that
+// fast, and is bounded: a process with a large live heap is collected at
+// three times it, as before.
 //
 // Go has no setting for a floor: GOGC scales both the floor (4 MiB ×
 // GOGC/100) and the multiple of the live heap. So the target is set again
@@ -35,19 +48,21 @@ import (
 // GOMEMLIMIT, which then still applies) to choose otherwise.
 const (
 	defaultGCPercent = 200
-	heapFloor        = 64 << 20
-	// maxGCPercent puts Go's own floor (4 MiB × GOGC/100) at heapFloor.
-	maxGCPercent = heapFloor / (4 << 20) * 100
+	startFloor       = 8 << 20
+	maxFloor         = 64 << 20
+	fastCycle        = 250 * time.Millisecond
 )
 
 // gcPercentFor returns the GOGC target that has the next collection start
-// at the larger of heapFloor and three times live bytes.
-func gcPercentFor(live uint64) int {
+// at the larger of floor and three times live bytes.
+func gcPercentFor(live, floor uint64) int {
+	// Go's own floor, 4 MiB × GOGC/100, at floor.
+	top := int(floor / (4 << 20) * 100)
 	if live == 0 {
-		return maxGCPercent
+		return top
 	}
-	need := int(heapFloor*100/live) - 100
-	return min(max(need, defaultGCPercent), maxGCPercent)
+	need := int(floor*100/live) - 100
+	return min(max(need, defaultGCPercent), top)
 }
 
 // tunesGC reports whether Main tunes the collector: not when the
@@ -74,12 +89,16 @@ func limitMemory(provider memlimit.Provider) {
 	_, _ = memlimit.Set(memlimit.WithProvider(provider), memlimit.WithRatio(0.9))
 }
 
-// gcTuner sets GOGC after each collection from the live heap it found.
-// It learns of a collection from the cleanup of an object it drops at
-// once, which runs after the first collection that finds it unreachable,
-// and then drops another.
+// gcTuner sets GOGC after each collection from the live heap it found
+// and the floor, which it raises when collections come fast. It learns of
+// a collection from the cleanup of an object it drops at once, which runs
+// after the first collection that finds it unreachable, and then drops
+// another.
 type gcTuner struct {
 	percent int
+	floor   uint64
+	last    time.Time // when the tuner last learnt of a collection
+	now     func() time.Time
 	stopped atomic.Bool
 	live    []metrics.Sample
 }
@@ -87,10 +106,17 @@ type gcTuner struct {
 // startGCTuner sets the target for an empty heap and arms the tuner; stop
 // ends it after the next collection.
 func startGCTuner() (stop func()) {
-	g := &gcTuner{percent: gcPercentFor(0), live: []metrics.Sample{{Name: "/gc/heap/live:bytes"}}}
+	g := newGCTuner(time.Now)
 	debug.SetGCPercent(g.percent)
 	g.arm()
 	return func() { g.stopped.Store(true) }
+}
+
+func newGCTuner(now func() time.Time) *gcTuner {
+	return &gcTuner{
+		percent: gcPercentFor(0, startFloor), floor: startFloor, last: now(), now: now,
+		live: []metrics.Sample{{Name: "/gc/heap/live:bytes"}},
+	}
 }
 
 // gcSentinel is the object a gcTuner drops to learn of a collection. It
@@ -112,10 +138,21 @@ func (g *gcTuner) collected() {
 	}
 	metrics.Read(g.live)
 	if v := g.live[0].Value; v.Kind() == metrics.KindUint64 {
-		if p := gcPercentFor(v.Uint64()); p != g.percent {
-			g.percent = p
-			debug.SetGCPercent(p)
-		}
+		g.retarget(v.Uint64())
 	}
 	g.arm()
+}
+
+// retarget sets GOGC for a collection that found live bytes live, after
+// raising the floor if it came within fastCycle of the one before.
+func (g *gcTuner) retarget(live uint64) {
+	now := g.now()
+	if now.Sub(g.last) < fastCycle {
+		g.floor = min(2*g.floor, maxFloor)
+	}
+	g.last = now
+	if p := gcPercentFor(live, g.floor); p != g.percent {
+		g.percent = p
+		debug.SetGCPercent(p)
+	}
 }

@@ -37,26 +37,60 @@ func TestTunesGC(t *testing.T) {
 func TestGCPercentFor(t *testing.T) {
 	const mib = 1 << 20
 	tests := []struct {
-		live uint64
-		want int
+		live, floor uint64
+		want        int
 	}{
-		{live: 0, want: 1600},             // Go's floor, 4 MiB × 16, is the floor
-		{live: 2 * mib, want: 1600},       // 34 MiB at 1600: the floor rules
-		{live: 8 * mib, want: 700},        // 8 × 8 = 64 MiB
-		{live: 16 * mib, want: 300},       // 16 × 4 = 64 MiB
-		{live: 22 * mib, want: 200},       // three times 22 passes the floor
-		{live: 1024 * mib, want: 200},     // a large heap: three times it
-		{live: 64*mib + 1, want: 200},     // above the floor already
-		{live: 21*mib + mib/3, want: 200}, // 3 × live = 64 MiB exactly
+		{live: 0, floor: maxFloor, want: 1600},             // Go's floor, 4 MiB × 16, is the floor
+		{live: 2 * mib, floor: maxFloor, want: 1600},       // 34 MiB at 1600: the floor rules
+		{live: 8 * mib, floor: maxFloor, want: 700},        // 8 × 8 = 64 MiB
+		{live: 16 * mib, floor: maxFloor, want: 300},       // 16 × 4 = 64 MiB
+		{live: 22 * mib, floor: maxFloor, want: 200},       // three times 22 passes the floor
+		{live: 1024 * mib, floor: maxFloor, want: 200},     // a large heap: three times it
+		{live: 64*mib + 1, floor: maxFloor, want: 200},     // above the floor already
+		{live: 21*mib + mib/3, floor: maxFloor, want: 200}, // 3 × live = 64 MiB exactly
+		{live: 0, floor: startFloor, want: 200},            // the starting floor: 4 MiB × 2
+		{live: 2 * mib, floor: startFloor, want: 200},      // Go's floor at 200 is the floor
+		{live: 3 * mib, floor: startFloor, want: 200},      // three times 3 passes the floor
+		{live: 0, floor: 2 * startFloor, want: 400},        // raised once: 4 MiB × 4
+		{live: 4 * mib, floor: 2 * startFloor, want: 300},  // 4 × 4 = 16 MiB
 	}
 	for _, tt := range tests {
-		got := gcPercentFor(tt.live)
-		require.Equal(t, tt.want, got, "live %d bytes", tt.live)
+		got := gcPercentFor(tt.live, tt.floor)
+		require.Equal(t, tt.want, got, "live %d bytes, floor %d", tt.live, tt.floor)
 		// The next collection starts at the floor or at three times live,
 		// whichever is larger, within a percent's rounding.
 		goal := max(float64(tt.live)*(1+float64(got)/100), 4*mib*float64(got)/100)
-		require.InDelta(t, max(float64(heapFloor), 3*float64(tt.live)), goal, float64(tt.live)/100+1)
+		require.InDelta(t, max(float64(tt.floor), 3*float64(tt.live)), goal, float64(tt.live)/100+1)
 	}
+}
+
+// TestGCTunerRaisesTheFloorWhenCollectionsComeFast: collections a second
+// apart keep the starting floor; each that follows the one before within
+// fastCycle doubles it, up to maxFloor, where slow ones then leave it.
+func TestGCTunerRaisesTheFloorWhenCollectionsComeFast(t *testing.T) {
+	before := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(before) })
+	const live = 1 << 20
+	now := time.Date(2026, 12, 6, 4, 0, 0, 0, time.UTC)
+	g := newGCTuner(func() time.Time { return now })
+	debug.SetGCPercent(g.percent) // as startGCTuner does
+	collection := func(after time.Duration, wantFloor uint64) {
+		t.Helper()
+		now = now.Add(after)
+		g.retarget(live)
+		require.Equal(t, wantFloor, g.floor, "floor after a collection %s after the one before", after)
+		require.Equal(t, gcPercentFor(live, wantFloor), g.percent)
+		require.Equal(t, g.percent, currentGCPercent(), "GOGC")
+	}
+	collection(time.Second, startFloor)
+	collection(time.Second, startFloor)
+	collection(fastCycle, startFloor) // not within it
+	collection(fastCycle-time.Millisecond, 2*startFloor)
+	collection(100*time.Millisecond, 4*startFloor)
+	collection(100*time.Millisecond, 8*startFloor)
+	collection(100*time.Millisecond, maxFloor)
+	collection(10*time.Millisecond, maxFloor)
+	collection(time.Minute, maxFloor)
 }
 
 // TestGCTunerFollowsTheLiveHeap: after a collection that finds much live,
@@ -83,7 +117,8 @@ func TestGCTunerFollowsTheLiveHeap(t *testing.T) {
 	percentAfterGC(defaultGCPercent)
 	runtime.KeepAlive(ballast)
 	ballast = nil
-	percentAfterGC(maxGCPercent)
+	// The loop's collections come fast: the floor is up at maxFloor.
+	percentAfterGC(gcPercentFor(0, maxFloor))
 }
 
 func currentGCPercent() int {
