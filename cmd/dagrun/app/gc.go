@@ -103,10 +103,14 @@ type gcTuner struct {
 	live    []metrics.Sample
 }
 
-// startGCTuner sets the target for an empty heap and arms the tuner; stop
-// ends it after the next collection.
+// startGCTuner starts a tuner on the process's clock.
 func startGCTuner() (stop func()) {
-	g := newGCTuner(time.Now)
+	return newGCTuner(time.Now).start()
+}
+
+// start sets the target for an empty heap and arms the tuner; stop ends
+// it after the next collection.
+func (g *gcTuner) start() (stop func()) {
 	debug.SetGCPercent(g.percent)
 	g.arm()
 	return func() { g.stopped.Store(true) }

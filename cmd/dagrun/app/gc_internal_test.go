@@ -98,7 +98,10 @@ func TestGCTunerRaisesTheFloorWhenCollectionsComeFast(t *testing.T) {
 // rises to keep the floor.
 func TestGCTunerFollowsTheLiveHeap(t *testing.T) {
 	before := debug.SetGCPercent(100)
-	stop := startGCTuner()
+	// A clock that stands still: every collection follows the one before
+	// within fastCycle, so the floor is up at maxFloor after three, however
+	// slowly the machine collects.
+	stop := newGCTuner(func() time.Time { return time.Unix(0, 0) }).start()
 	t.Cleanup(func() {
 		stop()
 		debug.SetGCPercent(before)
@@ -117,7 +120,6 @@ func TestGCTunerFollowsTheLiveHeap(t *testing.T) {
 	percentAfterGC(defaultGCPercent)
 	runtime.KeepAlive(ballast)
 	ballast = nil
-	// The loop's collections come fast: the floor is up at maxFloor.
 	percentAfterGC(gcPercentFor(0, maxFloor))
 }
 
