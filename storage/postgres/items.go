@@ -304,6 +304,14 @@ const underCap = `(SELECT count(*) FROM {s}steps r WHERE r.parent_id = {s}steps.
 // is when each became ready: its run_after orders it (a step made ready
 // by its dependencies has its instance's), so the later of that and the
 // time it was made pending.
+//
+// The items of a forEach step with a concurrency cap count as far as the
+// cap leaves room, as underCap has a claim take them: the due ones in
+// item order, as many as the cap less the step's running items. The
+// others wait for those to finish, held as a limit holds steps, and no
+// worker can take them sooner. Only the first cap of each step's due
+// items count their running siblings: a long list costs one walk of its
+// index, not a count per item.
 const readySteps = `(
 	SELECT workflow, queue, handler, ` + readySince + ` FROM {s}steps
 	WHERE status = 'pending' AND item_concurrency = 0 AND (promoted OR run_after <= ready_at) AND run_after <= {now}
@@ -311,8 +319,12 @@ const readySteps = `(
 	SELECT workflow, queue, handler, ` + readySince + ` FROM {s}steps
 	WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after <= {now} AND item_concurrency = 0
 	UNION ALL
-	SELECT workflow, queue, handler, ` + readySince + ` FROM {s}steps
-	WHERE status = 'pending' AND item_concurrency > 0 AND run_after <= {now}
+	SELECT workflow, queue, handler, ready_since FROM (
+		SELECT workflow, queue, handler, parent_id, item_concurrency, ` + readySince + `,
+			row_number() OVER (PARTITION BY parent_id ORDER BY item_index) AS nth
+		FROM {s}steps WHERE status = 'pending' AND item_concurrency > 0 AND run_after <= {now}) capped
+	WHERE nth <= item_concurrency
+		AND nth + (SELECT count(*) FROM {s}steps r WHERE r.parent_id = capped.parent_id AND r.status = 'running') <= item_concurrency
 ) ready`
 
 // readySince is readySteps' ready_since column.

@@ -135,6 +135,7 @@ func TestReadyStepsReadIndexes(t *testing.T) {
 		}
 		require.Contains(t, plan, "steps_ready")
 		require.Contains(t, plan, "steps_delayed")
+		require.Contains(t, plan, "steps_capped_pending")
 	}
 }
 

@@ -250,7 +250,7 @@ func TestMigrate(t *testing.T) {
 				(9, 'i-1', 'a', 2, 1, 2, 'WARN', 'an item', '{"k":1}'),
 				(12, 'i-1', 'b', -1, 2, 3, 'INFO', 'last', NULL)`,
 			`DELETE FROM schema_migrations WHERE version = 14`,
-		}, slices.Concat(undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15)...))
+		}, slices.Concat(undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15)...))
 
 		s, err := sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -282,7 +282,7 @@ func TestMigrate(t *testing.T) {
 	t.Run("StepLogsWithCompletions", func(t *testing.T) {
 		t.Parallel()
 		path, db := fileWithInstance(t, "a")
-		execAll(t, db, append(slices.Concat(undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16),
+		execAll(t, db, append(slices.Concat(undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16),
 			`INSERT INTO step_logs (seq, step_id, item, attempt, at, level, message, attrs)
 				SELECT 40, id, -1, 1, 1, 'INFO', 'kept', NULL FROM steps WHERE instance_id = 'i-1' AND name = 'a'`))
 
@@ -337,7 +337,7 @@ func TestMigrate(t *testing.T) {
 		db, err := sql.Open("sqlite3", sqlite.DSN(path))
 		require.NoError(t, err)
 		defer db.Close()
-		execAll(t, db, slices.Concat(undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15))
+		execAll(t, db, slices.Concat(undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15))
 
 		s, err = sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -397,6 +397,12 @@ func execAll(t *testing.T, db *sql.DB, statements []string) {
 		_, err := db.Exec(q)
 		require.NoError(t, err, q)
 	}
+}
+
+// undoVersion21 drops what migration 21 made.
+var undoVersion21 = []string{
+	`DROP INDEX steps_capped_pending`,
+	`DELETE FROM schema_migrations WHERE version = 21`,
 }
 
 // undoVersion20 drops what migration 20 made.

@@ -301,6 +301,49 @@ var itemTests = map[string]func(*testing.T, *Harness){
 		require.Len(t, more, 1)
 		require.Equal(t, 3, more[0].Item)
 	},
+	// The ready figures count a capped step's items as a claim would take
+	// them: the others wait on the cap, as held steps wait on a limit, and
+	// no worker added could run them sooner.
+	"ReadyFiguresCountOnlyItemsTheCapLeavesRoomFor": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		each := eachSpec("each")
+		each.ItemConcurrency = 2
+		id := b.createItems(5, each)
+		ready := func(msg string) int {
+			t.Helper()
+			st, err := b.store.Stats(b.ctx)
+			require.NoError(t, err)
+			var queue, workflow, unserved int
+			for _, q := range st.Queues {
+				if q.Queue == "q.each" {
+					queue = q.Ready
+				}
+			}
+			for _, w := range st.Workflows {
+				workflow += w.ReadySteps
+			}
+			for _, u := range st.Unserved {
+				if u.Handler == "h.each" {
+					unserved = u.Ready
+				}
+			}
+			require.Equal(t, queue, workflow, "the workflow's ready steps and the queue's: %s", msg)
+			require.Equal(t, queue, unserved, "the unserved handler's ready steps and the queue's: %s", msg)
+			return queue
+		}
+		require.Equal(t, 2, ready("five due items"), "five due items under a cap of two")
+		got := b.claimItems(id, "each", 1)
+		require.Equal(t, 1, ready("one running"), "one running leaves room for one")
+		got = append(got, b.claimItems(id, "each", 10)...)
+		require.Len(t, got, 2)
+		require.Zero(t, ready("two running"), "the cap is reached")
+		b.finishItems(completed(got[0].Claim, `0`))
+		require.Equal(t, 1, ready("one finished"))
+		// A retried item waiting for its backoff is not ready and holds no
+		// place, as in ConcurrencyCapHoldsWithinOneClaim.
+		b.finishItems(storage.StepResult{Claim: got[1].Claim, Outcome: storage.OutcomeRetry, Error: "again", Delay: time.Minute})
+		require.Equal(t, 2, ready("one backing off"))
+	},
 	"LeaseRecoveryRetriesItemsAndFailsTheStepWhenExhausted": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		each := eachSpec("each")
