@@ -303,32 +303,32 @@ const underCap = `(SELECT count(*) FROM {s}steps r WHERE r.parent_id = {s}steps.
 // claim) and the capped items', never from the whole table. ready_since
 // is when each became ready: its run_after orders it (a step made ready
 // by its dependencies has its instance's), so the later of that and the
-// time it was made pending.
+// time it was made pending. n is how many ready steps a row stands for:
+// the figures sum it.
 //
 // The items of a forEach step with a concurrency cap count as far as the
-// cap leaves room, as underCap has a claim take them: the due ones in
-// item order, as many as the cap less the step's running items. The
+// cap leaves room, as underCap has a claim take them: as many of the due
+// ones as the cap less the step's running items, in one row per step. The
 // others wait for those to finish, held as a limit holds steps, and no
-// worker can take them sooner. Only the first cap of each step's due
-// items count their running siblings: a long list costs one walk of its
-// index, not a count per item.
+// worker can take them sooner.
 const readySteps = `(
-	SELECT workflow, queue, handler, ` + readySince + ` FROM {s}steps
+	SELECT workflow, queue, handler, ` + readySince + ` AS ready_since, 1::bigint AS n FROM {s}steps
 	WHERE status = 'pending' AND item_concurrency = 0 AND (promoted OR run_after <= ready_at) AND run_after <= {now}
 	UNION ALL
-	SELECT workflow, queue, handler, ` + readySince + ` FROM {s}steps
+	SELECT workflow, queue, handler, ` + readySince + ` AS ready_since, 1::bigint AS n FROM {s}steps
 	WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after <= {now} AND item_concurrency = 0
 	UNION ALL
-	SELECT workflow, queue, handler, ready_since FROM (
-		SELECT workflow, queue, handler, parent_id, item_concurrency, ` + readySince + `,
-			row_number() OVER (PARTITION BY parent_id ORDER BY item_index) AS nth
-		FROM {s}steps WHERE status = 'pending' AND item_concurrency > 0 AND run_after <= {now}) capped
-	WHERE nth <= item_concurrency
-		AND nth + (SELECT count(*) FROM {s}steps r WHERE r.parent_id = capped.parent_id AND r.status = 'running') <= item_concurrency
+	SELECT workflow, queue, handler, min(` + readySince + `) AS ready_since, least(count(*), item_concurrency - ` + cappedRunning + `) AS n
+	FROM {s}steps c WHERE status = 'pending' AND item_concurrency > 0 AND run_after <= {now}
+	GROUP BY parent_id, workflow, queue, handler, item_concurrency
+	HAVING item_concurrency > ` + cappedRunning + `
 ) ready`
 
-// readySince is readySteps' ready_since column.
-const readySince = `greatest(run_after, ready_at) AS ready_since`
+// cappedRunning counts the running items of readySteps' capped step c.
+const cappedRunning = `(SELECT count(*) FROM {s}steps r WHERE r.parent_id = c.parent_id AND r.status = 'running')`
+
+// readySince is when a step of readySteps became ready.
+const readySince = `greatest(run_after, ready_at)`
 
 // cappedPendingSQL tells whether any item under a concurrency cap is
 // claimable.

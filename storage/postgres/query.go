@@ -264,7 +264,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			})
 			return err
 		})
-		b.Queue(s.q(`SELECT workflow, queue, count(*), (extract(epoch FROM {now} - min(ready_since)) * 1000000)::bigint
+		b.Queue(s.q(`SELECT workflow, queue, sum(n)::bigint, (extract(epoch FROM {now} - min(ready_since)) * 1000000)::bigint
 			FROM `+readySteps+` GROUP BY workflow, queue`), now).Query(func(rows pgx.Rows) error {
 			var waitedUS int64
 			_, err := pgx.ForEachRow(rows, []any{&wf, &q, &n, &waitedUS}, func() error {

@@ -90,7 +90,7 @@ func names(list []string) []string {
 // it serves the queue. $1 is now, $2 the oldest last_seen still live.
 const unservedSQL = `
 SELECT r.handler, r.n, (extract(epoch FROM {now} - r.oldest) * 1000000)::bigint FROM (
-	SELECT handler, queue, count(*) AS n, min(ready_since) AS oldest FROM ` + readySteps + `
+	SELECT handler, queue, sum(n)::bigint AS n, min(ready_since) AS oldest FROM ` + readySteps + `
 	GROUP BY handler, queue) r
 WHERE NOT EXISTS (SELECT 1 FROM {s}workers w WHERE w.last_seen >= {now} - $2 * interval '1 microsecond'
 	AND r.handler = ANY(w.handlers) AND (cardinality(w.queues) = 0 OR r.queue = ANY(w.queues)))`

@@ -91,32 +91,30 @@ const readyTerm = `(promoted = 1 OR run_after <= ready_at)`
 // the delayed steps' (due, not promoted yet by a claim), never from the
 // whole table. ?1 is now. ready_since is when each became ready: its
 // run_after orders it (a step made ready by its dependencies has its
-// instance's), so the later of that and the time it was made pending.
+// instance's), so the later of that and the time it was made pending. n
+// is how many ready steps a row stands for: the figures sum it.
 //
 // The items of a forEach step with a concurrency cap count as far as the
-// cap leaves room, as underCap has a claim take them: the due ones in
-// item order, as many as the cap less the step's running items. The
+// cap leaves room, as underCap has a claim take them: as many of the due
+// ones as the cap less the step's running items, in one row per step. The
 // others wait for those to finish, held as a limit holds steps, and no
-// worker can take them sooner. Only the first cap of each step's due
-// items count their running siblings: a long list costs one walk of its
-// index, not a count per item.
+// worker can take them sooner.
 const readySteps = `(
-	SELECT workflow, queue, handler, ` + readySince + ` FROM steps
+	SELECT workflow, queue, handler, ` + readySince + ` AS ready_since, 1 AS n FROM steps
 	WHERE status = 'pending' AND ` + readyTerm + ` AND run_after <= ?1 AND item_concurrency = 0
 	UNION ALL
-	SELECT workflow, queue, handler, ` + readySince + ` FROM steps
+	SELECT workflow, queue, handler, ` + readySince + ` AS ready_since, 1 AS n FROM steps
 	WHERE status = 'pending' AND promoted = 0 AND run_after > ready_at AND run_after <= ?1 AND item_concurrency = 0
 	UNION ALL
-	SELECT workflow, queue, handler, ready_since FROM (
-		SELECT workflow, queue, handler, parent_id, item_concurrency, ` + readySince + `,
-			row_number() OVER (PARTITION BY parent_id ORDER BY item_index) AS nth
-		FROM steps WHERE status = 'pending' AND item_concurrency > 0 AND run_after <= ?1) capped
-	WHERE nth <= item_concurrency
-		AND nth + (SELECT count(*) FROM steps r WHERE r.parent_id = capped.parent_id AND r.status = 'running') <= item_concurrency
+	SELECT workflow, queue, handler, min(` + readySince + `) AS ready_since,
+		min(count(*), item_concurrency - (SELECT count(*) FROM steps r WHERE r.parent_id = steps.parent_id AND r.status = 'running')) AS n
+	FROM steps WHERE status = 'pending' AND item_concurrency > 0 AND run_after <= ?1
+	GROUP BY parent_id HAVING n > 0
 ) ready`
 
-// readySince is readySteps' ready_since column (a NULL ready_at reads as run_after).
-const readySince = `max(run_after, coalesce(ready_at, run_after)) AS ready_since`
+// readySince is when a step of readySteps became ready (a NULL ready_at
+// reads as run_after).
+const readySince = `max(run_after, coalesce(ready_at, run_after))`
 
 // dueSQL lists the delayed steps whose time has come (?1 is now), so that
 // promote moves them into the claim indexes: a bounded number per claim,

@@ -276,7 +276,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 		}); err != nil {
 			return err
 		}
-		rows, err = tx.QueryContext(ctx, `SELECT workflow, queue, count(*), min(ready_since) FROM `+readySteps+`
+		rows, err = tx.QueryContext(ctx, `SELECT workflow, queue, sum(n), min(ready_since) FROM `+readySteps+`
 			GROUP BY workflow, queue`, now)
 		if err != nil {
 			return err

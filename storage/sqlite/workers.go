@@ -102,7 +102,7 @@ func nilIfEmpty(s []string) []string {
 // groups no live worker can claim: none has the handler, or none that has
 // it serves the queue. ?1 is now, ?2 the oldest last_seen still live.
 const unservedSQL = `SELECT r.handler, r.n, r.oldest FROM (
-	SELECT handler, queue, count(*) AS n, min(ready_since) AS oldest FROM ` + readySteps + `
+	SELECT handler, queue, sum(n) AS n, min(ready_since) AS oldest FROM ` + readySteps + `
 	GROUP BY handler, queue) r
 WHERE NOT EXISTS (SELECT 1 FROM workers w WHERE w.last_seen >= ?2
 	AND EXISTS (SELECT 1 FROM json_each(w.handlers) WHERE value = r.handler)
