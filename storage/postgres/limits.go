@@ -144,6 +144,15 @@ func (s *Store) applyQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, 
 	return exec(`SELECT {s}limits_release_queue($2, {now})`, now, l.Queue)
 }
 
+// cappedHeld counts, for Queues' queue s.queue, the due items of capped
+// forEach steps that their caps hold back: per step, those beyond its cap
+// less its running items (the ready figures' readySteps counts the rest).
+const cappedHeld = `coalesce((SELECT sum(greatest(d.due - greatest(d.item_concurrency - (SELECT count(*) FROM {s}steps r
+		WHERE r.parent_id = d.parent_id AND r.status = 'running'), 0), 0))
+	FROM (SELECT parent_id, item_concurrency, count(*) AS due FROM {s}steps c
+		WHERE c.status = 'pending' AND c.item_concurrency > 0 AND c.run_after <= {now} AND c.queue = s.queue
+		GROUP BY parent_id, item_concurrency) d), 0)::bigint`
+
 // Queues implements storage.Store.
 func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {
 	now := s.now()
@@ -168,11 +177,11 @@ func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {
 		})
 		b.Queue(s.q(`SELECT queue,
 				count(*) FILTER (WHERE status = 'pending' AND (run_after <= {now} OR run_after = `+heldAt+`)),
-				count(*) FILTER (WHERE status = 'pending' AND run_after = `+heldAt+`),
+				count(*) FILTER (WHERE status = 'pending' AND run_after = `+heldAt+`) + `+cappedHeld+`,
 				count(*) FILTER (WHERE status = 'running' AND (parent_id IS NOT NULL OR NOT for_each)),
 				coalesce((extract(epoch FROM {now} - min(ready_at) FILTER (WHERE status = 'pending'
 					AND (run_after <= {now} OR run_after = `+heldAt+`))) * 1000000)::bigint, 0)
-			FROM {s}steps WHERE status IN ('pending', 'running') GROUP BY queue ORDER BY queue`), now).Query(func(rows pgx.Rows) error {
+			FROM {s}steps s WHERE status IN ('pending', 'running') GROUP BY queue ORDER BY queue`), now).Query(func(rows pgx.Rows) error {
 			var (
 				q      storage.QueueInfo
 				waited int64

@@ -210,6 +210,16 @@ func (t *txn) respace(queue string, now, interval int64, due bool) error {
 	return err
 }
 
+// cappedHeld counts, for Queues' queue s.queue, the due items of capped
+// forEach steps that their caps hold back: per step, those beyond its cap
+// less its running items (the ready figures' readySteps counts the rest).
+// ?1 is now.
+const cappedHeld = `coalesce((SELECT sum(max(d.due - max(d.item_concurrency - (SELECT count(*) FROM steps r
+		WHERE r.parent_id = d.parent_id AND r.status = 'running'), 0), 0))
+	FROM (SELECT parent_id, item_concurrency, count(*) AS due FROM steps c
+		WHERE c.status = 'pending' AND c.item_concurrency > 0 AND c.run_after <= ?1 AND c.queue = s.queue
+		GROUP BY parent_id) d), 0)`
+
 // Queues implements storage.Store.
 func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {
 	now := s.now()
@@ -239,10 +249,10 @@ func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {
 		}
 		rows, err = tx.QueryContext(ctx, `SELECT queue,
 				count(*) FILTER (WHERE status = 'pending' AND (run_after <= ?1 OR run_after = `+heldUS+`)),
-				count(*) FILTER (WHERE status = 'pending' AND run_after = `+heldUS+`),
+				count(*) FILTER (WHERE status = 'pending' AND run_after = `+heldUS+`) + `+cappedHeld+`,
 				count(*) FILTER (WHERE status = 'running' AND (parent_id IS NOT NULL OR for_each = 0)),
 				min(ready_at) FILTER (WHERE status = 'pending' AND (run_after <= ?1 OR run_after = `+heldUS+`))
-			FROM steps WHERE status IN ('pending', 'running') GROUP BY queue ORDER BY queue`, us(now))
+			FROM steps s WHERE status IN ('pending', 'running') GROUP BY queue ORDER BY queue`, us(now))
 		if err != nil {
 			return err
 		}

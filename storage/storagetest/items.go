@@ -331,18 +331,38 @@ var itemTests = map[string]func(*testing.T, *Harness){
 			require.Equal(t, queue, unserved, "the unserved handler's ready steps and the queue's: %s", msg)
 			return queue
 		}
-		require.Equal(t, 2, ready("five due items"), "five due items under a cap of two")
+		// dagrun queues counts every due item in the queue's depth and those
+		// beyond the cap as held, as it counts steps a limit holds.
+		depth := func(msg string) (ready, held int) {
+			t.Helper()
+			qs, err := b.store.Queues(b.ctx)
+			require.NoError(t, err)
+			for _, q := range qs {
+				if q.Queue == "q.each" {
+					return q.Ready, q.Held
+				}
+			}
+			t.Fatalf("no queue q.each: %s", msg)
+			return 0, 0
+		}
+		stage := func(msg string, wantReady, wantDepth, wantHeld int) {
+			t.Helper()
+			require.Equal(t, wantReady, ready(msg), "ready: %s", msg)
+			d, h := depth(msg)
+			require.Equal(t, []int{wantDepth, wantHeld}, []int{d, h}, "the queue's depth and held items: %s", msg)
+		}
+		stage("five due items under a cap of two", 2, 5, 3)
 		got := b.claimItems(id, "each", 1)
-		require.Equal(t, 1, ready("one running"), "one running leaves room for one")
+		stage("one running leaves room for one", 1, 4, 3)
 		got = append(got, b.claimItems(id, "each", 10)...)
 		require.Len(t, got, 2)
-		require.Zero(t, ready("two running"), "the cap is reached")
+		stage("the cap is reached", 0, 3, 3)
 		b.finishItems(completed(got[0].Claim, `0`))
-		require.Equal(t, 1, ready("one finished"))
-		// A retried item waiting for its backoff is not ready and holds no
+		stage("one finished", 1, 3, 2)
+		// A retried item waiting for its backoff is not due and holds no
 		// place, as in ConcurrencyCapHoldsWithinOneClaim.
 		b.finishItems(storage.StepResult{Claim: got[1].Claim, Outcome: storage.OutcomeRetry, Error: "again", Delay: time.Minute})
-		require.Equal(t, 2, ready("one backing off"))
+		stage("one backing off", 2, 3, 1)
 	},
 	"LeaseRecoveryRetriesItemsAndFailsTheStepWhenExhausted": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
