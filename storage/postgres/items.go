@@ -318,14 +318,21 @@ const readySteps = `(
 	SELECT workflow, queue, handler, ` + readySince + ` AS ready_since, 1::bigint AS n FROM {s}steps
 	WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after <= {now} AND item_concurrency = 0
 	UNION ALL
-	SELECT workflow, queue, handler, min(` + readySince + `) AS ready_since, least(count(*), item_concurrency - ` + cappedRunning + `) AS n
-	FROM {s}steps c WHERE status = 'pending' AND item_concurrency > 0 AND run_after <= {now}
-	GROUP BY parent_id, workflow, queue, handler, item_concurrency
-	HAVING item_concurrency > ` + cappedRunning + `
+	SELECT workflow, queue, handler, ready_since, least(due, room) AS n FROM (` + cappedSteps + cappedStepsGroup + `) capped
+	WHERE room > 0
 ) ready`
 
-// cappedRunning counts the running items of readySteps' capped step c.
-const cappedRunning = `(SELECT count(*) FROM {s}steps r WHERE r.parent_id = c.parent_id AND r.status = 'running')`
+// cappedSteps, ended by cappedStepsGroup, gives one row per forEach step
+// with a concurrency cap and due pending items: its workflow, queue and
+// handler, when its oldest due item became ready, how many are due, and
+// the room its cap leaves (the cap less its running items). The ready
+// figures count least(due, room) of them, Queues the rest as held. A
+// caller may add conditions on c between the two.
+const cappedSteps = `SELECT workflow, queue, handler, min(` + readySince + `) AS ready_since, count(*) AS due,
+		greatest(item_concurrency - (SELECT count(*) FROM {s}steps r WHERE r.parent_id = c.parent_id AND r.status = 'running'), 0) AS room
+	FROM {s}steps c WHERE c.status = 'pending' AND c.item_concurrency > 0 AND c.run_after <= {now}`
+
+const cappedStepsGroup = ` GROUP BY c.parent_id, c.workflow, c.queue, c.handler, c.item_concurrency`
 
 // readySince is when a step of readySteps became ready.
 const readySince = `greatest(run_after, ready_at)`

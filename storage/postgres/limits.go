@@ -145,13 +145,8 @@ func (s *Store) applyQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, 
 }
 
 // cappedHeld counts, for Queues' queue s.queue, the due items of capped
-// forEach steps that their caps hold back: per step, those beyond its cap
-// less its running items (the ready figures' readySteps counts the rest).
-const cappedHeld = `coalesce((SELECT sum(greatest(d.due - greatest(d.item_concurrency - (SELECT count(*) FROM {s}steps r
-		WHERE r.parent_id = d.parent_id AND r.status = 'running'), 0), 0))
-	FROM (SELECT parent_id, item_concurrency, count(*) AS due FROM {s}steps c
-		WHERE c.status = 'pending' AND c.item_concurrency > 0 AND c.run_after <= {now} AND c.queue = s.queue
-		GROUP BY parent_id, item_concurrency) d), 0)::bigint`
+// forEach steps that their caps hold back (cappedSteps).
+const cappedHeld = `coalesce((SELECT sum(greatest(due - room, 0)) FROM (` + cappedSteps + ` AND c.queue = s.queue` + cappedStepsGroup + `) capped), 0)::bigint`
 
 // Queues implements storage.Store.
 func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {

@@ -106,11 +106,21 @@ const readySteps = `(
 	SELECT workflow, queue, handler, ` + readySince + ` AS ready_since, 1 AS n FROM steps
 	WHERE status = 'pending' AND promoted = 0 AND run_after > ready_at AND run_after <= ?1 AND item_concurrency = 0
 	UNION ALL
-	SELECT workflow, queue, handler, min(` + readySince + `) AS ready_since,
-		min(count(*), item_concurrency - (SELECT count(*) FROM steps r WHERE r.parent_id = steps.parent_id AND r.status = 'running')) AS n
-	FROM steps WHERE status = 'pending' AND item_concurrency > 0 AND run_after <= ?1
-	GROUP BY parent_id HAVING n > 0
+	SELECT workflow, queue, handler, ready_since, min(due, room) AS n FROM (` + cappedSteps + cappedStepsGroup + `)
+	WHERE room > 0
 ) ready`
+
+// cappedSteps, ended by cappedStepsGroup, gives one row per forEach step
+// with a concurrency cap and due pending items: its workflow, queue and
+// handler, when its oldest due item became ready, how many are due, and
+// the room its cap leaves (the cap less its running items). The ready
+// figures count min(due, room) of them, Queues the rest as held. A
+// caller may add conditions on c between the two. ?1 is now.
+const cappedSteps = `SELECT workflow, queue, handler, min(` + readySince + `) AS ready_since, count(*) AS due,
+		max(item_concurrency - (SELECT count(*) FROM steps r WHERE r.parent_id = c.parent_id AND r.status = 'running'), 0) AS room
+	FROM steps c WHERE c.status = 'pending' AND c.item_concurrency > 0 AND c.run_after <= ?1`
+
+const cappedStepsGroup = ` GROUP BY c.parent_id`
 
 // readySince is when a step of readySteps became ready (a NULL ready_at
 // reads as run_after).

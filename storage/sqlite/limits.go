@@ -211,14 +211,8 @@ func (t *txn) respace(queue string, now, interval int64, due bool) error {
 }
 
 // cappedHeld counts, for Queues' queue s.queue, the due items of capped
-// forEach steps that their caps hold back: per step, those beyond its cap
-// less its running items (the ready figures' readySteps counts the rest).
-// ?1 is now.
-const cappedHeld = `coalesce((SELECT sum(max(d.due - max(d.item_concurrency - (SELECT count(*) FROM steps r
-		WHERE r.parent_id = d.parent_id AND r.status = 'running'), 0), 0))
-	FROM (SELECT parent_id, item_concurrency, count(*) AS due FROM steps c
-		WHERE c.status = 'pending' AND c.item_concurrency > 0 AND c.run_after <= ?1 AND c.queue = s.queue
-		GROUP BY parent_id) d), 0)`
+// forEach steps that their caps hold back (cappedSteps). ?1 is now.
+const cappedHeld = `coalesce((SELECT sum(max(due - room, 0)) FROM (` + cappedSteps + ` AND c.queue = s.queue` + cappedStepsGroup + `)), 0)`
 
 // Queues implements storage.Store.
 func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {
