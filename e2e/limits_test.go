@@ -178,19 +178,25 @@ func TestConcurrencyLimitsUnderContention(t *testing.T) {
 		setup      []string
 		limit      int
 		keys       int // the key values the steps call the server with
+		// hold is how long the server holds each request. A limit above
+		// one is reached only when that many requests overlap at the
+		// server, so it must outlast the time from a finish to the next
+		// claim's request: 20 ms did not on a loaded 2-core VM, where a
+		// queue limit of 3 saw at most 2 at once over 120 steps.
+		hold time.Duration
 	}{
-		{name: "WorkflowKey", limit: 1, keys: contentionKeys, yaml: `name: limited
+		{name: "WorkflowKey", limit: 1, hold: 20 * time.Millisecond, keys: contentionKeys, yaml: `name: limited
 concurrency: {key: "${{ input.n % 5 }}", limit: 1}
 steps:
   - {name: a, handler: http, input: {url: "URL?key=${{ input.n % 5 }}"}}
   - {name: b, handler: http, input: {url: "URL?key=${{ input.n % 5 }}"}, dependsOn: [a]}
 `},
-		{name: "StepKey", limit: 1, keys: contentionKeys, yaml: `name: limited
+		{name: "StepKey", limit: 1, hold: 20 * time.Millisecond, keys: contentionKeys, yaml: `name: limited
 steps:
   - {name: a, handler: http, input: {url: "URL?key=${{ input.n % 5 }}"}, concurrency: {key: "${{ input.n % 5 }}", limit: 1}}
   - {name: b, handler: noop, dependsOn: [a]}
 `},
-		{name: "QueueConcurrency", limit: 3, keys: 1, setup: []string{"queue", "set", "narrow", "--concurrency", "3"}, yaml: `name: limited
+		{name: "QueueConcurrency", limit: 3, hold: 250 * time.Millisecond, keys: 1, setup: []string{"queue", "set", "narrow", "--concurrency", "3"}, yaml: `name: limited
 steps:
   - {name: a, handler: http, queue: narrow, input: {url: "URL?key=queue"}}
 `},
@@ -198,7 +204,7 @@ steps:
 	for _, b := range backends(t) {
 		for _, tc := range cases {
 			t.Run(b.name+"/"+tc.name, func(t *testing.T) {
-				server := newSlowServer(t, 20*time.Millisecond)
+				server := newSlowServer(t, tc.hold)
 				db := b.newDB(t)
 				e := newEnv(t, db, map[string]string{"limited.yaml": strings.ReplaceAll(tc.yaml, "URL", server.url)})
 				e.mustRun(t, "validate")
