@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/internal/pgtest"
 	"github.com/dagrun/dagrun/storage/storagetest"
 )
 
@@ -94,8 +95,7 @@ func newSchema(t testing.TB) string {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 30*time.Second)
 		defer cancel()
-		_, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-		require.NoError(t, err)
+		require.NoError(t, pgtest.DropSchema(ctx, pool, schema))
 	})
 	return schema
 }
