@@ -2,9 +2,11 @@ package pgtest
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -51,7 +53,7 @@ func TestDropSchemaOnTheServer(t *testing.T) {
 	conn, err := pgx.Connect(ctx, dsn)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.WithoutCancel(ctx)) })
-	const schema = "pgtest_drop_me"
+	schema := fmt.Sprintf("pgtest_%d", time.Now().UnixNano())
 	_, err = conn.Exec(ctx, `CREATE SCHEMA `+schema+`; CREATE TABLE `+schema+`.t (x int)`)
 	require.NoError(t, err)
 	require.NoError(t, DropSchema(ctx, conn, schema))
