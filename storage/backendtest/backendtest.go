@@ -131,19 +131,31 @@ func OpenPostgres(t testing.TB) storage.Store {
 
 var seq atomic.Int64
 
-// postgresSchemaURL returns the URL of DAGRUN_TEST_POSTGRES with a new
-// schema for dagrun's tables (postgres.SchemaParam), which the store
-// creates when it migrates and the test's cleanup drops.
-func postgresSchemaURL(t testing.TB) string {
+// serverDSN is DAGRUN_TEST_POSTGRES, which the test requires.
+func serverDSN(t testing.TB) string {
 	t.Helper()
 	dsn := os.Getenv("DAGRUN_TEST_POSTGRES")
 	if dsn == "" {
 		t.Fatal("backendtest: DAGRUN_TEST_POSTGRES is not set")
 	}
+	return dsn
+}
+
+// newName is a name no other test's database or schema has.
+func newName() string {
+	return fmt.Sprintf("dagrun_test_%d_%d", time.Now().UnixNano(), seq.Add(1))
+}
+
+// postgresSchemaURL returns the URL of DAGRUN_TEST_POSTGRES with a new
+// schema for dagrun's tables (postgres.SchemaParam), which the store
+// creates when it migrates and the test's cleanup drops.
+func postgresSchemaURL(t testing.TB) string {
+	t.Helper()
+	dsn := serverDSN(t)
 	ctx := context.Background()
 	u, err := url.Parse(dsn)
 	require.NoError(t, err)
-	schema := fmt.Sprintf("dagrun_test_%d_%d", time.Now().UnixNano(), seq.Add(1))
+	schema := newName()
 	q := u.Query()
 	q.Set(postgres.SchemaParam, schema)
 	u.RawQuery = q.Encode()
@@ -165,14 +177,11 @@ func postgresSchemaURL(t testing.TB) string {
 // DAGRUN_TEST_POSTGRES, drops it when the test ends, and returns its URL.
 func PostgresURL(t testing.TB) string {
 	t.Helper()
-	dsn := os.Getenv("DAGRUN_TEST_POSTGRES")
-	if dsn == "" {
-		t.Fatal("backendtest: DAGRUN_TEST_POSTGRES is not set")
-	}
+	dsn := serverDSN(t)
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, dsn)
 	require.NoError(t, err)
-	name := fmt.Sprintf("dagrun_test_%d_%d", time.Now().UnixNano(), seq.Add(1))
+	name := newName()
 	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
 	require.NoError(t, err)
 	t.Cleanup(func() {
