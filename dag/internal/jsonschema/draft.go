@@ -4,18 +4,31 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 )
 
 // A Draft represents json-schema specification.
 type Draft struct {
 	version       int
 	url           string
-	sch           *Schema
 	id            string             // property name used to represent id
 	subschemas    []SchemaPath       // locations of subschemas
 	vocabPrefix   string             // prefix used for vocabulary
-	allVocabs     map[string]*Schema // names of supported vocabs with its schemas
+	allVocabs     map[string]*Schema // names of supported vocabs (read only; schemas in meta)
 	defaultVocabs []string           // names of default vocabs
+
+	// Modified for dagrun: the metaschema and vocabulary schemas are
+	// compiled on first use (compiledMeta) rather than in init, so that a
+	// program that links this package but compiles no schema, or schemas
+	// of one draft only, does not compile all five drafts' at start.
+	metaOnce sync.Once
+	meta     draftMeta
+}
+
+// draftMeta is a draft's compiled metaschema and vocabulary schemas.
+type draftMeta struct {
+	sch    *Schema
+	vocabs map[string]*Schema
 }
 
 // String returns the specification url.
@@ -124,15 +137,21 @@ var (
 	draftLatest = Draft2020
 )
 
-func init() {
-	c := NewCompiler()
-	c.AssertFormat()
-	for _, d := range []*Draft{Draft4, Draft6, Draft7, Draft2019, Draft2020} {
-		d.sch = c.MustCompile(d.url)
+// compiledMeta returns d's metaschema and vocabulary schemas, compiling
+// them on the first call. Compiling a metaschema never asks for a
+// draft's metaschema (their roots are not validated), so this does not
+// recurse into itself.
+func (d *Draft) compiledMeta() *draftMeta {
+	d.metaOnce.Do(func() {
+		c := NewCompiler()
+		c.AssertFormat()
+		d.meta.sch = c.MustCompile(d.url)
+		d.meta.vocabs = make(map[string]*Schema, len(d.allVocabs))
 		for name := range d.allVocabs {
-			d.allVocabs[name] = c.MustCompile(strings.TrimSuffix(d.url, "schema") + "meta/" + name)
+			d.meta.vocabs[name] = c.MustCompile(strings.TrimSuffix(d.url, "schema") + "meta/" + name)
 		}
-	}
+	})
+	return &d.meta
 }
 
 func draftFromURL(url string) *Draft {
@@ -264,14 +283,15 @@ func (d *dialect) activeVocabs(assertVocabs bool, vocabularies map[string]*Vocab
 }
 
 func (d *dialect) getSchema(assertVocabs bool, vocabularies map[string]*Vocabulary) *Schema {
+	meta := d.draft.compiledMeta()
 	vocabs := d.activeVocabs(assertVocabs, vocabularies)
 	if vocabs == nil {
-		return d.draft.sch
+		return meta.sch
 	}
 
 	var allOf []*Schema
 	for _, vocab := range vocabs {
-		sch := d.draft.allVocabs[vocab]
+		sch := meta.vocabs[vocab]
 		if sch == nil {
 			if v, ok := vocabularies[vocab]; ok {
 				sch = v.Schema
@@ -282,9 +302,9 @@ func (d *dialect) getSchema(assertVocabs bool, vocabularies map[string]*Vocabula
 		}
 	}
 	if !slices.Contains(vocabs, "core") {
-		sch := d.draft.allVocabs["core"]
+		sch := meta.vocabs["core"]
 		if sch == nil {
-			sch = d.draft.sch
+			sch = meta.sch
 		}
 		allOf = append(allOf, sch)
 	}
