@@ -1,12 +1,12 @@
 package dag
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -73,7 +73,7 @@ func checkSchema(schema, compileError, valid, invalid string) error {
 		if err == nil {
 			return fmt.Errorf("compiled %s, want an error about %s", schema, compileError)
 		}
-		if !bytes.Contains([]byte(err.Error()), []byte(compileError)) {
+		if !strings.Contains(err.Error(), compileError) {
 			return fmt.Errorf("compiling %s: %v, want an error about %s", schema, err, compileError)
 		}
 		return nil
