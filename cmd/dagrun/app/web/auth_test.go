@@ -270,6 +270,39 @@ func TestSignInCookieIsSecureOverTLS(t *testing.T) {
 	require.True(t, tokenCookie(r).Secure)
 }
 
+// TestSignInCookieIsSecureBehindATLSProxy: a proxy that ended TLS in
+// front of the server says so in X-Forwarded-Proto or Forwarded, and the
+// cookie is Secure as it would be over the server's own TLS.
+func TestSignInCookieIsSecureBehindATLSProxy(t *testing.T) {
+	t.Parallel()
+	b := setup(t, openSQLite, &setupOpts{token: "s3cret"})
+	anon := &testBundle{server: b.server}
+	for _, tc := range []struct {
+		header, value string
+		secure        bool
+	}{
+		{"X-Forwarded-Proto", "https", true},
+		{"X-Forwarded-Proto", "HTTPS", true},
+		{"X-Forwarded-Proto", "https, http", true}, // the proxy nearest the client first
+		{"X-Forwarded-Proto", "http", false},
+		{"X-Forwarded-Proto", "http, https", false},
+		{"Forwarded", "for=192.0.2.60;proto=https;by=203.0.113.43", true},
+		{"Forwarded", `proto="https"`, true},
+		{"Forwarded", "for=192.0.2.60;proto=http", false},
+		{"Forwarded", "for=192.0.2.60;proto=http, for=198.51.100.17;proto=https", false},
+		{"X-Forwarded-Host", "https", false},
+	} {
+		r := anon.signIn(t, "s3cret", "", tc.header, tc.value)
+		require.Equal(t, http.StatusSeeOther, r.status, "%s: %s: body: %s", tc.header, tc.value, r.body)
+		c := tokenCookie(r)
+		require.NotNil(t, c, "%s: %s", tc.header, tc.value)
+		require.Equal(t, tc.secure, c.Secure, "%s: %s", tc.header, tc.value)
+		r = anon.do(t, http.MethodPost, "/ui/logout", "", "Cookie", cookieName+"="+c.Value, tc.header, tc.value)
+		require.Equal(t, http.StatusSeeOther, r.status, "body: %s", r.body)
+		require.Equal(t, tc.secure, tokenCookie(r).Secure, "sign-out of %s: %s", tc.header, tc.value)
+	}
+}
+
 // TestNoSignInWithoutAToken: a server without a token has no sign-in, no
 // cookie and no sign-out.
 func TestNoSignInWithoutAToken(t *testing.T) {

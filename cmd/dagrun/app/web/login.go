@@ -127,8 +127,8 @@ func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
 }
 
 // setTokenCookie sets the sign-in cookie; maxAge as http.Cookie's.
-// HttpOnly keeps it from the page's script, and Secure, over TLS, from
-// plain HTTP. SameSite=Lax keeps it from every request another site starts
+// HttpOnly keeps it from the page's script, and Secure, over HTTPS (see
+// overHTTPS), from plain HTTP. SameSite=Lax keeps it from every request another site starts
 // but a top-level GET, so a link to the UI pasted in a chat opens signed
 // in; what such a GET answers is shown to the user, never to the site,
 // no GET route changes anything, and a cross-site POST is refused anyway
@@ -140,9 +140,34 @@ func setTokenCookie(w http.ResponseWriter, r *http.Request, value string, maxAge
 		Path:     "/",
 		MaxAge:   maxAge,
 		HttpOnly: true,
-		Secure:   r.TLS != nil,
+		Secure:   overHTTPS(r),
 		SameSite: http.SameSiteLaxMode,
 	})
+}
+
+// overHTTPS reports whether the browser reached the server over HTTPS:
+// the server's own TLS, or a proxy in front of it that ended TLS and says
+// so in X-Forwarded-Proto or Forwarded (RFC 7239), as nginx, Caddy,
+// Traefik and cloud load balancers do. The headers need no trust: a
+// client that claims HTTPS over plain HTTP only gets a cookie its browser
+// will not send back over plain HTTP.
+func overHTTPS(r *http.Request) bool {
+	if r.TLS != nil {
+		return true
+	}
+	if proto, _, _ := strings.Cut(r.Header.Get("X-Forwarded-Proto"), ","); strings.EqualFold(strings.TrimSpace(proto), "https") {
+		return true
+	}
+	// Forwarded: for=...;proto=https, the first element being the
+	// proxy nearest the client.
+	first, _, _ := strings.Cut(r.Header.Get("Forwarded"), ",")
+	for pair := range strings.SplitSeq(first, ";") {
+		name, value, _ := strings.Cut(strings.TrimSpace(pair), "=")
+		if strings.EqualFold(name, "proto") && strings.EqualFold(strings.Trim(value, `"`), "https") {
+			return true
+		}
+	}
+	return false
 }
 
 // sameSitePath returns next if it is a path on this server, else "/", so
