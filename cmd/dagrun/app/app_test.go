@@ -373,6 +373,10 @@ func TestErrorLines(t *testing.T) {
 		{args: []string{"--workflows", "app_test.go", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "", "list"}, code: app.ExitUsage},
 		{args: []string{"--db-schema", "tenant", "list"}, code: app.ExitUsage},
+		{args: []string{"serve", "--tls-cert", "cert.pem"}, code: app.ExitUsage},
+		{args: []string{"serve", "--tls-key", "key.pem"}, code: app.ExitUsage},
+		{args: []string{"serve", "--tls-cert", "testdata/nope.pem", "--tls-key", "testdata/nope-key.pem"}, code: app.ExitUsage},
+		{args: []string{"serve", "--tls-cert", "app_test.go", "--tls-key", "app_test.go"}, code: app.ExitUsage},
 	}
 	var report strings.Builder
 	for _, c := range cases {

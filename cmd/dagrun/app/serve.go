@@ -34,6 +34,8 @@ func (c *cli) serveCommand() *cobra.Command {
 		withWorker  bool
 		concurrency int
 		noSchedules bool
+		tlsCert     string
+		tlsKey      string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -42,9 +44,9 @@ func (c *cli) serveCommand() *cobra.Command {
 			"With --worker it also runs a worker in the same process, so `dagrun serve --worker` alone is a complete\n" +
 			"single-machine deployment. With a token (--token or DAGRUN_TOKEN) every route but /healthz needs\n" +
 			"Authorization: Bearer <token>; a browser signs in on the page the server shows it, which sets a cookie.\n" +
-			"A non-loopback --addr is refused without a token. SIGINT or SIGTERM stop serving, then the worker finishes\n" +
-			"its running steps.",
-		Args: exactArgs(0, "serve [--addr 127.0.0.1:8080] [--token T] [--worker] [--concurrency N] [--no-schedules]"),
+			"A non-loopback --addr is refused without a token. With --tls-cert and --tls-key it serves HTTPS, and reads\n" +
+			"the files again when they change. SIGINT or SIGTERM stop serving, then the worker finishes its running steps.",
+		Args: exactArgs(0, "serve [--addr 127.0.0.1:8080] [--token T] [--worker] [--concurrency N] [--no-schedules] [--tls-cert FILE --tls-key FILE]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// The environment is read here rather than as the flag's
 			// default, so --help never prints the token.
@@ -70,7 +72,17 @@ func (c *cli) serveCommand() *cobra.Command {
 					return err
 				}
 			}
-			return c.serve(cmd.Context(), addr, web.Config{Token: token, Tokens: tokens}, withWorker, concurrency, noSchedules)
+			if tlsCert == "" {
+				tlsCert = c.io.Getenv("DAGRUN_TLS_CERT")
+			}
+			if tlsKey == "" {
+				tlsKey = c.io.Getenv("DAGRUN_TLS_KEY")
+			}
+			certs, err := loadServeTLS(tlsCert, tlsKey, c.logger)
+			if err != nil {
+				return err
+			}
+			return c.serve(cmd.Context(), addr, web.Config{Token: token, Tokens: tokens}, certs, withWorker, concurrency, noSchedules)
 		},
 	}
 	f := cmd.Flags()
@@ -80,11 +92,13 @@ func (c *cli) serveCommand() *cobra.Command {
 	f.BoolVar(&withWorker, "worker", false, "also run a worker in this process")
 	f.BoolVar(&noSchedules, "no-schedules", false, "do not run the scheduler, which starts the workflows' scheduled instances")
 	f.IntVar(&concurrency, "concurrency", dagrun.DefaultConcurrency, "steps the embedded worker runs at once (with --worker)")
+	f.StringVar(&tlsCert, "tls-cert", "", "PEM certificate (chain) file: serve HTTPS, with --tls-key (env DAGRUN_TLS_CERT)")
+	f.StringVar(&tlsKey, "tls-key", "", "PEM private key file of --tls-cert (env DAGRUN_TLS_KEY)")
 	c.addMaxItemsFlag(cmd)
 	return cmd
 }
 
-func (c *cli) serve(ctx context.Context, addr string, auth web.Config, withWorker bool, concurrency int, noSchedules bool) error {
+func (c *cli) serve(ctx context.Context, addr string, auth web.Config, certs *serveTLS, withWorker bool, concurrency int, noSchedules bool) error {
 	// The engine reports to the metrics, so they must exist before it.
 	metrics := web.NewMetrics()
 	c.observer = metrics
@@ -160,8 +174,16 @@ func (c *cli) serve(ctx context.Context, addr string, auth web.Config, withWorke
 	stopScheduler := c.startScheduler(ctx, engine, noSchedules)
 	defer stopScheduler()
 	serveDone := make(chan error, 1)
-	go func() { serveDone <- server.Serve(ln) }()
-	c.logger.Info("dagrun serve listening", "url", "http://"+ln.Addr().String()+"/",
+	scheme := "http"
+	if certs != nil {
+		// ServeTLS with no files: the certificate comes from the
+		// config's GetCertificate, and net/http offers HTTP/2.
+		server.TLSConfig, scheme = certs.config(), "https"
+		go func() { serveDone <- server.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { serveDone <- server.Serve(ln) }()
+	}
+	c.logger.Info("dagrun serve listening", "url", scheme+"://"+ln.Addr().String()+"/",
 		"workflows", len(names), "worker", withWorker, "token", auth.Token != "" || len(auth.Tokens) > 0)
 
 	// The worker stops by itself only when its database is lost; serving
