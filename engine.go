@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -105,28 +106,41 @@ func (c *Config) validate() error {
 	if min(c.MaxInputBytes, c.MaxOutputBytes, c.MaxPlanInputBytes, c.MaxPlanExprSteps, c.MaxItems, c.StepLogBytes, c.MaxDepth) < 0 {
 		return errors.New("dagrun: MaxInputBytes, MaxOutputBytes, MaxPlanInputBytes, MaxPlanExprSteps, MaxItems, StepLogBytes and MaxDepth must not be negative")
 	}
-	seen := map[string]bool{}
-	for _, w := range c.Workflows {
+	_, err := newCatalog(c.Workflows, c.InvalidWorkflows)
+	return err
+}
+
+// catalog is the workflows an engine starts instances from, by name, and
+// the names whose files have errors. It is replaced whole, never changed
+// (Engine.SetWorkflows), so a reader sees one folder's load or the next.
+type catalog struct {
+	workflows map[string]*dag.Workflow
+	invalid   map[string]error
+}
+
+func newCatalog(workflows []*dag.Workflow, invalid map[string]error) (*catalog, error) {
+	c := &catalog{workflows: make(map[string]*dag.Workflow, len(workflows)), invalid: invalid}
+	for _, w := range workflows {
 		if w == nil {
-			return errors.New("dagrun: nil workflow in Config.Workflows")
+			return nil, errors.New("dagrun: nil workflow in Config.Workflows")
 		}
-		if seen[w.Name] {
-			return fmt.Errorf("dagrun: workflow %q is defined twice", w.Name)
+		if c.workflows[w.Name] != nil {
+			return nil, fmt.Errorf("dagrun: workflow %q is defined twice", w.Name)
 		}
-		seen[w.Name] = true
+		c.workflows[w.Name] = w
 	}
-	return nil
+	return c, nil
 }
 
 // Engine starts and controls workflow instances and creates workers.
 type Engine struct {
-	store     storage.Store
-	registry  *handlers.Registry
-	config    *Config
-	logger    *slog.Logger
-	observer  Observer
-	tracing   *tracing // nil: tracing is off
-	workflows map[string]*dag.Workflow
+	store    storage.Store
+	registry *handlers.Registry
+	config   *Config
+	logger   *slog.Logger
+	observer Observer
+	tracing  *tracing // nil: tracing is off
+	catalog  atomic.Pointer[catalog]
 
 	// definitions caches parsed definition snapshots by content hash; an
 	// instance always runs under the snapshot it was started with.
@@ -154,19 +168,34 @@ func New(store storage.Store, registry *handlers.Registry, config *Config) (*Eng
 		return nil, err
 	}
 	e := &Engine{
-		store:     store,
-		registry:  registry,
-		config:    config,
-		logger:    config.Logger,
-		observer:  config.Observer,
-		tracing:   newTracing(config.TracerProvider, config.Logger),
-		workflows: make(map[string]*dag.Workflow, len(config.Workflows)),
+		store:    store,
+		registry: registry,
+		config:   config,
+		logger:   config.Logger,
+		observer: config.Observer,
+		tracing:  newTracing(config.TracerProvider, config.Logger),
 	}
-	for _, w := range config.Workflows {
-		e.workflows[w.Name] = w
-		e.definitions.Store(w.Hash, w)
+	if err := e.SetWorkflows(config.Workflows, config.InvalidWorkflows); err != nil {
+		return nil, err
 	}
 	return e, nil
+}
+
+// SetWorkflows replaces the definitions instances are started from (and
+// the scheduler started next reads), as Config.Workflows and
+// InvalidWorkflows give them: a long-running process calls it when its
+// workflows folder changes. Running instances are not affected: each runs
+// under the definition it was started with.
+func (e *Engine) SetWorkflows(workflows []*dag.Workflow, invalid map[string]error) error {
+	c, err := newCatalog(workflows, invalid)
+	if err != nil {
+		return err
+	}
+	for _, w := range workflows {
+		e.definitions.Store(w.Hash, w)
+	}
+	e.catalog.Store(c)
+	return nil
 }
 
 // Store returns the engine's store.
@@ -177,14 +206,15 @@ func (e *Engine) Registry() *handlers.Registry { return e.registry }
 
 // Workflow returns the definition named name.
 func (e *Engine) Workflow(name string) (*dag.Workflow, bool) {
-	w, ok := e.workflows[name]
+	w, ok := e.catalog.Load().workflows[name]
 	return w, ok
 }
 
 // Workflows returns the known definitions sorted by name.
 func (e *Engine) Workflows() []*dag.Workflow {
-	out := make([]*dag.Workflow, 0, len(e.workflows))
-	for _, w := range e.workflows {
+	workflows := e.catalog.Load().workflows
+	out := make([]*dag.Workflow, 0, len(workflows))
+	for _, w := range workflows {
 		out = append(out, w)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -216,7 +246,7 @@ func (e *UnknownWorkflowError) Error() string {
 }
 
 func (e *Engine) lookupWorkflow(name string) (*dag.Workflow, error) {
-	if w, ok := e.workflows[name]; ok {
+	if w, ok := e.Workflow(name); ok {
 		return w, nil
 	}
 	return nil, e.UnknownWorkflow(name)
@@ -225,12 +255,13 @@ func (e *Engine) lookupWorkflow(name string) (*dag.Workflow, error) {
 // UnknownWorkflow is the error of a use of name, a workflow the engine does
 // not know: the ones it knows, or why name's file was refused.
 func (e *Engine) UnknownWorkflow(name string) *UnknownWorkflowError {
-	names := make([]string, 0, len(e.workflows))
-	for n := range e.workflows {
+	c := e.catalog.Load()
+	names := make([]string, 0, len(c.workflows))
+	for n := range c.workflows {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	return &UnknownWorkflowError{Name: name, Available: names, Invalid: e.config.InvalidWorkflows[name]}
+	return &UnknownWorkflowError{Name: name, Available: names, Invalid: c.invalid[name]}
 }
 
 // definition returns the parsed snapshot with the given hash, parsing the

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/handlers"
 	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/backendtest"
 )
 
 func TestMain(m *testing.M) {
@@ -689,4 +691,79 @@ steps:
 func itoa(n int) string {
 	b, _ := json.Marshal(n)
 	return string(b)
+}
+
+// TestSetWorkflowsReplacesWhatStartsAndKeepsWhatRuns: the workflows an
+// engine starts are replaced whole while starts go on (under -race); a
+// name that is gone is unknown, one whose file has errors is refused with
+// them, a set that names a workflow twice is refused and the old one
+// kept, and an instance started before runs under its definition.
+func TestSetWorkflowsReplacesWhatStartsAndKeepsWhatRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(t *testing.T) storage.Store { return backendtest.OpenSQLite(t) }, nil, chainWorkflow)
+	parse := func(src string) *dag.Workflow {
+		t.Helper()
+		w, err := dag.Parse("", []byte(src), &dag.ParseOptions{HandlerExists: b.registry.Has})
+		require.NoError(t, err)
+		return w
+	}
+	before, err := b.engine.Start(t.Context(), "chain", json.RawMessage(`{"n": 1}`), nil)
+	require.NoError(t, err)
+	edited := parse(strings.Replace(chainWorkflow, "name: chain", "name: chain\ndescription: edited", 1))
+	fan := parse(fanWorkflow)
+
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			// Either set, never a mix: chain is always there.
+			w, ok := b.engine.Workflow("chain")
+			if !assert.True(t, ok) || !assert.Len(t, b.engine.Workflows(), 1) {
+				return
+			}
+			_ = w.Description
+		}
+	}()
+	for i := range 100 {
+		set := []*dag.Workflow{edited}
+		if i%2 == 1 {
+			set = []*dag.Workflow{parse(chainWorkflow)}
+		}
+		require.NoError(t, b.engine.SetWorkflows(set, nil))
+	}
+	close(stop)
+	wg.Wait()
+
+	require.NoError(t, b.engine.SetWorkflows([]*dag.Workflow{edited, fan}, nil))
+	w, ok := b.engine.Workflow("chain")
+	require.True(t, ok)
+	require.Equal(t, "edited", w.Description)
+	require.Len(t, b.engine.Workflows(), 2)
+
+	require.ErrorContains(t, b.engine.SetWorkflows([]*dag.Workflow{fan, fan}, nil), `workflow "fan" is defined twice`)
+	require.Len(t, b.engine.Workflows(), 2, "a refused set changes nothing")
+
+	broken := dag.ErrorList{&dag.Error{File: "workflows/fan.yaml", Line: 3, Col: 5, Msg: "bad"}}
+	require.NoError(t, b.engine.SetWorkflows([]*dag.Workflow{edited}, map[string]error{"fan": broken}))
+	_, err = b.engine.Start(t.Context(), "fan", json.RawMessage(`{}`), nil)
+	var unknown *dagrun.UnknownWorkflowError
+	require.ErrorAs(t, err, &unknown)
+	require.ErrorContains(t, err, `workflow "fan" is invalid: workflows/fan.yaml:3:5: bad`)
+	require.NoError(t, b.engine.SetWorkflows([]*dag.Workflow{edited}, nil))
+	_, err = b.engine.Start(t.Context(), "fan", json.RawMessage(`{}`), nil)
+	require.ErrorContains(t, err, `unknown workflow "fan" (available: chain)`)
+
+	b.runWorker(t, nil)
+	inst := b.wait(t, before.ID)
+	require.Equal(t, storage.InstanceCompleted, inst.Status)
+	def, err := b.engine.Definition(inst)
+	require.NoError(t, err)
+	require.Empty(t, def.Description, "the instance ran under the definition it started with")
 }
