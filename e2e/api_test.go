@@ -28,6 +28,13 @@ steps:
 // env's database and returns its URL without the trailing slash.
 func serveAPI(t *testing.T, e *env) string {
 	t.Helper()
+	_, base := serveProcess(t, e)
+	return base
+}
+
+// serveProcess is serveAPI that also returns the server's process.
+func serveProcess(t *testing.T, e *env) (*process, string) {
+	t.Helper()
 	p := e.spawn(t, "serve", "--addr", "127.0.0.1:0", "--no-schedules")
 	listening := regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+)/`)
 	var base string
@@ -39,7 +46,7 @@ func serveAPI(t *testing.T, e *env) string {
 		return m != nil || !p.running()
 	}, 30*time.Second, 10*time.Millisecond)
 	require.NotEmpty(t, base, "dagrun serve did not start:\n%s", p.stderr.String())
-	return base
+	return p, base
 }
 
 // apiCall sends a request to a dagrun server, with the header given as

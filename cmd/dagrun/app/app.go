@@ -141,8 +141,11 @@ type cli struct {
 	// longRunning, set by worker and serve before engine() is called,
 	// makes workflow files with errors a warning in the log: a one-shot
 	// command keeps stderr to its own error, and starting a bad workflow
-	// names its errors anyway.
+	// names its errors anyway. It also has engine() note loadedFolder.
 	longRunning bool
+	// loadedFolder describes the workflows folder as engine() found it
+	// (folderFingerprint), for watchWorkflows.
+	loadedFolder string
 }
 
 func (c *cli) rootCommand() *cobra.Command {
@@ -322,6 +325,11 @@ func errInterrupted(ctx context.Context) error {
 func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
 	if c.maxItems < 1 {
 		return nil, usageError(fmt.Errorf("invalid --max-items %d: must be at least 1", c.maxItems))
+	}
+	if c.longRunning {
+		// Read before the files, so that a change made while they are
+		// read is seen as one (watchWorkflows).
+		c.loadedFolder = folderFingerprint(c.workflowsDir)
 	}
 	workflows, loadErr := c.loadWorkflows(ctx)
 	var invalid map[string]error

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -136,27 +137,63 @@ func (c *cli) scheduleCommand() *cobra.Command {
 	return cmd
 }
 
+// schedulerRun is the scheduler beside a worker or a server.
+type schedulerRun struct {
+	mu      sync.Mutex
+	stopRun func() // stops the scheduler running now, and waits for it
+	stopped bool
+	start   func()
+}
+
 // startScheduler runs the engine's scheduler beside a worker or a server,
-// unless disabled; wait stops it and waits for it to return. A scheduler
-// that cannot register its schedules is logged, not fatal: the worker
-// beside it still has steps to run.
-func (c *cli) startScheduler(ctx context.Context, engine *dagrun.Engine, disabled bool) (wait func()) {
+// unless disabled. A scheduler that cannot register its schedules is
+// logged, not fatal: the worker beside it still has steps to run.
+func (c *cli) startScheduler(ctx context.Context, engine *dagrun.Engine, disabled bool) *schedulerRun {
+	r := &schedulerRun{stopRun: func() {}}
 	if disabled {
 		c.logger.Info("dagrun scheduler off (--no-schedules): this process starts no scheduled instances")
-		return func() {}
+		r.stopped = true
+		return r
 	}
-	s, err := engine.NewScheduler(nil)
-	if err != nil {
-		c.logger.Error("dagrun scheduler not started", slog.Any("error", err))
-		return func() {}
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := s.Run(ctx); err != nil {
-			c.logger.Error("dagrun scheduler stopped", slog.Any("error", err))
+	r.start = func() {
+		s, err := engine.NewScheduler(nil)
+		if err != nil {
+			c.logger.Error("dagrun scheduler not started", slog.Any("error", err))
+			r.stopRun = func() {}
+			return
 		}
-	}()
-	return func() { cancel(); <-done }
+		ctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := s.Run(ctx); err != nil {
+				c.logger.Error("dagrun scheduler stopped", slog.Any("error", err))
+			}
+		}()
+		r.stopRun = func() { cancel(); <-done }
+	}
+	r.start()
+	return r
+}
+
+// Restart runs the scheduler again over the engine's workflows as they
+// are now (their folder was reloaded). The store keeps each schedule's
+// last tick, so an unchanged schedule goes on where it was, and a new or
+// changed one fires only ticks after now.
+func (r *schedulerRun) Restart() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return
+	}
+	r.stopRun()
+	r.start()
+}
+
+// Stop stops the scheduler and waits for it to return.
+func (r *schedulerRun) Stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stopRun()
+	r.stopped = true
 }

@@ -171,8 +171,15 @@ func (c *cli) serve(ctx context.Context, addr string, auth web.Config, certs *se
 		workerDone <- nil
 	}
 
-	stopScheduler := c.startScheduler(ctx, engine, noSchedules)
-	defer stopScheduler()
+	scheduler := c.startScheduler(ctx, engine, noSchedules)
+	defer scheduler.Stop()
+	stopFollowing := c.followWorkflowsFolder(ctx, engine, func() {
+		scheduler.Restart()
+		for _, w := range engine.Workflows() {
+			metrics.InitWorkflows(w.Name)
+		}
+	})
+	defer stopFollowing()
 	serveDone := make(chan error, 1)
 	scheme := "http"
 	if certs != nil {

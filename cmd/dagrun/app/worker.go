@@ -62,7 +62,8 @@ func (c *cli) workerCommand() *cobra.Command {
 				return usageError(err)
 			}
 			c.logger.Info("dagrun worker started", "id", worker.ID(), "concurrency", config.Concurrency, "queues", config.Queues, "db", redactDSN(c.db))
-			stopScheduler := c.startScheduler(ctx, engine, noSchedules)
+			scheduler := c.startScheduler(ctx, engine, noSchedules)
+			stopFollowing := c.followWorkflowsFolder(ctx, engine, scheduler.Restart)
 			ran := make(chan struct{})
 			go func() {
 				select {
@@ -73,7 +74,8 @@ func (c *cli) workerCommand() *cobra.Command {
 			}()
 			err = worker.Run(ctx)
 			close(ran)
-			stopScheduler()
+			stopFollowing()
+			scheduler.Stop()
 			c.logger.Info("dagrun worker stopped", "id", worker.ID())
 			return err
 		},

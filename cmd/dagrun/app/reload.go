@@ -1,0 +1,218 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/dag"
+)
+
+const (
+	// reloadSettle is how long the workflows folder must stay unchanged
+	// before it is read again: an editor's save or a deployment writes
+	// several files, or one file in several steps (a temporary file, then
+	// a rename), and one reload should see them all.
+	reloadSettle = 200 * time.Millisecond
+	// reloadPoll is how often a folder that cannot be watched (no inotify
+	// instances left, a network file system) is listed for changes.
+	reloadPoll = 2 * time.Second
+)
+
+// watchWorkflows keeps engine's workflows as the folder holds them, for
+// the commands that run on (worker, serve): a workflow added, edited or
+// removed is started (API, scheduler) as the folder has it now, without
+// a restart, as one-shot commands always read the folder afresh. Running
+// instances keep the definition they started with. A file with errors is
+// refused as at start, and the rest still load; a folder that cannot be
+// read keeps the workflows already loaded. changed runs after each reload
+// that changed a workflow. It returns when ctx ends.
+func (c *cli) watchWorkflows(ctx context.Context, engine *dagrun.Engine, changed func()) {
+	dir := c.workflowsDir
+	events, stop := folderChanges(ctx, dir, c.loadedFolder, c.logger)
+	defer stop()
+	current := workflowHashes(engine.Workflows())
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-events:
+		}
+		// Settle: wait until the folder has been quiet for reloadSettle.
+		for settled := false; !settled; {
+			select {
+			case <-ctx.Done():
+				return
+			case <-events:
+			case <-time.After(reloadSettle):
+				settled = true
+			}
+		}
+		workflows, err := dag.LoadDir(dir, &dag.ParseOptions{HandlerExists: c.registry.Has})
+		var invalid map[string]error
+		if err != nil {
+			var list dag.ErrorList
+			if !errors.As(err, &list) {
+				c.logger.Warn("workflows folder not reloaded; the workflows loaded before stay", "folder", dir, slog.Any("error", err))
+				continue
+			}
+			c.logger.Warn("some workflow files have errors; run `dagrun validate` for details", slog.Int("errors", len(list)))
+			invalid = invalidByName(list, workflows)
+		}
+		if err := engine.SetWorkflows(workflows, invalid); err != nil {
+			c.logger.Warn("workflows folder not reloaded; the workflows loaded before stay", "folder", dir, slog.Any("error", err))
+			continue
+		}
+		next := workflowHashes(workflows)
+		if maps.Equal(current, next) {
+			continue
+		}
+		added, edited, removed := diffWorkflows(current, next)
+		current = next
+		c.logger.Info("workflows reloaded", "folder", dir, "workflows", len(next),
+			"added", strings.Join(added, ","), "changed", strings.Join(edited, ","), "removed", strings.Join(removed, ","))
+		changed()
+	}
+}
+
+// workflowHashes maps each workflow's name to its definition's hash.
+func workflowHashes(workflows []*dag.Workflow) map[string]string {
+	out := make(map[string]string, len(workflows))
+	for _, w := range workflows {
+		out[w.Name] = w.Hash
+	}
+	return out
+}
+
+// diffWorkflows names the workflows of next that before lacked, those
+// whose definitions differ, and those next lacks, each sorted.
+func diffWorkflows(before, next map[string]string) (added, changed, removed []string) {
+	for name, hash := range next {
+		switch old, ok := before[name]; {
+		case !ok:
+			added = append(added, name)
+		case old != hash:
+			changed = append(changed, name)
+		}
+	}
+	for name := range before {
+		if _, ok := next[name]; !ok {
+			removed = append(removed, name)
+		}
+	}
+	slices.Sort(added)
+	slices.Sort(changed)
+	slices.Sort(removed)
+	return added, changed, removed
+}
+
+// folderChanges reports on events that dir's entries may have changed
+// since they were as loaded describes them (folderFingerprint): at once
+// if they changed before it watches, then from inotify (or the platform's
+// equivalent) where dir can be watched, else from listing it every
+// reloadPoll. A folder that does not exist yet is polled until it does.
+func folderChanges(ctx context.Context, dir, loaded string, logger *slog.Logger) (events <-chan struct{}, stop func()) {
+	out := make(chan struct{}, 1)
+	signal := func() {
+		select {
+		case out <- struct{}{}:
+		default:
+		}
+	}
+	watcher, err := fsnotify.NewWatcher()
+	if err == nil {
+		if err = watcher.Add(dir); err != nil {
+			_ = watcher.Close()
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			logger.Info("workflows folder polled for changes: it cannot be watched", "folder", dir, "every", reloadPoll, slog.Any("error", err))
+		}
+		go func() {
+			defer close(done)
+			last := loaded
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(reloadPoll):
+				}
+				if now := folderFingerprint(dir); now != last {
+					last = now
+					signal()
+				}
+			}
+		}()
+		return out, func() { cancel(); <-done }
+	}
+	// What changed between the load and the watch has no event.
+	if folderFingerprint(dir) != loaded {
+		signal()
+	}
+	go func() {
+		defer close(done)
+		defer watcher.Close()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case _, ok := <-watcher.Events:
+				if !ok {
+					return
+				}
+				signal()
+			case err, ok := <-watcher.Errors:
+				if !ok {
+					return
+				}
+				// An overflow lost events: read the folder to be sure.
+				logger.Warn("watching the workflows folder", "folder", dir, slog.Any("error", err))
+				signal()
+			}
+		}
+	}()
+	return out, func() { cancel(); <-done }
+}
+
+// folderFingerprint describes dir's entries by name, size and modification
+// time, or says it cannot be read.
+func folderFingerprint(dir string) string {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "unreadable: " + err.Error()
+	}
+	var sb strings.Builder
+	for _, e := range entries {
+		info, err := e.Info()
+		if err != nil {
+			fmt.Fprintf(&sb, "%s gone\n", e.Name())
+			continue
+		}
+		fmt.Fprintf(&sb, "%s %d %d\n", e.Name(), info.Size(), info.ModTime().UnixNano())
+	}
+	return sb.String()
+}
+
+// followWorkflowsFolder runs watchWorkflows in the background, changed
+// called after each change; stop ends it and waits.
+func (c *cli) followWorkflowsFolder(ctx context.Context, engine *dagrun.Engine, changed func()) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.watchWorkflows(ctx, engine, changed)
+	}()
+	return func() { cancel(); <-done }
+}
