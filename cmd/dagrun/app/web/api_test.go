@@ -589,6 +589,14 @@ func TestRequestScreening(t *testing.T) {
 	requireError(t, r, http.StatusMethodNotAllowed, "method DELETE is not allowed")
 	require.Equal(t, "GET, HEAD", r.header.Get("Allow"))
 	requireError(t, b.do(t, http.MethodGet, "/api/instances/x/cancel", ""), http.StatusMethodNotAllowed, "allowed: POST")
+	// The bulk operations' paths are not instance IDs.
+	for _, path := range []string{"/api/instances/cancel", "/api/instances/retry"} {
+		for _, method := range []string{http.MethodGet, http.MethodPut, http.MethodDelete} {
+			r := b.do(t, method, path, "")
+			requireError(t, r, http.StatusMethodNotAllowed, "method "+method+" is not allowed on "+path+" (allowed: POST)")
+			require.Equal(t, "POST", r.header.Get("Allow"), "%s %s", method, path)
+		}
+	}
 	requireError(t, b.do(t, http.MethodGet, "/ui/", ""), http.StatusNotFound, "no route")
 
 	// Every response carries the security headers.

@@ -24,6 +24,20 @@ func (s *Server) operationRoutes(api func(string, http.HandlerFunc)) {
 	api("POST /api/instances/{id}/resume", s.onInstance((*dagrun.Engine).Resume))
 	api("POST /api/instances/cancel", s.bulk("cancelled", (*dagrun.Engine).Cancel, (*dagrun.Engine).CancelSelected))
 	api("POST /api/instances/retry", s.bulk("retried", (*dagrun.Engine).Retry, (*dagrun.Engine).RetrySelected))
+	for _, pattern := range postOnlyReads {
+		s.mux.HandleFunc(pattern, postOnly) // a refusal, not a route of the API's
+	}
+}
+
+// postOnlyReads are the reads of the bulk operations' paths, which GET
+// /api/instances/{id} would otherwise take for an instance named "cancel"
+// or "retry" and answer 404: they are answered 405, as any other method
+// a route does not serve (Server.noRoute). They still need the token.
+var postOnlyReads = []string{"GET /api/instances/cancel", "GET /api/instances/retry"}
+
+func postOnly(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Allow", http.MethodPost)
+	writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, http.MethodPost))
 }
 
 // tokenNameSyntax is what a named token's name may be: it is shown in the

@@ -207,7 +207,7 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 	for _, m := range []string{http.MethodGet, http.MethodPost} {
 		probe := r.Clone(r.Context())
 		probe.Method = m
-		if _, pattern := s.mux.Handler(probe); pattern != "" {
+		if _, pattern := s.mux.Handler(probe); pattern != "" && !slices.Contains(postOnlyReads, pattern) {
 			allowed = append(allowed, m)
 		}
 	}
