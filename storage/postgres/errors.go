@@ -87,8 +87,16 @@ func unavailable(err error) (string, bool) {
 	switch {
 	case pe != nil:
 		hint := "check the user, password and database in the database URL"
-		if missingDatabase(pe) {
+		switch {
+		case missingDatabase(pe):
 			hint = "create the database or fix its name in the database URL"
+		case pe.Code == "42704": // undefined_object: a URL parameter the server has no setting of
+			hint = "the database URL's parameters other than dagrun's and libpq's are sent to the server as settings: " +
+				"remove that one, or fix its name (SHOW ALL lists the server's)"
+		case pe.Code == "22023": // invalid_parameter_value: a setting the URL gives a value it refuses
+			hint = "fix that setting's value in the database URL"
+		case pe.Code == "42501": // insufficient_privilege: a setting only a superuser may set
+			hint = "remove that setting from the database URL, or have an administrator set it for the role or database (ALTER ROLE ... SET)"
 		}
 		return fmt.Sprintf("%s: %s: %s: %s", storage.ErrUnavailable, where, pe.Message, hint), true
 	case errors.As(err, &dns):

@@ -332,6 +332,31 @@ func TestPgBouncerUnknownDatabase(t *testing.T) {
 	require.NotContains(t, err.Error(), "\n")
 }
 
+// TestURLSettingsTheServerRefuses: a parameter of the database URL that
+// the server refuses as a setting is named with what to do about it, not
+// with advice about the user, password and database.
+func TestURLSettingsTheServerRefuses(t *testing.T) {
+	t.Parallel()
+	base := testURL(t)
+	for _, c := range []struct{ param, says, hint string }{
+		{"bogus_param=1", `unrecognized configuration parameter "bogus_param"`, "remove that one, or fix its name"},
+		{"statement_timeout=soon", `invalid value for parameter "statement_timeout": "soon"`, "fix that setting's value in the database URL"},
+	} {
+		u, err := url.Parse(base)
+		require.NoError(t, err)
+		q := u.Query()
+		name, value, _ := strings.Cut(c.param, "=")
+		q.Set(name, value)
+		u.RawQuery = q.Encode()
+		_, err = Open(t.Context(), u.String(), &Config{MaxConns: 1})
+		require.ErrorIs(t, err, storage.ErrUnavailable, c.param)
+		require.NotContains(t, err.Error(), "\n")
+		require.NotContains(t, err.Error(), "check the user, password and database", c.param)
+		require.Contains(t, err.Error(), c.says+": ", c.param)
+		require.Contains(t, err.Error(), c.hint, c.param)
+	}
+}
+
 func TestMissingDatabase(t *testing.T) {
 	t.Parallel()
 	cases := map[string]struct {
