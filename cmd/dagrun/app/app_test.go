@@ -367,6 +367,8 @@ func TestErrorLines(t *testing.T) {
 		{args: []string{"--db", "mysql://localhost/x", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "sqlite:", "list"}, code: app.ExitUsage},
 		{args: []string{"worker", "--queues", " , "}, code: app.ExitUsage},
+		{args: []string{"worker", "--queues", ""}, code: app.ExitUsage},
+		{args: []string{"worker", "--queues", "payments,A B"}, code: app.ExitUsage},
 		{args: []string{"--db", "postgres://u@127.0.0.1:notaport/x", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "postgres://u@127.0.0.1:5432/x?pool_max_conns=abc", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "postgres://u@127.0.0.1:5432/x?pgbouncer=maybe", "list"}, code: app.ExitUsage},

@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
 	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/dag"
 )
 
 func (c *cli) workerCommand() *cobra.Command {
@@ -35,9 +37,14 @@ func (c *cli) workerCommand() *cobra.Command {
 			if config.ShutdownGrace, err = parseDurationFlag("grace", grace, true); err != nil {
 				return err
 			}
-			if queues != "" {
+			if cmd.Flags().Changed("queues") {
 				for _, q := range strings.Split(queues, ",") {
 					if q = strings.TrimSpace(q); q != "" {
+						// A name no workflow could give would wait for
+						// ever (bytes that are not UTF-8 are Validate's).
+						if err := dag.CheckName("queue", q); err != nil && utf8.ValidString(q) {
+							return usageError(fmt.Errorf("--queues: %w", err))
+						}
 						config.Queues = append(config.Queues, q)
 					}
 				}
