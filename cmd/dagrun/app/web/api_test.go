@@ -801,7 +801,23 @@ func TestMetricsQueueGauges(t *testing.T) {
 			`dagrun_steps_stuck{workflow="greet"} 1`,
 			"# TYPE dagrun_queue_steps_ready gauge",
 		)
-		require.NotContains(t, scrape(), "dagrun_steps_unserved{", "no step is ready any more")
+		// No step is ready any more: the series seen stay, at 0.
+		requireAll(scrape(),
+			`dagrun_steps_unserved{handler="echo"} 0`,
+			`dagrun_oldest_unserved_step_age_seconds{handler="echo"} 0`,
+		)
+
+		// Nothing left on the queue: its series stay too, at 0.
+		r := b.do(t, http.MethodPost, "/api/instances/cancel", `{"workflow": "greet"}`)
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+		require.JSONEq(t, `{"count": 2}`, string(r.body))
+		require.Eventually(t, func() bool {
+			return strings.Contains(scrape(), `dagrun_queue_steps_running{queue="default"} 0`)
+		}, 5*time.Second, 10*time.Millisecond)
+		requireAll(scrape(),
+			`dagrun_queue_steps_ready{queue="default"} 0`,
+			`dagrun_queue_steps_stuck{queue="default"} 0`,
+		)
 	})
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"sync"
 	"time"
@@ -183,10 +184,18 @@ func (m *Metrics) handler(logger *slog.Logger) http.Handler {
 // queue (dagrun_queue_steps_*) and per handler no live worker has
 // (dagrun_steps_unserved).
 // The per-queue gauges have names of their own because one metric name
-// carries one label set; a queue appears while it has a ready or running
-// step.
+// carries one label set; a queue appears once it has a ready or running
+// step, a handler once a step of it is unserved, and both stay.
 type storeCollector struct {
 	store storage.Store
+
+	// The queues and handlers a scrape has shown: once a series appeared
+	// it stays, at 0 when the store has nothing for it, as the
+	// per-workflow ones do, so that a graph or an alert sees the value
+	// drop to 0 rather than the series vanish.
+	mu       sync.Mutex
+	queues   map[string]bool
+	handlers map[string]bool
 }
 
 var (
@@ -242,13 +251,33 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, float64(w.WaitingSteps), w.Workflow)
 		ch <- prometheus.MustNewConstMetric(descOldestReady, prometheus.GaugeValue, w.OldestReady.Seconds(), w.Workflow)
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.queues == nil {
+		c.queues, c.handlers = map[string]bool{}, map[string]bool{}
+	}
+	queues := maps.Clone(c.queues)
 	for _, q := range stats.Queues {
 		ch <- prometheus.MustNewConstMetric(descQueueReady, prometheus.GaugeValue, float64(q.Ready), q.Queue)
 		ch <- prometheus.MustNewConstMetric(descQueueRunning, prometheus.GaugeValue, float64(q.Running), q.Queue)
 		ch <- prometheus.MustNewConstMetric(descQueueStuck, prometheus.GaugeValue, float64(q.Stuck), q.Queue)
+		c.queues[q.Queue] = true
+		delete(queues, q.Queue)
 	}
+	for q := range queues {
+		for _, d := range []*prometheus.Desc{descQueueReady, descQueueRunning, descQueueStuck} {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, 0, q)
+		}
+	}
+	handlers := maps.Clone(c.handlers)
 	for _, h := range stats.Unserved {
 		ch <- prometheus.MustNewConstMetric(descUnserved, prometheus.GaugeValue, float64(h.Ready), h.Handler)
 		ch <- prometheus.MustNewConstMetric(descOldestUnserved, prometheus.GaugeValue, h.OldestReady.Seconds(), h.Handler)
+		c.handlers[h.Handler] = true
+		delete(handlers, h.Handler)
+	}
+	for h := range handlers {
+		ch <- prometheus.MustNewConstMetric(descUnserved, prometheus.GaugeValue, 0, h)
+		ch <- prometheus.MustNewConstMetric(descOldestUnserved, prometheus.GaugeValue, 0, h)
 	}
 }
