@@ -119,6 +119,11 @@ type QueueInfo struct {
 	Held int
 	// Running counts claimed steps.
 	Running int
+	// Scheduled counts pending steps that are not due yet: a delayed
+	// start, a retry waiting out its backoff, a start the queue's rate
+	// spaced out. They are not in Ready until their time comes. A paused
+	// instance's steps wait for a resume, not a time, and are in neither.
+	Scheduled int
 	// OldestWait is how long the oldest ready step has waited.
 	OldestWait time.Duration
 }
@@ -134,8 +139,8 @@ type LimitStore interface {
 	// written.
 	SetQueueLimit(ctx context.Context, c QueueLimitChange) (QueueLimit, error)
 
-	// Queues returns every queue with a limit or with ready, held or
-	// running steps, sorted by name.
+	// Queues returns every queue with a limit or with ready, held,
+	// running or scheduled steps, sorted by name.
 	Queues(ctx context.Context) ([]QueueInfo, error)
 }
 
@@ -146,12 +151,23 @@ func (s *Step) Held() bool {
 }
 
 // MergeQueues joins a store's queue limits and queue loads into the
-// answer of Queues: one entry per queue in either, sorted by name.
+// answer of Queues: one entry per queue in either, sorted by name. A queue
+// may have several loads, read by different queries (each through the
+// index that finds its steps): their counts add up.
 func MergeQueues(limits []QueueLimit, loads []QueueInfo) []QueueInfo {
 	byName := make(map[string]*QueueInfo, len(limits)+len(loads))
-	out := append(make([]QueueInfo, 0, len(limits)+len(loads)), loads...)
-	for i := range out {
-		byName[out[i].Queue] = &out[i]
+	out := make([]QueueInfo, 0, len(limits)+len(loads))
+	for _, l := range loads {
+		if q := byName[l.Queue]; q != nil {
+			q.Ready += l.Ready
+			q.Held += l.Held
+			q.Running += l.Running
+			q.Scheduled += l.Scheduled
+			q.OldestWait = max(q.OldestWait, l.OldestWait)
+			continue
+		}
+		out = append(out, l)
+		byName[l.Queue] = &out[len(out)-1]
 	}
 	for _, l := range limits {
 		if q := byName[l.Queue]; q != nil {

@@ -148,6 +148,15 @@ func (s *Store) applyQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, 
 // forEach steps that their caps hold back (cappedSteps).
 const cappedHeld = `coalesce((SELECT sum(greatest(due - room, 0)) FROM (` + cappedSteps + ` AND c.queue = s.queue` + cappedStepsGroup + `) capped), 0)::bigint`
 
+// scheduledSQL counts, by queue, the pending steps that are not due yet:
+// those of steps_delayed, which holds every such step (a step in the claim
+// indexes was due when it was made pending or promoted), so the count
+// reads that index from now on and never the steps due, held (heldAt) or
+// paused (beyond it), nor the finished ones.
+const scheduledSQL = `SELECT queue, count(*) FROM {s}steps
+	WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after > {now} AND run_after < ` + heldAt + `
+	GROUP BY queue`
+
 // Queues implements storage.Store.
 func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {
 	now := s.now()
@@ -183,6 +192,14 @@ func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {
 			)
 			_, err := pgx.ForEachRow(rows, []any{&q.Queue, &q.Ready, &q.Held, &q.Running, &waited}, func() error {
 				q.OldestWait = max(0, time.Duration(waited)*time.Microsecond)
+				loads = append(loads, q)
+				return nil
+			})
+			return err
+		})
+		b.Queue(s.q(scheduledSQL), now).Query(func(rows pgx.Rows) error {
+			var q storage.QueueInfo
+			_, err := pgx.ForEachRow(rows, []any{&q.Queue, &q.Scheduled}, func() error {
 				loads = append(loads, q)
 				return nil
 			})

@@ -540,6 +540,18 @@ func TestReadyStepsReadIndexes(t *testing.T) {
 	}
 }
 
+// TestScheduledStepsReadDelayedIndex: Queues' count of the steps not due
+// yet reads the index of delayed steps, never the table's finished history.
+func TestScheduledStepsReadDelayedIndex(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	fillFinishedHistory(t, s, 5000, false)
+	for mode, plan := range explainPlans(t, s, scheduledSQL, nil) {
+		require.Regexp(t, `Index (Only )?Scan using steps_delayed `, plan, "%s:\n%s", mode, plan)
+		require.NotContains(t, plan, "Seq Scan", "%s:\n%s", mode, plan)
+	}
+}
+
 // TestCrossStoreFanIn: workers on two stores with pools of their own run
 // fan-in workflows concurrently; every step runs once and every join is
 // promoted exactly once, with no deadlock surfacing as an error.

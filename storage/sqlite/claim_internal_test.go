@@ -139,6 +139,23 @@ func TestReadyStepsReadIndexes(t *testing.T) {
 	}
 }
 
+// TestScheduledStepsReadDelayedIndex checks that Queues' count of the
+// steps not due yet reads the index of delayed steps, never the table.
+func TestScheduledStepsReadDelayedIndex(t *testing.T) {
+	t.Parallel()
+	s, err := Open(t.Context(), filepath.Join(t.TempDir(), "dagrun.db"), nil)
+	require.NoError(t, err)
+	defer s.Close()
+	plan := explain(t, s, scheduledSQL, 0)
+	t.Log(plan)
+	require.Contains(t, plan, "steps_delayed")
+	for _, l := range strings.Split(plan, "\n") {
+		if strings.HasPrefix(l, "SCAN steps") || strings.HasPrefix(l, "SEARCH steps") {
+			require.Contains(t, l, " USING ", "reads steps without an index:\n%s", plan)
+		}
+	}
+}
+
 // TestGroupCompleteLooksUpByRowID checks that a group commit finds each
 // step by its primary key rather than scanning.
 func TestGroupCompleteLooksUpByRowID(t *testing.T) {

@@ -214,6 +214,15 @@ func (t *txn) respace(queue string, now, interval int64, due bool) error {
 // forEach steps that their caps hold back (cappedSteps). ?1 is now.
 const cappedHeld = `coalesce((SELECT sum(max(due - room, 0)) FROM (` + cappedSteps + ` AND c.queue = s.queue` + cappedStepsGroup + `)), 0)`
 
+// scheduledSQL counts, by queue, the pending steps that are not due yet
+// (?1 is now): those of steps_delayed, which holds every such step (a step
+// in the claim indexes was due when it was made pending or promoted), so
+// the count reads that index from now on and never the steps due, held
+// (HeldUntil) or paused (beyond it), nor the finished ones.
+const scheduledSQL = `SELECT queue, count(*) FROM steps
+	WHERE status = 'pending' AND promoted = 0 AND run_after > ready_at AND run_after > ?1 AND run_after < ` + heldUS + `
+	GROUP BY queue`
+
 // Queues implements storage.Store.
 func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {
 	now := s.now()
@@ -250,7 +259,7 @@ func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {
 		if err != nil {
 			return err
 		}
-		return eachRow(rows, func(sc scanner) error {
+		if err := eachRow(rows, func(sc scanner) error {
 			var (
 				q      storage.QueueInfo
 				oldest sql.NullInt64
@@ -260,6 +269,20 @@ func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {
 			}
 			if oldest.Valid {
 				q.OldestWait = max(0, now.Sub(fromUS(oldest.Int64)))
+			}
+			loads = append(loads, q)
+			return nil
+		}); err != nil {
+			return err
+		}
+		rows, err = tx.QueryContext(ctx, scheduledSQL, us(now))
+		if err != nil {
+			return err
+		}
+		return eachRow(rows, func(sc scanner) error {
+			var q storage.QueueInfo
+			if err := sc.Scan(&q.Queue, &q.Scheduled); err != nil {
+				return err
 			}
 			loads = append(loads, q)
 			return nil

@@ -501,6 +501,54 @@ var limitTests = map[string]func(*testing.T, *Harness){
 				Ready: 1, Held: 1, Running: 1, OldestWait: 2 * time.Second},
 		}, qs)
 	},
+	"QueuesCountScheduledSteps": func(t *testing.T, h *Harness) {
+		// Steps a rate spaced out, delayed starts and retries waiting out
+		// their backoff are pending but not due: a queue shows them as
+		// scheduled, apart from its depth, until their time comes.
+		b := h.setupLimits(t)
+		limit := storage.QueueLimit{Queue: "q.work", Rate: 1, Per: 10 * time.Second}
+		require.NoError(t, b.setQueueLimit(limit))
+		queues := func() []storage.QueueInfo {
+			t.Helper()
+			qs, err := b.store.Queues(b.ctx)
+			require.NoError(t, err)
+			return qs
+		}
+		var ids []string
+		for range 5 {
+			ids = append(ids, b.createKeyed(keyed("", 0, 0))...)
+		}
+		hour := b.now().Add(time.Hour)
+		b.createKeyed(delayedBy(keyed("", 0, 0), hour))
+		later := b.createKeyed(delayedBy(params(spec("later")), hour))
+		require.Equal(t, []storage.QueueInfo{
+			{QueueLimit: storage.QueueLimit{Queue: "q.later"}, Scheduled: 1},
+			{QueueLimit: limit, Ready: 1, Scheduled: 5},
+		}, queues(), "a queue with only scheduled steps is listed")
+
+		require.Equal(t, ids[:1], b.claimAll())
+		b.clock.Advance(10 * time.Second)
+		require.Equal(t, []storage.QueueInfo{
+			{QueueLimit: storage.QueueLimit{Queue: "q.later"}, Scheduled: 1},
+			{QueueLimit: limit, Ready: 1, Running: 1, Scheduled: 4, OldestWait: 10 * time.Second},
+		}, queues(), "a spaced step, once due, is ready")
+
+		b.clock.Advance(time.Hour)
+		require.Equal(t, []storage.QueueInfo{
+			{QueueLimit: storage.QueueLimit{Queue: "q.later"}, Ready: 1, OldestWait: time.Hour + 10*time.Second},
+			{QueueLimit: limit, Ready: 5, Running: 1, OldestWait: time.Hour + 10*time.Second},
+		}, queues(), "every step is due: none is scheduled")
+
+		// A retry waits out its backoff.
+		got := b.claim(storage.ClaimParams{InstanceID: later[0], Limit: 1, Lease: time.Minute})
+		require.Len(t, got, 1)
+		_, err := b.store.FinishSteps(b.ctx, []storage.StepResult{{Claim: got[0].Claim, Outcome: storage.OutcomeRetry,
+			Error: "boom", RunAfter: b.now().Add(time.Minute)}}, KeyPlan)
+		require.NoError(t, err)
+		require.Equal(t, storage.QueueInfo{QueueLimit: storage.QueueLimit{Queue: "q.later"}, Scheduled: 1}, queues()[0])
+		b.clock.Advance(time.Minute)
+		require.Equal(t, storage.QueueInfo{QueueLimit: storage.QueueLimit{Queue: "q.later"}, Ready: 1, OldestWait: time.Minute}, queues()[0])
+	},
 	"QueueLimitChangeKeepsWhatItDoesNotName": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
 		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Concurrency: 2, Rate: 5, Per: time.Minute}))
