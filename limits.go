@@ -120,8 +120,8 @@ func (e *Engine) ChangeQueueLimit(ctx context.Context, c QueueLimitChange) (Queu
 	return e.store.SetQueueLimit(ctx, c)
 }
 
-// Queues lists every queue with a limit or with ready, held or running
-// steps: depth, running, oldest wait and limits.
+// Queues lists every queue with a limit or with ready, held, running or
+// scheduled steps: depth, held, running, scheduled, oldest wait and limits.
 func (e *Engine) Queues(ctx context.Context) ([]QueueInfo, error) {
 	return e.store.Queues(ctx)
 }

@@ -17,7 +17,7 @@ func (c *cli) queuesCommand() *cobra.Command {
 	var jsonOut bool
 	cmd := &cobra.Command{
 		Use:   "queues",
-		Short: "List the queues: depth (ready steps), held, running, oldest wait and limits",
+		Short: "List the queues: depth (ready steps), held, running, scheduled (pending, not due yet), oldest wait and limits",
 		Args:  exactArgs(0, "queues [--json]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -42,17 +42,18 @@ func (c *cli) queuesCommand() *cobra.Command {
 // writeQueues prints one row per queue.
 func writeQueues(w io.Writer, list []dagrun.QueueInfo) error {
 	if len(list) == 0 {
-		_, err := fmt.Fprintln(w, "No queues: no step is ready or running, and no queue has a limit.")
+		_, err := fmt.Fprintln(w, "No queues: no step is ready, running or scheduled, and no queue has a limit.")
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "QUEUE\tDEPTH\tHELD\tRUNNING\tOLDEST WAIT\tCONCURRENCY\tRATE")
+	fmt.Fprintln(tw, "QUEUE\tDEPTH\tHELD\tRUNNING\tSCHEDULED\tOLDEST WAIT\tCONCURRENCY\tRATE")
 	for _, q := range list {
 		wait := "-"
 		if q.Ready > 0 {
 			wait = q.OldestWait.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\n", q.Queue, q.Ready, q.Held, q.Running, wait, concurrencyText(q.Concurrency), rateText(q.QueueLimit))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", q.Queue, q.Ready, q.Held, q.Running, q.Scheduled, wait,
+			concurrencyText(q.Concurrency), rateText(q.QueueLimit))
 	}
 	return tw.Flush()
 }

@@ -18,16 +18,22 @@ steps:
   - {name: a, handler: echo, queue: mail}
 `
 
+const laterWorkflow = `name: later
+steps:
+  - {name: a, handler: echo, queue: later}
+`
+
 func TestQueueSetAndQueues(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	dir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "limited.yaml"), []byte(limitedWorkflow), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "later.yaml"), []byte(laterWorkflow), 0o644))
 	b.env["DAGRUN_WORKFLOWS"] = dir
 
 	r := b.run(t, "", "queues")
 	require.Equal(t, app.ExitOK, r.code, r.stderr)
-	require.Equal(t, "No queues: no step is ready or running, and no queue has a limit.\n", r.stdout)
+	require.Equal(t, "No queues: no step is ready, running or scheduled, and no queue has a limit.\n", r.stdout)
 
 	r = b.run(t, "", "queue", "set", "mail", "--concurrency", "2", "--rate", "10/s")
 	require.Equal(t, app.ExitOK, r.code, r.stderr)
@@ -40,17 +46,23 @@ func TestQueueSetAndQueues(t *testing.T) {
 		r = b.run(t, "", "start", "limited", "--input", `{"customer": "acme"}`, "--detach")
 		require.Equal(t, app.ExitOK, r.code, r.stderr)
 	}
+	// A delayed start is scheduled, not in the depth, and lists its queue.
+	r = b.run(t, "", "start", "later", "--delay", "1h", "--detach")
+	require.Equal(t, app.ExitOK, r.code, r.stderr)
 	r = b.run(t, "", "queues", "--json")
 	require.Equal(t, app.ExitOK, r.code, r.stderr)
 	var list []view.Queue
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &list))
-	require.Len(t, list, 1)
-	require.Equal(t, view.Queue{Queue: "mail", Depth: 2, Ready: 2, Held: 1, Concurrency: 2, OldestWaitSeconds: list[0].OldestWaitSeconds}, list[0])
+	require.Len(t, list, 2)
+	require.Equal(t, view.Queue{Queue: "later", Scheduled: 1}, list[0])
+	require.Equal(t, view.Queue{Queue: "mail", Depth: 2, Ready: 2, Held: 1, Concurrency: 2, OldestWaitSeconds: list[1].OldestWaitSeconds}, list[1])
+	require.Contains(t, r.stdout, `"scheduled": 1`)
 
 	r = b.run(t, "", "queues")
 	require.Equal(t, app.ExitOK, r.code, r.stderr)
-	require.Regexp(t, `(?m)^QUEUE\s+DEPTH\s+HELD\s+RUNNING\s+OLDEST WAIT\s+CONCURRENCY\s+RATE$`, r.stdout)
-	require.Regexp(t, `(?m)^mail\s+2\s+1\s+0\s+\S+\s+2\s+none$`, r.stdout)
+	require.Regexp(t, `(?m)^QUEUE\s+DEPTH\s+HELD\s+RUNNING\s+SCHEDULED\s+OLDEST WAIT\s+CONCURRENCY\s+RATE$`, r.stdout)
+	require.Regexp(t, `(?m)^later\s+0\s+0\s+0\s+1\s+-\s+none\s+none$`, r.stdout)
+	require.Regexp(t, `(?m)^mail\s+2\s+1\s+0\s+0\s+\S+\s+2\s+none$`, r.stdout)
 
 	for _, tc := range []struct {
 		args []string

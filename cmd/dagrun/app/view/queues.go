@@ -16,6 +16,10 @@ type Queue struct {
 	// Held counts the ready steps a concurrency limit holds back.
 	Held    int `json:"held"`
 	Running int `json:"running"`
+	// Scheduled counts the pending steps not due yet (a delayed start, a
+	// retry's backoff, a start the queue's rate spaced out), which are
+	// not in Depth.
+	Scheduled int `json:"scheduled"`
 	// OldestWaitSeconds is how long the oldest ready step has waited.
 	OldestWaitSeconds float64 `json:"oldestWaitSeconds"`
 	// Concurrency is the most steps of the queue running at once; 0 means
@@ -41,6 +45,7 @@ func NewQueues(list []dagrun.QueueInfo) []Queue {
 			Ready:             q.Ready,
 			Held:              q.Held,
 			Running:           q.Running,
+			Scheduled:         q.Scheduled,
 			OldestWaitSeconds: q.OldestWait.Seconds(),
 			Concurrency:       q.Concurrency,
 		}

@@ -8,7 +8,7 @@ import (
 )
 
 // listQueues is GET /api/queues: every queue with a limit or with ready,
-// held or running steps.
+// held, running or scheduled steps.
 func (s *Server) listQueues(w http.ResponseWriter, r *http.Request) {
 	list, err := s.engine.Queues(r.Context())
 	if err != nil {

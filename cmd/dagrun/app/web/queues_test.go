@@ -56,3 +56,22 @@ func TestQueuesAPI(t *testing.T) {
 		require.Equal(t, http.StatusUnauthorized, b.do(t, http.MethodPost, "/api/queues/mail", `{"concurrency": 0}`).status)
 	})
 }
+
+// TestQueuesAPIScheduled: starts a queue's rate spaced out and delayed
+// starts are scheduled, apart from the depth, rather than nowhere.
+func TestQueuesAPIScheduled(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b, _ := setupScheduled(t, open)
+		r := b.do(t, http.MethodPost, "/api/queues/default", `{"rate": "1/10s"}`)
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+		for range 3 {
+			b.start(t, "nightly", `{}`)
+		}
+		b.start(t, "nightly", `{"delay": "1h"}`)
+		list := decodeQueues(t, b.do(t, http.MethodGet, "/api/queues", ""))
+		require.Len(t, list, 1)
+		require.Equal(t, view.Queue{Queue: "default", Depth: 1, Ready: 1, Scheduled: 3, Rate: &view.Rate{Count: 1, Per: "10s"},
+			OldestWaitSeconds: list[0].OldestWaitSeconds}, list[0])
+	})
+}

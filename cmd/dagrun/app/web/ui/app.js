@@ -1518,7 +1518,7 @@
     append(main, [
       el("div", { class: "page-head" }, el("h1", {}, "Queues")),
       el("div", { class: "card" }, el("table", { id: "queues" },
-        el("thead", {}, el("tr", {}, ["Queue", "Depth", "Held", "Running", "Oldest wait", "Concurrency", "Rate (N/DUR)", ""].map((h) => el("th", {}, h)))),
+        el("thead", {}, el("tr", {}, ["Queue", "Depth", "Held", "Running", "Scheduled", "Oldest wait", "Concurrency", "Rate (N/DUR)", ""].map((h) => el("th", {}, h)))),
         tbody)),
       addForm,
     ]);
@@ -1545,11 +1545,11 @@
       const list = await api("GET", "queues");
       if (gen !== generation) return false;
       for (const q of extra) {
-        if (!list.some((x) => x.queue === q)) list.push({ queue: q, depth: 0, ready: 0, held: 0, running: 0, oldestWaitSeconds: 0, concurrency: 0, rate: null });
+        if (!list.some((x) => x.queue === q)) list.push({ queue: q, depth: 0, ready: 0, held: 0, running: 0, scheduled: 0, oldestWaitSeconds: 0, concurrency: 0, rate: null });
       }
       clear(tbody);
       if (!list.length) {
-        tbody.appendChild(el("tr", {}, el("td", { colspan: 8, class: "empty" }, "No queues: no step is ready or running, and no queue has a limit.")));
+        tbody.appendChild(el("tr", {}, el("td", { colspan: 9, class: "empty" }, "No queues: no step is ready, running or scheduled, and no queue has a limit.")));
       }
       for (const q of list) {
         const concurrency = el("input", { type: "number", min: "0", value: String(q.concurrency), "aria-label": "concurrency of " + q.queue, class: "narrow" });
@@ -1566,6 +1566,7 @@
           el("td", { class: "num" }, String(q.depth)),
           el("td", { class: "num" }, String(q.held)),
           el("td", { class: "num" }, String(q.running)),
+          el("td", { class: "num", title: "pending, not due yet: a delayed start, a retry's backoff, a rate's spacing" }, String(q.scheduled)),
           el("td", { class: "num" }, q.depth ? q.oldestWaitSeconds.toFixed(1) + "s" : "-"),
           el("td", {}, concurrency),
           el("td", {}, rate),
