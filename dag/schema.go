@@ -272,8 +272,43 @@ func leaves(e *jsonschema.ValidationError) []*jsonschema.ValidationError {
 
 // leafMessage is the reason of a leaf without its "at '/x': " prefix.
 func leafMessage(e *jsonschema.ValidationError) string {
+	if _, ok := e.ErrorKind.(*kind.FalseSchema); ok {
+		return falseSchemaMessage(e)
+	}
 	s := e.Error()
 	return strings.TrimPrefix(s, "at "+quotePointer(jsonPointer(e.InstanceLocation))+": ")
+}
+
+// falseSchemaMessage says what a value that met a false schema is: a
+// property or an item the schema does not allow there, which the library
+// words only as "false schema". Where the false schema sits says which.
+func falseSchemaMessage(e *jsonschema.ValidationError) string {
+	name := ""
+	if n := len(e.InstanceLocation); n > 0 {
+		name = e.InstanceLocation[n-1]
+	}
+	// The false schema is the value of a keyword (.../unevaluatedProperties)
+	// or of one entry of it (.../properties/NAME, .../prefixItems/0).
+	_, at, _ := strings.Cut(e.SchemaURL, "#")
+	parts := strings.Split(at, "/")
+	last, entryOf := parts[len(parts)-1], ""
+	if len(parts) > 1 {
+		entryOf = parts[len(parts)-2]
+	}
+	switch {
+	case last == "additionalProperties" || last == "unevaluatedProperties" ||
+		entryOf == "properties" || entryOf == "patternProperties":
+		return fmt.Sprintf("property %s is not allowed", quoteName(name))
+	case last == "items" || last == "additionalItems" || last == "unevaluatedItems" ||
+		entryOf == "prefixItems" || entryOf == "items":
+		return "no item is allowed at index " + name
+	}
+	return "no value is allowed here (its schema is false)"
+}
+
+// quoteName quotes a property name as the library quotes them ('name').
+func quoteName(name string) string {
+	return "'" + strings.ReplaceAll(name, "'", `\'`) + "'"
 }
 
 // quotePointer mirrors how jsonschema quotes locations in its messages.

@@ -307,3 +307,37 @@ func TestBigWholeNumbersKeepTheirDigits(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, `{"big":123456789012345678901234567890,"f":1.5e+300,"max":9223372036854775807,"neg":-99999999999999999999,"u":18446744073709551615}`, jsonOf(t, got))
 }
+
+// TestValidateInputFalseSchemas: a value a false schema refuses (a
+// property unevaluatedProperties or a false property schema forbids, an
+// item past prefixItems) is named as not allowed, not as "false schema".
+func TestValidateInputFalseSchemas(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		schema, input, want string
+	}{
+		{`{type: object, properties: {a: {type: integer}}, unevaluatedProperties: false}`, `{"a": 1, "zzz": 1}`,
+			`at /zzz: property 'zzz' is not allowed`},
+		{`{type: object, properties: {a: {type: integer}, secret: false}}`, `{"secret": "x"}`,
+			`at /secret: property 'secret' is not allowed`},
+		{`{type: object, patternProperties: {"^x-": false}}`, `{"x-debug": 1}`,
+			`at /x-debug: property 'x-debug' is not allowed`},
+		{`{type: array, prefixItems: [{type: string}], items: false}`, `["a", "b"]`,
+			`at /1: no item is allowed at index 1`},
+		{`{type: array, prefixItems: [{type: string}], unevaluatedItems: false}`, `["a", "b"]`,
+			`at /1: no item is allowed at index 1`},
+		{`{type: object, properties: {a: false}}`, `{"a": null}`,
+			`at /a: property 'a' is not allowed`},
+		{`{type: object, properties: {items: false}}`, `{"items": []}`,
+			`at /items: property 'items' is not allowed`},
+		{`{$defs: {closed: {type: object, unevaluatedProperties: false}}, properties: {sub: {$ref: "#/$defs/closed"}}}`, `{"sub": {"x": 1}}`,
+			`at /sub/x: property 'x' is not allowed`},
+		{`{type: object, properties: {a: {type: integer}}, additionalProperties: false}`, `{"b": 1}`,
+			`additional properties 'b' not allowed`},
+		{`{not: {}}`, `1`, `'not' failed`},
+	} {
+		w := mustParse(t, "name: t\ninput: "+tc.schema+"\nsteps:\n  - name: a\n    handler: echo\n")
+		err := w.ValidateInput(decodeJSON(t, tc.input))
+		require.EqualError(t, err, `input does not match the workflow's schema: `+tc.want, "schema %s, input %s", tc.schema, tc.input)
+	}
+}
