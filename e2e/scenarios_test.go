@@ -516,7 +516,7 @@ func TestCancel(t *testing.T) {
 		done := e.startDetached(t, "nap", `{"duration": "0s"}`)
 		res = e.mustRun(t, "retry", pending, "--detach") // re-armed: it runs again
 		require.Equal(t, pending+"\n", res.stdout)
-		require.Equal(t, "running", e.status(t, pending).Status)
+		require.Equal(t, "pending", e.status(t, pending).Status, "no step of it was ever claimed")
 		e.mustRun(t, "cancel", pending)
 		worker := e.spawn(t, "worker", "--poll", "50ms")
 		waitFor(t, 30*time.Second, "the 0s nap to complete", func() bool { return e.status(t, done).Status == "completed" })

@@ -68,11 +68,11 @@ func (s *Store) CancelInstance(ctx context.Context, id, reason string, plan stor
 }
 
 // retrySQL re-arms the failed and cancelled steps of an instance and makes
-// it running again. Re-armed steps start over (attempts, error, timings);
-// the fence is kept so that claims from before stay stale. The forEach
-// steps of $3, which expanded, run again instead: their failed and
-// cancelled items are pending again, their completed ones keep their
-// outputs.
+// it unfinished again (see reviveStatusSQL). Re-armed steps start over
+// (attempts, error, timings); the fence is kept so that claims from before
+// stay stale. The forEach steps of $3, which expanded, run again instead:
+// their failed and cancelled items are pending again, their completed ones
+// keep their outputs.
 const retrySQL = `
 WITH it AS (
 	UPDATE {s}steps SET status = 'pending', attempts = 0, output = NULL, error = '',
@@ -97,8 +97,8 @@ st AS (
 	WHERE instance_id = $2 AND item_index = -1 AND status IN ('failed', 'cancelled') AND NOT name = ANY($3) AND child_id = ''
 ),
 i AS (
-	UPDATE {s}instances SET status = 'running', output = NULL, error = '', finished_at = NULL,
-		started_at = coalesce(started_at, {now}), paused = false
+	UPDATE {s}instances SET status = ` + reviveStatusSQL + `, output = NULL, error = '', finished_at = NULL,
+		paused = false
 	WHERE id = $2
 )
 INSERT INTO {s}events (instance_id, type, at) VALUES ($2, 'instance.retried', {now})`
@@ -203,10 +203,14 @@ func (s *Store) retryOne(ctx context.Context, tx pgx.Tx, st *txState, now *time.
 	}); err != nil {
 		return nil, err
 	}
+	status, err := s.revivedStatus(ctx, tx, id)
+	if err != nil {
+		return nil, err
+	}
 	st.tail.Queue(s.q(retrySQL), now, id, expanded)
 	// The plan sees the state retrySQL leaves, which it runs before
 	// the plan's changes, in the same round trip.
-	l.state.Status = storage.InstanceRunning
+	l.state.Status = status
 	for i := range l.state.Steps {
 		ss := &l.state.Steps[i]
 		rerun := slices.ContainsFunc(children, func(c child) bool { return c.ref.Item < 0 && c.ref.Step == ss.Name })

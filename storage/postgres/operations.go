@@ -43,19 +43,42 @@ UPDATE {s}steps SET status = 'blocked', attempts = 0, input = NULL, output = NUL
 	lease_until = NULL, worker_id = '', deadline = NULL
 WHERE instance_id = $1 AND item_index = -1 AND name = ANY($2)`
 
-// reviveSQL makes a finished instance $2 running again, not paused, with
-// an instance.retried event saying why ($3).
+// reviveStatusSQL is the status an instance that finished takes when it
+// is made to run again: running if it had started, pending if no claim
+// (nor wait or child) ever started it, so that its first claim starts it
+// as it would a new instance, with its instance.started event and its
+// workflow timeout counted from then.
+const reviveStatusSQL = `CASE WHEN started_at IS NULL THEN 'pending' ELSE 'running' END`
+
+// revivedStatusSQL reads the status reviveStatusSQL gives instance $1.
+const revivedStatusSQL = `SELECT ` + reviveStatusSQL + ` FROM {s}instances WHERE id = $1`
+
+// revivedStatus returns the status instance id, locked, takes when it is
+// made to run again: the plan sees it before the revive is written.
+func (s *Store) revivedStatus(ctx context.Context, tx pgx.Tx, id string) (storage.InstanceStatus, error) {
+	var status storage.InstanceStatus
+	err := tx.QueryRow(ctx, s.q(revivedStatusSQL), id).Scan(&status)
+	return status, err
+}
+
+// reviveSQL makes a finished instance $2 unfinished again (see
+// reviveStatusSQL), not paused, with an instance.retried event saying why
+// ($3).
 const reviveSQL = `
 WITH i AS (
-	UPDATE {s}instances SET status = 'running', output = NULL, error = '', finished_at = NULL,
-		started_at = coalesce(started_at, {now}), paused = false
+	UPDATE {s}instances SET status = ` + reviveStatusSQL + `, output = NULL, error = '', finished_at = NULL,
+		paused = false
 	WHERE id = $2
 )
 INSERT INTO {s}events (instance_id, type, message, at) VALUES ($2, 'instance.retried', $3, {now})`
 
 // rerun queues rearmSQL for the steps at indexes of l and reviveSQL for
 // l, which says why (msg), and shows the plan the state they leave.
-func (s *Store) rerun(st *txState, l *loaded, indexes []int, msg string) {
+func (s *Store) rerun(ctx context.Context, tx pgx.Tx, st *txState, l *loaded, indexes []int, msg string) error {
+	status, err := s.revivedStatus(ctx, tx, l.state.ID)
+	if err != nil {
+		return err
+	}
 	var names, signals []string
 	for _, i := range indexes {
 		ss := &l.state.Steps[i]
@@ -70,9 +93,10 @@ func (s *Store) rerun(st *txState, l *loaded, indexes []int, msg string) {
 		st.tail.Queue(s.q(rearmSQL), l.state.ID, names, signals)
 	}
 	st.tail.Queue(s.q(reviveSQL), s.now(), l.state.ID, msg)
-	l.state.Status = storage.InstanceRunning
+	l.state.Status = status
 	// Its onFailure steps run again only if it fails again.
 	s.rearmFailure(st, s.now(), l)
+	return nil
 }
 
 // RetryFrom implements storage.Operator.
@@ -96,7 +120,9 @@ func (s *Store) RetryFrom(ctx context.Context, id, step string, plan storage.Pla
 		if l.index(step) < 0 {
 			return storage.UnknownStepError(id, step, l.state.Steps)
 		}
-		s.rerun(st, l, storage.Rerun(l.state.Steps, -1, storage.Downstream(l.state.Steps, step)), "from "+step)
+		if err := s.rerun(ctx, tx, st, l, storage.Rerun(l.state.Steps, -1, storage.Downstream(l.state.Steps, step)), "from "+step); err != nil {
+			return err
+		}
 		if err := s.planAndApply(st, s.now(), []*loaded{l}, plan); err != nil {
 			return err
 		}
@@ -164,7 +190,9 @@ func (s *Store) SkipStep(ctx context.Context, id, step string, output json.RawMe
 		st.tail.Queue(s.q(skipSQL), s.now(), id, step, output, stepID, storage.SkippedByHand)
 		l.state.Steps[i] = storage.StepState{Name: step, DependsOn: l.state.Steps[i].DependsOn, Status: storage.StepCompleted, Output: output}
 		if instance == storage.InstanceFailed {
-			s.rerun(st, l, storage.Rerun(l.state.Steps, i, nil), "skip of "+step)
+			if err := s.rerun(ctx, tx, st, l, storage.Rerun(l.state.Steps, i, nil), "skip of "+step); err != nil {
+				return err
+			}
 		}
 		if err := s.planAndApply(st, s.now(), []*loaded{l}, plan); err != nil {
 			return err

@@ -82,8 +82,8 @@ func (t *txn) retryOne(id string) ([]string, error) {
 			AND EXISTS (SELECT 1 FROM steps i WHERE i.parent_id = steps.id)`, id); err != nil {
 		return nil, err
 	}
-	if _, err := t.exec(`UPDATE instances SET status = 'running', output = NULL, error = '', finished_at = NULL,
-		started_at = coalesce(started_at, ?), paused = 0 WHERE id = ?`, now, id); err != nil {
+	if _, err := t.exec(`UPDATE instances SET status = `+revivedStatus+`, output = NULL, error = '', finished_at = NULL,
+		paused = 0 WHERE id = ?`, id); err != nil {
 		return nil, err
 	}
 	if err := t.rearmFailure(id); err != nil {

@@ -82,11 +82,19 @@ func indexOf(steps []opStep, name string) int {
 	return -1
 }
 
+// revivedStatus is the status an instance that finished takes when it is
+// made to run again: running if it had started, pending if no claim (nor
+// wait or child) ever started it, so that its first claim starts it as it
+// would a new instance, with its instance.started event and its workflow
+// timeout counted from then.
+const revivedStatus = `CASE WHEN started_at IS NULL THEN 'pending' ELSE 'running' END`
+
 // rerun makes the steps at indexes blocked as if they had never run
 // (attempts, input, output, error and timings cleared, the items of a
 // forEach step deleted, the signal a wait step received forgotten, so that
-// it waits for a new one), and the finished instance running again, not
-// paused, with an instance.retried event saying why (msg).
+// it waits for a new one), and the finished instance unfinished again (see
+// revivedStatus), not paused, with an instance.retried event saying why
+// (msg).
 func (t *txn) rerun(instanceID string, steps []opStep, indexes []int, msg string) error {
 	for _, i := range indexes {
 		s := steps[i]
@@ -108,8 +116,8 @@ func (t *txn) rerun(instanceID string, steps []opStep, indexes []int, msg string
 		}
 	}
 	id := instanceID
-	if _, err := t.exec(`UPDATE instances SET status = 'running', output = NULL, error = '', finished_at = NULL,
-		started_at = coalesce(started_at, ?), paused = 0 WHERE id = ?`, us(t.now), id); err != nil {
+	if _, err := t.exec(`UPDATE instances SET status = `+revivedStatus+`, output = NULL, error = '', finished_at = NULL,
+		paused = 0 WHERE id = ?`, id); err != nil {
 		return err
 	}
 	t.event(id, "", storage.EventInstanceRetried, 0, msg)

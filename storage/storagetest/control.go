@@ -101,7 +101,108 @@ var cancelTests = map[string]func(*testing.T, *Harness){
 	},
 }
 
+// statsCount returns how many instances of workflow Stats counts in
+// status.
+func (b *bundle) statsCount(workflow string, status storage.InstanceStatus) int {
+	b.t.Helper()
+	st, err := b.store.Stats(b.ctx)
+	require.NoError(b.t, err)
+	for _, w := range st.Workflows {
+		if w.Workflow == workflow {
+			return w.Instances[status]
+		}
+	}
+	return 0
+}
+
+// requireStartsAtClaim checks that instance id, the only one of its
+// workflow, made to run again before any of its steps was ever claimed,
+// is pending as a new instance is, and that the claim of its step name
+// starts it as it starts a new one: the reference defines running as "at
+// least one step has been claimed".
+func (b *bundle) requireStartsAtClaim(id, name string) {
+	t := b.t
+	t.Helper()
+	in := b.get(id)
+	require.Equal(t, storage.InstancePending, in.Status, "no step of it was ever claimed")
+	require.Nil(t, in.StartedAt)
+	require.Nil(t, in.FinishedAt)
+	require.Nil(t, in.Deadline, "its workflow timeout counts from its start")
+	require.Empty(t, in.Error)
+	require.Empty(t, events(in, "", storage.EventInstanceStarted))
+	require.Equal(t, 1, b.statsCount(in.Workflow, storage.InstancePending))
+	require.Zero(t, b.statsCount(in.Workflow, storage.InstanceRunning))
+	require.Zero(t, b.statsCount(in.Workflow, storage.InstanceCancelled))
+	b.requireExactCounts("the revival of a never-claimed instance")
+
+	b.clock.Advance(time.Minute)
+	b.claimStep(id, name)
+	in = b.get(id)
+	require.Equal(t, storage.InstanceRunning, in.Status, "its first claim starts it")
+	require.NotNil(t, in.StartedAt)
+	require.True(t, in.StartedAt.Equal(b.now()), "started at the claim, not at the retry: %v", in.StartedAt)
+	require.NotNil(t, in.Deadline)
+	require.True(t, in.Deadline.Equal(b.now().Add(in.Timeout)), "the workflow timeout counts from the claim: %v", in.Deadline)
+	started := events(in, "", storage.EventInstanceStarted)
+	require.Len(t, started, 1)
+	retried := events(in, "", storage.EventInstanceRetried)
+	require.NotEmpty(t, retried)
+	require.Greater(t, started[0].ID, retried[len(retried)-1].ID, "started after the retry")
+	require.Zero(t, b.statsCount(in.Workflow, storage.InstancePending))
+	require.Equal(t, 1, b.statsCount(in.Workflow, storage.InstanceRunning))
+	b.requireExactCounts("the first claim of a revived instance")
+}
+
 var retryTests = map[string]func(*testing.T, *Harness){
+	"NeverClaimedInstanceIsPendingAgain": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		// As started with a delay, then cancelled before its time came.
+		p := params(spec("a"), spec("b", "a"))
+		p.Timeout = time.Hour
+		p.RunAfter = b.now().Add(10 * time.Minute)
+		b.create(p)
+		require.NoError(t, b.store.CancelInstance(b.ctx, p.ID, "not now", Plan))
+		require.Nil(t, b.get(p.ID).StartedAt)
+
+		b.clock.Advance(time.Minute)
+		require.NoError(t, b.store.RetryInstance(b.ctx, p.ID, Plan))
+		in := b.get(p.ID)
+		require.Len(t, events(in, "", storage.EventInstanceRetried), 1)
+		require.Equal(t, storage.StepPending, step(t, in, "a").Status)
+		require.Equal(t, storage.StepBlocked, step(t, in, "b").Status)
+		require.True(t, step(t, in, "a").RunAfter.Equal(p.RunAfter), "it keeps its delayed start")
+		b.clock.Advance(10 * time.Minute)
+		b.requireStartsAtClaim(p.ID, "a")
+	},
+
+	"StartedInstanceIsRunningAgain": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		p := params(spec("a"), spec("b", "a"))
+		p.Timeout = time.Hour
+		b.create(p)
+		b.clock.Advance(time.Minute)
+		b.complete(p.ID, "a", `1`)
+		b.fail(p.ID, "b")
+		failed := b.get(p.ID)
+		require.Equal(t, storage.InstanceFailed, failed.Status)
+		require.NotNil(t, failed.StartedAt)
+
+		b.clock.Advance(time.Minute)
+		require.NoError(t, b.store.RetryInstance(b.ctx, p.ID, Plan))
+		in := b.get(p.ID)
+		require.Equal(t, storage.InstanceRunning, in.Status, "it had started")
+		require.NotNil(t, in.StartedAt)
+		require.True(t, in.StartedAt.Equal(*failed.StartedAt), "it keeps its start")
+		require.Equal(t, 1, b.statsCount(p.Workflow, storage.InstanceRunning))
+		require.Zero(t, b.statsCount(p.Workflow, storage.InstancePending))
+		b.requireExactCounts("the retry of a started instance")
+
+		b.claimStep(p.ID, "b")
+		in = b.get(p.ID)
+		require.Equal(t, storage.InstanceRunning, in.Status)
+		require.Len(t, events(in, "", storage.EventInstanceStarted), 1, "it does not start again")
+	},
+
 	"RearmsFailedAndCancelledSteps": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		a := spec("a")

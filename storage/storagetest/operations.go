@@ -125,6 +125,37 @@ var operationTests = map[string]func(*testing.T, *Harness){
 		require.Empty(t, step(t, in, "x").Error)
 	},
 
+	"RetryFromNeverClaimedInstanceIsPendingAgain": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		p := params(spec("a"), spec("b", "a"))
+		p.Timeout = time.Hour
+		b.create(p)
+		require.NoError(t, b.store.CancelInstance(b.ctx, p.ID, "not now", Plan))
+
+		b.clock.Advance(time.Minute)
+		require.NoError(t, b.op().RetryFrom(b.ctx, p.ID, "a", Plan))
+		in := b.get(p.ID)
+		require.Equal(t, "from a", events(in, "", storage.EventInstanceRetried)[0].Message)
+		require.Equal(t, storage.StepPending, step(t, in, "a").Status)
+		b.requireStartsAtClaim(p.ID, "a")
+	},
+
+	"RetryFromStartedInstanceIsRunningAgain": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(spec("a"), spec("b", "a"))
+		b.claimStep(id, "a")
+		require.NoError(t, b.store.CancelInstance(b.ctx, id, "stop", Plan))
+		startedAt := b.get(id).StartedAt
+		require.NotNil(t, startedAt)
+
+		b.clock.Advance(time.Minute)
+		require.NoError(t, b.op().RetryFrom(b.ctx, id, "a", Plan))
+		in := b.get(id)
+		require.Equal(t, storage.InstanceRunning, in.Status, "it had started")
+		require.True(t, in.StartedAt.Equal(*startedAt), "it keeps its start")
+		b.requireExactCounts("a retry from a step of a started instance")
+	},
+
 	"RetryFromRefusals": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		id := b.createOne(spec("a"), spec("b", "a"))

@@ -358,13 +358,19 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 		b := h.setup(t)
 		plan := callPlan(chainCalls)
 		ids := b.chain(plan)
+		require.Equal(t, storage.InstancePending, b.get(ids[3]).Status, "its leaf was never claimed")
 		require.NoError(t, b.store.CancelInstance(b.ctx, ids[0], "oops", plan))
 		require.NoError(t, b.store.RetryInstance(b.ctx, ids[0], plan))
-		for i, id := range ids {
-			require.Equal(t, storage.InstanceRunning, b.get(id).Status, "depth %d", i)
+		for i, id := range ids[:3] {
+			require.Equal(t, storage.InstanceRunning, b.get(id).Status, "depth %d: started by its workflow step", i)
 		}
+		leaf := b.get(ids[3])
+		require.Equal(t, storage.InstancePending, leaf.Status, "depth 3: never started, so pending again")
+		require.Nil(t, leaf.StartedAt)
 		require.Equal(t, storage.StepPending, b.status(ids[3], "leaf"))
-		b.completeWith(plan, ids[3], "leaf", `1`)
+		c := b.claimStep(ids[3], "leaf")
+		require.Equal(t, storage.InstanceRunning, b.get(ids[3]).Status, "the claim starts it")
+		require.Equal(t, []storage.FinishResult{{Accepted: true}}, b.finishWith(plan, completed(c.Claim, `1`)))
 		require.Equal(t, storage.InstanceCompleted, b.get(ids[0]).Status)
 	},
 

@@ -154,7 +154,7 @@ func TestBulkOperations(t *testing.T) {
 	r = b.do(t, http.MethodPost, "/api/instances/retry", `{"status": "cancelled"}`)
 	require.JSONEq(t, `{"count": 3}`, string(r.body))
 	for _, id := range ids {
-		require.Equal(t, "running", b.status(t, id))
+		require.Equal(t, "pending", b.status(t, id), "no step of it was ever claimed")
 	}
 }
 
