@@ -121,7 +121,9 @@ func (s *Store) queueFailures(st *txState, now *time.Time, c *failureChanges) {
 // rearmFailureSQL readies a retried instance ($2) for another failure: its
 // onFailure steps are blocked again whatever they did (their items gone),
 // its failure is forgotten, and its workflow timeout counts again from
-// the retry. It runs after retrySQL, on the rows that left.
+// the retry, or, for one that never started, from the claim that starts
+// it (startClaimedInstances). It runs after retrySQL, on the rows that
+// left.
 const rearmFailureSQL = `
 WITH d AS (
 	DELETE FROM {s}steps WHERE parent_id IN (
@@ -134,7 +136,7 @@ st AS (
 	WHERE instance_id = $2 AND item_index = -1 AND on_failure AND status <> 'blocked'
 )
 UPDATE {s}instances SET failing = false, failed_step = '',
-	deadline = CASE WHEN timeout_us > 0 THEN {now} + timeout_us * interval '1 microsecond' END
+	deadline = CASE WHEN timeout_us > 0 AND started_at IS NOT NULL THEN {now} + timeout_us * interval '1 microsecond' END
 WHERE id = $2`
 
 // rearmFailure queues rearmFailureSQL and updates l's state as it leaves

@@ -221,7 +221,8 @@ func (t *txn) stopFailing(ids []string) error {
 // rearmFailure readies a retried instance for another failure: its
 // onFailure steps are blocked again whatever they did (they run only if it
 // fails again), its failure is forgotten, and its workflow timeout counts
-// again from the retry.
+// again from the retry, or, for one that never started, from the claim
+// that starts it (startInstances).
 func (t *txn) rearmFailure(id string) error {
 	now := us(t.now)
 	if _, err := t.exec(`DELETE FROM steps WHERE parent_id IN (SELECT id FROM steps WHERE instance_id = ? AND item_index = -1 AND on_failure)`, id); err != nil {
@@ -234,6 +235,6 @@ func (t *txn) rearmFailure(id string) error {
 		return err
 	}
 	_, err := t.exec(`UPDATE instances SET failing = 0, failed_step = '',
-		deadline = CASE WHEN timeout_us > 0 THEN ? + timeout_us END WHERE id = ?`, now, id)
+		deadline = CASE WHEN timeout_us > 0 AND started_at IS NOT NULL THEN ? + timeout_us END WHERE id = ?`, now, id)
 	return err
 }
