@@ -157,6 +157,16 @@ const scheduledSQL = `SELECT queue, count(*) FROM {s}steps
 	WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after > {now} AND run_after < ` + heldAt + `
 	GROUP BY queue`
 
+// queueLoadsSQL counts each queue's ready (held included), held and
+// running steps, and how long its oldest ready step has waited.
+const queueLoadsSQL = `SELECT queue,
+	count(*) FILTER (WHERE status = 'pending' AND (run_after <= {now} OR run_after = ` + heldAt + `)),
+	count(*) FILTER (WHERE status = 'pending' AND run_after = ` + heldAt + `) + ` + cappedHeld + `,
+	count(*) FILTER (WHERE status = 'running' AND (parent_id IS NOT NULL OR NOT for_each)),
+	coalesce((extract(epoch FROM {now} - min(ready_at) FILTER (WHERE status = 'pending'
+		AND (run_after <= {now} OR run_after = ` + heldAt + `))) * 1000000)::bigint, 0)
+FROM {s}steps s WHERE status IN ('pending', 'running') GROUP BY queue ORDER BY queue`
+
 // Queues implements storage.Store.
 func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {
 	now := s.now()
@@ -179,13 +189,7 @@ func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {
 			})
 			return err
 		})
-		b.Queue(s.q(`SELECT queue,
-				count(*) FILTER (WHERE status = 'pending' AND (run_after <= {now} OR run_after = `+heldAt+`)),
-				count(*) FILTER (WHERE status = 'pending' AND run_after = `+heldAt+`) + `+cappedHeld+`,
-				count(*) FILTER (WHERE status = 'running' AND (parent_id IS NOT NULL OR NOT for_each)),
-				coalesce((extract(epoch FROM {now} - min(ready_at) FILTER (WHERE status = 'pending'
-					AND (run_after <= {now} OR run_after = `+heldAt+`))) * 1000000)::bigint, 0)
-			FROM {s}steps s WHERE status IN ('pending', 'running') GROUP BY queue ORDER BY queue`), now).Query(func(rows pgx.Rows) error {
+		b.Queue(s.q(queueLoadsSQL), now).Query(func(rows pgx.Rows) error {
 			var (
 				q      storage.QueueInfo
 				waited int64

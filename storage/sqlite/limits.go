@@ -223,6 +223,15 @@ const scheduledSQL = `SELECT queue, count(*) FROM steps
 	WHERE status = 'pending' AND promoted = 0 AND run_after > ready_at AND run_after > ?1 AND run_after < ` + heldUS + `
 	GROUP BY queue`
 
+// queueLoadsSQL counts each queue's ready (held included), held and
+// running steps, and when its oldest ready step was made ready. ?1 is now.
+const queueLoadsSQL = `SELECT queue,
+	count(*) FILTER (WHERE status = 'pending' AND (run_after <= ?1 OR run_after = ` + heldUS + `)),
+	count(*) FILTER (WHERE status = 'pending' AND run_after = ` + heldUS + `) + ` + cappedHeld + `,
+	count(*) FILTER (WHERE status = 'running' AND (parent_id IS NOT NULL OR for_each = 0)),
+	min(ready_at) FILTER (WHERE status = 'pending' AND (run_after <= ?1 OR run_after = ` + heldUS + `))
+FROM steps s WHERE status IN ('pending', 'running') GROUP BY queue ORDER BY queue`
+
 // Queues implements storage.Store.
 func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {
 	now := s.now()
@@ -250,12 +259,7 @@ func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {
 		}); err != nil {
 			return err
 		}
-		rows, err = tx.QueryContext(ctx, `SELECT queue,
-				count(*) FILTER (WHERE status = 'pending' AND (run_after <= ?1 OR run_after = `+heldUS+`)),
-				count(*) FILTER (WHERE status = 'pending' AND run_after = `+heldUS+`) + `+cappedHeld+`,
-				count(*) FILTER (WHERE status = 'running' AND (parent_id IS NOT NULL OR for_each = 0)),
-				min(ready_at) FILTER (WHERE status = 'pending' AND (run_after <= ?1 OR run_after = `+heldUS+`))
-			FROM steps s WHERE status IN ('pending', 'running') GROUP BY queue ORDER BY queue`, us(now))
+		rows, err = tx.QueryContext(ctx, queueLoadsSQL, us(now))
 		if err != nil {
 			return err
 		}
