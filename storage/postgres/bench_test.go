@@ -135,6 +135,13 @@ func BenchmarkStats(b *testing.B) {
 	}
 }
 
+// BenchmarkQueues measures Queues with 200,000 finished steps in the
+// schema: DAGRUN_TEST_POSTGRES=... go test -run '^$' -bench Queues ./storage/postgres
+func BenchmarkQueues(b *testing.B) {
+	storagetest.BenchmarkQueues(b, func(b *testing.B) storage.Store { return openTestStore(b, nil) },
+		func(b *testing.B, s storage.Store, n int) { fillFinishedHistory(b, s.(*Store), n, false) })
+}
+
 // BenchmarkGetInstance reads an instance with 10 and with 100,000 events:
 // DAGRUN_TEST_POSTGRES=... go test -run '^$' -bench 'GetInstance|FollowPoll' -benchmem ./storage/postgres
 func BenchmarkGetInstance(b *testing.B) {

@@ -144,10 +144,6 @@ func (s *Store) applyQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, 
 	return exec(`SELECT {s}limits_release_queue($2, {now})`, now, l.Queue)
 }
 
-// cappedHeld counts, for Queues' queue s.queue, the due items of capped
-// forEach steps that their caps hold back (cappedSteps).
-const cappedHeld = `coalesce((SELECT sum(greatest(due - room, 0)) FROM (` + cappedSteps + ` AND c.queue = s.queue` + cappedStepsGroup + `) capped), 0)::bigint`
-
 // scheduledSQL counts, by queue, the pending steps that are not due yet:
 // those of steps_delayed, which holds every such step (a step in the claim
 // indexes was due when it was made pending or promoted), so the count
@@ -158,14 +154,40 @@ const scheduledSQL = `SELECT queue, count(*) FROM {s}steps
 	GROUP BY queue`
 
 // queueLoadsSQL counts each queue's ready (held included), held and
-// running steps, and how long its oldest ready step has waited.
-const queueLoadsSQL = `SELECT queue,
-	count(*) FILTER (WHERE status = 'pending' AND (run_after <= {now} OR run_after = ` + heldAt + `)),
-	count(*) FILTER (WHERE status = 'pending' AND run_after = ` + heldAt + `) + ` + cappedHeld + `,
-	count(*) FILTER (WHERE status = 'running' AND (parent_id IS NOT NULL OR NOT for_each)),
-	coalesce((extract(epoch FROM {now} - min(ready_at) FILTER (WHERE status = 'pending'
-		AND (run_after <= {now} OR run_after = ` + heldAt + `))) * 1000000)::bigint, 0)
-FROM {s}steps s WHERE status IN ('pending', 'running') GROUP BY queue ORDER BY queue`
+// running steps, and how long its oldest ready step has waited. Each
+// branch reads one partial index of unfinished steps whole (the claims',
+// the delayed steps' less the capped items, the capped items', the
+// running steps'), so that the cost follows the unfinished steps and not
+// the finished history; see TestQueuesReadIndexes. Every pending or
+// running step is in exactly one of them, so a queue with any is listed,
+// even when all its counts are 0 (a paused instance's steps, a forEach
+// step running its items). The capped items' index is read again for
+// those their caps hold back.
+const queueLoadsSQL = `SELECT queue, sum(ready)::bigint, sum(held)::bigint, sum(running)::bigint,
+	coalesce((extract(epoch FROM {now} - min(oldest)) * 1000000)::bigint, 0)
+FROM (
+	SELECT queue, ` + queuePendingLoad + ` FROM {s}steps
+	WHERE status = 'pending' AND item_concurrency = 0 AND (promoted OR run_after <= ready_at) GROUP BY queue
+	UNION ALL
+	SELECT queue, ` + queuePendingLoad + ` FROM {s}steps
+	WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND item_concurrency = 0 GROUP BY queue
+	UNION ALL
+	SELECT queue, ` + queuePendingLoad + ` FROM {s}steps
+	WHERE status = 'pending' AND item_concurrency > 0 GROUP BY queue
+	UNION ALL
+	SELECT queue, 0, sum(greatest(due - room, 0)), 0, NULL FROM (` + cappedSteps + cappedStepsGroup + `) capped GROUP BY queue
+	UNION ALL
+	SELECT queue, 0, 0, count(*) FILTER (WHERE parent_id IS NOT NULL OR NOT for_each), NULL FROM {s}steps
+	WHERE status = 'running' GROUP BY queue
+) loads GROUP BY queue ORDER BY queue`
+
+// queuePendingLoad is what queueLoadsSQL counts of a queue's pending
+// steps: those due or held (a paused instance's are beyond heldAt), the
+// held ones, none running, and when the oldest due or held one was made
+// ready.
+const queuePendingLoad = `count(*) FILTER (WHERE run_after <= {now} OR run_after = ` + heldAt + `) AS ready,
+	count(*) FILTER (WHERE run_after = ` + heldAt + `) AS held, 0 AS running,
+	min(ready_at) FILTER (WHERE run_after <= {now} OR run_after = ` + heldAt + `) AS oldest`
 
 // Queues implements storage.Store.
 func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {

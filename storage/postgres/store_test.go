@@ -413,7 +413,7 @@ func explainPlans(t *testing.T, s *Store, query string, args ...any) map[string]
 // completed steps each (and, with events, a step.completed event per
 // step), then analyzes the tables: the history a busy store's statements
 // must not walk.
-func fillFinishedHistory(t *testing.T, s *Store, n int, events bool) {
+func fillFinishedHistory(t testing.TB, s *Store, n int, events bool) {
 	t.Helper()
 	statements := []string{`
 		INSERT INTO {s}instances (id, workflow, definition_hash, status, run_after, created_at, finished_at)
@@ -549,6 +549,41 @@ func TestScheduledStepsReadDelayedIndex(t *testing.T) {
 	for mode, plan := range explainPlans(t, s, scheduledSQL, nil) {
 		require.Regexp(t, `Index (Only )?Scan using steps_delayed `, plan, "%s:\n%s", mode, plan)
 		require.NotContains(t, plan, "Seq Scan", "%s:\n%s", mode, plan)
+	}
+}
+
+// TestQueuesReadIndexes: Queues' counts of ready, held and running steps
+// read the partial indexes of unfinished steps, for custom and generic
+// plans, never the table's finished history. An index of every step (the
+// primary key, steps_instance) read whole is a scan of the history too;
+// the items' indexes serve only the lookup of a capped step's running
+// items by parent_id.
+func TestQueuesReadIndexes(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	fillFinishedHistory(t, s, 5000, false)
+	scan := regexp.MustCompile(`(Seq Scan on \w+|Index (?:Only )?Scan(?: Backward)? using (\w+) on steps|Bitmap Index Scan on (\w+))`)
+	unfinished := map[string]bool{"steps_ready": true, "steps_ready_queue": true, "steps_ready_capped": true,
+		"steps_delayed": true, "steps_running_lease": true}
+	for mode, plan := range explainPlans(t, s, queueLoadsSQL, nil) {
+		lines := strings.Split(plan, "\n")
+		for i, l := range lines {
+			m := scan.FindStringSubmatch(l)
+			if m == nil {
+				continue
+			}
+			index := m[2] + m[3]
+			require.NotEmpty(t, index, "%s reads a table whole:\n%s", mode, plan)
+			if unfinished[index] {
+				continue
+			}
+			require.Regexp(t, `^steps_items`, index, "%s reads %s, an index of finished steps too:\n%s", mode, index, plan)
+			require.Less(t, i+1, len(lines), "%s:\n%s", mode, plan)
+			require.Contains(t, lines[i+1], "Index Cond: ((parent_id = ", "%s reads %s beyond one step's items:\n%s", mode, index, plan)
+		}
+		for _, index := range []string{"steps_delayed", "steps_ready_capped", "steps_running_lease"} {
+			require.Contains(t, plan, index, "%s:\n%s", mode, plan)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/storagetest"
 )
 
 func explain(t *testing.T, s *Store, q string, args ...any) string {
@@ -154,6 +156,65 @@ func TestScheduledStepsReadDelayedIndex(t *testing.T) {
 			require.Contains(t, l, " USING ", "reads steps without an index:\n%s", plan)
 		}
 	}
+}
+
+// fillFinishedHistory inserts n finished instances with 4 completed steps
+// each, then analyzes the file: the history a busy store's statements must
+// not walk.
+func fillFinishedHistory(t testing.TB, s *Store, n int) {
+	t.Helper()
+	_, err := s.w.ExecContext(t.Context(), `INSERT OR IGNORE INTO definitions (hash, workflow, source) VALUES ('h', 'wf', 'x');
+		WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < ?1)
+		INSERT INTO instances (id, workflow, definition_hash, status, run_after, created_at, started_at, finished_at)
+		SELECT printf('old-%08d', i), 'wf', 'h', 'completed', i, i, i, i + 1 FROM c;
+		WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < ?1), p(p) AS (VALUES (0), (1), (2), (3))
+		INSERT INTO steps (instance_id, position, name, handler, queue, workflow, priority, status, max_attempts,
+			run_after, ready_at, started_at, finished_at)
+		SELECT printf('old-%08d', i), p, 's' || p, 'h', 'default', 'wf', 0, 'completed', 1, i, i, i, i + 1 FROM c, p;
+		ANALYZE`, n, n) // each statement takes its own arguments
+	require.NoError(t, err)
+}
+
+// TestQueuesReadIndexes checks that Queues' counts of ready, held and
+// running steps read the indexes of unfinished steps, never the table's
+// finished history. The items' indexes serve only the lookup of a capped
+// step's running items by parent_id.
+func TestQueuesReadIndexes(t *testing.T) {
+	t.Parallel()
+	s, err := Open(t.Context(), filepath.Join(t.TempDir(), "dagrun.db"), nil)
+	require.NoError(t, err)
+	defer s.Close()
+	fillFinishedHistory(t, s, 5000)
+	plan := explain(t, s, queueLoadsSQL, 0)
+	t.Log(plan)
+	// Every table the statement reads is steps, under one alias or another.
+	read := regexp.MustCompile(`^(SCAN|SEARCH) \w+`)
+	for _, l := range strings.Split(plan, "\n") {
+		if !read.MatchString(l) {
+			continue
+		}
+		require.Contains(t, l, " USING ", "reads steps without an index:\n%s", plan)
+		if strings.Contains(l, "steps_items") {
+			require.Regexp(t, `^SEARCH \w+ USING (COVERING )?INDEX steps_items\w* \(parent_id=`, l, "reads items beyond one step's:\n%s", plan)
+			continue
+		}
+		require.Regexp(t, ` INDEX (steps_ready|steps_ready_queue|steps_delayed|steps_capped_pending|steps_running_lease)\b`, l,
+			"reads an index of finished steps too:\n%s", plan)
+	}
+	for _, index := range []string{"steps_ready_queue", "steps_delayed", "steps_capped_pending", "steps_running_lease"} {
+		require.Contains(t, plan, index)
+	}
+}
+
+// BenchmarkQueues measures Queues with 200,000 finished steps in the
+// file: go test -run '^$' -bench Queues ./storage/sqlite
+func BenchmarkQueues(b *testing.B) {
+	storagetest.BenchmarkQueues(b, func(b *testing.B) storage.Store {
+		s, err := Open(b.Context(), filepath.Join(b.TempDir(), "dagrun.db"), nil)
+		require.NoError(b, err)
+		b.Cleanup(func() { require.NoError(b, s.Close()) })
+		return s
+	}, func(b *testing.B, s storage.Store, n int) { fillFinishedHistory(b, s.(*Store), n) })
 }
 
 // TestGroupCompleteLooksUpByRowID checks that a group commit finds each

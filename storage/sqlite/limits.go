@@ -210,10 +210,6 @@ func (t *txn) respace(queue string, now, interval int64, due bool) error {
 	return err
 }
 
-// cappedHeld counts, for Queues' queue s.queue, the due items of capped
-// forEach steps that their caps hold back (cappedSteps). ?1 is now.
-const cappedHeld = `coalesce((SELECT sum(max(due - room, 0)) FROM (` + cappedSteps + ` AND c.queue = s.queue` + cappedStepsGroup + `)), 0)`
-
 // scheduledSQL counts, by queue, the pending steps that are not due yet
 // (?1 is now): those of steps_delayed, which holds every such step (a step
 // in the claim indexes was due when it was made pending or promoted), so
@@ -224,13 +220,35 @@ const scheduledSQL = `SELECT queue, count(*) FROM steps
 	GROUP BY queue`
 
 // queueLoadsSQL counts each queue's ready (held included), held and
-// running steps, and when its oldest ready step was made ready. ?1 is now.
-const queueLoadsSQL = `SELECT queue,
-	count(*) FILTER (WHERE status = 'pending' AND (run_after <= ?1 OR run_after = ` + heldUS + `)),
-	count(*) FILTER (WHERE status = 'pending' AND run_after = ` + heldUS + `) + ` + cappedHeld + `,
-	count(*) FILTER (WHERE status = 'running' AND (parent_id IS NOT NULL OR for_each = 0)),
-	min(ready_at) FILTER (WHERE status = 'pending' AND (run_after <= ?1 OR run_after = ` + heldUS + `))
-FROM steps s WHERE status IN ('pending', 'running') GROUP BY queue ORDER BY queue`
+// running steps, and when its oldest ready step was made ready (?1 is
+// now). Each branch reads one partial index of unfinished steps whole (the
+// claims', which hold the capped items too, the delayed steps', the
+// running steps'), so that the cost follows the unfinished steps and not
+// the finished history; see TestQueuesReadIndexes. Every pending or
+// running step is in exactly one of them, so a queue with any is listed,
+// even when all its counts are 0 (a paused instance's steps, a forEach
+// step running its items). The items their caps hold back are counted
+// from the capped items' index.
+const queueLoadsSQL = `SELECT queue, sum(ready), sum(held), sum(running), min(oldest) FROM (
+	SELECT queue, ` + queuePendingLoad + ` FROM steps
+	WHERE status = 'pending' AND ` + readyTerm + ` GROUP BY queue
+	UNION ALL
+	SELECT queue, ` + queuePendingLoad + ` FROM steps
+	WHERE status = 'pending' AND promoted = 0 AND run_after > ready_at GROUP BY queue
+	UNION ALL
+	SELECT queue, 0, sum(max(due - room, 0)), 0, NULL FROM (` + cappedSteps + cappedStepsGroup + `) GROUP BY queue
+	UNION ALL
+	SELECT queue, 0, 0, count(*) FILTER (WHERE parent_id IS NOT NULL OR for_each = 0), NULL FROM steps
+	WHERE status = 'running' GROUP BY queue
+) GROUP BY queue ORDER BY queue`
+
+// queuePendingLoad is what queueLoadsSQL counts of a queue's pending
+// steps: those due or held (a paused instance's are beyond heldUS), the
+// held ones, none running, and when the oldest due or held one was made
+// ready.
+const queuePendingLoad = `count(*) FILTER (WHERE run_after <= ?1 OR run_after = ` + heldUS + `) AS ready,
+	count(*) FILTER (WHERE run_after = ` + heldUS + `) AS held, 0 AS running,
+	min(ready_at) FILTER (WHERE run_after <= ?1 OR run_after = ` + heldUS + `) AS oldest`
 
 // Queues implements storage.Store.
 func (s *Store) Queues(ctx context.Context) ([]storage.QueueInfo, error) {

@@ -295,3 +295,34 @@ func BenchmarkFollowPoll(b *testing.B, newStore func(b *testing.B) storage.Store
 		})
 	}
 }
+
+// FinishedFiller adds n finished instances of four completed steps each
+// the fastest way a backend has (a benchmark's setup, not something the
+// store offers).
+type FinishedFiller func(b *testing.B, s storage.Store, n int)
+
+// BenchmarkQueues measures Queues (what dagrun queues and the web UI's
+// Queues page read) with 200,000 finished steps and a few ready and
+// running ones: the read must cost the same whatever the history's
+// length.
+func BenchmarkQueues(b *testing.B, newStore func(b *testing.B) storage.Store, fill FinishedFiller) {
+	s := newStore(b)
+	fill(b, s, 50_000)
+	ps := make([]storage.CreateParams, 20)
+	for i := range ps {
+		ps[i] = params(spec("a"))
+	}
+	_, err := s.CreateInstances(b.Context(), nil, ps, Plan)
+	require.NoError(b, err)
+	claimed, err := s.ClaimSteps(b.Context(), storage.ClaimParams{WorkerID: "w", Limit: 5, Lease: time.Hour})
+	require.NoError(b, err)
+	require.Len(b, claimed, 5)
+	b.ResetTimer()
+	for range b.N {
+		qs, err := s.Queues(b.Context())
+		require.NoError(b, err)
+		require.Len(b, qs, 1)
+		require.Equal(b, 15, qs[0].Ready)
+		require.Equal(b, 5, qs[0].Running)
+	}
+}
