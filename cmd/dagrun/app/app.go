@@ -331,19 +331,9 @@ func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
 		// read is seen as one (watchWorkflows).
 		c.loadedFolder = folderFingerprint(c.workflowsDir)
 	}
-	workflows, loadErr := c.loadWorkflows(ctx)
-	var invalid map[string]error
-	if loadErr != nil {
-		var list dag.ErrorList
-		if !errors.As(loadErr, &list) {
-			return nil, loadErr
-		}
-		// Bad files do not stop the others from being used; a process that
-		// runs on says so once, and a start of one says why it is refused.
-		if c.longRunning {
-			c.logger.Warn("some workflow files have errors; run `dagrun validate` for details", slog.Int("errors", len(list)))
-		}
-		invalid = invalidByName(list, workflows)
+	workflows, invalid, err := c.loadCatalog(ctx)
+	if err != nil {
+		return nil, err
 	}
 	store, err := openStore(ctx, c.db, c.dbSchema, c.logger, c.conns)
 	if err != nil {
@@ -371,6 +361,26 @@ func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
 		config.TracerProvider = tp
 	}
 	return dagrun.New(store, c.registry, config)
+}
+
+// loadCatalog reads the workflows folder: the workflows that load, and
+// the errors of the files that do not, by workflow name. Bad files do not
+// stop the others from being used; a process that runs on says so once
+// per read, and a start of one says why it is refused. Any other error
+// (the folder cannot be read) is returned.
+func (c *cli) loadCatalog(ctx context.Context) ([]*dag.Workflow, map[string]error, error) {
+	workflows, err := c.loadWorkflows(ctx)
+	if err == nil {
+		return workflows, nil, nil
+	}
+	var list dag.ErrorList
+	if !errors.As(err, &list) {
+		return nil, nil, err
+	}
+	if c.longRunning {
+		c.logger.Warn("some workflow files have errors; run `dagrun validate` for details", slog.Int("errors", len(list)))
+	}
+	return workflows, invalidByName(list, workflows), nil
 }
 
 // invalidByName groups a folder's load errors by the workflow each file is

@@ -33,8 +33,9 @@ const (
 // removed is started (API, scheduler) as the folder has it now, without
 // a restart, as one-shot commands always read the folder afresh. Running
 // instances keep the definition they started with. A file with errors is
-// refused as at start, and the rest still load; a folder that cannot be
-// read keeps the workflows already loaded. changed runs after each reload
+// refused as at start, and the rest still load; a folder removed leaves
+// no workflow, as at start, and one that cannot be read keeps the
+// workflows already loaded. changed runs after each reload
 // that changed a workflow. It returns when ctx ends.
 func (c *cli) watchWorkflows(ctx context.Context, engine *dagrun.Engine, changed func()) {
 	dir := c.workflowsDir
@@ -57,18 +58,14 @@ func (c *cli) watchWorkflows(ctx context.Context, engine *dagrun.Engine, changed
 				settled = true
 			}
 		}
-		workflows, err := dag.LoadDir(dir, &dag.ParseOptions{HandlerExists: c.registry.Has})
-		var invalid map[string]error
-		if err != nil {
-			var list dag.ErrorList
-			if !errors.As(err, &list) {
-				c.logger.Warn("workflows folder not reloaded; the workflows loaded before stay", "folder", dir, slog.Any("error", err))
-				continue
-			}
-			c.logger.Warn("some workflow files have errors; run `dagrun validate` for details", slog.Int("errors", len(list)))
-			invalid = invalidByName(list, workflows)
+		workflows, invalid, err := c.loadCatalog(ctx)
+		if err == nil {
+			err = engine.SetWorkflows(workflows, invalid)
 		}
-		if err := engine.SetWorkflows(workflows, invalid); err != nil {
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
 			c.logger.Warn("workflows folder not reloaded; the workflows loaded before stay", "folder", dir, slog.Any("error", err))
 			continue
 		}
