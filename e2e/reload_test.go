@@ -50,6 +50,10 @@ func TestServeFollowsTheWorkflowsFolder(t *testing.T) {
 
 	require.NoError(t, os.WriteFile(path, []byte(freshYAML("first", "1")), 0o644))
 	first := workflow(http.StatusOK, "first")
+	require.Eventually(t, func() bool {
+		_, metrics := apiCall(t, http.MethodGet, base+"/metrics", "")
+		return strings.Contains(metrics, `dagrun_instances_started_total{workflow="fresh"} 0`)
+	}, 30*time.Second, 20*time.Millisecond, "the added workflow's series start at zero")
 	resp, body = apiCall(t, http.MethodPost, base+"/api/workflows/fresh/instances", `{"input": {}}`)
 	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
 	var started instance

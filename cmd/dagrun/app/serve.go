@@ -111,11 +111,14 @@ func (c *cli) serve(ctx context.Context, addr string, auth web.Config, certs *se
 	if err != nil {
 		return err
 	}
-	names := make([]string, 0)
-	for _, w := range engine.Workflows() {
-		names = append(names, w.Name)
+	// The per-workflow series start at zero, those of workflows added to
+	// the folder later too.
+	initMetrics := func() {
+		for _, w := range engine.Workflows() {
+			metrics.InitWorkflows(w.Name)
+		}
 	}
-	metrics.InitWorkflows(names...)
+	initMetrics()
 	handler, err := web.NewServer(engine, &web.Config{Token: auth.Token, Tokens: auth.Tokens, Logger: c.logger, Metrics: metrics})
 	if err != nil {
 		return err
@@ -175,9 +178,7 @@ func (c *cli) serve(ctx context.Context, addr string, auth web.Config, certs *se
 	defer scheduler.Stop()
 	stopFollowing := c.followWorkflowsFolder(ctx, engine, func() {
 		scheduler.Restart()
-		for _, w := range engine.Workflows() {
-			metrics.InitWorkflows(w.Name)
-		}
+		initMetrics()
 	})
 	defer stopFollowing()
 	serveDone := make(chan error, 1)
@@ -191,7 +192,7 @@ func (c *cli) serve(ctx context.Context, addr string, auth web.Config, certs *se
 		go func() { serveDone <- server.Serve(ln) }()
 	}
 	c.logger.Info("dagrun serve listening", "url", scheme+"://"+ln.Addr().String()+"/",
-		"workflows", len(names), "worker", withWorker, "token", auth.Token != "" || len(auth.Tokens) > 0)
+		"workflows", len(engine.Workflows()), "worker", withWorker, "token", auth.Token != "" || len(auth.Tokens) > 0)
 
 	// The worker stops by itself only when its database is lost; serving
 	// then stops too, so the process exits with the worker's error instead
