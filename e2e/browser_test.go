@@ -266,6 +266,9 @@ func TestBrowserLivePage(t *testing.T) {
 		}
 		apiClient.call(t, http.MethodPost, "/api/workflows/slow/instances", `{"input": {"url": "`+upstream.URL+path+`"}}`, http.StatusCreated, &started)
 		require.Eventually(t, func() bool { return apiClient.stepStatus(t, started.ID, "wait") == "running" }, 15*time.Second, 50*time.Millisecond)
+		// quick has no dependencies: waiting for it makes the counts a
+		// cancel leaves behind known (one completed, five cancelled).
+		require.Eventually(t, func() bool { return apiClient.stepStatus(t, started.ID, "quick") == "completed" }, 15*time.Second, 50*time.Millisecond)
 		return started.ID
 	}
 	running := startSlow("/release")
