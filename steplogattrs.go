@@ -169,7 +169,10 @@ func appendJSONValue(buf []byte, v slog.Value) []byte {
 	case slog.KindBool:
 		return strconv.AppendBool(buf, v.Bool())
 	case slog.KindDuration:
-		return strconv.AppendInt(buf, int64(v.Duration()), 10)
+		// As text ("1.5s"), as slog's text handler writes it: read in
+		// `dagrun logs` and the UI, nanoseconds are a number to count
+		// digits of. time.ParseDuration reads it back.
+		return storage.AppendJSONString(buf, v.Duration().String())
 	case slog.KindTime:
 		buf = append(buf, '"')
 		buf = v.Time().AppendFormat(buf, time.RFC3339Nano)
