@@ -433,8 +433,8 @@ func undoLastMigration(t *testing.T, schema string) {
 	last := ms[len(ms)-1]
 	var undo string
 	switch last.Version {
-	case 25: // one function replaced: its previous version again
-		undo = replacingFunction(t, ms, 10, "limits_release_step")
+	case 26: // one function replaced: its previous version again
+		undo = replacingFunction(t, ms, 20, "limits_instance_release")
 	default:
 		t.Fatalf("undoLastMigration does not know how to undo %s", last.Name)
 	}

@@ -243,6 +243,40 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		b.complete(more[0])
 		require.Equal(t, later, b.claimAll())
 	},
+	"HeldInstanceIsAdmittedByAFinishWhoseClockIsBehind": func(t *testing.T, h *Harness) {
+		// A held instance whose time has come (it was not delayed, or its
+		// delayed start fell due while the key was full) is admitted by
+		// the next finish of its key, whatever time that finish reads: a
+		// worker's clock may be behind the creator's, and on PostgreSQL a
+		// finish reads the time as its transaction begins, before an
+		// instance created meanwhile commits. Left held, it waited for the
+		// next finish of its key, which might never come.
+		b := h.setupLimits(t)
+		first := b.createKeyed(keyed("a", 1, 0))
+		require.Equal(t, first, b.claimAll())
+		b.clock.Advance(time.Minute)
+		next := b.createKeyed(keyed("a", 1, 0))
+		delayed := b.createKeyed(delayedBy(keyed("a", 1, 0), b.now().Add(time.Minute)))
+		b.clock.Advance(time.Minute)
+		require.Empty(t, b.claimAll(), "the key is full")
+		require.True(t, b.held(next[0]))
+		require.True(t, b.held(delayed[0]), "the delayed instance fell due while the key was full")
+
+		b.clock.Advance(-2*time.Minute - time.Second) // a finish by a clock behind
+		b.complete(first[0])
+		require.False(t, b.held(next[0]), "the finish left the instance created before it held")
+		require.True(t, b.held(delayed[0]))
+		b.clock.Advance(2*time.Minute + time.Second)
+		require.Equal(t, next, b.claimAll())
+
+		b.clock.Advance(-time.Minute - time.Second)
+		b.complete(next[0])
+		require.False(t, b.held(delayed[0]), "the finish left the instance that fell due before it held")
+		b.clock.Advance(time.Minute + time.Second)
+		require.Equal(t, delayed, b.claimAll())
+		// DelayedInstanceIsAdmittedWhenDue: one whose time has not come by
+		// any clock is still not admitted by a finish.
+	},
 	"InstanceKeyCountsOneCallsOwnInstances": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
 		ids := b.createKeyed(keyed("a", 2, 0), keyed("a", 2, 0), keyed("a", 2, 0), keyed("a", 2, 0))
