@@ -305,11 +305,18 @@ func (s *Store) queueHandoff(st *txState, now *time.Time, sc *stepChanges) {
 			claimed       []storage.ClaimedStep
 			changed       int
 			planned, took bool
+			left          map[stepRef]string // the handlers of the changed steps the claim left
 		)
 		_, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (struct{}, error) {
 			c, err := scanClaimedAfter(row, &planned, &took)
 			if planned {
 				changed++
+				if !took {
+					if left == nil {
+						left = make(map[stepRef]string)
+					}
+					left[stepRef{c.InstanceID, c.Step}] = c.Handler
+				}
 			}
 			if took {
 				claimed = append(claimed, c)
@@ -325,8 +332,13 @@ func (s *Store) queueHandoff(st *txState, now *time.Time, sc *stepChanges) {
 			return fmt.Errorf("applying plans changed %d steps, want %d", changed, n)
 		}
 		*h.into, st.claimed = claimed, claimed
-		// A settled hand-off saw only the steps its plans made ready.
-		st.quiet = !settled && p.TookAll(len(claimed))
+		// A settled hand-off saw only the steps its plans made ready. Any
+		// hand-off's index walk sees none of those, so one they made ready
+		// and the claim did not hand over (a step under a limit, which the
+		// triggers hold or let run as the statement changes it) may be
+		// ready for this process's other claimers, unless none of them
+		// runs its handler.
+		st.quiet = !settled && p.TookAll(len(claimed)) && !st.leftPlanReady(left, p.Handlers)
 		return nil
 	})
 }

@@ -1,6 +1,7 @@
 package storagetest
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -96,6 +97,40 @@ var eagerTests = map[string]func(*testing.T, *Harness){
 				require.Len(t, events(in, "b", storage.EventStepStarted), map[bool]int{true: 0, false: 1}[tc.bPending])
 			})
 		}
+	},
+
+	// A step the finish made ready and its claim did not take is news
+	// for the store's subscribers: the caller claims again only when
+	// told. A step under a concurrency key with room is such a step on
+	// PostgreSQL, whose claim hands over only the steps its triggers do
+	// not hold.
+	"MadeReadyAndNotClaimedSignalsSubscribers": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		fc := implements[storage.FinishClaimer](b)
+		keyedStep := spec("b", "a")
+		keyedStep.ConcurrencyLimit = 1
+		p := params(spec("a"), keyedStep)
+		p.Input = json.RawMessage(`{"key": "k"}`)
+		_, err := b.store.CreateInstances(b.ctx, nil, []storage.CreateParams{p}, KeyPlan)
+		require.NoError(t, err)
+		claim := storage.ClaimParams{WorkerID: "eager", Limit: 5, Lease: time.Minute}
+		a, err := b.store.ClaimSteps(b.ctx, claim) // short: the claimer waits for news
+		require.NoError(t, err)
+		require.Len(t, a, 1)
+		ch, cancel := b.store.Subscribe()
+		defer cancel()
+		if h.Settle != nil {
+			h.Settle(t, b.store)
+		}
+		drainSignals(ch)
+		_, claimed, err := fc.FinishAndClaim(b.ctx, []storage.StepResult{completed(a[0].Claim, `1`)}, KeyPlan, claim)
+		require.NoError(t, err)
+		if len(claimed) == 0 {
+			awaitSignal(t, ch, "a finish that made a step ready and did not claim it")
+			claimed = b.claim(claim)
+		}
+		require.Len(t, claimed, 1)
+		require.Equal(t, "b", claimed[0].Step)
 	},
 
 	"StaleResultStillClaims": func(t *testing.T, h *Harness) {
