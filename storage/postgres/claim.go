@@ -319,7 +319,11 @@ func (s *Store) queueClaim(st *txState, p storage.ClaimParams, now *time.Time, i
 	st.tail.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 		claimed, err := pgx.CollectRows(rows, scanClaimed)
 		*into, st.claimed = claimed, claimed
-		st.quiet = p.TookAll(len(claimed))
+		// A step the plans made ready and the claim left (its time, or
+		// its queue's rate, has it start later; a limit holds it) is news:
+		// a claim loop learns when it falls due only from a claim of its
+		// own.
+		st.quiet = p.TookAll(len(claimed)) && st.claimedPlanReady()
 		return err
 	})
 	if read != nil {

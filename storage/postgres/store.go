@@ -629,7 +629,13 @@ type stepRef struct{ instanceID, step string }
 // nothing, and each waited on the server-wide lock that serialises
 // notifications.
 func (st *txState) claimedAllReady() bool {
-	if st.otherReady || len(st.planReady) == 0 || len(st.claimed) < len(st.planReady) {
+	return !st.otherReady && len(st.planReady) > 0 && st.claimedPlanReady()
+}
+
+// claimedPlanReady reports whether the transaction's eager claim took
+// every step its plans made ready.
+func (st *txState) claimedPlanReady() bool {
+	if len(st.claimed) < len(st.planReady) {
 		return false
 	}
 	took := make(map[stepRef]bool, len(st.claimed))

@@ -74,7 +74,7 @@ func (s *Store) createAndClaim(ctx context.Context, params []storage.CreateParam
 	if err != nil {
 		return nil, nil, err
 	}
-	if !claimedAll(claim, claimed) {
+	if !claimedAll(claim, claimed, nil) {
 		s.notify()
 	}
 	return results, claimed, nil

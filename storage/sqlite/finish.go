@@ -39,8 +39,9 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 	}
 	out := make([]storage.FinishResult, len(results))
 	var (
-		ready   bool
-		claimed []storage.ClaimedStep
+		ready     bool
+		claimed   []storage.ClaimedStep
+		madeReady []int64
 	)
 	err := s.write(ctx, "finish steps", func(t *txn) error {
 		clear(out)
@@ -139,6 +140,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				return err
 			}
 		}
+		madeReady = t.madeReady
 		if t.planned != nil && len(parents) == 0 && !t.spilled && !t.itemSlotFreed {
 			t.keepSnapshots(snaps, touched, instanceOf, claimed)
 		}
@@ -147,18 +149,29 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 	if err != nil {
 		return nil, nil, err
 	}
-	if ready && !claimedAll(claim, claimed) {
+	if ready && !claimedAll(claim, claimed, madeReady) {
 		s.notify()
 	}
 	return out, claimed, nil
 }
 
 // claimedAll reports whether an eager claim, if any, took every ready
-// step (see storage.ClaimParams.TookAll). An empty claim woken for nothing
-// is a write transaction that holds up the next commit on SQLite's single
-// writer.
-func claimedAll(claim *storage.ClaimParams, claimed []storage.ClaimedStep) bool {
-	return claim != nil && claim.TookAll(len(claimed))
+// step (see storage.ClaimParams.TookAll), the steps the transaction made
+// ready among them. An empty claim woken for nothing is a write
+// transaction that holds up the next commit on SQLite's single writer;
+// but a step made ready that the claim left (its time, or its queue's
+// rate, has it start later) is news: the claim loop learns when it falls
+// due only from a claim of its own.
+func claimedAll(claim *storage.ClaimParams, claimed []storage.ClaimedStep, madeReady []int64) bool {
+	if claim == nil || !claim.TookAll(len(claimed)) || len(claimed) < len(madeReady) {
+		return false
+	}
+	for _, id := range madeReady {
+		if !slices.ContainsFunc(claimed, func(c storage.ClaimedStep) bool { return c.StepID == id }) {
+			return false
+		}
+	}
+	return true
 }
 
 // completeManyQuery completes the steps listed in ?2, a JSON array of

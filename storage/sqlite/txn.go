@@ -35,6 +35,10 @@ type txn struct {
 	// concurrency cap finished and its siblings wait: they were pending
 	// all along, but may run only now (see settleItems).
 	itemSlotFreed bool
+	// madeReady are the steps (row IDs) the transaction's plans made
+	// pending: a claim that leaves one of them (not due yet, held by a
+	// limit) is no reason to keep its news from the store's claimers.
+	madeReady []int64
 
 	// Snapshots (see snapshots.go): prior are those the cache held when
 	// the transaction began; planFrom the instances a finish plans from

@@ -2,6 +2,8 @@ package storagetest
 
 import (
 	"encoding/json"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -101,36 +103,75 @@ var eagerTests = map[string]func(*testing.T, *Harness){
 
 	// A step the finish made ready and its claim did not take is news
 	// for the store's subscribers: the caller claims again only when
-	// told. A step under a concurrency key with room is such a step on
-	// PostgreSQL, whose claim hands over only the steps its triggers do
-	// not hold.
+	// told, and learns when a step falls due only from a claim of its
+	// own. On PostgreSQL a claim in the statement that applies the plans
+	// hands over no step under a limit, and any claim leaves a step its
+	// queue's rate starts later.
 	"MadeReadyAndNotClaimedSignalsSubscribers": func(t *testing.T, h *Harness) {
-		b := h.setup(t)
-		fc := implements[storage.FinishClaimer](b)
-		keyedStep := spec("b", "a")
-		keyedStep.ConcurrencyLimit = 1
-		p := params(spec("a"), keyedStep)
-		p.Input = json.RawMessage(`{"key": "k"}`)
-		_, err := b.store.CreateInstances(b.ctx, nil, []storage.CreateParams{p}, KeyPlan)
-		require.NoError(t, err)
-		claim := storage.ClaimParams{WorkerID: "eager", Limit: 5, Lease: time.Minute}
-		a, err := b.store.ClaimSteps(b.ctx, claim) // short: the claimer waits for news
-		require.NoError(t, err)
-		require.Len(t, a, 1)
-		ch, cancel := b.store.Subscribe()
-		defer cancel()
-		if h.Settle != nil {
-			h.Settle(t, b.store)
+		rated := func(b *bundle) {
+			require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.b", Rate: 1, Per: time.Minute}))
 		}
-		drainSignals(ch)
-		_, claimed, err := fc.FinishAndClaim(b.ctx, []storage.StepResult{completed(a[0].Claim, `1`)}, KeyPlan, claim)
-		require.NoError(t, err)
-		if len(claimed) == 0 {
-			awaitSignal(t, ch, "a finish that made a step ready and did not claim it")
-			claimed = b.claim(claim)
+		for _, tc := range []struct {
+			name      string
+			instances int // each with steps a and b, b under a key of its own
+			setup     func(b *bundle)
+			fillers   int           // steps made ready once the a's are claimed
+			due       time.Duration // when every b may be claimed
+		}{
+			{name: "a step under a key with room", instances: 1},
+			{name: "a step its queue's rate starts later", instances: 2, due: time.Minute, setup: rated},
+			// The second finish claims after its plans, in a statement of
+			// its own (the first one's claim came back full), and leaves
+			// the second b for later.
+			{name: "a step its queue's rate starts later, after a full claim", instances: 2, fillers: 2, due: time.Minute, setup: rated},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				b := h.setup(t)
+				fc := implements[storage.FinishClaimer](b)
+				if tc.setup != nil {
+					tc.setup(b)
+				}
+				keyedStep := spec("b", "a")
+				keyedStep.ConcurrencyLimit = 1
+				var ps []storage.CreateParams
+				for i := range tc.instances {
+					p := params(spec("a"), keyedStep)
+					p.Input = json.RawMessage(fmt.Sprintf(`{"key": "k%d"}`, i))
+					ps = append(ps, p)
+				}
+				_, err := b.store.CreateInstances(b.ctx, nil, ps, KeyPlan)
+				require.NoError(t, err)
+				claim := storage.ClaimParams{WorkerID: "eager", Limit: 5, Lease: time.Minute}
+				if tc.fillers > 0 {
+					claim.Limit = tc.fillers
+				}
+				as, err := b.store.ClaimSteps(b.ctx, claim)
+				require.NoError(t, err)
+				require.Len(t, as, tc.instances)
+				for range tc.fillers {
+					b.createOne(spec("x"))
+				}
+				ch, cancel := b.store.Subscribe()
+				defer cancel()
+				if h.Settle != nil {
+					h.Settle(t, b.store)
+				}
+				var got []string // the instances whose b was claimed
+				for _, a := range as {
+					drainSignals(ch)
+					_, claimed, err := fc.FinishAndClaim(b.ctx, []storage.StepResult{completed(a.Claim, `1`)}, KeyPlan, claim)
+					require.NoError(t, err)
+					ids := stepsOf(claimed, "b")
+					got = append(got, ids...)
+					if !slices.Contains(ids, a.InstanceID) {
+						awaitSignal(t, ch, "a finish that made a step ready and did not claim it")
+					}
+				}
+				b.clock.Advance(tc.due)
+				got = append(got, stepsOf(b.claim(claim), "b")...)
+				require.ElementsMatch(t, paramIDs(ps), got)
+			})
 		}
-		require.Len(t, claimed, 1)
-		require.Equal(t, "b", claimed[0].Step)
 	},
 
 	"StaleResultStillClaims": func(t *testing.T, h *Harness) {
@@ -234,4 +275,23 @@ func implements[I any](b *bundle) I {
 		b.t.Skipf("the store does not implement %T", (*I)(nil))
 	}
 	return v
+}
+
+// stepsOf returns the instances of the steps of claimed named name.
+func stepsOf(claimed []storage.ClaimedStep, name string) []string {
+	var ids []string
+	for _, c := range claimed {
+		if c.Step == name {
+			ids = append(ids, c.InstanceID)
+		}
+	}
+	return ids
+}
+
+func paramIDs(ps []storage.CreateParams) []string {
+	ids := make([]string, len(ps))
+	for i, p := range ps {
+		ids[i] = p.ID
+	}
+	return ids
 }
