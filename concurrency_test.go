@@ -173,35 +173,48 @@ steps:
   - {name: a, handler: echo, queue: narrow}
 `
 
-const pacedStepWorkflow = `
+const (
+	pacedStepWorkflow = `
 name: paced
 steps:
   - {name: a, handler: echo, input: {n: 1}}
   - {name: b, handler: echo, dependsOn: [a], queue: paced, input: {n: 2}}
 `
+	pacedFirstStepWorkflow = `
+name: paced-first
+steps:
+  - {name: b, handler: echo, queue: paced, input: {n: 2}}
+`
+)
 
 // A step its queue's rate spaces out starts at its slot, not at the next
-// poll: the finish that made it ready tells the worker, whose claim then
-// learns when the slot falls due. The worker polls once an hour.
+// poll: the transaction that made it ready (a finish, or the start of its
+// instance) tells the worker, whose claim then learns when the slot falls
+// due. The worker polls once an hour.
 func TestRateSpacedWorkWakesTheWorker(t *testing.T) {
 	t.Parallel()
-	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
-		b := setup(t, open, nil, pacedStepWorkflow, chainWorkflow)
-		ctx := context.Background()
-		require.NoError(t, b.engine.SetQueueLimit(ctx, dagrun.QueueLimit{Queue: "paced", Rate: 4, Per: time.Second}))
-		b.runWorker(t, &dagrun.WorkerConfig{Poll: time.Hour})
-		// A run first, so that the worker's last claim found nothing.
-		require.Equal(t, storage.InstanceCompleted, b.wait(t, b.start(t, "chain", `{"n": 1}`)).Status)
+	for _, workflow := range []string{"paced", "paced-first"} {
+		t.Run(workflow, func(t *testing.T) {
+			t.Parallel()
+			forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+				b := setup(t, open, nil, pacedStepWorkflow, pacedFirstStepWorkflow, chainWorkflow)
+				ctx := context.Background()
+				require.NoError(t, b.engine.SetQueueLimit(ctx, dagrun.QueueLimit{Queue: "paced", Rate: 4, Per: time.Second}))
+				b.runWorker(t, &dagrun.WorkerConfig{Poll: time.Hour})
+				// A run first, so that the worker's last claim found nothing.
+				require.Equal(t, storage.InstanceCompleted, b.wait(t, b.start(t, "chain", `{"n": 1}`)).Status)
 
-		ids := []string{b.start(t, "paced", `{}`), b.start(t, "paced", `{}`), b.start(t, "paced", `{}`)}
-		for _, id := range ids {
-			ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			inst, err := b.engine.Follow(ctx, id, nil)
-			cancel()
-			require.NoError(t, err, "instance %s did not finish: its rate-spaced step waits for a poll", id)
-			require.Equal(t, storage.InstanceCompleted, inst.Status)
-		}
-	})
+				ids := []string{b.start(t, workflow, `{}`), b.start(t, workflow, `{}`), b.start(t, workflow, `{}`)}
+				for _, id := range ids {
+					ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+					inst, err := b.engine.Follow(ctx, id, nil)
+					cancel()
+					require.NoError(t, err, "instance %s did not finish: its rate-spaced step waits for a poll", id)
+					require.Equal(t, storage.InstanceCompleted, inst.Status)
+				}
+			})
+		})
+	}
 }
 
 // Work a limit holds starts as soon as a slot frees, not at the next poll:

@@ -60,8 +60,9 @@ func (s *Store) CreateAndClaim(ctx context.Context, params []storage.CreateParam
 
 func (s *Store) createAndClaim(ctx context.Context, params []storage.CreateParams, plan storage.PlanFunc, claim *storage.ClaimParams) ([]storage.CreateResult, []storage.ClaimedStep, error) {
 	var (
-		results []storage.CreateResult
-		claimed []storage.ClaimedStep
+		results   []storage.CreateResult
+		claimed   []storage.ClaimedStep
+		madeReady []readyStep
 	)
 	err := s.write(ctx, "create instances", func(t *txn) error {
 		var err error
@@ -69,12 +70,13 @@ func (s *Store) createAndClaim(ctx context.Context, params []storage.CreateParam
 			return err
 		}
 		claimed, err = t.claim(*claim)
+		madeReady = t.madeReady
 		return err
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	if !claimedAll(claim, claimed, nil) {
+	if !claimedAll(claim, claimed, madeReady) {
 		s.notify()
 	}
 	return results, claimed, nil
@@ -161,6 +163,11 @@ func (t *txn) create(params []storage.CreateParams, plan storage.PlanFunc) ([]st
 		}
 		instances = append(instances, n)
 		results[i] = storage.CreateResult{ID: p.ID}
+		for j, ns := range n.Steps {
+			if ns.Status == storage.StepPending {
+				t.madeReady = append(t.madeReady, readyStep{p.ID, n.Params.Steps[j].Name})
+			}
+		}
 	}
 	for hash, p := range definitions {
 		// The first snapshot of a hash wins: the same hash is the same source.

@@ -41,7 +41,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 	var (
 		ready     bool
 		claimed   []storage.ClaimedStep
-		madeReady []int64
+		madeReady []readyStep
 	)
 	err := s.write(ctx, "finish steps", func(t *txn) error {
 		clear(out)
@@ -162,12 +162,14 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 // but a step made ready that the claim left (its time, or its queue's
 // rate, has it start later) is news: the claim loop learns when it falls
 // due only from a claim of its own.
-func claimedAll(claim *storage.ClaimParams, claimed []storage.ClaimedStep, madeReady []int64) bool {
+func claimedAll(claim *storage.ClaimParams, claimed []storage.ClaimedStep, madeReady []readyStep) bool {
 	if claim == nil || !claim.TookAll(len(claimed)) || len(claimed) < len(madeReady) {
 		return false
 	}
-	for _, id := range madeReady {
-		if !slices.ContainsFunc(claimed, func(c storage.ClaimedStep) bool { return c.StepID == id }) {
+	for _, k := range madeReady {
+		if !slices.ContainsFunc(claimed, func(c storage.ClaimedStep) bool {
+			return c.Item < 0 && c.InstanceID == k.instanceID && c.Step == k.name
+		}) {
 			return false
 		}
 	}

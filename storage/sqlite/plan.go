@@ -236,7 +236,7 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 		switch c.Status {
 		case storage.StepPending:
 			b.ready = append(b.ready, [4]any{l.ids[i], jsonArg(c.Input), l.due(), nullText(c.ConcurrencyKey)})
-			t.madeReady = append(t.madeReady, l.ids[i])
+			t.madeReady = append(t.madeReady, readyStep{id, c.Name})
 			t.event(id, c.Name, storage.EventStepReady, 0, "")
 		case storage.StepSkipped:
 			_, err = t.exec(`UPDATE steps SET status = 'skipped', input = ?, finished_at = ? WHERE id = ?`,

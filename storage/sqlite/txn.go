@@ -35,10 +35,11 @@ type txn struct {
 	// concurrency cap finished and its siblings wait: they were pending
 	// all along, but may run only now (see settleItems).
 	itemSlotFreed bool
-	// madeReady are the steps (row IDs) the transaction's plans made
-	// pending: a claim that leaves one of them (not due yet, held by a
-	// limit) is no reason to keep its news from the store's claimers.
-	madeReady []int64
+	// madeReady are the steps the transaction's plans made pending, new
+	// instances' included: a claim that leaves one of them (not due yet,
+	// held by a limit) is no reason to keep its news from the store's
+	// claimers.
+	madeReady []readyStep
 
 	// Snapshots (see snapshots.go): prior are those the cache held when
 	// the transaction began; planFrom the instances a finish plans from
@@ -252,3 +253,6 @@ func later(a, b time.Time) time.Time {
 	}
 	return a
 }
+
+// readyStep names a step (not an item) of an instance made pending.
+type readyStep struct{ instanceID, name string }

@@ -249,6 +249,36 @@ var eagerStartTests = map[string]func(*testing.T, *Harness){
 		}
 	},
 
+	// A new instance's step the claim leaves (its queue's rate starts it
+	// later) is news for the store's subscribers, as a finish's is (see
+	// MadeReadyAndNotClaimedSignalsSubscribers).
+	"LeftStepSignalsSubscribers": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		cc := implements[storage.CreateClaimer](b)
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.a", Rate: 1, Per: time.Minute}))
+		ch, cancel := b.store.Subscribe()
+		defer cancel()
+		if h.Settle != nil {
+			h.Settle(t, b.store)
+		}
+		claim := storage.ClaimParams{WorkerID: "eager", Limit: 5, Lease: time.Minute}
+		first, second := params(spec("a")), params(spec("a"))
+		var got []string
+		for _, p := range []storage.CreateParams{first, second} {
+			drainSignals(ch)
+			_, claimed, err := cc.CreateAndClaim(b.ctx, []storage.CreateParams{p}, Plan, claim)
+			require.NoError(t, err)
+			ids := stepsOf(claimed, "a")
+			got = append(got, ids...)
+			if !slices.Contains(ids, p.ID) {
+				awaitSignal(t, ch, "a start whose claim left its step")
+			}
+		}
+		require.Equal(t, []string{first.ID}, got, "the rate starts the second a minute later")
+		b.clock.Advance(time.Minute)
+		require.Equal(t, []string{second.ID}, stepsOf(b.claim(claim), "a"))
+	},
+
 	"FailedCreateClaimsNothing": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		cc := implements[storage.CreateClaimer](b)
