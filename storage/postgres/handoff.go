@@ -305,18 +305,11 @@ func (s *Store) queueHandoff(st *txState, now *time.Time, sc *stepChanges) {
 			claimed       []storage.ClaimedStep
 			changed       int
 			planned, took bool
-			left          map[stepRef]string // the handlers of the changed steps the claim left
 		)
 		_, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (struct{}, error) {
 			c, err := scanClaimedAfter(row, &planned, &took)
 			if planned {
 				changed++
-				if !took {
-					if left == nil {
-						left = make(map[stepRef]string)
-					}
-					left[stepRef{c.InstanceID, c.Step}] = c.Handler
-				}
 			}
 			if took {
 				claimed = append(claimed, c)
@@ -336,9 +329,8 @@ func (s *Store) queueHandoff(st *txState, now *time.Time, sc *stepChanges) {
 		// hand-off's index walk sees none of those, so one they made ready
 		// and the claim did not hand over (a step under a limit, which the
 		// triggers hold or let run as the statement changes it) may be
-		// ready for this process's other claimers, unless none of them
-		// runs its handler.
-		st.quiet = !settled && p.TookAll(len(claimed)) && !st.leftPlanReady(left, p.Handlers)
+		// ready for this process's other claimers, as after queueClaim.
+		st.quiet = !settled && p.TookAll(len(claimed)) && st.claimedPlanReady()
 		return nil
 	})
 }

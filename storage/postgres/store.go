@@ -41,7 +41,6 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -650,19 +649,6 @@ func (st *txState) claimedPlanReady() bool {
 		}
 	}
 	return true
-}
-
-// leftPlanReady reports whether a step the plans made ready is among left
-// (changed steps a hand-off did not take, with their handlers) with a
-// handler among handlers, which the store's claimers run (all when
-// handlers is empty).
-func (st *txState) leftPlanReady(left map[stepRef]string, handlers []string) bool {
-	for _, r := range st.planReady {
-		if handler, ok := left[r]; ok && (len(handlers) == 0 || slices.Contains(handlers, handler)) {
-			return true
-		}
-	}
-	return false
 }
 
 // finish sends the tail. In a caller's transaction, which the store does
