@@ -204,14 +204,8 @@ func TestRateSpacedWorkWakesTheWorker(t *testing.T) {
 				// A run first, so that the worker's last claim found nothing.
 				require.Equal(t, storage.InstanceCompleted, b.wait(t, b.start(t, "chain", `{"n": 1}`)).Status)
 
-				ids := []string{b.start(t, workflow, `{}`), b.start(t, workflow, `{}`), b.start(t, workflow, `{}`)}
-				for _, id := range ids {
-					ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-					inst, err := b.engine.Follow(ctx, id, nil)
-					cancel()
-					require.NoError(t, err, "instance %s did not finish: its rate-spaced step waits for a poll", id)
-					require.Equal(t, storage.InstanceCompleted, inst.Status)
-				}
+				b.requireCompleteSoon(t, "its rate-spaced step waits for a poll",
+					b.start(t, workflow, `{}`), b.start(t, workflow, `{}`), b.start(t, workflow, `{}`))
 			})
 		})
 	}
@@ -243,15 +237,22 @@ func TestReleasedWorkWakesTheWorker(t *testing.T) {
 				// A run first, so that the worker's last claim found nothing.
 				require.Equal(t, storage.InstanceCompleted, b.wait(t, b.start(t, "chain", `{"n": 1}`)).Status)
 
-				first, second := b.start(t, c.workflow, c.input), b.start(t, c.workflow, c.input)
-				for _, id := range []string{first, second} {
-					ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-					inst, err := b.engine.Follow(ctx, id, nil)
-					cancel()
-					require.NoError(t, err, "instance %s did not finish: the held run waits for a poll", id)
-					require.Equal(t, storage.InstanceCompleted, inst.Status)
-				}
+				b.requireCompleteSoon(t, "the held run waits for a poll", b.start(t, c.workflow, c.input), b.start(t, c.workflow, c.input))
 			})
 		})
+	}
+}
+
+// requireCompleteSoon requires each of ids to complete within 5 s, in
+// turn: far sooner than the hour the tests' workers poll at. why says
+// what a timeout means.
+func (b *testBundle) requireCompleteSoon(t *testing.T, why string, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		inst, err := b.engine.Follow(ctx, id, nil)
+		cancel()
+		require.NoError(t, err, "instance %s did not finish: %s", id, why)
+		require.Equal(t, storage.InstanceCompleted, inst.Status)
 	}
 }
