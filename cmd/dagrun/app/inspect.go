@@ -461,19 +461,27 @@ func (c *cli) listCommand() *cobra.Command {
 }
 
 // stepCounts sums up an instance's steps as DONE/TOTAL, where done are the
-// steps that ran to an end (completed, failed or skipped); cancelled steps
-// never ran to one, so they are counted apart: "1/4, 3 cancelled".
+// steps that ran to an end (completed, failed or skipped), with the failed
+// ones named so that a failed run does not read as a complete one;
+// cancelled steps never ran to an end, so they are counted apart: "3/4, 1
+// failed, 1 cancelled".
 func stepCounts(steps []storage.Step) string {
-	done, cancelled := 0, 0
+	done, failed, cancelled := 0, 0, 0
 	for _, s := range steps {
 		switch {
 		case s.Status == storage.StepCancelled:
 			cancelled++
 		case s.Status.Finished():
 			done++
+			if s.Status == storage.StepFailed {
+				failed++
+			}
 		}
 	}
 	out := fmt.Sprintf("%d/%d", done, len(steps))
+	if failed > 0 {
+		out += fmt.Sprintf(", %d failed", failed)
+	}
 	if cancelled > 0 {
 		out += fmt.Sprintf(", %d cancelled", cancelled)
 	}
