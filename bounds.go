@@ -52,9 +52,14 @@ type ArgumentError struct {
 	Name string
 	// Reason says what is wrong and what is accepted.
 	Reason string
+	// Err is the error Reason tells of, when there is one (a JSON syntax
+	// error, say), for callers that add advice of their own.
+	Err error
 }
 
 func (e *ArgumentError) Error() string { return "invalid " + e.Name + ": " + e.Reason }
+
+func (e *ArgumentError) Unwrap() error { return e.Err }
 
 // Validate checks the options against the documented bounds; Start,
 // StartTx and StartMany call it, and callers may call it earlier to refuse

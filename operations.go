@@ -79,7 +79,7 @@ func (e *Engine) Skip(ctx context.Context, id, step string, output json.RawMessa
 	}
 	output, _, err := decodeJSON(output, "the output", e.config.MaxOutputBytes)
 	if err != nil {
-		return &ArgumentError{Name: "output", Reason: err.Error()}
+		return &ArgumentError{Name: "output", Reason: err.Error(), Err: err}
 	}
 	op, err := e.operator()
 	if err != nil {

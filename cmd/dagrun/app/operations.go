@@ -147,7 +147,7 @@ func (c *cli) skipCommand() *cobra.Command {
 				return err
 			}
 			if err := engine.Skip(byCLI(ctx), args[0], args[1], out); err != nil {
-				return operationError(args[0], err)
+				return operationError(args[0], withJSONHint("--output", err))
 			}
 			fmt.Fprintf(c.io.Stdout, "skipped step %s of %s\n", args[1], args[0])
 			return nil

@@ -56,7 +56,7 @@ func (c *cli) signalCommand() *cobra.Command {
 			}
 			res, err := engine.Signal(byCLI(ctx), req)
 			if err != nil {
-				return signalError(req, err)
+				return signalError(req, withJSONHint("--data", err))
 			}
 			fmt.Fprintln(c.io.Stdout, signalOutcome(req, res))
 			return nil

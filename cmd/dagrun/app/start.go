@@ -65,8 +65,7 @@ func (c *cli) startCommand() *cobra.Command {
 			if err != nil {
 				var syntaxErr *json.SyntaxError
 				if errors.As(err, &syntaxErr) {
-					// Mostly a shell ate the quotes, or keys were left unquoted.
-					return usageError(fmt.Errorf("%v (write JSON with double-quoted keys and strings, in single quotes for the shell: --input '{\"key\": \"value\"}')", err))
+					return usageError(withJSONHint("--input", err))
 				}
 				var unknown *dagrun.UnknownWorkflowError
 				if errors.As(err, &unknown) {
@@ -190,6 +189,17 @@ func (c *cli) readJSONFlag(flag, spec string) (json.RawMessage, error) {
 	default:
 		return json.RawMessage(spec), nil
 	}
+}
+
+// withJSONHint adds to err, when it is a JSON syntax error in the value of
+// flag, how to write JSON on a command line: mostly a shell ate the
+// quotes, or keys were left unquoted.
+func withJSONHint(flag string, err error) error {
+	var syntaxErr *json.SyntaxError
+	if !errors.As(err, &syntaxErr) {
+		return err
+	}
+	return fmt.Errorf("%w (write JSON with double-quoted keys and strings, in single quotes for the shell: %s '{\"key\": \"value\"}')", err, flag)
 }
 
 // followLease is the claim lease of a following start's in-process worker.
