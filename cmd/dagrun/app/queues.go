@@ -76,7 +76,7 @@ func (c *cli) queueCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "queue",
 		Short: "Set a queue's limits (stored in the database: every worker obeys them at once)",
-		Args:  exactArgs(0, "queue set NAME [--concurrency N] [--rate N/DUR]"),
+		Args:  subcommandArgs("queue set NAME [--concurrency N] [--rate N/DUR]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return usageError(fmt.Errorf("usage: dagrun queue set NAME [--concurrency N] [--rate N/DUR]"))
 		},

@@ -87,7 +87,7 @@ func (c *cli) scheduleCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "schedule",
 		Short: "Pause or resume a workflow's schedules (stored in the database: every scheduler obeys, restarts keep it)",
-		Args:  exactArgs(0, "schedule pause|resume WORKFLOW [INDEX]"),
+		Args:  subcommandArgs("schedule pause|resume WORKFLOW [INDEX]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return usageError(fmt.Errorf("usage: dagrun schedule pause|resume WORKFLOW [INDEX]"))
 		},

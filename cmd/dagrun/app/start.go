@@ -283,6 +283,23 @@ func instanceError(id string, err error) error {
 	return err
 }
 
+// subcommandArgs refuses arguments to a command that only groups
+// sub-commands: cobra passes a mistyped sub-command on as an argument,
+// which a count of arguments would not name.
+func subcommandArgs(usage string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return nil
+		}
+		hint := ""
+		cmd.SuggestionsMinimumDistance = cmd.Root().SuggestionsMinimumDistance
+		if suggestions := cmd.SuggestionsFor(args[0]); len(suggestions) > 0 {
+			hint = " (did you mean " + strings.Join(suggestions, " or ") + "?)"
+		}
+		return usageError(fmt.Errorf("unknown sub-command %q of dagrun %s%s; usage: dagrun %s", args[0], cmd.Name(), hint, usage))
+	}
+}
+
 func exactArgs(n int, usage string) cobra.PositionalArgs {
 	return func(_ *cobra.Command, args []string) error {
 		if len(args) != n {
