@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -146,6 +147,9 @@ type cli struct {
 	// loadedFolder describes the workflows folder as engine() found it
 	// (folderFingerprint), for watchWorkflows.
 	loadedFolder string
+	// invalid are the errors of the workflow files engine() left out, by
+	// workflow name.
+	invalid map[string]error
 }
 
 func (c *cli) rootCommand() *cobra.Command {
@@ -335,6 +339,7 @@ func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.invalid = invalid
 	store, err := openStore(ctx, c.db, c.dbSchema, c.logger, c.conns)
 	if err != nil {
 		return nil, err
@@ -398,6 +403,21 @@ func invalidByName(list dag.ErrorList, loaded []*dag.Workflow) map[string]error 
 		out[name] = append(mine, e)
 	}
 	return out
+}
+
+// warnInvalidWorkflows names on stderr each workflow whose file engine()
+// left out for its errors, for a command whose output would otherwise
+// hide it (no schedules listed, say).
+func (c *cli) warnInvalidWorkflows() {
+	for _, name := range slices.Sorted(maps.Keys(c.invalid)) {
+		err := c.invalid[name]
+		path := filepath.Join(c.workflowsDir, name+".yaml")
+		var list dag.ErrorList
+		if errors.As(err, &list) && len(list) > 0 && list[0].File != "" {
+			path = list[0].File
+		}
+		fmt.Fprintf(c.io.Stderr, "dagrun: warning: workflow %s is left out: %s; list every error with: dagrun validate %s\n", name, dag.Summary(err), path)
+	}
 }
 
 // addMaxItemsFlag adds --max-items to a command whose process plans steps,

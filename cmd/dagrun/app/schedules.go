@@ -38,6 +38,7 @@ func (c *cli) schedulesCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			c.warnInvalidWorkflows() // their schedules are not listed
 			if jsonOut {
 				return writeJSON(c.io.Stdout, view.NewSchedules(list))
 			}

@@ -176,3 +176,26 @@ func TestWorkerRunsTheScheduler(t *testing.T) {
 		})
 	}
 }
+
+// A scheduled workflow whose file has errors is not listed, and schedules
+// says so on stderr rather than seeming to have nothing to list.
+func TestSchedulesNamesInvalidWorkflows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "nightly.yaml"), []byte(nightlyWorkflow), 0o644))
+	broken := strings.Replace(nightlyWorkflow, "handler: echo", "handler: ech", 1)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "weekly.yaml"), []byte(strings.Replace(broken, "name: nightly", "name: weekly", 1)), 0o644))
+	b.env["DAGRUN_WORKFLOWS"] = dir
+
+	for _, args := range [][]string{{"schedules"}, {"schedules", "--json"}} {
+		r := b.run(t, "", args...)
+		require.Equal(t, app.ExitOK, r.code, r.stderr)
+		require.Contains(t, r.stdout, "nightly")
+		require.NotContains(t, r.stdout, "weekly")
+		require.True(t, strings.HasPrefix(r.stderr, "dagrun: warning: workflow weekly is left out: "+filepath.Join(dir, "weekly.yaml")+":"), r.stderr)
+		require.Contains(t, r.stderr, `handler "ech" is not registered`)
+		require.True(t, strings.HasSuffix(r.stderr, "; list every error with: dagrun validate "+filepath.Join(dir, "weekly.yaml")+"\n"), r.stderr)
+		require.Equal(t, 1, strings.Count(r.stderr, "\n"), r.stderr)
+	}
+}
