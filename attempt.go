@@ -70,6 +70,10 @@ var (
 	errShutdown   = errors.New("worker is shutting down")
 )
 
+// errAttemptOver is the cause of a handler's context once the handler has
+// returned.
+var errAttemptOver = errors.New("the attempt is over: its handler returned")
+
 // lastAttempt reports whether step runs its last attempt: released at
 // shutdown, it would run once more than its retry policy allows.
 func lastAttempt(step storage.ClaimedStep) bool {
@@ -102,6 +106,10 @@ func (w *Worker) execute(a *attempt) {
 	result, ok := w.engine.runAttempt(a.ctx, w.logger, w.logs, step)
 	ran := time.Since(a.began)
 	cause := context.Cause(a.ctx)
+	// As net/http does when ServeHTTP returns: what the handler left
+	// running learns that its attempt is over, and the context leaves
+	// the worker's, which otherwise keeps every attempt's for its life.
+	a.cancel(errAttemptOver)
 
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -301,6 +301,36 @@ steps:
 	})
 }
 
+// A handler's context ends once its attempt is over, as an HTTP request's
+// does when ServeHTTP returns: what the handler left running learns it,
+// and the worker keeps no context of an attempt it ran (it kept every one,
+// for as long as it ran: a serve --worker grew by 10 MB in 5 minutes).
+func TestHandlerContextEndsWithItsAttempt(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		contexts := make(chan context.Context, 2)
+		registry := handlers.NewRegistry()
+		registry.Register("keep", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			contexts <- ctx
+			return json.RawMessage(`"kept"`), nil
+		})
+		b := setup(t, open, registry, `
+name: keep
+steps:
+  - {name: first, handler: keep}
+  - {name: second, handler: keep, dependsOn: [first]}
+`)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "keep", ``))
+		require.Equal(t, storage.InstanceCompleted, inst.Status)
+		for range 2 {
+			ctx := <-contexts
+			require.ErrorIs(t, ctx.Err(), context.Canceled, "the attempt is over")
+			require.EqualError(t, context.Cause(ctx), "the attempt is over: its handler returned")
+		}
+	})
+}
+
 // When a step's terminal failure fails the instance, its running siblings
 // finish their attempt (the instance is failing meanwhile); a cancel of the
 // failing instance stops them: their handlers see their context cancelled
