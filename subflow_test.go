@@ -109,6 +109,22 @@ func TestWorkflowStepCompletesWithItsChildsOutput(t *testing.T) {
 	})
 }
 
+// Under a limit of one on the queue every step here shares, the parent's
+// workflow step holds no slot while its child runs: the child's step
+// takes the slot, and then the parent's next one. The workflow step took
+// it, and the child waited for ever on its own parent.
+func TestWorkflowStepUnderAQueueLimitOfOne(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, shipRegistry(nil), shippingWorkflow, fulfilmentWorkflow)
+		require.NoError(t, b.engine.SetQueueLimit(context.Background(), dagrun.QueueLimit{Queue: "default", Concurrency: 1}))
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "fulfilment", `{"orderId": 42}`))
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		requireJSON(t, `{"tracking": "T-42"}`, inst.Output)
+	})
+}
+
 func TestChildFailureFailsTheParentStep(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {

@@ -119,7 +119,8 @@ st AS (
 		CASE WHEN x.status = 'waiting' AND x.wait_timeout_us > 0
 			THEN greatest({now}, x.run_after) + x.wait_timeout_us * interval '1 microsecond' END,
 		x.on_failure,
-		x.ckey, x.climit, x.held, NOT x.for_each AND EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = x.queue),
+		x.ckey, x.climit, x.held,
+		NOT x.for_each AND x.child_workflow = '' AND EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = x.queue),
 		x.child_workflow` + claimValues + `
 	FROM unnest($15::text[], $16::int[], $17::text[], $18::text[], $19::text[], $20::text[], $21::text[], $22::text[],
 			$23::int[], $24::bigint[], $25::bigint[], $26::bigint[], $27::int[], $28::json[], $29::text[], $30::timestamptz[],

@@ -34,7 +34,7 @@ INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, dep
 SELECT p.instance_id, p.position, p.name, p.handler, p.queue, p.workflow, '{}', 'pending',
 	p.max_attempts, p.backoff_us, p.max_backoff_us, p.timeout_us, p.priority, x.input, p.run_after, {now},
 	p.id, x.ord - 1, p.item_concurrency, p.continue_on_error, p.held_by_instance,
-	EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = p.queue)
+	p.child_workflow = '' AND EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = p.queue)
 FROM p, unnest($4::json[]) WITH ORDINALITY AS x(input, ord)`
 
 // queueExpand queues the expansion of one forEach step on the

@@ -118,7 +118,9 @@ func (s *Store) applyQueueLimit(ctx context.Context, tx pgx.Tx, now *time.Time, 
 				rate_slot_due = status = 'pending' AND run_after > {now} AND run_after < `+heldAt+`,
 				slots_due = slots_due OR status = 'pending' AND run_after > {now} AND run_after < `+heldAt+`
 			WHERE queue = $2 AND NOT queue_limited
-			AND status IN ('blocked', 'pending', 'running', 'waiting') AND (parent_id IS NOT NULL OR NOT for_each)`, now, l.Queue); err != nil {
+			AND status IN ('blocked', 'pending', 'running', 'waiting') AND (parent_id IS NOT NULL OR NOT for_each)
+			AND child_workflow = '' AND NOT EXISTS (SELECT 1 FROM {s}steps p WHERE p.id = steps.parent_id AND p.child_workflow <> '')`,
+			now, l.Queue); err != nil {
 			return err
 		}
 	}
@@ -161,7 +163,9 @@ const scheduledSQL = `SELECT queue, count(*) FROM {s}steps
 // the finished history; see TestQueuesReadIndexes. Every pending or
 // running step is in exactly one of them, so a queue with any is listed,
 // even when all its counts are 0 (a paused instance's steps, a forEach
-// step running its items). The capped items' index is read again for
+// step running its items). A running step counts when it holds a lease: a
+// worker runs it (a forEach step's items do, a workflow step's child
+// does). The capped items' index is read again for
 // those their caps hold back.
 const queueLoadsSQL = `SELECT queue, sum(ready)::bigint, sum(held)::bigint, sum(running)::bigint,
 	coalesce((extract(epoch FROM {now} - min(oldest)) * 1000000)::bigint, 0)
@@ -177,7 +181,7 @@ FROM (
 	UNION ALL
 	SELECT queue, 0, sum(greatest(due - room, 0)), 0, NULL FROM (` + cappedSteps + cappedStepsGroup + `) capped GROUP BY queue
 	UNION ALL
-	SELECT queue, 0, 0, count(*) FILTER (WHERE parent_id IS NOT NULL OR NOT for_each), NULL FROM {s}steps
+	SELECT queue, 0, 0, count(*) FILTER (WHERE lease_until IS NOT NULL), NULL FROM {s}steps
 	WHERE status = 'running' GROUP BY queue
 ) loads GROUP BY queue ORDER BY queue`
 

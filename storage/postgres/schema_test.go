@@ -337,3 +337,52 @@ func TestLegacyMoveLeavesApplicationFunctions(t *testing.T) {
 	require.NoError(t, s.pool.QueryRow(ctx, "SELECT public.promote_due(now())").Scan(&answer))
 	require.Equal(t, 42, answer, "the application's function")
 }
+
+// TestMigrationFreesTheSlotsOfWorkflowSteps: a schema that an earlier
+// version left with a running workflow step in the only slot of its queue
+// and a step held behind it (a child's, waiting for ever on its parent)
+// comes out of migration 27 with the step released.
+func TestMigrationFreesTheSlotsOfWorkflowSteps(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	url := withQuery(t, testURL(t), SchemaParam, schema)
+	s := openURL(t, url, nil)
+	ctx := t.Context()
+	_, err := s.CreateInstances(ctx, nil, []storage.CreateParams{{ID: "i-1", Workflow: "wf", DefinitionHash: "h1",
+		Definition: []byte("name: wf\n"), Steps: []storage.StepSpec{
+			{Name: "call", Handler: "h", Queue: "default"},
+			{Name: "work", Handler: "h", Queue: "default"},
+		}}}, storagetest.Plan)
+	require.NoError(t, err)
+	_, err = s.SetQueueLimit(ctx, storage.SetAll(storage.QueueLimit{Queue: "default", Concurrency: 1}))
+	require.NoError(t, err)
+
+	// As the earlier version left it: call is a running workflow step,
+	// marked as holding a slot, and work is held.
+	err = pgx.BeginFunc(ctx, sharedPool(t), func(tx pgx.Tx) error {
+		for _, q := range []string{
+			"SET LOCAL search_path TO " + pgx.Identifier{schema}.Sanitize(),
+			`UPDATE steps SET child_workflow = 'child', status = 'running', started_at = now(), lease_until = NULL,
+				run_after = now(), queue_limited = true WHERE name = 'call'`,
+			`UPDATE steps SET run_after = '9999-01-01 00:00:00+00', queue_limited = true WHERE name = 'work'`,
+			`DELETE FROM schema_migrations WHERE version = 27`,
+		} {
+			if _, err := tx.Exec(ctx, q); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	inst, err := s.GetInstance(ctx, "i-1")
+	require.NoError(t, err)
+	for _, st := range inst.Steps {
+		require.Equal(t, st.Name == "work", st.Held(), "step %s held", st.Name)
+	}
+
+	s = openURL(t, url, nil)
+	got, err := s.ClaimSteps(ctx, storage.ClaimParams{WorkerID: "w", Limit: 10, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, "work", got[0].Step)
+}

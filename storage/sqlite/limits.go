@@ -25,6 +25,13 @@ const fitsSQL = `h.held_by_instance = 0
             AND c.status IN ('pending', 'running') AND c.run_after < ` + heldUS + ` AND (c.status = 'running' OR c.slots_due = 0)
             AND c.id <> h.id) >= q.concurrency))`
 
+// runsHandlerSQL holds for a step of table steps that a worker runs, one
+// that may take a slot of its queue: not a workflow step, nor an item of
+// one, which run no handler and are running while their child instance
+// runs (migration 23 marks new rows so).
+const runsHandlerSQL = `child_workflow = ''
+			AND NOT EXISTS (SELECT 1 FROM steps p WHERE p.id = steps.parent_id AND p.child_workflow <> '')`
+
 func nullText(s string) any {
 	if s == "" {
 		return nil
@@ -121,7 +128,8 @@ func (t *txn) applyQueueLimit(l storage.QueueLimit, oldInterval, oldTat int64) e
 				rate_slot_due = status = 'pending' AND run_after > ?2 AND run_after < `+heldUS+`,
 				slots_due = slots_due OR status = 'pending' AND run_after > ?2 AND run_after < `+heldUS+`
 			WHERE queue = ?1 AND queue_limited = 0
-			AND status IN ('blocked', 'pending', 'running', 'waiting') AND (parent_id IS NOT NULL OR for_each = 0)`, l.Queue, now); err != nil {
+			AND status IN ('blocked', 'pending', 'running', 'waiting') AND (parent_id IS NOT NULL OR for_each = 0)
+			AND `+runsHandlerSQL+``, l.Queue, now); err != nil {
 			return err
 		}
 	}
@@ -227,7 +235,9 @@ const scheduledSQL = `SELECT queue, count(*) FROM steps
 // the finished history; see TestQueuesReadIndexes. Every pending or
 // running step is in exactly one of them, so a queue with any is listed,
 // even when all its counts are 0 (a paused instance's steps, a forEach
-// step running its items). The items their caps hold back are counted
+// step running its items). A running step counts when it holds a lease: a
+// worker runs it (a forEach step's items do, a workflow step's child
+// does). The items their caps hold back are counted
 // from the capped items' index.
 const queueLoadsSQL = `SELECT queue, sum(ready), sum(held), sum(running), min(oldest) FROM (
 	SELECT queue, ` + queuePendingLoad + ` FROM steps
@@ -238,7 +248,7 @@ const queueLoadsSQL = `SELECT queue, sum(ready), sum(held), sum(running), min(ol
 	UNION ALL
 	SELECT queue, 0, sum(max(due - room, 0)), 0, NULL FROM (` + cappedSteps + cappedStepsGroup + `) GROUP BY queue
 	UNION ALL
-	SELECT queue, 0, 0, count(*) FILTER (WHERE parent_id IS NOT NULL OR for_each = 0), NULL FROM steps
+	SELECT queue, 0, 0, count(*) FILTER (WHERE lease_until IS NOT NULL), NULL FROM steps
 	WHERE status = 'running' GROUP BY queue
 ) GROUP BY queue ORDER BY queue`
 

@@ -234,6 +234,43 @@ func TestMigrate(t *testing.T) {
 		}
 	})
 
+	// Version 23 frees the slots workflow steps held: a file that an
+	// earlier version left with a running workflow step in the only slot
+	// of its queue and a step held behind it (a child's, waiting for ever
+	// on its parent) comes out of it with the step released.
+	t.Run("WorkflowStepsFreeTheirSlots", func(t *testing.T) {
+		t.Parallel()
+		path := filepath.Join(t.TempDir(), "dagrun.db")
+		s, err := sqlite.Open(t.Context(), path, nil)
+		require.NoError(t, err)
+		_, err = s.CreateInstances(t.Context(), nil, []storage.CreateParams{{ID: "i-1", Workflow: "wf", DefinitionHash: "h1",
+			Definition: []byte("name: wf\n"), Steps: []storage.StepSpec{
+				{Name: "call", Handler: "h", Queue: "default"},
+				{Name: "work", Handler: "h", Queue: "default"},
+			}}}, storagetest.Plan)
+		require.NoError(t, err)
+		_, err = s.SetQueueLimit(t.Context(), storage.SetAll(storage.QueueLimit{Queue: "default", Concurrency: 1}))
+		require.NoError(t, err)
+		require.NoError(t, s.Close())
+
+		db, err := sql.Open("sqlite3", sqlite.DSN(path))
+		require.NoError(t, err)
+		defer db.Close()
+		execAll(t, db, append([]string{
+			`UPDATE steps SET child_workflow = 'child', status = 'running', started_at = 1, lease_until = NULL,
+				run_after = 1, queue_limited = 1 WHERE name = 'call'`,
+			`UPDATE steps SET run_after = 253370764800000000, queue_limited = 1 WHERE name = 'work'`,
+		}, undoVersion23...))
+
+		s, err = sqlite.Open(t.Context(), path, nil)
+		require.NoError(t, err)
+		defer s.Close()
+		got, err := s.ClaimSteps(t.Context(), storage.ClaimParams{WorkerID: "w", Limit: 10, Lease: time.Minute})
+		require.NoError(t, err)
+		require.Len(t, got, 1)
+		require.Equal(t, "work", got[0].Step)
+	})
+
 	// Version 14 keys step logs by their step's row: what a file of
 	// version 13 holds is kept, in its order, an item's under its step.
 	t.Run("StepLogsByStepRow", func(t *testing.T) {
@@ -250,7 +287,7 @@ func TestMigrate(t *testing.T) {
 				(9, 'i-1', 'a', 2, 1, 2, 'WARN', 'an item', '{"k":1}'),
 				(12, 'i-1', 'b', -1, 2, 3, 'INFO', 'last', NULL)`,
 			`DELETE FROM schema_migrations WHERE version = 14`,
-		}, slices.Concat(undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15)...))
+		}, slices.Concat(undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15)...))
 
 		s, err := sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -282,7 +319,7 @@ func TestMigrate(t *testing.T) {
 	t.Run("StepLogsWithCompletions", func(t *testing.T) {
 		t.Parallel()
 		path, db := fileWithInstance(t, "a")
-		execAll(t, db, append(slices.Concat(undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16),
+		execAll(t, db, append(slices.Concat(undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16),
 			`INSERT INTO step_logs (seq, step_id, item, attempt, at, level, message, attrs)
 				SELECT 40, id, -1, 1, 1, 'INFO', 'kept', NULL FROM steps WHERE instance_id = 'i-1' AND name = 'a'`))
 
@@ -337,7 +374,7 @@ func TestMigrate(t *testing.T) {
 		db, err := sql.Open("sqlite3", sqlite.DSN(path))
 		require.NoError(t, err)
 		defer db.Close()
-		execAll(t, db, slices.Concat(undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15))
+		execAll(t, db, slices.Concat(undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15))
 
 		s, err = sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -397,6 +434,12 @@ func execAll(t *testing.T, db *sql.DB, statements []string) {
 		_, err := db.Exec(q)
 		require.NoError(t, err, q)
 	}
+}
+
+// undoVersion23 forgets migration 23, which replaces a trigger and
+// amends rows in a way a second run leaves as it is.
+var undoVersion23 = []string{
+	`DELETE FROM schema_migrations WHERE version = 23`,
 }
 
 // undoVersion22 forgets migration 22, which only replaces a trigger, so

@@ -406,6 +406,52 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 		require.JSONEq(t, `[{"steps":1},{"steps":1},{"steps":1}]`, string(step(t, in, "each").Output), "child outputs in item order")
 	},
 
+	// A workflow step runs no handler: neither it nor its forEach items
+	// hold a slot of their queue, whether the limit was set before they
+	// started or after. They did, so a child whose steps share the
+	// parent's queue waited for ever on its own parent under a limit of 1.
+	"WorkflowStepsHoldNoQueueSlot": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		work := spec("c")
+		work.Queue = "default"
+		plan := callPlan(map[string][]storage.StepSpec{"call": {work}, "each": {work}})
+		runningInDefault := func() int {
+			t.Helper()
+			qs, err := b.store.Queues(b.ctx)
+			require.NoError(t, err)
+			for _, q := range qs {
+				if q.Queue == "default" {
+					return q.Running
+				}
+			}
+			return 0
+		}
+
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "default", Concurrency: 1}))
+		parent := b.createWith(plan, params(callSpec("call")))
+		child := b.child(parent, "call").ID
+		require.Zero(t, runningInDefault(), "a running workflow step is not a running step of its queue")
+		got := b.claim(storage.ClaimParams{InstanceID: child})
+		require.Len(t, got, 1, "the child's step is not held behind its parent's")
+		require.Equal(t, 1, runningInDefault())
+		require.Equal(t, []storage.FinishResult{{Accepted: true}}, b.finishWith(plan, completed(got[0].Claim, `1`)))
+		require.Equal(t, storage.InstanceCompleted, b.get(parent).Status)
+
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "default"}))
+		each := callSpec("each")
+		each.ForEach = true
+		fanned := b.createWith(plan, itemsParams(2, each))
+		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "default", Concurrency: 1}))
+		require.Zero(t, runningInDefault(), "running workflow items are not running steps of their queue")
+		got = b.claim(storage.ClaimParams{Queues: []string{"default"}})
+		require.Len(t, got, 1, "one child's step runs in the one slot")
+		require.Equal(t, []storage.FinishResult{{Accepted: true}}, b.finishWith(plan, completed(got[0].Claim, `1`)))
+		got = b.claim(storage.ClaimParams{Queues: []string{"default"}})
+		require.Len(t, got, 1, "then the other's")
+		require.Equal(t, []storage.FinishResult{{Accepted: true}}, b.finishWith(plan, completed(got[0].Claim, `1`)))
+		require.Equal(t, storage.InstanceCompleted, b.get(fanned).Status)
+	},
+
 	"ForEachItemOfAHeldChildIsPending": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		calls := callPlan(map[string][]storage.StepSpec{"each": {spec("c")}})
