@@ -62,12 +62,12 @@ func claimQuery(c claimShape) string {
 WHERE id IN (SELECT id FROM steps WHERE status = 'pending' AND ` + readyTerm + ` AND run_after <= ?1`)
 	switch {
 	case c.queues == 1:
-		b.WriteString(` AND queue = ?5`)
+		b.WriteString(` AND queue = +?5`)
 	case c.queues > 1:
 		b.WriteString(` AND queue IN (SELECT value FROM json_each(?5))`)
 	}
 	if c.byInstance {
-		b.WriteString(` AND instance_id = ?6`)
+		b.WriteString(` AND instance_id = +?6`)
 	}
 	if c.byHandler {
 		b.WriteString(` AND handler IN (SELECT value FROM json_each(?7))`)
@@ -241,7 +241,11 @@ const underCap = `(SELECT count(*) FROM steps r WHERE r.parent_id = steps.parent
 // plans the LIMIT of an IN (SELECT ... LIMIT ?) around the parameter's
 // value and so prepares the whole statement (triggers and all) anew each
 // time the parameter is bound: about 100 µs per claim. An expression is
-// not planned around, and the statement stays prepared.
+// not planned around, and the statement stays prepared. The store writes
+// every parameter SQLite's planner would read so: a LIMIT or OFFSET as
+// CAST(? AS INTEGER), an equality an ORDER BY relies on (col = ? ORDER BY
+// the index's next column, as the queue and instance filters here) as
+// col = +? (TestStatementsStayPrepared).
 const boundLimit = `CAST(?4 AS INTEGER)`
 
 // claimQueries are built once: the statement text must stay constant to

@@ -18,7 +18,7 @@ const startableDeferredSQL = `SELECT id, held FROM instances
 // StartDeferred implements storage.Store. A limit below 1 means 1000.
 func (s *Store) StartDeferred(ctx context.Context, limit int, plan storage.PlanFunc) (int, error) {
 	return s.sweep(ctx, "start deferred", plan, limit, `SELECT EXISTS (`+startableDeferredSQL+`)`, func(t *txn, limit int) (int, error) {
-		rows, err := t.query(startableDeferredSQL+` ORDER BY held, priority DESC, id LIMIT ?2`, us(t.now), limit)
+		rows, err := t.query(startableDeferredSQL+` ORDER BY held, priority DESC, id LIMIT CAST(?2 AS INTEGER)`, us(t.now), limit)
 		if err != nil {
 			return 0, err
 		}

@@ -16,7 +16,7 @@ func (s *Store) ExpireInstances(ctx context.Context, limit int, plan storage.Pla
 	return s.sweep(ctx, "expire instances", plan, limit, `SELECT EXISTS (SELECT 1 FROM instances
 			WHERE status = 'running' AND deadline IS NOT NULL AND deadline <= ?)`, func(t *txn, limit int) (int, error) {
 		rows, err := t.query(`SELECT id FROM instances WHERE status = 'running' AND deadline IS NOT NULL AND deadline <= ?
-			ORDER BY deadline LIMIT ?`, us(t.now), limit)
+			ORDER BY deadline LIMIT CAST(? AS INTEGER)`, us(t.now), limit)
 		if err != nil {
 			return 0, err
 		}

@@ -361,7 +361,7 @@ func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.Plan
 		now := us(t.now)
 		rows, err := t.query(`SELECT id, instance_id, name, attempts, max_attempts, backoff_us, max_backoff_us, worker_id,
 				coalesce(parent_id, 0)
-			FROM steps WHERE status = 'running' AND lease_until < ? ORDER BY lease_until LIMIT ?`, now, limit)
+			FROM steps WHERE status = 'running' AND lease_until < ? ORDER BY lease_until LIMIT CAST(? AS INTEGER)`, now, limit)
 		if err != nil {
 			return err
 		}

@@ -81,8 +81,8 @@ func (t *txn) settleItems(parents []int64) ([]string, error) {
 		)
 		// min() reads the few failed and cancelled entries of the status
 		// index; ORDER BY item_index LIMIT 1 could walk every item.
-		err := t.queryRow(`SELECT item_index, error FROM steps WHERE parent_id = ?1 AND item_index =
-			(SELECT min(item_index) FROM steps WHERE parent_id = ?1 AND status IN ('failed', 'cancelled'))`, id).Scan(&failedIndex, &failedError)
+		err := t.queryRow(`SELECT item_index, error FROM steps WHERE parent_id = +?1 AND item_index =
+			(SELECT min(item_index) FROM steps WHERE parent_id = +?1 AND status IN ('failed', 'cancelled'))`, id).Scan(&failedIndex, &failedError)
 		failed := err == nil
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return nil, err
@@ -114,7 +114,7 @@ func (t *txn) settleItems(parents []int64) ([]string, error) {
 			newStatus = storage.StepFailed
 		}
 		output := `(SELECT json_group_array(json(coalesce(output, 'null'))) FROM
-			(SELECT output FROM steps WHERE parent_id = ?1 ORDER BY item_index))`
+			(SELECT output FROM steps WHERE parent_id = +?1 ORDER BY item_index))`
 		if failed && !continueOnError {
 			output = `NULL`
 		}
@@ -173,11 +173,11 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 			status = itemStatusSQL
 		}
 		q := `SELECT item_index, ` + status + `, attempts, input, output, error, started_at, finished_at, worker_id, child_id
-			FROM steps WHERE parent_id = ?1`
+			FROM steps WHERE parent_id = +?1`
 		if p.Status != "" {
 			q += ` AND ` + status + ` = ?4`
 		}
-		q += ` ORDER BY item_index LIMIT ?2 OFFSET ?3`
+		q += ` ORDER BY item_index LIMIT CAST(?2 AS INTEGER) OFFSET CAST(?3 AS INTEGER)`
 		args := []any{parentID, limit, max(p.Offset, 0)}
 		if p.Status != "" {
 			args = append(args, string(p.Status))

@@ -145,7 +145,7 @@ func (t *txn) applyQueueLimit(l storage.QueueLimit, oldInterval, oldTat int64) e
 		// that hold a slot: see migration 17). The status term is
 		// repeated for steps_queue_limited, as in releaseHeldPickSQL.
 		if _, err := t.exec(`UPDATE steps SET run_after = `+heldUS+` WHERE id IN (
-				SELECT id FROM steps WHERE queue = ?1 AND queue_limited = 1 AND status = 'pending' AND status IN ('pending', 'running')
+				SELECT id FROM steps WHERE queue = +?1 AND queue_limited = 1 AND status = 'pending' AND status IN ('pending', 'running')
 					AND run_after < `+heldUS+` AND slots_due = 0
 				ORDER BY priority, id DESC LIMIT max(0, (SELECT count(*) FROM steps c WHERE c.queue = ?1 AND c.queue_limited = 1
 					AND c.status IN ('pending', 'running') AND c.run_after < `+heldUS+`
@@ -187,7 +187,7 @@ func (t *txn) releaseHeld(queue string, now int64) error {
 // with due, those whose time has come take theirs here too, in claim
 // order with the others, instead of as they are promoted.
 func (t *txn) respace(queue string, now, interval int64, due bool) error {
-	rows, err := t.query(`SELECT id, run_after FROM steps WHERE queue = ?1 AND queue_limited = 1 AND status = 'pending'
+	rows, err := t.query(`SELECT id, run_after FROM steps WHERE queue = +?1 AND queue_limited = 1 AND status = 'pending'
 		AND (rate_slot_due = 0 OR ?3 AND run_after <= ?2) AND run_after < `+heldUS+` ORDER BY priority DESC, run_after, id`, queue, now, due)
 	if err != nil {
 		return err

@@ -209,7 +209,7 @@ func (t *txn) trimLogs(tr storage.LogTrim) error {
 	}
 	var stepID, last int64
 	err := t.queryRow(`SELECT l.step_id, l.seq FROM step_logs AS l WHERE l.step_id = `+stepRowID+` AND l.attempt = ? AND l.item = ?
-		ORDER BY l.seq LIMIT 1 OFFSET ?`, tr.InstanceID, tr.Step, tr.Attempt, tr.Item, tr.Drop-1).Scan(&stepID, &last)
+		ORDER BY l.seq LIMIT 1 OFFSET CAST(? AS INTEGER)`, tr.InstanceID, tr.Step, tr.Attempt, tr.Item, tr.Drop-1).Scan(&stepID, &last)
 	if err == sql.ErrNoRows {
 		return nil // pruned, or nothing stored yet
 	}
@@ -266,13 +266,13 @@ func (s *Store) ListLogs(ctx context.Context, p storage.LogsParams) ([]storage.L
 		// migration 16).
 		rows, err := tx.QueryContext(ctx, `SELECT l.seq, s.instance_id, s.name, l.item, l.attempt, l.at, l.level, l.message, l.attrs
 			FROM steps AS s CROSS JOIN step_logs AS l ON l.step_id = s.id
-			WHERE s.instance_id = ?1 AND s.item_index = -1 AND (?2 = '' OR s.name = ?2) AND l.seq > ?3
+			WHERE s.instance_id = +?1 AND s.item_index = -1 AND (?2 = '' OR s.name = ?2) AND l.seq > ?3
 			UNION ALL
 			SELECT `+packedSeq+`, e.instance_id, e.step, -1, `+packedRecord+`
 			FROM events AS e CROSS JOIN json_each(e.logs) AS j
 			WHERE e.instance_key = (SELECT key FROM instance_keys WHERE id = ?1) AND e.logs IS NOT NULL
 				AND (?2 = '' OR e.step = ?2) AND `+packedSeq+` > ?3
-			ORDER BY 1 LIMIT ?4`, p.InstanceID, p.Step, p.AfterSeq, limit)
+			ORDER BY 1 LIMIT CAST(?4 AS INTEGER)`, p.InstanceID, p.Step, p.AfterSeq, limit)
 		if err != nil {
 			return err
 		}

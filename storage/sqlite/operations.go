@@ -292,7 +292,7 @@ func (s *Store) MatchInstances(ctx context.Context, f storage.InstanceFilter) ([
 		rows, err := tx.QueryContext(ctx, `SELECT id FROM instances
 			WHERE (?1 = '' OR workflow = ?1) AND (?2 = '' OR status = ?2) AND (?3 = 0 OR created_at < ?3) AND id > ?5
 				AND (NOT ?6 OR parent_id IS NULL)
-			ORDER BY id LIMIT ?4`, f.Workflow, string(f.Status), before, limit, f.AfterID, f.TopLevel)
+			ORDER BY id LIMIT CAST(?4 AS INTEGER)`, f.Workflow, string(f.Status), before, limit, f.AfterID, f.TopLevel)
 		if err != nil {
 			return err
 		}

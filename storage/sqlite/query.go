@@ -107,7 +107,7 @@ func (s *Store) GetInstance(ctx context.Context, id string) (*storage.Instance, 
 			return fmt.Errorf("instance %s: %w", id, interpretError(s.name, err))
 		}
 		in.Definition = def
-		rows, err := tx.QueryContext(ctx, `SELECT `+stepColumns+` FROM steps WHERE instance_id = ? AND item_index = -1 ORDER BY position`, id)
+		rows, err := tx.QueryContext(ctx, `SELECT `+stepColumns+` FROM steps WHERE instance_id = +? AND item_index = -1 ORDER BY position`, id)
 		if err != nil {
 			return err
 		}
@@ -156,19 +156,19 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 		args  []any
 	)
 	if p.Workflow != "" {
-		where, args = append(where, "workflow = ?"), append(args, p.Workflow)
+		where, args = append(where, "workflow = +?"), append(args, p.Workflow)
 	}
 	if p.Key != "" {
-		where, args = append(where, "idem_key = ?"), append(args, p.Key)
+		where, args = append(where, "idem_key = +?"), append(args, p.Key)
 	}
 	if p.Status != "" {
-		where, args = append(where, "status = ?"), append(args, string(p.Status))
+		where, args = append(where, "status = +?"), append(args, string(p.Status))
 	}
 	if p.BeforeID != "" {
 		where, args = append(where, "id < ?"), append(args, p.BeforeID)
 	}
 	if p.Parent != "" {
-		where, args = append(where, "parent_id = ?"), append(args, p.Parent)
+		where, args = append(where, "parent_id = +?"), append(args, p.Parent)
 	}
 	if p.TopLevel {
 		where = append(where, "parent_id IS NULL")
@@ -177,7 +177,7 @@ func (s *Store) ListInstances(ctx context.Context, p storage.ListParams) ([]stor
 	if len(where) > 0 {
 		q += ` WHERE ` + strings.Join(where, " AND ")
 	}
-	q += ` ORDER BY id DESC LIMIT ?`
+	q += ` ORDER BY id DESC LIMIT CAST(? AS INTEGER)`
 	args = append(args, limit)
 	var out []storage.Instance
 	err := s.read(ctx, "list instances", func(tx *sql.Tx) error {
@@ -312,7 +312,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 			return err
 		}
 		rows, err = tx.QueryContext(ctx, `SELECT workflow, finished_at - started_at AS d FROM steps
-			WHERE instance_id IN (SELECT id FROM instances WHERE finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT ?)
+			WHERE instance_id IN (SELECT id FROM instances WHERE finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT CAST(? AS INTEGER))
 				AND status = 'completed' AND started_at IS NOT NULL
 			ORDER BY workflow, d`, storage.StatsWindow)
 		if err != nil {
@@ -395,7 +395,7 @@ func (s *Store) Prune(ctx context.Context, olderThan time.Time, dryRun bool) (in
 			// Children go with their top-level ancestor, and only with it.
 			rows, err := t.query(`WITH RECURSIVE tree (id) AS (
 					SELECT id FROM (SELECT id FROM instances
-						WHERE finished_at IS NOT NULL AND finished_at < ? AND parent_id IS NULL LIMIT ?)
+						WHERE finished_at IS NOT NULL AND finished_at < ? AND parent_id IS NULL LIMIT CAST(? AS INTEGER))
 					UNION ALL SELECT i.id FROM instances i JOIN tree ON i.parent_id = tree.id)
 				DELETE FROM instances WHERE id IN tree RETURNING workflow, definition_hash, parent_id IS NULL`, bound, pruneBatch)
 			if err != nil {

@@ -165,7 +165,7 @@ func (s *Store) ExpireWaits(ctx context.Context, limit int, plan storage.PlanFun
 	return s.sweep(ctx, "expire waits", plan, limit, `SELECT EXISTS (SELECT 1 FROM steps WHERE status = 'waiting' AND deadline <= ?)`, func(t *txn, limit int) (int, error) {
 		now := us(t.now)
 		rows, err := t.query(`SELECT id, instance_id, name, wait_signal, wait_timeout_us FROM steps
-			WHERE status = 'waiting' AND deadline <= ? ORDER BY deadline LIMIT ?`, now, limit)
+			WHERE status = 'waiting' AND deadline <= ? ORDER BY deadline LIMIT CAST(? AS INTEGER)`, now, limit)
 		if err != nil {
 			return 0, err
 		}

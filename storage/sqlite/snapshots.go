@@ -105,7 +105,7 @@ func (t *txn) writerMark() (mark, version int64, err error) {
 		return 0, 0, err
 	}
 	if mark == 0 {
-		mark = int64(rand.Int32N(1<<31-1)) + 1
+		mark = newWriterMark()
 		if _, err := t.tx.ExecContext(t.ctx, `PRAGMA temp.user_version = `+strconv.FormatInt(mark, 10)); err != nil {
 			return 0, 0, err
 		}
@@ -115,6 +115,10 @@ func (t *txn) writerMark() (mark, version int64, err error) {
 	}
 	return mark, version, nil
 }
+
+// newWriterMark returns a mark for a writer's connection: never 0, which
+// is an unmarked connection's.
+func newWriterMark() int64 { return int64(rand.Int32N(1<<31-1)) + 1 }
 
 // usable returns the snapshots of prior that this transaction may plan
 // from: all of them when the writer's connection and data_version are as

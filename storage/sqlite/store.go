@@ -213,6 +213,12 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 	r.SetMaxOpenConns(cfg.ReadConns)
 	r.SetMaxIdleConns(cfg.ReadConns)
 	s.r = r
+	// Marked now rather than at its first finish (writerMark): setting
+	// the mark expires every statement the connection has prepared.
+	if _, err := w.ExecContext(ctx, "PRAGMA temp.user_version = "+strconv.FormatInt(newWriterMark(), 10)); err != nil {
+		_ = errors.Join(r.Close(), w.Close())
+		return nil, interpretError(path, err)
+	}
 	if s.file != nil {
 		// See checkpoint.go. Should the writer's connection be replaced,
 		// the new one checkpoints at SQLite's default, as before.
