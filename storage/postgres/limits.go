@@ -163,10 +163,10 @@ const scheduledSQL = `SELECT queue, count(*) FROM {s}steps
 // the finished history; see TestQueuesReadIndexes. Every pending or
 // running step is in exactly one of them, so a queue with any is listed,
 // even when all its counts are 0 (a paused instance's steps, a forEach
-// step running its items). A running step counts when it holds a lease: a
-// worker runs it (a forEach step's items do, a workflow step's child
-// does). The capped items' index is read again for
-// those their caps hold back.
+// step running its items). A running step counts when it holds a lease,
+// that is when a worker runs it: not a forEach step, whose items count,
+// nor a workflow step or item, whose child's steps count. The capped
+// items' index is read again for those their caps hold back.
 const queueLoadsSQL = `SELECT queue, sum(ready)::bigint, sum(held)::bigint, sum(running)::bigint,
 	coalesce((extract(epoch FROM {now} - min(oldest)) * 1000000)::bigint, 0)
 FROM (

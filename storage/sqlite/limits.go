@@ -235,10 +235,10 @@ const scheduledSQL = `SELECT queue, count(*) FROM steps
 // the finished history; see TestQueuesReadIndexes. Every pending or
 // running step is in exactly one of them, so a queue with any is listed,
 // even when all its counts are 0 (a paused instance's steps, a forEach
-// step running its items). A running step counts when it holds a lease: a
-// worker runs it (a forEach step's items do, a workflow step's child
-// does). The items their caps hold back are counted
-// from the capped items' index.
+// step running its items). A running step counts when it holds a lease,
+// that is when a worker runs it: not a forEach step, whose items count,
+// nor a workflow step or item, whose child's steps count. The items their
+// caps hold back are counted from the capped items' index.
 const queueLoadsSQL = `SELECT queue, sum(ready), sum(held), sum(running), min(oldest) FROM (
 	SELECT queue, ` + queuePendingLoad + ` FROM steps
 	WHERE status = 'pending' AND ` + readyTerm + ` GROUP BY queue
