@@ -33,11 +33,11 @@ import (
 
 var serveListening = regexp.MustCompile(`url=(http://127\.0\.0\.1:\d+)/`)
 
-// serveAPI starts `dagrun serve` (no worker) on a free loopback port and
-// returns the process and its base URL.
-func (e *env) serveAPI(t *testing.T, bin string) (*process, string) {
+// serveAPI starts `dagrun serve` (no worker unless args say --worker) on
+// a free loopback port and returns the process and its base URL.
+func (e *env) serveAPI(t *testing.T, bin string, args ...string) (*process, string) {
 	t.Helper()
-	p := e.spawnBinary(t, bin, "serve", "--addr", "127.0.0.1:0")
+	p := e.spawnBinary(t, bin, append([]string{"serve", "--addr", "127.0.0.1:0"}, args...)...)
 	var base string
 	waitFor(t, 30*time.Second, "dagrun serve to listen", func() bool {
 		if m := serveListening.FindStringSubmatch(p.stderr.String()); m != nil {

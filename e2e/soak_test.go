@@ -79,16 +79,7 @@ func runSoak(t *testing.T, bin, db string, length time.Duration, rate int) {
 		backend = "postgres"
 	}
 	e := newEnv(t, db, map[string]string{"soak.yaml": soakWorkflow, "soak-child.yaml": soakChildWorkflow})
-	server := e.spawnBinary(t, bin, "serve", "--worker", "--addr", "127.0.0.1:0")
-	var base string
-	waitFor(t, 30*time.Second, "dagrun serve to listen", func() bool {
-		if m := serveListening.FindStringSubmatch(server.stderr.String()); m != nil {
-			base = m[1]
-			return true
-		}
-		require.True(t, server.running(), "dagrun serve exited:\n%s", server.stderr.String())
-		return false
-	})
+	server, base := e.serveAPI(t, bin, "--worker")
 	client := &http.Client{Timeout: 30 * time.Second}
 
 	var (
