@@ -411,7 +411,7 @@ func invalidByName(list dag.ErrorList, loaded []*dag.Workflow) map[string]error 
 func (c *cli) warnInvalidWorkflows() {
 	for _, name := range slices.Sorted(maps.Keys(c.invalid)) {
 		err := c.invalid[name]
-		path := filepath.Join(c.workflowsDir, name+".yaml")
+		path := c.workflowsDir // invalidByName's errors each name their file
 		var list dag.ErrorList
 		if errors.As(err, &list) && len(list) > 0 && list[0].File != "" {
 			path = list[0].File
