@@ -172,11 +172,14 @@ func lockDefinitionsSQL(lock string) string {
 	FROM (SELECT DISTINCT h FROM unnest($1::text[]) AS u(h) ORDER BY h) l`
 }
 
-// existingSQL finds the instances that own idempotency keys.
+// existingSQL finds the instances that own idempotency keys, each by its
+// key (the LIMIT keeps the lookup from becoming a join that reads every
+// keyed instance: see appendLogsSQL).
 const existingSQL = `
 SELECT i.id, i.workflow, i.idempotency_key
-FROM {s}instances i JOIN unnest($1::text[], $2::text[]) AS k(workflow, key)
-	ON i.workflow = k.workflow AND i.idempotency_key = k.key`
+FROM unnest($1::text[], $2::text[]) AS k(workflow, key)
+	CROSS JOIN LATERAL (SELECT id, workflow, idempotency_key FROM {s}instances
+		WHERE workflow = k.workflow AND idempotency_key = k.key LIMIT 1) i`
 
 // CreateInstances implements storage.Store. All instances go in with one
 // multi-row statement; tx, when non-nil, must be a pgx.Tx (a *pgxpool.Tx

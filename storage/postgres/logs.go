@@ -27,13 +27,17 @@ UPDATE {s}step_logs SET level = 'INFO', message = $6, attrs = NULL WHERE seq = (
 
 // appendLogsSQL inserts the records in their order, keeping those whose
 // instance still exists: a worker may flush the last records of an
-// instance pruned meanwhile.
+// instance pruned meanwhile. Each record looks its instance up by key: the
+// LIMIT keeps the planner from turning the lookup into a join, which a
+// generic plan made while instances held a few rows (a young database
+// not yet analyzed) did as a hash join reading every instance, at every
+// flush, for the connection's life: 1.9 ms a flush at 16,000 instances.
 const appendLogsSQL = `
 INSERT INTO {s}step_logs (instance_id, step, item, attempt, at, level, message, attrs)
 SELECT r.instance_id, r.step, r.item, r.attempt, r.at, r.level, r.message, r.attrs
 FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::timestamptz[], $6::text[], $7::text[], $8::json[])
 	WITH ORDINALITY AS r(instance_id, step, item, attempt, at, level, message, attrs, ord)
-WHERE EXISTS (SELECT 1 FROM {s}instances i WHERE i.id = r.instance_id)
+	CROSS JOIN LATERAL (SELECT FROM {s}instances i WHERE i.id = r.instance_id LIMIT 1) alive
 ORDER BY r.ord`
 
 // AppendLogs implements storage.Store.
