@@ -101,10 +101,11 @@ func (e *Engine) createEagerly(ctx context.Context, params []storage.CreateParam
 	}
 	if err == nil && wakesLater(params) {
 		// The store wakes claim loops for steps made ready, not for
-		// times: a delayed step, a wait's deadline or the workflow's
-		// timeout is something every local worker must learn of to wake
-		// at it rather than at a poll. One that looked for its next wake
-		// time just before this commit would otherwise sleep on.
+		// times: a delayed step or the workflow's timeout is something
+		// every local worker must learn of to wake at it rather than at a
+		// poll. One that looked for its next wake time just before this
+		// commit would otherwise sleep on. (A wait's deadline they learn
+		// of from the plan that made it wait: see deadlines.go.)
 		e.recheckLocalWorkers()
 	}
 	return created, err
@@ -121,18 +122,12 @@ func (e *Engine) recheckLocalWorkers() {
 	}
 }
 
-// wakesLater reports whether instances have steps that are due only later,
-// or times to keep: a delayed start's, a wait step's or the workflow's
-// timeout.
+// wakesLater reports whether instances have steps that are due only later
+// or a time to keep: a delayed start or the workflow's timeout.
 func wakesLater(params []storage.CreateParams) bool {
 	for _, p := range params {
 		if !p.RunAfter.IsZero() || p.Timeout > 0 {
 			return true
-		}
-		for _, s := range p.Steps {
-			if s.Wait != nil && s.Wait.Timeout > 0 {
-				return true
-			}
 		}
 	}
 	return false

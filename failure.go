@@ -268,7 +268,7 @@ func (e *Engine) expireInstances(ctx context.Context) (int, error) {
 // busy worker's loop does not read the store at every wake-up. A timeout
 // already due is enforced at once: re-arming the timer for it at every
 // look would put it off for ever. It returns when it last looked.
-func (w *Worker) wakeWhileBusy(ctx context.Context, idle *time.Timer, last time.Time) time.Time {
+func (w *Worker) wakeWhileBusy(ctx context.Context, idle *idleTimer, last time.Time) time.Time {
 	now := time.Now()
 	if now.Sub(last) < w.config.Poll {
 		return last
@@ -279,7 +279,7 @@ func (w *Worker) wakeWhileBusy(ctx context.Context, idle *time.Timer, last time.
 	case !next.After(now):
 		w.sweepDue(ctx)
 	default:
-		idle.Reset(next.Sub(now) + time.Millisecond) // the store compares deadline <= now
+		idle.set(next.Sub(now) + time.Millisecond) // the store compares deadline <= now
 	}
 	return now
 }

@@ -67,6 +67,10 @@ type finishRecorder struct {
 	// orphaned are the instances among failing that had a workflow step
 	// running, whose children the failure cancelled.
 	orphaned map[string]bool
+	// waitTimeout is the shortest timeout of the wait steps the plans made
+	// waiting (see deadlines.go), when waits is set.
+	waitTimeout time.Duration
+	waits       bool
 }
 
 type finishedInstance struct {
@@ -90,6 +94,7 @@ func (r *finishRecorder) reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.ended, r.failing, r.orphaned = nil, nil, nil
+	r.waitTimeout, r.waits = 0, false
 }
 
 func (r *finishRecorder) plan(state *storage.InstanceState) (*storage.Plan, error) {
@@ -98,6 +103,9 @@ func (r *finishRecorder) plan(state *storage.InstanceState) (*storage.Plan, erro
 		// A recorded failure, or the timeout of a failing instance, which
 		// cancelled the steps still running.
 		r.recordFailing(state)
+	}
+	if err == nil {
+		r.recordWaits(state, p)
 	}
 	if err != nil || p.Instance == nil {
 		return p, err
@@ -136,4 +144,33 @@ func (r *finishRecorder) report() {
 	}
 	r.ended = nil
 	r.stopFailing()
+	if r.waits {
+		r.engine.wakeLocalWorkersBy(time.Now().Add(r.waitTimeout))
+		r.waitTimeout, r.waits = 0, false
+	}
+}
+
+// recordWaits keeps the shortest timeout of the wait steps p makes
+// waiting, for report to tell the claim loops of their deadline.
+func (r *finishRecorder) recordWaits(state *storage.InstanceState, p *storage.Plan) {
+	for _, ch := range p.Steps {
+		if ch.Status != storage.StepWaiting {
+			continue
+		}
+		// The plan just loaded the definition: this is a cache hit.
+		w, err := r.engine.definition(state.DefinitionHash, state.LoadDefinition)
+		if err != nil {
+			return
+		}
+		timeout, ok := waitsTimeOutIn(w, p)
+		if !ok {
+			return
+		}
+		r.mu.Lock()
+		if !r.waits || timeout < r.waitTimeout {
+			r.waitTimeout, r.waits = timeout, true
+		}
+		r.mu.Unlock()
+		return
+	}
 }

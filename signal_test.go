@@ -222,8 +222,10 @@ func TestSignalRepeatsAndFinishedInstances(t *testing.T) {
 }
 
 // timeoutWorkflow waits for a signal that never comes; its dependent runs
-// all the same.
-const timeoutWorkflow = `
+// all the same. laterTimeoutWorkflow does the same after a first step, so
+// its wait starts, and its deadline is set, by that step's finish.
+const (
+	timeoutWorkflow = `
 name: lapse
 steps:
   - name: approve
@@ -235,21 +237,35 @@ steps:
     input: {status: "${{ steps.approve.status }}"}
 output: ${{ steps.after.output }}
 `
+	laterTimeoutWorkflow = `
+name: lapse-later
+steps:
+  - {name: first, handler: echo, input: {}}
+  - {name: approve, dependsOn: [first], wait: {timeout: 300ms}, continueOnError: true}
+  - {name: after, dependsOn: [approve], handler: echo, input: {status: "${{ steps.approve.status }}"}}
+output: ${{ steps.after.output }}
+`
+)
 
+// TestWaitTimeoutFailsTheStepAndContinueOnErrorLetsDependentsRun, for a
+// wait that starts with its instance and one that starts after a step:
+// the plan that sets a wait's deadline tells the idle worker of it (a wait
+// that began after a step once timed out only at the next poll).
 func TestWaitTimeoutFailsTheStepAndContinueOnErrorLetsDependentsRun(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
-		b := setup(t, open, nil, timeoutWorkflow, chainWorkflow)
+		b := setup(t, open, nil, timeoutWorkflow, laterTimeoutWorkflow, chainWorkflow)
 		// Neither the poll nor the lease recovery pass comes within the
 		// test's wait: only waking at the deadline times the step out.
 		b.runWorker(t, &dagrun.WorkerConfig{Poll: time.Hour, Lease: 10 * time.Minute})
-		// An idle worker, which learns of the deadline from the start.
-		b.wait(t, b.start(t, "chain", `{"n": 1}`))
-		inst := b.wait(t, b.start(t, "lapse", `{}`))
-		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
-		approve := step(t, inst, "approve")
-		require.Equal(t, storage.StepFailed, approve.Status)
-		require.Equal(t, "no signal approve within 300ms", approve.Error)
-		requireJSON(t, `{"status": "failed"}`, inst.Output)
+		b.wait(t, b.start(t, "chain", `{"n": 1}`)) // an idle worker
+		for _, workflow := range []string{"lapse", "lapse-later"} {
+			inst := b.wait(t, b.start(t, workflow, `{}`))
+			require.Equal(t, storage.InstanceCompleted, inst.Status, "%s: %s", workflow, inst.Error)
+			approve := step(t, inst, "approve")
+			require.Equal(t, storage.StepFailed, approve.Status, workflow)
+			require.Equal(t, "no signal approve within 300ms", approve.Error, workflow)
+			requireJSON(t, `{"status": "failed"}`, inst.Output)
+		}
 	})
 }
 

@@ -100,6 +100,9 @@ type Worker struct {
 	// becomes ready before the next poll, so a 10ms backoff waits 10ms
 	// rather than a poll interval.
 	due chan struct{}
+	// wakeTimes holds the wait deadlines this process's plans set, for the
+	// claim loop's idle timer (see deadlines.go).
+	wakeTimes *wakeTimes
 	// sweptDueAt is when the claim loop last swept what NextWake said was
 	// due already (see sleepUntilNext); only the claim loop touches it.
 	sweptDueAt time.Time
@@ -129,6 +132,7 @@ func (e *Engine) NewWorker(config *WorkerConfig) (*Worker, error) {
 		queued:      make(chan struct{}, 1),
 		handlerExit: make(chan struct{}, 1),
 		due:         make(chan struct{}, 1),
+		wakeTimes:   newWakeTimes(),
 	}, nil
 }
 
@@ -195,8 +199,7 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 	defer recoverEvery.Stop()
 	// idle fires when the earliest step this worker could take becomes
 	// claimable or a wait times out, so that neither waits for a poll.
-	idle := time.NewTimer(time.Hour)
-	idle.Stop()
+	idle := newIdleTimer()
 	defer idle.Stop()
 	errorDelay := time.Duration(0)
 	var busySince time.Time // when the worker last looked for a timeout while every slot was taken
@@ -243,17 +246,25 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 			slotFreed = w.slots.freed
 			busySince = w.wakeWhileBusy(ctx, idle, busySince)
 		}
-		select {
-		case <-ctx.Done():
-		case <-wake:
-		case <-slotFreed:
-		case <-w.due:
-		case <-poll.C:
-		case <-idle.C:
-			w.sweepDue(ctx)
-		case <-recoverEvery.C:
-			w.recoverExpired(ctx)
-			w.sweepDue(ctx)
+		for waiting := true; waiting; {
+			waiting = false
+			select {
+			case <-ctx.Done():
+			case <-wake:
+			case <-slotFreed:
+			case <-w.due:
+			case <-poll.C:
+			case <-w.wakeTimes.told:
+				// A deadline to look at later, not work to claim now.
+				idle.fireBy(w.wakeTimes.take())
+				waiting = true
+			case <-idle.C:
+				idle.fired()
+				w.sweepDue(ctx)
+			case <-recoverEvery.C:
+				w.recoverExpired(ctx)
+				w.sweepDue(ctx)
+			}
 		}
 	}
 	return nil
@@ -375,7 +386,7 @@ func (w *Worker) release(steps []storage.ClaimedStep) {
 // now). A time already past by this process's clock, while the store says
 // it is still to come, means the clocks disagree: looking again every
 // idleRecheck bounds the lateness without spinning.
-func (w *Worker) sleepUntilNext(ctx context.Context, idle *time.Timer, next time.Time) {
+func (w *Worker) sleepUntilNext(ctx context.Context, idle *idleTimer, next time.Time) {
 	if next.IsZero() {
 		return // the poll is the fallback
 	}
@@ -392,7 +403,7 @@ func (w *Worker) sleepUntilNext(ctx context.Context, idle *time.Timer, next time
 		}
 		d = idleRecheck
 	}
-	idle.Reset(d)
+	idle.set(d)
 }
 
 // idleRecheck is how soon an idle worker looks again for a step or wait
