@@ -8,16 +8,18 @@ import (
 	"github.com/dagrun/dagrun/storage"
 )
 
-// Wait deadlines told to the claim loops. A wait step that starts waiting
-// with a timeout gets its deadline in the transaction whose plan made it
-// wait: a finish, a signal, a sweep or a start. The stores wake claim loops
-// for steps made ready, not for times, and a claim loop learns of a
-// deadline from the next-wake answer of its next short claim: an idle one
-// slept on until its poll, so a wait that began after another step timed
-// out up to a poll late. The plan that set the deadline is this engine's,
+// Deadlines told to the claim loops. A wait step that starts waiting with
+// a timeout gets its deadline in the transaction whose plan made it wait
+// (a finish, a signal, a sweep or a start), and an instance with a
+// workflow timeout gets its own when it starts, which for a child
+// instance is in its parent's finish. The stores wake claim loops for
+// steps made ready, not for times, and a claim loop learns of a deadline
+// from the next-wake answer of its next short claim: an idle one slept on
+// until its poll, so a wait that began after another step, or a child's
+// workflow timeout, fired up to a poll late. The plans are this engine's,
 // so the engine tells its claim loops when to look, which costs each a
-// timer rather than a claim. Other processes learn of it from the store
-// (a NOTIFY, a watched file) or at their poll.
+// timer rather than a claim. Other processes learn of a deadline from the
+// store (a NOTIFY, a watched file) or at their poll.
 
 // wakeTimes holds the earliest deadline told to one claim loop since it
 // last took them.
@@ -94,24 +96,31 @@ func (e *Engine) wakeLocalWorkersBy(t time.Time) {
 	}
 }
 
-// waitsTimeOutIn returns the shortest timeout of the wait steps p makes
-// waiting, which their deadlines count from the plan's commit, and whether
-// it makes any such step wait.
-func waitsTimeOutIn(w *dag.Workflow, p *storage.Plan) (time.Duration, bool) {
+// deadlinesIn returns the shortest time from p's commit to a deadline p
+// starts, and whether it starts any: the timeout of each wait step it
+// makes waiting, and the workflow's timeout when the instance has not
+// started yet (a new instance, a child among them), since it starts at
+// the earliest now. A deadline told early costs a look that finds it not
+// due, and the claim loop then learns the exact time from the store.
+func deadlinesIn(w *dag.Workflow, state *storage.InstanceState, p *storage.Plan) (time.Duration, bool) {
 	var (
 		shortest time.Duration
 		found    bool
 	)
+	consider := func(d time.Duration) {
+		if d > 0 && (!found || d < shortest) {
+			shortest, found = d, true
+		}
+	}
+	if state.Status == storage.InstancePending && !p.Deferred {
+		consider(w.Timeout)
+	}
 	for _, ch := range p.Steps {
 		if ch.Status != storage.StepWaiting {
 			continue
 		}
-		step := w.Step(ch.Name)
-		if step == nil || step.Wait == nil || step.Wait.Timeout <= 0 {
-			continue
-		}
-		if !found || step.Wait.Timeout < shortest {
-			shortest, found = step.Wait.Timeout, true
+		if step := w.Step(ch.Name); step != nil && step.Wait != nil {
+			consider(step.Wait.Timeout)
 		}
 	}
 	return shortest, found

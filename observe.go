@@ -2,6 +2,7 @@ package dagrun
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -67,10 +68,10 @@ type finishRecorder struct {
 	// orphaned are the instances among failing that had a workflow step
 	// running, whose children the failure cancelled.
 	orphaned map[string]bool
-	// waitTimeout is the shortest timeout of the wait steps the plans made
-	// waiting (see deadlines.go), when waits is set.
-	waitTimeout time.Duration
-	waits       bool
+	// untilDeadline is the shortest time from the plans to a deadline
+	// they started (see deadlines.go), when deadlines is set.
+	untilDeadline time.Duration
+	deadlines     bool
 }
 
 type finishedInstance struct {
@@ -94,7 +95,7 @@ func (r *finishRecorder) reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.ended, r.failing, r.orphaned = nil, nil, nil
-	r.waitTimeout, r.waits = 0, false
+	r.untilDeadline, r.deadlines = 0, false
 }
 
 func (r *finishRecorder) plan(state *storage.InstanceState) (*storage.Plan, error) {
@@ -105,7 +106,7 @@ func (r *finishRecorder) plan(state *storage.InstanceState) (*storage.Plan, erro
 		r.recordFailing(state)
 	}
 	if err == nil {
-		r.recordWaits(state, p)
+		r.recordDeadlines(state, p)
 	}
 	if err != nil || p.Instance == nil {
 		return p, err
@@ -144,33 +145,32 @@ func (r *finishRecorder) report() {
 	}
 	r.ended = nil
 	r.stopFailing()
-	if r.waits {
-		r.engine.wakeLocalWorkersBy(time.Now().Add(r.waitTimeout))
-		r.waitTimeout, r.waits = 0, false
+	if r.deadlines {
+		r.engine.wakeLocalWorkersBy(time.Now().Add(r.untilDeadline))
+		r.untilDeadline, r.deadlines = 0, false
 	}
 }
 
-// recordWaits keeps the shortest timeout of the wait steps p makes
-// waiting, for report to tell the claim loops of their deadline.
-func (r *finishRecorder) recordWaits(state *storage.InstanceState, p *storage.Plan) {
-	for _, ch := range p.Steps {
-		if ch.Status != storage.StepWaiting {
-			continue
-		}
-		// The plan just loaded the definition: this is a cache hit.
-		w, err := r.engine.definition(state.DefinitionHash, state.LoadDefinition)
-		if err != nil {
-			return
-		}
-		timeout, ok := waitsTimeOutIn(w, p)
-		if !ok {
-			return
-		}
-		r.mu.Lock()
-		if !r.waits || timeout < r.waitTimeout {
-			r.waitTimeout, r.waits = timeout, true
-		}
-		r.mu.Unlock()
+// recordDeadlines keeps the shortest time from now to a deadline p
+// starts, for report to tell the claim loops of it (see deadlines.go).
+func (r *finishRecorder) recordDeadlines(state *storage.InstanceState, p *storage.Plan) {
+	if state.Status != storage.InstancePending && !slices.ContainsFunc(p.Steps, func(ch storage.StepChange) bool {
+		return ch.Status == storage.StepWaiting
+	}) {
 		return
 	}
+	// The plan just loaded the definition: this is a cache hit.
+	w, err := r.engine.definition(state.DefinitionHash, state.LoadDefinition)
+	if err != nil {
+		return
+	}
+	timeout, ok := deadlinesIn(w, state, p)
+	if !ok {
+		return
+	}
+	r.mu.Lock()
+	if !r.deadlines || timeout < r.untilDeadline {
+		r.untilDeadline, r.deadlines = timeout, true
+	}
+	r.mu.Unlock()
 }

@@ -125,6 +125,42 @@ func TestWorkflowStepUnderAQueueLimitOfOne(t *testing.T) {
 	})
 }
 
+// TestAChildTimesOutWithoutAPoll: a child instance's workflow timeout
+// starts in its parent's finish, which wakes no idle claim loop when it has
+// nothing else to claim; the plan that starts the child tells the claim
+// loops of its deadline (a child's timeout once fired only at the next
+// poll on SQLite), whether the child starts by waiting or by a step.
+func TestAChildTimesOutWithoutAPoll(t *testing.T) {
+	t.Parallel()
+	for name, first := range map[string]string{
+		"waiting first": `{name: approve, wait: {signal: go}}`,
+		"a step first": `{name: x, handler: echo, input: {}}
+  - {name: approve, dependsOn: [x], wait: {signal: go}}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+				b := setup(t, open, nil, `
+name: slow-approval
+timeout: 300ms
+steps:
+  - `+first, `
+name: order
+steps:
+  - {name: take, handler: echo, input: {}}
+  - {name: approval, dependsOn: [take], workflow: slow-approval}
+`, chainWorkflow)
+				b.runWorker(t, &dagrun.WorkerConfig{Poll: time.Hour, Lease: 10 * time.Minute})
+				b.wait(t, b.start(t, "chain", `{"n": 1}`)) // an idle worker
+				inst := b.wait(t, b.start(t, "order", `{}`))
+				require.Equal(t, storage.InstanceFailed, inst.Status)
+				child := childOf(t, inst, "approval")
+				require.Equal(t, "child instance "+child+" failed: workflow timed out after 300ms", step(t, inst, "approval").Error)
+			})
+		})
+	}
+}
+
 func TestChildFailureFailsTheParentStep(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
