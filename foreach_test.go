@@ -188,6 +188,33 @@ func TestForEachConcurrencyCapsRunningItemsPerInstance(t *testing.T) {
 	})
 }
 
+// TestCappedItemsStartWithoutAPoll: the eager claim of the transaction that
+// expands a forEach step never takes items under a concurrency cap, so that
+// transaction must wake a claim loop for them (on PostgreSQL it did not, and
+// they waited for the poll), and so must each item's finish for the
+// sibling that takes its slot; whether the step expands as its instance is
+// created or in a finish.
+func TestCappedItemsStartWithoutAPoll(t *testing.T) {
+	t.Parallel()
+	for name, steps := range map[string]string{
+		"at creation": `
+  - {name: each, forEach: "${{ input.items }}", concurrency: 1, handler: echo}`,
+		"after a step": `
+  - {name: first, handler: echo, input: {}}
+  - {name: each, dependsOn: [first], forEach: "${{ input.items }}", concurrency: 1, handler: echo}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+				b := setup(t, open, nil, "name: one-by-one\nsteps:"+steps+"\n", chainWorkflow)
+				b.runWorker(t, &dagrun.WorkerConfig{Poll: time.Hour})
+				b.wait(t, b.start(t, "chain", `{"n": 1}`)) // an idle worker
+				b.requireCompleteSoon(t, "an item waited for a poll", b.start(t, "one-by-one", numbers(4)))
+			})
+		})
+	}
+}
+
 const failingWorkflow = `
 name: failing
 defaults:

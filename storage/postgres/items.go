@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dagrun/dagrun/storage"
 )
@@ -17,6 +16,8 @@ import (
 // with no lease (it is never claimed, only its items are), and inserts one
 // pending item per input of $4, copying what a claim needs from the step;
 // with $5 it records the step's step.ready event (a creation has its own).
+// It returns how many items it inserted and whether the step caps how many
+// run at once.
 const expandSQL = `
 WITH p AS (
 	UPDATE {s}steps s SET status = 'running', started_at = {now}, first_started_at = {now}, ready_at = {now},
@@ -27,15 +28,19 @@ WITH p AS (
 ev AS (
 	INSERT INTO {s}events (instance_id, step, type, attempt, message, at)
 	SELECT p.instance_id, p.name, 'step.ready', 0, cardinality($4::json[]) || ' items', {now} FROM p WHERE $5
+),
+ins AS (
+	INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, depends_on, status,
+		max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, run_after, ready_at,
+		parent_id, item_index, item_concurrency, continue_on_error, held_by_instance, queue_limited)
+	SELECT p.instance_id, p.position, p.name, p.handler, p.queue, p.workflow, '{}', 'pending',
+		p.max_attempts, p.backoff_us, p.max_backoff_us, p.timeout_us, p.priority, x.input, p.run_after, {now},
+		p.id, x.ord - 1, p.item_concurrency, p.continue_on_error, p.held_by_instance,
+		p.child_workflow = '' AND EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = p.queue)
+	FROM p, unnest($4::json[]) WITH ORDINALITY AS x(input, ord)
+	RETURNING 1
 )
-INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, depends_on, status,
-	max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, run_after, ready_at,
-	parent_id, item_index, item_concurrency, continue_on_error, held_by_instance, queue_limited)
-SELECT p.instance_id, p.position, p.name, p.handler, p.queue, p.workflow, '{}', 'pending',
-	p.max_attempts, p.backoff_us, p.max_backoff_us, p.timeout_us, p.priority, x.input, p.run_after, {now},
-	p.id, x.ord - 1, p.item_concurrency, p.continue_on_error, p.held_by_instance,
-	p.child_workflow = '' AND EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = p.queue)
-FROM p, unnest($4::json[]) WITH ORDINALITY AS x(input, ord)`
+SELECT (SELECT count(*) FROM ins), coalesce((SELECT p.item_concurrency > 0 FROM p), false)`
 
 // queueExpand queues the expansion of one forEach step on the
 // transaction's tail; the step must be a blocked forEach step.
@@ -50,10 +55,20 @@ func (s *Store) queueExpandAtCreation(st *txState, now *time.Time, instanceID, n
 }
 
 func (s *Store) queueExpansion(st *txState, now *time.Time, instanceID, name string, items []json.RawMessage, event bool) {
-	st.tail.Queue(s.q(expandSQL), now, instanceID, name, items, event).Exec(func(tag pgconn.CommandTag) error {
-		if int(tag.RowsAffected()) != len(items) {
+	st.tail.Queue(s.q(expandSQL), now, instanceID, name, items, event).QueryRow(func(row pgx.Row) error {
+		var (
+			inserted int
+			capped   bool
+		)
+		if err := row.Scan(&inserted, &capped); err != nil {
+			return err
+		}
+		if inserted != len(items) {
 			return fmt.Errorf("plan for instance %s expands step %q, which is not a blocked forEach step", instanceID, name)
 		}
+		// The eager claim never takes capped items (see claimCapped): a
+		// short one proves nothing about them.
+		st.cappedExpanded = st.cappedExpanded || capped && inserted > 0
 		return nil
 	})
 }

@@ -560,6 +560,9 @@ type txState struct {
 	// eager claim never takes (see claimCapped), so a short eager claim
 	// proves nothing and the subscribers are signalled all the same.
 	itemSlotFreed bool
+	// cappedExpanded is set when a forEach step under a concurrency cap
+	// expanded into items, which the eager claim never takes either.
+	cappedExpanded bool
 
 	// store and plan serve the follow-ups of child instances (see
 	// followUp): the workflow steps whose children to create (starts),
@@ -757,7 +760,7 @@ func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx, st *txState) error)
 		})
 		if err == nil && len(st.readyQueues) > 0 && !st.claimedAllReady() {
 			s.notifier.add(st.readyQueues)
-			if !st.quiet || st.itemSlotFreed {
+			if !st.quiet || st.itemSlotFreed || st.cappedExpanded {
 				s.broadcast()
 			}
 		}
