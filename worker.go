@@ -100,8 +100,9 @@ type Worker struct {
 	// becomes ready before the next poll, so a 10ms backoff waits 10ms
 	// rather than a poll interval.
 	due chan struct{}
-	// wakeTimes holds the wait deadlines this process's plans set, for the
-	// claim loop's idle timer (see deadlines.go).
+	// wakeTimes holds the deadlines this process's plans started (timed
+	// waits, workflow timeouts), for the claim loop's idle timer (see
+	// deadlines.go).
 	wakeTimes *wakeTimes
 	// sweptDueAt is when the claim loop last swept what NextWake said was
 	// due already (see sleepUntilNext); only the claim loop touches it.
