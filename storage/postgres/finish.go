@@ -71,7 +71,20 @@ ev AS (
 
 // finishSelect is what finishSQL returns of each step it finished.
 const finishSelect = `
-SELECT ord, instance_id, status, queue, coalesce(parent_id, 0), item_concurrency > 0 FROM u`
+SELECT ord, instance_id, status, queue, coalesce(parent_id, 0), ` + slotWanted + ` FROM u`
+
+// slotWanted (of the row u) and slotWantedByF (of the row f) tell whether
+// a capped item that finished or lost its lease leaves its slot to a
+// sibling still pending: only then may a claim loop take something the
+// eager claim never takes (see txState.itemSlotFreed). A capped forEach
+// step's last items otherwise woke this process's claim loops for an empty
+// claim at each finish.
+const (
+	slotWanted = `u.item_concurrency > 0 AND EXISTS (SELECT 1 FROM {s}steps w
+		WHERE w.parent_id = u.parent_id AND w.status = 'pending' AND w.item_concurrency > 0)`
+	slotWantedByF = `f.item_concurrency > 0 AND EXISTS (SELECT 1 FROM {s}steps w
+		WHERE w.parent_id = f.parent_id AND w.status = 'pending' AND w.item_concurrency > 0)`
+)
 
 // finishRows and finishLocked are finishSQL's rows and the steps it locks,
 // as arrays; finishOneSQL has them as scalars.
@@ -459,7 +472,7 @@ ev AS (
 		WHERE u.parent_id IS NULL
 	) e ORDER BY e.ord, e.sub
 )
-SELECT instance_id, status, queue, coalesce(parent_id, 0), item_concurrency > 0 FROM u`
+SELECT instance_id, status, queue, coalesce(parent_id, 0), ` + slotWanted + ` FROM u`
 
 // RecoverExpired implements storage.Store. A limit below 1 means 1000.
 func (s *Store) RecoverExpired(ctx context.Context, limit int, plan storage.PlanFunc) (int, error) {

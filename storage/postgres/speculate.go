@@ -227,7 +227,7 @@ func verifiedFinish(finish, expected string) string {
 	return oneRow(finish, finishSelect, `,
 checked AS (`+verifySnapshots("$11", "$12", "$13", "(SELECT count(*) FROM u) = "+expected)+`
 )
-SELECT u.ord, u.instance_id, u.status, u.queue, coalesce(u.parent_id, 0), u.item_concurrency > 0, checked.ok, checked.txid
+SELECT u.ord, u.instance_id, u.status, u.queue, coalesce(u.parent_id, 0), `+slotWanted+`, checked.ok, checked.txid
 FROM checked LEFT JOIN u ON true`)
 }
 
