@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -61,5 +62,49 @@ func TestFinishRecorderForgetsARolledBackAttempt(t *testing.T) {
 		} else {
 			require.Equal(t, []storage.InstanceStatus{storage.InstanceCompleted}, obs.finished)
 		}
+	}
+}
+
+// TestFinishRecorderTellsDeadlinesOfTheCommittedAttemptOnly: the deadline
+// of a wait a plan started reaches the local claim loops once the store's
+// call returns, unless the store ran the transaction again, whose plans
+// then say anew what they start.
+func TestFinishRecorderTellsDeadlinesOfTheCommittedAttemptOnly(t *testing.T) {
+	t.Parallel()
+	registry := handlers.NewRegistry()
+	handlers.RegisterBuiltins(registry)
+	state := &storage.InstanceState{ID: "01a23000-0000-7000-8000-000000000002", Workflow: "approval", DefinitionHash: "h2",
+		Status: storage.InstanceRunning, Input: json.RawMessage(`{}`),
+		Steps: []storage.StepState{
+			{Name: "first", Status: storage.StepCompleted, Output: json.RawMessage(`1`), Attempts: 1},
+			{Name: "approve", DependsOn: []string{"first"}, Status: storage.StepBlocked},
+		},
+		LoadDefinition: func() ([]byte, error) {
+			return []byte("name: approval\nsteps:\n  - {name: first, handler: noop}\n" +
+				"  - {name: approve, dependsOn: [first], wait: {signal: go, timeout: 5m}}\n"), nil
+		}}
+	for _, retried := range []bool{false, true} {
+		e, err := New(struct{ storage.Store }{}, registry, nil)
+		require.NoError(t, err)
+		w, err := e.NewWorker(nil)
+		require.NoError(t, err)
+		e.addWorker(w)
+		rec := e.newFinishRecorder()
+		ctx := rec.attach(t.Context())
+		storage.AttemptStarted(ctx)
+		p, err := rec.plan(state)
+		require.NoError(t, err)
+		require.Equal(t, []storage.StepChange{{Name: "approve", Status: storage.StepWaiting, Input: json.RawMessage("null")}}, p.Steps)
+		if retried {
+			storage.AttemptStarted(ctx) // rolled back; the retry plans nothing
+		}
+		before := time.Now()
+		rec.report()
+		told := w.wakeTimes.take()
+		if retried {
+			require.True(t, told.IsZero(), "retried: told of %v", told)
+			continue
+		}
+		require.WithinDuration(t, before.Add(5*time.Minute), told, time.Second)
 	}
 }
