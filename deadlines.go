@@ -8,18 +8,21 @@ import (
 	"github.com/dagrun/dagrun/storage"
 )
 
-// Deadlines told to the claim loops. A wait step that starts waiting with
-// a timeout gets its deadline in the transaction whose plan made it wait
-// (a finish, a signal, a sweep or a start), and an instance with a
-// workflow timeout gets its own when it starts, which for a child
-// instance is in its parent's finish. The stores wake claim loops for
-// steps made ready, not for times, and a claim loop learns of a deadline
-// from the next-wake answer of its next short claim: an idle one slept on
-// until its poll, so a wait that began after another step, or a child's
-// workflow timeout, fired up to a poll late. The plans are this engine's,
-// so the engine tells its claim loops when to look, which costs each a
-// timer rather than a claim. Other processes learn of a deadline from the
-// store (a NOTIFY, a watched file) or at their poll.
+// Deadlines told to the claim loops: times this process's plans set, which
+// no store signal tells of (a delayed start's steps are signalled, as steps
+// made ready that the claim left). A wait step that starts waiting with a
+// timeout gets its deadline in the transaction whose plan made it wait (a
+// finish, a signal, a sweep or a start), and an instance with a workflow
+// timeout gets its own when it starts, which for a child instance is in its
+// parent's finish. The stores wake claim loops for steps made ready, not
+// for times, and a claim loop learns of a deadline from the next-wake
+// answer of its next short claim: an idle one slept on until its poll, so a
+// wait that began after another step, or a child's workflow timeout, fired
+// up to a poll late. The plans are this engine's, so the engine tells its
+// claim loops when to look, which costs each a timer rather than a claim
+// (a start once made every claim loop claim and look up its next wake time
+// instead). Other processes learn of a deadline from the store (a NOTIFY,
+// a watched file) or at their poll.
 
 // wakeTimes holds the earliest deadline told to one claim loop since it
 // last took them.

@@ -70,11 +70,7 @@ func (e *Engine) reserveEager(n int) (*Worker, int) {
 func (e *Engine) createEagerly(ctx context.Context, params []storage.CreateParams, plan storage.PlanFunc) ([]storage.CreateResult, error) {
 	cc, ok := e.store.(storage.CreateClaimer)
 	if !ok {
-		created, err := e.store.CreateInstances(ctx, nil, params, plan)
-		if err == nil && wakesLater(params) {
-			e.recheckLocalWorkers()
-		}
-		return created, err
+		return e.store.CreateInstances(ctx, nil, params, plan)
 	}
 	roots := 0
 	for _, p := range params {
@@ -99,36 +95,5 @@ func (e *Engine) createEagerly(ctx context.Context, params []storage.CreateParam
 		created, claimed, err = cc.CreateAndClaim(ctx, params, plan, w.claimParams(reserved))
 		w.adopt(reserved, claimed)
 	}
-	if err == nil && wakesLater(params) {
-		// The store wakes claim loops for steps made ready, not for
-		// times: a delayed step or the workflow's timeout is something
-		// every local worker must learn of to wake at it rather than at a
-		// poll. One that looked for its next wake time just before this
-		// commit would otherwise sleep on. (A wait's deadline they learn
-		// of from the plan that made it wait: see deadlines.go.)
-		e.recheckLocalWorkers()
-	}
 	return created, err
-}
-
-// recheckLocalWorkers makes every running worker of this engine claim and
-// look for its next wake time again.
-func (e *Engine) recheckLocalWorkers() {
-	e.local.mu.Lock()
-	workers := append([]*Worker(nil), e.local.list...)
-	e.local.mu.Unlock()
-	for _, w := range workers {
-		w.recheck()
-	}
-}
-
-// wakesLater reports whether instances have steps that are due only later
-// or a time to keep: a delayed start or the workflow's timeout.
-func wakesLater(params []storage.CreateParams) bool {
-	for _, p := range params {
-		if !p.RunAfter.IsZero() || p.Timeout > 0 {
-			return true
-		}
-	}
-	return false
 }
