@@ -73,18 +73,13 @@ ev AS (
 const finishSelect = `
 SELECT ord, instance_id, status, queue, coalesce(parent_id, 0), ` + slotWanted + ` FROM u`
 
-// slotWanted (of the row u) and slotWantedByF (of the row f) tell whether
-// a capped item that finished or lost its lease leaves its slot to a
-// sibling still pending: only then may a claim loop take something the
-// eager claim never takes (see txState.itemSlotFreed). A capped forEach
-// step's last items otherwise woke this process's claim loops for an empty
-// claim at each finish.
-const (
-	slotWanted = `u.item_concurrency > 0 AND EXISTS (SELECT 1 FROM {s}steps w
-		WHERE w.parent_id = u.parent_id AND w.status = 'pending' AND w.item_concurrency > 0)`
-	slotWantedByF = `f.item_concurrency > 0 AND EXISTS (SELECT 1 FROM {s}steps w
-		WHERE w.parent_id = f.parent_id AND w.status = 'pending' AND w.item_concurrency > 0)`
-)
+// slotWanted tells whether the row u, a capped item that finished or lost
+// its lease, leaves its slot to a sibling still pending: only then may a
+// claim loop take something the eager claim never takes (see
+// txState.itemSlotFreed). A capped forEach step's last items otherwise woke
+// this process's claim loops for an empty claim at each finish.
+const slotWanted = `u.item_concurrency > 0 AND EXISTS (SELECT 1 FROM {s}steps w
+	WHERE w.parent_id = u.parent_id AND w.status = 'pending' AND w.item_concurrency > 0)`
 
 // finishRows and finishLocked are finishSQL's rows and the steps it locks,
 // as arrays; finishOneSQL has them as scalars.

@@ -112,10 +112,10 @@ checked AS (` + verifySnapshots("$7", "$8", "$9",
 		"(SELECT count(*) FROM u WHERE u.finish) = 1 AND (SELECT count(*) FROM u WHERE NOT u.finish) = 1") + `
 )
 SELECT ok, txid, finished_queue, finished_capped, took, ` + claimedColumns(c, "x") + ` FROM (
-	SELECT checked.ok, checked.txid, f.queue AS finished_queue, ` + slotWantedByF + ` AS finished_capped,
+	SELECT checked.ok, checked.txid, f.queue AS finished_queue, f.slot_wanted AS finished_capped,
 		h.handed AS took, ` + claimColumnsOf("h", true) + `
 	FROM checked
-	LEFT JOIN (SELECT * FROM u WHERE u.finish) f ON true
+	LEFT JOIN (SELECT u.*, ` + slotWanted + ` AS slot_wanted FROM u WHERE u.finish) f ON true
 	LEFT JOIN (SELECT * FROM u WHERE NOT u.finish) h ON true
 ) x`
 }
