@@ -159,7 +159,8 @@ func (r *finishRecorder) recordDeadlines(state *storage.InstanceState, p *storag
 	}) {
 		return
 	}
-	// The plan just loaded the definition: this is a cache hit.
+	// Only then may it start one; the plan loaded the definition (this is
+	// a cache hit), but not for a finished instance.
 	w, err := r.engine.definition(state.DefinitionHash, state.LoadDefinition)
 	if err != nil {
 		return
