@@ -3,6 +3,7 @@ package app_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -219,4 +220,41 @@ func TestServeRefusesAnAddressItCannotListenOn(t *testing.T) {
 			require.Equal(t, 1, strings.Count(res.stderr, "dagrun: "), res.stderr)
 		})
 	}
+}
+
+// TestDetachWithJSONPrintsTheInstance: --json with --detach prints the
+// instance object as it stands once started (or re-armed), not the bare
+// ID, for start and for retry.
+func TestDetachWithJSONPrintsTheInstance(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	type instance struct {
+		ID       string `json:"id"`
+		Workflow string `json:"workflow"`
+		Status   string `json:"status"`
+		Steps    []struct {
+			Name   string `json:"name"`
+			Status string `json:"status"`
+		} `json:"steps"`
+	}
+	decode := func(t *testing.T, res runResult) instance {
+		t.Helper()
+		require.Equal(t, app.ExitOK, res.code, res.stderr)
+		var inst instance
+		require.NoError(t, json.Unmarshal([]byte(res.stdout), &inst), res.stdout)
+		return inst
+	}
+
+	started := decode(t, b.run(t, "", "start", "greet", "--input", `{"name": "Ada"}`, "--detach", "--json"))
+	require.NotEmpty(t, started.ID)
+	require.Equal(t, "greet", started.Workflow)
+	require.Equal(t, "pending", started.Status)
+	require.NotEmpty(t, started.Steps)
+	require.Equal(t, "pending", started.Steps[0].Status)
+
+	res := b.run(t, "", "cancel", started.ID)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	retried := decode(t, b.run(t, "", "retry", started.ID, "--detach", "--json"))
+	require.Equal(t, started.ID, retried.ID)
+	require.Equal(t, "pending", retried.Steps[0].Status, "the retry re-armed the cancelled step")
 }

@@ -78,8 +78,7 @@ func (c *cli) startCommand() *cobra.Command {
 				return err
 			}
 			if detach {
-				fmt.Fprintln(c.io.Stdout, res.ID)
-				return nil
+				return c.printDetached(ctx, engine, res.ID, jsonOut)
 			}
 			if res.Existed {
 				fmt.Fprintf(c.io.Stderr, "instance %s already exists for key %q; following it\n", res.ID, opts.Key)
@@ -97,7 +96,7 @@ func (c *cli) startCommand() *cobra.Command {
 	f.IntVar(&opts.Priority, "priority", 0, fmt.Sprintf("priority from %d to %d: higher runs first", dagrun.MinPriority, dagrun.MaxPriority))
 	f.StringVar(&delayStr, "delay", "", "delay before the first steps run, e.g. 10m (at most a year)")
 	f.BoolVar(&detach, "detach", false, "print only the instance ID and return; workers run it")
-	f.BoolVar(&jsonOut, "json", false, "print the whole instance object instead of its output, whatever the outcome")
+	f.BoolVar(&jsonOut, "json", false, "print the whole instance object instead of its output, whatever the outcome (with --detach: as it stands once started)")
 	f.StringVar(&parent, "traceparent", "", "W3C traceparent of a span the instance's span joins as a child (when OTEL_* variables turn tracing on)")
 	c.addMaxItemsFlag(cmd)
 	return cmd
@@ -148,17 +147,31 @@ func (c *cli) retryCommand() *cobra.Command {
 				return instanceError(args[0], err)
 			}
 			if detach {
-				fmt.Fprintln(c.io.Stdout, args[0])
-				return nil
+				return c.printDetached(ctx, engine, args[0], jsonOut)
 			}
 			return c.follow(ctx, engine, args[0], jsonOut, skipUntilRetried)
 		},
 	}
 	cmd.Flags().BoolVar(&detach, "detach", false, "return at once; workers run the re-armed steps")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the whole instance object instead of its output")
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the whole instance object instead of its output (with --detach: as it stands once re-armed)")
 	cmd.Flags().StringVar(&from, "from", "", "re-run this step and every step downstream of it, keeping the other outputs")
 	sel.register(cmd, "retry")
 	return cmd
+}
+
+// printDetached prints what a --detach start or retry returns: the
+// instance ID, or with --json the instance object as it stands now, so a
+// script gets the same object as without --detach, only earlier.
+func (c *cli) printDetached(ctx context.Context, engine *dagrun.Engine, id string, jsonOut bool) error {
+	if !jsonOut {
+		_, err := fmt.Fprintln(c.io.Stdout, id)
+		return err
+	}
+	inst, err := engine.Get(ctx, id)
+	if err != nil {
+		return instanceError(id, err)
+	}
+	return writeJSON(c.io.Stdout, view.NewInstance(inst))
 }
 
 // readInput reads --input: inline JSON, @FILE, or - for standard input.
