@@ -178,14 +178,18 @@ func (s *Server) bulk(done string, one func(*dagrun.Engine, context.Context, str
 			return
 		}
 		filter := req.Workflow != "" || req.Status != "" || req.OlderThan != "" || req.All
+		// An ids list, even an empty one, is the selection: a client that
+		// sends the list it picked beside the filter it picked from must not
+		// act on the whole filter when it picked nothing.
+		ids := req.IDs != nil
 		switch {
-		case len(req.IDs) > 0 && filter:
+		case ids && filter:
 			writeError(w, http.StatusBadRequest, "give either ids or a filter (workflow, status, olderThan, all), not both")
 			return
 		case len(req.IDs) > maxBulkIDs:
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("%d ids are over the limit of %d; use a filter or several requests", len(req.IDs), maxBulkIDs))
 			return
-		case len(req.IDs) > 0:
+		case ids:
 			out := bulkResponse{}
 			for _, id := range req.IDs {
 				err := one(s.engine, r.Context(), id)

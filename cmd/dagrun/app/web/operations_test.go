@@ -63,6 +63,7 @@ func TestOperationRefusals(t *testing.T) {
 		{"/api/instances/" + failed + "/resume", `{"paused": false}`, http.StatusBadRequest},
 		{"/api/instances/cancel", `{}`, http.StatusBadRequest},
 		{"/api/instances/cancel", `{"ids": ["x"], "workflow": "greet"}`, http.StatusBadRequest},
+		{"/api/instances/retry", `{"ids": [], "workflow": "flaky"}`, http.StatusBadRequest},
 		{"/api/instances/retry", `{"status": "stuck"}`, http.StatusBadRequest},
 		{"/api/instances/cancel", `{"workflow": "gret"}`, http.StatusNotFound},
 		{"/api/instances/retry", `{"workflow": "greet", "olderThan": "soon"}`, http.StatusBadRequest},
@@ -79,6 +80,11 @@ func TestOperationRefusals(t *testing.T) {
 	}
 	golden(t, "operations-errors", strings.NewReplacer(failed, "<FAILED>", pending, "<COMPLETED>").Replace(report.String()))
 	require.Equal(t, "failed", b.status(t, failed), "refusals change nothing")
+
+	r := b.do(t, http.MethodPost, "/api/instances/retry", `{"ids": []}`)
+	require.Equal(t, http.StatusOK, r.status, string(r.body))
+	require.JSONEq(t, `{"count": 0}`, string(r.body), "an empty ids list picks nothing")
+	require.Equal(t, "failed", b.status(t, failed))
 }
 
 // TestOperationsRepairAndRecordTheTokenName retries from a step, skips a
