@@ -1,6 +1,7 @@
 package app
 
 import (
+	"io"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -20,4 +21,21 @@ func TestStatusTextOfAFailingInstance(t *testing.T) {
 	inst.Steps[1].Status = storage.StepCompleted
 	inst.Steps[2].Status = storage.StepRunning
 	require.Equal(t, "running (failed; running its onFailure steps)", statusText(inst))
+}
+
+// Read after its failure, an instance may have nothing left to run: its
+// other steps finished meanwhile and it has no onFailure step, or they
+// ran already. Then it says only that it failed.
+func TestFailingTextWithNothingLeftToRun(t *testing.T) {
+	inst := &storage.Instance{ID: "i-1", Status: storage.InstanceFailed, Steps: []storage.Step{
+		{Name: "a", Status: storage.StepFailed},
+		{Name: "b", Status: storage.StepFailed},
+	}}
+	require.Equal(t, "failed", failingText(inst))
+	p := newProgress(io.Discard, skipNone)
+	ev := storage.Event{Type: storage.EventInstanceFailing, Message: "step a failed: 404"}
+	require.Equal(t, "instance i-1 failed (step a failed: 404)", p.line(inst, ev))
+
+	inst.Steps = append(inst.Steps, storage.Step{Name: "cleanup", Status: storage.StepCompleted, OnFailure: true})
+	require.Equal(t, "failed", failingText(inst), "its onFailure step ran already")
 }

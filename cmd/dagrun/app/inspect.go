@@ -659,11 +659,20 @@ func statusText(inst *storage.Instance) string {
 // failingText says why a failing instance still runs: a step failed for
 // good while others ran a handler, which finish their attempt first (a
 // snoozed or released one is pending again), or its onFailure steps run.
+// Read after the failure, the instance may have ended meanwhile, or have
+// no onFailure step to run: then it says only "failed".
 func failingText(inst *storage.Instance) string {
+	onFailure := false
 	for _, s := range inst.Steps {
-		if !s.OnFailure && (s.Status == storage.StepRunning || s.Status == storage.StepPending) {
+		switch {
+		case !s.OnFailure && (s.Status == storage.StepRunning || s.Status == storage.StepPending):
 			return "failed; its running steps finish first"
+		case s.OnFailure && !s.Status.Finished():
+			onFailure = true
 		}
 	}
-	return "failed; running its onFailure steps"
+	if onFailure {
+		return "failed; running its onFailure steps"
+	}
+	return "failed"
 }

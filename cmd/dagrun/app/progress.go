@@ -116,7 +116,11 @@ func (p *progress) line(inst *storage.Instance, ev storage.Event) string {
 		}
 		return line
 	case storage.EventInstanceFailing:
-		return fmt.Sprintf("instance %s failed (%s); %s", inst.ID, msg, strings.TrimPrefix(failingText(inst), "failed; "))
+		line := fmt.Sprintf("instance %s failed (%s)", inst.ID, msg)
+		if why, ok := strings.CutPrefix(failingText(inst), "failed; "); ok {
+			line += "; " + why
+		}
+		return line
 	case storage.EventInstanceCompleted, storage.EventInstanceFailed, storage.EventInstanceCancelled:
 		line := fmt.Sprintf("instance %s %s", inst.ID, strings.TrimPrefix(string(ev.Type), "instance."))
 		if inst.FinishedAt != nil {
