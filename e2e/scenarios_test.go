@@ -427,7 +427,7 @@ func TestPermanentFailureThenRetry(t *testing.T) {
 		// A completed instance has nothing to retry.
 		res = e.run(t, "retry", id)
 		require.Equal(t, 2, res.code)
-		require.Equal(t, "dagrun: instance "+id+" is completed; only a failed or cancelled instance can be retried\n", res.stderr)
+		require.Equal(t, "dagrun: instance "+id+" is completed; only a failed or cancelled instance can be retried, or with --from STEP a completed one\n", res.stderr)
 	})
 }
 

@@ -138,11 +138,17 @@ func (c *cli) retryCommand() *cobra.Command {
 				}
 			} else if err := engine.Retry(byCLI(ctx), args[0]); err != nil {
 				if errors.Is(err, storage.ErrConflict) {
-					if inst, getErr := engine.Get(ctx, args[0]); getErr == nil && inst.Parent != nil {
-						// A child is retried through its parent; the error says which.
-						return operationError(args[0], err)
+					rule := "only a failed or cancelled instance can be retried"
+					if inst, getErr := engine.Get(ctx, args[0]); getErr == nil {
+						if inst.Parent != nil {
+							// A child is retried through its parent; the error says which.
+							return operationError(args[0], err)
+						}
+						if inst.Status == storage.InstanceCompleted {
+							rule += ", or with --from STEP a completed one"
+						}
 					}
-					return conflictError(ctx, engine, args[0], "", "only a failed or cancelled instance can be retried", err)
+					return conflictError(ctx, engine, args[0], "", rule, err)
 				}
 				return instanceError(args[0], err)
 			}
