@@ -258,3 +258,23 @@ func TestDetachWithJSONPrintsTheInstance(t *testing.T) {
 	require.Equal(t, started.ID, retried.ID)
 	require.Equal(t, "pending", retried.Steps[0].Status, "the retry re-armed the cancelled step")
 }
+
+// TestDelayInDays: --delay takes days and weeks, as --older-than does.
+func TestDelayInDays(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.run(t, "", "start", "greet", "--input", `{"name": "Ada"}`, "--delay", "2d", "--detach", "--json")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	var inst struct {
+		CreatedAt time.Time `json:"createdAt"`
+		Steps     []struct {
+			RunAfter time.Time `json:"runAfter"`
+		} `json:"steps"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &inst), res.stdout)
+	require.WithinDuration(t, inst.CreatedAt.Add(48*time.Hour), inst.Steps[0].RunAfter, time.Minute)
+
+	res = b.run(t, "", "start", "greet", "--delay", "2x")
+	require.Equal(t, app.ExitUsage, res.code)
+	require.Contains(t, res.stderr, `invalid --delay "2x": use a duration such as 30s, 5m or 2d`)
+}

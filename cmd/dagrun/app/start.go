@@ -39,8 +39,10 @@ func (c *cli) startCommand() *cobra.Command {
 				return usageError(err)
 			}
 			if delayStr != "" {
-				if opts.Delay, err = time.ParseDuration(delayStr); err != nil {
-					return usageError(fmt.Errorf("invalid --delay %q: use a duration such as 30s or 5m", delayStr))
+				// Days and weeks as --older-than takes them: a delay of a
+				// few days is what a user writes.
+				if opts.Delay, err = view.ParseAge(delayStr); err != nil {
+					return usageError(fmt.Errorf("invalid --delay %q: use a duration such as 30s, 5m or 2d", delayStr))
 				}
 			}
 			// Checked before the database is opened: bad flags touch nothing.
@@ -94,7 +96,7 @@ func (c *cli) startCommand() *cobra.Command {
 	f.StringVar(&input, "input", "", "instance input: JSON, @FILE, or - for standard input (default {})")
 	f.StringVar(&opts.Key, "key", "", "idempotency key: a second start with the same workflow and key returns the first instance")
 	f.IntVar(&opts.Priority, "priority", 0, fmt.Sprintf("priority from %d to %d: higher runs first", dagrun.MinPriority, dagrun.MaxPriority))
-	f.StringVar(&delayStr, "delay", "", "delay before the first steps run, e.g. 10m (at most a year)")
+	f.StringVar(&delayStr, "delay", "", "delay before the first steps run, e.g. 10m or 2d (at most a year)")
 	f.BoolVar(&detach, "detach", false, "print only the instance ID and return; workers run it")
 	f.BoolVar(&jsonOut, "json", false, "print the whole instance object instead of its output, whatever the outcome (with --detach: as it stands once started)")
 	f.StringVar(&parent, "traceparent", "", "W3C traceparent of a span the instance's span joins as a child (when OTEL_* variables turn tracing on)")

@@ -13,7 +13,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
 	"unicode/utf16"
 	"unicode/utf8"
 
@@ -185,9 +184,9 @@ func (s *Server) startInstance(w http.ResponseWriter, r *http.Request) {
 	}
 	opts := dagrun.StartOptions{Key: req.Key, Priority: req.Priority}
 	if req.Delay != "" {
-		d, err := time.ParseDuration(req.Delay)
+		d, err := view.ParseAge(req.Delay) // days and weeks too, as the CLI's --delay
 		if err != nil {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid delay %q: use a duration such as \"30s\" or \"5m\"", req.Delay))
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid delay %q: use a duration such as \"30s\", \"5m\" or \"2d\"", req.Delay))
 			return
 		}
 		opts.Delay = d

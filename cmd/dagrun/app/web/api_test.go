@@ -526,7 +526,10 @@ func TestCancelPending(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
 		b := setup(t, open, nil) // no worker: the instance stays pending
-		id := b.start(t, "greet", `{"input": {"name": "x"}, "delay": "1h"}`)
+		id := b.start(t, "greet", `{"input": {"name": "x"}, "delay": "1w"}`) // weeks, as --delay takes them
+		got, err := b.engine.Get(t.Context(), id)
+		require.NoError(t, err)
+		require.WithinDuration(t, got.CreatedAt.Add(7*24*time.Hour), got.Steps[0].RunAfter, time.Minute)
 		r := b.do(t, http.MethodPost, "/api/instances/"+id+"/cancel", "")
 		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
 		inst := r.json(t)
