@@ -526,7 +526,8 @@ func TestCancelPending(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
 		b := setup(t, open, nil) // no worker: the instance stays pending
-		id := b.start(t, "greet", `{"input": {"name": "x"}, "delay": "1w"}`) // weeks, as --delay takes them
+		// A delay in weeks, as --delay takes it.
+		id := b.start(t, "greet", `{"input": {"name": "x"}, "delay": "1w"}`)
 		got, err := b.engine.Get(t.Context(), id)
 		require.NoError(t, err)
 		require.WithinDuration(t, got.CreatedAt.Add(7*24*time.Hour), got.Steps[0].RunAfter, time.Minute)
