@@ -41,7 +41,7 @@ func (c *cli) startCommand() *cobra.Command {
 			if delayStr != "" {
 				// Days and weeks as --older-than takes them: a delay of a
 				// few days is what a user writes.
-				if opts.Delay, err = view.ParseAge(delayStr); err != nil {
+				if opts.Delay, err = view.ParseDuration(delayStr); err != nil {
 					return usageError(fmt.Errorf("invalid --delay %q: use a duration such as 30s, 5m or 2d", delayStr))
 				}
 			}

@@ -10,11 +10,25 @@ import (
 // maxAge keeps now minus the age within what every backend stores.
 const maxAge = 100 * 365 * 24 * time.Hour
 
-// ParseAge parses a duration that may also count whole days (d) and weeks
-// (w), which time.ParseDuration does not know: each NUMBERd or NUMBERw is
-// rewritten in hours, and the rest is left to ParseDuration. Neither letter
-// is one of its units, so they never clash.
+// ParseAge parses an age: a duration (see ParseDuration) from zero to a
+// hundred years.
 func ParseAge(s string) (time.Duration, error) {
+	d, err := ParseDuration(s)
+	switch {
+	case err != nil:
+		return 0, err
+	case d < 0 || d > maxAge:
+		return 0, fmt.Errorf("%s is out of range", s)
+	}
+	return d, nil
+}
+
+// ParseDuration parses a duration that may also count whole days (d) and
+// weeks (w), which time.ParseDuration does not know: each NUMBERd or
+// NUMBERw is rewritten in hours, and the rest is left to
+// time.ParseDuration. Neither letter is one of its units, so they never
+// clash.
+func ParseDuration(s string) (time.Duration, error) {
 	var b strings.Builder
 	for i := 0; i < len(s); {
 		j := i
@@ -39,12 +53,5 @@ func ParseAge(s string) (time.Duration, error) {
 		b.WriteString(s[i:j])
 		i = j
 	}
-	d, err := time.ParseDuration(b.String())
-	switch {
-	case err != nil:
-		return 0, err
-	case d < 0 || d > maxAge:
-		return 0, fmt.Errorf("%s is out of range", s)
-	}
-	return d, nil
+	return time.ParseDuration(b.String())
 }

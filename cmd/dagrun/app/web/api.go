@@ -184,7 +184,7 @@ func (s *Server) startInstance(w http.ResponseWriter, r *http.Request) {
 	}
 	opts := dagrun.StartOptions{Key: req.Key, Priority: req.Priority}
 	if req.Delay != "" {
-		d, err := view.ParseAge(req.Delay) // days and weeks too, as the CLI's --delay
+		d, err := view.ParseDuration(req.Delay) // days and weeks too, as the CLI's --delay
 		if err != nil {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid delay %q: use a duration such as \"30s\", \"5m\" or \"2d\"", req.Delay))
 			return
