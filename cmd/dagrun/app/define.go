@@ -23,12 +23,13 @@ func (c *cli) validateCommand() *cobra.Command {
 		Use:   "validate [FILE|FOLDER...]",
 		Short: "Check workflow files (every file of --workflows by default, or of a folder named), printing FILE:LINE:COL: message per error",
 		Long: "Validate checks each file on its own, then the workflow steps across files: the workflows they call\n" +
-			"must exist (in the files given, their folders or the --workflows folder), must not call each other in a cycle,\n" +
-			"and must get the inputs they require.",
+			"must exist (in the files and folders given, the folders of the files, and for a file named alone also the\n" +
+			"--workflows folder), must not call each other in a cycle, and must get the inputs they require.\n" +
+			"A folder given is checked as a --workflows folder is loaded: its calls resolve within it.",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			files, problems := c.filesToValidate(args)
+			files, alone, problems := c.filesToValidate(args)
 			opts := &dag.ParseOptions{HandlerExists: c.registry.Has}
-			checked, err := whileRunning(cmd.Context(), func() ([]fileCheck, error) { return c.checkFiles(files, len(args) > 0, opts), nil })
+			checked, err := whileRunning(cmd.Context(), func() ([]fileCheck, error) { return c.checkFiles(files, alone, opts), nil })
 			if err != nil {
 				return err
 			}
@@ -56,21 +57,18 @@ func (c *cli) validateCommand() *cobra.Command {
 }
 
 // filesToValidate lists the files validate checks: args, with a folder
-// standing for its workflow files, or the --workflows folder's. A folder
-// it cannot list, or that holds no workflow file, is a problem of its own;
-// the other arguments are still checked.
-func (c *cli) filesToValidate(args []string) ([]string, dag.ErrorList) {
+// standing for its workflow files, or the --workflows folder's. alone
+// tells whether a file was named on its own rather than through a folder.
+// A folder it cannot list, or that holds no workflow file, is a problem of
+// its own; the other arguments are still checked.
+func (c *cli) filesToValidate(args []string) (files []string, alone bool, problems dag.ErrorList) {
 	if len(args) == 0 {
 		files, err := workflowFiles(c.workflowsDir)
 		if err != nil {
-			return nil, dag.ErrorList{folderProblem(c.workflowsDir, err, "set --workflows or DAGRUN_WORKFLOWS to the folder of your workflow files")}
+			return nil, false, dag.ErrorList{folderProblem(c.workflowsDir, err, "set --workflows or DAGRUN_WORKFLOWS to the folder of your workflow files")}
 		}
-		return files, nil
+		return files, false, nil
 	}
-	var (
-		files    []string
-		problems dag.ErrorList
-	)
 	seen := map[string]bool{}
 	add := func(file string) {
 		if key := filepath.Clean(file); !seen[key] { // a file named twice is one file
@@ -90,8 +88,9 @@ func (c *cli) filesToValidate(args []string) ([]string, dag.ErrorList) {
 			continue
 		}
 		add(arg)
+		alone = true
 	}
-	return files, problems
+	return files, alone, problems
 }
 
 // errNoWorkflowFiles is workflowFiles' answer for a folder that holds no
@@ -153,10 +152,13 @@ type fileCheck struct {
 }
 
 // checkFiles parses each file, then checks the calls between workflows.
-// Files given by name may call the workflows of the folder too, so with
-// withFolder the folder's other workflows are parsed as well, to check the
-// calls against, but their own errors are not reported.
-func (c *cli) checkFiles(files []string, withFolder bool, opts *dag.ParseOptions) []fileCheck {
+// A file named on its own may call the workflows of its folder, as it
+// would once loaded from there, or of the --workflows folder, which it may
+// be written to join: with alone, those folders' other workflows are
+// parsed as well, to check the calls against, but their own errors are not
+// reported. Files listed from a folder resolve their calls in it alone,
+// as the engine loads a folder.
+func (c *cli) checkFiles(files []string, alone bool, opts *dag.ParseOptions) []fileCheck {
 	out := make([]fileCheck, len(files))
 	var (
 		valid  []*dag.Workflow
@@ -205,7 +207,7 @@ func (c *cli) checkFiles(files []string, withFolder bool, opts *dag.ParseOptions
 		}
 		note(file, w, err)
 	}
-	if withFolder {
+	if alone {
 		// A workflow step runs a workflow of its own file's folder; the
 		// --workflows folder comes after, for a file being written
 		// elsewhere before it joins the others.

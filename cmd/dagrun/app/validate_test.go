@@ -91,3 +91,26 @@ func TestValidateUnreadableFile(t *testing.T) {
 	require.Equal(t, app.ExitUsage, res.code)
 	require.Equal(t, path+":1:1: cannot read the workflow file: permission denied; make it readable by the user dagrun runs as\n", res.stderr)
 }
+
+// TestValidateFolderResolvesCallsWithinIt: a folder given to validate is
+// checked as the engine loads a --workflows folder, so its workflow steps
+// may call only its own workflows; a file named alone may also call the
+// --workflows folder's, which it may be written to join.
+func TestValidateFolderResolvesCallsWithinIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t) // --workflows holds greet
+	solo := t.TempDir()
+	caller := filepath.Join(solo, "caller.yaml")
+	require.NoError(t, os.WriteFile(caller, []byte("name: caller\nsteps:\n  - name: s\n    workflow: greet\n"), 0o644))
+
+	res := b.run(t, "", "validate", solo)
+	require.Equal(t, app.ExitUsage, res.code, res.stdout)
+	require.Contains(t, res.stderr, caller+`:4:15: step "s": unknown workflow "greet"`)
+
+	res = b.run(t, "", "--workflows", solo, "start", "caller")
+	require.Equal(t, app.ExitUsage, res.code, "the folder loaded as validate checked it")
+
+	res = b.run(t, "", "validate", caller)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.Equal(t, "ok caller (1 step)\n", res.stdout)
+}
