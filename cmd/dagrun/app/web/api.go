@@ -172,7 +172,7 @@ type startRequest struct {
 	Input    json.RawMessage `json:"input"`
 	Key      string          `json:"key"`
 	Priority int             `json:"priority"`
-	// Delay is a Go duration string such as "10s" or "1h30m".
+	// Delay is a duration such as "10s", "1h30m" or "2d".
 	Delay string `json:"delay"`
 }
 
@@ -392,6 +392,9 @@ func decodeBody(r *http.Request, v any) error {
 	}
 	if loneSurrogate(data) {
 		return &requestError{status: http.StatusBadRequest, msg: "invalid request body: it escapes half of a UTF-16 surrogate pair (\\uD800-\\uDFFF), which is no character"}
+	}
+	if err := checkFieldNames(data, v); err != nil {
+		return &requestError{status: http.StatusBadRequest, msg: "invalid request body: " + err.Error()}
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()

@@ -62,6 +62,8 @@ func TestBadValuesOnEveryRoute(t *testing.T) {
 			{"priority past int64", `{"input": {"name": "x"}, "priority": 1e30}`, "invalid request body"},
 			{"delay over a year", `{"input": {"name": "x"}, "delay": "100000h"}`, "invalid delay"},
 			{"delay past int64", `{"input": {"name": "x"}, "delay": "9999999999h"}`, "invalid delay"},
+			{"field name in another case", `{"input": {"name": "x"}, "KEY": "k"}`, `invalid request body: unknown field "KEY"`},
+			{"field named twice", `{"input": {"name": "x"}, "key": "a", "key": "b"}`, `invalid request body: field "key" appears twice`},
 			{"input nested too deep", `{"input": {"name": "x", "deep": ` + strings.Repeat("[", 1000) + strings.Repeat("]", 1000) + `}}`, "levels deep"},
 		} {
 			requireError(t, b.do(t, http.MethodPost, "/api/workflows/greet/instances", tc.body), http.StatusBadRequest, tc.want)

@@ -1,0 +1,70 @@
+package web
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strings"
+)
+
+// checkFieldNames refuses a request object whose member names the request
+// type v does not spell exactly, or that names one member twice.
+// encoding/json matches names regardless of case and keeps the last of
+// two, so {"KEY": ...} would set key and {"key": 1, "key": 2} would say 2
+// without a word; a client with such a typo must hear of it, as of any
+// unknown field. Only the top level is checked: what is inside input, data
+// or output is the user's own JSON.
+func checkFieldNames(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil // not an object: decoding it says what is wrong
+	}
+	known := fieldNames(reflect.TypeOf(v))
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		name, _ := tok.(string)
+		switch {
+		case seen[name]:
+			return fmt.Errorf("field %q appears twice", name)
+		case known != nil && !known[name]:
+			return fmt.Errorf("unknown field %q", name)
+		}
+		seen[name] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+// fieldNames lists the JSON member names of the struct t points to, as
+// its fields' json tags spell them; nil for a type that is no struct.
+func fieldNames(t reflect.Type) map[string]bool {
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == nil || t.Kind() != reflect.Struct {
+		return nil
+	}
+	names := map[string]bool{}
+	for f := range t.Fields() {
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case name == "-":
+			continue
+		case name == "":
+			name = f.Name
+		}
+		names[name] = true
+	}
+	return names
+}
