@@ -119,6 +119,10 @@ func validateList(p storage.ListParams) error {
 	if err := storage.CheckText(p.Key, storage.MaxKeyBytes); err != nil {
 		return &ArgumentError{Name: "key filter", Reason: "it " + err.Error()}
 	}
+	if p.Key != "" && p.Workflow == "" {
+		// Keys are unique per workflow, and looked up by both.
+		return &ArgumentError{Name: "key filter", Reason: "it needs a workflow filter: an idempotency key names one instance of one workflow"}
+	}
 	if err := storage.CheckText(p.BeforeID, storage.MaxIDBytes); err != nil {
 		return &ArgumentError{Name: "page cursor (before)", Reason: "it " + err.Error()}
 	}

@@ -139,6 +139,7 @@ func (e *Engine) Signal(ctx context.Context, req SignalRequest) (SignalResult, e
 	if err != nil {
 		return SignalResult{}, err
 	}
+	res.InstanceID = inst.ID // found by key, the caller learns which
 	rec.report()
 	if res.Delivered {
 		e.notifyChanged()

@@ -278,3 +278,27 @@ func TestDelayInDays(t *testing.T) {
 	require.Equal(t, app.ExitUsage, res.code)
 	require.Contains(t, res.stderr, `invalid --delay "2x": use a duration such as 30s, 5m or 2d`)
 }
+
+// TestListByKey: list --workflow W --key K finds the instance started with
+// that idempotency key; a key without its workflow is a usage error.
+func TestListByKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first := b.run(t, "", "start", "greet", "--input", `{"name": "Ada"}`, "--key", "k-1", "--detach")
+	require.Equal(t, app.ExitOK, first.code, first.stderr)
+	res := b.run(t, "", "start", "greet", "--input", `{"name": "Bo"}`, "--key", "k-2", "--detach")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+
+	res = b.run(t, "", "list", "--workflow", "greet", "--key", "k-1", "--json")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	var found []struct {
+		ID string `json:"id"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &found), res.stdout)
+	require.Len(t, found, 1)
+	require.Equal(t, strings.TrimSpace(first.stdout), found[0].ID)
+
+	res = b.run(t, "", "list", "--key", "k-1")
+	require.Equal(t, app.ExitUsage, res.code)
+	require.Equal(t, "dagrun: --key needs --workflow: an idempotency key names one instance of one workflow\n", res.stderr)
+}

@@ -387,7 +387,7 @@ func (c *cli) listCommand() *cobra.Command {
 		Short: "List instances, newest first",
 		Long: "List lists the instances started from outside (by start, the API or a schedule); --all adds the child\n" +
 			"instances that workflow steps started, and --parent ID lists the children of one instance.",
-		Args: exactArgs(0, "list [--workflow W] [--status S] [--all | --parent ID] [--limit N] [--json]"),
+		Args: exactArgs(0, "list [--workflow W [--key K]] [--status S] [--all | --parent ID] [--limit N] [--json]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if status != "" {
 				s := storage.InstanceStatus(status)
@@ -400,6 +400,9 @@ func (c *cli) listCommand() *cobra.Command {
 			}
 			if p.Limit < 1 || p.Limit > dagrun.MaxListLimit {
 				return usageError(fmt.Errorf("invalid --limit %d: use a number from 1 to %d", p.Limit, dagrun.MaxListLimit))
+			}
+			if p.Key != "" && p.Workflow == "" {
+				return usageError(errors.New("--key needs --workflow: an idempotency key names one instance of one workflow"))
 			}
 			if all && p.Parent != "" {
 				return usageError(errors.New("--all and --parent exclude each other: --parent ID lists the children of one instance, --all every instance"))
@@ -452,6 +455,7 @@ func (c *cli) listCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&p.Workflow, "workflow", "", "only instances of this workflow")
+	f.StringVar(&p.Key, "key", "", "with --workflow: only the instance started with this idempotency key")
 	f.StringVar(&status, "status", "", "only instances with this status")
 	f.IntVar(&p.Limit, "limit", 50, "at most this many instances")
 	f.BoolVar(&jsonOut, "json", false, "print a JSON array of instance objects")

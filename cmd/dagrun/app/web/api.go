@@ -222,7 +222,7 @@ func (s *Server) startInstance(w http.ResponseWriter, r *http.Request) {
 // there is one, is in the Link header, so the body stays the bare array.
 func (s *Server) listInstances(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	p := storage.ListParams{Workflow: q.Get("workflow"), BeforeID: q.Get("before"), Limit: defaultListLimit, Parent: q.Get("parent")}
+	p := storage.ListParams{Workflow: q.Get("workflow"), Key: q.Get("key"), BeforeID: q.Get("before"), Limit: defaultListLimit, Parent: q.Get("parent")}
 	// Top-level instances only, unless ?all=true or ?parent=ID (a child
 	// is listed under its parent).
 	switch all := q.Get("all"); all {

@@ -252,6 +252,12 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	c.call(t, "POST /api/instances/{id}/resume", "/api/instances/"+approval+"/resume", "", http.StatusConflict)
 	c.call(t, "POST /api/instances/{id}/signals/{name}", "/api/instances/"+approval+"/signals/approve", `{"data": {"approved": true}, "id": "s-1"}`, http.StatusOK)
 	c.call(t, "POST /api/instances/{id}/signals/{name}", "/api/instances/"+approval+"/signals/approve", `{"data": {"approved": false}, "id": "s-2"}`, http.StatusConflict)
+	keyed := c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/approval/instances", `{"key": "order-7"}`, http.StatusCreated).json(t)["id"].(string)
+	c.call(t, "GET /api/instances", "/api/instances?workflow=approval&key=order-7", "", http.StatusOK)
+	c.call(t, "POST /api/workflows/{name}/signals/{signal}", "/api/workflows/approval/signals/approve", `{"key": "order-7", "data": {"approved": true}}`, http.StatusOK)
+	c.call(t, "POST /api/workflows/{name}/signals/{signal}", "/api/workflows/approval/signals/approve", `{"key": "order-8", "data": {"approved": true}}`, http.StatusNotFound)
+	c.call(t, "POST /api/workflows/{name}/signals/{signal}", "/api/workflows/approval/signals/approve", `{"data": {}}`, http.StatusBadRequest)
+	b.wait(t, keyed)
 
 	skipped := c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/approval/instances", "", http.StatusCreated).json(t)["id"].(string)
 	c.call(t, "POST /api/instances/{id}/steps/{step}/skip", "/api/instances/"+skipped+"/steps/approval/skip", `{"output": {"approved": true}}`, http.StatusOK)

@@ -163,6 +163,7 @@ func (s *Server) routes() {
 	api("POST /api/instances/{id}/retry", s.retryInstance)
 	s.operationRoutes(api)
 	api("POST /api/instances/{id}/signals/{name}", s.sendSignal)
+	api("POST /api/workflows/{name}/signals/{signal}", s.sendSignalByKey)
 	api("GET /api/schedules", s.listSchedules)
 	api("POST /api/schedules/{workflow}/{index}/pause", s.pauseSchedule)
 	api("POST /api/schedules/{workflow}/{index}/resume", s.resumeSchedule)

@@ -154,6 +154,43 @@ func TestSignalBeforeTheStepWaits(t *testing.T) {
 	})
 }
 
+// TestSignalByKey: a sender that knows an instance only by the key it was
+// started with finds it in the list by key, and signals it through its
+// workflow and key; a key no instance has, or none at all, is refused with
+// nothing written.
+func TestSignalByKey(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b := setup(t, open, &setupOpts{worker: true, workflows: []string{approvalYAML}})
+		id := b.start(t, "approval", `{"key": "order-42"}`)
+		other := b.start(t, "approval", `{"key": "order-43"}`)
+		b.waitForStep(t, id, "approval", "waiting")
+
+		var found []map[string]any
+		r := b.do(t, http.MethodGet, "/api/instances?workflow=approval&key=order-42", "")
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+		require.NoError(t, json.Unmarshal(r.body, &found))
+		require.Len(t, found, 1)
+		require.Equal(t, id, found[0]["id"])
+		requireError(t, b.do(t, http.MethodGet, "/api/instances?key=order-42", ""), http.StatusBadRequest, "needs a workflow filter")
+
+		path := "/api/workflows/approval/signals/approve"
+		requireError(t, b.do(t, http.MethodPost, path, `{"key": "order-99", "data": {"approved": true}}`), http.StatusNotFound, `no instance of workflow approval with key "order-99"`)
+		requireError(t, b.do(t, http.MethodPost, path, `{"data": {"approved": true}}`), http.StatusBadRequest, "key is required")
+		requireError(t, b.do(t, http.MethodPost, path, `{"key": "order-42", "data": {"approved": "yes"}}`), http.StatusBadRequest, "/approved")
+		require.Equal(t, "waiting", stepOf(t, b.do(t, http.MethodGet, "/api/instances/"+id, "").json(t), "approval")["status"], "refusals change nothing")
+
+		r = b.do(t, http.MethodPost, path, `{"key": "order-42", "data": {"approved": true}, "id": "hook-1"}`)
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+		var sent signalAnswer
+		require.NoError(t, json.Unmarshal(r.body, &sent))
+		require.True(t, sent.Delivered)
+		require.Equal(t, id, sent.Instance["id"], "the answer names the instance the key found")
+		require.Equal(t, storage.InstanceCompleted, b.wait(t, id).Status)
+		require.Equal(t, "waiting", stepOf(t, b.do(t, http.MethodGet, "/api/instances/"+other, "").json(t), "approval")["status"], "the other key's instance is untouched")
+	})
+}
+
 // TestWorkflowDetailShowsWait: the definition API gives a wait step's
 // signal, timeout and schema, which the UI needs for its signal form.
 func TestWorkflowDetailShowsWait(t *testing.T) {
