@@ -68,6 +68,14 @@ func (c *cli) openLogStore(ctx context.Context) (storage.Store, error) {
 	return store, nil
 }
 
+// logsScope names what logs read, for a message about it.
+func logsScope(step string) string {
+	if step == "" {
+		return ""
+	}
+	return " of step " + step
+}
+
 func (c *cli) printLogs(ctx context.Context, store storage.Store, id, step string, follow, jsonOut bool) error {
 	var (
 		after   int64
@@ -97,6 +105,14 @@ func (c *cli) printLogs(ctx context.Context, store storage.Store, id, step strin
 			continue // more already there
 		}
 		if !follow {
+			if after == 0 && !jsonOut {
+				// Said on stderr, so that stdout stays the records alone.
+				if inst.Status.Finished() {
+					fmt.Fprintf(c.io.Stderr, "no log records%s: its handlers logged nothing (they log through handlers.Logger(ctx))\n", logsScope(step))
+				} else {
+					fmt.Fprintf(c.io.Stderr, "no log records%s yet (handlers log through handlers.Logger(ctx)); add --follow to wait for them\n", logsScope(step))
+				}
+			}
 			return nil
 		}
 		if inst.Status.Finished() {

@@ -82,3 +82,30 @@ func TestLogsCommand(t *testing.T) {
 		require.Empty(t, res.stdout)
 	}
 }
+
+// TestLogsOfAnInstanceThatLoggedNothing: logs says on stderr that there is
+// nothing, and whether more may come, rather than print nothing at all;
+// stdout, and --json's, stay empty.
+func TestLogsOfAnInstanceThatLoggedNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.run(t, "", "start", "greet", "--input", `{"name": "Ada"}`, "--detach")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	id := strings.TrimSpace(res.stdout)
+
+	res = b.run(t, "", "logs", id)
+	require.Equal(t, app.ExitOK, res.code)
+	require.Empty(t, res.stdout)
+	require.Equal(t, "no log records yet (handlers log through handlers.Logger(ctx)); add --follow to wait for them\n", res.stderr)
+
+	require.Equal(t, app.ExitOK, b.run(t, "", "cancel", id).code)
+	res = b.run(t, "", "logs", id, "hello")
+	require.Equal(t, app.ExitOK, res.code)
+	require.Empty(t, res.stdout)
+	require.Equal(t, "no log records of step hello: its handlers logged nothing (they log through handlers.Logger(ctx))\n", res.stderr)
+
+	res = b.run(t, "", "logs", id, "--json")
+	require.Equal(t, app.ExitOK, res.code)
+	require.Empty(t, res.stdout, "JSON Lines of no record are no lines")
+	require.Empty(t, res.stderr)
+}
