@@ -187,6 +187,17 @@ func ResumeRefusal(id string, status InstanceStatus) error {
 	return Refuse(ErrConflict, "instance %s is not paused", id)
 }
 
+// Indexes returns the indexes of the steps named in names, in order.
+func Indexes(steps []StepState, names map[string]bool) []int {
+	var out []int
+	for i, s := range steps {
+		if names[s.Name] {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
 // Rerun returns the indexes of the steps an operation runs again: the
 // failed and cancelled ones, except the step at skip (-1: none), and those
 // also wants.

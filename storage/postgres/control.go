@@ -67,13 +67,20 @@ func (s *Store) CancelInstance(ctx context.Context, id, reason string, plan stor
 	return nil
 }
 
-// retrySQL re-arms the failed and cancelled steps of an instance and makes
-// it unfinished again (see reviveStatusSQL). Re-armed steps start over
-// (attempts, error, timings); the fence is kept so that claims from before
-// stay stale. The forEach steps of $3, which expanded, run again instead:
-// their failed and cancelled items are pending again, their completed ones
-// keep their outputs.
-const retrySQL = `
+// retrySQL re-arms the failed and cancelled steps of an instance (see
+// rearmStepsSQL) and makes it unfinished again (see reviveStatusSQL).
+var retrySQL = rearmSteps(true)
+
+// rearmStepsSQL re-arms the failed and cancelled steps of instance $2.
+// Re-armed steps start over (attempts, error, timings); the fence is kept
+// so that claims from before stay stale. The forEach steps of $3, which
+// expanded, run again instead: their failed and cancelled items are
+// pending again, their completed ones keep their outputs.
+var rearmStepsSQL = rearmSteps(false)
+
+// rearmSteps is rearmStepsSQL, and with revive retrySQL.
+func rearmSteps(revive bool) string {
+	ctes := `
 WITH it AS (
 	UPDATE {s}steps SET status = 'pending', attempts = 0, output = NULL, error = '',
 		run_after = {now}, ready_at = {now}, first_started_at = NULL, started_at = NULL, finished_at = NULL,
@@ -89,12 +96,17 @@ ch AS (
 fe AS (
 	UPDATE {s}steps SET status = 'running', output = NULL, error = '', finished_at = NULL
 	WHERE instance_id = $2 AND item_index = -1 AND name = ANY($3)
-),
-st AS (
+)`
+	rest := `
 	UPDATE {s}steps SET status = 'blocked', attempts = 0, input = NULL, output = NULL, error = '',
 		run_after = NULL, ready_at = NULL, first_started_at = NULL, started_at = NULL, finished_at = NULL,
 		lease_until = NULL, worker_id = '', deadline = NULL
-	WHERE instance_id = $2 AND item_index = -1 AND status IN ('failed', 'cancelled') AND NOT name = ANY($3) AND child_id = ''
+	WHERE instance_id = $2 AND item_index = -1 AND status IN ('failed', 'cancelled') AND NOT name = ANY($3) AND child_id = ''`
+	if !revive {
+		return ctes + rest
+	}
+	return ctes + `,
+st AS (` + rest + `
 ),
 i AS (
 	UPDATE {s}instances SET status = ` + reviveStatusSQL + `, output = NULL, error = '', finished_at = NULL,
@@ -102,6 +114,7 @@ i AS (
 	WHERE id = $2
 )
 INSERT INTO {s}events (instance_id, type, at) VALUES ($2, 'instance.retried', {now})`
+}
 
 // expandedToRetrySQL names the failed or cancelled forEach steps of an
 // instance that expanded: a retry runs their items again.
@@ -173,6 +186,29 @@ func (s *Store) retryOne(ctx context.Context, tx pgx.Tx, st *txState, now *time.
 	if status := l.state.Status; status != storage.InstanceFailed && status != storage.InstanceCancelled {
 		return nil, storage.Refuse(storage.ErrConflict, "instance %s is %s; only a failed or cancelled instance can be retried", id, status)
 	}
+	status, err := s.revivedStatus(ctx, tx, id)
+	if err != nil {
+		return nil, err
+	}
+	l.state.Status = status
+	out, err := s.rearmFailed(ctx, tx, st, now, l, nil, retrySQL)
+	if err != nil {
+		return nil, err
+	}
+	// Its onFailure steps run again only if it fails again.
+	s.rearmFailure(st, now, l)
+	return out, nil
+}
+
+// rearmFailed queues stmt (retrySQL or rearmStepsSQL) to make the failed
+// and cancelled steps of l run again, but for those named in fresh, which
+// the caller re-armed from the start: an expanded forEach step re-runs its
+// failed and cancelled items, a workflow step (or item) retries its child
+// (locked after l, as a cancel locks them), any other step starts over.
+// It shows the plan the state stmt leaves and returns l and the children
+// it re-armed, locked, to plan.
+func (s *Store) rearmFailed(ctx context.Context, tx pgx.Tx, st *txState, now *time.Time, l *loaded, fresh map[string]bool, stmt string) ([]*loaded, error) {
+	id := l.state.ID
 	rows, err := tx.Query(ctx, s.q(expandedToRetrySQL), id)
 	if err != nil {
 		return nil, err
@@ -181,6 +217,7 @@ func (s *Store) retryOne(ctx context.Context, tx pgx.Tx, st *txState, now *time.
 	if err != nil {
 		return nil, err
 	}
+	expanded = slices.DeleteFunc(expanded, func(name string) bool { return fresh[name] })
 	type child struct {
 		ref    storage.ParentRef
 		id     string
@@ -196,6 +233,9 @@ func (s *Store) retryOne(ctx context.Context, tx pgx.Tx, st *txState, now *time.
 		c        child
 	)
 	if _, err := pgx.ForEachRow(rows, []any{&c.ref.Step, &c.ref.Item, &c.id, &c.status, &c.output}, func() error {
+		if fresh[c.ref.Step] {
+			return nil // re-armed from the start, a new child will run
+		}
 		c.ref.InstanceID = id
 		c.output = append([]byte(nil), c.output...)
 		children = append(children, c)
@@ -203,16 +243,14 @@ func (s *Store) retryOne(ctx context.Context, tx pgx.Tx, st *txState, now *time.
 	}); err != nil {
 		return nil, err
 	}
-	status, err := s.revivedStatus(ctx, tx, id)
-	if err != nil {
-		return nil, err
-	}
-	st.tail.Queue(s.q(retrySQL), now, id, expanded)
-	// The plan sees the state retrySQL leaves, which it runs before
-	// the plan's changes, in the same round trip.
-	l.state.Status = status
+	st.tail.Queue(s.q(stmt), now, id, expanded)
+	// The plan sees the state stmt leaves, which it runs before the
+	// plan's changes, in the same round trip.
 	for i := range l.state.Steps {
 		ss := &l.state.Steps[i]
+		if fresh[ss.Name] {
+			continue
+		}
 		rerun := slices.ContainsFunc(children, func(c child) bool { return c.ref.Item < 0 && c.ref.Step == ss.Name })
 		switch {
 		case slices.Contains(expanded, ss.Name):
@@ -224,8 +262,6 @@ func (s *Store) retryOne(ctx context.Context, tx pgx.Tx, st *txState, now *time.
 			*ss = storage.StepState{Name: ss.Name, DependsOn: ss.DependsOn, Status: storage.StepBlocked}
 		}
 	}
-	// Its onFailure steps run again only if it fails again.
-	s.rearmFailure(st, now, l)
 	out := []*loaded{l}
 	for _, c := range children {
 		switch c.status {

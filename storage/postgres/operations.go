@@ -120,10 +120,20 @@ func (s *Store) RetryFrom(ctx context.Context, id, step string, plan storage.Pla
 		if l.index(step) < 0 {
 			return storage.UnknownStepError(id, step, l.state.Steps)
 		}
-		if err := s.rerun(ctx, tx, st, l, storage.Rerun(l.state.Steps, -1, storage.Downstream(l.state.Steps, step)), "from "+step); err != nil {
+		// The step and what depends on it run afresh; the other failed and
+		// cancelled steps run again as a retry runs them, keeping what
+		// their items and children completed.
+		fresh := storage.Downstream(l.state.Steps, step)
+		if err := s.rerun(ctx, tx, st, l, storage.Indexes(l.state.Steps, fresh), "from "+step); err != nil {
 			return err
 		}
-		if err := s.planAndApply(st, s.now(), []*loaded{l}, plan); err != nil {
+		now := s.now()
+		st.plan = plan // a child retried that had completed settles its step
+		ls, err := s.rearmFailed(ctx, tx, st, now, l, fresh, rearmStepsSQL)
+		if err != nil {
+			return err
+		}
+		if err := s.planAndApply(st, now, ls, plan); err != nil {
 			return err
 		}
 		s.queueActor(ctx, st, id)

@@ -63,23 +63,7 @@ func (t *txn) retryOne(id string) ([]string, error) {
 	if status != storage.InstanceFailed && status != storage.InstanceCancelled {
 		return nil, storage.Refuse(storage.ErrConflict, "instance %s is %s; only a failed or cancelled instance can be retried", id, status)
 	}
-	// Re-armed steps start over: attempts, error and timings reset;
-	// the fence is kept so that claims from before stay stale. A
-	// forEach step that expanded keeps its items and runs again,
-	// re-running only its failed and cancelled items; completed ones
-	// keep their outputs. A workflow step (or item) with a child runs
-	// again by retrying its child.
-	now := us(t.now)
-	if _, err := t.exec(`UPDATE steps SET status = 'pending', attempts = 0, output = NULL, error = '',
-			run_after = ?2, ready_at = ?2, first_started_at = NULL, started_at = NULL, finished_at = NULL,
-			lease_until = NULL, worker_id = ''
-		WHERE parent_id IN (SELECT id FROM steps WHERE instance_id = ?1 AND item_index = -1 AND for_each
-			AND status IN ('failed', 'cancelled')) AND status IN ('failed', 'cancelled') AND child_id = ''`, id, now); err != nil {
-		return nil, err
-	}
-	if _, err := t.exec(`UPDATE steps SET status = 'running', output = NULL, error = '', finished_at = NULL
-		WHERE instance_id = ? AND item_index = -1 AND for_each AND status IN ('failed', 'cancelled')
-			AND EXISTS (SELECT 1 FROM steps i WHERE i.parent_id = steps.id)`, id); err != nil {
+	if err := t.rearmItems(id); err != nil {
 		return nil, err
 	}
 	if _, err := t.exec(`UPDATE instances SET status = `+revivedStatus+`, output = NULL, error = '', finished_at = NULL,
@@ -90,6 +74,38 @@ func (t *txn) retryOne(id string) ([]string, error) {
 		return nil, err
 	}
 	t.event(id, "", storage.EventInstanceRetried, 0, "")
+	children, err := t.rearmFailedSteps(id)
+	if err != nil {
+		return nil, err
+	}
+	return append([]string{id}, children...), nil
+}
+
+// rearmItems makes the failed and cancelled forEach steps of instance id
+// that expanded run again: their failed and cancelled items are pending,
+// their completed ones keep their outputs. Re-armed items start over
+// (attempts, error and timings reset); the fence is kept so that claims
+// from before stay stale.
+func (t *txn) rearmItems(id string) error {
+	now := us(t.now)
+	if _, err := t.exec(`UPDATE steps SET status = 'pending', attempts = 0, output = NULL, error = '',
+			run_after = ?2, ready_at = ?2, first_started_at = NULL, started_at = NULL, finished_at = NULL,
+			lease_until = NULL, worker_id = ''
+		WHERE parent_id IN (SELECT id FROM steps WHERE instance_id = ?1 AND item_index = -1 AND for_each
+			AND status IN ('failed', 'cancelled')) AND status IN ('failed', 'cancelled') AND child_id = ''`, id, now); err != nil {
+		return err
+	}
+	_, err := t.exec(`UPDATE steps SET status = 'running', output = NULL, error = '', finished_at = NULL
+		WHERE instance_id = ? AND item_index = -1 AND for_each AND status IN ('failed', 'cancelled')
+			AND EXISTS (SELECT 1 FROM steps i WHERE i.parent_id = steps.id)`, id)
+	return err
+}
+
+// rearmFailedSteps makes the other failed and cancelled steps of instance
+// id run again: a workflow step (or item) with a child by retrying its
+// child, any other step from the start. It returns the children it
+// re-armed, to plan.
+func (t *txn) rearmFailedSteps(id string) ([]string, error) {
 	children, err := t.retryChildren(id)
 	if err != nil {
 		return nil, err
@@ -100,7 +116,7 @@ func (t *txn) retryOne(id string) ([]string, error) {
 		WHERE instance_id = ? AND item_index = -1 AND status IN ('failed', 'cancelled')`, id); err != nil {
 		return nil, err
 	}
-	return append([]string{id}, children...), nil
+	return children, nil
 }
 
 // refuseChild refuses an operation that would run child instance id again

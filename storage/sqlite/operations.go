@@ -164,7 +164,19 @@ func (s *Store) RetryFrom(ctx context.Context, id, step string, plan storage.Pla
 		if indexOf(steps, step) < 0 {
 			return storage.UnknownStepError(id, step, states)
 		}
-		return t.rerun(id, steps, storage.Rerun(states, -1, storage.Downstream(states, step)), "from "+step)
+		// The step and what depends on it run afresh; the other failed and
+		// cancelled steps run again as a retry runs them, keeping what
+		// their items and children completed.
+		if err := t.rerun(id, steps, storage.Indexes(states, storage.Downstream(states, step)), "from "+step); err != nil {
+			return err
+		}
+		if err := t.rearmItems(id); err != nil {
+			return err
+		}
+		t.planFn = plan // a child retried that had completed settles its step
+		children, err := t.rearmFailedSteps(id)
+		t.replan = append(t.replan, children...)
+		return err
 	})
 }
 

@@ -434,6 +434,42 @@ var itemTests = map[string]func(*testing.T, *Harness){
 		require.JSONEq(t, `[0, 10, 20, 30]`, string(step(t, in, "each").Output))
 		require.Equal(t, storage.StepPending, step(t, in, "after").Status)
 	},
+	"RetryFromKeepsTheItemsOfAFailedStepOutsideIt": func(t *testing.T, h *Harness) {
+		// A failed forEach step that is not downstream of the step a retry
+		// starts from runs again as a plain retry runs it: only its failed
+		// and cancelled items, its completed ones keeping their outputs.
+		b := h.setup(t)
+		id := b.createItems(4, eachSpec("each"), spec("a"), spec("b", "a"))
+		for _, n := range []string{"a", "b"} {
+			c := b.claimStep(id, n)
+			b.finishItems(completed(c.Claim, `1`))
+		}
+		got := b.claimItems(id, "each", 2)
+		b.finishItems(completed(got[0].Claim, `0`))
+		b.finishItems(failedFor(got[1].Claim, "boom"))
+		require.Equal(t, storage.InstanceFailed, b.get(id).Status)
+
+		require.NoError(t, b.op().RetryFrom(b.ctx, id, "b", ItemsPlan))
+		in := b.get(id)
+		require.Equal(t, storage.InstanceRunning, in.Status)
+		require.Equal(t, storage.StepPending, step(t, in, "b").Status, "b runs afresh")
+		each := step(t, in, "each")
+		require.Equal(t, storage.StepRunning, each.Status)
+		require.Equal(t, &storage.ItemCounts{Total: 4, Completed: 1, Pending: 3}, each.Items)
+		require.JSONEq(t, `0`, string(b.items(id, "each")[0].Output), "a completed item keeps its output")
+		require.Len(t, events(in, "", storage.EventInstanceRetried), 1)
+
+		rest := b.claimItems(id, "each", 10)
+		require.Len(t, rest, 3)
+		for _, c := range rest {
+			b.finishItems(completed(c.Claim, itemOutput(c)))
+		}
+		c := b.claimStep(id, "b")
+		b.finishItems(completed(c.Claim, `2`))
+		in = b.get(id)
+		require.Equal(t, storage.InstanceCompleted, in.Status)
+		require.JSONEq(t, `[0, 10, 20, 30]`, string(step(t, in, "each").Output))
+	},
 	"RetryOfAStepThatNeverExpandedBlocksIt": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		id := b.createItems(2, spec("first"), eachSpec("each", "first"))

@@ -354,6 +354,38 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, storage.InstanceCompleted, b.get(id).Status)
 	},
 
+	"RetryFromRetriesTheChildOfAFailedStepOutsideIt": func(t *testing.T, h *Harness) {
+		// A failed workflow step that is not downstream of the step a
+		// retry starts from runs again as a plain retry runs it: by
+		// retrying its child, whose completed steps are kept.
+		b := h.setup(t)
+		plan := callPlan(map[string][]storage.StepSpec{"call": {spec("c1"), spec("c2", "c1")}})
+		id := b.createWith(plan, params(spec("a"), callSpec("call")))
+		child := b.child(id, "call").ID
+		b.completeWith(plan, id, "a", `"A"`)
+		b.completeWith(plan, child, "c1", `"C1"`)
+		c2 := b.claimStep(child, "c2")
+		b.finishWith(plan, storage.StepResult{Claim: c2.Claim, Outcome: storage.OutcomeFailed, Error: "boom"})
+		require.Equal(t, storage.InstanceFailed, b.get(id).Status)
+
+		require.NoError(t, b.op().RetryFrom(b.ctx, id, "a", plan))
+		in := b.get(id)
+		require.Equal(t, storage.InstanceRunning, in.Status)
+		require.Equal(t, storage.StepPending, step(t, in, "a").Status, "a runs afresh")
+		call := step(t, in, "call")
+		require.Equal(t, storage.StepRunning, call.Status)
+		require.Equal(t, []string{child}, call.Children, "the same child runs again: no new one")
+		ch := b.get(child)
+		require.Equal(t, storage.InstanceRunning, ch.Status)
+		require.Equal(t, `"C1"`, string(step(t, ch, "c1").Output), "completed steps of the child are kept")
+		require.Equal(t, storage.StepPending, step(t, ch, "c2").Status)
+
+		b.completeWith(plan, id, "a", `"A2"`)
+		b.completeWith(plan, child, "c2", `"C2"`)
+		require.Equal(t, storage.InstanceCompleted, b.get(child).Status)
+		require.Equal(t, storage.InstanceCompleted, b.get(id).Status)
+	},
+
 	"RetryRetriesCancelledDescendants": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		plan := callPlan(chainCalls)
