@@ -126,6 +126,22 @@ var chainCalls = map[string][]storage.StepSpec{
 	"call3": {spec("leaf")},
 }
 
+// failedChild makes an instance of steps a and call, whose child (c1, c2)
+// failed at c2 after a and c1 completed, which failed the instance; it
+// returns the plan, the instance and the child.
+func (b *bundle) failedChild() (plan storage.PlanFunc, id, child string) {
+	b.t.Helper()
+	plan = callPlan(map[string][]storage.StepSpec{"call": {spec("c1"), spec("c2", "c1")}})
+	id = b.createWith(plan, params(spec("a"), callSpec("call")))
+	child = b.child(id, "call").ID
+	b.completeWith(plan, id, "a", `"A"`)
+	b.completeWith(plan, child, "c1", `"C1"`)
+	c2 := b.claimStep(child, "c2")
+	b.finishWith(plan, storage.StepResult{Claim: c2.Claim, Outcome: storage.OutcomeFailed, Error: "boom"})
+	require.Equal(b.t, storage.InstanceFailed, b.get(id).Status)
+	return plan, id, child
+}
+
 var subflowTests = map[string]func(*testing.T, *Harness){
 	"ChildCreatedWhenStepBecomesReady": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
@@ -311,14 +327,7 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 
 	"RetryRetriesFailedChildren": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
-		plan := callPlan(map[string][]storage.StepSpec{"call": {spec("c1"), spec("c2", "c1")}})
-		id := b.createWith(plan, params(spec("a"), callSpec("call")))
-		child := b.child(id, "call").ID
-		b.completeWith(plan, id, "a", `"A"`)
-		b.completeWith(plan, child, "c1", `"C1"`)
-		c2 := b.claimStep(child, "c2")
-		b.finishWith(plan, storage.StepResult{Claim: c2.Claim, Outcome: storage.OutcomeFailed, Error: "boom"})
-		require.Equal(t, storage.InstanceFailed, b.get(id).Status)
+		plan, id, child := b.failedChild()
 
 		err := b.store.RetryInstance(b.ctx, child, plan)
 		require.ErrorIs(t, err, storage.ErrConflict, "a child is retried through its parent")
@@ -359,14 +368,7 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 		// retry starts from runs again as a plain retry runs it: by
 		// retrying its child, whose completed steps are kept.
 		b := h.setup(t)
-		plan := callPlan(map[string][]storage.StepSpec{"call": {spec("c1"), spec("c2", "c1")}})
-		id := b.createWith(plan, params(spec("a"), callSpec("call")))
-		child := b.child(id, "call").ID
-		b.completeWith(plan, id, "a", `"A"`)
-		b.completeWith(plan, child, "c1", `"C1"`)
-		c2 := b.claimStep(child, "c2")
-		b.finishWith(plan, storage.StepResult{Claim: c2.Claim, Outcome: storage.OutcomeFailed, Error: "boom"})
-		require.Equal(t, storage.InstanceFailed, b.get(id).Status)
+		plan, id, child := b.failedChild()
 
 		require.NoError(t, b.op().RetryFrom(b.ctx, id, "a", plan))
 		in := b.get(id)
