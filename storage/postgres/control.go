@@ -88,9 +88,11 @@ WITH it AS (
 	WHERE parent_id IN (SELECT id FROM {s}steps WHERE instance_id = $2 AND item_index = -1 AND name = ANY($3))
 		AND status IN ('failed', 'cancelled') AND child_id = ''
 ),
--- A workflow step (or item) with a child runs again by retrying its child.
+-- A workflow step (or item) with a child runs again by retrying its child,
+-- and starts again now, so that its time counts this run.
 ch AS (
-	UPDATE {s}steps SET status = 'running', output = NULL, error = '', finished_at = NULL, lease_until = NULL
+	UPDATE {s}steps SET status = 'running', output = NULL, error = '', started_at = {now}, finished_at = NULL,
+		lease_until = NULL
 	WHERE instance_id = $2 AND child_id <> '' AND status IN ('failed', 'cancelled')
 ),
 fe AS (

@@ -149,11 +149,13 @@ func (t *txn) planReplan(plan storage.PlanFunc) error {
 // retryChildren re-arms the failed and cancelled workflow steps and items
 // of instance id that have a child: each runs again, with no lease, and
 // its child is retried (recursively) instead of a new one started. It
-// returns the instances it re-armed, to plan.
+// returns the instances it re-armed, to plan. Each starts again now, as
+// its child runs again, so that its time counts this run.
 func (t *txn) retryChildren(id string) ([]string, error) {
-	rows, err := t.query(`UPDATE steps SET status = 'running', output = NULL, error = '', finished_at = NULL, lease_until = NULL
+	rows, err := t.query(`UPDATE steps SET status = 'running', output = NULL, error = '', started_at = ?, finished_at = NULL,
+			lease_until = NULL
 		WHERE instance_id = ? AND child_id <> '' AND status IN ('failed', 'cancelled')
-		RETURNING child_id, name, item_index, coalesce(parent_id, 0)`, id)
+		RETURNING child_id, name, item_index, coalesce(parent_id, 0)`, us(t.now), id)
 	if err != nil {
 		return nil, err
 	}
