@@ -59,11 +59,12 @@ cs AS MATERIALIZED (
 			THEN 'running' ELSE r.status END AS status)`
 		claimed = `(SELECT EXISTS (SELECT 1 FROM cs WHERE cs.instance_id = x.instance_id AND cs.position = x.position) AS claimed)`
 		claimCols = `,
-		attempts, fence, started_at, first_started_at, lease_until, worker_id`
-		// What a claim writes (claimArgs.claimSet).
+		attempts, fence, first_started_at, lease_until, worker_id`
+		// What a claim writes (claimArgs.claimSet), but for started_at,
+		// which the statement writes for a waiting step too.
 		claimValues = `,
 		CASE WHEN c.claimed THEN 1 ELSE 0 END, CASE WHEN c.claimed THEN 1 ELSE 0 END,
-		CASE WHEN c.claimed THEN {now} END, CASE WHEN c.claimed THEN {now} END,
+		CASE WHEN c.claimed THEN {now} END,
 		CASE WHEN c.claimed THEN {clock} + $60::bigint * interval '1 microsecond' END,
 		CASE WHEN c.claimed THEN $61::text ELSE '' END`
 		// A claim's events, after the creation's.
@@ -108,7 +109,7 @@ st AS (
 	INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, depends_on, status,
 		max_attempts, backoff_us, max_backoff_us, timeout_us, priority, input, error, run_after, ready_at, finished_at,
 		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline, on_failure,
-		concurrency_key, concurrency_limit, held_by_instance, queue_limited, child_workflow` + claimCols + `)
+		concurrency_key, concurrency_limit, held_by_instance, queue_limited, child_workflow, started_at` + claimCols + `)
 	SELECT x.instance_id, x.position, x.name, x.handler, x.queue, x.workflow, x.depends_on::text[],
 		CASE WHEN c.claimed THEN 'running' ELSE x.status END,
 		x.max_attempts, x.backoff_us, x.max_backoff_us, x.timeout_us, x.priority, x.input, x.error,
@@ -121,7 +122,10 @@ st AS (
 		x.on_failure,
 		x.ckey, x.climit, x.held,
 		NOT x.for_each AND x.child_workflow = '' AND EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = x.queue),
-		x.child_workflow` + claimValues + `
+		x.child_workflow,
+		-- A step claimed as it is inserted starts now, and so does one that
+		-- waits for a signal from the start.
+		CASE WHEN c.claimed OR x.status = 'waiting' THEN {now} END` + claimValues + `
 	FROM unnest($15::text[], $16::int[], $17::text[], $18::text[], $19::text[], $20::text[], $21::text[], $22::text[],
 			$23::int[], $24::bigint[], $25::bigint[], $26::bigint[], $27::int[], $28::json[], $29::text[], $30::timestamptz[],
 			$35::json[], $36::bool[], $37::int[], $38::bool[], $39::text[], $40::bigint[], $47::bool[],

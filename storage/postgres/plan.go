@@ -249,6 +249,13 @@ ev AS (
 )
 SELECT count(*) FROM u`
 	}
+	set := applySet(deadline)
+	if waits {
+		// A wait step starts when it begins to wait, or when it finds its
+		// signal and completes at once.
+		set += `,
+		started_at = CASE WHEN s.wait_signal <> '' AND c.status IN ('waiting', 'completed') THEN {now} ELSE s.started_at END`
+	}
 	return `
 WITH c AS (
 	` + applyRows + `
@@ -256,7 +263,7 @@ WITH c AS (
 u AS (
 	UPDATE {s}steps s SET
 		status = c.status,
-		` + applySet(deadline) + `
+		` + set + `
 	FROM c
 	-- No item is ever blocked, so this matches the step of that name
 	-- alone; a condition on item_index here, without statistics on a

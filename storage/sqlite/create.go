@@ -196,9 +196,9 @@ const (
 	insertStepsSQL = `INSERT INTO steps (instance_id, position, name, handler, queue, workflow, priority, depends_on,
 		status, max_attempts, backoff_us, max_backoff_us, timeout_us, input, error, run_after, ready_at, finished_at,
 		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline, on_failure,
-		concurrency_key, concurrency_limit, held_by_instance, child_workflow) VALUES `
+		concurrency_key, concurrency_limit, held_by_instance, child_workflow, started_at) VALUES `
 	instanceInsertColumns = 25
-	stepInsertColumns     = 30
+	stepInsertColumns     = 31
 )
 
 // insertInstances inserts the instance rows, their step rows and their
@@ -252,13 +252,14 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 				}
 				deps = string(b)
 			}
-			var stepRunAfter, readyAt, finishedAt, deadline any = 0, nil, nil, nil
+			var stepRunAfter, readyAt, startedAt, finishedAt, deadline any = 0, nil, nil, nil, nil
 			status := st.Status
 			signal, waitTimeout := waitColumns(spec.Wait)
 			if st.Status == storage.StepPending {
 				stepRunAfter, readyAt = runAfter, now
 			} else if st.Status == storage.StepWaiting {
-				readyAt, deadline = now, deadlineUS(runAfter, waitTimeout)
+				// A wait step starts when it begins to wait.
+				readyAt, startedAt, deadline = now, now, deadlineUS(runAfter, waitTimeout)
 			} else if st.Status == storage.StepRunning {
 				// Inserted blocked, expanded once its row has an ID.
 				status = storage.StepBlocked
@@ -270,7 +271,7 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 				string(status), max(spec.Retry.MaxAttempts, 1), spec.Retry.Backoff.Microseconds(), spec.Retry.MaxBackoff.Microseconds(),
 				spec.Timeout.Microseconds(), jsonArg(st.Input), st.Error, stepRunAfter, readyAt, finishedAt,
 				jsonArg(st.Output), spec.ForEach, spec.ItemConcurrency, spec.ContinueOnError, signal, waitTimeout, deadline, spec.OnFailure,
-				stepKey(spec, st.ConcurrencyKey), spec.ConcurrencyLimit, held[p.ID], spec.Workflow)
+				stepKey(spec, st.ConcurrencyKey), spec.ConcurrencyLimit, held[p.ID], spec.Workflow, startedAt)
 		}
 		for _, e := range n.Events {
 			t.event(p.ID, e.Step, e.Type, 0, e.Message)

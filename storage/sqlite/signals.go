@@ -35,7 +35,7 @@ func (t *txn) wait(l *loaded, i int, input json.RawMessage) (storage.StepStatus,
 	id, name := l.state.ID, l.state.Steps[i].Name
 	now := us(t.now)
 	var signal string
-	err := t.queryRow(`UPDATE steps SET status = 'waiting', input = ?1, ready_at = ?2,
+	err := t.queryRow(`UPDATE steps SET status = 'waiting', input = ?1, ready_at = ?2, started_at = ?2,
 			deadline = CASE WHEN wait_timeout_us > 0 THEN ?3 + wait_timeout_us END
 		WHERE id = ?4 AND wait_signal <> '' RETURNING wait_signal`, jsonArg(input), now, max(now, l.runAfter), l.ids[i]).Scan(&signal)
 	if errors.Is(err, sql.ErrNoRows) {

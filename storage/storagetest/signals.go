@@ -81,6 +81,40 @@ var signalTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, "signal approve received", events(in, "await-approval", storage.EventStepCompleted)[0].Message)
 		require.Equal(t, "waiting for signal approve", events(in, "await-approval", storage.EventStepReady)[0].Message)
 	},
+	// A wait step starts when it begins to wait (at the start, or when its
+	// dependencies complete), and ends when its signal comes; one that
+	// finds its signal stored starts and ends at once.
+	"AWaitStepStartsWhenItWaits": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(waitSpec("await-root", "root", 0), spec("first"), waitSpec("await-later", "later", 0, "first"),
+			spec("second"), waitSpec("await-stored", "stored", 0, "second"))
+		root := step(t, b.get(id), "await-root")
+		require.NotNil(t, root.StartedAt, "a wait step that waits from the start")
+		require.True(t, root.StartedAt.Equal(start), "started %v", root.StartedAt)
+		require.Nil(t, step(t, b.get(id), "await-later").StartedAt, "blocked: not started")
+
+		b.clock.Advance(time.Minute)
+		b.complete(id, "first", `1`)
+		later := step(t, b.get(id), "await-later")
+		require.Equal(t, storage.StepWaiting, later.Status)
+		require.NotNil(t, later.StartedAt)
+		require.True(t, later.StartedAt.Equal(b.now()), "started %v, want %v", later.StartedAt, b.now())
+
+		b.mustSignal(storage.SignalParams{InstanceID: id, Name: "stored", Payload: json.RawMessage(`1`)})
+		b.clock.Advance(time.Minute)
+		b.complete(id, "second", `2`)
+		stored := step(t, b.get(id), "await-stored")
+		require.Equal(t, storage.StepCompleted, stored.Status)
+		require.NotNil(t, stored.StartedAt)
+		require.True(t, stored.StartedAt.Equal(b.now()), "started %v, want %v", stored.StartedAt, b.now())
+		require.True(t, stored.FinishedAt.Equal(b.now()))
+
+		b.clock.Advance(time.Minute)
+		b.mustSignal(storage.SignalParams{InstanceID: id, Name: "root", Payload: json.RawMessage(`3`)})
+		root = step(t, b.get(id), "await-root")
+		require.True(t, root.StartedAt.Equal(start), "its start is kept: %v", root.StartedAt)
+		require.True(t, root.FinishedAt.Equal(b.now()))
+	},
 	"StoredBeforeTheStepWaitsThenDelivered": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		id := b.createOne(spec("first"), waitSpec("await-confirm", "confirm", 0, "first"), spec("next", "await-confirm"))

@@ -350,8 +350,10 @@ func writeWakes(w io.Writer, inst *storage.Instance, now time.Time) {
 	}
 }
 
+// stepDuration is how long a step ran, or has been running or waiting
+// for its signal ("…").
 func stepDuration(s storage.Step, now time.Time) string {
-	return runDuration(s.StartedAt, s.FinishedAt, s.Status == storage.StepRunning, now)
+	return runDuration(s.StartedAt, s.FinishedAt, s.Status == storage.StepRunning || s.Status == storage.StepWaiting, now)
 }
 
 // runDuration is how long a step or item ran, or has been running ("…").
