@@ -287,6 +287,9 @@ type parser struct {
 	lineStarts []int // byte offset of each line of src, see sourceLine
 	budget     int   // nodes left to visit; bounds alias expansion ("billion laughs")
 	overBudget bool  // the budget error was reported
+	// defaultBackoffReported: a step inherited from defaults a backoff
+	// longer than its maxBackoff, and the error was reported there.
+	defaultBackoffReported bool
 }
 
 // maxNodes bounds how many YAML nodes one file may expand to (aliases

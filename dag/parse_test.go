@@ -100,6 +100,45 @@ steps:
 	require.Equal(t, []string{"a"}, w.Step("b").DependsOn, "a single name is accepted for dependsOn")
 }
 
+// TestBackoffCheckedAfterDefaultsApply: backoff above maxBackoff is an
+// error of the policy a step ends with, field by field, so defaults may
+// set one bound and every step the other; a default that a step inherits
+// whole and that breaks the rule is reported once, at the defaults.
+func TestBackoffCheckedAfterDefaultsApply(t *testing.T) {
+	t.Parallel()
+	w := mustParse(t, `name: t
+defaults:
+  retry: {maxBackoff: 150ms}
+steps:
+  - name: a
+    handler: echo
+    retry: {backoff: 100ms}
+`)
+	require.Equal(t, RetryPolicy{MaxAttempts: DefaultMaxAttempts, Backoff: 100 * time.Millisecond, MaxBackoff: 150 * time.Millisecond}, w.Step("a").Retry)
+	w = mustParse(t, `name: t
+defaults:
+  retry: {backoff: 2m}
+steps:
+  - name: a
+    handler: echo
+    retry: {maxBackoff: 5m}
+  - name: w
+    wait: {signal: go}
+`)
+	require.Equal(t, 2*time.Minute, w.Step("a").Retry.Backoff)
+
+	_, err := Parse("t.yaml", []byte(`name: t
+defaults:
+  retry: {maxBackoff: 150ms}
+steps:
+  - name: a
+    handler: echo
+  - name: b
+    handler: echo
+`), nil)
+	require.EqualError(t, err, "t.yaml:3:23: defaults: retry.backoff (1s) is longer than retry.maxBackoff (150ms), so it would never apply: lower backoff or raise maxBackoff")
+}
+
 func TestAnchorsAndMergeKeys(t *testing.T) {
 	t.Parallel()
 	w := mustParse(t, `name: t

@@ -209,11 +209,9 @@ func (p *parser) defaults(n *yaml.Node) defaults {
 	p.mapping(n, "in defaults", raw.fields())
 	const label = "defaults"
 	if raw.Retry != nil {
+		// Checked in each step that inherits it (see step): a step may
+		// set the other bound.
 		d.retry = p.retry(raw.Retry, label, "in defaults.retry")
-		eff := applyRetry(builtinRetry(), d.retry)
-		if eff.Backoff > eff.MaxBackoff {
-			p.backoffError(d.retry, label, eff, d.retry.maxBackoff == nil)
-		}
 	}
 	if raw.Timeout != nil {
 		if t, ok := p.duration(raw.Timeout, label, "timeout"); ok {
@@ -458,8 +456,16 @@ func (p *parser) step(b *stepBuild, def defaults) {
 		pr = p.retry(r.Retry, b.label, "in the retry of "+b.label)
 	}
 	s.Retry = applyRetry(applyRetry(builtinRetry(), def.retry), pr)
-	if (pr.backoff != nil || pr.maxBackoff != nil) && s.Retry.Backoff > s.Retry.MaxBackoff {
+	// The policy is checked once the defaults apply, field by field. A
+	// wait step runs no handler and retries nothing.
+	switch {
+	case r.Handler == nil || s.Retry.Backoff <= s.Retry.MaxBackoff:
+	case pr.backoff != nil || pr.maxBackoff != nil:
 		p.backoffError(pr, b.label, s.Retry, pr.maxBackoff == nil && def.retry.maxBackoff == nil)
+	case !p.defaultBackoffReported:
+		// The step sets neither bound: the defaults are to blame, once.
+		p.defaultBackoffReported = true
+		p.backoffError(def.retry, "defaults", s.Retry, def.retry.maxBackoff == nil)
 	}
 	if def.timeout != nil {
 		s.Timeout = *def.timeout
