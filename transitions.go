@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/storage"
@@ -306,8 +307,11 @@ func (p *planner) env(refs []string) (*dag.Env, error) {
 // decodeValue decodes JSON for expressions. Whole numbers that fit in an
 // int become int, so a value passed through a step keeps every digit: a
 // plain json.Unmarshal makes every number a float64, which silently rounds
-// integers past 2^53 (IDs, amounts in minor units). Other numbers are
-// float64, as before.
+// integers past 2^53 (IDs, amounts in minor units). A whole number past
+// int64 (an unsigned 64-bit ID) stays the json.Number it is, as a YAML
+// literal does (see dag): passed on or interpolated, it keeps every digit,
+// and arithmetic on it is an error rather than a float's other number.
+// Other numbers are float64.
 func decodeValue(raw []byte, v *any) error {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
@@ -323,6 +327,9 @@ func fromNumbers(v any) any {
 	case json.Number:
 		if i, err := strconv.ParseInt(string(x), 10, 0); err == nil {
 			return int(i)
+		}
+		if !strings.ContainsAny(string(x), ".eE") {
+			return x // whole, past int64
 		}
 		f, _ := x.Float64() // the decoder accepted it as a number
 		return f

@@ -273,18 +273,18 @@ output:
 `
 
 // Scenario 2: fan-out/fan-in with a skipped branch; expression values keep
-// their types (whole numbers stay whole, even past 2^53; lists and maps pass
+// their types (whole numbers stay whole, even past 2^53 and past int64; lists and maps pass
 // through) and interpolation makes text.
 func TestFanOutFanIn(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, db string) {
 		e := newEnv(t, db, map[string]string{"fanout.yaml": fanoutWorkflow})
-		input := `{"n": 21, "tags": ["a", "b", "c"], "meta": {"owner": "ops", "id": 9007199254740993, "nested": {"k": [1, 2.5]}}}`
+		input := `{"n": 21, "tags": ["a", "b", "c"], "meta": {"owner": "ops", "id": 9007199254740993, "big": 18446744073709551615, "nested": {"k": [1, 2.5]}}}`
 		res := e.mustRun(t, "start", "fanout", "--input", input, "--json")
 		var inst instance
 		require.NoError(t, json.Unmarshal([]byte(res.stdout), &inst), res.stdout)
 		require.Equal(t, "completed", inst.Status)
 
-		meta := `{"id":9007199254740993,"nested":{"k":[1,2.5]},"owner":"ops"}`
+		meta := `{"big":18446744073709551615,"id":9007199254740993,"nested":{"k":[1,2.5]},"owner":"ops"}`
 		want := map[string]struct{ status, input string }{
 			"split":  {"completed", `{"meta":` + meta + `,"n":21,"tags":["a","b","c"]}`},
 			"double": {"completed", `{"label":"n is 21 for fanout","ratio":5.25,"value":42}`},
