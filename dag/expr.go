@@ -249,7 +249,7 @@ func (p *parser) compileExpr(src string, node *yaml.Node, sc *scope, asBool bool
 		if _, err := compileGuarded(src, append(opts, expr.AsBool())); err != nil {
 			msg := exprMessage(err)
 			if got, ok := strings.CutPrefix(msg, "expected bool, but got "); ok {
-				msg = "a condition must give true or false, but this gives " + got
+				msg = "a condition must give true or false, but this gives " + kindOfType(got)
 			}
 			report("%s", msg)
 			return nil
@@ -261,6 +261,25 @@ func (p *parser) compileExpr(src string, node *yaml.Node, sc *scope, asBool bool
 		return nil
 	}
 	return &Expr{src: src, prog: prog, refs: refs}
+}
+
+// kindOfType names, as the workflow's author knows it, the kind of value
+// of a Go type as expr names it ("int", "[]interface {}", "unknown" for
+// nil); a type it does not know is named as it is.
+func kindOfType(goType string) string {
+	switch {
+	case goType == "unknown" || goType == "nil":
+		return "null"
+	case goType == "string":
+		return "text"
+	case strings.HasPrefix(goType, "int") || strings.HasPrefix(goType, "uint") || strings.HasPrefix(goType, "float"):
+		return "a number"
+	case strings.HasPrefix(goType, "[]"):
+		return "a list"
+	case strings.HasPrefix(goType, "map["):
+		return "a mapping"
+	}
+	return goType
 }
 
 // parseExpr and compileGuarded turn a panic inside expr into an error:
