@@ -240,7 +240,9 @@ func (p *parser) compileExpr(src string, node *yaml.Node, sc *scope, asBool bool
 	if len(problems) > 0 {
 		return nil
 	}
-	opts := append([]expr.Option{expr.Env(evalEnv{}), expr.Patch(nilSafe{}), expr.Patch(meterPatch{})}, meterOpts...)
+	// overflowPatch after meterPatch, which meters the operands of +.
+	opts := append([]expr.Option{expr.Env(evalEnv{}), expr.Patch(nilSafe{}), expr.Patch(meterPatch{}), expr.Patch(overflowPatch{})}, meterOpts...)
+	opts = append(opts, overflowOpts...)
 	if asBool {
 		// Compiled once with AsBool only to reject, at load, conditions whose
 		// type is known not to be bool ("1 + 1"). The program kept is the

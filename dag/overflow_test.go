@@ -1,0 +1,44 @@
+package dag
+
+import (
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestWholeNumberArithmeticPastTheRangeFails: +, - and * on whole numbers
+// whose result leaves the 64-bit range fail the expression instead of
+// wrapping around to another number; within it, and on floats, text and
+// lists, they compute as expr does.
+func TestWholeNumberArithmeticPastTheRangeFails(t *testing.T) {
+	t.Parallel()
+	env := &Env{Input: map[string]any{"n": 5_000_000_000_000_000_000, "max": math.MaxInt64, "min": math.MinInt64,
+		"neg": -3, "f": 1.5, "s": "ab"}}
+	for _, tc := range []struct{ input, want string }{
+		{`${{ input.n + 1 }}`, `5000000000000000001`},
+		{`${{ input.n * -1 }}`, `-5000000000000000000`},
+		{`${{ input.max - input.max }}`, `0`},
+		{`${{ input.min + input.max }}`, `-1`},
+		{`${{ input.neg * input.neg }}`, `9`},
+		{`${{ input.f * 2 }}`, `3`},
+		{`${{ input.s + "c" }}`, `"abc"`},
+		{`${{ input.s + input.s }}`, `"abab"`},
+		{`"x-${{ input.n * 1 }}"`, `"x-5000000000000000000"`},
+		{`${{ (input.n + 1) * 1 > 0 }}`, `true`},
+	} {
+		got, err := evalTemplate(t, tc.input, env)
+		require.NoError(t, err, tc.input)
+		require.Equal(t, tc.want, jsonOf(t, got), tc.input)
+	}
+	for _, tc := range []struct{ input, want string }{
+		{`${{ input.n * 2 }}`, `expression "input.n * 2": 5000000000000000000 * 2 is past the 64-bit range`},
+		{`${{ input.n + input.n }}`, `expression "input.n + input.n": 5000000000000000000 + 5000000000000000000 is past the 64-bit range`},
+		{`${{ input.min - 1 }}`, `expression "input.min - 1": -9223372036854775808 - 1 is past the 64-bit range`},
+		{`${{ input.min * -1 }}`, `expression "input.min * -1": -9223372036854775808 * -1 is past the 64-bit range`},
+		{`${{ 9223372036854775807 + 1 }}`, `expression "9223372036854775807 + 1": 9223372036854775807 + 1 is past the 64-bit range`},
+	} {
+		_, err := evalTemplate(t, tc.input, env)
+		require.ErrorContains(t, err, tc.want)
+	}
+}
