@@ -54,13 +54,22 @@ func fieldNames(t reflect.Type) map[string]bool {
 	}
 	names := map[string]bool{}
 	for f := range t.Fields() {
-		if !f.IsExported() {
-			continue
+		if !f.IsExported() && !f.Anonymous {
+			continue // an embedded struct of an unexported type lends its fields all the same
 		}
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
 		switch {
 		case name == "-":
 			continue
+		case name == "" && f.Anonymous:
+			// An embedded struct's fields are the object's own.
+			if inner := fieldNames(f.Type); inner != nil {
+				for n := range inner {
+					names[n] = true
+				}
+				continue
+			}
+			name = f.Name
 		case name == "":
 			name = f.Name
 		}
