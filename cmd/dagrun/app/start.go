@@ -97,7 +97,7 @@ func (c *cli) startCommand() *cobra.Command {
 	f.StringVar(&opts.Key, "key", "", "idempotency key: a second start with the same workflow and key returns the first instance")
 	f.IntVar(&opts.Priority, "priority", 0, fmt.Sprintf("priority from %d to %d: higher runs first", dagrun.MinPriority, dagrun.MaxPriority))
 	f.StringVar(&delayStr, "delay", "", "delay before the first steps run, e.g. 10m or 2d (at most a year)")
-	f.BoolVar(&detach, "detach", false, "print only the instance ID and return; workers run it")
+	f.BoolVar(&detach, "detach", false, "print only the instance ID (with --json, the instance object) and return; workers run it")
 	f.BoolVar(&jsonOut, "json", false, "print the whole instance object instead of its output, whatever the outcome (with --detach: as it stands once started)")
 	f.StringVar(&parent, "traceparent", "", "W3C traceparent of a span the instance's span joins as a child (when OTEL_* variables turn tracing on)")
 	c.addMaxItemsFlag(cmd)
