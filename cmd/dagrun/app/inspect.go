@@ -665,15 +665,17 @@ func statusText(inst *storage.Instance) string {
 // failingText says why a failing instance still runs: a step failed for
 // good while others ran a handler, which finish their attempt first (a
 // snoozed or released one is pending again), or its onFailure steps run.
-// Read after the failure, the instance may have ended meanwhile, or have
-// no onFailure step to run: then it says only "failed".
+// A follower reads the instance after the failure, when its onFailure
+// steps may have run already, so their being there is what counts; an
+// instance with none, whose other steps finished meanwhile, says only
+// "failed".
 func failingText(inst *storage.Instance) string {
 	onFailure := false
 	for _, s := range inst.Steps {
 		switch {
 		case !s.OnFailure && (s.Status == storage.StepRunning || s.Status == storage.StepPending):
 			return "failed; its running steps finish first"
-		case s.OnFailure && !s.Status.Finished():
+		case s.OnFailure:
 			onFailure = true
 		}
 	}
