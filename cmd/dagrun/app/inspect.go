@@ -50,7 +50,7 @@ func (c *cli) statusCommand() *cobra.Command {
 			}
 			if items.Step != "" {
 				items.InstanceID = args[0]
-				return c.writeItems(ctx, items, jsonOut, engine.Store())
+				return c.writeItems(ctx, items, jsonOut, engine)
 			}
 			inst, err := engine.Get(ctx, args[0])
 			if err != nil {
@@ -72,12 +72,15 @@ func (c *cli) statusCommand() *cobra.Command {
 }
 
 // writeItems prints a page of a forEach step's items.
-func (c *cli) writeItems(ctx context.Context, p storage.ItemsParams, jsonOut bool, store storage.Store) error {
+func (c *cli) writeItems(ctx context.Context, p storage.ItemsParams, jsonOut bool, engine *dagrun.Engine) error {
 	id := p.InstanceID
-	page, err := view.LoadItems(ctx, store, p)
-	var noStep *view.StepNotFoundError
+	page, err := view.LoadItems(ctx, engine.Store(), p, view.ForEachOf(engine))
+	var (
+		noStep     *view.StepNotFoundError
+		notForEach *view.NotForEachError
+	)
 	switch {
-	case errors.As(err, &noStep):
+	case errors.As(err, &noStep), errors.As(err, &notForEach):
 		return usageError(err)
 	case err != nil:
 		return instanceError(id, err)
@@ -96,7 +99,7 @@ func writeItemTable(w io.Writer, id string, page *view.StepItems, now time.Time)
 	fmt.Fprintf(tw, "Step:\t%s\n", step.Name)
 	fmt.Fprintf(tw, "Status:\t%s\n", step.Status)
 	if step.Items == nil {
-		fmt.Fprintf(tw, "Items:\tnone (not a forEach step, or not expanded yet)\n")
+		fmt.Fprintf(tw, "Items:\tnone yet (the step has not expanded)\n")
 		return tw.Flush()
 	}
 	fmt.Fprintf(tw, "Items:\t%s\n", itemCounts(step.Items))

@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -77,4 +78,18 @@ func TestMaxItems(t *testing.T) {
 
 	res = b.run(t, "", "start", "fanout", "--input", `{"numbers": [1, 2, 3]}`, "--max-items", "3")
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
+}
+
+// TestStatusStepOfAStepWithoutItems: status --step of a step that is no
+// forEach step says so, exit 2, rather than print an empty page.
+func TestStatusStepOfAStepWithoutItems(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.run(t, "", "start", "greet", "--input", `{"name": "Ada"}`, "--detach")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	id := strings.TrimSpace(res.stdout)
+	res = b.run(t, "", "status", id, "--step", "hello")
+	require.Equal(t, app.ExitUsage, res.code, res.stdout)
+	require.Empty(t, res.stdout)
+	require.Equal(t, `dagrun: step "hello" of instance `+id+` is not a forEach step: it has no items (its output is in dagrun status `+id+")\n", res.stderr)
 }

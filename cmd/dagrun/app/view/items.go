@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/dagrun/dagrun"
 	"github.com/dagrun/dagrun/storage"
 )
 
@@ -58,6 +59,33 @@ func (e *StepNotFoundError) Error() string {
 // same exit code and HTTP status.
 func (e *StepNotFoundError) Is(target error) bool { return target == storage.ErrNotFound }
 
+// ForEachOf returns what LoadItems asks: whether a step of an instance is
+// a forEach step, by the definition it runs under.
+func ForEachOf(engine *dagrun.Engine) func(inst *storage.Instance, step string) (bool, error) {
+	return func(inst *storage.Instance, step string) (bool, error) {
+		w, err := engine.Definition(inst)
+		if err != nil {
+			return false, err
+		}
+		s := w.Step(step)
+		return s != nil && s.ForEach != nil, nil
+	}
+}
+
+// NotForEachError reports a step asked for its items that is no forEach
+// step: it has none, and never will.
+type NotForEachError struct {
+	Instance string
+	Step     string
+}
+
+func (e *NotForEachError) Error() string {
+	return fmt.Sprintf("step %q of instance %s is not a forEach step: it has no items (its output is in dagrun status %s)", e.Step, e.Instance, e.Instance)
+}
+
+// Is makes a NotForEachError a storage.ErrNotFound, as a missing step is.
+func (e *NotForEachError) Is(target error) bool { return target == storage.ErrNotFound }
+
 // StepItems is one page of a forEach step's items, as read from a store.
 type StepItems struct {
 	Step  *storage.Step
@@ -73,11 +101,13 @@ type StepItems struct {
 func (s *StepItems) Page() ItemPage { return NewItemPage(s.Items, s.Offset, s.Limit, s.Total) }
 
 // LoadItems reads one page of a step's items, with the step. Total comes
-// from the step's counts, so it costs no count query. A step without items
-// (not a forEach step, or not expanded yet) gives an empty page.
-// storage.ErrNotFound when the instance does not exist, a
-// *StepNotFoundError when it has no such step.
-func LoadItems(ctx context.Context, store storage.Store, p storage.ItemsParams) (*StepItems, error) {
+// from the step's counts, so it costs no count query. A forEach step not
+// expanded yet gives an empty page. storage.ErrNotFound when the instance
+// does not exist, a *StepNotFoundError when it has no such step, a
+// *NotForEachError when forEach (which reads the instance's definition)
+// says the step is none; a nil forEach takes every step without items for
+// one not expanded yet.
+func LoadItems(ctx context.Context, store storage.Store, p storage.ItemsParams, forEach func(inst *storage.Instance, step string) (bool, error)) (*StepItems, error) {
 	if p.Limit == 0 {
 		p.Limit = DefaultItemLimit
 	}
@@ -97,6 +127,11 @@ func LoadItems(ctx context.Context, store storage.Store, p storage.ItemsParams) 
 		return nil, &StepNotFoundError{Instance: p.InstanceID, Step: p.Step, Steps: names}
 	}
 	if out.Step.Items == nil {
+		if forEach != nil {
+			if ok, err := forEach(inst, p.Step); err == nil && !ok {
+				return nil, &NotForEachError{Instance: p.InstanceID, Step: p.Step}
+			}
+		}
 		return out, nil
 	}
 	if out.Items, err = store.ListItems(ctx, p); err != nil {

@@ -330,10 +330,13 @@ func (s *Server) listItems(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.Status = status
-	page, err := view.LoadItems(r.Context(), s.engine.Store(), p)
-	var noStep *view.StepNotFoundError
+	page, err := view.LoadItems(r.Context(), s.engine.Store(), p, view.ForEachOf(s.engine))
+	var (
+		noStep     *view.StepNotFoundError
+		notForEach *view.NotForEachError
+	)
 	switch {
-	case errors.As(err, &noStep):
+	case errors.As(err, &noStep), errors.As(err, &notForEach):
 		writeError(w, http.StatusNotFound, err.Error())
 	case err != nil:
 		s.failInstance(w, r, p.InstanceID, err)

@@ -136,7 +136,8 @@ func TestItemsAPIPaging(t *testing.T) {
 func TestItemsAPIErrors(t *testing.T) {
 	t.Parallel()
 	fake := &fakeItems{n: 3}
-	b := setup(t, func(t *testing.T) storage.Store { fake.Store = openSQLite(t); return fake }, &setupOpts{token: "items-token"})
+	b := setup(t, func(t *testing.T) storage.Store { fake.Store = openSQLite(t); return fake },
+		&setupOpts{token: "items-token", workflows: []string{laterEachYAML}})
 	id := b.start(t, "greet", `{"input": {"name": "Ada"}}`)
 	base := "/api/instances/" + id + "/steps/"
 	tests := []struct {
@@ -165,11 +166,18 @@ func TestItemsAPIErrors(t *testing.T) {
 	// Bad paging reaches no store.
 	require.Len(t, fake.seen, 1)
 
-	// A step without items answers an empty page, without asking the store.
-	r := b.do(t, http.MethodGet, base+"shout/items", "")
-	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
-	require.JSONEq(t, `{"items": [], "offset": 0, "limit": 100, "total": 0}`, string(r.body))
+	// A step that is no forEach step answers a 404 saying so, without
+	// asking the store for items; a forEach step not expanded yet, a page
+	// of none.
+	requireError(t, b.do(t, http.MethodGet, base+"shout/items", ""), http.StatusNotFound,
+		`step "shout" of instance `+id+` is not a forEach step: it has no items`)
 	require.Len(t, fake.seen, 1)
+	later := b.start(t, "later-each", "") // no worker: first never runs
+	r := b.do(t, http.MethodGet, "/api/instances/"+later+"/steps/each/items", "")
+	require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+	var page view.ItemPage
+	require.NoError(t, json.Unmarshal(r.body, &page))
+	require.Zero(t, page.Total, "not expanded: no items yet")
 
 	// The route needs the token like every other.
 	anon := &testBundle{server: b.server}
@@ -179,6 +187,17 @@ func TestItemsAPIErrors(t *testing.T) {
 
 // fanoutYAML squares 250 numbers; every hundredth item waits for a time
 // that is not one, which fails it for good.
+// laterEachYAML has a forEach step that expands only after its first step.
+const laterEachYAML = `name: later-each
+steps:
+  - name: first
+    handler: echo
+  - name: each
+    dependsOn: [first]
+    forEach: [1, 2]
+    handler: echo
+`
+
 const fanoutYAML = `name: fanout
 steps:
   - name: square
