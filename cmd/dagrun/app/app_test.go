@@ -67,6 +67,15 @@ func (b *testBundle) run(t *testing.T, stdin string, args ...string) runResult {
 	return b.runStdin(ctx, stdin, args...)
 }
 
+// startDetached starts an instance of greet with --detach and returns its
+// ID: what a test of a command on one unfinished instance begins with.
+func (b *testBundle) startDetached(t *testing.T) string {
+	t.Helper()
+	res := b.run(t, "", "start", "greet", "--input", `{"name": "Ada"}`, "--detach")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	return strings.TrimSpace(res.stdout)
+}
+
 // runContext runs the CLI under ctx, with no standard input.
 func (b *testBundle) runContext(ctx context.Context, args ...string) runResult {
 	return b.runStdin(ctx, "", args...)

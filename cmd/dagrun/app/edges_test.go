@@ -94,10 +94,8 @@ func shortArgs(args []string) []string {
 func TestListShowsCancelledStepsApart(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	res := b.run(t, "", "start", "greet", "--input", `{"name": "Ada"}`, "--detach")
-	require.Equal(t, app.ExitOK, res.code, res.stderr)
-	id := strings.TrimSpace(res.stdout)
-	res = b.run(t, "", "cancel", id)
+	id := b.startDetached(t)
+	res := b.run(t, "", "cancel", id)
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
 	res = b.run(t, "", "start", "greet", "--input", `{"name": "Bo"}`)
 	require.Equal(t, app.ExitOK, res.code, res.stderr)

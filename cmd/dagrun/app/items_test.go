@@ -2,7 +2,6 @@ package app_test
 
 import (
 	"encoding/json"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -85,10 +84,8 @@ func TestMaxItems(t *testing.T) {
 func TestStatusStepOfAStepWithoutItems(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	res := b.run(t, "", "start", "greet", "--input", `{"name": "Ada"}`, "--detach")
-	require.Equal(t, app.ExitOK, res.code, res.stderr)
-	id := strings.TrimSpace(res.stdout)
-	res = b.run(t, "", "status", id, "--step", "hello")
+	id := b.startDetached(t)
+	res := b.run(t, "", "status", id, "--step", "hello")
 	require.Equal(t, app.ExitUsage, res.code, res.stdout)
 	require.Empty(t, res.stdout)
 	require.Equal(t, `dagrun: step "hello" of instance `+id+` is not a forEach step: it has no items (its output is in dagrun status `+id+")\n", res.stderr)

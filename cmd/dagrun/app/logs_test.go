@@ -89,11 +89,9 @@ func TestLogsCommand(t *testing.T) {
 func TestLogsOfAnInstanceThatLoggedNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	res := b.run(t, "", "start", "greet", "--input", `{"name": "Ada"}`, "--detach")
-	require.Equal(t, app.ExitOK, res.code, res.stderr)
-	id := strings.TrimSpace(res.stdout)
+	id := b.startDetached(t)
 
-	res = b.run(t, "", "logs", id)
+	res := b.run(t, "", "logs", id)
 	require.Equal(t, app.ExitOK, res.code)
 	require.Empty(t, res.stdout)
 	require.Equal(t, "no log records yet (handlers log through handlers.Logger(ctx)); add --follow to wait for them\n", res.stderr)
