@@ -17,7 +17,8 @@ import (
 // minor units doubled past 2^63 would turn negative and be charged. The
 // AST is patched so that +, - and * go through functions that check an
 // int result and leave every other operand (floats, text, lists, times)
-// to expr's own operators.
+// to expr's own operators. sum() adds with the same check: its calls
+// become calls of $sum, of the list or of map(list, predicate).
 
 // checkedOps names the function each checked operator becomes.
 var checkedOps = map[string]string{"+": "$add", "-": "$sub", "*": "$mul"}
@@ -28,6 +29,14 @@ var checkedOps = map[string]string{"+": "$add", "-": "$sub", "*": "$mul"}
 type overflowPatch struct{}
 
 func (overflowPatch) Visit(n *ast.Node) {
+	if b, ok := (*n).(*ast.BuiltinNode); ok && b.Name == "sum" {
+		list := b.Arguments[0]
+		if len(b.Arguments) == 2 {
+			list = &ast.BuiltinNode{Name: "map", Arguments: b.Arguments}
+		}
+		ast.Patch(n, &ast.CallNode{Callee: &ast.IdentifierNode{Value: "$sum"}, Arguments: []ast.Node{list}})
+		return
+	}
 	x, ok := (*n).(*ast.BinaryNode)
 	if !ok {
 		return
@@ -86,8 +95,52 @@ var overflowOpts = func() []expr.Option {
 		}
 		opts = append(opts, func(c *conf.Config) { c.Functions[f.Name] = f })
 	}
-	return opts
+	sum := &builtin.Function{Name: "$sum", Func: checkedSum, Validate: validateSum}
+	return append(opts, func(c *conf.Config) { c.Functions[sum.Name] = sum })
 }()
+
+// checkedSum adds a list's elements as sum() does, failing when whole
+// numbers pass the 64-bit range.
+func checkedSum(args ...any) (any, error) {
+	list := reflect.ValueOf(args[0])
+	if k := list.Kind(); k != reflect.Slice && k != reflect.Array {
+		return nil, fmt.Errorf("sum takes a list, not %s", kindOfValue(args[0]))
+	}
+	var total any = 0
+	for i := range list.Len() {
+		v := list.Index(i).Interface()
+		x, xInt := total.(int)
+		y, yInt := v.(int)
+		if !xInt || !yInt {
+			total = runtime.Add(total, v) // panics as expr's sum would; the VM recovers
+			continue
+		}
+		s, ok := addInts(x, y)
+		if !ok {
+			return nil, fmt.Errorf("sum() is past the 64-bit range of whole numbers (±%d) at element %d: compute in a handler, or with floats", math.MaxInt64, i)
+		}
+		total = s
+	}
+	return total, nil
+}
+
+// validateSum gives $sum the type sum() has: the element type of a list
+// of numbers, unknown otherwise.
+func validateSum(args []reflect.Type) (reflect.Type, error) {
+	if len(args) != 1 {
+		return nil, fmt.Errorf("internal: want 1 argument, got %d", len(args))
+	}
+	t := args[0]
+	switch {
+	case t == nil || t.Kind() == reflect.Interface:
+		return reflect.TypeFor[any](), nil
+	case t.Kind() != reflect.Slice && t.Kind() != reflect.Array:
+		return nil, fmt.Errorf("sum takes a list, not %s", kindOfType(t.String()))
+	case t.Elem().Kind() == reflect.Int || t.Elem().Kind() == reflect.Float64:
+		return t.Elem(), nil
+	}
+	return reflect.TypeFor[any](), nil
+}
 
 func addInts(x, y int) (int, bool) {
 	s := x + y
@@ -108,4 +161,13 @@ func mulInts(x, y int) (int, bool) {
 		return 0, false
 	}
 	return p, true
+}
+
+// kindOfValue names the kind of a value met at run time as kindOfType
+// names a type.
+func kindOfValue(v any) string {
+	if v == nil {
+		return "null"
+	}
+	return kindOfType(reflect.TypeOf(v).String())
 }

@@ -14,7 +14,8 @@ import (
 func TestWholeNumberArithmeticPastTheRangeFails(t *testing.T) {
 	t.Parallel()
 	env := &Env{Input: map[string]any{"n": 5_000_000_000_000_000_000, "max": math.MaxInt64, "min": math.MinInt64,
-		"neg": -3, "f": 1.5, "s": "ab"}}
+		"neg": -3, "f": 1.5, "s": "ab",
+		"items": []any{map[string]any{"qty": 2}, map[string]any{"qty": 3}}}}
 	for _, tc := range []struct{ input, want string }{
 		{`${{ input.n + 1 }}`, `5000000000000000001`},
 		{`${{ input.n * -1 }}`, `-5000000000000000000`},
@@ -26,6 +27,11 @@ func TestWholeNumberArithmeticPastTheRangeFails(t *testing.T) {
 		{`${{ input.s + input.s }}`, `"abab"`},
 		{`"x-${{ input.n * 1 }}"`, `"x-5000000000000000000"`},
 		{`${{ (input.n + 1) * 1 > 0 }}`, `true`},
+		{`${{ sum([input.max, input.min]) }}`, `-1`},
+		{`${{ sum([input.f, input.f, 1]) }}`, `4`},
+		{`${{ sum([]) }}`, `0`},
+		{`${{ sum(input.items, .qty) }}`, `5`},
+		{`${{ sum(input.items, .qty * 2) > 9 }}`, `true`},
 	} {
 		got, err := evalTemplate(t, tc.input, env)
 		require.NoError(t, err, tc.input)
@@ -37,6 +43,10 @@ func TestWholeNumberArithmeticPastTheRangeFails(t *testing.T) {
 		{`${{ input.min - 1 }}`, `expression "input.min - 1": -9223372036854775808 - 1 is past the 64-bit range`},
 		{`${{ input.min * -1 }}`, `expression "input.min * -1": -9223372036854775808 * -1 is past the 64-bit range`},
 		{`${{ 9223372036854775807 + 1 }}`, `expression "9223372036854775807 + 1": 9223372036854775807 + 1 is past the 64-bit range`},
+		{`${{ sum([input.n, input.n]) }}`, `expression "sum([input.n, input.n])": sum() is past the 64-bit range of whole numbers (±9223372036854775807) at element 1`},
+		{`${{ sum([input.max, 1, input.min]) }}`, `sum() is past the 64-bit range`},
+		{`${{ sum(input.s) }}`, `sum takes a list, not text`},
+		{`${{ sum([input.s]) }}`, `invalid operation: int + string`},
 	} {
 		_, err := evalTemplate(t, tc.input, env)
 		require.ErrorContains(t, err, tc.want)
