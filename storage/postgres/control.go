@@ -91,8 +91,8 @@ WITH it AS (
 -- A workflow step (or item) with a child runs again by retrying its child,
 -- and starts again now, so that its time counts this run.
 ch AS (
-	UPDATE {s}steps SET status = 'running', output = NULL, error = '', started_at = {now}, finished_at = NULL,
-		lease_until = NULL
+	UPDATE {s}steps SET status = 'running', output = NULL, error = '', started_at = {now}, first_started_at = {now},
+		finished_at = NULL, lease_until = NULL
 	WHERE instance_id = $2 AND child_id <> '' AND status IN ('failed', 'cancelled')
 ),
 fe AS (

@@ -190,7 +190,7 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 		if callsFlow {
 			status = itemStatusSQL
 		}
-		rows, err := s.db.Query(ctx, s.q(`SELECT item_index, `+status+`, attempts, input, output, error, started_at, finished_at, worker_id, child_id
+		rows, err := s.db.Query(ctx, s.q(`SELECT item_index, `+status+`, attempts, input, output, error, `+attemptStartedAt+` AS started_at, finished_at, worker_id, child_id
 			FROM {s}steps WHERE parent_id = $1 AND ($4 = '' OR `+status+` = $4) ORDER BY item_index LIMIT $2 OFFSET $3`),
 			parentID, limit, max(p.Offset, 0), string(p.Status))
 		if err != nil {

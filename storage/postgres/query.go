@@ -59,8 +59,17 @@ func scanInstance(row pgx.Row, extra ...any) (storage.Instance, error) {
 	return in, nil
 }
 
+// attemptStartedAt is a step's start as the views show it: when its
+// current attempt began. A snooze (the sleep built-in's wait) belongs to
+// its attempt, yet each wake is a claim that sets started_at; the first
+// attempt's start is first_started_at, which snoozes keep, so a step on
+// its first attempt shows that (a 4 s sleep lasts 4 s, not the
+// milliseconds of its last wake). A later attempt that snoozed shows its
+// last wake.
+const attemptStartedAt = `CASE WHEN attempts <= 1 AND first_started_at IS NOT NULL THEN first_started_at ELSE started_at END`
+
 const stepColumns = `instance_id, id, name, handler, queue, depends_on, status, attempts, max_attempts,
-	backoff_us, max_backoff_us, timeout_us, input, output, error, run_after, ready_at, started_at, finished_at,
+	backoff_us, max_backoff_us, timeout_us, input, output, error, run_after, ready_at, ` + attemptStartedAt + ` AS started_at, finished_at,
 	lease_until, worker_id, for_each, wait_signal, deadline, on_failure, child_workflow, child_id`
 
 // collectSteps scans step rows and hands each to add with its instance.
@@ -291,7 +300,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 		b.Queue(s.q(`SELECT workflow,
 				percentile_disc(0.5) WITHIN GROUP (ORDER BY d),
 				percentile_disc(0.95) WITHIN GROUP (ORDER BY d)
-			FROM (SELECT workflow, (extract(epoch FROM finished_at - started_at) * 1000000)::bigint AS d
+			FROM (SELECT workflow, (extract(epoch FROM finished_at - `+attemptStartedAt+`) * 1000000)::bigint AS d
 				FROM {s}steps WHERE instance_id IN (SELECT id FROM {s}instances
 					WHERE finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT $1)
 				AND status = 'completed' AND started_at IS NOT NULL) c

@@ -172,7 +172,7 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 		if callsFlow {
 			status = itemStatusSQL
 		}
-		q := `SELECT item_index, ` + status + `, attempts, input, output, error, started_at, finished_at, worker_id, child_id
+		q := `SELECT item_index, ` + status + `, attempts, input, output, error, ` + attemptStartedAt + ` AS started_at, finished_at, worker_id, child_id
 			FROM steps WHERE parent_id = +?1`
 		if p.Status != "" {
 			q += ` AND ` + status + ` = ?4`

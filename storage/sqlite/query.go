@@ -48,8 +48,17 @@ func scanInstance(sc scanner, extra ...any) (storage.Instance, error) {
 	return in, nil
 }
 
+// attemptStartedAt is a step's start as the views show it: when its
+// current attempt began. A snooze (the sleep built-in's wait) belongs to
+// its attempt, yet each wake is a claim that sets started_at; the first
+// attempt's start is first_started_at, which snoozes keep, so a step on
+// its first attempt shows that (a 4 s sleep lasts 4 s, not the
+// milliseconds of its last wake). A later attempt that snoozed shows its
+// last wake.
+const attemptStartedAt = `CASE WHEN attempts <= 1 AND first_started_at IS NOT NULL THEN first_started_at ELSE started_at END`
+
 const stepColumns = `instance_id, id, name, handler, queue, depends_on, status, attempts, max_attempts, backoff_us, max_backoff_us,
-	timeout_us, input, output, error, run_after, ready_at, started_at, finished_at, lease_until, worker_id, for_each,
+	timeout_us, input, output, error, run_after, ready_at, ` + attemptStartedAt + ` AS started_at, finished_at, lease_until, worker_id, for_each,
 	wait_signal, deadline, on_failure, child_workflow, child_id`
 
 func scanStep(sc scanner) (string, storage.Step, error) {
@@ -311,7 +320,7 @@ func (s *Store) Stats(ctx context.Context) (*storage.Stats, error) {
 		if err := unserved(ctx, tx, &sb, now); err != nil {
 			return err
 		}
-		rows, err = tx.QueryContext(ctx, `SELECT workflow, finished_at - started_at AS d FROM steps
+		rows, err = tx.QueryContext(ctx, `SELECT workflow, finished_at - `+attemptStartedAt+` AS d FROM steps
 			WHERE instance_id IN (SELECT id FROM instances WHERE finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT CAST(? AS INTEGER))
 				AND status = 'completed' AND started_at IS NOT NULL
 			ORDER BY workflow, d`, storage.StatsWindow)

@@ -152,9 +152,9 @@ func (t *txn) planReplan(plan storage.PlanFunc) error {
 // returns the instances it re-armed, to plan. Each starts again now, as
 // its child runs again, so that its time counts this run.
 func (t *txn) retryChildren(id string) ([]string, error) {
-	rows, err := t.query(`UPDATE steps SET status = 'running', output = NULL, error = '', started_at = ?, finished_at = NULL,
-			lease_until = NULL
-		WHERE instance_id = ? AND child_id <> '' AND status IN ('failed', 'cancelled')
+	rows, err := t.query(`UPDATE steps SET status = 'running', output = NULL, error = '', started_at = ?1, first_started_at = ?1,
+			finished_at = NULL, lease_until = NULL
+		WHERE instance_id = ?2 AND child_id <> '' AND status IN ('failed', 'cancelled')
 		RETURNING child_id, name, item_index, coalesce(parent_id, 0)`, us(t.now), id)
 	if err != nil {
 		return nil, err

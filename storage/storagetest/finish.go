@@ -196,6 +196,29 @@ var finishTests = map[string]func(*testing.T, *Harness){
 		require.True(t, again.FirstStartedAt.Equal(start), "the first start survives a snooze")
 	},
 
+	"ASnoozedAttemptKeepsItsStart": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		id := b.createOne(spec("a"), spec("b"))
+		c := b.claimStep(id, "a")
+		b.finish(storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeSnooze, RunAfter: start.Add(time.Hour)})
+		b.clock.Advance(time.Hour)
+		c = b.claimStep(id, "a")
+		b.clock.Advance(time.Second)
+		b.finish(storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeCompleted, Output: json.RawMessage(`1`)})
+		a := step(t, b.get(id), "a")
+		require.NotNil(t, a.StartedAt)
+		require.True(t, a.StartedAt.Equal(start), "a snoozed attempt starts at its first claim: %v", a.StartedAt)
+		require.True(t, a.FinishedAt.Equal(start.Add(time.Hour+time.Second)), "finished %v", a.FinishedAt)
+
+		// A retry is a new attempt, which starts at its own claim.
+		c = b.claimStep(id, "b")
+		b.finish(storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeRetry, Error: "try again"})
+		b.clock.Advance(time.Minute)
+		c = b.claimStep(id, "b")
+		require.Equal(t, 2, c.Attempt)
+		require.True(t, step(t, b.get(id), "b").StartedAt.Equal(b.now()), "the second attempt starts at its claim")
+	},
+
 	"TerminalFailureFailsInstance": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		id := b.createOne(spec("a"), spec("b"), spec("c", "a"), spec("d"))
