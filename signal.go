@@ -174,7 +174,11 @@ func (e *Engine) signalTarget(ctx context.Context, req SignalRequest) (*storage.
 		return nil, err
 	}
 	if len(found) == 0 {
-		return nil, fmt.Errorf("no instance of workflow %s with key %q: %w", req.Workflow, req.Key, storage.ErrNotFound)
+		if _, known := e.Workflow(req.Workflow); !known {
+			// Instances outlive their file, so only now is the name wrong.
+			return nil, e.UnknownWorkflow(req.Workflow)
+		}
+		return nil, storage.Refuse(storage.ErrNotFound, "no instance of workflow %s with key %q", req.Workflow, req.Key)
 	}
 	return e.store.GetInstance(ctx, found[0].ID)
 }

@@ -66,7 +66,7 @@ func (s *Store) SendSignal(ctx context.Context, p storage.SignalParams, plan sto
 		if p.InstanceID == "" {
 			err := tx.QueryRow(ctx, s.q(instanceByKeySQL), p.Workflow, p.Key).Scan(&res.InstanceID)
 			if errors.Is(err, pgx.ErrNoRows) {
-				return fmt.Errorf("no instance of workflow %s with key %q: %w", p.Workflow, p.Key, storage.ErrNotFound)
+				return storage.Refuse(storage.ErrNotFound, "no instance of workflow %s with key %q", p.Workflow, p.Key)
 			}
 			if err != nil {
 				return err

@@ -157,7 +157,7 @@ func signalTargetMissing(p storage.SignalParams) error {
 	if p.InstanceID != "" {
 		return fmt.Errorf("instance %s: %w", p.InstanceID, storage.ErrNotFound)
 	}
-	return fmt.Errorf("no instance of workflow %s with key %q: %w", p.Workflow, p.Key, storage.ErrNotFound)
+	return storage.Refuse(storage.ErrNotFound, "no instance of workflow %s with key %q", p.Workflow, p.Key)
 }
 
 // ExpireWaits implements storage.Store. A limit below 1 means 1000.

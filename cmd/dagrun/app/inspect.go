@@ -306,8 +306,8 @@ func writeChildren(w io.Writer, inst *storage.Instance) {
 		if len(shown) > maxChildrenShown {
 			shown, more = shown[:maxChildrenShown], fmt.Sprintf(" and %d more", len(s.Children)-maxChildrenShown)
 		}
-		fmt.Fprintf(w, "%s runs workflow %s as %d child instances: %s%s (dagrun list --parent %s)\n",
-			s.Name, s.Workflow, len(s.Children), strings.Join(shown, ", "), more, inst.ID)
+		fmt.Fprintf(w, "%s runs workflow %s as %s: %s%s (dagrun list --parent %s)\n",
+			s.Name, s.Workflow, view.Count(len(s.Children), "child instance"), strings.Join(shown, ", "), more, inst.ID)
 	}
 }
 

@@ -47,6 +47,7 @@ func TestSignal(t *testing.T) {
 		{args: []string{"signal", id, "approve", "--data", "@nope.json"}, code: app.ExitUsage},
 		{args: []string{"signal", "no-such-id", "approve"}, code: app.ExitUsage},
 		{args: []string{"signal", "--workflow", "refund", "--key", "order-8", "approve"}, code: app.ExitUsage},
+		{args: []string{"signal", "--workflow", "refnd", "--key", "order-8", "approve"}, code: app.ExitUsage},
 		{args: []string{"signal", "--workflow", "refund", "approve"}, code: app.ExitUsage},
 		{args: []string{"signal", id, "approve", "--workflow", "refund", "--key", "order-7"}, code: app.ExitUsage},
 		{args: []string{"signal", id}, code: app.ExitUsage},

@@ -175,7 +175,10 @@ func TestSignalByKey(t *testing.T) {
 		requireError(t, b.do(t, http.MethodGet, "/api/instances?key=order-42", ""), http.StatusBadRequest, "needs a workflow filter")
 
 		path := "/api/workflows/approval/signals/approve"
-		requireError(t, b.do(t, http.MethodPost, path, `{"key": "order-99", "data": {"approved": true}}`), http.StatusNotFound, `no instance of workflow approval with key "order-99"`)
+		r = b.do(t, http.MethodPost, path, `{"key": "order-99", "data": {"approved": true}}`)
+		requireError(t, r, http.StatusNotFound, `no instance of workflow approval with key "order-99"`)
+		require.JSONEq(t, `{"error": "no instance of workflow approval with key \"order-99\""}`, string(r.body), "the reason alone")
+		requireError(t, b.do(t, http.MethodPost, "/api/workflows/aproval/signals/approve", `{"key": "order-42"}`), http.StatusNotFound, `unknown workflow "aproval" (available: `)
 		requireError(t, b.do(t, http.MethodPost, path, `{"data": {"approved": true}}`), http.StatusBadRequest, "key is required")
 		requireError(t, b.do(t, http.MethodPost, path, `{"key": "order-42", "data": {"approved": "yes"}}`), http.StatusBadRequest, "/approved")
 		require.Equal(t, "waiting", stepOf(t, b.do(t, http.MethodGet, "/api/instances/"+id, "").json(t), "approval")["status"], "refusals change nothing")
