@@ -34,7 +34,7 @@ func (p *planner) startChildren(step *dag.Step, change storage.StepChange, input
 	}
 	depth := p.state.Depth + 1
 	if depth > p.config.MaxDepth {
-		return fail("sub-workflow depth limit %d reached: instance %s (workflow %s) is at depth %d and cannot start workflow %s; stop the recursion, or raise the engine's depth limit", p.config.MaxDepth, p.state.ID, p.state.Workflow, p.state.Depth, w.Name)
+		return fail("sub-workflow depth limit %d reached: instance %s (workflow %s) is at depth %d and cannot start workflow %s; stop the recursion, or raise the engine's depth limit (--max-depth)", p.config.MaxDepth, p.state.ID, p.state.Workflow, p.state.Depth, w.Name)
 	}
 	capKey := ""
 	if step.ForEach != nil && step.Concurrency > 0 {

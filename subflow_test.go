@@ -169,7 +169,7 @@ func TestChildFailureFailsTheParentStep(t *testing.T) {
 		inst := b.wait(t, b.start(t, "fulfilment", `{"orderId": 0}`))
 		require.Equal(t, storage.InstanceFailed, inst.Status)
 		child := childOf(t, inst, "ship")
-		want := "child instance " + child + " failed: step label failed: no such order"
+		want := "child instance " + child + " failed in step label: no such order"
 		require.Equal(t, want, step(t, inst, "ship").Error)
 		require.Equal(t, "step ship failed: "+want, inst.Error)
 		require.Equal(t, storage.StepCancelled, step(t, inst, "notify").Status)
@@ -199,7 +199,7 @@ func TestRetryOfTheParentRetriesTheFailedChild(t *testing.T) {
 
 		err := b.engine.Retry(ctx, child)
 		require.ErrorIs(t, err, storage.ErrConflict)
-		require.Contains(t, err.Error(), "retry "+id+" instead")
+		require.Contains(t, err.Error(), "dagrun retry "+id+" retries this child")
 
 		fail.Store(false)
 		require.NoError(t, b.engine.Retry(ctx, id))
@@ -263,7 +263,7 @@ steps:
 			ids = append(ids, child.ID)
 			inst = child
 		}
-		require.Equal(t, "sub-workflow depth limit 3 reached: instance "+inst.ID+" (workflow forever) is at depth 3 and cannot start workflow forever; stop the recursion, or raise the engine's depth limit",
+		require.Equal(t, "sub-workflow depth limit 3 reached: instance "+inst.ID+" (workflow forever) is at depth 3 and cannot start workflow forever; stop the recursion, or raise the engine's depth limit (--max-depth)",
 			step(t, inst, "again").Error)
 		require.Empty(t, step(t, inst, "again").Children)
 	})

@@ -174,7 +174,7 @@ func TestSubflowCancelCascade(t *testing.T) {
 		// own child: the signal then finishes all three.
 		res = e.run(t, "retry", child)
 		require.Equal(t, 2, res.code)
-		require.Contains(t, res.stderr, "retry "+id+" instead")
+		require.Contains(t, res.stderr, "dagrun retry "+id+" retries this child")
 		e.mustRun(t, "retry", id, "--detach")
 		waitFor(t, 30*time.Second, "the grandchild to wait again", func() bool {
 			return e.status(t, grandchild).Steps[0].Status == "waiting"

@@ -2,6 +2,8 @@ package storage
 
 import (
 	"fmt"
+	"regexp"
+	"strings"
 	"time"
 )
 
@@ -27,12 +29,35 @@ func ChildrenStartedMessage(children []CreateParams) string {
 
 // ChildError is the error of a workflow step (or item) whose child ended
 // with status (failed or cancelled) and error msg.
+//
+// A child that failed at one of its steps ("step boom failed: ...") is
+// named with that step: "child instance C failed in step boom: ...". A
+// step of its own that failed with a child of its own gives the path of
+// steps down to the first error instead of nesting every level's text:
+// "child instance C failed in step call2 > call3 > boom: ...", so that ten
+// levels of children still give one readable line, naming the child to
+// look at next.
 func ChildError(childID string, status InstanceStatus, msg string) string {
 	if status == InstanceCancelled {
 		return fmt.Sprintf("child instance %s was cancelled", childID)
 	}
-	return fmt.Sprintf("child instance %s failed: %s", childID, msg)
+	step, cause, ok := strings.Cut(strings.TrimPrefix(msg, "step "), " failed")
+	if !strings.HasPrefix(msg, "step ") || !ok || strings.ContainsAny(step, " :") {
+		return fmt.Sprintf("child instance %s failed: %s", childID, msg)
+	}
+	cause = strings.TrimPrefix(cause, ": ")
+	if m := nestedChildError.FindStringSubmatch(cause); m != nil {
+		step, cause = step+" > "+m[1], m[2]
+	}
+	if cause == "" {
+		return fmt.Sprintf("child instance %s failed in step %s", childID, step)
+	}
+	return fmt.Sprintf("child instance %s failed in step %s: %s", childID, step, cause)
 }
+
+// nestedChildError matches the error of a step whose own child failed in
+// a step: the path of steps, and the first error.
+var nestedChildError = regexp.MustCompile(`(?s)^child instance \S+ failed in step ([^:]+?)(?:: (.*))?$`)
 
 // ParentFinishedMessage is why an unfinished child is cancelled when its
 // parent instance finishes first: cancelled, or failed (by another step,
@@ -44,12 +69,16 @@ func ParentFinishedMessage(parentID string, status InstanceStatus) string {
 	return fmt.Sprintf("parent instance %s failed", parentID)
 }
 
-// RetryChildError is why RetryInstance refuses a child instance: its
-// parent step failed with it, so only retrying the parent brings the two
-// back together.
+// RetryChildError is why an operation that would run a child instance
+// again by itself is refused: only its parent step runs it, so only the
+// parent's retry brings the two back together. Its parent step may have
+// failed with it (a plain retry of the parent retries the child) or been
+// passed by hand or by continueOnError (only a retry from that step, with
+// a new child, runs it again), so the message names both.
 func RetryChildError(id string, p *ParentRef) error {
-	return Refuse(ErrConflict, "instance %s is a child of instance %s (step %s): retry %s instead, which retries this child",
-		id, p.InstanceID, p.Step, p.InstanceID)
+	return Refuse(ErrConflict, "instance %s is a child of instance %s (step %s) and runs again only with it: "+
+		"dagrun retry %s retries this child if the step failed with it; dagrun retry %s --from %s runs the step again with a new child",
+		id, p.InstanceID, p.Step, p.InstanceID, p.InstanceID, p.Step)
 }
 
 // CheckChildren checks a StepChange that starts a workflow step: the step

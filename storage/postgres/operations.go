@@ -258,6 +258,40 @@ func (s *Store) setPaused(ctx context.Context, id string, pause bool) error {
 		case !pause && (status.Finished() || !paused):
 			return storage.ResumeRefusal(id, status)
 		}
+		if err := s.pauseTree(ctx, tx, st, []string{id}, pause); err != nil {
+			return err
+		}
+		s.queueActor(ctx, st, id)
+		return nil
+	})
+}
+
+// pauseTreeSQL locks, in id order, the unfinished instances of $1 and
+// their descendants not yet paused ($2) or resumed. Children are held
+// with their parent, as a cancel reaches them: a paused parent whose
+// children ran on would finish while paused.
+const pauseTreeSQL = `
+WITH RECURSIVE tree (id) AS (
+	SELECT unnest($1::text[])
+	UNION
+	SELECT i.id FROM {s}instances i JOIN tree ON i.parent_id = tree.id
+)
+SELECT i.id FROM {s}instances i
+WHERE i.id IN (SELECT id FROM tree) AND i.finished_at IS NULL AND i.paused <> $2
+ORDER BY i.id FOR NO KEY UPDATE`
+
+// pauseTree pauses (or resumes) the instances of roots and their
+// unfinished descendants, each with its event.
+func (s *Store) pauseTree(ctx context.Context, tx pgx.Tx, st *txState, roots []string, pause bool) error {
+	rows, err := tx.Query(ctx, s.q(pauseTreeSQL), roots, pause)
+	if err != nil {
+		return err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
 		var queues []string
 		if err := tx.QueryRow(ctx, s.q(pauseSQL), s.now(), id, pause).Scan(&queues); err != nil {
 			return err
@@ -267,9 +301,8 @@ func (s *Store) setPaused(ctx context.Context, id string, pause bool) error {
 				st.ready(q)
 			}
 		}
-		s.queueActor(ctx, st, id)
-		return nil
-	})
+	}
+	return nil
 }
 
 // PauseInstance implements storage.Operator.

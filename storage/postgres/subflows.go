@@ -272,9 +272,10 @@ func (s *Store) createChildren(ctx context.Context, tx pgx.Tx, st *txState, now 
 	var (
 		depth, priority int
 		runAfter        time.Time
+		paused          bool
 	)
-	if err := tx.QueryRow(ctx, s.q(`SELECT depth, priority, run_after FROM {s}instances WHERE id = $1`), c.parentID).
-		Scan(&depth, &priority, &runAfter); err != nil {
+	if err := tx.QueryRow(ctx, s.q(`SELECT depth, priority, run_after, paused FROM {s}instances WHERE id = $1`), c.parentID).
+		Scan(&depth, &priority, &runAfter, &paused); err != nil {
 		return fmt.Errorf("parent instance %s: %w", c.parentID, err)
 	}
 	children := storage.ChildParams(c.parentID, depth, priority, c.change.Name, c.change, runAfter)
@@ -284,8 +285,16 @@ func (s *Store) createChildren(ctx context.Context, tx pgx.Tx, st *txState, now 
 	if st.plan == nil {
 		return errors.New("postgres: a workflow step started in a transaction without a PlanFunc for its children")
 	}
-	_, err := s.create(ctx, tx, st, now, children, st.plan, false)
-	return err
+	created, err := s.create(ctx, tx, st, now, children, st.plan, false)
+	if err != nil || !paused {
+		return err
+	}
+	// A paused parent's running step started them: they wait with it.
+	ids := make([]string, len(created))
+	for i, r := range created {
+		ids[i] = r.ID
+	}
+	return s.pauseTree(ctx, tx, st, ids, true)
 }
 
 // cancelChildren cancels the unfinished children of the instances that

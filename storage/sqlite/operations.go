@@ -240,7 +240,8 @@ func (t *txn) pauseState(id string) (storage.InstanceStatus, bool, error) {
 
 // PauseInstance implements storage.Operator: the pending steps are put off
 // by storage.PauseShiftMicros; those that become pending later are by the
-// statements that make them so (see loaded.due and requeueHeld).
+// statements that make them so (see loaded.due and requeueHeld). Its
+// unfinished descendants are paused with it (see pauseTree).
 func (s *Store) PauseInstance(ctx context.Context, id string) error {
 	return s.writeBy(ctx, "pause instance", func(t *txn) error {
 		status, paused, err := t.pauseState(id)
@@ -250,19 +251,12 @@ func (s *Store) PauseInstance(ctx context.Context, id string) error {
 		if status.Finished() || paused {
 			return storage.PauseRefusal(id, status)
 		}
-		if _, err := t.exec(`UPDATE instances SET paused = 1 WHERE id = ?`, id); err != nil {
-			return err
-		}
-		if _, err := t.exec(`UPDATE steps SET run_after = run_after + `+pauseShift+`
-			WHERE instance_id = ? AND status = 'pending'`, id); err != nil {
-			return err
-		}
-		t.event(id, "", storage.EventInstancePaused, 0, "")
-		return nil
+		return t.pauseTree([]string{id}, true)
 	})
 }
 
-// ResumeInstance implements storage.Operator.
+// ResumeInstance implements storage.Operator, for the instance and its
+// paused descendants.
 func (s *Store) ResumeInstance(ctx context.Context, id string) error {
 	err := s.writeBy(ctx, "resume instance", func(t *txn) error {
 		status, paused, err := t.pauseState(id)
@@ -272,20 +266,60 @@ func (s *Store) ResumeInstance(ctx context.Context, id string) error {
 		if status.Finished() || !paused {
 			return storage.ResumeRefusal(id, status)
 		}
-		if _, err := t.exec(`UPDATE instances SET paused = 0 WHERE id = ?`, id); err != nil {
-			return err
-		}
-		if _, err := t.exec(`UPDATE steps SET run_after = run_after - `+pauseShift+`
-			WHERE instance_id = ? AND status = 'pending' AND run_after > `+pauseShift, id); err != nil {
-			return err
-		}
-		t.event(id, "", storage.EventInstanceResumed, 0, "")
-		return nil
+		return t.pauseTree([]string{id}, false)
 	})
 	if err != nil {
 		return err
 	}
 	s.notify()
+	return nil
+}
+
+// pauseTree pauses (or resumes) the unfinished instances of roots and of
+// their descendants not paused (or resumed) yet, each with its event.
+// Children are held with their parent, as a cancel reaches them: a paused
+// parent whose children ran on would finish while paused.
+func (t *txn) pauseTree(roots []string, pause bool) error {
+	list, err := json.Marshal(roots)
+	if err != nil {
+		return err
+	}
+	rows, err := t.query(`WITH RECURSIVE tree (id) AS (
+			SELECT value FROM json_each(?1)
+			UNION
+			SELECT i.id FROM instances i JOIN tree ON i.parent_id = tree.id
+		)
+		SELECT id FROM instances WHERE id IN tree AND finished_at IS NULL AND paused <> ?2 ORDER BY id`, string(list), pause)
+	if err != nil {
+		return err
+	}
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return err
+		}
+		ids = append(ids, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	shift, event := `run_after + `+pauseShift, storage.EventInstancePaused
+	if !pause {
+		shift, event = `run_after - `+pauseShift, storage.EventInstanceResumed
+	}
+	for _, id := range ids {
+		if _, err := t.exec(`UPDATE instances SET paused = ? WHERE id = ?`, pause, id); err != nil {
+			return err
+		}
+		if _, err := t.exec(`UPDATE steps SET run_after = `+shift+`
+			WHERE instance_id = ? AND status = 'pending' AND (? OR run_after > `+pauseShift+`)`, id, pause); err != nil {
+			return err
+		}
+		t.event(id, "", event, 0, "")
+	}
 	return nil
 }
 

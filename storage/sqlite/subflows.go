@@ -62,8 +62,20 @@ func (t *txn) startChildren(parentID string, depth int, stepID int64, c storage.
 		jsonArg(c.Input), now, runAfter, children[0].ID, stepID); err != nil {
 		return err
 	}
-	_, err := t.create(children, t.planFn)
-	return err
+	created, err := t.create(children, t.planFn)
+	if err != nil {
+		return err
+	}
+	var paused bool
+	if err := t.queryRow(`SELECT paused FROM instances WHERE id = ?`, parentID).Scan(&paused); err != nil || !paused {
+		return err
+	}
+	// A paused parent's running step started them: they wait with it.
+	ids := make([]string, len(created))
+	for i, r := range created {
+		ids[i] = r.ID
+	}
+	return t.pauseTree(ids, true)
 }
 
 // childFinished settles the workflow step (or item) whose child id just

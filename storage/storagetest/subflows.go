@@ -192,6 +192,47 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, storage.StepPending, b.status(child.ID, "c1"))
 	},
 
+	"PauseHoldsTheWholeTree": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		plan := callPlan(chainCalls)
+		ids := b.chain(plan)
+		leaf := ids[3]
+		require.NoError(t, b.op().PauseInstance(b.ctx, ids[0]))
+		for _, id := range ids {
+			in := b.get(id)
+			require.True(t, in.Paused, "instance %s at depth %d is paused with the top", id, in.Depth)
+			require.Len(t, events(in, "", storage.EventInstancePaused), 1)
+		}
+		require.False(t, b.claimable(leaf), "the great-grandchild's step waits")
+		require.ErrorIs(t, b.op().PauseInstance(b.ctx, ids[1]), storage.ErrConflict, "a child paused with its parent is paused")
+
+		require.NoError(t, b.op().ResumeInstance(b.ctx, ids[0]))
+		for _, id := range ids {
+			require.False(t, b.get(id).Paused, "instance %s is resumed with the top", id)
+		}
+		b.completeWith(plan, leaf, "leaf", `"L"`)
+		require.Equal(t, storage.InstanceCompleted, b.get(ids[0]).Status)
+	},
+
+	"AChildStartedWhileItsParentIsPausedIsPaused": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		plan := callPlan(map[string][]storage.StepSpec{"call": {spec("c1")}})
+		id := b.createWith(plan, params(spec("a"), callSpec("call", "a")))
+		ca := b.claimStep(id, "a")
+		require.NoError(t, b.op().PauseInstance(b.ctx, id))
+		// The running step finishes and makes the workflow step ready: its
+		// child starts, but waits with its parent.
+		b.finishWith(plan, completed(ca.Claim, `"A"`))
+		child := b.child(id, "call")
+		require.True(t, child.Paused)
+		require.False(t, b.claimable(child.ID), "the child's step waits")
+
+		require.NoError(t, b.op().ResumeInstance(b.ctx, id))
+		require.False(t, b.get(child.ID).Paused)
+		b.completeWith(plan, child.ID, "c1", `"C"`)
+		require.Equal(t, storage.InstanceCompleted, b.get(id).Status)
+	},
+
 	"CompletionSettlesEveryAncestorInOneTransaction": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		plan := callPlan(chainCalls)
@@ -256,7 +297,7 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 
 		leafChild := b.get(ids[3])
 		require.Equal(t, storage.InstanceFailed, leafChild.Status)
-		want := "child instance " + ids[3] + " failed: step leaf failed"
+		want := "child instance " + ids[3] + " failed in step leaf"
 		for i := 2; i >= 0; i-- {
 			in := b.get(ids[i])
 			require.Equal(t, storage.InstanceFailed, in.Status, "depth %d", i)
@@ -266,7 +307,7 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 			ev := events(in, call.Name, storage.EventStepFailed)
 			require.Len(t, ev, 1)
 			require.Equal(t, want, ev[0].Message)
-			want = "child instance " + ids[i] + " failed: step " + call.Name + " failed"
+			want = "child instance " + ids[i] + " failed in step " + call.Name
 		}
 	},
 
@@ -331,15 +372,16 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 
 		err := b.store.RetryInstance(b.ctx, child, plan)
 		require.ErrorIs(t, err, storage.ErrConflict, "a child is retried through its parent")
-		require.Contains(t, err.Error(), "retry "+id+" instead")
+		require.Contains(t, err.Error(), "dagrun retry "+id+" retries this child")
+		require.Contains(t, err.Error(), "dagrun retry "+id+" --from call runs the step again", "the way on when the parent step was passed")
 		// Nor by retrying it from a step or skipping its failed step: it
 		// would run on while its parent step stays failed.
 		err = b.op().RetryFrom(b.ctx, child, "c1", plan)
 		require.ErrorIs(t, err, storage.ErrConflict, "a child is retried from a step through its parent")
-		require.Contains(t, err.Error(), "retry "+id+" instead")
+		require.Contains(t, err.Error(), "dagrun retry "+id+" retries this child")
 		err = b.op().SkipStep(b.ctx, child, "c2", json.RawMessage(`"by hand"`), plan)
 		require.ErrorIs(t, err, storage.ErrConflict, "a failed child's step is skipped through its parent")
-		require.Contains(t, err.Error(), "retry "+id+" instead")
+		require.Contains(t, err.Error(), "dagrun retry "+id+" retries this child")
 		require.Equal(t, storage.InstanceFailed, b.get(child).Status, "nothing changed")
 		require.Equal(t, storage.StepFailed, step(t, b.get(child), "c2").Status, "nothing changed")
 
@@ -562,7 +604,7 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 		b.finishWith(plan, storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeFailed, Error: "x"})
 		in := b.get(id)
 		require.Equal(t, storage.InstanceFailed, in.Status)
-		require.Equal(t, "item 1 failed: child instance "+children[1]+" failed: step c failed", step(t, in, "each").Error)
+		require.Equal(t, "item 1 failed: child instance "+children[1]+" failed in step c", step(t, in, "each").Error)
 		other := b.get(children[0])
 		require.Equal(t, storage.InstanceCancelled, other.Status, "the other item's child is cancelled with its step")
 		require.Equal(t, "parent instance "+id+" failed", other.Error)

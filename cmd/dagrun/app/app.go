@@ -126,10 +126,10 @@ type cli struct {
 	logFormat    string
 	logLevel     string
 
-	// maxItems is --max-items of the commands that plan steps (worker,
-	// serve, start). The three flags share it, so registering them sets
-	// the default for every command.
-	maxItems int
+	// maxItems and maxDepth are --max-items and --max-depth of the
+	// commands that plan steps (worker, serve, start). Their flags share
+	// them, so registering them sets the default for every command.
+	maxItems, maxDepth int
 
 	logger  *slog.Logger
 	cleanup func()
@@ -330,6 +330,9 @@ func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
 	if c.maxItems < 1 {
 		return nil, usageError(fmt.Errorf("invalid --max-items %d: must be at least 1", c.maxItems))
 	}
+	if c.maxDepth < 1 {
+		return nil, usageError(fmt.Errorf("invalid --max-depth %d: must be at least 1", c.maxDepth))
+	}
 	if c.longRunning {
 		// Read before the files, so that a change made while they are
 		// read is seen as one (watchWorkflows).
@@ -361,7 +364,7 @@ func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
 			closeStore()
 		}
 	}
-	config := &dagrun.Config{Workflows: workflows, InvalidWorkflows: invalid, Logger: c.logger, Observer: c.observer, MaxItems: c.maxItems}
+	config := &dagrun.Config{Workflows: workflows, InvalidWorkflows: invalid, Logger: c.logger, Observer: c.observer, MaxItems: c.maxItems, MaxDepth: c.maxDepth}
 	if tp != nil {
 		config.TracerProvider = tp
 	}
@@ -420,11 +423,13 @@ func (c *cli) warnInvalidWorkflows() {
 	}
 }
 
-// addMaxItemsFlag adds --max-items to a command whose process plans steps,
-// where a forEach step's list is checked against it. Every such process of
-// one database should use the same limit.
-func (c *cli) addMaxItemsFlag(cmd *cobra.Command) {
+// addPlanLimitFlags adds --max-items and --max-depth to a command whose
+// process plans steps, where a forEach step's list and a workflow step's
+// depth are checked against them. Every such process of one database
+// should use the same limits.
+func (c *cli) addPlanLimitFlags(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&c.maxItems, "max-items", dagrun.DefaultMaxItems, "most items one forEach step may have; a longer list fails the step")
+	cmd.Flags().IntVar(&c.maxDepth, "max-depth", dagrun.DefaultMaxDepth, "most levels of child instances under a top-level one; a workflow step deeper fails")
 }
 
 // exitError carries an exit code; err, when set, is printed on stderr.

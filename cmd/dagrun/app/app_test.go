@@ -362,6 +362,7 @@ func TestErrorLines(t *testing.T) {
 		{args: []string{"worker", "--max-items", "0"}, code: app.ExitUsage},
 		{args: []string{"serve", "--max-items", "-5"}, code: app.ExitUsage},
 		{args: []string{"start", "fanout", "--max-items", "many"}, code: app.ExitUsage},
+		{args: []string{"start", "fanout", "--max-depth", "0"}, code: app.ExitUsage},
 		{args: []string{"prune", "--older-than", "1 week"}, code: app.ExitUsage},
 		{args: []string{"graph", "nope"}, code: app.ExitUsage},
 		{args: []string{"graph", "greet", "--format", "svg"}, code: app.ExitUsage},

@@ -94,7 +94,7 @@ func (c *cli) serveCommand() *cobra.Command {
 	f.IntVar(&concurrency, "concurrency", dagrun.DefaultConcurrency, "steps the embedded worker runs at once (with --worker)")
 	f.StringVar(&tlsCert, "tls-cert", "", "PEM certificate (chain) file: serve HTTPS, with --tls-key (env DAGRUN_TLS_CERT)")
 	f.StringVar(&tlsKey, "tls-key", "", "PEM private key file of --tls-cert (env DAGRUN_TLS_KEY)")
-	c.addMaxItemsFlag(cmd)
+	c.addPlanLimitFlags(cmd)
 	return cmd
 }
 

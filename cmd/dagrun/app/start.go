@@ -100,7 +100,7 @@ func (c *cli) startCommand() *cobra.Command {
 	f.BoolVar(&detach, "detach", false, "print only the instance ID (with --json, the instance object) and return; workers run it")
 	f.BoolVar(&jsonOut, "json", false, "print the whole instance object instead of its output, whatever the outcome (with --detach: as it stands once started)")
 	f.StringVar(&parent, "traceparent", "", "W3C traceparent of a span the instance's span joins as a child (when OTEL_* variables turn tracing on)")
-	c.addMaxItemsFlag(cmd)
+	c.addPlanLimitFlags(cmd)
 	return cmd
 }
 

@@ -111,3 +111,19 @@ func TestBulkOperationsPickWhatListShows(t *testing.T) {
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
 	require.Contains(t, res.stdout, `"status": "failed"`)
 }
+
+// TestMaxDepth: --max-depth is the engine's depth limit: a workflow step
+// whose child would be deeper fails the instance, with a message that
+// names the flag; within it the same instance completes.
+func TestMaxDepth(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.env["DAGRUN_WORKFLOWS"] = "testdata/subflows"
+	res := b.run(t, "", "start", "deep", "--max-depth", "1")
+	require.Equal(t, app.ExitFailed, res.code, res.stderr)
+	require.Contains(t, res.stderr, "sub-workflow depth limit 1 reached")
+	require.Contains(t, res.stderr, "raise the engine's depth limit (--max-depth)")
+
+	res = b.run(t, "", "start", "deep", "--max-depth", "2")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+}

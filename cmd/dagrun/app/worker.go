@@ -94,7 +94,7 @@ func (c *cli) workerCommand() *cobra.Command {
 	f.StringVar(&poll, "poll", dagrun.DefaultPoll.String(), "fallback polling interval")
 	f.BoolVar(&noSchedules, "no-schedules", false, "do not run the scheduler, which starts the workflows' scheduled instances")
 	f.StringVar(&grace, "grace", dagrun.DefaultShutdownGrace.String(), "how long running steps may finish after SIGINT/SIGTERM")
-	c.addMaxItemsFlag(cmd)
+	c.addPlanLimitFlags(cmd)
 	return cmd
 }
 
