@@ -47,6 +47,11 @@ func (c *failureChanges) add(l *loaded, f *storage.Failure) {
 // or a release while its instance is failing.
 const inFlightMainSQL = `((s.status = 'running' AND NOT s.for_each AND s.child_workflow = '' OR s.status = 'pending') AND NOT s.on_failure)`
 
+// runningAttemptSQL tells a main step (s) that runs an attempt as its
+// instance begins to fail: the attempts it lets finish. A step pending
+// then (a retry's backoff, a snooze, a delay) runs none and is cancelled.
+const runningAttemptSQL = `(s.status = 'running' AND NOT s.for_each AND s.child_workflow = '' AND NOT s.on_failure)`
+
 // recordFailuresSQL keeps the failures on their instances (which stay
 // running, failing) and cancels their unfinished main steps and the items
 // of those, with the events of both; but for the running attempts of
@@ -61,7 +66,7 @@ WITH x AS (
 i AS (
 	UPDATE {s}instances i SET failing = true, error = x.error, failed_step = x.step,
 		deadline = CASE WHEN x.stop OR NOT EXISTS (
-			SELECT 1 FROM {s}steps s WHERE s.instance_id = i.id AND s.item_index = -1 AND ` + inFlightMainSQL + `)
+			SELECT 1 FROM {s}steps s WHERE s.instance_id = i.id AND s.item_index = -1 AND ` + runningAttemptSQL + `)
 			THEN NULL ELSE i.deadline END
 	FROM x WHERE i.id = x.id AND i.status IN ('pending', 'running')
 	RETURNING i.id, i.error, x.stop
@@ -72,7 +77,7 @@ c AS (
 	WHERE s.instance_id = i.id AND s.status IN ('blocked', 'pending', 'running', 'waiting') AND NOT s.on_failure
 		AND (s.parent_id IS NULL OR s.parent_id NOT IN (
 			SELECT f.id FROM {s}steps f WHERE f.instance_id = i.id AND f.item_index = -1 AND f.on_failure))
-		AND (i.stop OR s.parent_id IS NOT NULL OR NOT (s.status = 'running' AND NOT s.for_each AND s.child_workflow = ''))
+		AND (i.stop OR s.parent_id IS NOT NULL OR NOT ` + runningAttemptSQL + `)
 	RETURNING s.instance_id, s.name, s.attempts, s.position, s.item_index, i.error
 ),
 ev AS (

@@ -113,7 +113,7 @@ func (t *txn) recordFailure(l *loaded, f *storage.Failure) error {
 	now := us(t.now)
 	stop := t.timedOut[id]
 	if _, err := t.exec(`UPDATE instances SET failing = 1, error = ?1, failed_step = ?2,
-			deadline = CASE WHEN ?4 OR NOT EXISTS (SELECT 1 FROM steps WHERE instance_id = ?3 AND item_index = -1 AND `+inFlightMain+`)
+			deadline = CASE WHEN ?4 OR NOT EXISTS (SELECT 1 FROM steps WHERE instance_id = ?3 AND item_index = -1 AND `+runningAttempt+`)
 				THEN NULL ELSE deadline END
 		WHERE id = ?3`, f.Error, f.Step, id, stop); err != nil {
 		return err
@@ -121,7 +121,7 @@ func (t *txn) recordFailure(l *loaded, f *storage.Failure) error {
 	rows, err := t.query(`UPDATE steps SET status = 'cancelled', finished_at = ?1, lease_until = NULL, deadline = NULL
 		WHERE instance_id = ?2 AND status IN ('blocked', 'pending', 'running', 'waiting') AND on_failure = 0
 			AND (parent_id IS NULL OR parent_id NOT IN (SELECT id FROM steps WHERE instance_id = ?2 AND item_index = -1 AND on_failure))
-			AND (?3 OR parent_id IS NOT NULL OR NOT (`+inFlightMain+`))
+			AND (?3 OR parent_id IS NOT NULL OR NOT (`+runningAttempt+`))
 		RETURNING name, attempts, item_index`, now, id, stop)
 	if err != nil {
 		return err
@@ -178,6 +178,11 @@ func (t *txn) timeouts(query string, args ...any) (map[string]time.Duration, err
 // (its items run) nor a workflow step (its child runs), or pending again
 // after a snooze or a release while its instance is failing.
 const inFlightMain = `(status = 'running' AND for_each = 0 AND child_workflow = '' OR status = 'pending') AND NOT on_failure`
+
+// runningAttempt tells a main step that runs an attempt as its instance
+// begins to fail: the attempts it lets finish. A step pending then (a
+// retry's backoff, a snooze, a delay) runs none and is cancelled.
+const runningAttempt = `status = 'running' AND for_each = 0 AND child_workflow = '' AND NOT on_failure`
 
 // stopFailing cancels the main steps of failing instances (among ids)
 // that still run an attempt, as their workflow timeout passed; the

@@ -228,6 +228,46 @@ var failureTests = map[string]func(*testing.T, *Harness){
 		}
 		require.Equal(t, []string{"a", "b", "c", "onfail-x", "onfail-y"}, names, "onFailure steps come after the others")
 	},
+	"PendingStepsOfAFailingInstanceAreCancelled": func(t *testing.T, h *Harness) {
+		// A step waiting for its retry's backoff or for the end of a
+		// snooze when another fails for good runs no attempt: nothing
+		// new starts, so it is cancelled with the blocked ones, and only
+		// the running step is waited for.
+		b := h.setup(t)
+		id := b.createFailing(failureParams(0, spec("a"), spec("b"), spec("backoff"), spec("asleep"), onFailureSpec("onfail-x")))
+		ca, cb := b.claimStep(id, "a"), b.claimStep(id, "b")
+		cr, cs := b.claimStep(id, "backoff"), b.claimStep(id, "asleep")
+		b.finishFailing(storage.StepResult{Claim: cr.Claim, Outcome: storage.OutcomeRetry, Error: "again", Delay: 10 * time.Second})
+		b.finishFailing(storage.StepResult{Claim: cs.Claim, Outcome: storage.OutcomeSnooze, RunAfter: b.now().Add(time.Hour)})
+		require.Equal(t, storage.StepPending, b.status(id, "backoff"))
+		require.Equal(t, storage.StepPending, b.status(id, "asleep"))
+
+		b.finishFailing(failedFor(ca.Claim, "boom"))
+		in := b.get(id)
+		require.True(t, in.Failing)
+		require.Equal(t, storage.StepRunning, step(t, in, "b").Status, "a running attempt finishes")
+		require.Equal(t, storage.StepCancelled, step(t, in, "backoff").Status, "a retry waiting for its backoff does not start")
+		require.Equal(t, storage.StepCancelled, step(t, in, "asleep").Status, "a snoozed step does not wake")
+		b.clock.Advance(time.Hour)
+		require.False(t, b.claimable(id), "nothing of the failing instance is claimed but its onFailure steps")
+
+		b.finishFailing(completed(cb.Claim, `1`))
+		require.Equal(t, storage.StepPending, b.status(id, "onfail-x"), "the onFailure steps start once b ended")
+		b.runOnFailureToTheEnd(id, "step a failed")
+	},
+	"AFailingInstanceWhoseOtherStepsWaitLosesItsDeadline": func(t *testing.T, h *Harness) {
+		// Its waiting steps are cancelled, so its onFailure steps start at
+		// once, without the workflow timeout.
+		b := h.setup(t)
+		id := b.createFailing(failureParams(time.Minute, spec("a"), spec("backoff"), onFailureSpec("onfail-x")))
+		ca, cr := b.claimStep(id, "a"), b.claimStep(id, "backoff")
+		b.finishFailing(storage.StepResult{Claim: cr.Claim, Outcome: storage.OutcomeRetry, Error: "again", Delay: 10 * time.Second})
+		b.finishFailing(failedFor(ca.Claim, "boom"))
+		in := b.get(id)
+		require.Nil(t, in.Deadline, "the onFailure steps run without the workflow timeout")
+		require.Equal(t, storage.StepCancelled, step(t, in, "backoff").Status)
+		require.Equal(t, storage.StepPending, step(t, in, "onfail-x").Status)
+	},
 	"RunningStepOfAFailingInstanceIsNotRetried": func(t *testing.T, h *Harness) {
 		// No onFailure steps: the failure is recorded all the same while
 		// b runs, and the instance fails once b's attempt ended.
