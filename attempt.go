@@ -303,6 +303,15 @@ func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, logs *logW
 		// to stop did its work: that result is recorded.
 		return storage.StepResult{}, false
 	}
+	var snooze *handlers.SnoozeError
+	if (err == nil || errors.As(err, &snooze)) && step.Timeout > 0 && errors.Is(attemptCtx.Err(), context.DeadlineExceeded) {
+		// A result that comes after the timeout is not the attempt's: its
+		// time was up, as it is for a handler that heeds its context, and
+		// a later attempt may run it again.
+		err = fmt.Errorf("attempt timed out after %s: its handler returned after that, ignoring its context, and its result was dropped", step.Timeout)
+		attemptLogger().Warn("dagrun: attempt failed", slog.Any("error", err))
+		return e.failure(step, err), true
+	}
 	if err == nil {
 		output, err = e.checkOutput(output)
 		if err != nil {
@@ -314,7 +323,6 @@ func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, logs *logW
 	if errors.Is(err, context.DeadlineExceeded) && attemptCtx.Err() != nil {
 		err = fmt.Errorf("attempt timed out after %s: %w", step.Timeout, err)
 	}
-	var snooze *handlers.SnoozeError
 	if errors.As(err, &snooze) {
 		return storage.StepResult{Claim: step.Claim, Outcome: storage.OutcomeSnooze, RunAfter: snooze.Until}, true
 	}

@@ -355,6 +355,33 @@ steps:
 	})
 }
 
+// TestALateResultOfATimedOutAttemptIsDropped: a handler that ignores its
+// context and succeeds after its timeout (within the grace) has its
+// attempt failed as timed out, not completed.
+func TestALateResultOfATimedOutAttemptIsDropped(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		registry := handlers.NewRegistry()
+		registry.Register("late", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			<-ctx.Done()
+			time.Sleep(20 * time.Millisecond) // past its timeout, within the grace
+			return json.RawMessage(`"done anyway"`), nil
+		})
+		b := setup(t, open, registry, `
+name: late
+steps:
+  - {name: work, handler: late, timeout: 50ms, retry: {maxAttempts: 2, backoff: 1ms}}
+`)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "late", ``))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		s := step(t, inst, "work")
+		require.Equal(t, 2, s.Attempts, "the late result was retried as a timeout")
+		require.Nil(t, s.Output)
+		require.Contains(t, s.Error, "attempt timed out after 50ms: its handler returned after that")
+	})
+}
+
 func TestContinueOnErrorLetsDependentsRun(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
