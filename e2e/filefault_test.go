@@ -78,7 +78,7 @@ func TestSQLiteWriteLockHeld(t *testing.T) {
 	require.Empty(t, res.stdout)
 	line := requireOneLine(t, res.stderr)
 	require.Contains(t, line, "dagrun: storage unavailable: SQLite database")
-	require.Contains(t, line, "is locked: another process held its write lock for longer than the busy timeout")
+	require.Contains(t, line, "is locked: a transaction held its write lock for longer than the busy timeout")
 	e.requireEmpty(t, "a start refused for a held lock")
 
 	_, err = conn.ExecContext(context.Background(), "ROLLBACK")

@@ -52,6 +52,7 @@ func TestOutboxSQLite(t *testing.T) {
 	require.NoError(t, err)
 	store, err := sqlite.New(db, nil)
 	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, store.Close()) })
 	engine := newEngine(t, store)
 
 	tx, err := db.BeginTx(ctx, nil)

@@ -142,8 +142,39 @@ func TestNewRefusesPoolWithoutDSNSettings(t *testing.T) {
 	db, err := sql.Open("sqlite3", sqlite.DSN(filepath.Join(t.TempDir(), "dagrun.db")))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, db.Close()) })
-	_, err = sqlite.New(db, nil)
+	s, err := sqlite.New(db, nil)
 	require.NoError(t, err)
+	require.NoError(t, s.Close())
+}
+
+// TestNewReadsWhileTheCallerWrites: a store on the caller's pool reads
+// while a transaction of that pool holds the write lock (one the caller
+// passes to StartTx, still open), as readers of WAL do, instead of waiting
+// for the lock as the pool's IMMEDIATE transactions would, and failing
+// after the busy timeout.
+func TestNewReadsWhileTheCallerWrites(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db, err := sql.Open("sqlite3", sqlite.DSN(filepath.Join(t.TempDir(), "app.db")))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	s, err := sqlite.New(db, &sqlite.Config{BusyTimeout: time.Minute})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback() })
+	_, err = tx.ExecContext(ctx, `CREATE TABLE orders (id TEXT)`)
+	require.NoError(t, err, "the caller's transaction holds the write lock")
+	// Bounded well below the busy timeout: a read that waits for the lock
+	// fails with its context instead of after a minute.
+	readCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	got, err := s.ListInstances(readCtx, storage.ListParams{Limit: 1})
+	require.NoError(t, err)
+	require.Empty(t, got)
+	require.NoError(t, tx.Commit())
 }
 
 func TestMigrate(t *testing.T) {
@@ -561,6 +592,7 @@ func TestInMemory(t *testing.T) {
 	_, err = sqlite.New(db, nil)
 	require.ErrorContains(t, err, "SetMaxOpenConns(1)")
 	db.SetMaxOpenConns(1)
-	_, err = sqlite.New(db, nil)
+	onPool, err := sqlite.New(db, nil)
 	require.NoError(t, err)
+	require.NoError(t, onPool.Close())
 }

@@ -76,11 +76,14 @@ func (c *Config) validate() error {
 
 // Store is the SQLite implementation of storage.Store.
 type Store struct {
-	w    *sql.DB // writes: one connection, BEGIN IMMEDIATE
-	r    *sql.DB // reads; the same pool as w when built by New
-	own  bool    // Close closes w and r
-	name string  // the file, for error messages
-	now  func() time.Time
+	w   *sql.DB // writes: one connection, BEGIN IMMEDIATE
+	r   *sql.DB // reads; the same pool as w when built by New in memory
+	own bool    // Close closes w and r
+	// ownReads is set when the store opened r itself on the file of a
+	// caller's pool (New): Close closes r alone.
+	ownReads bool
+	name     string // the file, for error messages
+	now      func() time.Time
 	// busy is how long a write waits for the lock in busySlice attempts;
 	// zero for a pool from New, whose own busy timeout applies.
 	busy time.Duration
@@ -235,7 +238,8 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 }
 
 // New returns a Store on db, a pool the caller opened with DSN and keeps
-// owning (Close does not close it), and migrates the schema. It refuses a
+// owning (Close does not close it, but closes the read-only pool the
+// store opens on the same file for its reads), and migrates the schema. It refuses a
 // pool with foreign keys off, which would let prune leave steps and events
 // behind, and a pool on a file without WAL, without a busy timeout, or
 // whose transactions begin DEFERRED: its readers would wait for its
@@ -264,9 +268,23 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 		if err := checkImmediate(db, s.path); err != nil {
 			return nil, err
 		}
+		s.name = s.path
 	}
 	if err := s.migrate(context.Background()); err != nil {
 		return nil, err
+	}
+	if s.file != nil {
+		// Reads on a pool of their own: on the caller's, whose
+		// transactions all begin IMMEDIATE, each would wait for the write
+		// lock, held meanwhile by any transaction the caller has open
+		// (one it passes to StartTx, say).
+		r, err := sql.Open("sqlite3", dsn(s.path, cfg.BusyTimeout, openMode{readOnly: true, existing: true}))
+		if err != nil {
+			return nil, interpretError(s.path, err)
+		}
+		r.SetMaxOpenConns(cfg.ReadConns)
+		r.SetMaxIdleConns(cfg.ReadConns)
+		s.r, s.ownReads = r, true
 	}
 	return s, nil
 }
@@ -330,6 +348,9 @@ func checkImmediate(db *sql.DB, path string) error {
 // Close closes the pools Open opened; it does nothing for a Store from New.
 func (s *Store) Close() error {
 	if !s.own {
+		if s.ownReads {
+			return s.r.Close()
+		}
 		return nil
 	}
 	s.mu.Lock()
@@ -647,8 +668,8 @@ func interpretError(name string, err error) error {
 		case sqlite3.ErrFull:
 			return fmt.Errorf("%w: disk full writing SQLite database %q", storage.ErrUnavailable, name)
 		case sqlite3.ErrBusy, sqlite3.ErrLocked:
-			return fmt.Errorf("%w: SQLite database %q is locked: another process held its write lock for longer than the busy timeout; "+
-				"try again, and if it persists find the process holding the file (fuser %s)", storage.ErrUnavailable, name, name)
+			return fmt.Errorf("%w: SQLite database %q is locked: a transaction held its write lock for longer than the busy timeout; "+
+				"try again, and if it persists find the process holding the file (fuser %s), or a transaction of this one left open", storage.ErrUnavailable, name, name)
 		}
 	}
 	return err
