@@ -378,7 +378,7 @@ func (t *txn) claim(p storage.ClaimParams) ([]storage.ClaimedStep, error) {
 			ids = append(ids, c.InstanceID)
 		}
 	}
-	return out, t.startInstances(ids)
+	return out, t.startInstances(ids, p.WorkerID)
 }
 
 func scanClaimed(rows *sql.Rows, withTrace bool) ([]claimedRow, error) {
@@ -420,8 +420,10 @@ func scanClaimed(rows *sql.Rows, withTrace bool) ([]claimedRow, error) {
 	return out, rows.Err()
 }
 
-// startInstances moves the given instances from pending to running.
-func (t *txn) startInstances(ids []string) error {
+// startInstances moves the given instances from pending to running, by
+// worker when a claim of its steps starts them (the event names it, as a
+// step's start does).
+func (t *txn) startInstances(ids []string, worker string) error {
 	b, err := json.Marshal(ids)
 	if err != nil {
 		return err
@@ -439,7 +441,7 @@ func (t *txn) startInstances(ids []string) error {
 		if err := rows.Scan(&id); err != nil {
 			return err
 		}
-		t.event(id, "", storage.EventInstanceStarted, 0, "")
+		t.event(id, "", storage.EventInstanceStarted, 0, worker)
 	}
 	return rows.Err()
 }

@@ -254,7 +254,7 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 				// A step that starts a child has started its instance,
 				// as a claimed step would have.
 				if l.state.Status == storage.InstancePending {
-					if err = t.startInstances([]string{id}); err != nil {
+					if err = t.startInstances([]string{id}, ""); err != nil {
 						return err
 					}
 					l.state.Status = storage.InstanceRunning
@@ -272,7 +272,7 @@ func (t *txn) collect(b *planBatch, l *loaded, p *storage.Plan) error {
 			// A step that waits has started its instance, as a claimed
 			// step would have.
 			if l.state.Status == storage.InstancePending {
-				if err = t.startInstances([]string{id}); err != nil {
+				if err = t.startInstances([]string{id}, ""); err != nil {
 					return err
 				}
 				l.state.Status = storage.InstanceRunning
