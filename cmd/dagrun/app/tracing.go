@@ -8,6 +8,7 @@ import (
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
@@ -17,7 +18,7 @@ import (
 
 // tracerProvider builds the OpenTelemetry tracer provider the standard
 // OTEL_* variables ask for, or nil when tracing is off: it is on when
-// OTEL_TRACES_EXPORTER is otlp, or unset while an OTLP endpoint is set
+// OTEL_TRACES_EXPORTER is otlp or console, or unset while an OTLP endpoint is set
 // (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT), and
 // never under OTEL_SDK_DISABLED=true. Spans go over OTLP/HTTP with protobuf;
 // the exporter reads its endpoint, headers and timeout from the same
@@ -28,23 +29,17 @@ func (c *cli) tracerProvider(ctx context.Context) (*sdktrace.TracerProvider, err
 	if strings.EqualFold(c.io.Getenv("OTEL_SDK_DISABLED"), "true") {
 		return nil, nil
 	}
-	switch exporter := strings.TrimSpace(c.io.Getenv("OTEL_TRACES_EXPORTER")); exporter {
+	exporter := strings.TrimSpace(c.io.Getenv("OTEL_TRACES_EXPORTER"))
+	switch exporter {
 	case "none":
 		return nil, nil
 	case "":
 		if c.io.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" && c.io.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" {
 			return nil, nil
 		}
-	case "otlp":
+	case "otlp", "console":
 	default:
-		return nil, usageError(fmt.Errorf("OTEL_TRACES_EXPORTER=%q is not supported: use otlp or none", exporter))
-	}
-	protocol := c.io.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-	if protocol == "" {
-		protocol = c.io.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
-	}
-	if protocol != "" && protocol != "http/protobuf" {
-		return nil, usageError(fmt.Errorf("OTLP protocol %q is not supported: use http/protobuf (set OTEL_EXPORTER_OTLP_PROTOCOL)", protocol))
+		return nil, usageError(fmt.Errorf("OTEL_TRACES_EXPORTER=%q is not supported: use otlp, console or none", exporter))
 	}
 	// The SDK reports what goes wrong later (a batch it could not send, a
 	// sampler setting it ignored) to a global handler, which writes plain
@@ -54,9 +49,18 @@ func (c *cli) tracerProvider(ctx context.Context) (*sdktrace.TracerProvider, err
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
 		logger.Warn("tracing", slog.Any("error", err))
 	}))
-	exp, err := otlptracehttp.New(ctx)
-	if err != nil {
-		return nil, usageError(fmt.Errorf("tracing: OTLP exporter: %v (check the OTEL_EXPORTER_OTLP_* variables)", err))
+	var (
+		exp sdktrace.SpanExporter
+		err error
+	)
+	if exporter == "console" {
+		// The spans as JSON on stderr, for a look without a collector:
+		// stdout carries the commands' own output (an instance's JSON).
+		if exp, err = stdouttrace.New(stdouttrace.WithWriter(c.io.Stderr)); err != nil {
+			return nil, usageError(fmt.Errorf("tracing: console exporter: %v", err))
+		}
+	} else if exp, err = c.otlpExporter(ctx); err != nil {
+		return nil, err
 	}
 	res, err := resource.New(ctx,
 		resource.WithAttributes(semconv.ServiceName("dagrun")),
@@ -69,4 +73,21 @@ func (c *cli) tracerProvider(ctx context.Context) (*sdktrace.TracerProvider, err
 		sdktrace.WithResource(res),
 		sdktrace.WithIDGenerator(dagrun.TraceIDGenerator()),
 	), nil
+}
+
+// otlpExporter is the OTLP/HTTP exporter the OTEL_EXPORTER_OTLP_*
+// variables describe.
+func (c *cli) otlpExporter(ctx context.Context) (sdktrace.SpanExporter, error) {
+	protocol := c.io.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+	if protocol == "" {
+		protocol = c.io.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+	}
+	if protocol != "" && protocol != "http/protobuf" {
+		return nil, usageError(fmt.Errorf("OTLP protocol %q is not supported: use http/protobuf (set OTEL_EXPORTER_OTLP_PROTOCOL)", protocol))
+	}
+	exp, err := otlptracehttp.New(ctx)
+	if err != nil {
+		return nil, usageError(fmt.Errorf("tracing: OTLP exporter: %v (check the OTEL_EXPORTER_OTLP_* variables)", err))
+	}
+	return exp, nil
 }

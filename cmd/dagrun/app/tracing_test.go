@@ -32,3 +32,22 @@ func TestTracingReportsThroughTheLogger(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(line), &record), "a line of stderr is not JSON: %s", line)
 	}
 }
+
+// TestConsoleTraces: OTEL_TRACES_EXPORTER=console writes the spans as JSON
+// on stderr, the attempt's and the instance's, while stdout keeps the
+// command's own output. The SDK keeps a global error handler, hence no
+// t.Parallel.
+func TestConsoleTraces(t *testing.T) {
+	b := setup(t)
+	b.env["OTEL_TRACES_EXPORTER"] = "console"
+	r := b.run(t, "", "start", "greet", "--input", `{"name": "Ada"}`)
+	require.Equal(t, app.ExitOK, r.code, r.stderr)
+	require.JSONEq(t, `"hello, Ada"`, r.stdout, "stdout holds the output alone")
+	require.Contains(t, r.stderr, `{"Name":"step hello",`)
+	require.Contains(t, r.stderr, `{"Name":"workflow greet",`)
+
+	b.env["OTEL_TRACES_EXPORTER"] = "zipkin"
+	r = b.run(t, "", "list")
+	require.Equal(t, app.ExitUsage, r.code)
+	require.Equal(t, "dagrun: OTEL_TRACES_EXPORTER=\"zipkin\" is not supported: use otlp, console or none\n", r.stderr)
+}
