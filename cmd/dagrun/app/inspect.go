@@ -502,7 +502,10 @@ func (c *cli) statsCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "stats",
 		Short: "Per workflow: instance counts by status, stuck steps, oldest ready step, step duration p50/p95; ready steps no live worker can run",
-		Args:  exactArgs(0, "stats [--json]"),
+		Long: `Per workflow: instance counts by status, steps stuck past their lease, the oldest ready step's age,
+and the p50/p95 duration of its completed steps over the ` + strconv.Itoa(storage.StatsWindow) + ` most recently finished instances
+(recent behaviour: "-" when none of them completed a step); then the ready steps of handlers no live worker serves.`,
+		Args: exactArgs(0, "stats [--json]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			engine, err := c.engine(ctx)
