@@ -226,6 +226,10 @@ func (w *Worker) settle(batch []finished, outcomes []outcome, extra int, claimed
 		step := f.step
 		switch {
 		case o.Accepted:
+			if w.debug {
+				w.logger.Debug("dagrun: attempt recorded", attemptAttrs(step,
+					slog.String("outcome", outcomeName(f.result.Outcome)), slog.Duration("duration", f.duration))...)
+			}
 			if out := f.result.Outcome; out == storage.OutcomeRetry || out == storage.OutcomeSnooze {
 				w.wakeAt(later(f.result.RunAfter, time.Now().Add(f.result.Delay)))
 			}

@@ -76,7 +76,10 @@ type Worker struct {
 	engine *Engine
 	config *WorkerConfig
 	logger *slog.Logger
-	slots  *slots
+	// debug is whether the logger takes debug records: each attempt's
+	// start and end, asked for once rather than at every attempt.
+	debug bool
+	slots *slots
 	// logs writes what the handlers log.
 	logs *logWriter
 
@@ -126,6 +129,7 @@ func (e *Engine) NewWorker(config *WorkerConfig) (*Worker, error) {
 		engine:      e,
 		config:      config,
 		logger:      e.logger.With(slog.String("worker", config.ID)),
+		debug:       e.logger.Enabled(context.Background(), slog.LevelDebug),
 		logs:        newLogWriter(e.store, e.logger, e.config.StepLogBytes),
 		slots:       newSlots(config.Concurrency),
 		attempts:    map[attemptKey]*attempt{},
@@ -345,9 +349,22 @@ func (w *Worker) start(steps []storage.ClaimedStep) int {
 	}
 	w.mu.Unlock()
 	for _, a := range attempts {
+		if w.debug {
+			w.logger.Debug("dagrun: attempt started", attemptAttrs(a.step, slog.String("handler", a.step.Handler))...)
+		}
 		go w.execute(a)
 	}
 	return len(steps)
+}
+
+// attemptAttrs are the attributes of a debug record about an attempt of
+// step: its instance, step, item (of a forEach step) and attempt, then more.
+func attemptAttrs(step storage.ClaimedStep, more ...any) []any {
+	attrs := []any{slog.String("instance", step.InstanceID), slog.String("step", step.Step)}
+	if step.Item >= 0 {
+		attrs = append(attrs, slog.Int("item", step.Item))
+	}
+	return append(append(attrs, slog.Int("attempt", step.Attempt)), more...)
 }
 
 // reserveEager takes up to n free slots for the steps a start in this

@@ -107,3 +107,18 @@ func TestLogsOfAnInstanceThatLoggedNothing(t *testing.T) {
 	require.Empty(t, res.stdout, "JSON Lines of no record are no lines")
 	require.Empty(t, res.stderr)
 }
+
+// TestDebugLogsAttempts: --log-level debug has the worker log each
+// attempt's start and end; the default level logs neither.
+func TestDebugLogsAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := b.run(t, "", "--log-level", "debug", "start", "greet", "--input", `{"name": "Ada"}`)
+	require.Equal(t, app.ExitOK, r.code, r.stderr)
+	require.Regexp(t, `level=DEBUG msg="dagrun: attempt started" worker=\S+ instance=\S+ step=hello attempt=1 handler=`, r.stderr)
+	require.Regexp(t, `level=DEBUG msg="dagrun: attempt recorded" worker=\S+ instance=\S+ step=hello attempt=1 outcome=completed duration=`, r.stderr)
+
+	r = b.run(t, "", "start", "greet", "--input", `{"name": "Ada"}`)
+	require.Equal(t, app.ExitOK, r.code, r.stderr)
+	require.NotContains(t, r.stderr, "attempt started")
+}
