@@ -50,7 +50,11 @@ const inFlightMainSQL = `((s.status = 'running' AND NOT s.for_each AND s.child_w
 // runningAttemptSQL tells a main step (s) that runs an attempt as its
 // instance begins to fail: the attempts it lets finish. A step pending
 // then (a retry's backoff, a snooze, a delay) runs none and is cancelled.
-const runningAttemptSQL = `(s.status = 'running' AND NOT s.for_each AND s.child_workflow = '' AND NOT s.on_failure)`
+// It is inFlightMainSQL without the pending steps rather than a plain
+// status = 'running', which a generic plan would answer through the
+// partial index of running steps instead of the instance's key
+// (TestKeyedWritesSkipInFlightIndexes).
+const runningAttemptSQL = `(` + inFlightMainSQL + ` AND s.status <> 'pending')`
 
 // recordFailuresSQL keeps the failures on their instances (which stay
 // running, failing) and cancels their unfinished main steps and the items
