@@ -30,3 +30,27 @@ output: ${{ steps["shout"].output.text }}
 		requireJSON(t, `"HI!"`, inst.Output)
 	})
 }
+
+// TestResolvedValuesKeepHTMLCharacters: <, > and & in resolved inputs,
+// items and the workflow output are stored as written, one byte each,
+// not as encoding/json's six-byte escapes for HTML, which also counted
+// six bytes each against the size limits.
+func TestResolvedValuesKeepHTMLCharacters(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, `
+name: html
+steps:
+  - {name: one, handler: echo, input: "${{ input.s }}"}
+  - {name: each, handler: echo, forEach: "${{ [input.s] }}", input: {s: "${{ item }}"}}
+output: "${{ input.s }}"
+`)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "html", `{"s": "<a & b>"}`))
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		require.Equal(t, `"<a & b>"`, string(step(t, inst, "one").Input))
+		require.Equal(t, `"<a & b>"`, string(inst.Output))
+		require.JSONEq(t, `[{"s": "<a & b>"}]`, string(step(t, inst, "each").Output))
+		require.Contains(t, string(step(t, inst, "each").Output), "<a & b>", "the item's input as written")
+	})
+}

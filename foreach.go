@@ -45,7 +45,7 @@ func (p *planner) expand(step *dag.Step, env *dag.Env) storage.StepChange {
 				return fail("input of item %d: %v", i, err)
 			}
 		}
-		raw, err := json.Marshal(input)
+		raw, err := marshalValue(input)
 		if err != nil {
 			return fail("input of item %d: encode resolved value: %v", i, err)
 		}
