@@ -29,12 +29,23 @@ var checkedOps = map[string]string{"+": "$add", "-": "$sub", "*": "$mul"}
 type overflowPatch struct{}
 
 func (overflowPatch) Visit(n *ast.Node) {
-	if b, ok := (*n).(*ast.BuiltinNode); ok && b.Name == "sum" {
-		list := b.Arguments[0]
-		if len(b.Arguments) == 2 {
-			list = &ast.BuiltinNode{Name: "map", Arguments: b.Arguments}
+	if b, ok := (*n).(*ast.BuiltinNode); ok {
+		switch {
+		case b.Name == "sum":
+			list := b.Arguments[0]
+			if len(b.Arguments) == 2 {
+				list = &ast.BuiltinNode{Name: "map", Arguments: b.Arguments}
+			}
+			ast.Patch(n, &ast.CallNode{Callee: &ast.IdentifierNode{Value: "$sum"}, Arguments: []ast.Node{list}})
+		case (b.Name == "abs" || b.Name == "int") && len(b.Arguments) == 1:
+			ast.Patch(n, &ast.CallNode{Callee: &ast.IdentifierNode{Value: "$" + b.Name}, Arguments: b.Arguments})
 		}
-		ast.Patch(n, &ast.CallNode{Callee: &ast.IdentifierNode{Value: "$sum"}, Arguments: []ast.Node{list}})
+		return
+	}
+	if u, ok := (*n).(*ast.UnaryNode); ok {
+		if u.Operator == "-" && mayBeInt(u.Node) {
+			ast.Patch(n, &ast.CallNode{Callee: &ast.IdentifierNode{Value: "$neg"}, Arguments: []ast.Node{u.Node}})
+		}
 		return
 	}
 	x, ok := (*n).(*ast.BinaryNode)
@@ -95,9 +106,95 @@ var overflowOpts = func() []expr.Option {
 		}
 		opts = append(opts, func(c *conf.Config) { c.Functions[f.Name] = f })
 	}
-	sum := &builtin.Function{Name: "$sum", Func: checkedSum, Validate: validateSum}
-	return append(opts, func(c *conf.Config) { c.Functions[sum.Name] = sum })
+	for _, f := range []*builtin.Function{
+		{Name: "$sum", Func: checkedSum, Validate: validateSum},
+		{Name: "$neg", Func: checkedNeg, Validate: sameNumberType("-")},
+		{Name: "$abs", Func: checkedAbs, Validate: sameNumberType("abs")},
+		{Name: "$int", Func: checkedInt, Validate: validateInt},
+	} {
+		opts = append(opts, func(c *conf.Config) { c.Functions[f.Name] = f })
+	}
+	return opts
 }()
+
+// rangeError is the error of a whole number past the 64-bit range.
+func rangeError(what string) error {
+	return fmt.Errorf("%s is past the 64-bit range of whole numbers (±%d): compute in a handler, or with floats", what, math.MaxInt64)
+}
+
+// checkedNeg is unary minus: -(-9223372036854775808) has no int.
+func checkedNeg(args ...any) (any, error) {
+	if x, ok := args[0].(int); ok {
+		if x == math.MinInt {
+			return nil, rangeError(fmt.Sprintf("-(%d)", x))
+		}
+		return -x, nil
+	}
+	return runtime.Negate(args[0]), nil // panics as expr's operator would; the VM recovers
+}
+
+// checkedAbs is abs(): abs(-9223372036854775808) has no int either.
+func checkedAbs(args ...any) (any, error) {
+	if x, ok := args[0].(int); ok && x == math.MinInt {
+		return nil, rangeError(fmt.Sprintf("abs(%d)", x))
+	}
+	return builtin.Abs(args[0]), nil
+}
+
+// checkedInt is int(): a float past the range (or NaN) has no int, where
+// Go's conversion gives an arbitrary one.
+func checkedInt(args ...any) (any, error) {
+	var f float64
+	switch x := args[0].(type) {
+	case float64:
+		f = x
+	case float32:
+		f = float64(x)
+	default:
+		return builtin.Int(args[0]), nil
+	}
+	// 2^63 is the first float past the range; -2^63 is in it.
+	if math.IsNaN(f) || f >= 1<<63 || f < -(1<<63) {
+		return nil, rangeError(fmt.Sprintf("int(%g)", f))
+	}
+	return int(f), nil
+}
+
+// sameNumberType gives $neg and $abs the type of their operand.
+func sameNumberType(name string) func([]reflect.Type) (reflect.Type, error) {
+	return func(args []reflect.Type) (reflect.Type, error) {
+		if len(args) != 1 {
+			return nil, fmt.Errorf("%s takes one argument, got %d", name, len(args))
+		}
+		t := args[0]
+		if t == nil || t.Kind() == reflect.Interface {
+			return reflect.TypeFor[any](), nil
+		}
+		switch t.Kind() {
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+			reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+			return t, nil
+		}
+		return nil, fmt.Errorf("%s takes a number, not %s", name, kindOfType(t.String()))
+	}
+}
+
+// validateInt gives $int int()'s type and its check of the argument.
+func validateInt(args []reflect.Type) (reflect.Type, error) {
+	if len(args) != 1 {
+		return nil, fmt.Errorf("int takes one argument, got %d", len(args))
+	}
+	t := args[0]
+	if t != nil {
+		switch t.Kind() {
+		case reflect.Interface, reflect.String, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+			reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+		default:
+			return nil, fmt.Errorf("int takes a number or text, not %s", kindOfType(t.String()))
+		}
+	}
+	return reflect.TypeFor[int](), nil
+}
 
 // checkedSum adds a list's elements as sum() does, failing when whole
 // numbers pass the 64-bit range.

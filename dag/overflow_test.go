@@ -32,6 +32,15 @@ func TestWholeNumberArithmeticPastTheRangeFails(t *testing.T) {
 		{`${{ sum([]) }}`, `0`},
 		{`${{ sum(input.items, .qty) }}`, `5`},
 		{`${{ sum(input.items, .qty * 2) > 9 }}`, `true`},
+		{`${{ -input.max }}`, `-9223372036854775807`},
+		{`${{ -input.neg }}`, `3`},
+		{`${{ -input.f }}`, `-1.5`},
+		{`${{ -1 + 0 }}`, `-1`},
+		{`${{ abs(input.neg) }}`, `3`},
+		{`${{ abs(-input.f) }}`, `1.5`},
+		{`${{ int(input.f) }}`, `1`},
+		{`${{ int("42") }}`, `42`},
+		{`${{ int(-9223372036854775808.0) }}`, `-9223372036854775808`},
 	} {
 		got, err := evalTemplate(t, tc.input, env)
 		require.NoError(t, err, tc.input)
@@ -46,6 +55,11 @@ func TestWholeNumberArithmeticPastTheRangeFails(t *testing.T) {
 		{`${{ sum([input.n, input.n]) }}`, `expression "sum([input.n, input.n])": sum() is past the 64-bit range of whole numbers (±9223372036854775807) at element 1`},
 		{`${{ sum([input.max, 1, input.min]) }}`, `sum() is past the 64-bit range`},
 		{`${{ sum(input.s) }}`, `sum takes a list, not text`},
+		{`${{ -input.min }}`, `-(-9223372036854775808) is past the 64-bit range`},
+		{`${{ abs(input.min) }}`, `abs(-9223372036854775808) is past the 64-bit range`},
+		{`${{ int(1e19) }}`, `int(1e+19) is past the 64-bit range`},
+		{`${{ int(input.f * 1e30) }}`, `is past the 64-bit range`},
+		{`${{ -input.s }}`, `invalid operation`},
 		{`${{ sum([input.s]) }}`, `invalid operation: int + string`},
 	} {
 		_, err := evalTemplate(t, tc.input, env)
