@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -81,6 +82,9 @@ type Config struct {
 	// backoff (see dag.Retry.Delay). Default: math/rand/v2's Float64.
 	// Workflow tests fix it, so that a case runs the same every time.
 	Jitter func() float64
+	// Now is the clock of now() in expressions. Default: the machine's.
+	// Workflow tests give their fake clock.
+	Now func() time.Time
 }
 
 func (c *Config) withDefaults() *Config {

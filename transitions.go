@@ -281,6 +281,9 @@ func (p *planner) env(refs []string) (*dag.Env, error) {
 		Workflow: p.workflowEnv(),
 		Usage:    &p.usage,
 	}
+	if p.config.Now != nil {
+		env.Now = p.config.Now()
+	}
 	for _, name := range refs {
 		i, ok := p.index[name]
 		if !ok {

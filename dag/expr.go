@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/expr-lang/expr"
 	"github.com/expr-lang/expr/ast"
@@ -30,6 +31,9 @@ type Env struct {
 	// Usage, when set, receives what each evaluation with this Env cost,
 	// for a caller that bounds a series of them.
 	Usage *Usage `expr:"-"`
+	// Now is what now() gives; zero for the machine's clock. Workflow
+	// tests set their fake clock's time.
+	Now time.Time `expr:"-"`
 }
 
 // Usage is what evaluations cost, in the units of EvalMemoryLimit and
@@ -46,6 +50,7 @@ type evalEnv struct {
 	Item     any                `expr:"item"`
 	Index    int                `expr:"index"`
 	Meter    *meter             `expr:"$meter"`
+	Now      time.Time          `expr:"$now"`
 }
 
 // StepEnv is one step as expressions see it.
@@ -140,7 +145,7 @@ func (e *Expr) run(env *Env, m *meter) (out any, err error) {
 		}
 	}()
 	machine := vm.VM{MemoryBudget: m.vmBudget()}
-	v, err := machine.Run(e.prog, &evalEnv{Input: env.Input, Steps: steps, Workflow: env.Workflow, Item: env.Item, Index: env.Index, Meter: m})
+	v, err := machine.Run(e.prog, &evalEnv{Input: env.Input, Steps: steps, Workflow: env.Workflow, Item: env.Item, Index: env.Index, Meter: m, Now: env.Now})
 	if err != nil {
 		var limit *limitError
 		switch {
@@ -241,8 +246,9 @@ func (p *parser) compileExpr(src string, node *yaml.Node, sc *scope, asBool bool
 		return nil
 	}
 	// overflowPatch after meterPatch, which meters the operands of +.
-	opts := append([]expr.Option{expr.Env(evalEnv{}), expr.Patch(nilSafe{}), expr.Patch(meterPatch{}), expr.Patch(overflowPatch{})}, meterOpts...)
+	opts := append([]expr.Option{expr.Env(evalEnv{}), expr.Patch(nilSafe{}), expr.Patch(meterPatch{}), expr.Patch(overflowPatch{}), expr.Patch(clockPatch{})}, meterOpts...)
 	opts = append(opts, overflowOpts...)
+	opts = append(opts, clockOpt)
 	if asBool {
 		// Compiled once with AsBool only to reject, at load, conditions whose
 		// type is known not to be bool ("1 + 1"). The program kept is the

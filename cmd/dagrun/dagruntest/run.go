@@ -142,6 +142,7 @@ func (r *Runner) RunCase(ctx context.Context, f *File, c *Case) *Result {
 		// Retries wait their whole backoff, so that a case runs the same
 		// every time and reads as the formula of the reference.
 		Jitter: func() float64 { return 0 },
+		Now:    clock.Now,
 	})
 	if err != nil {
 		res.Failures = append(res.Failures, err.Error())

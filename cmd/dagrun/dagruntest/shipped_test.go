@@ -57,6 +57,15 @@ func TestBackoffIsExact(t *testing.T) {
 	}
 }
 
+// TestNowIsTheTestsClock: now() in expressions reads the fake clock, as
+// the sleep built-in does, so a case that stamps a time passes every run.
+func TestNowIsTheTestsClock(t *testing.T) {
+	t.Parallel()
+	registry := handlers.NewRegistry()
+	handlers.RegisterBuiltins(registry)
+	dagruntest.Run(t, registry, "testdata/clock")
+}
+
 // TestLongHistory: a case's expected events are looked for in the whole
 // history, also where it is longer than the latest events Get returns.
 func TestLongHistory(t *testing.T) {
