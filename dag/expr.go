@@ -154,7 +154,7 @@ func (e *Expr) run(env *Env, m *meter) (out any, err error) {
 		case exprMessage(err) == "memory budget exceeded": // expr's own count of list elements
 			return nil, fmt.Errorf("expression %q: %w", e.src, errMemoryLimit)
 		}
-		return nil, fmt.Errorf("expression %q: %s", e.src, exprMessage(err))
+		return nil, fmt.Errorf("expression %q: %s", e.src, runMessage(exprMessage(err)))
 	}
 	return v, nil
 }

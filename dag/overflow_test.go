@@ -1,6 +1,7 @@
 package dag
 
 import (
+	"encoding/json"
 	"math"
 	"testing"
 
@@ -64,5 +65,26 @@ func TestWholeNumberArithmeticPastTheRangeFails(t *testing.T) {
 	} {
 		_, err := evalTemplate(t, tc.input, env)
 		require.ErrorContains(t, err, tc.want)
+	}
+}
+
+// TestRunTimeMessagesSpeakTheAuthorsWords: expr's run-time failures that
+// carry Go's text (reflect, interface conversions, %!s) are said in the
+// words of the language reference: null, text, a number, a list.
+func TestRunTimeMessagesSpeakTheAuthorsWords(t *testing.T) {
+	t.Parallel()
+	env := &Env{Input: map[string]any{"n": 1, "l": []any{1, 2}, "s": "ab", "big": json.Number("18446744073709551615")}}
+	for _, tc := range []struct{ input, want string }{
+		{`"${{ map(input.none, # + 1) }}"`, `got null where a value is needed: give a default with ??`},
+		{`${{ upper(input.none) }}`, `wanted text, got null`},
+		{`${{ upper(input.n) }}`, `wanted text, got a number`},
+		{`${{ join(input.none, ",") }}`, `invalid argument for join: null`},
+		{`${{ reverse(input.none) }}`, `cannot reverse null`},
+		{`${{ keys(input.none) }}`, `cannot get keys from null`},
+		{`${{ input.big + 1 }}`, `invalid operation: a whole number past 64 bits + int (only passing it on keeps every digit)`},
+	} {
+		_, err := evalTemplate(t, tc.input, env)
+		require.ErrorContains(t, err, tc.want, tc.input)
+		require.NotRegexp(t, `reflect|interface \{\}|%!`, err.Error(), tc.input)
 	}
 }

@@ -1,0 +1,59 @@
+package dag
+
+import (
+	"regexp"
+	"strings"
+)
+
+// expr reports some run-time mistakes with the Go text of the failure
+// inside it: a builtin given null reads "reflect: call of
+// reflect.Value.Len on zero Value", one given a number where it wants
+// text "interface conversion: interface {} is int, not string". The
+// workflow's author knows values as null, text, numbers, lists and
+// mappings, so such messages are said again in those words; every other
+// message is left as expr wrote it.
+
+// runMessages maps a Go-internal run-time message to the author's words;
+// each rewrite gets the submatches of its pattern.
+var runMessages = []struct {
+	pattern *regexp.Regexp
+	rewrite func(m []string) string
+}{
+	{regexp.MustCompile(`^reflect: call of reflect\.Value\.\w+ on zero Value`), func([]string) string {
+		return "got null where a value is needed: give a default with ?? (for example x ?? [] or x ?? \"\")"
+	}},
+	{regexp.MustCompile(`^interface conversion: interface \{\} is (.+), not (.+)$`), func(m []string) string {
+		return "wanted " + goKind(m[2]) + ", got " + goKind(m[1])
+	}},
+	{regexp.MustCompile(`^invalid argument for (\w+) \(type (.*)\)$`), func(m []string) string {
+		return "invalid argument for " + m[1] + ": " + goKind(m[2])
+	}},
+	{regexp.MustCompile(`^cannot (reverse|get keys from) invalid$`), func(m []string) string {
+		return "cannot " + m[1] + " null"
+	}},
+}
+
+// runMessage rewrites a run-time message of expr (see runMessages).
+func runMessage(msg string) string {
+	for _, r := range runMessages {
+		if m := r.pattern.FindStringSubmatch(msg); m != nil {
+			return r.rewrite(m)
+		}
+	}
+	if strings.Contains(msg, "json.Number") {
+		// A whole number past 64 bits, kept whole (see fromNumbers).
+		return strings.ReplaceAll(msg, "json.Number", "a whole number past 64 bits") +
+			" (only passing it on keeps every digit)"
+	}
+	return msg
+}
+
+// goKind names a Go type of a message as kindOfType does, and Go's
+// spellings of a missing value as null.
+func goKind(t string) string {
+	switch t {
+	case "<nil>", "%!s(<nil>)", "nil", "invalid":
+		return "null"
+	}
+	return kindOfType(t)
+}
