@@ -246,8 +246,9 @@ func (p *parser) compileExpr(src string, node *yaml.Node, sc *scope, asBool bool
 		return nil
 	}
 	// overflowPatch after meterPatch, which meters the operands of +.
-	opts := append([]expr.Option{expr.Env(evalEnv{}), expr.Patch(nilSafe{}), expr.Patch(meterPatch{}), expr.Patch(overflowPatch{}), expr.Patch(clockPatch{})}, meterOpts...)
+	opts := append([]expr.Option{expr.Env(evalEnv{}), expr.Patch(nilSafe{}), expr.Patch(meterPatch{}), expr.Patch(overflowPatch{}), expr.Patch(clockPatch{}), expr.Patch(textPatch{})}, meterOpts...)
 	opts = append(opts, overflowOpts...)
+	opts = append(opts, textOpts...)
 	opts = append(opts, clockOpt)
 	if asBool {
 		// Compiled once with AsBool only to reject, at load, conditions whose

@@ -1,0 +1,141 @@
+package dag
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/expr-lang/expr"
+	"github.com/expr-lang/expr/ast"
+	"github.com/expr-lang/expr/builtin"
+	"github.com/expr-lang/expr/conf"
+)
+
+// string(), toJSON() and fromJSON() speak JSON, as the rest of the
+// language does. expr's own give Go's text (string(null) is "<nil>", a
+// mapping "map[k:v]"), indented JSON, and floats for every number (an ID
+// of 20 digits loses its last ones), so their calls are patched to
+// versions that give what interpolation gives, compact JSON, and whole
+// numbers as whole numbers.
+
+// textFuncs are the replaced builtins and their replacements.
+var textFuncs = map[string]string{"string": "$string", "toJSON": "$toJSON", "fromJSON": "$fromJSON"}
+
+// textPatch sends the one-argument calls of textFuncs to their
+// replacements.
+type textPatch struct{}
+
+func (textPatch) Visit(n *ast.Node) {
+	b, ok := (*n).(*ast.BuiltinNode)
+	if !ok || len(b.Arguments) != 1 {
+		return
+	}
+	if fn, ok := textFuncs[b.Name]; ok {
+		ast.Patch(n, &ast.CallNode{Callee: &ast.IdentifierNode{Value: fn}, Arguments: b.Arguments})
+	}
+}
+
+// textOpts declares the replacements.
+var textOpts = func() []expr.Option {
+	stringType, anyType := reflect.TypeFor[string](), reflect.TypeFor[any]()
+	one := func(name string, out reflect.Type) func([]reflect.Type) (reflect.Type, error) {
+		return func(args []reflect.Type) (reflect.Type, error) {
+			if len(args) != 1 {
+				return nil, fmt.Errorf("%s takes one argument, got %d", name, len(args))
+			}
+			return out, nil
+		}
+	}
+	var opts []expr.Option
+	for _, f := range []*builtin.Function{
+		{Name: "$string", Func: stringOf, Validate: one("string", stringType)},
+		{Name: "$toJSON", Func: toJSONOf, Validate: one("toJSON", stringType)},
+		{Name: "$fromJSON", Func: fromJSONOf, Validate: func(args []reflect.Type) (reflect.Type, error) {
+			if len(args) == 1 && args[0] != nil && args[0].Kind() != reflect.String && args[0].Kind() != reflect.Interface {
+				return nil, fmt.Errorf("fromJSON takes text, not %s", kindOfType(args[0].String()))
+			}
+			return one("fromJSON", anyType)(args)
+		}},
+	} {
+		opts = append(opts, func(c *conf.Config) { c.Functions[f.Name] = f })
+	}
+	return opts
+}()
+
+// stringOf is string(): the text interpolation gives, so that
+// "${{ x }}" and ${{ string(x) }} agree: null is empty, text is as is,
+// a time is RFC 3339, a duration as 1h30m0s, anything else its JSON.
+func stringOf(args ...any) (any, error) {
+	switch x := args[0].(type) {
+	case time.Time:
+		return x.Format(time.RFC3339Nano), nil
+	case time.Duration:
+		return x.String(), nil
+	case json.Number:
+		return x.String(), nil
+	}
+	return toText(args[0])
+}
+
+// toJSONOf is toJSON(): compact JSON, keeping <, > and & as written.
+func toJSONOf(args ...any) (any, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(args[0]); err != nil {
+		return nil, fmt.Errorf("toJSON: %v", err)
+	}
+	return strings.TrimSuffix(b.String(), "\n"), nil
+}
+
+// fromJSONOf is fromJSON(): whole numbers decode as whole numbers, past
+// 64 bits as json.Number (passed on with every digit, as an input's are),
+// the others as floats.
+func fromJSONOf(args ...any) (any, error) {
+	text, ok := args[0].(string)
+	if !ok {
+		return nil, fmt.Errorf("fromJSON takes text, not %s", kindOfValue(args[0]))
+	}
+	d := json.NewDecoder(strings.NewReader(text))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return nil, fmt.Errorf("fromJSON: %v", err)
+	}
+	if d.More() {
+		return nil, fmt.Errorf("fromJSON: more than one JSON value in the text")
+	}
+	return wholeNumbers(v), nil
+}
+
+// wholeNumbers turns the json.Numbers of a decoded value into ints where
+// they are whole and fit, floats where they are not whole.
+func wholeNumbers(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		if !strings.ContainsAny(string(x), ".eE") {
+			if i, err := strconv.ParseInt(string(x), 10, 64); err == nil {
+				return int(i)
+			}
+			return x
+		}
+		f, err := x.Float64()
+		if err != nil {
+			return x
+		}
+		return f
+	case map[string]any:
+		for k, e := range x {
+			x[k] = wholeNumbers(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = wholeNumbers(e)
+		}
+	}
+	return v
+}
