@@ -94,7 +94,7 @@ func (c *cli) startCommand() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&input, "input", "", "instance input: JSON, @FILE, or - for standard input (default {})")
-	f.StringVar(&opts.Key, "key", "", "idempotency key: a second start with the same workflow and key returns the first instance")
+	f.StringVar(&opts.Key, "key", "", "idempotency key: a second start with the same workflow and key returns the first instance, and its own input, priority and delay are dropped")
 	f.IntVar(&opts.Priority, "priority", 0, fmt.Sprintf("priority from %d to %d: higher runs first", dagrun.MinPriority, dagrun.MaxPriority))
 	f.StringVar(&delayStr, "delay", "", "delay before the first steps run, e.g. 10m or 2d (at most a year)")
 	f.BoolVar(&detach, "detach", false, "print only the instance ID (with --json, the instance object) and return; workers run it")
