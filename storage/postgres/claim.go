@@ -105,9 +105,9 @@ func (a claimArgs) filters(c claimShape, col string) string {
 		b.WriteString(` AND ` + col + `handler = ANY(` + param() + `::text[])`)
 	}
 	if c.capped {
-		// Only items of the forEach steps locked by cappedParentsSQL, each
-		// under its cap: see claimCapped.
-		b.WriteString(` AND ` + col + `item_concurrency > 0 AND ` + col + `parent_id = ANY(` + param() + `::bigint[]) AND ` + underCap)
+		// Only items of the forEach steps locked by cappedParentsSQL, as
+		// many as each one's cap leaves room for: see claimCapped.
+		b.WriteString(` AND ` + col + `item_concurrency > 0 AND ` + col + `id IN (` + itemsUnderCap(param()) + `)`)
 	} else {
 		b.WriteString(` AND ` + col + `item_concurrency = 0`)
 	}

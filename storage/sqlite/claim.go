@@ -72,7 +72,7 @@ WHERE id IN (SELECT id FROM steps WHERE status = 'pending' AND ` + readyTerm + `
 	if c.byHandler {
 		b.WriteString(` AND handler IN (SELECT value FROM json_each(?7))`)
 	}
-	b.WriteString(` AND (item_concurrency = 0 OR ` + underCap + `)`)
+	b.WriteString(` AND item_concurrency = 0`) // capped items: claimCapped
 	b.WriteString(` ORDER BY priority DESC, run_after, id LIMIT ` + boundLimit + `)`)
 	b.WriteString(claimReturning)
 	if c.trace {
@@ -95,7 +95,7 @@ const readyTerm = `(promoted = 1 OR run_after <= ready_at)`
 // is how many ready steps a row stands for: the figures sum it.
 //
 // The items of a forEach step with a concurrency cap count as far as the
-// cap leaves room, as underCap has a claim take them: as many of the due
+// cap leaves room, as claimCapped has a claim take them: as many of the due
 // ones as the cap less the step's running items, in one row per step. The
 // others wait for those to finish, held as a limit holds steps, and no
 // worker can take them sooner.
@@ -228,14 +228,129 @@ func (t *txn) respaceIdleRates(now int64) error {
 	return nil
 }
 
-// underCap holds for an item of a forEach step with a concurrency cap
-// when its running siblings and the claimable pending ones before it, which
-// this very claim may take too, leave room for it: however many items one
-// claim takes, the one with the highest index among them counts all the
-// others. Steps have item_concurrency 0 and never evaluate it.
-const underCap = `(SELECT count(*) FROM steps r WHERE r.parent_id = steps.parent_id AND r.status = 'running')
-	+ (SELECT count(*) FROM steps q WHERE q.parent_id = steps.parent_id AND q.status = 'pending'
-		AND q.item_index < steps.item_index AND q.run_after <= ?1) < steps.item_concurrency`
+// cappedParentsQuery lists the forEach steps with pending items under a
+// concurrency cap, one index seek each (steps_capped_pending), however
+// many items wait.
+const cappedParentsQuery = `WITH RECURSIVE p (id) AS (
+	SELECT min(parent_id) FROM steps WHERE status = 'pending' AND item_concurrency > 0
+	UNION ALL
+	SELECT (SELECT min(parent_id) FROM steps WHERE status = 'pending' AND item_concurrency > 0 AND parent_id > p.id)
+	FROM p WHERE p.id IS NOT NULL
+)
+SELECT id FROM p WHERE id IS NOT NULL`
+
+// cappedRoomQuery is the room the cap of forEach step ?1 leaves: its cap
+// less its running items.
+const cappedRoomQuery = `SELECT item_concurrency - (SELECT count(*) FROM steps r WHERE r.parent_id = +?1 AND r.status = 'running')
+	FROM steps WHERE parent_id = +?1 AND status = 'pending' AND item_concurrency > 0 LIMIT 1`
+
+// cappedItemsQuery is the claimable items of forEach step ?1, the first
+// ?2 due ones by index, read through the step's own pending items
+// (steps_capped_pending): a few entries per claim. ?3 is now; ?4 queues,
+// ?5 instance and ?6 handlers filter as a claim's do (null for none).
+const cappedItemsQuery = `SELECT id FROM steps
+	WHERE parent_id = +?1 AND status = 'pending' AND item_concurrency > 0 AND run_after <= ?3 AND ` + readyTerm + `
+		AND (?4 IS NULL OR queue IN (SELECT value FROM json_each(?4)))
+		AND (?5 IS NULL OR instance_id = ?5)
+		AND (?6 IS NULL OR handler IN (SELECT value FROM json_each(?6)))
+	ORDER BY item_index LIMIT CAST(?2 AS INTEGER)`
+
+// cappedClaimQuery takes the items ?4 (a JSON array of IDs) as a claim
+// takes steps; with trace, it returns their instance's traceparent too.
+func cappedClaimQuery(trace bool) string {
+	q := `UPDATE steps SET status = 'running', attempts = attempts + 1, fence = fence + 1,
+	started_at = ?1, first_started_at = coalesce(first_started_at, ?1), lease_until = ?2, worker_id = ?3, promoted = 0
+WHERE id IN (SELECT value FROM json_each(?4))` + claimReturning
+	if trace {
+		q += claimTraceParent
+	}
+	return q
+}
+
+var cappedClaimQueries = [2]string{cappedClaimQuery(false), cappedClaimQuery(true)}
+
+// claimCapped claims up to limit items of forEach steps with a
+// concurrency cap, which the claim statement leaves alone: of each such
+// step, its first due items by index, as many as its cap less its running
+// items leaves room for. Writes are serial, so no other claim counts the
+// same room meanwhile. Counting, for every pending item, the pending ones
+// before it (as the claim statement once did) read every item's
+// predecessors at each claim: a step of 2,000 items capped at 3 ran for
+// minutes.
+func (t *txn) claimCapped(p storage.ClaimParams, limit int, now int64) ([]claimedRow, error) {
+	rows, err := t.query(cappedParentsQuery)
+	if err != nil {
+		return nil, err
+	}
+	var parents []int64
+	if err := eachRow(rows, func(sc scanner) error {
+		var id int64
+		err := sc.Scan(&id)
+		parents = append(parents, id)
+		return err
+	}); err != nil || len(parents) == 0 {
+		return nil, err
+	}
+	var queues, instance, handlerList any
+	if len(p.Queues) > 0 {
+		b, err := json.Marshal(p.Queues)
+		if err != nil {
+			return nil, err
+		}
+		queues = string(b)
+	}
+	if p.InstanceID != "" {
+		instance = p.InstanceID
+	}
+	if len(p.Handlers) > 0 {
+		b, err := json.Marshal(p.Handlers)
+		if err != nil {
+			return nil, err
+		}
+		handlerList = string(b)
+	}
+	var ids []int64
+	for _, parent := range parents {
+		if len(ids) >= limit {
+			break
+		}
+		var room int
+		if err := t.queryRow(cappedRoomQuery, parent).Scan(&room); err != nil {
+			return nil, err
+		}
+		if room = min(room, limit-len(ids)); room <= 0 {
+			continue
+		}
+		rows, err := t.query(cappedItemsQuery, parent, room, now, queues, instance, handlerList)
+		if err != nil {
+			return nil, err
+		}
+		if err := eachRow(rows, func(sc scanner) error {
+			var id int64
+			err := sc.Scan(&id)
+			ids = append(ids, id)
+			return err
+		}); err != nil {
+			return nil, err
+		}
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	list, err := json.Marshal(ids)
+	if err != nil {
+		return nil, err
+	}
+	trace := 0
+	if p.TraceParent {
+		trace = 1
+	}
+	rows, err = t.query(cappedClaimQueries[trace], now, us(t.now.Add(p.Lease)), p.WorkerID, string(list))
+	if err != nil {
+		return nil, err
+	}
+	return scanClaimed(rows, p.TraceParent)
+}
 
 // boundLimit is ?4, the claim's limit, as the subquery's LIMIT. SQLite
 // plans the LIMIT of an IN (SELECT ... LIMIT ?) around the parameter's
@@ -350,6 +465,13 @@ func (t *txn) claim(p storage.ClaimParams) ([]storage.ClaimedStep, error) {
 	claimed, err := scanClaimed(rows, shape.trace)
 	if err != nil {
 		return nil, err
+	}
+	if len(claimed) < limit {
+		capped, err := t.claimCapped(p, limit-len(claimed), now)
+		if err != nil {
+			return nil, err
+		}
+		claimed = append(claimed, capped...)
 	}
 	if len(claimed) == 0 {
 		return nil, nil
