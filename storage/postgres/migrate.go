@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dagrun/dagrun/storage"
 	"github.com/dagrun/dagrun/storage/internal/migrate"
 )
 
@@ -211,6 +212,9 @@ func (s *Store) adoptLegacy(ctx context.Context, tx pgx.Tx) error {
 	if from, err = s.legacySchema(ctx, tx); from == "" || err != nil {
 		return err
 	}
+	if err := s.refuseLiveLegacy(ctx, tx, from); err != nil {
+		return err
+	}
 	for _, t := range legacyTables {
 		if _, err := tx.Exec(ctx, "ALTER TABLE "+pgx.Identifier{from, t.name}.Sanitize()+" SET SCHEMA "+pgx.Identifier{s.cfg.Schema}.Sanitize()); err != nil {
 			return fmt.Errorf("moving dagrun's table %s from schema %s to %s: %w", t.name, from, s.cfg.Schema, err)
@@ -241,6 +245,33 @@ func (s *Store) adoptLegacy(ctx context.Context, tx pgx.Tx) error {
 	s.cfg.Logger.Info("postgres: moved the tables of an older dagrun into their own schema",
 		"from", from, "to", s.cfg.Schema)
 	return nil
+}
+
+// refuseLiveLegacy refuses to move the tables of schema from while a
+// worker of theirs is live (announced within storage.PresenceTTL): such
+// tables are no older dagrun's but a store running with that schema
+// (--db-schema public), and moving them from under its workers would
+// leave them without their tables, and their instances in another
+// schema.
+func (s *Store) refuseLiveLegacy(ctx context.Context, tx pgx.Tx, from string) error {
+	workers := pgx.Identifier{from, "workers"}.Sanitize()
+	var exists bool
+	if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", workers).Scan(&exists); err != nil || !exists {
+		return err
+	}
+	var (
+		live  string
+		count int
+	)
+	err := tx.QueryRow(ctx, "SELECT coalesce(max(id), ''), count(*) FROM "+workers+
+		" WHERE last_seen > coalesce($1, statement_timestamp()) - $2 * interval '1 microsecond'",
+		s.now(), storage.PresenceTTL.Microseconds()).Scan(&live, &count)
+	if err != nil || count == 0 {
+		return err
+	}
+	return fmt.Errorf("schema %s holds the tables of a dagrun whose %d live worker(s) use them (%s): "+
+		"to use those tables give --db-schema %s (or dagrun_schema=%s in the URL); to move them into schema %s, stop those workers first",
+		from, count, live, from, from, s.cfg.Schema)
 }
 
 // legacySchemaSQL finds, when the store's schema ($1) has no

@@ -236,6 +236,35 @@ func TestLegacyLayoutMoved(t *testing.T) {
 	runKeyedPair(t, s)
 }
 
+// TestLiveStoreInPublicIsNotMoved: tables in public with a live worker
+// belong to a store running with schema public, not to an older dagrun:
+// opening another schema refuses to move them from under it, naming the
+// flag that uses them, and moves them once its workers are gone.
+func TestLiveStoreInPublicIsNotMoved(t *testing.T) {
+	t.Parallel()
+	dbURL := newDatabase(t)
+	ctx := t.Context()
+	public, err := Open(ctx, dbURL, &Config{Schema: "public", MaxConns: 2})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = public.Close() })
+	done := runOneStep(t, public)
+	require.NoError(t, public.AnnounceWorker(ctx, storage.WorkerInfo{ID: "w-public"}))
+
+	_, err = Open(ctx, dbURL, &Config{Schema: "tenant", MaxConns: 2})
+	require.ErrorContains(t, err, "schema public holds the tables of a dagrun whose 1 live worker(s) use them (w-public): "+
+		"to use those tables give --db-schema public")
+	require.Equal(t, dagrunTables, tablesIn(t, public, "public"), "nothing moved")
+	_, err = public.GetInstance(ctx, done)
+	require.NoError(t, err, "the store in public runs on")
+
+	require.NoError(t, public.RemoveWorker(ctx, "w-public"))
+	moved, err := Open(ctx, dbURL, &Config{Schema: "tenant", MaxConns: 2})
+	require.NoError(t, err, "with no live worker, an older layout moves")
+	t.Cleanup(func() { require.NoError(t, moved.Close()) })
+	_, err = moved.GetInstance(ctx, done)
+	require.NoError(t, err)
+}
+
 // functionsIn lists the functions of a schema other than the statement
 // functions (plans.go), which each version makes for itself.
 func functionsIn(t *testing.T, s *Store, schema string) []string {

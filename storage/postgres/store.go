@@ -183,7 +183,7 @@ func (c *Config) validate() error {
 		return fmt.Errorf("postgres: ListenerRetryMin %v exceeds ListenerRetryMax %v", c.ListenerRetryMin, c.ListenerRetryMax)
 	}
 	if c.Schema == "" || strings.ContainsRune(c.Schema, 0) || !utf8.ValidString(c.Schema) || len(c.Schema) > 63 || strings.HasPrefix(c.Schema, "pg_") {
-		return fmt.Errorf("postgres: invalid schema name %q: use 1 to 63 bytes of UTF-8, not starting with pg_", c.Schema)
+		return fmt.Errorf("postgres: %w %q: use 1 to 63 bytes of UTF-8, not starting with pg_", ErrInvalidSchema, c.Schema)
 	}
 	return nil
 }
@@ -264,6 +264,10 @@ func New(ctx context.Context, pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 // ErrInvalidURL is wrapped by Open's error for a URL it cannot read: a
 // mistake of whoever wrote it, which no retry mends.
 var ErrInvalidURL = errors.New("invalid database URL")
+
+// ErrInvalidSchema is wrapped by Open's error for a schema name
+// PostgreSQL cannot hold, from Config.Schema or the URL's dagrun_schema.
+var ErrInvalidSchema = errors.New("invalid schema name")
 
 // urlProblem says what pgx found wrong with a URL without quoting it: its
 // error begins "cannot parse `URL`: ", and the URL may hold a password

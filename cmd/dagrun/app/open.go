@@ -48,7 +48,7 @@ func openStore(ctx context.Context, db, schema string, logger *slog.Logger, conn
 			cfg.MaxConns = cmp.Or(conns, commandConns)
 		}
 		store, err := postgres.Open(ctx, db, cfg)
-		if errors.Is(err, postgres.ErrInvalidURL) {
+		if errors.Is(err, postgres.ErrInvalidURL) || errors.Is(err, postgres.ErrInvalidSchema) {
 			return nil, usageError(err)
 		}
 		return store, err
