@@ -133,7 +133,7 @@ func connectHint(pe *pgconn.PgError) (string, bool) {
 	case pe.Code == "08P01" && pgbouncerNoServer(pe.Message):
 		// PgBouncer answers for a server it cannot reach or log in to.
 		return "PgBouncer has no connection to PostgreSQL for it (the server is down, full or refusing PgBouncer's login): " +
-			"check the server behind PgBouncer and PgBouncer's log; dagrun retries meanwhile", true
+			"check the server behind PgBouncer and PgBouncer's log (a running worker retries meanwhile)", true
 	case pe.Code == "08P01" && strings.HasPrefix(pe.Message, "unsupported startup parameter"):
 		return "add pgbouncer=true to the database URL, so that dagrun sends PgBouncer no setting of its own, " +
 			"and take any other such setting out of the URL (or list it in PgBouncer's ignore_startup_parameters)", true
