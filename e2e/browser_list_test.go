@@ -69,5 +69,10 @@ func TestBrowserListLoadsPastTheAPILimit(t *testing.T) {
 	browserDo(t, ctx, console, "see the oldest instance, past the first 500, cancelled",
 		chromedp.Poll[chromedp.Void](`document.querySelector(`+browserJS(row+" .badge.s-cancelled")+`) !== null`, chromedp.WithPollingTimeout(10*time.Second)),
 	)
+	// A filter that matches nothing says so, not that nothing was started.
+	browserDo(t, ctx, console, "filter the list to a status none of them has",
+		chromedp.Navigate(base+"#/?workflow=parked&status=failed"),
+		chromedp.Poll[chromedp.Void](`document.querySelector("#instances td.empty")?.textContent === "No instances match these filters."`),
+	)
 	browserRequireNoErrors(t, console)
 }

@@ -457,7 +457,10 @@
       bulk.shown(instances);
       rows(JSON.stringify(instances), () => {
         if (instances.length === 0) {
-          return el("tr", {}, el("td", { colspan: 7, class: "empty" }, "No instances yet. Start one with dagrun start WORKFLOW or from a workflow's page."));
+          const filtered = params.get("workflow") || params.get("status");
+          return el("tr", {}, el("td", { colspan: 7, class: "empty" }, filtered
+            ? "No instances match these filters."
+            : "No instances yet. Start one with dagrun start WORKFLOW or from a workflow's page."));
         }
         return instances.map((inst) => {
           const row = el("tr", { class: "clickable", "data-id": inst.id },
@@ -1132,6 +1135,9 @@
     function select(name) {
       selected = selected === name ? null : name;
       render();
+      // On a narrow window the panel sits under the graph and the history:
+      // bring it into view, or a click would seem to do nothing.
+      if (selected && side.getBoundingClientRect().top > window.innerHeight) side.scrollIntoView({ block: "start" });
       if (items && items.step === selected) items.refresh().catch(showError);
       if (logs && logs.step === selected) logs.refresh().catch(showError);
     }
@@ -1243,7 +1249,7 @@
       legendSection(JSON.stringify(counts), () => legend(counts));
       const s = selected && steps.find((x) => x.name === selected);
       sideSection(s ? JSON.stringify([s, inst.status, history.version()])
-        : JSON.stringify(steps.map((st) => [st.name, st.status, st.startedAt, st.finishedAt])), renderSide);
+        : JSON.stringify(steps.map((st) => [st.name, st.status, st.startedAt, st.finishedAt, st.items])), renderSide);
     }
 
     function renderHead() {
