@@ -28,6 +28,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -86,6 +87,10 @@ func Run(ctx context.Context, args []string, streams *IO, registry *handlers.Reg
 	if c.io.Stdin == nil {
 		c.io.Stdin = strings.NewReader("")
 	}
+	// The logger, a worker's goroutines and the progress lines write to
+	// stderr at once: one write at a time, whatever writer the caller gave
+	// (a file is safe so, a bytes.Buffer is not).
+	c.io.Stdout, c.io.Stderr = &syncWriter{w: c.io.Stdout}, &syncWriter{w: c.io.Stderr}
 	root := c.rootCommand()
 	root.SetArgs(args)
 	root.SetIn(c.io.Stdin)
@@ -495,4 +500,16 @@ func oneLine(err error) string {
 		return msg[:i]
 	}
 	return msg
+}
+
+// syncWriter serialises the writes of concurrent goroutines to w.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
