@@ -294,16 +294,12 @@ func (t *txn) pauseTree(roots []string, pause bool) error {
 		return err
 	}
 	var ids []string
-	for rows.Next() {
+	if err := eachRow(rows, func(sc scanner) error {
 		var id string
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return err
-		}
+		err := sc.Scan(&id)
 		ids = append(ids, id)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+		return err
+	}); err != nil {
 		return err
 	}
 	shift, event := `run_after + `+pauseShift, storage.EventInstancePaused
