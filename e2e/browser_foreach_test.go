@@ -141,6 +141,18 @@ func TestBrowserForEach(t *testing.T) {
 		chromedp.WaitEnabled(chromedp.CSS("#items-next")),
 	)
 	browserRequireTrue(t, ctx, "back at the first page", `document.querySelector("#items-prev").disabled`)
+	browserDo(t, ctx, console, "go to item 7,321, 147 pages on",
+		// Set and announce the number as a person typing it and leaving the field does.
+		chromedp.Poll[chromedp.Void](`(() => { const f = document.querySelector("#items-goto"); f.value = "7321"; f.dispatchEvent(new Event("change")); return true; })()`),
+		chromedp.WaitVisible(chromedp.CSS(`#items-table tbody tr[data-index="7321"]`)),
+		chromedp.Poll[chromedp.Void](`document.querySelector("#items-range").textContent === "7,301\u20137,350 of 10,000"`),
+	)
+	browserDo(t, ctx, console, "last page",
+		browserClickLive("#items-last"),
+		chromedp.WaitVisible(chromedp.CSS(`#items-table tbody tr[data-index="9999"]`)),
+		chromedp.WaitEnabled(chromedp.CSS("#items-prev")),
+	)
+	browserRequireTrue(t, ctx, "at the last page, nothing further", `document.querySelector("#items-next").disabled && document.querySelector("#items-last").disabled`)
 
 	// 5. Let the step finish: 9,990 completed, 10 failed.
 	require.Eventually(t, func() bool {

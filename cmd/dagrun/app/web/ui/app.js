@@ -863,10 +863,15 @@
     const range = el("span", { class: "muted", id: "items-range" });
     const prev = el("button", { type: "button", id: "items-prev", title: "Previous page" }, "\u2039 Prev");
     const next = el("button", { type: "button", id: "items-next", title: "Next page" }, "Next \u203A");
+    const last = el("button", { type: "button", id: "items-last", title: "Last page" }, "Last \u00BB");
+    // Item N is on page N / ITEMS_PAGE of the unfiltered list: 10,000
+    // items are 200 pages, too many to click through.
+    const jump = el("input", { type: "number", min: "0", step: "1", id: "items-goto", placeholder: "item #",
+      "aria-label": "go to item", class: "items-goto", title: "Go to the page of this item" });
     const tbody = el("tbody");
     const rows = section(tbody);
     const node = el("div", { class: "items", id: "items" },
-      el("div", { class: "items-bar" }, filter, range, el("span", { class: "spacer" }), prev, next),
+      el("div", { class: "items-bar" }, filter, range, el("span", { class: "spacer" }), jump, prev, next, last),
       el("div", { class: "items-scroll", "data-keep": "items" },
         el("table", { id: "items-table" },
           el("thead", {}, el("tr", {}, ["#", "Status", "Attempts", "Duration", "Error"].concat(withChildren ? ["Child"] : []).map((h) => el("th", {}, h)))),
@@ -876,6 +881,16 @@
     filter.addEventListener("change", () => { status = filter.value; offset = 0; refresh().catch(showError); });
     prev.addEventListener("click", () => { offset = Math.max(0, offset - ITEMS_PAGE); refresh().catch(showError); });
     next.addEventListener("click", () => { offset += ITEMS_PAGE; refresh().catch(showError); });
+    last.addEventListener("click", () => {
+      offset = Math.max(0, Math.floor((page.total - 1) / ITEMS_PAGE) * ITEMS_PAGE);
+      refresh().catch(showError);
+    });
+    jump.addEventListener("change", () => {
+      const n = Math.floor(Number(jump.value));
+      if (!Number.isFinite(n) || n < 0 || status) return;
+      offset = Math.floor(n / ITEMS_PAGE) * ITEMS_PAGE;
+      refresh().catch(showError);
+    });
 
     async function refresh() {
       const mine = ++seq;
@@ -897,7 +912,9 @@
       setText(range, n ? fmtNum(page.offset + 1) + "\u2013" + fmtNum(page.offset + n) + " of " + fmtNum(page.total)
         : (status ? "no " + status + " items" : "no items"));
       prev.disabled = page.offset === 0;
-      next.disabled = page.offset + n >= page.total;
+      next.disabled = last.disabled = page.offset + n >= page.total;
+      // With a status filter the list's positions are not item numbers.
+      jump.disabled = Boolean(status);
       rows(JSON.stringify([page, [...open]]), () => {
         if (!n) return el("tr", {}, el("td", { colspan: cols, class: "empty" }, status ? "No " + status + " items." : "No items yet."));
         return page.items.map((it) => {
