@@ -1713,7 +1713,19 @@
     }
 
     async function refresh(gen) {
-      wf = await api("GET", "workflows/" + encodeURIComponent(name));
+      try {
+        wf = await api("GET", "workflows/" + encodeURIComponent(name));
+      } catch (err) {
+        if (err.status !== 404 || gen !== generation) throw err;
+        // The page says what is wrong, as an unknown instance's does,
+        // rather than stay empty under the banner.
+        clear(body);
+        append(body, [
+          el("div", { class: "crumbs" }, link("/workflows", "Workflows"), " / ", name),
+          el("div", { class: "card" }, el("p", { class: "empty", id: "not-found" }, err.message)),
+        ]);
+        return false;
+      }
       if (gen !== generation) return false;
       stepsByName = new Map(wf.steps.concat(wf.onFailure || []).map((st) => [st.name, st]));
       document.title = wf.name + " · dagrun";
