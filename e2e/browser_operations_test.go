@@ -104,6 +104,14 @@ func TestBrowserOperations(t *testing.T) {
 	for _, id := range held {
 		require.Equal(t, "cancelled", apiClient.status(t, id))
 	}
+	browserDo(t, ctx, console, "retry every instance the filter picks, the question naming the filter",
+		chromedp.Evaluate[chromedp.Void](`window.confirm = (q) => { window.__asked = q; return true; }`),
+		chromedp.Click(chromedp.CSS("#retry-matching")),
+		chromedp.Poll[chromedp.Void](`document.querySelector("#bulk-result").textContent === "retried 2 instances"`),
+	)
+	asked, err := chromedp.Run(ctx, chromedp.Evaluate[string](`window.__asked`))
+	require.NoError(t, err)
+	require.Equal(t, "Retry every failed or cancelled instance matching the filter (workflow hold; 2 shown here)?", asked)
 	browserScreenshot(t, ctx, "browser-operations.png")
 	browserRequireNoErrors(t, console)
 }

@@ -511,7 +511,9 @@
         const done = verb === "cancel" ? "cancelled" : "retried";
         const skipped = res.skipped ? Object.keys(res.skipped).length : 0;
         result.textContent = done + " " + res.count + " instance" + (res.count === 1 ? "" : "s") +
-          (skipped ? " (" + skipped + " left as they were: " + Object.values(res.skipped)[0] + ")" : "");
+          (skipped ? " (" + skipped + " left as they were: " + Object.values(res.skipped)[0] + (skipped > 1 ? "; hover for all" : "") + ")" : "");
+        // Every refusal, one a line, for whoever wants more than the first.
+        result.title = skipped ? Object.entries(res.skipped).map(([id, why]) => id + ": " + why).join("\n") : "";
         chosen.clear();
         showError(null);
         await after();
@@ -531,10 +533,18 @@
     const retrySel = button("retry-selected", "Retry selected", "primary",
       () => run("retry", { ids: [...chosen] }, "Retry " + chosen.size + " instance(s)?"));
     selectedButtons.push(cancelSel, retrySel);
+    // The question names the filter and what the list shows of it: the
+    // server picks on every page, so more may match than are shown.
+    const matching = () => {
+      const what = [params.get("workflow") ? "workflow " + params.get("workflow") : "", params.get("status") ? "status " + params.get("status") : ""]
+        .filter(Boolean).join(", ");
+      const shown = document.querySelector(".filters .count");
+      return " (" + what + (shown ? "; " + shown.textContent + " here" : "") + ")";
+    };
     const cancelAll = button("cancel-matching", "Cancel all matching", "danger",
-      () => run("cancel", filterBody(), "Cancel every instance matching the filter? Running steps are stopped."));
+      () => run("cancel", filterBody(), "Cancel every instance matching the filter" + matching() + "? Running steps are stopped."));
     const retryAll = button("retry-matching", "Retry all matching", "",
-      () => run("retry", filterBody(), "Retry every failed or cancelled instance matching the filter?"));
+      () => run("retry", filterBody(), "Retry every failed or cancelled instance matching the filter" + matching() + "?"));
     cancelAll.disabled = retryAll.disabled = !filtered();
     cancelAll.title = retryAll.title = filtered() ?
       "Every instance the filter picks, on every page" + (params.get("all") === "true" ? ", child instances included" : " (child instances go with their parents)") :
