@@ -28,7 +28,9 @@ database whose clock jumps to the next due time (so backoffs, sleeps and wait
 timeouts take no time), answers its steps with the case's mocks or this binary's
 handlers, and checks the expectations. One line per case, a diff on failure.
 Exit 0 when every case passed, 1 when one failed, 2 for an invalid test or
-workflow file (FILE:LINE:COL: message).`,
+workflow file (FILE:LINE:COL: message). An invalid workflow file stops only
+its own workflow's cases; the others run, and a run of the whole folder
+exits 2 for it afterwards.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var filter *regexp.Regexp
 			if run != "" {
@@ -40,8 +42,17 @@ workflow file (FILE:LINE:COL: message).`,
 			workflows, err := whileRunning(cmd.Context(), func() ([]*dag.Workflow, error) {
 				return dagruntest.LoadWorkflows(c.workflowsDir)
 			})
-			if err != nil {
+			// An invalid workflow file stops only the cases of its own
+			// workflow (their test file fails to parse, naming it); the
+			// others run. Its errors are printed first; a run of the
+			// whole folder still exits 2 for them, one of named files
+			// only when they need it.
+			var broken dag.ErrorList
+			if err != nil && (!errors.As(err, &broken) || len(workflows) == 0) {
 				return c.printFileErrors(err, "set --workflows or DAGRUN_WORKFLOWS")
+			}
+			for _, e := range broken {
+				fmt.Fprintln(c.io.Stderr, e.Error())
 			}
 			files := args
 			if len(files) == 0 {
@@ -85,6 +96,9 @@ workflow file (FILE:LINE:COL: message).`,
 				if !r.Passed() {
 					return &exitError{code: ExitFailed}
 				}
+			}
+			if len(broken) > 0 && len(args) == 0 {
+				return &exitError{code: ExitUsage}
 			}
 			return nil
 		},

@@ -99,3 +99,24 @@ func TestTestJSON(t *testing.T) {
 	require.True(t, out.Cases[1].Passed)
 	require.Empty(t, out.Cases[1].Failures)
 }
+
+// TestTestBesideABrokenWorkflow: an invalid workflow file is reported and
+// the cases of the valid workflows still run; a run of named files passes
+// on them, a run of the whole folder exits 2 for the broken file.
+func TestTestBesideABrokenWorkflow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dir, err := filepath.Abs("testdata/wftest-broken")
+	require.NoError(t, err)
+	b.env["DAGRUN_WORKFLOWS"] = dir
+
+	res := b.run(t, "", "test", filepath.Join(dir, "tests", "good_test.yaml"))
+	require.Equal(t, 0, res.code, "stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+	require.Contains(t, res.stdout, "ok   good/says hi")
+	require.Contains(t, res.stderr, `broken.yaml:5:17: step "a" depends on unknown step "nowhere"`)
+
+	res = b.run(t, "", "test")
+	require.Equal(t, 2, res.code, "stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+	require.Contains(t, res.stdout, "ok   good/says hi", "the valid workflow's cases ran")
+	require.Contains(t, res.stderr, "broken.yaml:5:17")
+}
