@@ -74,6 +74,10 @@ func TestBrowserListLoadsPastTheAPILimit(t *testing.T) {
 		chromedp.Navigate(base+"#/?workflow=parked&status=failed"),
 		chromedp.Poll[chromedp.Void](`document.querySelector("#instances td.empty")?.textContent === "No instances match these filters."`),
 	)
+	browserDo(t, ctx, console, "open an address no page has",
+		chromedp.Navigate(base+"#/nope"),
+		chromedp.Poll[chromedp.Void](`(document.querySelector("#not-found")?.textContent || "") === "No page at #/nope. See the instances."`),
+	)
 	browserDo(t, ctx, console, "open a workflow that does not exist",
 		chromedp.Navigate(base+"#/workflows/nope"),
 		chromedp.Poll[chromedp.Void](`(document.querySelector("#not-found")?.textContent || "").startsWith('unknown workflow "nope" (available: parked)')`),

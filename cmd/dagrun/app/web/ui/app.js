@@ -351,8 +351,17 @@
     else if (parts[0] === "workflows") page = workflowsPage();
     else if (parts[0] === "schedules") page = schedulesPage();
     else if (parts[0] === "queues") page = queuesPage();
-    else page = instancesPage(params);
+    else if (parts.length === 0 || parts[0] === "instances") page = instancesPage(params);
+    else page = noSuchPage(path);
     poll(generation, page);
+  }
+
+  // noSuchPage answers an address no page has (a mistyped link), rather
+  // than show the instance list as if it were that page.
+  function noSuchPage(path) {
+    append(main, el("div", { class: "card" }, el("p", { class: "empty", id: "not-found" },
+      "No page at #" + path + ". ", link("/", "See the instances"), ".")));
+    return { refresh: async () => false };
   }
 
   async function poll(gen, page) {
