@@ -173,14 +173,7 @@ func (t *txn) dueSteps(now int64) ([]int64, error) {
 	if err != nil {
 		return nil, err
 	}
-	var due []int64
-	err = eachRow(rows, func(sc scanner) error {
-		var id int64
-		err := sc.Scan(&id)
-		due = append(due, id)
-		return err
-	})
-	return due, err
+	return column[int64](rows)
 }
 
 // idleRatesSQL lists the rated queues (?1 is now) with two steps or more
@@ -282,13 +275,8 @@ func (t *txn) claimCapped(p storage.ClaimParams, limit int, now int64) ([]claime
 	if err != nil {
 		return nil, err
 	}
-	var parents []int64
-	if err := eachRow(rows, func(sc scanner) error {
-		var id int64
-		err := sc.Scan(&id)
-		parents = append(parents, id)
-		return err
-	}); err != nil || len(parents) == 0 {
+	parents, err := column[int64](rows)
+	if err != nil || len(parents) == 0 {
 		return nil, err
 	}
 	var queues, instance, handlerList any
@@ -325,14 +313,11 @@ func (t *txn) claimCapped(p storage.ClaimParams, limit int, now int64) ([]claime
 		if err != nil {
 			return nil, err
 		}
-		if err := eachRow(rows, func(sc scanner) error {
-			var id int64
-			err := sc.Scan(&id)
-			ids = append(ids, id)
-			return err
-		}); err != nil {
+		items, err := column[int64](rows)
+		if err != nil {
 			return nil, err
 		}
+		ids = append(ids, items...)
 	}
 	if len(ids) == 0 {
 		return nil, nil

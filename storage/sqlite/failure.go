@@ -20,13 +20,8 @@ func (s *Store) ExpireInstances(ctx context.Context, limit int, plan storage.Pla
 		if err != nil {
 			return 0, err
 		}
-		var ids []string
-		if err := eachRow(rows, func(sc scanner) error {
-			var id string
-			err := sc.Scan(&id)
-			ids = append(ids, id)
-			return err
-		}); err != nil {
+		ids, err := column[string](rows)
+		if err != nil {
 			return 0, err
 		}
 		return len(ids), t.expire(ids, plan)

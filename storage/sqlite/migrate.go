@@ -76,13 +76,7 @@ func checkMigrationsTable(ctx context.Context, q interface {
 	if err != nil {
 		return err
 	}
-	var columns []string
-	err = eachRow(rows, func(sc scanner) error {
-		var column string
-		err := sc.Scan(&column)
-		columns = append(columns, column)
-		return err
-	})
+	columns, err := column[string](rows)
 	if err != nil {
 		return err
 	}

@@ -293,13 +293,8 @@ func (t *txn) pauseTree(roots []string, pause bool) error {
 	if err != nil {
 		return err
 	}
-	var ids []string
-	if err := eachRow(rows, func(sc scanner) error {
-		var id string
-		err := sc.Scan(&id)
-		ids = append(ids, id)
-		return err
-	}); err != nil {
+	ids, err := column[string](rows)
+	if err != nil {
 		return err
 	}
 	shift, event := `run_after + `+pauseShift, storage.EventInstancePaused
@@ -338,14 +333,8 @@ func (s *Store) MatchInstances(ctx context.Context, f storage.InstanceFilter) ([
 		if err != nil {
 			return err
 		}
-		return eachRow(rows, func(sc scanner) error {
-			var id string
-			if err := sc.Scan(&id); err != nil {
-				return err
-			}
-			ids = append(ids, id)
-			return nil
-		})
+		ids, err = column[string](rows)
+		return err
 	})
 	return ids, err
 }

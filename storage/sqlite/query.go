@@ -377,6 +377,18 @@ func eachRow(rows *sql.Rows, fn func(scanner) error) error {
 	return rows.Err()
 }
 
+// column reads the one column of every row of rows, closing them.
+func column[T any](rows *sql.Rows) ([]T, error) {
+	var out []T
+	err := eachRow(rows, func(sc scanner) error {
+		var v T
+		err := sc.Scan(&v)
+		out = append(out, v)
+		return err
+	})
+	return out, err
+}
+
 // pruneBatch bounds how long one prune transaction holds the write lock.
 const pruneBatch = 500
 

@@ -130,13 +130,8 @@ func (t *txn) cancelChildren(id string, status storage.InstanceStatus) error {
 	if err != nil {
 		return err
 	}
-	var children []string
-	if err := eachRow(rows, func(sc scanner) error {
-		var child string
-		err := sc.Scan(&child)
-		children = append(children, child)
-		return err
-	}); err != nil {
+	children, err := column[string](rows)
+	if err != nil {
 		return err
 	}
 	if len(children) > 0 {
