@@ -188,7 +188,21 @@ type meterPatch struct{}
 func meterIdent() ast.Node { return &ast.IdentifierNode{Value: meterVar} }
 
 func meterCall(fn string, args ...ast.Node) *ast.CallNode {
-	return &ast.CallNode{Callee: &ast.IdentifierNode{Value: fn}, Arguments: append([]ast.Node{meterIdent()}, args...)}
+	return callOf(fn, append([]ast.Node{meterIdent()}, args...)...)
+}
+
+// callOf is a call of the function fn, one of those the patches declare.
+func callOf(fn string, args ...ast.Node) *ast.CallNode {
+	return &ast.CallNode{Callee: &ast.IdentifierNode{Value: fn}, Arguments: args}
+}
+
+// declare makes functions known to expressions, as the patches call them.
+func declare(fs ...*builtin.Function) []expr.Option {
+	opts := make([]expr.Option, len(fs))
+	for i, f := range fs {
+		opts[i] = func(c *conf.Config) { c.Functions[f.Name] = f }
+	}
+	return opts
 }
 
 // scalar reports whether a node's type is known to be a number or a bool,
@@ -407,8 +421,7 @@ func meterOptions() []expr.Option {
 		}}
 	opts = append(opts, func(c *conf.Config) { c.Functions[fnScanN], c.Functions[fnMatches] = scanN, matches })
 	for name, charge := range fns {
-		f := &builtin.Function{Name: name, Func: identity(charge), Validate: sameType}
-		opts = append(opts, func(c *conf.Config) { c.Functions[f.Name] = f })
+		opts = append(opts, declare(&builtin.Function{Name: name, Func: identity(charge), Validate: sameType})...)
 	}
 	for name, check := range checkedBuiltins {
 		orig := builtin.Builtins[builtin.Index[name]]
@@ -449,7 +462,7 @@ func overrideBuiltin(orig *builtin.Function, call func(m *meter, args []any) (an
 		}
 		f.Types = append(f.Types, reflect.FuncOf(in, []reflect.Type{t.Out(0)}, t.IsVariadic()))
 	}
-	return func(c *conf.Config) { c.Functions[f.Name] = f }
+	return declare(f)[0]
 }
 
 // fmtBytes prints a size the way limits are written: 16 MiB, 95.4 MiB.

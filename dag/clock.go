@@ -5,10 +5,8 @@ import (
 	"reflect"
 	"time"
 
-	"github.com/expr-lang/expr"
 	"github.com/expr-lang/expr/ast"
 	"github.com/expr-lang/expr/builtin"
-	"github.com/expr-lang/expr/conf"
 )
 
 // now() reads the evaluation's clock (Env.Now) rather than the machine's,
@@ -24,35 +22,30 @@ func (clockPatch) Visit(n *ast.Node) {
 	if !ok || b.Name != "now" || len(b.Arguments) > 1 {
 		return
 	}
-	args := append([]ast.Node{&ast.IdentifierNode{Value: "$now"}}, b.Arguments...)
-	ast.Patch(n, &ast.CallNode{Callee: &ast.IdentifierNode{Value: "$clock"}, Arguments: args})
+	ast.Patch(n, callOf("$clock", append([]ast.Node{&ast.IdentifierNode{Value: "$now"}}, b.Arguments...)...))
 }
 
-// clockOpt declares the function clockPatch calls.
-var clockOpt expr.Option = func() expr.Option {
-	timeType, locationType := reflect.TypeFor[time.Time](), reflect.TypeFor[*time.Location]()
-	f := &builtin.Function{
-		Name: "$clock",
-		Func: func(args ...any) (any, error) {
-			now, _ := args[0].(time.Time)
-			if now.IsZero() {
-				now = time.Now()
+// clockOpts declare the function clockPatch calls.
+var clockOpts = declare(&builtin.Function{
+	Name: "$clock",
+	Func: func(args ...any) (any, error) {
+		now, _ := args[0].(time.Time)
+		if now.IsZero() {
+			now = time.Now()
+		}
+		if len(args) == 2 {
+			zone, ok := args[1].(*time.Location)
+			if !ok {
+				return nil, fmt.Errorf("now takes a zone made by timezone(), not %s", kindOfValue(args[1]))
 			}
-			if len(args) == 2 {
-				zone, ok := args[1].(*time.Location)
-				if !ok {
-					return nil, fmt.Errorf("now takes a zone made by timezone(), not %s", kindOfValue(args[1]))
-				}
-				now = now.In(zone)
-			}
-			return now, nil
-		},
-		Validate: func(args []reflect.Type) (reflect.Type, error) {
-			if len(args) == 2 && args[1] != nil && args[1].Kind() != reflect.Interface && !args[1].AssignableTo(locationType) {
-				return nil, fmt.Errorf("now takes a zone made by timezone(), not %s", kindOfType(args[1].String()))
-			}
-			return timeType, nil
-		},
-	}
-	return func(c *conf.Config) { c.Functions[f.Name] = f }
-}()
+			now = now.In(zone)
+		}
+		return now, nil
+	},
+	Validate: func(args []reflect.Type) (reflect.Type, error) {
+		if len(args) == 2 && args[1] != nil && args[1].Kind() != reflect.Interface && !args[1].AssignableTo(reflect.TypeFor[*time.Location]()) {
+			return nil, fmt.Errorf("now takes a zone made by timezone(), not %s", kindOfType(args[1].String()))
+		}
+		return reflect.TypeFor[time.Time](), nil
+	},
+})

@@ -249,7 +249,7 @@ func (p *parser) compileExpr(src string, node *yaml.Node, sc *scope, asBool bool
 	opts := append([]expr.Option{expr.Env(evalEnv{}), expr.Patch(nilSafe{}), expr.Patch(meterPatch{}), expr.Patch(overflowPatch{}), expr.Patch(clockPatch{}), expr.Patch(textPatch{})}, meterOpts...)
 	opts = append(opts, overflowOpts...)
 	opts = append(opts, textOpts...)
-	opts = append(opts, clockOpt)
+	opts = append(opts, clockOpts...)
 	if asBool {
 		// Compiled once with AsBool only to reject, at load, conditions whose
 		// type is known not to be bool ("1 + 1"). The program kept is the

@@ -8,7 +8,6 @@ import (
 	"github.com/expr-lang/expr"
 	"github.com/expr-lang/expr/ast"
 	"github.com/expr-lang/expr/builtin"
-	"github.com/expr-lang/expr/conf"
 	"github.com/expr-lang/expr/vm/runtime"
 )
 
@@ -36,15 +35,15 @@ func (overflowPatch) Visit(n *ast.Node) {
 			if len(b.Arguments) == 2 {
 				list = &ast.BuiltinNode{Name: "map", Arguments: b.Arguments}
 			}
-			ast.Patch(n, &ast.CallNode{Callee: &ast.IdentifierNode{Value: "$sum"}, Arguments: []ast.Node{list}})
+			ast.Patch(n, callOf("$sum", list))
 		case (b.Name == "abs" || b.Name == "int") && len(b.Arguments) == 1:
-			ast.Patch(n, &ast.CallNode{Callee: &ast.IdentifierNode{Value: "$" + b.Name}, Arguments: b.Arguments})
+			ast.Patch(n, callOf("$"+b.Name, b.Arguments...))
 		}
 		return
 	}
 	if u, ok := (*n).(*ast.UnaryNode); ok {
 		if u.Operator == "-" && mayBeInt(u.Node) {
-			ast.Patch(n, &ast.CallNode{Callee: &ast.IdentifierNode{Value: "$neg"}, Arguments: []ast.Node{u.Node}})
+			ast.Patch(n, callOf("$neg", u.Node))
 		}
 		return
 	}
@@ -56,7 +55,7 @@ func (overflowPatch) Visit(n *ast.Node) {
 	if !checked || !mayBeInt(x.Left) || !mayBeInt(x.Right) {
 		return
 	}
-	ast.Patch(n, &ast.CallNode{Callee: &ast.IdentifierNode{Value: fn}, Arguments: []ast.Node{x.Left, x.Right}})
+	ast.Patch(n, callOf(fn, x.Left, x.Right))
 }
 
 // mayBeInt reports whether a node's value may be an int: its type is int
@@ -104,17 +103,14 @@ var overflowOpts = func() []expr.Option {
 				return anyType, nil
 			},
 		}
-		opts = append(opts, func(c *conf.Config) { c.Functions[f.Name] = f })
+		opts = append(opts, declare(f)...)
 	}
-	for _, f := range []*builtin.Function{
-		{Name: "$sum", Func: checkedSum, Validate: validateSum},
-		{Name: "$neg", Func: checkedNeg, Validate: sameNumberType("-")},
-		{Name: "$abs", Func: checkedAbs, Validate: sameNumberType("abs")},
-		{Name: "$int", Func: checkedInt, Validate: validateInt},
-	} {
-		opts = append(opts, func(c *conf.Config) { c.Functions[f.Name] = f })
-	}
-	return opts
+	return append(opts, declare(
+		&builtin.Function{Name: "$sum", Func: checkedSum, Validate: validateSum},
+		&builtin.Function{Name: "$neg", Func: checkedNeg, Validate: sameNumberType("-")},
+		&builtin.Function{Name: "$abs", Func: checkedAbs, Validate: sameNumberType("abs")},
+		&builtin.Function{Name: "$int", Func: checkedInt, Validate: validateInt},
+	)...)
 }()
 
 // rangeError is the error of a whole number past the 64-bit range.

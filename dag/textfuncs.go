@@ -12,7 +12,6 @@ import (
 	"github.com/expr-lang/expr"
 	"github.com/expr-lang/expr/ast"
 	"github.com/expr-lang/expr/builtin"
-	"github.com/expr-lang/expr/conf"
 )
 
 // string(), toJSON() and fromJSON() speak JSON, as the rest of the
@@ -35,7 +34,7 @@ func (textPatch) Visit(n *ast.Node) {
 		return
 	}
 	if fn, ok := textFuncs[b.Name]; ok {
-		ast.Patch(n, &ast.CallNode{Callee: &ast.IdentifierNode{Value: fn}, Arguments: b.Arguments})
+		ast.Patch(n, callOf(fn, b.Arguments...))
 	}
 }
 
@@ -50,20 +49,16 @@ var textOpts = func() []expr.Option {
 			return out, nil
 		}
 	}
-	var opts []expr.Option
-	for _, f := range []*builtin.Function{
-		{Name: "$string", Func: stringOf, Validate: one("string", stringType)},
-		{Name: "$toJSON", Func: toJSONOf, Validate: one("toJSON", stringType)},
-		{Name: "$fromJSON", Func: fromJSONOf, Validate: func(args []reflect.Type) (reflect.Type, error) {
+	return declare(
+		&builtin.Function{Name: "$string", Func: stringOf, Validate: one("string", stringType)},
+		&builtin.Function{Name: "$toJSON", Func: toJSONOf, Validate: one("toJSON", stringType)},
+		&builtin.Function{Name: "$fromJSON", Func: fromJSONOf, Validate: func(args []reflect.Type) (reflect.Type, error) {
 			if len(args) == 1 && args[0] != nil && args[0].Kind() != reflect.String && args[0].Kind() != reflect.Interface {
 				return nil, fmt.Errorf("fromJSON takes text, not %s", kindOfType(args[0].String()))
 			}
 			return one("fromJSON", anyType)(args)
 		}},
-	} {
-		opts = append(opts, func(c *conf.Config) { c.Functions[f.Name] = f })
-	}
-	return opts
+	)
 }()
 
 // stringOf is string(): the text interpolation gives, so that
