@@ -2,6 +2,7 @@ package storagetest
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -280,6 +281,87 @@ var itemTests = map[string]func(*testing.T, *Harness){
 		require.JSONEq(t, `[0, null, 20]`, string(st.Output))
 		require.Equal(t, &storage.ItemCounts{Total: 3, Completed: 2, Failed: 1}, st.Items)
 	},
+	"ConcurrentClaimersNeverExceedAnItemCap": func(t *testing.T, h *Harness) {
+		// Claimers of several processes race for the items of capped
+		// steps; whatever the interleaving, no committed state holds more
+		// running items of a step than its cap, and every item runs.
+		b := h.setup(t)
+		const (
+			claimers = 6
+			perStep  = 12
+			limit    = 2
+		)
+		each := eachSpec("each")
+		each.ItemConcurrency = limit
+		ids := []string{b.createItems(perStep, each), b.createItems(perStep, each), b.createItems(perStep, each)}
+		running := func() (most, done int, err error) {
+			for _, id := range ids {
+				items, err := b.store.ListItems(b.ctx, storage.ItemsParams{InstanceID: id, Step: "each", Limit: 1000})
+				if err != nil {
+					return 0, 0, err
+				}
+				n := 0
+				for _, it := range items {
+					switch it.Status {
+					case storage.StepRunning:
+						n++
+					case storage.StepCompleted:
+						done++
+					}
+				}
+				most = max(most, n)
+			}
+			return most, done, nil
+		}
+		var (
+			wg   sync.WaitGroup
+			errs = make(chan error, claimers)
+		)
+		for w := range claimers {
+			wg.Go(func() {
+				deadline := time.Now().Add(time.Minute)
+				for time.Now().Before(deadline) {
+					cs, err := b.store.ClaimSteps(b.ctx, storage.ClaimParams{WorkerID: fmt.Sprint("w", w), Limit: 3, Lease: time.Minute})
+					if err != nil {
+						errs <- err
+						return
+					}
+					most, done, err := running()
+					if err != nil {
+						errs <- err
+						return
+					}
+					if most > limit {
+						errs <- fmt.Errorf("%d items of one step running, over its cap of %d", most, limit)
+						return
+					}
+					if done == len(ids)*perStep {
+						return
+					}
+					rs := make([]storage.StepResult, len(cs))
+					for i, c := range cs {
+						rs[i] = completed(c.Claim, itemOutput(c))
+					}
+					if len(rs) > 0 {
+						if _, err := b.store.FinishSteps(b.ctx, rs, ItemsPlan); err != nil {
+							errs <- err
+							return
+						}
+					}
+				}
+				errs <- errors.New("the items did not all complete within a minute")
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+		for _, id := range ids {
+			require.Equal(t, storage.InstanceCompleted, b.get(id).Status)
+		}
+	},
+
 	"ConcurrencyCapHoldsWithinOneClaim": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		each := eachSpec("each")
