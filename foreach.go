@@ -45,7 +45,7 @@ func (p *planner) expand(step *dag.Step, env *dag.Env) storage.StepChange {
 				return fail("input of item %d: %v", i, err)
 			}
 		}
-		raw, err := marshalValue(input)
+		raw, err := dag.MarshalJSON(input)
 		if err != nil {
 			return fail("input of item %d: encode resolved value: %v", i, err)
 		}

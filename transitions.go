@@ -182,7 +182,7 @@ func (p *planner) resolve(step *dag.Step) storage.StepChange {
 		if err != nil {
 			return storage.StepChange{Name: step.Name, Status: storage.StepFailed, Error: "input: " + err.Error()}
 		}
-		if input, err = marshalValue(value); err != nil {
+		if input, err = dag.MarshalJSON(value); err != nil {
 			return storage.StepChange{Name: step.Name, Status: storage.StepFailed, Error: fmt.Sprintf("input: encode resolved value: %v", err)}
 		}
 		// The same bound as a start input: the handler gets no more than a
@@ -239,7 +239,7 @@ func (p *planner) outcome() *storage.InstanceChange {
 		if err != nil {
 			return &storage.InstanceChange{Status: storage.InstanceFailed, Error: "output: " + err.Error()}
 		}
-		if output, err = marshalValue(value); err != nil {
+		if output, err = dag.MarshalJSON(value); err != nil {
 			return &storage.InstanceChange{Status: storage.InstanceFailed, Error: fmt.Sprintf("output: encode: %v", err)}
 		}
 		if len(output) > p.config.MaxOutputBytes {
@@ -346,18 +346,4 @@ func fromNumbers(v any) any {
 		}
 	}
 	return v
-}
-
-// marshalValue encodes a value an expression resolved as JSON, keeping
-// <, > and & as written: encoding/json's escapes for HTML would store
-// six bytes for each, and count them so against the size limits, where a
-// caller's JSON holds one.
-func marshalValue(v any) (json.RawMessage, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }

@@ -394,13 +394,21 @@ func toText(v any) (string, error) {
 	case int:
 		return strconv.Itoa(x), nil
 	}
+	b, err := MarshalJSON(v)
+	return string(b), err
+}
+
+// MarshalJSON encodes a value of the language as JSON as written: <, >
+// and & stay one byte each, where encoding/json's escapes for HTML would
+// store six (and count them so against the size limits).
+func MarshalJSON(v any) ([]byte, error) {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false) // text, not HTML: keep < > & as written
+	enc.SetEscapeHTML(false)
 	if err := enc.Encode(v); err != nil {
-		return "", err
+		return nil, err
 	}
-	return strings.TrimSuffix(b.String(), "\n"), nil
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
 const maxValueDepth = 1000

@@ -1,7 +1,6 @@
 package dag
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -78,13 +77,11 @@ func stringOf(args ...any) (any, error) {
 
 // toJSONOf is toJSON(): compact JSON, keeping <, > and & as written.
 func toJSONOf(args ...any) (any, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(args[0]); err != nil {
+	b, err := MarshalJSON(args[0])
+	if err != nil {
 		return nil, fmt.Errorf("toJSON: %v", err)
 	}
-	return strings.TrimSuffix(b.String(), "\n"), nil
+	return string(b), nil
 }
 
 // fromJSONOf is fromJSON(): whole numbers decode as whole numbers, past
