@@ -1,12 +1,9 @@
 package dagrun
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/storage"
@@ -307,43 +304,9 @@ func (p *planner) env(refs []string) (*dag.Env, error) {
 	return env, nil
 }
 
-// decodeValue decodes JSON for expressions. Whole numbers that fit in an
-// int become int, so a value passed through a step keeps every digit: a
-// plain json.Unmarshal makes every number a float64, which silently rounds
-// integers past 2^53 (IDs, amounts in minor units). A whole number past
-// int64 (an unsigned 64-bit ID) stays the json.Number it is, as a YAML
-// literal does (see dag): passed on or interpolated, it keeps every digit,
-// and arithmetic on it is an error rather than a float's other number.
-// Other numbers are float64.
+// decodeValue decodes JSON for expressions (see dag.UnmarshalJSON).
 func decodeValue(raw []byte, v *any) error {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	*v = fromNumbers(*v)
-	return nil
-}
-
-func fromNumbers(v any) any {
-	switch x := v.(type) {
-	case json.Number:
-		if i, err := strconv.ParseInt(string(x), 10, 0); err == nil {
-			return int(i)
-		}
-		if !strings.ContainsAny(string(x), ".eE") {
-			return x // whole, past int64
-		}
-		f, _ := x.Float64() // the decoder accepted it as a number
-		return f
-	case []any:
-		for i, e := range x {
-			x[i] = fromNumbers(e)
-		}
-	case map[string]any:
-		for k, e := range x {
-			x[k] = fromNumbers(e)
-		}
-	}
-	return v
+	var err error
+	*v, err = dag.UnmarshalJSON(raw)
+	return err
 }

@@ -1,6 +1,7 @@
 package dag
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -92,33 +93,46 @@ func fromJSONOf(args ...any) (any, error) {
 	if !ok {
 		return nil, fmt.Errorf("fromJSON takes text, not %s", kindOfValue(args[0]))
 	}
-	d := json.NewDecoder(strings.NewReader(text))
+	v, err := UnmarshalJSON([]byte(text))
+	if err != nil {
+		return nil, fmt.Errorf("fromJSON: %v", err)
+	}
+	return v, nil
+}
+
+// UnmarshalJSON decodes one JSON value for expressions. Whole numbers
+// that fit in an int become int, so a value passed through a step keeps
+// every digit: a plain json.Unmarshal makes every number a float64, which
+// silently rounds integers past 2^53 (IDs, amounts in minor units). A
+// whole number past int64 (an unsigned 64-bit ID) stays the json.Number it
+// is, as a YAML literal does: passed on or interpolated, it keeps every
+// digit, and arithmetic on it is an error rather than a float's other
+// number. Other numbers are float64.
+func UnmarshalJSON(raw []byte) (any, error) {
+	d := json.NewDecoder(bytes.NewReader(raw))
 	d.UseNumber()
 	var v any
 	if err := d.Decode(&v); err != nil {
-		return nil, fmt.Errorf("fromJSON: %v", err)
+		return nil, err
 	}
 	if d.More() {
-		return nil, fmt.Errorf("fromJSON: more than one JSON value in the text")
+		return nil, fmt.Errorf("more than one JSON value in the text")
 	}
 	return wholeNumbers(v), nil
 }
 
 // wholeNumbers turns the json.Numbers of a decoded value into ints where
-// they are whole and fit, floats where they are not whole.
+// they fit, and into floats where they are not whole.
 func wholeNumbers(v any) any {
 	switch x := v.(type) {
 	case json.Number:
+		if i, err := strconv.ParseInt(string(x), 10, 0); err == nil {
+			return int(i)
+		}
 		if !strings.ContainsAny(string(x), ".eE") {
-			if i, err := strconv.ParseInt(string(x), 10, 64); err == nil {
-				return int(i)
-			}
-			return x
+			return x // whole, past int64
 		}
-		f, err := x.Float64()
-		if err != nil {
-			return x
-		}
+		f, _ := x.Float64() // the decoder accepted it as a number
 		return f
 	case map[string]any:
 		for k, e := range x {
