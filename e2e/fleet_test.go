@@ -47,7 +47,8 @@ func (r fleetRun) String() string { return fmt.Sprintf("%s-%d", r.via, r.workers
 // drained by 40 workers connected directly and by 60 through PgBouncer; a
 // list such as "direct:2,direct:4,pgbouncer:60", those fleets, one after
 // the other, each on a 4,000-instance backlog of its own.
-// DAGRUN_E2E_FLEET_INSTANCES sets another backlog size.
+// DAGRUN_E2E_FLEET_INSTANCES sets another backlog size, and
+// DAGRUN_E2E_FLEET_DUE=1 has each backlog wait for its fleet (fleetDue).
 func fleetPlan(t *testing.T) (runs []fleetRun, instances int) {
 	t.Helper()
 	runs, instances = fleetRuns(t)
@@ -58,6 +59,24 @@ func fleetPlan(t *testing.T) (runs []fleetRun, instances int) {
 		instances = n
 	}
 	return runs, instances
+}
+
+// fleetDue reports whether DAGRUN_E2E_FLEET_DUE asks for backlogs that fall
+// due together once their fleet is up, as the first steps of instances
+// started with one delay do, rather than wait for the fleet as it starts:
+// the fleet's work then counts from that moment, its start left out, and
+// the due steps go through the claims' promotion of delayed work.
+func fleetDue(t *testing.T) bool {
+	t.Helper()
+	switch v := os.Getenv("DAGRUN_E2E_FLEET_DUE"); v {
+	case "":
+		return false
+	case "1":
+		return true
+	default:
+		t.Fatalf("DAGRUN_E2E_FLEET_DUE=%q: use 1, or leave it unset", v)
+		return false
+	}
 }
 
 func fleetRuns(t *testing.T) (runs []fleetRun, instances int) {
@@ -111,6 +130,12 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 	admin, err := pgx.Connect(ctx, db)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = admin.Close(context.WithoutCancel(ctx)) })
+	var due time.Time // when a due run's backlog falls due
+	if fleetDue(t) {
+		due = time.Now().Add(2*time.Second + time.Duration(run.workers)*50*time.Millisecond).Truncate(time.Millisecond)
+		_, err := admin.Exec(ctx, `UPDATE dagrun.steps SET run_after = $1 WHERE status = 'pending'`, due)
+		require.NoError(t, err)
+	}
 	var maxConns, reserved int
 	require.NoError(t, admin.QueryRow(ctx, `SELECT current_setting('max_connections')::int,
 		current_setting('superuser_reserved_connections')::int`).Scan(&maxConns, &reserved))
@@ -128,6 +153,12 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 	workers := make([]*process, run.workers)
 	for i := range workers {
 		workers[i] = fleet.spawnBinary(t, bin, "worker", "--concurrency", strconv.Itoa(fleetConcurrency))
+	}
+	if !due.IsZero() {
+		require.Eventually(t, func() bool { return workersUp(workers) }, time.Until(due), 10*time.Millisecond,
+			"the fleet was not up when its backlog fell due")
+		time.Sleep(time.Until(due))
+		began, busyBefore = due, machineBusy(t)
 	}
 	var checks *operatorChecks
 	var (
@@ -213,10 +244,10 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 	if run.via == "pgbouncer" {
 		pool = strconv.Itoa(pgbouncerPool(t))
 	}
-	t.Logf("fleet=%s workers=%d concurrency=%d pgbouncer_pool=%s instances=%d seconds=%.1f instances_per_s=%.0f all_up_s=%.1f steps_done_when_up=%d after_all_up_per_s=%.0f "+
+	t.Logf("fleet=%s workers=%d concurrency=%d pgbouncer_pool=%s instances=%d due=%t seconds=%.1f instances_per_s=%.0f all_up_s=%.1f steps_done_when_up=%d after_all_up_per_s=%.0f "+
 		"machine_cpu_ms_per_instance=%.2f after_all_up_cpu_ms_per_instance=%.2f after_all_up_workers_cpu_ms_per_instance=%.2f "+
 		"peak_server_conns=%d peak_db_conns=%d peak_fleet_conns=%d max_connections=%d server_backends_once_up=%s database_work=%s statements=%s operator_checks=%s",
-		run.via, run.workers, fleetConcurrency, pool, n, elapsed.Seconds(), float64(n)/elapsed.Seconds(),
+		run.via, run.workers, fleetConcurrency, pool, n, !due.IsZero(), elapsed.Seconds(), float64(n)/elapsed.Seconds(),
 		allUp.Sub(began).Seconds(), stepsWhenUp, float64(n-completedWhenUp)/(elapsed-allUp.Sub(began)).Seconds(),
 		msPer(busyAtEnd-busyBefore, n), msPer(busyAtEnd-busyWhenUp, n-completedWhenUp), msPer(workersCPUAtEnd-workersCPUWhenUp, n-completedWhenUp),
 		peakServer, peakDB, peakFleet, maxConns, waits, work, statements.read(ctx, admin), checks)
