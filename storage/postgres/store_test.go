@@ -514,6 +514,7 @@ func TestPromoteReadsDelayedIndex(t *testing.T) {
 		{between("FOR l IN", "LOOP"), []string{"steps_pkey", "instances_pkey"}},
 		// Both bound the read: the batch's keys, or the (due) delayed steps.
 		{between("FOR due IN", "LOOP"), []string{"(steps_pkey|steps_delayed)"}},
+		{between("WITH free AS (", "\n    )"), []string{"steps_delayed"}},
 	} {
 		var args []any
 		if strings.Contains(c.query, "{now}") {
@@ -538,6 +539,39 @@ func TestReadyStepsReadIndexes(t *testing.T) {
 		require.NotContains(t, plan, "Seq Scan on steps", "%s:\n%s", mode, plan)
 		require.Contains(t, plan, "steps_delayed", "%s:\n%s", mode, plan)
 	}
+}
+
+// TestConcurrentPromotionsTakeDifferentSteps: two claims promoting the
+// due steps at once, as a fleet's claims do when many fall due together,
+// promote different ones. Each read the same batch of the earliest 1,000
+// and skipped the rows the other held: the second promoted nothing, and a
+// fleet of 40 walked every due step about 40 times.
+func TestConcurrentPromotionsTakeDifferentSteps(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	ctx := t.Context()
+	for _, stmt := range []string{`
+		INSERT INTO {s}instances (id, workflow, definition_hash, status, run_after, created_at)
+		SELECT 'due-' || lpad(g::text, 8, '0'), 'wf', 'h1', 'pending', now() + interval '1 hour', now()
+		FROM generate_series(1, 1500) g`, `
+		INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, ready_at, run_after)
+		SELECT 'due-' || lpad(g::text, 8, '0'), 0, 's', 'h', 'default', 'wf', 'pending', now(), now() + interval '1 hour'
+		FROM generate_series(1, 1500) g`} {
+		_, err := s.pool.Exec(ctx, s.q(stmt))
+		require.NoError(t, err)
+	}
+	at := time.Now().Add(2 * time.Hour)
+	promote := func() int {
+		t.Helper()
+		tx, err := s.pool.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(context.WithoutCancel(ctx)) })
+		var n int
+		require.NoError(t, tx.QueryRow(ctx, s.q(`SELECT {s}promote_due($1)`), at).Scan(&n))
+		return n
+	}
+	require.Equal(t, 1000, promote(), "the first claim's batch")
+	require.Equal(t, 500, promote(), "a second claim while the first's promotion is not committed")
 }
 
 // TestScheduledStepsReadDelayedIndex: Queues' count of the steps not due
