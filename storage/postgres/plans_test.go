@@ -434,7 +434,7 @@ func undoLastMigration(t *testing.T, schema string) {
 	var undo string
 	switch last.Version {
 	case 28:
-		undo = replacingFunction(t, ms, 24, "promote_due")
+		undo = replacingFunction(t, ms, 24, "promote_due") + "; DROP INDEX steps_delayed_limited"
 	default:
 		t.Fatalf("undoLastMigration does not know how to undo %s", last.Name)
 	}

@@ -510,7 +510,7 @@ func TestPromoteReadsDelayedIndex(t *testing.T) {
 		query string
 		index []string
 	}{
-		{between("batch := ARRAY(", ");"), []string{"steps_delayed"}},
+		{between("batch := ARRAY(", ");"), []string{"steps_delayed_limited"}},
 		{between("FOR l IN", "LOOP"), []string{"steps_pkey", "instances_pkey"}},
 		// Both bound the read: the batch's keys, or the (due) delayed steps.
 		{between("FOR due IN", "LOOP"), []string{"(steps_pkey|steps_delayed)"}},

@@ -16,7 +16,13 @@
 -- claims take different ones, and promoted in one UPDATE. Steps under
 -- limits are promoted as before (read unlocked, their limits' locks taken
 -- in lock order, then their rows in claim order), and first: the free
--- rows are locked after every lock of a limit, never before one.
+-- rows are locked after every lock of a limit, never before one. The
+-- steps under limits are read through an index of their own: read through
+-- steps_delayed, every claim walked all the free due steps before them.
+CREATE INDEX steps_delayed_limited ON steps (run_after)
+    WHERE status = 'pending' AND NOT promoted AND run_after > ready_at
+        AND (queue_limited OR concurrency_key IS NOT NULL OR held_by_instance);
+
 CREATE OR REPLACE FUNCTION promote_due(at timestamptz) RETURNS integer
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
