@@ -574,6 +574,59 @@ func TestConcurrentPromotionsTakeDifferentSteps(t *testing.T) {
 	require.Equal(t, 500, promote(), "a second claim while the first's promotion is not committed")
 }
 
+// TestPromotionWaitsForALimitHoldingNoRow: a promotion whose batch holds
+// steps under a limit waits for that limit's lock before it locks any
+// due row, free ones included. A transaction holding the limit (a finish
+// that frees its slot) may then write a free due step without waiting on
+// the promotion; were the free rows locked first, the two would deadlock.
+func TestPromotionWaitsForALimitHoldingNoRow(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	ctx := t.Context()
+	for _, stmt := range []string{`
+		INSERT INTO {s}instances (id, workflow, definition_hash, status, run_after, created_at)
+		VALUES ('free', 'wf', 'h1', 'pending', now(), now()), ('limited', 'wf', 'h1', 'pending', now(), now())`, `
+		INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, ready_at, run_after,
+			queue_limited, slots_due)
+		VALUES ('free', 0, 's', 'h', 'default', 'wf', 'pending', now(), now() + interval '1 hour', false, true),
+			('limited', 0, 's', 'h', 'lim', 'wf', 'pending', now(), now() + interval '1 hour', true, true)`} {
+		_, err := s.pool.Exec(ctx, s.q(stmt))
+		require.NoError(t, err)
+	}
+
+	holder, err := s.pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Rollback(context.WithoutCancel(ctx)) })
+	_, err = holder.Exec(ctx, s.q(`SELECT {s}limits_lock('q', 'lim', '', '')`))
+	require.NoError(t, err)
+
+	promoter, err := s.pool.Acquire(ctx)
+	require.NoError(t, err)
+	t.Cleanup(promoter.Release)
+	var promoterPID int
+	require.NoError(t, promoter.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&promoterPID))
+	promoted := make(chan error, 1)
+	var n int
+	go func() {
+		promoted <- promoter.QueryRow(ctx, s.q(`SELECT {s}promote_due($1)`), time.Now().Add(2*time.Hour)).Scan(&n)
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1)`,
+			promoterPID).Scan(&waiting)
+		return err == nil && waiting
+	}, 10*time.Second, 5*time.Millisecond, "the promotion waits for the limit")
+
+	// The free due step is not locked by the waiting promotion.
+	_, err = holder.Exec(ctx, `SET LOCAL lock_timeout = '5s'`)
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, s.q(`UPDATE {s}steps SET priority = 1 WHERE instance_id = 'free'`))
+	require.NoError(t, err, "the limit's holder waited on a free row the promotion held")
+	require.NoError(t, holder.Commit(ctx))
+	require.NoError(t, <-promoted)
+	require.Equal(t, 2, n, "both due steps promoted once the limit was free")
+}
+
 // TestScheduledStepsReadDelayedIndex: Queues' count of the steps not due
 // yet reads the index of delayed steps, never the table's finished history.
 func TestScheduledStepsReadDelayedIndex(t *testing.T) {
