@@ -57,11 +57,20 @@ func TestTwoProcesses(t *testing.T) {
 		require.NoError(t, c.cmd.Start())
 		children[i] = c
 	}
+	// Every child is waited for before any is judged, and every failing
+	// one's log shown: one that fails leaves its claims leased for a
+	// minute, so the other then fails too, of a timeout, and its log alone
+	// would hide why.
+	var failed strings.Builder
+	for i, c := range children {
+		if err := c.cmd.Wait(); err != nil {
+			fmt.Fprintf(&failed, "child %d: %v\n%s\n", i, err, c.log.String())
+		}
+	}
+	require.Zero(t, failed.Len(), "%s", failed.String())
 	claims := map[string]string{} // "step fence" -> child
 	steps := map[string]int{}
 	for i, c := range children {
-		err := c.cmd.Wait()
-		require.NoError(t, err, "child %d:\n%s", i, c.log.String())
 		f, err := os.Open(c.out)
 		require.NoError(t, err)
 		sc := bufio.NewScanner(f)
