@@ -107,6 +107,29 @@ func TestOpenErrors(t *testing.T) {
 	})
 }
 
+// TestOpenWaitsForANewFileHeldByAnother: a process that opens a new file
+// while another holds its write lock (two workers started at once on a new
+// database, the other switching it to WAL or migrating it) waits for the
+// lock, as any write does, rather than failing at once: SQLite refuses the
+// switch to WAL without calling its busy handler then.
+func TestOpenWaitsForANewFileHeldByAnother(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "new.db")
+	other, err := sql.Open("sqlite3", path) // a process that has not switched it to WAL yet
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Close() })
+	other.SetMaxOpenConns(1)
+	conn, err := other.Conn(t.Context())
+	require.NoError(t, err)
+	_, err = conn.ExecContext(t.Context(), `BEGIN IMMEDIATE`)
+	require.NoError(t, err)
+	time.AfterFunc(100*time.Millisecond, func() { _, _ = conn.ExecContext(context.Background(), `ROLLBACK`); _ = conn.Close() })
+
+	s, err := sqlite.Open(t.Context(), path, nil)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+}
+
 // TestNewRefusesPoolWithoutDSNSettings: New refuses a pool that lacks
 // what the store relies on, each with a message that names the setting and
 // DSN: foreign keys (prune deletes an instance's steps and events through

@@ -194,6 +194,10 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 	w.SetMaxIdleConns(1)
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
+	if err := connectWhenFree(ctx, w, cfg.BusyTimeout); err != nil {
+		_ = w.Close()
+		return nil, interpretError(path, err)
+	}
 	s := &Store{w: w, r: w, own: true, name: path, now: cfg.Now, busy: cfg.BusyTimeout, snaps: &snapshotCache{}}
 	if err := s.migrate(ctx); err != nil {
 		_ = w.Close()
@@ -526,6 +530,29 @@ func (s *Store) beginWrite(ctx context.Context) (*writeTx, error) {
 				return nil, err
 			}
 			return &writeTx{conn: conn}, nil
+		}
+	}
+}
+
+// connectWhenFree opens db's first connection, trying again while the file
+// is busy, for up to busy. A connection switches a new file to WAL
+// (dsn's journal mode) as it opens, reading it first: when another
+// process holds the file's write lock meanwhile (it is switching the file
+// too, or migrating it), SQLite refuses at once rather than wait in its
+// busy handler, which could deadlock the two, so two processes started
+// together on a new file failed with "database is locked".
+func connectWhenFree(ctx context.Context, db *sql.DB, busy time.Duration) error {
+	deadline := time.Now().Add(busy)
+	for {
+		err := db.PingContext(ctx)
+		var se sqlite3.Error
+		if err == nil || !errors.As(err, &se) || se.Code != sqlite3.ErrBusy || !time.Now().Before(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
 		}
 	}
 }
