@@ -111,23 +111,36 @@ func TestOpenErrors(t *testing.T) {
 // while another holds its write lock (two workers started at once on a new
 // database, the other switching it to WAL or migrating it) waits for the
 // lock, as any write does, rather than failing at once: SQLite refuses the
-// switch to WAL without calling its busy handler then.
+// switch to WAL without calling its busy handler then. So does a store on
+// a pool of the caller's (New).
 func TestOpenWaitsForANewFileHeldByAnother(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "new.db")
-	other, err := sql.Open("sqlite3", path) // a process that has not switched it to WAL yet
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = other.Close() })
-	other.SetMaxOpenConns(1)
-	conn, err := other.Conn(t.Context())
-	require.NoError(t, err)
-	_, err = conn.ExecContext(t.Context(), `BEGIN IMMEDIATE`)
-	require.NoError(t, err)
-	time.AfterFunc(100*time.Millisecond, func() { _, _ = conn.ExecContext(context.Background(), `ROLLBACK`); _ = conn.Close() })
+	for name, open := range map[string]func(t *testing.T, path string) (*sqlite.Store, error){
+		"Open": func(t *testing.T, path string) (*sqlite.Store, error) { return sqlite.Open(t.Context(), path, nil) },
+		"New": func(t *testing.T, path string) (*sqlite.Store, error) {
+			db, err := sql.Open("sqlite3", sqlite.DSN(path))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = db.Close() })
+			return sqlite.New(db, nil)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			path := filepath.Join(t.TempDir(), "new.db")
+			other, err := sql.Open("sqlite3", path) // a process that has not switched it to WAL yet
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = other.Close() })
+			conn, err := other.Conn(t.Context())
+			require.NoError(t, err)
+			_, err = conn.ExecContext(t.Context(), `BEGIN IMMEDIATE`)
+			require.NoError(t, err)
+			time.AfterFunc(100*time.Millisecond, func() { _, _ = conn.ExecContext(context.Background(), `ROLLBACK`); _ = conn.Close() })
 
-	s, err := sqlite.Open(t.Context(), path, nil)
-	require.NoError(t, err)
-	require.NoError(t, s.Close())
+			s, err := open(t, path)
+			require.NoError(t, err)
+			require.NoError(t, s.Close())
+		})
+	}
 }
 
 // TestNewRefusesPoolWithoutDSNSettings: New refuses a pool that lacks

@@ -258,6 +258,9 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if err := connectWhenFree(context.Background(), db, cfg.BusyTimeout); err != nil {
+		return nil, interpretError("database", err)
+	}
 	s := &Store{w: db, r: db, name: "database", now: cfg.Now}
 	if err := s.rememberFile(context.Background()); err != nil {
 		return nil, err
