@@ -195,6 +195,34 @@ func startClaimedInstances(claimed string) string {
 const promoteSQL = `SELECT {s}promote_due({now}) WHERE EXISTS (SELECT FROM {s}steps WHERE ` + dueSQL + `{now})
 	OR EXISTS (SELECT FROM {s}queue_limits WHERE interval_us > 0)`
 
+// queuePromotion queues promoteSQL on b at now; promoted receives the
+// number of steps it promoted, 0 when none was due.
+func (s *Store) queuePromotion(b *pgx.Batch, now any, promoted *int) {
+	*promoted = 0
+	b.Queue(s.q(promoteSQL), now).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			if err := rows.Scan(promoted); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+}
+
+// promotedLeft reports whether a claim of p that took claimed steps may
+// have left to others steps its promotion promoted: other processes are
+// then told, as of any step made ready. They would not hear of them
+// otherwise: each claim promotes the due steps no other claim is
+// promoting, so when many fall due together the first claims promote
+// them all, and the workers that woke at the same moment, finding none
+// left to promote and none yet promoted, wait for news. A claim that took
+// at least as many steps as it promoted, and fewer than it asked for,
+// took its promoted ones (it took every step it could see) and tells no
+// one: a trickle of retries falling due one at a time wakes nobody.
+func promotedLeft(p storage.ClaimParams, promoted, claimed int) bool {
+	return promoted > claimed || promoted > 0 && claimed >= max(p.Limit, 1)
+}
+
 // dueSQL, followed by a time, is the condition of promote_due's first
 // probe: a delayed step due by then. TestPromoteGuardIsTheProbe keeps
 // promoteSQL's copy of it the function's own.
@@ -258,9 +286,10 @@ func (s *Store) claimSteps(ctx context.Context, p storage.ClaimParams, wake bool
 		return nil, time.Time{}, errors.New("postgres: claim steps: lease must be positive")
 	}
 	var (
-		out    []storage.ClaimedStep
-		capped bool
-		next   *time.Time
+		out      []storage.ClaimedStep
+		capped   bool
+		next     *time.Time
+		promoted int
 	)
 	// One batch is its own transaction: one round trip. Whether items
 	// under a concurrency cap wait comes with it, from their own partial
@@ -271,7 +300,7 @@ func (s *Store) claimSteps(ctx context.Context, p storage.ClaimParams, wake bool
 	err := s.retry(ctx, func() error {
 		sql, args := s.claimStatement(p, s.now(), true)
 		var b pgx.Batch
-		b.Queue(s.q(promoteSQL), args[0])
+		s.queuePromotion(&b, args[0], &promoted)
 		b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 			var err error
 			out, err = pgx.CollectRows(rows, scanClaimed)
@@ -299,6 +328,10 @@ func (s *Store) claimSteps(ctx context.Context, p storage.ClaimParams, wake bool
 		}
 		out = append(out, capped...)
 	}
+	if promotedLeft(p, promoted, len(out)) {
+		s.notifier.addUnlisted()
+		s.broadcast()
+	}
 	s.claimers.claimed(p, false, len(out))
 	s.claimers.looked(p, signals, wake && !capped && next == nil && len(out) < max(p.Limit, 1))
 	if next == nil || len(out) >= max(p.Limit, 1) {
@@ -315,10 +348,11 @@ func (s *Store) claimSteps(ctx context.Context, p storage.ClaimParams, wake bool
 // after it (claimsnapshot.go).
 func (s *Store) queueClaim(st *txState, p storage.ClaimParams, now *time.Time, into *[]storage.ClaimedStep, read map[string]*loaded, known []string) {
 	sql, args := s.claimStatement(p, now, read != nil)
-	st.tail.Queue(s.q(promoteSQL), now)
+	s.queuePromotion(&st.tail, now, &st.promoted)
 	st.tail.Queue(sql, args...).Query(func(rows pgx.Rows) error {
 		claimed, err := pgx.CollectRows(rows, scanClaimed)
 		*into, st.claimed = claimed, claimed
+		st.promotedLeft = st.promotedLeft || promotedLeft(p, st.promoted, len(claimed))
 		// A step the plans made ready and the claim left (its time, or
 		// its queue's rate, has it start later; a limit holds it) is news:
 		// a claim loop learns when it falls due only from a claim of its

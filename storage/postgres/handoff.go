@@ -292,7 +292,7 @@ func (s *Store) queueHandoff(st *txState, now *time.Time, sc *stepChanges) {
 		}
 	} else {
 		// The claim's index walk must see the delayed steps now due.
-		st.tail.Queue(s.q(promoteSQL), now)
+		s.queuePromotion(&st.tail, now, &st.promoted)
 	}
 	sql := many.of(shape)
 	if n == 1 {
@@ -325,6 +325,7 @@ func (s *Store) queueHandoff(st *txState, now *time.Time, sc *stepChanges) {
 			return fmt.Errorf("applying plans changed %d steps, want %d", changed, n)
 		}
 		*h.into, st.claimed = claimed, claimed
+		st.promotedLeft = st.promotedLeft || promotedLeft(p, st.promoted, len(claimed))
 		// A settled hand-off saw only the steps its plans made ready. Any
 		// hand-off's index walk sees none of those, so one they made ready
 		// and the claim did not hand over (a step under a limit, which the

@@ -42,10 +42,13 @@ type notifier struct {
 
 	mu      sync.Mutex
 	pending map[string]struct{} // queues made ready since the last send began
-	origin  string
-	running bool
-	closed  bool
-	idle    sync.WaitGroup
+	// unlisted is set when steps of queues the store does not know were
+	// made ready since the last send began (see addUnlisted).
+	unlisted bool
+	origin   string
+	running  bool
+	closed   bool
+	idle     sync.WaitGroup
 }
 
 // add queues the queues of a commit for the next notification, and starts
@@ -60,6 +63,25 @@ func (n *notifier) add(queues map[string]struct{}) {
 		n.pending = make(map[string]struct{}, len(queues))
 	}
 	maps.Copy(n.pending, queues)
+	n.start()
+}
+
+// addUnlisted queues a notification for steps made ready whose queues the
+// store does not know: the due steps a claim promoted (promote_due says
+// how many, not where). Its payload lists no queue, as when listing them
+// would be too long; listeners wake their subscribers either way.
+func (n *notifier) addUnlisted() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return
+	}
+	n.unlisted = true
+	n.start()
+}
+
+// start starts the sender unless it runs; n.mu is held.
+func (n *notifier) start() {
 	if !n.running {
 		n.running = true
 		n.idle.Add(1)
@@ -72,16 +94,20 @@ func (n *notifier) run() {
 	defer n.idle.Done()
 	for {
 		n.mu.Lock()
-		queues := n.pending
-		n.pending = nil
-		if len(queues) == 0 {
+		queues, unlisted := n.pending, n.unlisted
+		n.pending, n.unlisted = nil, false
+		if len(queues) == 0 && !unlisted {
 			n.running = false
 			n.mu.Unlock()
 			return
 		}
 		n.mu.Unlock()
+		text := payload(n.origin, queues)
+		if unlisted {
+			text = payload(n.origin, nil)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
-		if err := n.send(ctx, payload(n.origin, queues)); err != nil && n.failed != nil {
+		if err := n.send(ctx, text); err != nil && n.failed != nil {
 			n.failed(err)
 		}
 		cancel()
@@ -99,7 +125,8 @@ func (n *notifier) close() {
 // payload is a notification's text, "ORIGIN:QUEUES": the notifying store's
 // origin (empty for a caller's transaction, whose commit this store's own
 // subscribers must hear about too) and the queues of the steps made ready,
-// sorted; none when listing them would pass PostgreSQL's 8000 bytes.
+// sorted; none when listing them would pass PostgreSQL's 8000 bytes, or
+// when the store does not know them all (see addUnlisted).
 func payload(origin string, queues map[string]struct{}) string {
 	list := strings.Join(slices.Sorted(maps.Keys(queues)), ",")
 	if len(list) > 7000 {

@@ -10,6 +10,30 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// heldNotifier returns a notifier whose every send waits for release: it
+// tells started when a send begins, and sent lists the payloads sent.
+func heldNotifier() (n *notifier, started <-chan struct{}, release chan struct{}, sent func() []string) {
+	var (
+		mu       sync.Mutex
+		payloads []string
+		begun    = make(chan struct{}, 10)
+	)
+	release = make(chan struct{})
+	n = &notifier{origin: "o", send: func(_ context.Context, payload string) error {
+		begun <- struct{}{}
+		<-release
+		mu.Lock()
+		defer mu.Unlock()
+		payloads = append(payloads, payload)
+		return nil
+	}}
+	return n, begun, release, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return payloads
+	}
+}
+
 func queueSet(names ...string) map[string]struct{} {
 	m := map[string]struct{}{}
 	for _, n := range names {
@@ -22,20 +46,7 @@ func queueSet(names ...string) map[string]struct{} {
 // out together in one more, and close sends what is pending, then nothing.
 func TestNotifierCoalesces(t *testing.T) {
 	t.Parallel()
-	var (
-		mu      sync.Mutex
-		sent    []string
-		release = make(chan struct{})
-		started = make(chan struct{}, 10)
-	)
-	n := &notifier{origin: "o", send: func(_ context.Context, payload string) error {
-		started <- struct{}{}
-		<-release
-		mu.Lock()
-		defer mu.Unlock()
-		sent = append(sent, payload)
-		return nil
-	}}
+	n, started, release, sent := heldNotifier()
 	n.add(queueSet("a"))
 	<-started // the first NOTIFY is on its way
 	n.add(queueSet("b"))
@@ -45,7 +56,7 @@ func TestNotifierCoalesces(t *testing.T) {
 	n.close()
 	n.add(queueSet("late"))
 	n.close()
-	require.Equal(t, []string{"o:a", "o:a,b,c"}, sent)
+	require.Equal(t, []string{"o:a", "o:a,b,c"}, sent())
 }
 
 // TestNotifierReportsFailures: a NOTIFY the server refuses is reported,
@@ -70,6 +81,23 @@ func TestNotifierReportsFailures(t *testing.T) {
 	n.add(queueSet("b"))
 	n.close()
 	require.Equal(t, []string{"o:a", "o:b"}, sent)
+}
+
+// TestNotifierUnlisted: steps of unknown queues go out as a NOTIFY that
+// lists none, taking along the queues made ready meanwhile, and a closed
+// notifier sends no more.
+func TestNotifierUnlisted(t *testing.T) {
+	t.Parallel()
+	n, started, release, sent := heldNotifier()
+	n.add(queueSet("a"))
+	<-started
+	n.add(queueSet("b"))
+	n.addUnlisted()
+	close(release)
+	n.close()
+	n.addUnlisted()
+	n.close()
+	require.Equal(t, []string{"o:a", "o:"}, sent())
 }
 
 func TestPayload(t *testing.T) {

@@ -598,6 +598,11 @@ type txState struct {
 	// the steps create marked for it.
 	insertClaim   *storage.ClaimParams
 	insertClaimed []stepRef
+	// promoted is how many due steps the tail's last promotion promoted,
+	// and promotedLeft is set once a claim of the transaction may have left
+	// some of those it promoted to others (see promotedLeft).
+	promoted     int
+	promotedLeft bool
 }
 
 func (st *txState) ready(queue string) {
@@ -676,7 +681,7 @@ func (st *txState) claimedPlanReady() bool {
 // whose tail is empty: the steps the limits' triggers released count as
 // made ready, in the caller's transaction with one more NOTIFY.
 func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel string, own *lazyTx) error {
-	notified := 0
+	notified, toldPromoted := 0, false
 	for {
 		if st.tail.Len() > 0 || own != nil && own.Tx != nil && !st.followUps() {
 			st.queueReleased()
@@ -696,6 +701,11 @@ func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel string, own *l
 		}
 		if channel != "" && len(st.readyQueues) > notified {
 			continue // the NOTIFY of the steps the tail released
+		}
+		if channel != "" && st.promotedLeft && !toldPromoted {
+			toldPromoted = true
+			st.tail.Queue("SELECT pg_notify($1, $2)", channel, payload("", nil))
+			continue // the NOTIFY of the steps the tail promoted
 		}
 		if !st.followUps() {
 			return nil
@@ -768,6 +778,10 @@ func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx, st *txState) error)
 				s.broadcast()
 			}
 		}
+		if err == nil && st.promotedLeft {
+			s.notifier.addUnlisted()
+			s.broadcast()
+		}
 		return err
 	})
 }
@@ -827,7 +841,7 @@ func (s *Store) inCallerTx(ctx context.Context, caller any, fn func(tx pgx.Tx, s
 	}
 	// Local workers polling before the caller commits find nothing; the
 	// NOTIFY at the commit then wakes them again.
-	if len(st.readyQueues) > 0 {
+	if len(st.readyQueues) > 0 || st.promotedLeft {
 		s.broadcast()
 	}
 	return nil

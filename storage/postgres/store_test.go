@@ -574,6 +574,84 @@ func TestConcurrentPromotionsTakeDifferentSteps(t *testing.T) {
 	require.Equal(t, 500, promote(), "a second claim while the first's promotion is not committed")
 }
 
+// TestPromotionTellsOtherStores: a claim that promotes the steps falling
+// due and takes fewer of them than it promoted tells the other processes,
+// whose claims at that moment found every due step being promoted and
+// nothing yet promoted: without the NOTIFY they would wait for their poll
+// while the steps waited for them. So does a finish whose eager claim
+// promotes them, though it made no step ready itself. A claim that
+// promotes nothing, or takes every step it promoted, tells no one.
+func TestPromotionTellsOtherStores(t *testing.T) {
+	t.Parallel()
+	for _, via := range []string{"claim", "finish and claim"} {
+		t.Run(via, func(t *testing.T) {
+			t.Parallel()
+			later := time.Now().Add(2 * time.Hour)
+			a := openTestStore(t, &Config{Now: func() time.Time { return later }})
+			b := openInSchema(t, a.cfg.Schema, nil)
+			ctx := t.Context()
+			claim := func(limit int) storage.ClaimParams {
+				return storage.ClaimParams{WorkerID: "a", Handlers: []string{"h"}, Limit: limit, Lease: time.Minute}
+			}
+			var running []storage.ClaimedStep
+			if via == "finish and claim" {
+				_, err := a.CreateInstances(ctx, nil, []storage.CreateParams{params(spec("only"))}, storagetest.Plan)
+				require.NoError(t, err)
+				running, err = a.ClaimSteps(ctx, claim(1))
+				require.NoError(t, err)
+				require.Len(t, running, 1)
+			}
+			ch, _ := subscribeIdle(t, b)
+			fallDue := func(first, last int) {
+				t.Helper()
+				for _, stmt := range []string{`
+					INSERT INTO {s}instances (id, workflow, definition_hash, status, run_after, created_at)
+					SELECT 'due-' || g, 'wf', 'h1', 'pending', now() + interval '1 hour', now()
+					FROM generate_series($1::int, $2::int) g`, `
+					INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, ready_at, run_after)
+					SELECT 'due-' || g, 0, 's', 'h', 'default', 'wf', 'pending', now(), now() + interval '1 hour'
+					FROM generate_series($1::int, $2::int) g`} {
+					_, err := a.pool.Exec(ctx, a.q(stmt), first, last)
+					require.NoError(t, err)
+				}
+			}
+			quiet := func(what string) {
+				t.Helper()
+				select {
+				case <-ch:
+					require.FailNow(t, "signalled by "+what)
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+
+			fallDue(1, 5)
+			var took []storage.ClaimedStep
+			var err error
+			if via == "claim" {
+				took, err = a.ClaimSteps(ctx, claim(1))
+			} else {
+				_, took, err = a.FinishAndClaim(ctx, []storage.StepResult{completed(running[0])}, storagetest.Plan, claim(1))
+			}
+			require.NoError(t, err)
+			require.Len(t, took, 1, "the claim takes one of the steps it promoted")
+			require.True(t, strings.HasPrefix(took[0].InstanceID, "due-"), "took %s", took[0].InstanceID)
+			awaitSignal(t, ch, 5*time.Second, "a "+via+" that promoted 5 steps and took 1")
+
+			drain(ch)
+			took, err = a.ClaimSteps(ctx, claim(10))
+			require.NoError(t, err)
+			require.Len(t, took, 4, "the steps promoted before")
+			quiet("a claim that promoted nothing")
+
+			fallDue(6, 6)
+			took, err = a.ClaimSteps(ctx, claim(2))
+			require.NoError(t, err)
+			require.Len(t, took, 1, "the one step that fell due")
+			quiet("a claim that took the one step it promoted")
+		})
+	}
+}
+
 // TestPromotionWaitsForALimitHoldingNoRow: a promotion whose batch holds
 // steps under a limit waits for that limit's lock before it locks any
 // due row, free ones included. A transaction holding the limit (a finish
