@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/expr-lang/expr"
 	"github.com/expr-lang/expr/ast"
@@ -375,7 +376,7 @@ var meteredBuiltins = map[string]func(m *meter, args []any) (any, error){
 var meterType = reflect.TypeOf((*meter)(nil))
 
 // meterOpts declares the functions meterPatch calls.
-var meterOpts = meterOptions()
+var meterOpts = sync.OnceValue(meterOptions)
 
 func meterOptions() []expr.Option {
 	identity := func(charge func(m *meter, v any) error) func(args ...any) (any, error) {

@@ -3,7 +3,6 @@ package dag
 import (
 	"errors"
 	"fmt"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -117,7 +116,7 @@ func (c *collector) atPos(line, col int, format string, args ...any) {
 	c.errs = append(c.errs, &Error{File: c.file, Line: line, Col: col, Msg: fmt.Sprintf(format, args...)})
 }
 
-var yamlLineRE = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+var yamlLineRE = lazyRegexp(`^yaml: line (\d+): (.*)$`)
 
 // yamlParserProblems are the problems yaml.v3 raises from its parser (not its
 // scanner). For those it prints the 0-based line of the construct being
@@ -146,7 +145,7 @@ func (c *collector) yamlError(src []byte, err error) {
 	}
 	line := 1
 	problem := strings.TrimPrefix(msg, "yaml: ")
-	if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
+	if m := yamlLineRE().FindStringSubmatch(msg); m != nil {
 		line, _ = strconv.Atoi(m[1])
 		problem = m[2]
 		for _, p := range yamlParserProblems {

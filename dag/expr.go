@@ -3,7 +3,6 @@ package dag
 import (
 	"errors"
 	"fmt"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -246,7 +245,7 @@ func (p *parser) compileExpr(src string, node *yaml.Node, sc *scope, asBool bool
 		return nil
 	}
 	// overflowPatch after meterPatch, which meters the operands of +.
-	opts := append([]expr.Option{expr.Env(evalEnv{}), expr.Patch(nilSafe{}), expr.Patch(meterPatch{}), expr.Patch(overflowPatch{}), expr.Patch(clockPatch{}), expr.Patch(textPatch{})}, meterOpts...)
+	opts := append([]expr.Option{expr.Env(evalEnv{}), expr.Patch(nilSafe{}), expr.Patch(meterPatch{}), expr.Patch(overflowPatch{}), expr.Patch(clockPatch{}), expr.Patch(textPatch{})}, meterOpts()...)
 	opts = append(opts, overflowOpts...)
 	opts = append(opts, textOpts...)
 	opts = append(opts, clockOpts...)
@@ -410,13 +409,13 @@ func memberName(m *ast.MemberNode) (string, bool) {
 	return s.Value, true
 }
 
-var plainIdentifier = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+var plainIdentifier = lazyRegexp(`^[a-z_][a-z0-9_]*$`)
 
 // stepRef is how an expression reads a step: steps.charge, but
 // steps["echo-it"] for a name that is not an identifier ("-" would read as a
 // subtraction, "." as a field, a leading digit as a number).
 func stepRef(name string) string {
-	if plainIdentifier.MatchString(name) {
+	if plainIdentifier().MatchString(name) {
 		return "steps." + name
 	}
 	return fmt.Sprintf("steps[%q]", name)

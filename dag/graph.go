@@ -3,7 +3,6 @@ package dag
 import (
 	"container/heap"
 	"fmt"
-	"regexp"
 	"strings"
 )
 
@@ -100,7 +99,7 @@ func (w *Workflow) Ancestors(step string) map[string]bool {
 	return out
 }
 
-var mermaidUnsafe = regexp.MustCompile(`[^A-Za-z0-9_]`)
+var mermaidUnsafe = lazyRegexp(`[^A-Za-z0-9_]`)
 
 // mermaidIDs gives each step a Mermaid node id: "step_" plus the name with
 // characters Mermaid treats specially replaced. The prefix keeps names such as
@@ -112,7 +111,7 @@ func mermaidIDs(steps []*Step) map[string]string {
 		if _, ok := ids[s.Name]; ok {
 			continue
 		}
-		id := "step_" + mermaidUnsafe.ReplaceAllString(s.Name, "_")
+		id := "step_" + mermaidUnsafe().ReplaceAllString(s.Name, "_")
 		for base, n := id, 2; used[id]; n++ {
 			id = fmt.Sprintf("%s_%d", base, n)
 		}

@@ -16,19 +16,19 @@ import (
 // runMessages maps a Go-internal run-time message to the author's words;
 // each rewrite gets the submatches of its pattern.
 var runMessages = []struct {
-	pattern *regexp.Regexp
+	pattern func() *regexp.Regexp
 	rewrite func(m []string) string
 }{
-	{regexp.MustCompile(`^reflect: call of reflect\.Value\.\w+ on zero Value`), func([]string) string {
+	{lazyRegexp(`^reflect: call of reflect\.Value\.\w+ on zero Value`), func([]string) string {
 		return "got null where a value is needed: give a default with ?? (for example x ?? [] or x ?? \"\")"
 	}},
-	{regexp.MustCompile(`^interface conversion: interface \{\} is (.+), not (.+)$`), func(m []string) string {
+	{lazyRegexp(`^interface conversion: interface \{\} is (.+), not (.+)$`), func(m []string) string {
 		return "wanted " + goKind(m[2]) + ", got " + goKind(m[1])
 	}},
-	{regexp.MustCompile(`^invalid argument for (\w+) \(type (.*)\)$`), func(m []string) string {
+	{lazyRegexp(`^invalid argument for (\w+) \(type (.*)\)$`), func(m []string) string {
 		return "invalid argument for " + m[1] + ": " + goKind(m[2])
 	}},
-	{regexp.MustCompile(`^cannot (reverse|get keys from) invalid$`), func(m []string) string {
+	{lazyRegexp(`^cannot (reverse|get keys from) invalid$`), func(m []string) string {
 		return "cannot " + m[1] + " null"
 	}},
 }
@@ -36,7 +36,7 @@ var runMessages = []struct {
 // runMessage rewrites a run-time message of expr (see runMessages).
 func runMessage(msg string) string {
 	for _, r := range runMessages {
-		if m := r.pattern.FindStringSubmatch(msg); m != nil {
+		if m := r.pattern().FindStringSubmatch(msg); m != nil {
 			return r.rewrite(m)
 		}
 	}

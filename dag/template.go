@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"reflect"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -15,7 +14,7 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-var wholeNumber = regexp.MustCompile(`^[-+]?[0-9]+$`)
+var wholeNumber = lazyRegexp(`^[-+]?[0-9]+$`)
 
 // Template is a YAML value (scalar, list or mapping, nested at will) whose
 // strings may hold ${{ }} expressions. It is compiled once at load and
@@ -203,7 +202,7 @@ func (p *parser) tscalar(n *yaml.Node, sc *scope, refs map[string]bool) tnode {
 		// keeps every digit, as the JSON number it is; as a float64 it would
 		// silently become another number.
 		_, isUint := v.(uint64)
-		if _, isFloat := v.(float64); (isFloat || isUint) && wholeNumber.MatchString(n.Value) {
+		if _, isFloat := v.(float64); (isFloat || isUint) && wholeNumber().MatchString(n.Value) {
 			v = json.Number(strings.TrimPrefix(n.Value, "+"))
 		}
 		return tLiteral{v: v}

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -18,9 +19,18 @@ import (
 // length is checked apart from the pattern: a counted repetition such as
 // {0,127} compiles into as many copies of its class, which took every
 // dagrun process about 3 ms to build at start.
-func isName(s string) bool { return len(s) <= 128 && nameSyntax.MatchString(s) }
+func isName(s string) bool { return len(s) <= 128 && nameSyntax().MatchString(s) }
 
-var nameSyntax = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
+var nameSyntax = lazyRegexp(`^[a-z0-9][a-z0-9._-]*$`)
+
+// lazyRegexp returns a regexp compiled the first time it is asked for.
+// Compiled at package init, this package's patterns and expression options
+// cost every dagrun process half a millisecond before main, a worker of a
+// fleet or a one-line CLI call that never reads a workflow alike
+// (GODEBUG=inittrace=1, perf record of dagrun --help).
+func lazyRegexp(pattern string) func() *regexp.Regexp {
+	return sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(pattern) })
+}
 
 const nameRule = `use at most 128 lowercase letters, digits, ".", "_" and "-", starting with a letter or digit`
 
@@ -295,7 +305,7 @@ func (p *parser) retry(n *yaml.Node, label, where string) partialRetry {
 }
 
 // durationSyntax matches what time.ParseDuration accepts, whatever the size.
-var durationSyntax = regexp.MustCompile(`^\+?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$`)
+var durationSyntax = lazyRegexp(`^\+?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$`)
 
 // duration reads a Go duration (time.ParseDuration) that must be > 0.
 func (p *parser) duration(n *yaml.Node, label, what string) (time.Duration, bool) {
@@ -313,7 +323,7 @@ func (p *parser) duration(n *yaml.Node, label, what string) (time.Duration, bool
 	case err != nil && strings.HasPrefix(strings.TrimLeft(n.Value, "+"), "-"):
 		p.c.at(n, "%s%s must be greater than 0, got %q", prefix(label), what, n.Value)
 		return 0, false
-	case err != nil && durationSyntax.MatchString(n.Value):
+	case err != nil && durationSyntax().MatchString(n.Value):
 		// Well formed, yet refused: time.ParseDuration says only "invalid"
 		// when the value overflows.
 		p.c.at(n, "%s%s %q is too long: at most %s", prefix(label), what, n.Value, FormatDuration(MaxDuration))
