@@ -541,6 +541,23 @@ func TestReadyStepsReadIndexes(t *testing.T) {
 	}
 }
 
+// insertDelayed inserts the pending instances due-NNNNNNNN, first to last,
+// of one step each, made ready now and delayed for an hour: due to a
+// claim whose clock is later.
+func insertDelayed(t *testing.T, s *Store, first, last int) {
+	t.Helper()
+	for _, stmt := range []string{`
+		INSERT INTO {s}instances (id, workflow, definition_hash, status, run_after, created_at)
+		SELECT 'due-' || lpad(g::text, 8, '0'), 'wf', 'h1', 'pending', now() + interval '1 hour', now()
+		FROM generate_series($1::int, $2::int) g`, `
+		INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, ready_at, run_after)
+		SELECT 'due-' || lpad(g::text, 8, '0'), 0, 's', 'h', 'default', 'wf', 'pending', now(), now() + interval '1 hour'
+		FROM generate_series($1::int, $2::int) g`} {
+		_, err := s.pool.Exec(t.Context(), s.q(stmt), first, last)
+		require.NoError(t, err)
+	}
+}
+
 // TestConcurrentPromotionsTakeDifferentSteps: two claims promoting the
 // due steps at once, as a fleet's claims do when many fall due together,
 // promote different ones. Each read the same batch of the earliest 1,000
@@ -550,16 +567,7 @@ func TestConcurrentPromotionsTakeDifferentSteps(t *testing.T) {
 	t.Parallel()
 	s := openTestStore(t, nil)
 	ctx := t.Context()
-	for _, stmt := range []string{`
-		INSERT INTO {s}instances (id, workflow, definition_hash, status, run_after, created_at)
-		SELECT 'due-' || lpad(g::text, 8, '0'), 'wf', 'h1', 'pending', now() + interval '1 hour', now()
-		FROM generate_series(1, 1500) g`, `
-		INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, ready_at, run_after)
-		SELECT 'due-' || lpad(g::text, 8, '0'), 0, 's', 'h', 'default', 'wf', 'pending', now(), now() + interval '1 hour'
-		FROM generate_series(1, 1500) g`} {
-		_, err := s.pool.Exec(ctx, s.q(stmt))
-		require.NoError(t, err)
-	}
+	insertDelayed(t, s, 1, 1500)
 	at := time.Now().Add(2 * time.Hour)
 	promote := func() int {
 		t.Helper()
@@ -602,19 +610,6 @@ func TestPromotionTellsOtherStores(t *testing.T) {
 				require.Len(t, running, 1)
 			}
 			ch, _ := subscribeIdle(t, b)
-			fallDue := func(first, last int) {
-				t.Helper()
-				for _, stmt := range []string{`
-					INSERT INTO {s}instances (id, workflow, definition_hash, status, run_after, created_at)
-					SELECT 'due-' || g, 'wf', 'h1', 'pending', now() + interval '1 hour', now()
-					FROM generate_series($1::int, $2::int) g`, `
-					INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, ready_at, run_after)
-					SELECT 'due-' || g, 0, 's', 'h', 'default', 'wf', 'pending', now(), now() + interval '1 hour'
-					FROM generate_series($1::int, $2::int) g`} {
-					_, err := a.pool.Exec(ctx, a.q(stmt), first, last)
-					require.NoError(t, err)
-				}
-			}
 			quiet := func(what string) {
 				t.Helper()
 				select {
@@ -624,7 +619,7 @@ func TestPromotionTellsOtherStores(t *testing.T) {
 				}
 			}
 
-			fallDue(1, 5)
+			insertDelayed(t, a, 1, 5) // due by a's clock
 			var took []storage.ClaimedStep
 			var err error
 			if via == "claim" {
@@ -643,7 +638,7 @@ func TestPromotionTellsOtherStores(t *testing.T) {
 			require.Len(t, took, 4, "the steps promoted before")
 			quiet("a claim that promoted nothing")
 
-			fallDue(6, 6)
+			insertDelayed(t, a, 6, 6)
 			took, err = a.ClaimSteps(ctx, claim(2))
 			require.NoError(t, err)
 			require.Len(t, took, 1, "the one step that fell due")
