@@ -29,6 +29,14 @@ const envURL = "DAGRUN_TEST_POSTGRES"
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if shared.pool != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		if err := reusable.DropAll(ctx, shared.pool); err != nil {
+			fmt.Fprintf(os.Stderr, "dropping the reusable schemas: %v\n", err)
+			code = 1
+		}
+		cancel()
+	}
 	closeSharedPool()
 	if code == 0 {
 		// Every store, listener and pool a test opened must be gone.
@@ -89,9 +97,7 @@ func closeSharedPool() {
 func newSchema(t testing.TB) string {
 	t.Helper()
 	pool := sharedPool(t)
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	schema := "dagrun_test_" + hex.EncodeToString(b)
+	schema := schemaName()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 30*time.Second)
 		defer cancel()
@@ -100,16 +106,53 @@ func newSchema(t testing.TB) string {
 	return schema
 }
 
+// schemaName returns a schema name no other test has.
+func schemaName() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return "dagrun_test_" + hex.EncodeToString(b)
+}
+
+// reusable keeps the conformance suite's schemas between its tests, which
+// change rows only through the store.
+var reusable pgtest.Reusable
+
+// reusedSchema returns an empty migrated schema that an earlier test of
+// the process is done with, or a fresh name when there is none, and keeps
+// it for a later test once the test and its store are done (see
+// pgtest.Reusable). A test that changes more than rows must use newSchema.
+func reusedSchema(t testing.TB) string {
+	t.Helper()
+	pool := sharedPool(t)
+	schema, ok := reusable.Take()
+	if !ok {
+		schema = schemaName()
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 30*time.Second)
+		defer cancel()
+		require.NoError(t, reusable.Return(ctx, pool, schema, "schema_migrations"))
+	})
+	return schema
+}
+
 // openTestStore returns a migrated store in a fresh schema on the shared pool,
 // closed in the test's cleanup.
 func openTestStore(t testing.TB, cfg *Config) *Store {
+	t.Helper()
+	return openStoreIn(t, newSchema(t), cfg)
+}
+
+// openStoreIn opens a store on the shared pool in schema, migrating it if
+// it is not, and closes it in the test's cleanup.
+func openStoreIn(t testing.TB, schema string, cfg *Config) *Store {
 	t.Helper()
 	pool := sharedPool(t)
 	c := Config{}
 	if cfg != nil {
 		c = *cfg
 	}
-	c.Schema = newSchema(t)
+	c.Schema = schema
 	s, err := New(t.Context(), pool, &c)
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -151,7 +194,7 @@ func TestConformance(t *testing.T) {
 	sharedPool(t) // skips without DAGRUN_TEST_POSTGRES
 	storagetest.Run(t, storagetest.Harness{
 		NewStore: func(t *testing.T, now func() time.Time) storage.Store {
-			return openTestStore(t, &Config{Now: now})
+			return openStoreIn(t, reusedSchema(t), &Config{Now: now})
 		},
 		BeginTx: beginCallerTx,
 		Settle:  settleListener,
