@@ -21,8 +21,10 @@ import (
 	"github.com/dagrun/dagrun/storage/backendtest"
 )
 
+// TestMain reuses the PostgreSQL schemas of the engine's tests, which
+// change rows only through their stores.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	goleak.VerifyTestMain(backendtest.ReusingSchemas(m),
 		// The SQLite driver and pgx keep pool goroutines that outlive a test
 		// until the process ends.
 		goleak.IgnoreAnyFunction("database/sql.(*DB).connectionOpener"),

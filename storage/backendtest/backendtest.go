@@ -120,10 +120,17 @@ func OpenSQLite(t testing.TB) storage.Store {
 	return store
 }
 
-// OpenPostgres opens a store on a schema of the test's own.
+// OpenPostgres opens a store on a schema of the test's own: an emptied
+// one that an earlier test of the process is done with, under
+// ReusingSchemas.
 func OpenPostgres(t testing.TB) storage.Store {
 	t.Helper()
-	store, err := postgres.Open(context.Background(), postgresSchemaURL(t), nil)
+	open := postgresSchemaURL
+	if reusing.Load() {
+		open = reusedSchemaURL
+	}
+	url := open(t)
+	store, err := postgres.Open(context.Background(), url, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = store.Close() })
 	return store
@@ -146,6 +153,68 @@ func newName() string {
 	return fmt.Sprintf("dagrun_test_%d_%d", time.Now().UnixNano(), seq.Add(1))
 }
 
+var (
+	reusing  atomic.Bool
+	reusable pgtest.Reusable
+)
+
+// ReusingSchemas makes OpenPostgres reuse the schemas of the tests that
+// m runs (see pgtest.Reusable), which suits tests that change a store's
+// rows only through the store, and drops them once m's tests are done. A
+// package's TestMain runs its tests through it:
+//
+//	goleak.VerifyTestMain(backendtest.ReusingSchemas(m))
+func ReusingSchemas(m interface{ Run() int }) interface{ Run() int } {
+	reusing.Store(true)
+	return reusingM{m}
+}
+
+type reusingM struct{ m interface{ Run() int } }
+
+func (r reusingM) Run() int {
+	code := r.m.Run()
+	dsn := os.Getenv("DAGRUN_TEST_POSTGRES")
+	if dsn == "" {
+		return code
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, dsn)
+	if err == nil {
+		err = reusable.DropAll(ctx, admin)
+		_ = admin.Close(ctx)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "backendtest: dropping the reused schemas: %v\n", err)
+		return max(code, 1)
+	}
+	return code
+}
+
+// reusedSchemaURL is postgresSchemaURL for a schema from reusable, or a
+// new one, returned to reusable when the test ends.
+func reusedSchemaURL(t testing.TB) string {
+	t.Helper()
+	dsn := serverDSN(t)
+	schema, ok := reusable.Take()
+	if !ok {
+		schema = newName()
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		admin, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Errorf("backendtest: emptying schema %s: %v", schema, err)
+			return
+		}
+		defer admin.Close(ctx)
+		if err := reusable.Return(ctx, admin, schema, "schema_migrations"); err != nil {
+			t.Errorf("backendtest: %v", err)
+		}
+	})
+	return schemaURL(t, dsn, schema)
+}
+
 // postgresSchemaURL returns the URL of DAGRUN_TEST_POSTGRES with a new
 // schema for dagrun's tables (postgres.SchemaParam), which the store
 // creates when it migrates and the test's cleanup drops.
@@ -153,12 +222,7 @@ func postgresSchemaURL(t testing.TB) string {
 	t.Helper()
 	dsn := serverDSN(t)
 	ctx := context.Background()
-	u, err := url.Parse(dsn)
-	require.NoError(t, err)
 	schema := newName()
-	q := u.Query()
-	q.Set(postgres.SchemaParam, schema)
-	u.RawQuery = q.Encode()
 	t.Cleanup(func() {
 		admin, err := pgx.Connect(ctx, dsn)
 		if err != nil {
@@ -170,6 +234,17 @@ func postgresSchemaURL(t testing.TB) string {
 			t.Errorf("backendtest: %v", err)
 		}
 	})
+	return schemaURL(t, dsn, schema)
+}
+
+// schemaURL is dsn with schema for dagrun's tables (postgres.SchemaParam).
+func schemaURL(t testing.TB, dsn, schema string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set(postgres.SchemaParam, schema)
+	u.RawQuery = q.Encode()
 	return u.String()
 }
 
