@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -46,7 +47,7 @@ func ChildError(childID string, status InstanceStatus, msg string) string {
 		return fmt.Sprintf("child instance %s failed: %s", childID, msg)
 	}
 	cause = strings.TrimPrefix(cause, ": ")
-	if m := nestedChildError.FindStringSubmatch(cause); m != nil {
+	if m := nestedChildError().FindStringSubmatch(cause); m != nil {
 		step, cause = step+" > "+m[1], m[2]
 	}
 	if cause == "" {
@@ -56,8 +57,11 @@ func ChildError(childID string, status InstanceStatus, msg string) string {
 }
 
 // nestedChildError matches the error of a step whose own child failed in
-// a step: the path of steps, and the first error.
-var nestedChildError = regexp.MustCompile(`(?s)^child instance \S+ failed in step ([^:]+?)(?:: (.*))?$`)
+// a step: the path of steps, and the first error. It is compiled at first
+// use, not at init, which every dagrun process would pay for.
+var nestedChildError = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`(?s)^child instance \S+ failed in step ([^:]+?)(?:: (.*))?$`)
+})
 
 // ParentFinishedMessage is why an unfinished child is cancelled when its
 // parent instance finishes first: cancelled, or failed (by another step,

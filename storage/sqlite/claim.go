@@ -7,6 +7,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/dagrun/dagrun/storage"
@@ -349,8 +350,9 @@ func (t *txn) claimCapped(p storage.ClaimParams, limit int, now int64) ([]claime
 const boundLimit = `CAST(?4 AS INTEGER)`
 
 // claimQueries are built once: the statement text must stay constant to
-// stay in the driver's prepared-statement cache.
-var claimQueries = func() map[claimShape]string {
+// stay in the driver's prepared-statement cache. They are built at first
+// use, not at init, which every dagrun process would pay for.
+var claimQueries = sync.OnceValue(func() map[claimShape]string {
 	m := map[claimShape]string{}
 	for q := 0; q <= 2; q++ {
 		for _, i := range []bool{false, true} {
@@ -363,7 +365,7 @@ var claimQueries = func() map[claimShape]string {
 		}
 	}
 	return m
-}()
+})
 
 type claimedRow struct {
 	storage.ClaimedStep
@@ -443,7 +445,7 @@ func (t *txn) claim(p storage.ClaimParams) ([]storage.ClaimedStep, error) {
 	}
 	shape := shapeOf(p)
 	args = shape.trim(args)
-	rows, err := t.query(claimQueries[shape], args...)
+	rows, err := t.query(claimQueries()[shape], args...)
 	if err != nil {
 		return nil, err
 	}

@@ -66,7 +66,7 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 	_, err = s.w.ExecContext(ctx, `ANALYZE`)
 	require.NoError(t, err)
 
-	for shape, q := range claimQueries {
+	for shape, q := range claimQueries() {
 		args := []any{0, 0, "w", 1, nil, nil, nil}
 		switch shape.queues {
 		case 1:

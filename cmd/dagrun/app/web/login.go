@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 )
 
 // loginSource is the sign-in page a browser gets instead of a 401's JSON
@@ -23,7 +24,10 @@ import (
 //go:embed login.html
 var loginSource string
 
-var loginTemplate = template.Must(template.New("login").Parse(loginSource))
+// loginTemplate is parsed at first use, not at init (see shellTemplate).
+var loginTemplate = sync.OnceValue(func() *template.Template {
+	return template.Must(template.New("login").Parse(loginSource))
+})
 
 // loginCSP is the server's policy plus the digests of the page's own
 // style and script elements, the only inline things it allows.
@@ -62,7 +66,7 @@ func wantsLoginPage(r *http.Request) bool {
 // says message above the button.
 func writeLoginPage(w http.ResponseWriter, status int, back, message string) {
 	var page bytes.Buffer
-	if err := loginTemplate.Execute(&page, struct{ Next, Message string }{back, message}); err != nil {
+	if err := loginTemplate().Execute(&page, struct{ Next, Message string }{back, message}); err != nil {
 		// The template is fixed and its data two strings: this is a bug.
 		panic(err)
 	}

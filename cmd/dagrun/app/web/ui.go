@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -25,7 +26,11 @@ var uiFiles embed.FS
 //go:embed ui/index.html
 var shellSource string
 
-var shellTemplate = template.Must(template.New("shell").Parse(shellSource))
+// shellTemplate is parsed at first use, not at init, which every dagrun
+// process would pay for.
+var shellTemplate = sync.OnceValue(func() *template.Template {
+	return template.Must(template.New("shell").Parse(shellSource))
+})
 
 func (s *Server) uiRoutes() {
 	assets, err := fs.Sub(uiFiles, "ui")
@@ -33,7 +38,7 @@ func (s *Server) uiRoutes() {
 		panic(err) // the embed pattern above guarantees the folder
 	}
 	var shell bytes.Buffer
-	if err := shellTemplate.Execute(&shell, struct{ SignOut bool }{s.protected()}); err != nil {
+	if err := shellTemplate().Execute(&shell, struct{ SignOut bool }{s.protected()}); err != nil {
 		panic(err) // a fixed template and a bool: a bug
 	}
 	files := http.FileServerFS(assets)
