@@ -132,7 +132,9 @@ func runFleet(t *testing.T, bin string, run fleetRun, n int) {
 	t.Cleanup(func() { _ = admin.Close(context.WithoutCancel(ctx)) })
 	var due time.Time // when a due run's backlog falls due
 	if fleetDue(t) {
-		due = time.Now().Add(2*time.Second + time.Duration(run.workers)*50*time.Millisecond).Truncate(time.Millisecond)
+		// Time for the fleet to come up: 40 workers took over 4 s on a
+		// slow 2-core VM.
+		due = time.Now().Add(2*time.Second + time.Duration(run.workers)*150*time.Millisecond).Truncate(time.Millisecond)
 		_, err := admin.Exec(ctx, `UPDATE dagrun.steps SET run_after = $1 WHERE status = 'pending'`, due)
 		require.NoError(t, err)
 	}
