@@ -1,6 +1,6 @@
-// Package pgtest drops the PostgreSQL schemas that tests make in one shared
-// database, and keeps that database's system catalogs from bloating as they
-// come and go.
+// Package pgtest drops or reuses the PostgreSQL schemas that tests make in
+// one shared database, and keeps that database's system catalogs from
+// bloating as they come and go.
 //
 // Every schema a test migrates and drops leaves a few thousand dead rows in
 // pg_attribute, pg_class, pg_depend and the other catalogs. Autovacuum

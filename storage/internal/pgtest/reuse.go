@@ -45,7 +45,7 @@ func (r *Reusable) Take() (string, bool) {
 func (r *Reusable) Return(ctx context.Context, db Querier, schema, keep string) error {
 	if err := truncate(ctx, db, schema, keep); err != nil {
 		if dropErr := DropSchema(ctx, db, schema); dropErr != nil {
-			return fmt.Errorf("emptying schema %s: %w; then %w", schema, err, dropErr)
+			return fmt.Errorf("emptying schema %s: %w; dropping it instead: %w", schema, err, dropErr)
 		}
 		return nil
 	}
