@@ -320,7 +320,7 @@ func TestCrashWorkersKilledMidStep(t *testing.T) {
 		workerArgs := []string{"worker", "--concurrency", fmt.Sprint(concurrency), "--lease", "1s", "--poll", "100ms"}
 		var workers []*process
 		for range 3 {
-			workers = append(workers, e.spawn(t, workerArgs...))
+			workers = append(workers, e.spawnPlain(t, workerArgs...))
 		}
 		ids := e.startDetachedMany(t, "crash", probe.input(), instances)
 		began := time.Now()
@@ -337,7 +337,7 @@ func TestCrashWorkersKilledMidStep(t *testing.T) {
 			victim := workers[k]
 			t.Logf("kill %d: SIGKILL worker pid %d with %d requests in flight at the probe", k+1, victim.pid(), probe.inFlight())
 			victim.kill(t)
-			workers = append(workers, e.spawn(t, workerArgs...))
+			workers = append(workers, e.spawnPlain(t, workerArgs...))
 		}
 
 		e.waitAllFinished(t, 90*time.Second, instances)
@@ -377,14 +377,14 @@ func TestCrashStartFollowerKilled(t *testing.T) {
 			return nil
 		})
 		e := newEnv(t, db, map[string]string{"follow.yaml": probeWorkflow("follow", probeStep{name: "a"}, probeStep{"b", []string{"a"}})})
-		start := e.spawn(t, "start", "follow", "--input", probe.input())
+		start := e.spawnPlain(t, "start", "follow", "--input", probe.input())
 		first := probe.next(t, 30*time.Second, "the follower to run step a")
 		id := strings.TrimSuffix(first.Key, "/a")
 		start.kill(t)
 		close(release)
 		require.Empty(t, start.stdout.String(), "a killed start prints no output")
 
-		worker := e.spawn(t, "worker", "--lease", "1s", "--poll", "100ms")
+		worker := e.spawnPlain(t, "worker", "--lease", "1s", "--poll", "100ms")
 		began := time.Now()
 		waitFor(t, 60*time.Second, "a worker to finish the instance", func() bool {
 			return e.status(t, id).Status == "completed"
@@ -418,7 +418,7 @@ steps:
   - {name: c, handler: noop, dependsOn: [b]}
 `})
 	workerArgs := []string{"worker", "--concurrency", "8", "--lease", "1s", "--poll", "50ms"}
-	worker := e.spawn(t, workerArgs...)
+	worker := e.spawnPlain(t, workerArgs...)
 	server, base := e.serveAPI(t, binary)
 
 	// Four clients start instances through the API until told to stop.
@@ -471,7 +471,7 @@ steps:
 	for k := range rounds {
 		time.Sleep(time.Duration(200+50*k) * time.Millisecond)
 		worker.kill(t)
-		worker = e.spawn(t, workerArgs...)
+		worker = e.spawnPlain(t, workerArgs...)
 		if k%2 == 1 {
 			server.kill(t)
 			var next string

@@ -32,13 +32,13 @@ func TestFencingStaleWorker(t *testing.T) {
 			return nil
 		})
 		e := newEnv(t, db, map[string]string{"fence.yaml": probeWorkflow("fence", probeStep{name: "a"})})
-		stale := e.spawn(t, "worker", "--concurrency", "1", "--lease", "1s", "--poll", "100ms")
+		stale := e.spawnPlain(t, "worker", "--concurrency", "1", "--lease", "1s", "--poll", "100ms")
 		id := strings.TrimSpace(e.mustRun(t, "start", "fence", "--input", probe.input(), "--detach").stdout)
 		first := probe.next(t, 30*time.Second, "the first worker to run the step")
 		require.Equal(t, id+"/a", first.Key)
 
 		stale.signal(t, syscall.SIGSTOP)
-		fresh := e.spawn(t, "worker", "--lease", "1s", "--poll", "100ms")
+		fresh := e.spawnPlain(t, "worker", "--lease", "1s", "--poll", "100ms")
 		second := probe.next(t, 30*time.Second, "the second worker to take the step over")
 		require.Equal(t, 2, second.N)
 		waitFor(t, 30*time.Second, "the newer attempt to complete the instance", func() bool {

@@ -43,7 +43,7 @@ func TestSQLiteFileLostUnderWorker(t *testing.T) {
 				db := filepath.Join(t.TempDir(), "dagrun.db")
 				e := newEnv(t, db, nil)
 				e.mustRun(t, "start", "order-processing", "--input", validOrder)
-				w := e.spawn(t, args...)
+				w := e.spawnPlain(t, args...)
 				require.Eventually(t, func() bool { return strings.Contains(w.stderr.String(), "dagrun worker started") },
 					30*time.Second, 10*time.Millisecond)
 

@@ -33,7 +33,7 @@ var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 // binary is the dagrun executable built once by TestMain with the race
 // detector, for the processes that stay up while a test drives them
 // (workers, servers): where dagrun's goroutines meet, and where a race
-// would show. plainBinary, built without it, runs the one-shot commands
+// would show. The crash and fault tests' workers are plain (spawnPlain). plainBinary, built without it, runs the one-shot commands
 // (list, status, start --detach, ...), hundreds of them per run: a
 // race-built one took 260 ms of CPU against 82 ms plain (perf stat -r 5
 // dagrun list, on SQLite), and with every command race-built the package

@@ -90,10 +90,10 @@ func TestPGFaultConnectionsKilled(t *testing.T) {
 	}
 
 	workers := []*process{
-		e.spawn(t, "worker", "--concurrency", fmt.Sprint(concurrency), "--lease", "2s", "--poll", "100ms"),
-		e.spawn(t, "worker", "--concurrency", fmt.Sprint(concurrency), "--lease", "2s", "--poll", "100ms"),
+		e.spawnPlain(t, "worker", "--concurrency", fmt.Sprint(concurrency), "--lease", "2s", "--poll", "100ms"),
+		e.spawnPlain(t, "worker", "--concurrency", fmt.Sprint(concurrency), "--lease", "2s", "--poll", "100ms"),
 	}
-	waker := e.spawn(t, "worker", "--queues", "wake", "--lease", "1m", "--poll", "1h")
+	waker := e.spawnPlain(t, "worker", "--queues", "wake", "--lease", "1m", "--poll", "1h")
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, w := range append(workers, waker) {
@@ -248,7 +248,7 @@ func TestPGFaultConnectionsRefused(t *testing.T) {
 	}
 
 	setLimit(2)
-	worker := e.spawn(t, "worker", "--concurrency", "4")
+	worker := e.spawnPlain(t, "worker", "--concurrency", "4")
 	waitFor(t, 30*time.Second, "the worker's pool connection and listener", func() bool { return connected() == 2 })
 
 	// Cut its connections while no new one is allowed, and start work

@@ -50,6 +50,18 @@ func (e *env) spawn(t *testing.T, args ...string) *process {
 	return e.spawnBinary(t, binary, args...)
 }
 
+// spawnPlain starts the plain binary in the background: for the crash,
+// fault and fencing tests, which kill, restart and starve their workers
+// over and over. What they test is what survives that, not what the race
+// detector sees, and race-built processes cost them 51 s of CPU more than
+// plain ones on a 2-core VM (these tests with two that start few workers,
+// DAGRUN_E2E_NORACE unset and set: 142.7 s against 91.8), about a
+// twentieth of what a CI run's tests cost there.
+func (e *env) spawnPlain(t *testing.T, args ...string) *process {
+	t.Helper()
+	return e.spawnBinary(t, plainBinary, args...)
+}
+
 // spawnBinary starts bin (the race-enabled e2e binary or the plain one) in
 // the background. It is killed at the end of the test if it still runs,
 // and its stderr must show no data race.
