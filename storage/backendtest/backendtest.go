@@ -179,11 +179,9 @@ func (r reusingM) Run() int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	admin, err := pgx.Connect(ctx, dsn)
-	if err == nil {
-		err = reusable.DropAll(ctx, admin)
-		_ = admin.Close(ctx)
-	}
+	err := withAdmin(ctx, dsn, func(ctx context.Context, admin *pgx.Conn) error {
+		return reusable.DropAll(ctx, admin)
+	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "backendtest: dropping the reused schemas: %v\n", err)
 		return max(code, 1)
@@ -201,14 +199,10 @@ func reusedSchemaURL(t testing.TB) string {
 		schema = newName()
 	}
 	t.Cleanup(func() {
-		ctx := context.Background()
-		admin, err := pgx.Connect(ctx, dsn)
+		err := withAdmin(context.Background(), dsn, func(ctx context.Context, admin *pgx.Conn) error {
+			return reusable.Return(ctx, admin, schema, "schema_migrations")
+		})
 		if err != nil {
-			t.Errorf("backendtest: emptying schema %s: %v", schema, err)
-			return
-		}
-		defer admin.Close(ctx)
-		if err := reusable.Return(ctx, admin, schema, "schema_migrations"); err != nil {
 			t.Errorf("backendtest: %v", err)
 		}
 	})
@@ -221,20 +215,26 @@ func reusedSchemaURL(t testing.TB) string {
 func postgresSchemaURL(t testing.TB) string {
 	t.Helper()
 	dsn := serverDSN(t)
-	ctx := context.Background()
 	schema := newName()
 	t.Cleanup(func() {
-		admin, err := pgx.Connect(ctx, dsn)
+		err := withAdmin(context.Background(), dsn, func(ctx context.Context, admin *pgx.Conn) error {
+			return pgtest.DropSchema(ctx, admin, schema)
+		})
 		if err != nil {
-			t.Errorf("backendtest: dropping schema %s: %v", schema, err)
-			return
-		}
-		defer admin.Close(ctx)
-		if err := pgtest.DropSchema(ctx, admin, schema); err != nil {
 			t.Errorf("backendtest: %v", err)
 		}
 	})
 	return schemaURL(t, dsn, schema)
+}
+
+// withAdmin runs do on a connection of its own to dsn, closed after.
+func withAdmin(ctx context.Context, dsn string, do func(context.Context, *pgx.Conn) error) error {
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return fmt.Errorf("connecting to the test server: %w", err)
+	}
+	defer admin.Close(ctx)
+	return do(ctx, admin)
 }
 
 // schemaURL is dsn with schema for dagrun's tables (postgres.SchemaParam).
