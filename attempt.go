@@ -102,8 +102,17 @@ func (w *Worker) newAttempt(step storage.ClaimedStep) *attempt {
 func (w *Worker) execute(a *attempt) {
 	w.mu.Lock()
 	step := a.step // the heartbeat updates a.step.LeaseUntil under mu
+	stopped := a.stopped
 	w.mu.Unlock()
-	result, ok := w.engine.runAttempt(a.ctx, w.logger, w.logs, step)
+	var (
+		result storage.StepResult
+		ok     bool
+	)
+	if !stopped {
+		// An attempt stopped before its handler began (its instance
+		// ended, a newer claim took the step) has nothing to do.
+		result, ok = w.engine.runAttempt(a.ctx, w.logger, w.logs, step)
+	}
 	ran := time.Since(a.began)
 	cause := context.Cause(a.ctx)
 	// As net/http does when ServeHTTP returns: what the handler left
@@ -235,6 +244,7 @@ var errOverran = errors.New("the handler overran its timeout and the worker stop
 func (w *Worker) stopInstance(instanceID string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.stopClaimsLocked(instanceID)
 	for _, a := range w.attempts {
 		if a.step.InstanceID == instanceID {
 			w.stopLocked(a, errCancelled)

@@ -92,8 +92,9 @@ func (e *Engine) createEagerly(ctx context.Context, params []storage.CreateParam
 		created, err = e.store.CreateInstances(ctx, nil, params, plan)
 	} else {
 		var claimed []storage.ClaimedStep
+		inFlight := w.beginClaim()
 		created, claimed, err = cc.CreateAndClaim(ctx, params, plan, w.claimParams(reserved))
-		w.adopt(reserved, claimed)
+		w.adopt(inFlight, reserved, claimed)
 	}
 	return created, err
 }

@@ -86,6 +86,7 @@ func (w *Worker) record(batch []finished) {
 		claimed  []storage.ClaimedStep
 		err      error
 		extra    int
+		inFlight *claimInFlight // nil without an eager claim
 	)
 	if eager {
 		// The eager claim may fill every free slot, not only the batch's: a
@@ -93,6 +94,7 @@ func (w *Worker) record(batch []finished) {
 		// the store need not wake this process's claim loop for an empty
 		// claim.
 		extra = w.slots.take(w.config.Concurrency)
+		inFlight = w.beginClaim()
 		rec := w.engine.newFinishRecorder()
 		recorded, claimed, err = fc.FinishAndClaim(rec.attach(context.Background()), results, rec.plan, w.claimParams(len(batch)+extra))
 		outcomes = outcomesOf(recorded)
@@ -108,7 +110,7 @@ func (w *Worker) record(batch []finished) {
 	if !eager || err != nil {
 		outcomes = w.store(batch, err)
 	}
-	w.settle(batch, outcomes, extra, claimed)
+	w.settle(batch, outcomes, extra, inFlight, claimed)
 	w.engine.notifyChanged()
 }
 
@@ -220,7 +222,7 @@ func transientCommitError(err error) bool {
 // settle applies a batch's outcomes: it reports them, settles their
 // attempts, and runs the steps the commit claimed on the slots the batch
 // and the extra reservation hold.
-func (w *Worker) settle(batch []finished, outcomes []outcome, extra int, claimed []storage.ClaimedStep) {
+func (w *Worker) settle(batch []finished, outcomes []outcome, extra int, inFlight *claimInFlight, claimed []storage.ClaimedStep) {
 	for i, o := range outcomes {
 		f := batch[i]
 		step := f.step
@@ -253,7 +255,7 @@ func (w *Worker) settle(batch []finished, outcomes []outcome, extra int, claimed
 	}
 	w.mu.Unlock()
 	// The batch's slots and the extra ones carry over to the claimed steps.
-	w.adopt(len(batch)+extra, claimed)
+	w.adopt(inFlight, len(batch)+extra, claimed)
 }
 
 func later(a, b time.Time) time.Time {

@@ -96,6 +96,9 @@ type Worker struct {
 	closing  bool
 	// queue holds finished attempts on their way to the recorder.
 	queue []finished
+	// claiming holds the claims on their way back from the store (see
+	// inflight.go).
+	claiming []*claimInFlight
 
 	queued      chan struct{} // a result was queued
 	handlerExit chan struct{} // a handler returned or was given up on
@@ -215,8 +218,10 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 	for ctx.Err() == nil {
 		var slotFreed <-chan struct{}
 		if free := w.slots.take(w.config.Concurrency); free > 0 {
+			inFlight := w.beginClaim()
 			steps, next, err := w.claim(ctx, free, short)
 			if err != nil {
+				w.dropClaim(inFlight)
 				w.slots.give(free)
 				if ctx.Err() != nil {
 					return nil
@@ -235,7 +240,7 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 				w.logger.InfoContext(ctx, "dagrun: claim steps: the store answers again")
 			}
 			errorDelay = 0
-			w.adopt(free, steps)
+			w.adopt(inFlight, free, steps)
 			if len(steps) > 0 {
 				w.engine.notifyChanged()
 			}
@@ -309,32 +314,39 @@ func (w *Worker) claimParams(limit int) storage.ClaimParams {
 	}
 }
 
-// adopt runs the steps a claim that had taken slots got, and gives back
-// the slots it did not fill. Once the worker stopped claiming, it runs
-// nothing and releases the steps instead.
-func (w *Worker) adopt(taken int, steps []storage.ClaimedStep) {
-	started := w.start(steps)
+// adopt ends claim c: it runs the steps the claim got, which had taken
+// slots, and gives back the slots it did not fill. Once the worker stopped
+// claiming, it runs nothing and releases the steps instead. The steps of
+// an instance stopped while the claim was on its way are released too:
+// their claim is stale, which makes the release a no-op, unless the
+// instance was retried in between, and then the step is claimed again.
+func (w *Worker) adopt(c *claimInFlight, taken int, steps []storage.ClaimedStep) {
+	run, ended, started := w.start(c, steps)
 	w.slots.give(taken - started)
-	if started < len(steps) {
-		w.release(steps)
+	if started < len(run) {
+		w.release(run)
+	}
+	if len(ended) > 0 {
+		w.release(ended)
 	}
 }
 
-// start registers claimed steps and runs their handlers, each on a slot
-// the caller took, and returns how many it started: all of them, or none
-// once the worker stopped claiming. A step claimed again while an older
-// attempt of it still runs here stops that older attempt.
-func (w *Worker) start(steps []storage.ClaimedStep) int {
-	if len(steps) == 0 {
-		return 0
-	}
-	attempts := make([]*attempt, len(steps))
+// start ends claim c, registers the steps it claimed and runs their
+// handlers, each on a slot the caller took, and returns how many it
+// started: all it runs, or none once the worker stopped claiming. A step
+// claimed again while an older attempt of it still runs here stops that
+// older attempt.
+func (w *Worker) start(c *claimInFlight, steps []storage.ClaimedStep) (run, ended []storage.ClaimedStep, started int) {
 	w.mu.Lock()
-	if w.stopping {
+	// Under the lock that stopInstance takes: an instance it stops now
+	// either ended the claim's steps already, or finds their attempts.
+	run, ended = w.endClaimLocked(c, steps)
+	if len(run) == 0 || w.stopping {
 		w.mu.Unlock()
-		return 0
+		return run, ended, 0
 	}
-	for i, step := range steps {
+	attempts := make([]*attempt, len(run))
+	for i, step := range run {
 		a := w.newAttempt(step)
 		key := a.key()
 		if prev, ok := w.newest[step.StepID]; ok && prev.fence < key.fence {
@@ -354,7 +366,7 @@ func (w *Worker) start(steps []storage.ClaimedStep) int {
 		}
 		go w.execute(a)
 	}
-	return len(steps)
+	return run, ended, len(run)
 }
 
 // attemptAttrs are the attributes of a debug record about an attempt of

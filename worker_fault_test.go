@@ -331,6 +331,79 @@ steps:
 	})
 }
 
+// claimDelayingStore holds the first claim that takes a step until the
+// test lets it return, as when the claim commits just before another
+// transaction ends the step's instance, and reports the claims released.
+type claimDelayingStore struct {
+	storage.Store
+	held     chan []storage.ClaimedStep // the held claim's steps
+	proceed  chan struct{}              // closed to let it return
+	released chan []storage.Claim
+	once     sync.Once
+}
+
+func (s *claimDelayingStore) ClaimSteps(ctx context.Context, p storage.ClaimParams) ([]storage.ClaimedStep, error) {
+	steps, err := s.Store.ClaimSteps(ctx, p)
+	if err == nil && len(steps) > 0 {
+		s.once.Do(func() {
+			s.held <- steps
+			<-s.proceed
+		})
+	}
+	return steps, err
+}
+
+func (s *claimDelayingStore) ReleaseSteps(ctx context.Context, claims []storage.Claim) error {
+	s.released <- claims
+	return s.Store.ReleaseSteps(ctx, claims)
+}
+
+// A claim on its way back when its instance is cancelled and retried
+// carries a stale step. Its handler must not run: the worker did not know
+// the attempt yet when the cancel stopped the instance's handlers, so it
+// ran until its first heartbeat, beside the retried attempt (a forEach
+// step capped at two children ran three). The stale claim is released,
+// which changes nothing, and the retried step runs once.
+func TestClaimOnItsWayWhenItsInstanceIsCancelled(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		store := &claimDelayingStore{Store: open(t), held: make(chan []storage.ClaimedStep, 1),
+			proceed: make(chan struct{}), released: make(chan []storage.Claim, 4)}
+		var calls atomic.Int32
+		registry := handlers.NewRegistry()
+		registry.Register("count", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			calls.Add(1)
+			return json.RawMessage(`"done"`), nil
+		})
+		b := setup(t, func(*testing.T) storage.Store { return store }, registry, `
+name: counted
+steps:
+  - {name: s, handler: count}
+`)
+		b.runWorker(t, nil)
+		ctx := context.Background()
+		id := b.start(t, "counted", ``)
+		stale := <-store.held
+		require.Len(t, stale, 1)
+		require.NoError(t, b.engine.Cancel(ctx, id))
+		require.NoError(t, b.engine.Retry(ctx, id))
+		close(store.proceed)
+
+		inst := b.wait(t, id)
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		require.EqualValues(t, 1, calls.Load(), "the handler ran for the retried claim only")
+		require.Equal(t, 1, step(t, inst, "s").Attempts)
+		// Released before the claim loop claimed again, so before the
+		// retried step could run.
+		select {
+		case got := <-store.released:
+			require.Equal(t, []storage.Claim{stale[0].Claim}, got)
+		default:
+			t.Fatal("the stale claim was not released")
+		}
+	})
+}
+
 // When a step's terminal failure fails the instance, its running siblings
 // finish their attempt (the instance is failing meanwhile); a cancel of the
 // failing instance stops them: their handlers see their context cancelled
