@@ -63,6 +63,14 @@ func setup(t *testing.T, open func(t *testing.T) storage.Store, registry *handle
 // runWorker runs a worker until the test ends.
 func (b *testBundle) runWorker(t *testing.T, config *dagrun.WorkerConfig) *dagrun.Worker {
 	t.Helper()
+	worker, _ := b.runStoppableWorker(t, config)
+	return worker
+}
+
+// runStoppableWorker runs a worker until stop, or the test, ends it; stop
+// returns once Run has returned, so no handler of the worker runs after.
+func (b *testBundle) runStoppableWorker(t *testing.T, config *dagrun.WorkerConfig) (worker *dagrun.Worker, stop func()) {
+	t.Helper()
 	if config == nil {
 		config = &dagrun.WorkerConfig{}
 	}
@@ -74,8 +82,9 @@ func (b *testBundle) runWorker(t *testing.T, config *dagrun.WorkerConfig) *dagru
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = worker.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return worker
+	stop = sync.OnceFunc(func() { cancel(); <-done })
+	t.Cleanup(stop)
+	return worker, stop
 }
 
 // wait follows an instance until it is finished.
