@@ -321,13 +321,13 @@ func (w *Worker) claimParams(limit int) storage.ClaimParams {
 // their claim is stale, which makes the release a no-op, unless the
 // instance was retried in between, and then the step is claimed again.
 func (w *Worker) adopt(c *claimInFlight, taken int, steps []storage.ClaimedStep) {
-	run, ended, started := w.start(c, steps)
+	run, unrun, started := w.start(c, steps)
 	w.slots.give(taken - started)
 	if started < len(run) {
-		w.release(run)
+		unrun = append(unrun, run...)
 	}
-	if len(ended) > 0 {
-		w.release(ended)
+	if len(unrun) > 0 {
+		w.release(unrun)
 	}
 }
 
@@ -406,7 +406,7 @@ func (w *Worker) release(steps []storage.ClaimedStep) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := w.engine.store.ReleaseSteps(ctx, claims); err != nil {
-		w.logger.Error("dagrun: release steps claimed during shutdown; they run again when their lease expires", slog.Any("error", err))
+		w.logger.Error("dagrun: release claimed steps this worker will not run; they run again when their lease expires", slog.Any("error", err))
 	}
 }
 
