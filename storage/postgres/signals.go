@@ -242,19 +242,25 @@ func (s *Store) waitTimeouts(ctx context.Context, tx pgx.Tx, ids []string) ([]in
 // an instance whose start was deferred may start. Only a step of
 // steps_delayed can become due later (one in the claim indexes was due
 // when it was made pending), so it reads that index, never the whole queue.
+// Each earliest time is the first entry of its index in order, not a
+// min(): the planner made a min() read the whole index when the
+// connection first planned it on young tables, and kept that plan (see
+// TestEarliestReadsStopAtTheFirstEntry).
 const nextWakeSQL = `
 SELECT least(
-	(SELECT min(run_after) FROM {s}steps
+	(SELECT run_after FROM {s}steps
 		WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after > {now}
 		AND run_after < timestamptz 'epoch' + interval '87658200 hours' -- not held back by a pause
 		AND run_after < '9999-01-01 00:00:00+00' -- held steps wait for a slot, not a time
-		AND (cardinality($2::text[]) = 0 OR queue = ANY($2)) AND (cardinality($3::text[]) = 0 OR handler = ANY($3))),
-	(SELECT min(deadline) FROM {s}steps WHERE status = 'waiting'),
-	(SELECT min(deadline) FROM {s}instances WHERE status = 'running' AND deadline IS NOT NULL),
+		AND (cardinality($2::text[]) = 0 OR queue = ANY($2)) AND (cardinality($3::text[]) = 0 OR handler = ANY($3))
+		ORDER BY run_after LIMIT 1),
+	(SELECT deadline FROM {s}steps WHERE status = 'waiting' AND deadline IS NOT NULL ORDER BY deadline LIMIT 1),
+	(SELECT deadline FROM {s}instances WHERE status = 'running' AND deadline IS NOT NULL ORDER BY deadline LIMIT 1),
 	-- a held instance whose time has come and whose key is full waits for a finish of its key, not a time
-	(SELECT min(i.run_after) FROM {s}instances i WHERE i.deferred AND i.finished_at IS NULL AND NOT i.paused
+	(SELECT i.run_after FROM {s}instances i WHERE i.deferred AND i.finished_at IS NULL AND NOT i.paused
 		AND (NOT i.held OR i.run_after > {now} OR (SELECT count(*) FROM {s}instances a WHERE a.workflow = i.workflow
-			AND a.concurrency_key = i.concurrency_key AND a.finished_at IS NULL AND NOT a.held) < i.concurrency_limit)))`
+			AND a.concurrency_key = i.concurrency_key AND a.finished_at IS NULL AND NOT a.held) < i.concurrency_limit)
+		ORDER BY i.run_after LIMIT 1))`
 
 // wakeFilters are nextWakeSQL's $2 and $3: p's queues and handlers, empty
 // for any.

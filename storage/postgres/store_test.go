@@ -1130,9 +1130,10 @@ func fillUnanalyzed(t *testing.T, s *Store, n int) {
 }
 
 // inFlightIndexes are the partial indexes of rows in flight (running,
-// waiting or capped pending steps, unfinished instances): reading one whole
-// costs what is in flight, not the history.
-var inFlightIndexes = regexp.MustCompile(`^(steps_running_lease|steps_waiting_deadline|steps_ready_capped|instances_unfinished|instances_deadline)$`)
+// waiting or capped pending steps, unfinished instances, deferred starts
+// not yet finished): reading one whole costs what is in flight, not the
+// history.
+var inFlightIndexes = regexp.MustCompile(`^(steps_running_lease|steps_waiting_deadline|steps_ready_capped|instances_unfinished|instances_deadline|instances_deferred)$`)
 
 // unkeyedScans returns the scans of plan (EXPLAIN's text) that read a big
 // table (steps, events, instances, step logs, signals) with no index

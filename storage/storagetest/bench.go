@@ -20,6 +20,7 @@ func Benchmark(b *testing.B, newStore func(b *testing.B) storage.Store) {
 	b.Run("CompleteWithLogs", func(b *testing.B) { benchComplete(b, newStore(b), 1) })
 	b.Run("ClaimPastUnserved", func(b *testing.B) { benchClaimPastUnserved(b, newStore(b)) })
 	b.Run("ClaimPastFuture", func(b *testing.B) { benchClaimPastFuture(b, newStore(b)) })
+	b.Run("NextWakePastFuture", func(b *testing.B) { benchNextWakePastFuture(b, newStore(b)) })
 	b.Run("Transition", func(b *testing.B) { benchTransition(b, newStore(b)) })
 }
 
@@ -88,6 +89,31 @@ const futureBacklog = 200_000
 // after an hour) followed by a blocked one, so half a delayed step and
 // half a blocked one per instance. A claim must not walk past them.
 func benchClaimPastFuture(b *testing.B, s storage.Store) {
+	createFutureBacklog(b, s)
+	benchClaim(b, s)
+}
+
+// benchNextWakePastFuture measures what an idle worker reads at each claim
+// that comes back short: when the next step falls due, with the
+// futureBacklog of ClaimPastFuture delayed. The worker read it once while
+// the store was empty, as one started with its database does.
+func benchNextWakePastFuture(b *testing.B, s storage.Store) {
+	_, err := s.NextWake(b.Context(), benchClaimParams())
+	require.NoError(b, err)
+	createFutureBacklog(b, s)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		next, err := s.NextWake(b.Context(), benchClaimParams())
+		require.NoError(b, err)
+		require.False(b, next.IsZero(), "no wake for the delayed steps")
+	}
+}
+
+// createFutureBacklog creates the futureBacklog instances of
+// ClaimPastFuture.
+func createFutureBacklog(b *testing.B, s storage.Store) {
+	b.Helper()
 	for done := 0; done < futureBacklog; done += 1000 {
 		ps := make([]storage.CreateParams, min(1000, futureBacklog-done))
 		for i := range ps {
@@ -98,7 +124,6 @@ func benchClaimPastFuture(b *testing.B, s storage.Store) {
 		_, err := s.CreateInstances(b.Context(), nil, ps, Plan)
 		require.NoError(b, err)
 	}
-	benchClaim(b, s)
 }
 
 // benchComplete measures completing claimed first steps, benchBatch per
