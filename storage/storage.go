@@ -884,7 +884,12 @@ type Store interface {
 	// p.Queues and p.Handlers (as ClaimSteps filters them) becomes
 	// claimable, a waiting step or a running instance times out, or an
 	// instance kept for StartDeferred may start: what a worker with
-	// nothing to do sleeps until. Zero when there is none.
+	// nothing to do sleeps until. Zero when there is none. A store may
+	// answer earlier than that, never later, when finding p's next step
+	// would mean reading past many delayed steps of other queues and
+	// handlers: it then answers a time before which none of p's falls
+	// due, and a worker woken then finds nothing and asks again, each
+	// answer later than the last.
 	NextWake(ctx context.Context, p ClaimParams) (time.Time, error)
 
 	// RecoverExpired takes back up to limit running steps whose lease ended

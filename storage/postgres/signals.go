@@ -246,14 +246,21 @@ func (s *Store) waitTimeouts(ctx context.Context, tx pgx.Tx, ids []string) ([]in
 // min(): the planner made a min() read the whole index when the
 // connection first planned it on young tables, and kept that plan (see
 // TestEarliestReadsStopAtTheFirstEntry).
+//
+// The delayed steps of other queues and handlers are passed over, but
+// only wakeWalk of them: when the first wakeWalk delayed steps are all
+// others', none of the claimer's falls due before the last of them, and
+// its time is the wake. The claimer then wakes early and looks again,
+// rather than every look reading every other step: a worker of one queue
+// beside 200,000 delayed steps of another read all of them at each poll.
 const nextWakeSQL = `
 SELECT least(
-	(SELECT run_after FROM {s}steps
-		WHERE status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after > {now}
-		AND run_after < timestamptz 'epoch' + interval '87658200 hours' -- not held back by a pause
-		AND run_after < '9999-01-01 00:00:00+00' -- held steps wait for a slot, not a time
-		AND (cardinality($2::text[]) = 0 OR queue = ANY($2)) AND (cardinality($3::text[]) = 0 OR handler = ANY($3))
-		ORDER BY run_after LIMIT 1),
+	coalesce(
+		(SELECT d.run_after FROM (SELECT run_after, queue, handler FROM {s}steps WHERE ` + delayedLater + `
+			ORDER BY run_after LIMIT ` + wakeWalk + `) d
+		WHERE (cardinality($2::text[]) = 0 OR d.queue = ANY($2)) AND (cardinality($3::text[]) = 0 OR d.handler = ANY($3))
+		ORDER BY d.run_after LIMIT 1),
+		(SELECT run_after FROM {s}steps WHERE ` + delayedLater + ` ORDER BY run_after OFFSET ` + wakeWalk + ` - 1 LIMIT 1)),
 	(SELECT deadline FROM {s}steps WHERE status = 'waiting' AND deadline IS NOT NULL ORDER BY deadline LIMIT 1),
 	(SELECT deadline FROM {s}instances WHERE status = 'running' AND deadline IS NOT NULL ORDER BY deadline LIMIT 1),
 	-- a held instance whose time has come and whose key is full waits for a finish of its key, not a time
@@ -261,6 +268,17 @@ SELECT least(
 		AND (NOT i.held OR i.run_after > {now} OR (SELECT count(*) FROM {s}instances a WHERE a.workflow = i.workflow
 			AND a.concurrency_key = i.concurrency_key AND a.finished_at IS NULL AND NOT a.held) < i.concurrency_limit)
 		ORDER BY i.run_after LIMIT 1))`
+
+// delayedLater is nextWakeSQL's condition on a delayed step that falls
+// due after now, through steps_delayed: not held back by a pause (a
+// paused instance's steps are shifted past the first bound) and not held
+// for a slot (the second), which wait for a resume or a slot, not a time.
+const delayedLater = `status = 'pending' AND NOT promoted AND run_after > ready_at AND run_after > {now}
+	AND run_after < timestamptz 'epoch' + interval '87658200 hours' AND run_after < '9999-01-01 00:00:00+00'`
+
+// wakeWalk is how many delayed steps of other queues and handlers the
+// next wake passes over at most (see nextWakeSQL).
+const wakeWalk = "100"
 
 // wakeFilters are nextWakeSQL's $2 and $3: p's queues and handlers, empty
 // for any.

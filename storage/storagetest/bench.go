@@ -21,6 +21,7 @@ func Benchmark(b *testing.B, newStore func(b *testing.B) storage.Store) {
 	b.Run("ClaimPastUnserved", func(b *testing.B) { benchClaimPastUnserved(b, newStore(b)) })
 	b.Run("ClaimPastFuture", func(b *testing.B) { benchClaimPastFuture(b, newStore(b)) })
 	b.Run("NextWakePastFuture", func(b *testing.B) { benchNextWakePastFuture(b, newStore(b)) })
+	b.Run("NextWakePastOthers", func(b *testing.B) { benchNextWakePastOthers(b, newStore(b)) })
 	b.Run("Transition", func(b *testing.B) { benchTransition(b, newStore(b)) })
 }
 
@@ -101,23 +102,50 @@ func benchNextWakePastFuture(b *testing.B, s storage.Store) {
 	_, err := s.NextWake(b.Context(), benchClaimParams())
 	require.NoError(b, err)
 	createFutureBacklog(b, s)
+	benchNextWake(b, s)
+}
+
+// benchNextWakePastOthers measures NextWake as NextWakePastFuture does,
+// with the delayed steps of the backlog all of a handler the worker lacks
+// (another binary's, or another queue's for a worker of one queue): the
+// worker's own next step, due after all of them, is not what it may wake
+// for first.
+func benchNextWakePastOthers(b *testing.B, s storage.Store) {
+	_, err := s.NextWake(b.Context(), benchClaimParams())
+	require.NoError(b, err)
+	theirs := spec("s1")
+	theirs.Handler = "h.theirs"
+	createFutureBacklog(b, s, theirs, spec("s2", "s1"))
+	mine := params(spec("s1"))
+	mine.RunAfter = time.Now().Add(2 * time.Hour)
+	_, err = s.CreateInstances(b.Context(), nil, []storage.CreateParams{mine}, Plan)
+	require.NoError(b, err)
+	benchNextWake(b, s)
+}
+
+// benchNextWake measures NextWake as a worker of benchClaimParams asks
+// it, with a delayed step of its own in the store.
+func benchNextWake(b *testing.B, s storage.Store) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
 		next, err := s.NextWake(b.Context(), benchClaimParams())
 		require.NoError(b, err)
-		require.False(b, next.IsZero(), "no wake for the delayed steps")
+		require.False(b, next.IsZero(), "no wake for the worker's delayed step")
 	}
 }
 
 // createFutureBacklog creates the futureBacklog instances of
-// ClaimPastFuture.
-func createFutureBacklog(b *testing.B, s storage.Store) {
+// ClaimPastFuture, of steps (s1 and s2 after it by default).
+func createFutureBacklog(b *testing.B, s storage.Store, steps ...storage.StepSpec) {
 	b.Helper()
+	if len(steps) == 0 {
+		steps = []storage.StepSpec{spec("s1"), spec("s2", "s1")}
+	}
 	for done := 0; done < futureBacklog; done += 1000 {
 		ps := make([]storage.CreateParams, min(1000, futureBacklog-done))
 		for i := range ps {
-			ps[i] = params(spec("s1"), spec("s2", "s1"))
+			ps[i] = params(steps...)
 			ps[i].Priority = 10
 			ps[i].RunAfter = time.Now().Add(time.Hour)
 		}

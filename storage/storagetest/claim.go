@@ -316,6 +316,54 @@ var claimTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, retried, got[0].InstanceID)
 	},
 
+	"NextWakeLooksOnlyAFewStepsPastOthers": func(t *testing.T, h *Harness) {
+		// A worker of one queue, or of some handlers, beside many delayed
+		// steps of others (here snoozed): its next wake may come before
+		// its own step is due (it then looks again), never after, and its
+		// looks move on until they find its step, at the step's own time.
+		for _, worker := range []storage.ClaimParams{{Queues: []string{"q.mine"}}, {Handlers: []string{"h.mine"}}} {
+			t.Run(fmt.Sprintf("queues %v handlers %v", worker.Queues, worker.Handlers), func(t *testing.T) {
+				b := h.setup(t)
+				ps := make([]storage.CreateParams, 150)
+				for i := range ps {
+					ps[i] = params(spec("theirs"))
+				}
+				b.create(ps...)
+				b.create(params(spec("mine")))
+				claimed := b.claim(storage.ClaimParams{Limit: 200})
+				require.Len(t, claimed, 151)
+				var results []storage.StepResult
+				due := start.Add(10 * time.Hour) // the worker's own step
+				for i, c := range claimed {
+					runAfter := start.Add(time.Duration(i+1) * time.Minute)
+					if c.Step == "mine" {
+						runAfter = due
+					}
+					results = append(results, storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeSnooze, RunAfter: runAfter})
+				}
+				b.finish(results...)
+
+				var wakes int
+				for previous := b.now(); ; wakes++ {
+					require.Less(t, wakes, 150, "the worker's looks do not move on")
+					next, err := b.store.NextWake(b.ctx, worker)
+					require.NoError(t, err)
+					require.True(t, next.After(previous), "look %d: wake %v, not after %v", wakes, next, previous)
+					require.False(t, next.After(due), "look %d: wake %v, after the worker's own step at %v", wakes, next, due)
+					b.clock.Advance(next.Sub(b.now()))
+					if got := b.claim(worker); len(got) > 0 {
+						require.Len(t, got, 1)
+						require.Equal(t, "mine", got[0].Step)
+						require.True(t, next.Equal(due), "claimed at %v", next)
+						break
+					}
+					previous = next
+				}
+				t.Logf("%d early wakes past 150 delayed steps of others", wakes)
+			})
+		}
+	},
+
 	"NotBeforeRunAfter": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		id := b.createOne(spec("a"))
