@@ -31,6 +31,11 @@ type NewInstance struct {
 	// Store.StartDeferred, and the plans of it see InstanceState.Deferred
 	// until then.
 	Deferred bool
+	// Parked tells that Admit held the instance because its key was full
+	// when its time had come, not for a delayed start: the store parks it
+	// for a finish of its key, which alone can admit it, and no sweep reads
+	// it (see Store.StartDeferred).
+	Parked bool
 	// stepsDeferred is the plan's Plan.Deferred: it left ready steps
 	// blocked, which StartAdmitted plans again.
 	stepsDeferred bool

@@ -186,6 +186,7 @@ func MergeQueues(limits []QueueLimit, loads []QueueInfo) []QueueInfo {
 // store) and those admitted before them in this call; and those that
 // start later than now (RunAfter), which take no slot until their time
 // comes: the store admits them then, or when a slot frees after it.
+// Those held for a full key it marks Parked.
 func Admit(instances []*NewInstance, now time.Time, admitted func(workflow, key string) (int, error)) (map[string]bool, error) {
 	var held map[string]bool
 	counts := map[[2]string]int{}
@@ -214,6 +215,7 @@ func Admit(instances []*NewInstance, now time.Time, admitted func(workflow, key 
 				held = map[string]bool{}
 			}
 			held[p.ID] = true
+			n.Parked = true
 		} else {
 			count++
 		}

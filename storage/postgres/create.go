@@ -26,9 +26,9 @@ import (
 // one array literal per step, since unnest cannot take an array of arrays.
 // run_after is the time the caller asked for, NULL for none; the store
 // makes it no earlier than {now}, which greatest does as it ignores NULL.
-// claimingCreateSQL is createSQL that also claims the steps marked in $59
-// as it inserts them ("Claims at insert", below), with the lease $60 and the
-// worker $61; a start that claims nothing so runs createSQL, whose rows
+// claimingCreateSQL is createSQL that also claims the steps marked in $60
+// as it inserts them ("Claims at insert", below), with the lease $61 and the
+// worker $62; a start that claims nothing so runs createSQL, whose rows
 // pay nothing for it.
 var (
 	createSQL         = createStatement(false)
@@ -50,7 +50,7 @@ cs AS MATERIALIZED (
 	-- The steps marked, but for those of a queue under a limit, which
 	-- take their slot as a claim of theirs is promoted.
 	SELECT c.instance_id, c.position, c.name, c.ord
-	FROM unnest($15::text[], $16::int[], $17::text[], $19::text[], $59::bool[])
+	FROM unnest($15::text[], $16::int[], $17::text[], $19::text[], $60::bool[])
 		WITH ORDINALITY AS c(instance_id, position, name, queue, claim, ord)
 	WHERE c.claim AND NOT EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = c.queue)
 ),`
@@ -65,14 +65,14 @@ cs AS MATERIALIZED (
 		claimValues = `,
 		CASE WHEN c.claimed THEN 1 ELSE 0 END, CASE WHEN c.claimed THEN 1 ELSE 0 END,
 		CASE WHEN c.claimed THEN {now} END,
-		CASE WHEN c.claimed THEN {clock} + $60::bigint * interval '1 microsecond' END,
-		CASE WHEN c.claimed THEN $61::text ELSE '' END`
+		CASE WHEN c.claimed THEN {clock} + $61::bigint * interval '1 microsecond' END,
+		CASE WHEN c.claimed THEN $62::text ELSE '' END`
 		// A claim's events, after the creation's.
 		claimEvents = `
 		UNION ALL
-		SELECT cs.instance_id, cs.name, 'step.started', 1, $61::text, 1, cs.ord FROM cs
+		SELECT cs.instance_id, cs.name, 'step.started', 1, $62::text, 1, cs.ord FROM cs
 		UNION ALL
-		SELECT cs.instance_id, '', 'instance.started', 0, $61::text, 2, min(cs.ord) FROM cs GROUP BY cs.instance_id`
+		SELECT cs.instance_id, '', 'instance.started', 0, $62::text, 2, min(cs.ord) FROM cs GROUP BY cs.instance_id`
 	}
 	return `
 WITH d AS (
@@ -83,7 +83,7 @@ WITH d AS (
 ins AS (
 	INSERT INTO {s}instances (id, workflow, definition_hash, status, input, output, error, idempotency_key, priority,
 		run_after, created_at, started_at, finished_at, timeout_us, failing, failed_step, deadline,
-		concurrency_key, concurrency_limit, held, traceparent, trace_caller, parent_id, parent_step, parent_item, depth, deferred)
+		concurrency_key, concurrency_limit, held, parked, traceparent, trace_caller, parent_id, parent_step, parent_item, depth, deferred)
 	SELECT r.id, r.workflow, r.hash, k.status, r.input, r.output, r.error, r.key, r.priority,
 		greatest({now}, r.run_after), {now},
 		CASE WHEN k.status = 'running' THEN {now} END,
@@ -93,12 +93,12 @@ ins AS (
 		-- failed at once and only runs its onFailure steps.
 		CASE WHEN k.status = 'running' AND r.timeout_us > 0 AND NOT r.failing
 			THEN {now} + r.timeout_us * interval '1 microsecond' END,
-		r.ckey, r.climit, r.held, r.traceparent, r.trace_caller, r.parent_id, r.parent_step, r.parent_item, r.depth, r.deferred
+		r.ckey, r.climit, r.held, r.parked, r.traceparent, r.trace_caller, r.parent_id, r.parent_step, r.parent_item, r.depth, r.deferred
 	FROM unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::json[], $10::json[], $11::text[], $12::text[],
 			$13::int[], $14::timestamptz[], $41::bigint[], $42::bool[], $43::text[], $44::text[], $45::int[], $46::bool[],
-			$51::text[], $52::text[], $53::text[], $54::text[], $55::int[], $56::int[], $58::bool[])
+			$59::bool[], $51::text[], $52::text[], $53::text[], $54::text[], $55::int[], $56::int[], $58::bool[])
 		WITH ORDINALITY AS r(id, workflow, hash, status, input, output, error, key, priority, run_after,
-			timeout_us, failing, failed_step, ckey, climit, held, traceparent, trace_caller,
+			timeout_us, failing, failed_step, ckey, climit, held, parked, traceparent, trace_caller,
 			parent_id, parent_step, parent_item, depth, deferred, ord)
 		CROSS JOIN LATERAL ` + started + ` k
 	ORDER BY r.ord
@@ -368,7 +368,7 @@ func (s *Store) create(ctx context.Context, tx pgx.Tx, st *txState, now *time.Ti
 		rows.stOutputs, rows.stForEach, rows.stCaps, rows.stContinue, rows.stSignals, rows.stWaitTimeouts,
 		rows.timeouts, rows.failing, rows.failedSteps, rows.concurrencyKeys, rows.concurrencyLimits, rows.held,
 		rows.stOnFailure, rows.stKeys, rows.stLimits, rows.stHeld, rows.traceParents, rows.traceCallers,
-		rows.parentIDs, rows.parentSteps, rows.parentItems, rows.depths, rows.stChildWorkflows, rows.deferred)
+		rows.parentIDs, rows.parentSteps, rows.parentItems, rows.depths, rows.stChildWorkflows, rows.deferred, rows.parked)
 	if sql == claimingCreateSQL {
 		insert.Arguments = append(insert.Arguments, rows.stClaims, rows.claimLease, rows.claimWorker)
 	}
@@ -527,7 +527,7 @@ type createRows struct {
 	// Concurrency limits: the instances' and the steps'.
 	concurrencyKeys, stKeys     []*string
 	concurrencyLimits, stLimits []int32
-	held, stHeld                []bool
+	held, parked, stHeld        []bool
 
 	// The steps claimed as they are inserted, and that claim's lease in
 	// microseconds and worker ("Claims at insert", below).
@@ -576,6 +576,7 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance, held bool) {
 	r.concurrencyKeys = append(r.concurrencyKeys, concurrencyKey)
 	r.concurrencyLimits = append(r.concurrencyLimits, int32(p.ConcurrencyLimit))
 	r.held = append(r.held, held)
+	r.parked = append(r.parked, n.Parked)
 	r.traceParents = append(r.traceParents, nilIfEmpty(p.TraceParent))
 	r.traceCallers = append(r.traceCallers, nilIfEmpty(p.TraceCaller))
 	if p.Parent != nil {

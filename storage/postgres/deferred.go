@@ -21,20 +21,33 @@ import (
 // promotion (limits_due), one of them is retried.
 
 // admissibleDeferredSQL finds the held instances the first transaction
-// admits, each key's highest priority first: their time come, their keys
-// with room by a count the admission checks again under the key's lock.
-// Held instances whose keys are full are left out, so that however many
-// of them wait, they never crowd out one whose key is empty.
+// admits, each key's highest priority first: their time come, not parked.
+// The admission, under the key's lock, admits each if its key has room
+// and parks it if not (limits_admit_due): then only a finish of its key
+// admits it, and no sweep reads it again. However many instances wait
+// behind a full key, the sweep reads each once, and a backlog never
+// crowds out an instance whose key is empty.
+//
+// The due instances are read in the order of instances_deferred, at most
+// admitWindow of them, then sorted: ordered by key from the start, the
+// statement was planned on young tables as a walk of every unfinished
+// instance (instances_unfinished).
 const admissibleDeferredSQL = `
-SELECT i.id FROM {s}instances i
-WHERE i.deferred AND i.held AND i.finished_at IS NULL AND NOT i.paused AND i.run_after <= {now}
-	AND (SELECT count(*) FROM {s}instances a WHERE a.workflow = i.workflow AND a.concurrency_key = i.concurrency_key
-		AND a.finished_at IS NULL AND NOT a.held) < i.concurrency_limit
-ORDER BY i.workflow, i.concurrency_key, i.priority DESC, i.id LIMIT $2`
+WITH due AS MATERIALIZED (
+	SELECT id, workflow, concurrency_key, priority FROM {s}instances
+	WHERE deferred AND finished_at IS NULL AND NOT parked AND held AND NOT paused AND run_after <= {now}
+	ORDER BY run_after LIMIT ` + admitWindow + `)
+SELECT id FROM due ORDER BY workflow, concurrency_key, priority DESC, id LIMIT $2`
+
+// admitWindow is how many held instances that fell due the sweep sorts by
+// key and priority at most. Only those that fell due since the last sweep
+// are not parked, so a larger burst is the only one a sweep may admit out
+// of priority order.
+const admitWindow = "10000"
 
 // admitDeferredSQL admits the instances of $2, one after the other, as
 // the promotion of a first step would (a deferred instance may have
-// none), if their keys still have room.
+// none), if their keys have room, and parks the others.
 const admitDeferredSQL = `SELECT {s}limits_admit_due(x.id, {now}) FROM unnest($2::text[]) WITH ORDINALITY AS x(id, ord) ORDER BY x.ord`
 
 // releaseAdmittedSQL releases the steps of the instances of $1 that are
@@ -51,11 +64,14 @@ WHERE c.instance_id = ANY($2) AND c.status = 'pending' AND c.run_after = '9999-0
 ORDER BY c.priority DESC, c.id`
 
 // startableDeferredSQL finds the instances the second transaction plans:
-// marked deferred, admitted, unfinished, not paused, their time come.
+// marked deferred, admitted, unfinished, not paused, their time come, the
+// earliest first. Read by id, the statement was planned on young tables
+// as a walk of every unfinished instance (instances_unfinished), at every
+// sweep.
 const startableDeferredSQL = `
 SELECT id FROM {s}instances
-WHERE deferred AND NOT held AND finished_at IS NULL AND NOT paused AND run_after <= {now}
-ORDER BY id LIMIT $2`
+WHERE deferred AND finished_at IS NULL AND NOT parked AND NOT held AND NOT paused AND run_after <= {now}
+ORDER BY run_after LIMIT $2`
 
 // markStartedSQL clears the mark of the instances of $1 that still may
 // start (another sweep may have started them since they were found), and

@@ -185,6 +185,7 @@ var laterFunctions = []struct {
 	{"limits_due", "()", 18},
 	{"promote_due", "(timestamptz)", 21},
 	{"respace_queue", "(text, timestamptz, boolean)", 24},
+	{"instances_unpark", "()", 29},
 }
 
 // legacyLockKey is the advisory lock older versions took to migrate their

@@ -433,8 +433,11 @@ func undoLastMigration(t *testing.T, schema string) {
 	last := ms[len(ms)-1]
 	var undo string
 	switch last.Version {
-	case 28:
-		undo = replacingFunction(t, ms, 24, "promote_due") + "; DROP INDEX steps_delayed_limited"
+	case 29:
+		undo = "DROP TRIGGER instances_unpark ON instances; DROP FUNCTION instances_unpark(); " +
+			replacingFunction(t, ms, 18, "limits_admit_due") + "; " + replacingFunction(t, ms, 26, "limits_instance_release") +
+			"; DROP INDEX instances_deferred; ALTER TABLE instances DROP COLUMN parked" +
+			"; CREATE INDEX instances_deferred ON instances (run_after) WHERE deferred AND finished_at IS NULL"
 	default:
 		t.Fatalf("undoLastMigration does not know how to undo %s", last.Name)
 	}

@@ -239,9 +239,10 @@ func (s *Store) waitTimeouts(ctx context.Context, tx pgx.Tx, ids []string) ([]in
 // nextWakeSQL is the earliest time after now at which a pending step of
 // the claimer's queues ($2, empty: all) and handlers ($3, empty: all)
 // becomes claimable, a waiting step or a running instance times out, or
-// an instance whose start was deferred may start. Only a step of
-// steps_delayed can become due later (one in the claim indexes was due
-// when it was made pending), so it reads that index, never the whole queue.
+// an instance whose start was deferred may start, or be parked (see
+// admissibleDeferredSQL). Only a step of steps_delayed can become due
+// later (one in the claim indexes was due when it was made pending), so it
+// reads that index, never the whole queue.
 // Each earliest time is the first entry of its index in order, not a
 // min(): the planner made a min() read the whole index when the
 // connection first planned it on young tables, and kept that plan (see
@@ -263,11 +264,9 @@ SELECT least(
 		(SELECT run_after FROM {s}steps WHERE ` + delayedLater + ` ORDER BY run_after OFFSET ` + wakeWalk + ` - 1 LIMIT 1)),
 	(SELECT deadline FROM {s}steps WHERE status = 'waiting' AND deadline IS NOT NULL ORDER BY deadline LIMIT 1),
 	(SELECT deadline FROM {s}instances WHERE status = 'running' AND deadline IS NOT NULL ORDER BY deadline LIMIT 1),
-	-- a held instance whose time has come and whose key is full waits for a finish of its key, not a time
-	(SELECT i.run_after FROM {s}instances i WHERE i.deferred AND i.finished_at IS NULL AND NOT i.paused
-		AND (NOT i.held OR i.run_after > {now} OR (SELECT count(*) FROM {s}instances a WHERE a.workflow = i.workflow
-			AND a.concurrency_key = i.concurrency_key AND a.finished_at IS NULL AND NOT a.held) < i.concurrency_limit)
-		ORDER BY i.run_after LIMIT 1))`
+	-- a parked instance waits for a finish of its key, not a time
+	(SELECT run_after FROM {s}instances WHERE deferred AND finished_at IS NULL AND NOT parked AND NOT paused
+		ORDER BY run_after LIMIT 1))`
 
 // delayedLater is nextWakeSQL's condition on a delayed step that falls
 // due after now, through steps_delayed: not held back by a pause (a

@@ -192,12 +192,12 @@ func (t *txn) create(params []storage.CreateParams, plan storage.PlanFunc) ([]st
 const (
 	insertInstancesSQL = `INSERT INTO instances (id, workflow, definition_hash, status, input, idem_key, priority,
 		run_after, created_at, output, error, finished_at, timeout_us, failing, failed_step,
-		concurrency_key, concurrency_limit, held, traceparent, trace_caller, parent_id, parent_step, parent_item, depth, deferred) VALUES `
+		concurrency_key, concurrency_limit, held, parked, traceparent, trace_caller, parent_id, parent_step, parent_item, depth, deferred) VALUES `
 	insertStepsSQL = `INSERT INTO steps (instance_id, position, name, handler, queue, workflow, priority, depends_on,
 		status, max_attempts, backoff_us, max_backoff_us, timeout_us, input, error, run_after, ready_at, finished_at,
 		output, for_each, item_concurrency, continue_on_error, wait_signal, wait_timeout_us, deadline, on_failure,
 		concurrency_key, concurrency_limit, held_by_instance, child_workflow, started_at) VALUES `
-	instanceInsertColumns = 25
+	instanceInsertColumns = 26
 	stepInsertColumns     = 31
 )
 
@@ -240,7 +240,7 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 		}
 		rows = append(rows, p.ID, p.Workflow, p.DefinitionHash, string(n.Status), jsonArg(p.Input), key, p.Priority,
 			runAfter, now, jsonArg(n.Output), n.Error, finishedAt, p.Timeout.Microseconds(), n.Failing, n.FailedStep,
-			concurrencyKey, p.ConcurrencyLimit, held[p.ID], nullIfEmpty(p.TraceParent), nullIfEmpty(p.TraceCaller),
+			concurrencyKey, p.ConcurrencyLimit, held[p.ID], n.Parked, nullIfEmpty(p.TraceParent), nullIfEmpty(p.TraceCaller),
 			parentID, parentStep, parentItem, p.Depth, n.Deferred)
 		for i, st := range n.Steps {
 			spec := &p.Steps[i]

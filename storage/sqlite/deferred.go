@@ -8,12 +8,14 @@ import (
 )
 
 // startableDeferredSQL finds the instances StartDeferred may plan: marked
-// deferred, unfinished, not paused, their time come, and admitted or
-// admissible (their keys have room). Held instances whose keys are full
-// are left out, so that however many of them wait, they never crowd out
-// one whose key is empty.
+// deferred, unfinished, not parked, not paused, their time come. A held
+// one among them is admitted if its key has room and parked if not
+// (admitDeferred): then only a finish of its key admits it, and no sweep
+// reads it again. However many instances wait behind a full key, the
+// sweep reads each once, and a backlog never crowds out an instance whose
+// key is empty.
 const startableDeferredSQL = `SELECT id, held FROM instances
-	WHERE deferred = 1 AND finished_at IS NULL AND paused = 0 AND run_after <= ?1 AND (held = 0 OR ` + keyHasRoomSQL + `)`
+	WHERE deferred = 1 AND finished_at IS NULL AND parked = 0 AND paused = 0 AND run_after <= ?1`
 
 // StartDeferred implements storage.Store. A limit below 1 means 1000.
 func (s *Store) StartDeferred(ctx context.Context, limit int, plan storage.PlanFunc) (int, error) {
@@ -47,7 +49,7 @@ func (s *Store) StartDeferred(ctx context.Context, limit int, plan storage.PlanF
 					return 0, err
 				}
 				if !admitted {
-					continue // a finish of its key admits it later
+					continue // parked: a finish of its key admits it
 				}
 			}
 			start = append(start, id)
@@ -70,14 +72,24 @@ const keyHasRoomSQL = `(SELECT count(*) FROM instances a WHERE a.workflow = inst
 
 // admitDeferred admits a held instance whose time has come if its key has
 // room, as the promotion of its first step would (a deferred instance may
-// have none), and releases its held steps that fit. It reports whether
-// the instance is admitted.
+// have none), and releases its held steps that fit; it parks the instance
+// if not, with the other held instances of its key whose time has come.
+// It reports whether the instance is admitted.
 func (t *txn) admitDeferred(id string) (bool, error) {
-	res, err := t.exec(`UPDATE instances SET held = 0 WHERE id = ? AND held = 1 AND `+keyHasRoomSQL, id)
+	// A parked instance (by an earlier admission of this sweep) waits for
+	// a finish of its key, which admits it.
+	res, err := t.exec(`UPDATE instances SET held = 0 WHERE id = ? AND held = 1 AND parked = 0 AND `+keyHasRoomSQL, id)
 	if err != nil {
 		return false, err
 	}
 	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		if err == nil {
+			// The key is full: so are its other held instances whose time
+			// has come parked.
+			_, err = t.exec(`UPDATE instances SET parked = 1 WHERE (workflow, concurrency_key) = (
+				SELECT workflow, concurrency_key FROM instances WHERE id = ?1 AND held = 1 AND parked = 0)
+				AND finished_at IS NULL AND held = 1 AND parked = 0 AND run_after <= ?2`, id, us(t.now))
+		}
 		return false, err
 	}
 	_, err = t.exec(`UPDATE steps SET held_by_instance = 0 WHERE instance_id = ? AND held_by_instance = 1`, id)

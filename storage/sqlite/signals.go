@@ -224,7 +224,9 @@ func (s *Store) NextWake(ctx context.Context, p storage.ClaimParams) (time.Time,
 // nextWake reads NextWake's answer as of now through queryRow. Only a
 // step of steps_delayed can become due later (one in the claim indexes was
 // due when it was made pending), so the pending side reads that index from
-// now on, never the whole queue.
+// now on, never the whole queue. Of the instances whose start was
+// deferred it reads those not parked (see startableDeferredSQL), the
+// earliest first.
 //
 // The delayed steps of other queues and handlers are passed over, but
 // only wakeWalk of them: when the first wakeWalk delayed steps are all
@@ -256,9 +258,9 @@ func nextWake(p storage.ClaimParams, now time.Time, queryRow func(string, ...any
 			UNION ALL
 			SELECT min(deadline) FROM instances WHERE status = 'running' AND deadline IS NOT NULL
 			UNION ALL
-			-- a held instance whose time has come and whose key is full waits for a finish of its key, not a time
-			SELECT min(run_after) FROM instances WHERE deferred = 1 AND finished_at IS NULL AND paused = 0
-				AND (held = 0 OR run_after > ?1 OR `+keyHasRoomSQL+`))`, us(now), string(queues), string(handlers)).Scan(&next)
+			-- a parked instance waits for a finish of its key, not a time
+			SELECT run_after FROM (SELECT run_after FROM instances WHERE deferred = 1 AND finished_at IS NULL AND parked = 0
+				AND paused = 0 ORDER BY run_after LIMIT 1))`, us(now), string(queues), string(handlers)).Scan(&next)
 	if err != nil || !next.Valid {
 		return time.Time{}, err
 	}

@@ -327,7 +327,7 @@ func TestMigrate(t *testing.T) {
 			`UPDATE steps SET child_workflow = 'child', status = 'running', started_at = 1, lease_until = NULL,
 				run_after = 1, queue_limited = 1 WHERE name = 'call'`,
 			`UPDATE steps SET run_after = 253370764800000000, queue_limited = 1 WHERE name = 'work'`,
-		}, undoVersion23...))
+		}, slices.Concat(undoVersion24, undoVersion23)...))
 
 		s, err = sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -354,7 +354,7 @@ func TestMigrate(t *testing.T) {
 				(9, 'i-1', 'a', 2, 1, 2, 'WARN', 'an item', '{"k":1}'),
 				(12, 'i-1', 'b', -1, 2, 3, 'INFO', 'last', NULL)`,
 			`DELETE FROM schema_migrations WHERE version = 14`,
-		}, slices.Concat(undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15)...))
+		}, slices.Concat(undoVersion24, undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15)...))
 
 		s, err := sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -386,7 +386,7 @@ func TestMigrate(t *testing.T) {
 	t.Run("StepLogsWithCompletions", func(t *testing.T) {
 		t.Parallel()
 		path, db := fileWithInstance(t, "a")
-		execAll(t, db, append(slices.Concat(undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16),
+		execAll(t, db, append(slices.Concat(undoVersion24, undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16),
 			`INSERT INTO step_logs (seq, step_id, item, attempt, at, level, message, attrs)
 				SELECT 40, id, -1, 1, 1, 'INFO', 'kept', NULL FROM steps WHERE instance_id = 'i-1' AND name = 'a'`))
 
@@ -421,6 +421,55 @@ func TestMigrate(t *testing.T) {
 	// Version 15 indexes events by their instance's integer key: the
 	// history a file of version 14 holds is kept, in its order, and goes
 	// with its instance.
+	// Version 24 parks held instances: one that an earlier version held
+	// behind a full key is parked by the next sweep, and admitted by the
+	// next finish of its key.
+	t.Run("HeldInstancesParked", func(t *testing.T) {
+		t.Parallel()
+		path := filepath.Join(t.TempDir(), "dagrun.db")
+		s, err := sqlite.Open(t.Context(), path, nil)
+		require.NoError(t, err)
+		limited := func(id string, first storage.StepSpec) storage.CreateParams {
+			return storage.CreateParams{ID: id, Workflow: "wf", DefinitionHash: "h1", Definition: []byte("name: wf\n"),
+				ConcurrencyKey: "a", ConcurrencyLimit: 1, Steps: []storage.StepSpec{first}}
+		}
+		_, err = s.CreateInstances(t.Context(), nil, []storage.CreateParams{
+			limited("i-1", storage.StepSpec{Name: "work", Handler: "h", Queue: "default"}),
+			limited("i-2", storage.StepSpec{Name: "await-go", Wait: &storage.WaitSpec{Signal: "go"}}),
+		}, storagetest.Plan)
+		require.NoError(t, err)
+		require.NoError(t, s.Close())
+
+		db, err := sql.Open("sqlite3", sqlite.DSN(path))
+		require.NoError(t, err)
+		defer db.Close()
+		execAll(t, db, undoVersion24)
+
+		s, err = sqlite.Open(t.Context(), path, nil)
+		require.NoError(t, err)
+		defer s.Close()
+		parked := func() bool {
+			t.Helper()
+			var p bool
+			require.NoError(t, db.QueryRow(`SELECT parked FROM instances WHERE id = 'i-2'`).Scan(&p))
+			return p
+		}
+		require.False(t, parked(), "the upgrade parks nothing")
+		n, err := s.StartDeferred(t.Context(), 100, storagetest.Plan)
+		require.NoError(t, err)
+		require.Zero(t, n, "the key is full")
+		require.True(t, parked(), "the sweep parks the held instance")
+
+		require.NoError(t, s.CancelInstance(t.Context(), "i-1", "make room", storagetest.Plan))
+		require.False(t, parked(), "the finish admitted the instance")
+		n, err = s.StartDeferred(t.Context(), 100, storagetest.Plan)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		in, err := s.GetInstance(t.Context(), "i-2")
+		require.NoError(t, err)
+		require.Equal(t, storage.InstanceRunning, in.Status)
+	})
+
 	t.Run("EventsByInstanceKey", func(t *testing.T) {
 		t.Parallel()
 		path := filepath.Join(t.TempDir(), "dagrun.db")
@@ -441,7 +490,7 @@ func TestMigrate(t *testing.T) {
 		db, err := sql.Open("sqlite3", sqlite.DSN(path))
 		require.NoError(t, err)
 		defer db.Close()
-		execAll(t, db, slices.Concat(undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15))
+		execAll(t, db, slices.Concat(undoVersion24, undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15))
 
 		s, err = sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -501,6 +550,17 @@ func execAll(t *testing.T, db *sql.DB, statements []string) {
 		_, err := db.Exec(q)
 		require.NoError(t, err, q)
 	}
+}
+
+// undoVersion24 drops what migration 24 made and puts back the trigger
+// it replaced.
+var undoVersion24 = []string{
+	`DROP TRIGGER instances_unpark`,
+	string(must(os.ReadFile("migrations/0022_held_instances_due.sql"))),
+	`DROP INDEX instances_deferred`,
+	`CREATE INDEX instances_deferred ON instances (run_after) WHERE deferred = 1 AND finished_at IS NULL`,
+	`ALTER TABLE instances DROP COLUMN parked`,
+	`DELETE FROM schema_migrations WHERE version = 24`,
 }
 
 // undoVersion23 forgets migration 23, which replaces a trigger and
@@ -631,4 +691,12 @@ func TestInMemory(t *testing.T) {
 	onPool, err := sqlite.New(db, nil)
 	require.NoError(t, err)
 	require.NoError(t, onPool.Close())
+}
+
+// must returns v, or panics with err: for what a test reads at its start.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -22,6 +22,9 @@ func Benchmark(b *testing.B, newStore func(b *testing.B) storage.Store) {
 	b.Run("ClaimPastFuture", func(b *testing.B) { benchClaimPastFuture(b, newStore(b)) })
 	b.Run("NextWakePastFuture", func(b *testing.B) { benchNextWakePastFuture(b, newStore(b)) })
 	b.Run("NextWakePastOthers", func(b *testing.B) { benchNextWakePastOthers(b, newStore(b)) })
+	b.Run("NextWakePastHeld", func(b *testing.B) { benchNextWakePastHeld(b, newStore(b)) })
+	b.Run("StartDeferredPastHeld", func(b *testing.B) { benchStartDeferredPastHeld(b, newStore(b)) })
+	b.Run("StartDeferredPastFuture", func(b *testing.B) { benchStartDeferredPastFuture(b, newStore(b)) })
 	b.Run("Transition", func(b *testing.B) { benchTransition(b, newStore(b)) })
 }
 
@@ -111,16 +114,86 @@ func benchNextWakePastFuture(b *testing.B, s storage.Store) {
 // worker's own next step, due after all of them, is not what it may wake
 // for first.
 func benchNextWakePastOthers(b *testing.B, s storage.Store) {
+	benchNextWakeBeside(b, s, func() {
+		theirs := spec("s1")
+		theirs.Handler = "h.theirs"
+		createFutureBacklog(b, s, theirs, spec("s2", "s1"))
+	})
+}
+
+// benchNextWakePastHeld measures NextWake as NextWakePastFuture does,
+// beside a heldBacklog: instances a full workflow concurrency key holds,
+// which wait for a finish of their key, not a time.
+func benchNextWakePastHeld(b *testing.B, s storage.Store) {
+	benchNextWakeBeside(b, s, func() { createHeldBacklog(b, s) })
+}
+
+// benchNextWakeBeside measures NextWake as NextWakePastFuture does, once
+// fill has added what the worker's own delayed step, due after it all,
+// sits beside.
+func benchNextWakeBeside(b *testing.B, s storage.Store, fill func()) {
 	_, err := s.NextWake(b.Context(), benchClaimParams())
 	require.NoError(b, err)
-	theirs := spec("s1")
-	theirs.Handler = "h.theirs"
-	createFutureBacklog(b, s, theirs, spec("s2", "s1"))
+	fill()
 	mine := params(spec("s1"))
 	mine.RunAfter = time.Now().Add(2 * time.Hour)
 	_, err = s.CreateInstances(b.Context(), nil, []storage.CreateParams{mine}, Plan)
 	require.NoError(b, err)
 	benchNextWake(b, s)
+}
+
+// benchStartDeferredPastHeld measures the sweep every idle worker runs
+// when it wakes (StartDeferred) beside a heldBacklog, none of which it
+// may start.
+func benchStartDeferredPastHeld(b *testing.B, s storage.Store) {
+	_, err := s.StartDeferred(b.Context(), 100, Plan)
+	require.NoError(b, err)
+	createHeldBacklog(b, s)
+	benchStartDeferred(b, s)
+}
+
+// benchStartDeferredPastFuture measures the sweep as StartDeferredPastHeld
+// does, with the futureBacklog of ClaimPastFuture delayed: unfinished
+// instances, none deferred.
+func benchStartDeferredPastFuture(b *testing.B, s storage.Store) {
+	_, err := s.StartDeferred(b.Context(), 100, Plan)
+	require.NoError(b, err)
+	createFutureBacklog(b, s)
+	benchStartDeferred(b, s)
+}
+
+// benchStartDeferred measures StartDeferred as a worker runs it, with no
+// instance in the store it may start.
+func benchStartDeferred(b *testing.B, s storage.Store) {
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		n, err := s.StartDeferred(b.Context(), 100, Plan)
+		require.NoError(b, err)
+		require.Zero(b, n, "started an instance that may not start")
+	}
+}
+
+// heldBacklog is how many instances a full workflow concurrency key holds
+// in NextWakePastHeld and StartDeferredPastHeld.
+const heldBacklog = 5_000
+
+// createHeldBacklog creates an instance of key "a" (limit 1) whose first
+// step runs a handler, then heldBacklog more of the key, which it holds.
+// Their first steps wait for a signal, so each is started by the sweep
+// once admitted (as are those of a first workflow step).
+func createHeldBacklog(b *testing.B, s storage.Store) {
+	b.Helper()
+	_, err := s.CreateInstances(b.Context(), nil, []storage.CreateParams{limitedBy(params(spec("s1")), "a", 1)}, Plan)
+	require.NoError(b, err)
+	for done := 0; done < heldBacklog; done += 1000 {
+		ps := make([]storage.CreateParams, min(1000, heldBacklog-done))
+		for i := range ps {
+			ps[i] = limitedBy(params(waitSpec("await-go", "go", 0)), "a", 1)
+		}
+		_, err := s.CreateInstances(b.Context(), nil, ps, Plan)
+		require.NoError(b, err)
+	}
 }
 
 // benchNextWake measures NextWake as a worker of benchClaimParams asks

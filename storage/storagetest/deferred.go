@@ -182,6 +182,68 @@ var deferredTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, 1, b.startDeferred())
 		require.Equal(t, storage.StepWaiting, b.status(crowded.ID, "await-go"))
 	},
+	"ParkedInstanceIsAdmittedByAFinishWhoseClockIsBehind": func(t *testing.T, h *Harness) {
+		// A delayed instance whose time came while its key was full waits
+		// for a finish of its key: the sweep does not look at it again,
+		// and the finish admits it even when the finishing worker's clock
+		// is behind the instance's time.
+		b := h.setup(t)
+		runner := limitedBy(params(spec("work")), "a", 1)
+		delayed := delayedBy(limitedBy(params(waitSpec("await-go", "go", 0)), "a", 1), b.now().Add(time.Hour))
+		b.create(runner, delayed)
+		b.clock.Advance(time.Hour)
+		require.Zero(t, b.startDeferred(), "the key is full")
+		require.True(t, b.nextWake().IsZero(), "a held instance whose time came waits for a finish, not a time: %v", b.nextWake())
+
+		b.clock.Advance(-time.Minute)
+		b.complete(runner.ID, "work", `1`)
+		b.clock.Advance(time.Minute)
+		require.True(t, b.nextWake().Before(b.now().Add(time.Nanosecond)), "the admitted instance may start now: %v", b.nextWake())
+		require.Equal(t, 1, b.startDeferred())
+		require.Equal(t, storage.StepWaiting, b.status(delayed.ID, "await-go"))
+	},
+	"SweepParksTheBacklogOfAFullKey": func(t *testing.T, h *Harness) {
+		// Delayed instances of a full key that fall due together: the
+		// first the sweep finds the key full for parks them all, so that
+		// no worker wakes for them again until a finish of the key.
+		b := h.setup(t)
+		runner := limitedBy(params(spec("work")), "a", 1)
+		b.create(runner)
+		var backlog []storage.CreateParams
+		for range 5 {
+			backlog = append(backlog, delayedBy(limitedBy(params(waitSpec("await-go", "go", 0)), "a", 1), b.now().Add(time.Hour)))
+		}
+		b.create(backlog...)
+		b.clock.Advance(time.Hour)
+		require.False(t, b.nextWake().After(b.now()), "instances fell due: %v", b.nextWake())
+		n, err := b.store.StartDeferred(b.ctx, 1, Plan)
+		require.NoError(t, err)
+		require.Zero(t, n, "the key is full")
+		require.True(t, b.nextWake().IsZero(), "parked instances wait for a finish, not a time: %v", b.nextWake())
+
+		b.complete(runner.ID, "work", `1`)
+		require.Equal(t, 1, b.startDeferred(), "the finish admitted one")
+		require.Equal(t, storage.StepWaiting, b.status(backlog[0].ID, "await-go"), "the oldest goes first")
+	},
+	"KeyFreedBeforeTheTimeAdmitsAtTheTime": func(t *testing.T, h *Harness) {
+		// A delayed instance is held for its time, not for its key: when
+		// the key it found full frees before its time, the sweep admits it
+		// at its time.
+		b := h.setup(t)
+		runner := limitedBy(params(spec("work")), "a", 1)
+		delayed := delayedBy(limitedBy(params(waitSpec("await-go", "go", 0)), "a", 1), b.now().Add(time.Hour))
+		b.create(runner, delayed)
+		b.complete(runner.ID, "work", `1`)
+		other := limitedBy(params(waitSpec("await-go", "go", 0)), "a", 1)
+		b.create(other)
+		require.Equal(t, storage.StepWaiting, b.status(other.ID, "await-go"), "the delayed instance took the slot before its time")
+		b.mustSignal(storage.SignalParams{InstanceID: other.ID, Name: "go", Payload: json.RawMessage(`1`)})
+		require.Equal(t, storage.InstanceCompleted, b.get(other.ID).Status)
+		require.True(t, b.nextWake().Equal(b.now().Add(time.Hour)), "next wake %v", b.nextWake())
+		b.clock.Advance(time.Hour)
+		require.Equal(t, 1, b.startDeferred())
+		require.Equal(t, storage.StepWaiting, b.status(delayed.ID, "await-go"))
+	},
 	"SweepAdmitsTheHighestPriorityFirst": func(t *testing.T, h *Harness) {
 		// Delayed instances of one key that fall due together, whose first
 		// steps wait: the sweep admits them as a finish would, the highest
