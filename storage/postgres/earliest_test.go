@@ -13,8 +13,9 @@ import (
 // TestEarliestReadsStopAtTheFirstEntry: the next wake and the capped
 // parents' skip-scan each want the first entry of a partial index: the
 // earliest delayed step, waiting step's deadline, instance deadline and
-// deferred start; the next capped parent. The sweep of deferred starts
-// wants the due entries of one. Written as min(), whether a
+// deferred start; the next capped parent. The sweeps every idle worker
+// runs (deferred starts; expired leases, waits and instances) want the
+// due entries of one. Written as min(), whether a
 // statement read one entry or every one was the planner's choice, made
 // from the tables' statistics once per connection: a worker that first
 // claimed on a young database aggregated three of the next wake's four
@@ -52,6 +53,10 @@ func TestEarliestReadsStopAtTheFirstEntry(t *testing.T) {
 		// The sweep of deferred starts reads held instances not parked.
 		"admissible deferred": {admissibleDeferredSQL, `(now(), 100)`, 1},
 		"startable deferred":  {startableDeferredSQL, `(now(), 100)`, 1},
+		// So do the other sweeps, of expired leases, waits and instances.
+		"expired leases":    {expiredSQL, `(now(), 100)`, 1},
+		"expired waits":     {expiredWaitsSQL, `(now(), 100)`, 1},
+		"expired instances": {expiredInstancesSQL, `(now(), 100)`, 1},
 	}
 	t.Cleanup(func() {
 		// Not DEALLOCATE ALL: the pool's statement cache holds the others.
@@ -74,6 +79,9 @@ func TestEarliestReadsStopAtTheFirstEntry(t *testing.T) {
 	for _, fill := range []string{`
 		INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, run_after, ready_at)
 		SELECT 'delayed-' || g, 0, 's', 'h', 'default', 'wf', 'pending', now() + g * interval '1 minute', now()
+		FROM generate_series(1, $1::int) g`, `
+		INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, run_after, lease_until)
+		SELECT 'leased-' || g, 0, 's', 'h', 'default', 'wf', 'running', now(), now() + g * interval '1 minute'
 		FROM generate_series(1, $1::int) g`, `
 		INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, run_after, deadline)
 		SELECT 'waiting-' || g, 0, 's', 'h', 'default', 'wf', 'waiting', now(), now() + g * interval '1 minute'
