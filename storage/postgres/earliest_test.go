@@ -28,7 +28,7 @@ import (
 // capped parents' min() is planned as a read of one entry); nor more
 // than wakeWalk when every delayed step is of a handler the claimer
 // lacks. Nor may the next wake or the sweep read the instances a full key
-// holds and parked, due though they are: a count of the key's admitted
+// holds and parked, or those paused, due though they are: a count of the key's admitted
 // instances for each of them made a backlog of 5,000 cost every sweep
 // 2.3 s (BenchmarkHotPaths/StartDeferredPastHeld).
 func TestEarliestReadsStopAtTheFirstEntry(t *testing.T) {
@@ -95,6 +95,9 @@ func TestEarliestReadsStopAtTheFirstEntry(t *testing.T) {
 		INSERT INTO {s}instances (id, workflow, definition_hash, status, run_after, created_at, deferred,
 			concurrency_key, concurrency_limit, held, parked)
 		SELECT 'parked-' || g, 'wf', 'h1', 'pending', now() - g * interval '1 minute', now(), true, 'a', 1, true, true
+		FROM generate_series(1, $1::int) g`, `
+		INSERT INTO {s}instances (id, workflow, definition_hash, status, run_after, created_at, deferred, paused)
+		SELECT 'paused-' || g, 'wf', 'h1', 'pending', now() - g * interval '1 minute', now(), true, true
 		FROM generate_series(1, $1::int) g`, `
 		INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, run_after,
 			parent_id, item_index, item_concurrency)

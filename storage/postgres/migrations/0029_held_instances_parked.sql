@@ -15,15 +15,17 @@
 -- Such an instance is now parked: it is created parked when it is held
 -- because its key is full, and the sweep parks a held one whose time came
 -- and whose key it found full, under the key's lock, as it would have
--- admitted it, with every other held instance of the key whose time came. The sweep and the next wake read only instances not
--- parked, through instances_deferred, which leaves parked ones out; a
--- finish of the key admits parked ones whatever time it reads (a parked
--- delayed instance's run_after may still be ahead of a finishing worker's
--- clock). An instance admitted, or finished, is no longer parked.
+-- admitted it, with every other held instance of the key whose time came.
+-- The sweep and the next wake read only instances not parked, through
+-- instances_deferred, which leaves parked ones out (and paused ones, which
+-- wait for a resume, not a time, and were walked as well); a finish of the
+-- key admits parked ones whatever time it reads (a parked delayed
+-- instance's run_after may still be ahead of a finishing worker's clock).
+-- An instance admitted, or finished, is no longer parked.
 ALTER TABLE instances ADD COLUMN parked boolean NOT NULL DEFAULT false;
 
 DROP INDEX IF EXISTS instances_deferred;
-CREATE INDEX instances_deferred ON instances (run_after) WHERE deferred AND finished_at IS NULL AND NOT parked;
+CREATE INDEX instances_deferred ON instances (run_after) WHERE deferred AND finished_at IS NULL AND NOT parked AND NOT paused;
 
 CREATE FUNCTION instances_unpark() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$

@@ -14,16 +14,17 @@
 -- Such an instance is now parked: it is created parked when it is held
 -- because its key is full, and the sweep parks a held one whose time came
 -- and whose key it found full, with every other held instance of the key
--- whose time came. The sweep and the next wake read only
--- instances not parked, through instances_deferred, which leaves parked
--- ones out; a finish of the key admits parked ones whatever time it reads
--- (a parked delayed instance's run_after may still be ahead of a
--- finishing process's clock). An instance admitted, or finished, is no
--- longer parked.
+-- whose time came. The sweep and the next wake read only instances not
+-- parked, through instances_deferred, which leaves parked ones out (and
+-- paused ones, which wait for a resume, not a time, and were walked as
+-- well); a finish of the key admits parked ones whatever time it reads (a
+-- parked delayed instance's run_after may still be ahead of a finishing
+-- process's clock). An instance admitted, or finished, is no longer
+-- parked.
 ALTER TABLE instances ADD COLUMN parked INTEGER NOT NULL DEFAULT 0;
 
 DROP INDEX IF EXISTS instances_deferred;
-CREATE INDEX instances_deferred ON instances (run_after) WHERE deferred = 1 AND finished_at IS NULL AND parked = 0;
+CREATE INDEX instances_deferred ON instances (run_after) WHERE deferred = 1 AND finished_at IS NULL AND parked = 0 AND paused = 0;
 
 CREATE TRIGGER instances_unpark AFTER UPDATE OF held, finished_at ON instances
 WHEN NEW.parked = 1 AND (NEW.held = 0 OR NEW.finished_at IS NOT NULL)
