@@ -175,6 +175,7 @@ func TestConcurrencyLimitsUnderContention(t *testing.T) {
 	bin := plainBinary
 	cases := []struct {
 		name, yaml string
+		more       map[string]string // other workflow files
 		setup      []string
 		limit      int
 		keys       int // the key values the steps call the server with
@@ -191,6 +192,17 @@ steps:
   - {name: a, handler: http, input: {url: "URL?key=${{ input.n % 5 }}"}}
   - {name: b, handler: http, input: {url: "URL?key=${{ input.n % 5 }}"}, dependsOn: [a]}
 `},
+		// The first step starts a child, so that each instance is
+		// deferred: held behind its key (parked once its key is found
+		// full), admitted by a finish, and started by a sweep.
+		{name: "WorkflowKeyDeferred", limit: 1, hold: 20 * time.Millisecond, keys: contentionKeys, yaml: `name: limited
+concurrency: {key: "${{ input.n % 5 }}", limit: 1}
+steps:
+  - {name: call, workflow: calls, input: {n: "${{ input.n }}"}}
+`, more: map[string]string{"calls.yaml": `name: calls
+steps:
+  - {name: a, handler: http, input: {url: "URL?key=${{ input.n % 5 }}"}}
+`}},
 		{name: "StepKey", limit: 1, hold: 20 * time.Millisecond, keys: contentionKeys, yaml: `name: limited
 steps:
   - {name: a, handler: http, input: {url: "URL?key=${{ input.n % 5 }}"}, concurrency: {key: "${{ input.n % 5 }}", limit: 1}}
@@ -206,7 +218,11 @@ steps:
 			t.Run(b.name+"/"+tc.name, func(t *testing.T) {
 				server := newSlowServer(t, tc.hold)
 				db := b.newDB(t)
-				e := newEnv(t, db, map[string]string{"limited.yaml": strings.ReplaceAll(tc.yaml, "URL", server.url)})
+				files := map[string]string{"limited.yaml": strings.ReplaceAll(tc.yaml, "URL", server.url)}
+				for name, yaml := range tc.more {
+					files[name] = strings.ReplaceAll(yaml, "URL", server.url)
+				}
+				e := newEnv(t, db, files)
 				e.mustRun(t, "validate")
 				if tc.setup != nil {
 					e.mustRun(t, tc.setup...)
