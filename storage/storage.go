@@ -874,7 +874,11 @@ type Store interface {
 	// now: their delayed start has come, they are admitted by their
 	// workflow concurrency limit (StartDeferred admits a held one whose
 	// time has come if its key has room, as the promotion of its first
-	// step would), not paused and not finished. The plan sees them without
+	// step would), not paused and not finished. A held one whose time has
+	// come and whose key is full it parks, with the key's other such
+	// instances (NewInstance.Parked): no later call or NextWake reads them
+	// again, and only a finish of an admitted instance of the key admits
+	// them, whatever time that finish reads. The plan sees them without
 	// InstanceState.Deferred, so it starts the steps it left blocked
 	// (a step that waits, or starts a child, starts its instance). It
 	// returns how many it planned.

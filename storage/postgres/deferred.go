@@ -12,12 +12,13 @@ import (
 // StartDeferred works in two transactions. The first admits the held
 // instances whose time has come and whose keys have room, taking each
 // key's advisory lock before the held instance's row (limits_admit_due)
-// and the keys in order, so that two sweeps never wait on each other; it
-// holds no other row. The second locks the instances that may start in id
-// order, as every transaction that changes an instance's steps does, and
-// plans them. A transaction that locks an admitted instance and a held
-// one of its key together and finishes the first (a finish takes the
-// rows, then the key) can still deadlock with the first; as with a step's
+// and the keys in order, so that two sweeps never wait on each other, and
+// parks those of full keys; the other rows of a key it parks it locks SKIP
+// LOCKED, waiting for none. The second locks the instances that may start
+// in id order, as every transaction that changes an instance's steps does,
+// and plans them. A transaction that locks an admitted instance and a held
+// one of its key together and finishes the first (a finish takes the rows,
+// then the key) can still deadlock with the first; as with a step's
 // promotion (limits_due), one of them is retried.
 
 // admissibleDeferredSQL finds the held instances the first transaction
