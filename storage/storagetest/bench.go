@@ -37,10 +37,16 @@ func benchInstances(b *testing.B, s storage.Store, n int, steps ...storage.StepS
 	if len(steps) == 0 {
 		steps = []storage.StepSpec{spec("s1"), spec("s2", "s1")}
 	}
+	createBatched(b, s, n, func() storage.CreateParams { return params(steps...) })
+}
+
+// createBatched creates n instances made by next, a thousand a call.
+func createBatched(b *testing.B, s storage.Store, n int, next func() storage.CreateParams) {
+	b.Helper()
 	for done := 0; done < n; done += 1000 {
 		ps := make([]storage.CreateParams, min(1000, n-done))
 		for i := range ps {
-			ps[i] = params(steps...)
+			ps[i] = next()
 		}
 		_, err := s.CreateInstances(b.Context(), nil, ps, Plan)
 		require.NoError(b, err)
@@ -186,14 +192,9 @@ func createHeldBacklog(b *testing.B, s storage.Store) {
 	b.Helper()
 	_, err := s.CreateInstances(b.Context(), nil, []storage.CreateParams{limitedBy(params(spec("s1")), "a", 1)}, Plan)
 	require.NoError(b, err)
-	for done := 0; done < heldBacklog; done += 1000 {
-		ps := make([]storage.CreateParams, min(1000, heldBacklog-done))
-		for i := range ps {
-			ps[i] = limitedBy(params(waitSpec("await-go", "go", 0)), "a", 1)
-		}
-		_, err := s.CreateInstances(b.Context(), nil, ps, Plan)
-		require.NoError(b, err)
-	}
+	createBatched(b, s, heldBacklog, func() storage.CreateParams {
+		return limitedBy(params(waitSpec("await-go", "go", 0)), "a", 1)
+	})
 }
 
 // benchNextWake measures NextWake as a worker of benchClaimParams asks
@@ -215,16 +216,12 @@ func createFutureBacklog(b *testing.B, s storage.Store, steps ...storage.StepSpe
 	if len(steps) == 0 {
 		steps = []storage.StepSpec{spec("s1"), spec("s2", "s1")}
 	}
-	for done := 0; done < futureBacklog; done += 1000 {
-		ps := make([]storage.CreateParams, min(1000, futureBacklog-done))
-		for i := range ps {
-			ps[i] = params(steps...)
-			ps[i].Priority = 10
-			ps[i].RunAfter = time.Now().Add(time.Hour)
-		}
-		_, err := s.CreateInstances(b.Context(), nil, ps, Plan)
-		require.NoError(b, err)
-	}
+	createBatched(b, s, futureBacklog, func() storage.CreateParams {
+		p := params(steps...)
+		p.Priority = 10
+		p.RunAfter = time.Now().Add(time.Hour)
+		return p
+	})
 }
 
 // benchComplete measures completing claimed first steps, benchBatch per
