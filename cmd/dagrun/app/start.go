@@ -14,6 +14,7 @@ import (
 
 	"github.com/dagrun/dagrun"
 	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
+	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/storage"
 )
 
@@ -68,6 +69,12 @@ func (c *cli) startCommand() *cobra.Command {
 				var syntaxErr *json.SyntaxError
 				if errors.As(err, &syntaxErr) {
 					return usageError(withJSONHint("--input", err))
+				}
+				var inputErr *dagrun.InputError
+				if input == "" && errors.As(err, &inputErr) && errors.Is(err, dag.ErrInvalidInput) {
+					// The workflow wants an input the user may not know
+					// the flag for: name it.
+					return usageError(fmt.Errorf("%w (no --input was given: pass the input as --input JSON, --input @FILE or --input -)", err))
 				}
 				var unknown *dagrun.UnknownWorkflowError
 				if errors.As(err, &unknown) {
