@@ -134,3 +134,39 @@ func TestBrowserSchedulesPage(t *testing.T) {
 	require.False(t, list[1].Paused)
 	browserRequireNoErrors(t, console)
 }
+
+// TestServeScheduleCountersStartAtZero: the tick counters of a workflow
+// whose schedule `dagrun serve` runs are in /metrics at zero from the
+// first scrape, as every per-workflow series is, so that an alert on
+// skipped ticks has a series before the first skip; a server that runs no
+// scheduler (--no-schedules) shows none.
+func TestServeScheduleCountersStartAtZero(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		args []string
+		want bool
+	}{
+		{"scheduler", nil, true},
+		{"no-schedules", []string{"--no-schedules"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, filepath.Join(t.TempDir(), "dagrun.db"), map[string]string{"nightly.yaml": browserNightly})
+			_, base := e.serveAPI(t, binary, c.args...)
+			resp, metrics := apiCall(t, http.MethodGet, base+"/metrics", "")
+			require.Equal(t, http.StatusOK, resp.StatusCode, metrics)
+			require.Contains(t, metrics, `dagrun_instances_started_total{workflow="nightly"} 0`)
+			for _, series := range []string{
+				`dagrun_schedule_ticks_fired_total{workflow="nightly"} 0`,
+				`dagrun_schedule_ticks_skipped_total{workflow="nightly"} 0`,
+			} {
+				if c.want {
+					require.Contains(t, metrics, series)
+				} else {
+					require.NotContains(t, metrics, series)
+				}
+			}
+		})
+	}
+}

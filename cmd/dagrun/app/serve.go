@@ -116,6 +116,9 @@ func (c *cli) serve(ctx context.Context, addr string, auth web.Config, certs *se
 	initMetrics := func() {
 		for _, w := range engine.Workflows() {
 			metrics.InitWorkflows(w.Name)
+			if !noSchedules && len(w.Schedules) > 0 {
+				metrics.InitSchedules(w.Name)
+			}
 		}
 	}
 	initMetrics()

@@ -121,6 +121,16 @@ func (m *Metrics) InitWorkflows(names ...string) {
 	}
 }
 
+// InitSchedules creates the schedule tick counters of workflows at zero,
+// for a process whose scheduler runs their schedules: an alert on skipped
+// ticks then has a series before the first skip.
+func (m *Metrics) InitSchedules(names ...string) {
+	for _, n := range names {
+		m.ticksFired.WithLabelValues(n)
+		m.ticksSkipped.WithLabelValues(n)
+	}
+}
+
 // InstanceStarted implements dagrun.Observer.
 func (m *Metrics) InstanceStarted(workflow string) {
 	m.started.WithLabelValues(workflow).Inc()
