@@ -643,8 +643,22 @@ func (p *parser) checkGraph(builds []*stepBuild) *graphInfo {
 		node *yaml.Node
 	}
 	edges := make([][]edge, len(builds))
+	// A step depends only on steps of its own list (checkFailureDeps), so
+	// an unknown dependency is matched against those.
+	var mainNames, failureNames []string
+	for _, nm := range g.names {
+		if builds[g.index[nm]].step.OnFailure {
+			failureNames = append(failureNames, nm)
+		} else {
+			mainNames = append(mainNames, nm)
+		}
+	}
 	for i, b := range builds {
 		seen := map[string]bool{}
+		names, none := mainNames, "no other step is defined"
+		if b.step.OnFailure {
+			names, none = failureNames, "no other onFailure step is defined (an onFailure step depends only on onFailure steps, and may read any step's output without dependsOn)"
+		}
 		for k, dep := range b.step.DependsOn {
 			n := b.depNodes[k]
 			switch j, ok := g.index[dep]; {
@@ -653,13 +667,13 @@ func (p *parser) checkGraph(builds []*stepBuild) *graphInfo {
 			case dep == b.step.Name:
 				p.c.at(n, "%s depends on itself: remove %q from its dependsOn", b.label, dep)
 			case !ok:
-				others := listNames(g.names, b.step.Name)
-				if s := suggestExcept(dep, g.names, b.step.Name); s != "" {
+				others := listNames(names, b.step.Name)
+				if s := suggestExcept(dep, names, b.step.Name); s != "" {
 					p.c.at(n, "%s depends on unknown step %q (did you mean %q?)", b.label, dep, s)
 				} else if others != "" {
 					p.c.at(n, "%s depends on unknown step %q (steps: %s)", b.label, dep, others)
 				} else {
-					p.c.at(n, "%s depends on unknown step %q: no other step is defined", b.label, dep)
+					p.c.at(n, "%s depends on unknown step %q: %s", b.label, dep, none)
 				}
 			default:
 				edges[i] = append(edges[i], edge{j, n})
