@@ -32,19 +32,12 @@ import (
 // The lease counts from {clock}, as each step is taken: a claim on the
 // tail of a transaction that waited for locks still gets a full lease.
 //
-// The handler filter is checked on the rows the index walk meets: ready
-// steps of handlers the claimer lacks are passed over, never claimed.
+// Ready steps of handlers the claimer lacks are passed over, never
+// claimed; candidatesSQL reads past them without walking each.
 func claimSQL(c claimShape) string {
 	a := claimArgs{lease: "$2", worker: "$3", limit: "$4", next: 5}
-	filters := a.filters(c, "")
 	return `
-WITH cand AS (
-	SELECT id FROM {s}steps
-	WHERE ` + readyToClaim + filters + `
-	ORDER BY priority DESC, run_after, id
-	LIMIT ` + a.limit + `
-	FOR NO KEY UPDATE SKIP LOCKED
-),
+WITH ` + candidatesSQL(c, a) + `,
 u AS (
 	UPDATE {s}steps s SET ` + a.claimSet() + `
 	FROM cand WHERE s.id = cand.id
@@ -64,6 +57,72 @@ ev AS (
 )` + markClaimed(c) + `
 SELECT ` + claimedColumns(c, "u") + `
 FROM u` + markedBy(c) + ` ORDER BY priority DESC, run_after, id`
+}
+
+// candidatesSQL returns the CTEs that pick and lock the steps a claim of
+// shape c (numbered by a) takes, the last of them cand (id, priority,
+// run_after): up to a.limit ready steps in claim order, skipping rows
+// other claimers hold.
+//
+// A claim that names its handlers walks the ready index in claim order
+// and passes over the steps of other handlers (see claimSQL), which is
+// cheap as long as few of them come first. When ready steps of handlers
+// the claimer lacks are among the first a.limit (head finds out, reading
+// no more entries than the walk would), it reads the head of each of its
+// handlers through steps_ready_handler instead (by_handler) and keeps the
+// first a.limit of them in claim order, however many of the others wait:
+// a backlog of a handler no live worker has, or of one whose own pool of
+// workers fell behind, no longer costs every other claim its length. Each
+// handler's head is locked as it is read, so that claim may hold up to
+// a.limit rows of each of its handlers until it commits; it takes only
+// the first a.limit.
+func candidatesSQL(c claimShape, a claimArgs) string {
+	walk := func(gate string) string {
+		return `SELECT id, priority, run_after FROM {s}steps
+	WHERE ` + readyToClaim + a.filters(c, "") + gate + `
+	ORDER BY priority DESC, run_after, id
+	LIMIT ` + a.limit + `
+	FOR NO KEY UPDATE SKIP LOCKED`
+	}
+	if !c.byHandler || c.capped || c.byInstance {
+		// An instance's own steps are few, and a capped claim takes items
+		// of parents it already locked.
+		return `cand AS (
+	` + walk("") + `
+)`
+	}
+	handlers := a.handlersParam(c)
+	anyHandler := c
+	anyHandler.byHandler = false
+	others := a.filters(anyHandler, "")
+	return `head AS MATERIALIZED (
+	SELECT coalesce(bool_and(handler = ANY(` + handlers + `::text[])), true) AS served FROM (
+		SELECT handler FROM {s}steps
+		WHERE ` + readyToClaim + others + `
+		ORDER BY priority DESC, run_after, id
+		LIMIT ` + a.limit + `
+	) h
+),
+walked AS (
+	` + walk(" AND (SELECT served FROM head)") + `
+),
+by_handler AS (
+	SELECT c.id, c.priority, c.run_after FROM unnest(` + handlers + `::text[]) AS h(name)
+	CROSS JOIN LATERAL (
+		SELECT id, priority, run_after FROM {s}steps
+		WHERE handler = h.name AND ` + readyToClaim + others + ` AND NOT (SELECT served FROM head)
+		ORDER BY priority DESC, run_after, id
+		LIMIT ` + a.limit + `
+		FOR NO KEY UPDATE SKIP LOCKED
+	) c
+	ORDER BY c.priority DESC, c.run_after, c.id
+	LIMIT ` + a.limit + `
+),
+cand AS (
+	SELECT id, priority, run_after FROM walked
+	UNION ALL
+	SELECT id, priority, run_after FROM by_handler
+)`
 }
 
 // readyToClaim is the condition a step the claim's index walk may take
@@ -112,6 +171,19 @@ func (a claimArgs) filters(c claimShape, col string) string {
 		b.WriteString(` AND ` + col + `item_concurrency = 0`)
 	}
 	return b.String()
+}
+
+// handlersParam returns the parameter of the handlers in a claim of shape
+// c: filters numbers the queues, then the instance, then the handlers.
+func (a claimArgs) handlersParam(c claimShape) string {
+	n := a.next
+	if c.queues > 0 {
+		n++
+	}
+	if c.byInstance {
+		n++
+	}
+	return "$" + strconv.Itoa(n)
 }
 
 // claimSet is what a claim writes to each step s it takes.

@@ -4,9 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -34,11 +38,6 @@ import (
 func TestEarliestReadsStopAtTheFirstEntry(t *testing.T) {
 	t.Parallel()
 	s := openTestStore(t, nil)
-	conn, err := s.pool.Acquire(t.Context())
-	require.NoError(t, err)
-	t.Cleanup(conn.Release)
-	_, err = conn.Exec(t.Context(), `SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off`)
-	require.NoError(t, err)
 	walk, err := strconv.ParseFloat(wakeWalk, 64)
 	require.NoError(t, err)
 	statements := map[string]struct {
@@ -58,15 +57,7 @@ func TestEarliestReadsStopAtTheFirstEntry(t *testing.T) {
 		"expired waits":     {expiredWaitsSQL, `(now(), 100)`, 1},
 		"expired instances": {expiredInstancesSQL, `(now(), 100)`, 1},
 	}
-	t.Cleanup(func() {
-		// Not DEALLOCATE ALL: the pool's statement cache holds the others.
-		for name := range statements {
-			_, err := conn.Exec(context.Background(), fmt.Sprintf(`DEALLOCATE %q`, name))
-			require.NoError(t, err)
-		}
-		_, err := conn.Exec(context.Background(), `RESET plan_cache_mode; RESET enable_seqscan`)
-		require.NoError(t, err)
-	})
+	conn := genericPlanConn(t, s, slices.Collect(maps.Keys(statements))...)
 	for name, st := range statements {
 		// The generic plan is made at the first execution, on empty tables.
 		_, err := conn.Exec(t.Context(), fmt.Sprintf(`PREPARE %q AS %s`, name, s.q(st.sql)))
@@ -124,6 +115,81 @@ func TestEarliestReadsStopAtTheFirstEntry(t *testing.T) {
 		})
 		require.NotZero(t, scans, "%s read no table", name)
 	}
+}
+
+// TestClaimReadsOnlyItsHandlersHeads: a claim that names its handlers,
+// with thousands of ready steps of another handler ahead of its own in
+// claim order, reads no more than its limit of entries a loop of any
+// index of steps (see candidatesSQL): it used to walk every one of them,
+// at every claim of every worker. Planned on an empty table, as a
+// worker's connection plans it on a young database, and run after.
+func TestClaimReadsOnlyItsHandlersHeads(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	conn := genericPlanConn(t, s, "claim")
+	const limit = 10
+	// now (none: the server's), lease, worker, limit, handlers
+	args := fmt.Sprintf(`(NULL, %d, 'w', %d, '{mine,none}')`, time.Minute.Microseconds(), limit)
+	_, err := conn.Exec(t.Context(), `PREPARE claim AS `+s.q(claimQueries.of(claimShape{byHandler: true})))
+	require.NoError(t, err)
+	_, err = conn.Exec(t.Context(), `EXPLAIN EXECUTE claim`+args)
+	require.NoError(t, err)
+
+	_, err = s.pool.Exec(t.Context(), s.q(`
+		INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, run_after, ready_at)
+		SELECT 'i-' || g, 0, 's', CASE WHEN g > 3000 THEN 'mine' ELSE 'theirs' END, 'default', 'wf', 'pending',
+			now() - interval '1 hour' + g * interval '1 ms', now() - interval '1 hour' + g * interval '1 ms'
+		FROM generate_series(1, 3020) g`))
+	require.NoError(t, err)
+
+	var plan []struct{ Plan planNode }
+	require.NoError(t, conn.QueryRow(t.Context(), `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim`+args).Scan(&plan))
+	require.Len(t, plan, 1)
+	scans := 0
+	plan[0].Plan.walk(func(n planNode) {
+		if n.Relation != "steps" || n.Index == "steps_pkey" || n.Loops == 0 {
+			return
+		}
+		scans++
+		read := n.Rows + n.Removed
+		require.LessOrEqual(t, read, float64(limit), "%s using %s read %v rows a loop:\n%s", n.Type, n.Index, read, plan[0].Plan.dump())
+	})
+	require.NotZero(t, scans, "the claim read no index of steps")
+
+	var taken []string
+	rows, err := s.pool.Query(t.Context(), s.q(`SELECT instance_id FROM {s}steps WHERE status = 'running' ORDER BY run_after`))
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		taken = append(taken, id)
+	}
+	require.NoError(t, rows.Err())
+	want := []string{"i-3001", "i-3002", "i-3003", "i-3004", "i-3005", "i-3006", "i-3007", "i-3008", "i-3009", "i-3010"}
+	require.Equal(t, want, taken, "the first of its own steps in claim order")
+}
+
+// genericPlanConn returns a connection of s's pool that plans prepared
+// statements generically and without sequential scans, as a connection
+// that first ran them on a young database keeps planning them. names are
+// the statements the caller PREPAREs on it, deallocated when the test
+// ends (not DEALLOCATE ALL: the pool's statement cache holds others).
+func genericPlanConn(t *testing.T, s *Store, names ...string) *pgxpool.Conn {
+	t.Helper()
+	conn, err := s.pool.Acquire(t.Context())
+	require.NoError(t, err)
+	t.Cleanup(conn.Release)
+	_, err = conn.Exec(t.Context(), `SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for _, name := range names {
+			_, err := conn.Exec(context.Background(), fmt.Sprintf(`DEALLOCATE %q`, name))
+			require.NoError(t, err)
+		}
+		_, err := conn.Exec(context.Background(), `RESET plan_cache_mode; RESET enable_seqscan`)
+		require.NoError(t, err)
+	})
+	return conn
 }
 
 // planNode is a node of EXPLAIN (ANALYZE, FORMAT JSON).

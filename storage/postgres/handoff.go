@@ -84,13 +84,7 @@ func handoffSQL(c claimShape) string {
 	a := handoffArgs
 	return `
 WITH ` + handoffChanges(c, a, applyRows) + `,
-cand AS (
-	SELECT id, priority, run_after FROM {s}steps
-	WHERE ` + readyToClaim + a.filters(c, "") + `
-	ORDER BY priority DESC, run_after, id
-	LIMIT ` + a.limit + `
-	FOR NO KEY UPDATE SKIP LOCKED
-),
+` + candidatesSQL(c, a) + `,
 pick AS MATERIALIZED (
 	SELECT id, handed FROM (
 		SELECT id, priority, instance_run_after AS run_after, true AS handed FROM r WHERE claimable

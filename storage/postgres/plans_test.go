@@ -433,6 +433,8 @@ func undoLastMigration(t *testing.T, schema string) {
 	last := ms[len(ms)-1]
 	var undo string
 	switch last.Version {
+	case 30:
+		undo = "DROP INDEX steps_ready_handler"
 	case 29:
 		undo = "DROP TRIGGER instances_unpark ON instances; DROP FUNCTION instances_unpark(); " +
 			replacingFunction(t, ms, 18, "limits_admit_due") + "; " + replacingFunction(t, ms, 26, "limits_instance_release") +

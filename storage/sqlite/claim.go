@@ -28,6 +28,9 @@ type claimShape struct {
 	byInstance bool
 	byHandler  bool
 	trace      bool
+	// picked takes the steps whose IDs ?7 lists (a JSON array), which
+	// pickByHandler chose with the shape's filters, instead of walking.
+	picked bool
 }
 
 // trim cuts the claim arguments ?1..?7 down to the highest one the
@@ -55,31 +58,129 @@ func shapeOf(p storage.ClaimParams) claimShape {
 // ready rows however many finished ones the table holds; see
 // TestClaimUsesPartialIndex. The handler filter is checked on the rows the
 // walk meets: ready steps of handlers no worker of this kind has are
-// skipped, not claimed.
+// skipped, not claimed. When many of them come first, pickByHandler reads
+// past them and the claim takes the steps it picked (c.picked).
 func claimQuery(c claimShape) string {
 	var b strings.Builder
 	b.WriteString(`UPDATE steps SET status = 'running', attempts = attempts + 1, fence = fence + 1,
 	started_at = ?1, first_started_at = coalesce(first_started_at, ?1), lease_until = ?2, worker_id = ?3, promoted = 0
-WHERE id IN (SELECT id FROM steps WHERE status = 'pending' AND ` + readyTerm + ` AND run_after <= ?1`)
-	switch {
-	case c.queues == 1:
-		b.WriteString(` AND queue = +?5`)
-	case c.queues > 1:
-		b.WriteString(` AND queue IN (SELECT value FROM json_each(?5))`)
+WHERE id IN (`)
+	if c.picked {
+		b.WriteString(`SELECT value FROM json_each(?7))`)
+	} else {
+		b.WriteString(`SELECT id FROM steps WHERE ` + readyToClaim + claimFilters(c))
+		if c.byHandler {
+			b.WriteString(` AND handler IN (SELECT value FROM json_each(?7))`)
+		}
+		b.WriteString(` ORDER BY priority DESC, run_after, id LIMIT ` + boundLimit + `)`)
 	}
-	if c.byInstance {
-		b.WriteString(` AND instance_id = +?6`)
-	}
-	if c.byHandler {
-		b.WriteString(` AND handler IN (SELECT value FROM json_each(?7))`)
-	}
-	b.WriteString(` AND item_concurrency = 0`) // capped items: claimCapped
-	b.WriteString(` ORDER BY priority DESC, run_after, id LIMIT ` + boundLimit + `)`)
 	b.WriteString(claimReturning)
 	if c.trace {
 		b.WriteString(claimTraceParent)
 	}
 	return b.String()
+}
+
+// readyToClaim is the condition every step a claim may take meets,
+// whatever its filters: pending, ready, due by ?1, and not an item of a
+// capped forEach step (claimCapped takes those).
+const readyToClaim = `status = 'pending' AND ` + readyTerm + ` AND run_after <= ?1 AND item_concurrency = 0`
+
+// claimFilters is the queue and instance filters of a claim of shape c.
+func claimFilters(c claimShape) string {
+	f := ""
+	switch {
+	case c.queues == 1:
+		f += ` AND queue = +?5`
+	case c.queues > 1:
+		f += ` AND queue IN (SELECT value FROM json_each(?5))`
+	}
+	if c.byInstance {
+		f += ` AND instance_id = +?6`
+	}
+	return f
+}
+
+// A claim that names its handlers walks the ready index in claim order and
+// passes over the steps of other handlers, which is cheap as long as few
+// of them come first. When ready steps of handlers the claimer lacks are
+// among the first ?4 (servedHeadQuery), it reads the head of each of its
+// handlers through steps_ready_handler instead (handlerHeadQuery) and takes
+// the first ?4 of them in claim order (pickByHandler), however many of the
+// others wait: a backlog of a handler no live worker has, or of one whose
+// own pool of workers fell behind, no longer costs every other claim its
+// length. A claim of several queues reads their ready steps whatever
+// their handler (see TestClaimUsesPartialIndex), and does not look.
+
+// servedHeadQuery returns 1 when the first ?4 ready steps a claim of shape
+// c walks, whatever their handler, are all of the handlers ?7, or there
+// are none.
+func servedHeadQuery(c claimShape) string {
+	return `SELECT coalesce(min(handler IN (SELECT value FROM json_each(?7))), 1) FROM (
+	SELECT handler FROM steps WHERE ` + readyToClaim + claimFilters(c) + `
+	ORDER BY priority DESC, run_after, id LIMIT ` + boundLimit + `)`
+}
+
+// handlerHeadQuery returns the first ?4 ready steps of the handler ?7 that
+// a claim of shape c may take, in claim order.
+func handlerHeadQuery(c claimShape) string {
+	return `SELECT id, priority, run_after FROM steps INDEXED BY steps_ready_handler
+	WHERE handler = +?7 AND ` + readyToClaim + claimFilters(c) + `
+	ORDER BY priority DESC, run_after, id LIMIT ` + boundLimit
+}
+
+// pickByHandler returns the IDs (a JSON array) of the steps a claim of
+// shape c with arguments args takes, read handler by handler, when ready
+// steps of other handlers come first; ok is false when none do and the
+// claim walks as usual.
+func (t *txn) pickByHandler(c claimShape, args []any, handlers []string, limit int) (ids string, ok bool, err error) {
+	var served bool
+	if err := t.queryRow(servedHeadQueries()[c], args...).Scan(&served); err != nil || served {
+		return "", false, err
+	}
+	var heads []claimedRow
+	one := slices.Clone(args)
+	for _, h := range handlers {
+		one[6] = h
+		rows, err := t.query(handlerHeadQueries()[c], one...)
+		if err != nil {
+			return "", false, err
+		}
+		for rows.Next() {
+			var r claimedRow
+			if err := rows.Scan(&r.StepID, &r.priority, &r.runAfter); err != nil {
+				rows.Close()
+				return "", false, err
+			}
+			heads = append(heads, r)
+		}
+		if err := rows.Close(); err != nil {
+			return "", false, err
+		}
+	}
+	slices.SortFunc(heads, byClaimOrder)
+	heads = slices.CompactFunc(heads, func(a, b claimedRow) bool { return a.StepID == b.StepID }) // a handler named twice
+	picked := make([]int64, 0, min(len(heads), limit))
+	for _, r := range heads[:min(len(heads), limit)] {
+		picked = append(picked, r.StepID)
+	}
+	b, err := json.Marshal(picked)
+	return string(b), true, err
+}
+
+// byClaimOrder orders claimed rows as a claim takes them: higher priority
+// first, then earlier run_after, then lower ID.
+func byClaimOrder(a, b claimedRow) int {
+	if a.priority != b.priority {
+		return b.priority - a.priority
+	}
+	if a.runAfter != b.runAfter {
+		if a.runAfter < b.runAfter {
+			return -1
+		}
+		return 1
+	}
+	return int(a.StepID - b.StepID)
 }
 
 // readyTerm is the partial-index term of the claim indexes: a pending step
@@ -360,12 +461,36 @@ var claimQueries = sync.OnceValue(func() map[claimShape]string {
 				for _, tr := range []bool{false, true} {
 					c := claimShape{queues: q, byInstance: i, byHandler: h, trace: tr}
 					m[c] = claimQuery(c)
+					if h && !i && q < 2 {
+						c.picked = true
+						m[c] = claimQuery(c)
+					}
 				}
 			}
 		}
 	}
 	return m
 })
+
+// servedHeadQueries and handlerHeadQueries are pickByHandler's
+// statements by the claim's shape, built once as claimQueries are.
+var (
+	servedHeadQueries  = headQueries(servedHeadQuery)
+	handlerHeadQueries = headQueries(handlerHeadQuery)
+)
+
+func headQueries(build func(claimShape) string) func() map[claimShape]string {
+	return sync.OnceValue(func() map[claimShape]string {
+		m := map[claimShape]string{}
+		for q := 0; q <= 1; q++ {
+			for _, tr := range []bool{false, true} {
+				c := claimShape{queues: q, byHandler: true, trace: tr}
+				m[c] = build(c)
+			}
+		}
+		return m
+	})
+}
 
 type claimedRow struct {
 	storage.ClaimedStep
@@ -445,6 +570,16 @@ func (t *txn) claim(p storage.ClaimParams) ([]storage.ClaimedStep, error) {
 	}
 	shape := shapeOf(p)
 	args = shape.trim(args)
+	if shape.byHandler && !shape.byInstance && shape.queues < 2 {
+		ids, ok, err := t.pickByHandler(shape, args, p.Handlers, limit)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			shape.picked = true
+			args[6] = ids
+		}
+	}
 	rows, err := t.query(claimQueries()[shape], args...)
 	if err != nil {
 		return nil, err
@@ -464,18 +599,7 @@ func (t *txn) claim(p storage.ClaimParams) ([]storage.ClaimedStep, error) {
 		return nil, nil
 	}
 	// RETURNING order is unspecified: restore the claim order.
-	slices.SortFunc(claimed, func(a, b claimedRow) int {
-		if a.priority != b.priority {
-			return b.priority - a.priority
-		}
-		if a.runAfter != b.runAfter {
-			if a.runAfter < b.runAfter {
-				return -1
-			}
-			return 1
-		}
-		return int(a.StepID - b.StepID)
-	})
+	slices.SortFunc(claimed, byClaimOrder)
 	ids := make([]string, 0, len(claimed))
 	out := make([]storage.ClaimedStep, len(claimed))
 	for i, c := range claimed {

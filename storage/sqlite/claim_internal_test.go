@@ -90,6 +90,11 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 			}
 		}
 		switch {
+		case shape.picked:
+			// pickByHandler chose the steps: each is taken by its id.
+			require.Contains(t, plan, "USING INTEGER PRIMARY KEY", "shape %v", shape)
+			require.NotContains(t, plan, "steps_ready", "shape %v", shape)
+			continue
 		case shape.byInstance:
 			require.Regexp(t, `steps_instance|steps_ready`, plan, "shape %v", shape)
 		case shape.queues == 1:
@@ -100,6 +105,44 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 		if !shape.byInstance {
 			// The handler is in the index too: picking reads no table row.
 			require.Contains(t, plan, "COVERING INDEX steps_ready", "shape %v", shape)
+		}
+	}
+}
+
+// TestPickByHandlerReadsIndexes checks that a claim's look at the steps
+// ahead of its own and its reads of its handlers' heads read indexes in
+// claim order, never the table, and that each head is read through
+// steps_ready_handler (see pickByHandler).
+func TestPickByHandlerReadsIndexes(t *testing.T) {
+	t.Parallel()
+	s, err := Open(t.Context(), filepath.Join(t.TempDir(), "dagrun.db"), nil)
+	require.NoError(t, err)
+	defer s.Close()
+	for _, c := range []struct {
+		name    string
+		queries map[claimShape]string
+		handler any
+		index   string
+	}{
+		{"served head", servedHeadQueries(), `["h1","h2"]`, "COVERING INDEX steps_ready"},
+		{"handler head", handlerHeadQueries(), "h1", "COVERING INDEX steps_ready_handler"},
+	} {
+		for shape, q := range c.queries {
+			args := []any{0, 0, "w", 10, nil, nil, c.handler}
+			switch shape.queues {
+			case 1:
+				args[4] = "q"
+			case 2:
+				args[4] = `["q","r"]`
+			}
+			plan := explain(t, s, q, args...)
+			require.Contains(t, plan, c.index, "%s %v:\n%s", c.name, shape, plan)
+			require.NotContains(t, plan, "USE TEMP B-TREE FOR ORDER BY", "%s %v:\n%s", c.name, shape, plan)
+			for _, l := range strings.Split(plan, "\n") {
+				if strings.HasPrefix(l, "SCAN steps") || strings.HasPrefix(l, "SEARCH steps") {
+					require.Contains(t, l, " USING ", "%s %v reads steps without an index:\n%s", c.name, shape, plan)
+				}
+			}
 		}
 	}
 }

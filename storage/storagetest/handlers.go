@@ -42,6 +42,63 @@ var handlerTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, "a", got[0].Step)
 	},
 
+	// A claim that names its handlers takes its steps in claim order
+	// however many ready steps of other handlers come first (a backlog of
+	// a handler no live worker has): the first by priority, then age,
+	// across its handlers, and no more than it asks for.
+	"ClaimPastOtherHandlersKeepsClaimOrder": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		create := func(name string, priority int) string {
+			p := params(spec(name))
+			p.Priority = priority
+			b.create(p)
+			return p.ID
+		}
+		create("theirs", 9)
+		for range 30 {
+			create("theirs", 0)
+		}
+		a1, b1, a2, b2, a3 := create("a", 0), create("b", 5), create("a", 5), create("b", 0), create("a", 1)
+		create("theirs", 9)
+		claimed := func(p storage.ClaimParams) []string {
+			t.Helper()
+			var ids []string
+			for _, c := range b.claim(p) {
+				ids = append(ids, c.InstanceID)
+			}
+			return ids
+		}
+		mine := []string{"h.a", "h.b", "h.none"}
+		require.Equal(t, []string{b1, a2, a3}, claimed(storage.ClaimParams{Handlers: mine, Limit: 3}))
+		require.Equal(t, []string{a1}, claimed(storage.ClaimParams{Handlers: mine, Queues: []string{"q.a"}}))
+		require.Equal(t, []string{b2}, claimed(storage.ClaimParams{Handlers: mine}))
+		require.Empty(t, claimed(storage.ClaimParams{Handlers: mine}))
+		require.Len(t, claimed(storage.ClaimParams{Handlers: []string{"h.theirs"}}), 32, "the other handler's steps wait as they were")
+	},
+
+	"FinishAndClaimPastOtherHandlers": func(t *testing.T, h *Harness) {
+		b := h.setup(t)
+		fc, ok := b.store.(storage.FinishClaimer)
+		if !ok {
+			t.Skip("the store does not claim while finishing")
+		}
+		for range 30 {
+			b.createOne(spec("theirs"))
+		}
+		other := b.createOne(spec("c"))
+		id := b.createOne(spec("a"), spec("c", "a"))
+		a := b.claimStep(id, "a")
+		_, claimed, err := fc.FinishAndClaim(b.ctx, []storage.StepResult{completed(a.Claim, `1`)}, Plan,
+			storage.ClaimParams{WorkerID: "eager", Limit: 5, Lease: time.Minute, Handlers: []string{"h.c"}})
+		require.NoError(t, err)
+		var ids []string
+		for _, c := range claimed {
+			require.Equal(t, "c", c.Step)
+			ids = append(ids, c.InstanceID)
+		}
+		require.ElementsMatch(t, []string{other, id}, ids, "the step its finish made ready and the one ready before")
+	},
+
 	"FinishAndClaimTakesOnlyListedHandlers": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		fc, ok := b.store.(storage.FinishClaimer)

@@ -1,0 +1,13 @@
+-- dagrun schema, version 30: claims that pass over ready steps no handler
+-- of theirs runs.
+--
+-- A worker claims only steps of the handlers it has. Its claim walked the
+-- ready index in claim order and passed over the steps of other handlers
+-- one entry at a time, so every claim of every worker read all the ready
+-- steps of a handler no running worker had (a binary not deployed yet, a
+-- pool of workers for one handler that fell behind) that came before its
+-- own: with 10,000 of them, twice the cost of a claim. This index orders
+-- each handler's ready steps apart; a claim that finds such steps ahead of
+-- its own reads its handlers' heads through it instead (see claimSQL).
+CREATE INDEX steps_ready_handler ON steps (handler, priority DESC, run_after, id)
+    WHERE status = 'pending' AND item_concurrency = 0 AND (promoted OR run_after <= ready_at);
