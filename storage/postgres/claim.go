@@ -59,69 +59,43 @@ SELECT ` + claimedColumns(c, "u") + `
 FROM u` + markedBy(c) + ` ORDER BY priority DESC, run_after, id`
 }
 
-// candidatesSQL returns the CTEs that pick and lock the steps a claim of
-// shape c (numbered by a) takes, the last of them cand (id, priority,
-// run_after): up to a.limit ready steps in claim order, skipping rows
-// other claimers hold.
+// candidatesSQL returns the CTE cand (id, priority, run_after): the up to
+// a.limit ready steps a claim of shape c (numbered by a) takes, in claim
+// order, locked, skipping rows other claimers hold.
 //
 // A claim that names its handlers walks the ready index in claim order
-// and passes over the steps of other handlers (see claimSQL), which is
-// cheap as long as few of them come first. When ready steps of handlers
-// the claimer lacks are among the first a.limit (head finds out, reading
-// no more entries than the walk would), it reads the head of each of its
-// handlers through steps_ready_handler instead (by_handler) and keeps the
-// first a.limit of them in claim order, however many of the others wait:
-// a backlog of a handler no live worker has, or of one whose own pool of
-// workers fell behind, no longer costs every other claim its length. Each
-// handler's head is locked as it is read, so that claim may hold up to
-// a.limit rows of each of its handlers until it commits; it takes only
-// the first a.limit.
+// and passes over the steps of other handlers one entry at a time, which
+// is cheap as long as few of them come first. When many do (a backlog of
+// a handler no live worker has, or of one whose own pool of workers fell
+// behind: see lookAhead), a claim of shape heads reads the head of each
+// of its handlers through steps_ready_handler instead, and keeps the first
+// a.limit of them in claim order, however many of the others wait. Each
+// head is locked as it is read, so such a claim may hold up to a.limit
+// rows of each of its handlers until it commits; it takes only the first
+// a.limit.
 func candidatesSQL(c claimShape, a claimArgs) string {
-	walk := func(gate string) string {
-		return `SELECT id, priority, run_after FROM {s}steps
-	WHERE ` + readyToClaim + a.filters(c, "") + gate + `
+	if !c.heads || !c.byHandler || c.capped || c.byInstance {
+		return `cand AS (
+	SELECT id, priority, run_after FROM {s}steps
+	WHERE ` + readyToClaim + a.filters(c, "") + `
 	ORDER BY priority DESC, run_after, id
 	LIMIT ` + a.limit + `
-	FOR NO KEY UPDATE SKIP LOCKED`
-	}
-	if !c.byHandler || c.capped || c.byInstance {
-		// An instance's own steps are few, and a capped claim takes items
-		// of parents it already locked.
-		return `cand AS (
-	` + walk("") + `
+	FOR NO KEY UPDATE SKIP LOCKED
 )`
 	}
-	handlers := a.handlersParam(c)
 	anyHandler := c
 	anyHandler.byHandler = false
-	others := a.filters(anyHandler, "")
-	return `head AS MATERIALIZED (
-	SELECT coalesce(bool_and(handler = ANY(` + handlers + `::text[])), true) AS served FROM (
-		SELECT handler FROM {s}steps
-		WHERE ` + readyToClaim + others + `
-		ORDER BY priority DESC, run_after, id
-		LIMIT ` + a.limit + `
-	) h
-),
-walked AS (
-	` + walk(" AND (SELECT served FROM head)") + `
-),
-by_handler AS (
-	SELECT c.id, c.priority, c.run_after FROM unnest(` + handlers + `::text[]) AS h(name)
+	return `cand AS (
+	SELECT c.id, c.priority, c.run_after FROM unnest(` + a.handlersParam(c) + `::text[]) AS h(name)
 	CROSS JOIN LATERAL (
 		SELECT id, priority, run_after FROM {s}steps
-		WHERE handler = h.name AND ` + readyToClaim + others + ` AND NOT (SELECT served FROM head)
+		WHERE handler = h.name AND ` + readyToClaim + a.filters(anyHandler, "") + `
 		ORDER BY priority DESC, run_after, id
 		LIMIT ` + a.limit + `
 		FOR NO KEY UPDATE SKIP LOCKED
 	) c
 	ORDER BY c.priority DESC, c.run_after, c.id
 	LIMIT ` + a.limit + `
-),
-cand AS (
-	SELECT id, priority, run_after FROM walked
-	UNION ALL
-	SELECT id, priority, run_after FROM by_handler
 )`
 }
 
@@ -307,6 +281,9 @@ type claimShape struct {
 	byInstance bool
 	byHandler  bool
 	capped     bool
+	// heads reads the head of each handler instead of walking past the
+	// steps of others (candidatesSQL).
+	heads bool
 	// trace returns each step's instance's traceparent last.
 	trace bool
 	// snapshots names the claimed steps' instances for the reads of
@@ -357,6 +334,7 @@ func (s *Store) claimSteps(ctx context.Context, p storage.ClaimParams, wake bool
 	if p.Lease <= 0 {
 		return nil, time.Time{}, errors.New("postgres: claim steps: lease must be positive")
 	}
+	s.lookAhead(ctx, p)
 	var (
 		out      []storage.ClaimedStep
 		capped   bool
@@ -444,6 +422,7 @@ func (s *Store) queueClaim(st *txState, p storage.ClaimParams, now *time.Time, i
 func (s *Store) claimStatement(p storage.ClaimParams, now *time.Time, snapshots bool) (string, []any) {
 	shape, args := claimArguments(p, nil)
 	shape.snapshots = snapshots
+	shape.heads = s.readsHeads(p)
 	return s.q(claimQueries.of(shape)), append([]any{now}, args...)
 }
 

@@ -222,6 +222,7 @@ func (s *Store) CreateAndClaim(ctx context.Context, params []storage.CreateParam
 	if p.Lease <= 0 {
 		return nil, nil, errors.New("postgres: create and claim: lease must be positive")
 	}
+	s.lookAhead(ctx, p)
 	var (
 		results []storage.CreateResult
 		claimed []storage.ClaimedStep

@@ -10,8 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
 )
 
 // TestEarliestReadsStopAtTheFirstEntry: the next wake and the capped
@@ -117,56 +120,77 @@ func TestEarliestReadsStopAtTheFirstEntry(t *testing.T) {
 	}
 }
 
-// TestClaimReadsOnlyItsHandlersHeads: a claim that names its handlers,
-// with thousands of ready steps of another handler ahead of its own in
-// claim order, reads no more than its limit of entries a loop of any
-// index of steps (see candidatesSQL): it used to walk every one of them,
-// at every claim of every worker. Planned on an empty table, as a
-// worker's connection plans it on a young database, and run after.
+// TestClaimReadsOnlyItsHandlersHeads: with thousands of ready steps of
+// another handler ahead of a claimer's own in claim order, the store's
+// look ahead finds them, and its claims read no more than their limit of
+// entries a loop of any index of steps (see candidatesSQL, lookAhead):
+// they used to walk every one of them, at every claim of every worker.
+// The look and the claim are planned on an empty table, as a worker's
+// connection plans them on a young database, and run after.
 func TestClaimReadsOnlyItsHandlersHeads(t *testing.T) {
 	t.Parallel()
 	s := openTestStore(t, nil)
-	conn := genericPlanConn(t, s, "claim")
+	conn := genericPlanConn(t, s, "claim", "look")
 	const limit = 10
-	// now (none: the server's), lease, worker, limit, handlers
-	args := fmt.Sprintf(`(NULL, %d, 'w', %d, '{mine,none}')`, time.Minute.Microseconds(), limit)
-	_, err := conn.Exec(t.Context(), `PREPARE claim AS `+s.q(claimQueries.of(claimShape{byHandler: true})))
-	require.NoError(t, err)
-	_, err = conn.Exec(t.Context(), `EXPLAIN EXECUTE claim`+args)
-	require.NoError(t, err)
+	statements := map[string]struct{ sql, args string }{
+		// now (none: the server's), lease, worker, limit, handlers
+		"claim": {claimQueries.of(claimShape{byHandler: true, heads: true}),
+			fmt.Sprintf(`(NULL, %d, 'w', %d, '{mine,none}')`, time.Minute.Microseconds(), limit)},
+		// now, limit, handlers
+		"look": {headProbeQueries.of(claimShape{byHandler: true}), fmt.Sprintf(`(NULL, %d, '{mine,none}')`, limit)},
+	}
+	for name, st := range statements {
+		_, err := conn.Exec(t.Context(), fmt.Sprintf(`PREPARE %s AS %s`, name, s.q(st.sql)))
+		require.NoError(t, err)
+		_, err = conn.Exec(t.Context(), fmt.Sprintf(`EXPLAIN EXECUTE %s%s`, name, st.args))
+		require.NoError(t, err)
+	}
 
-	_, err = s.pool.Exec(t.Context(), s.q(`
+	_, err := s.pool.Exec(t.Context(), s.q(`
 		INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, run_after, ready_at)
 		SELECT 'i-' || g, 0, 's', CASE WHEN g > 3000 THEN 'mine' ELSE 'theirs' END, 'default', 'wf', 'pending',
 			now() - interval '1 hour' + g * interval '1 ms', now() - interval '1 hour' + g * interval '1 ms'
-		FROM generate_series(1, 3020) g`))
+		FROM generate_series(1, 3030) g`))
 	require.NoError(t, err)
 
-	var plan []struct{ Plan planNode }
-	require.NoError(t, conn.QueryRow(t.Context(), `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim`+args).Scan(&plan))
-	require.Len(t, plan, 1)
-	scans := 0
-	plan[0].Plan.walk(func(n planNode) {
-		if n.Relation != "steps" || n.Index == "steps_pkey" || n.Loops == 0 {
-			return
-		}
-		scans++
-		read := n.Rows + n.Removed
-		require.LessOrEqual(t, read, float64(limit), "%s using %s read %v rows a loop:\n%s", n.Type, n.Index, read, plan[0].Plan.dump())
-	})
-	require.NotZero(t, scans, "the claim read no index of steps")
+	for _, name := range []string{"look", "claim"} {
+		var plan []struct{ Plan planNode }
+		require.NoError(t, conn.QueryRow(t.Context(), fmt.Sprintf(`EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE %s%s`, name, statements[name].args)).Scan(&plan))
+		require.Len(t, plan, 1)
+		scans := 0
+		plan[0].Plan.walk(func(n planNode) {
+			if n.Relation != "steps" || n.Index == "steps_pkey" || n.Loops == 0 {
+				return
+			}
+			scans++
+			read := n.Rows + n.Removed
+			require.LessOrEqual(t, read, float64(limit), "%s: %s using %s read %v rows a loop:\n%s", name, n.Type, n.Index, read, plan[0].Plan.dump())
+		})
+		require.NotZero(t, scans, "%s read no index of steps", name)
+	}
+	require.Equal(t, []string{"i-3001", "i-3002", "i-3003", "i-3004", "i-3005", "i-3006", "i-3007", "i-3008", "i-3009", "i-3010"},
+		runningSteps(t, s), "the claim took the first of its own steps in claim order")
 
-	var taken []string
+	// The store looks ahead before a claim, and its claims then read heads.
+	p := storage.ClaimParams{WorkerID: "w", Limit: limit, Lease: time.Minute, Handlers: []string{"mine", "none"}}
+	require.False(t, s.heads.Heads(p), "no look yet")
+	claimed, err := s.ClaimSteps(t.Context(), p)
+	require.NoError(t, err)
+	require.Len(t, claimed, limit)
+	require.True(t, s.heads.Heads(p), "the look found another handler's steps ahead")
+	require.EqualValues(t, 1, s.headClaims.Load(), "and the claim read its handlers' heads")
+	require.Len(t, runningSteps(t, s), 2*limit)
+}
+
+// runningSteps returns the instances of the running steps of s, by
+// run_after.
+func runningSteps(t *testing.T, s *Store) []string {
+	t.Helper()
 	rows, err := s.pool.Query(t.Context(), s.q(`SELECT instance_id FROM {s}steps WHERE status = 'running' ORDER BY run_after`))
 	require.NoError(t, err)
-	for rows.Next() {
-		var id string
-		require.NoError(t, rows.Scan(&id))
-		taken = append(taken, id)
-	}
-	require.NoError(t, rows.Err())
-	want := []string{"i-3001", "i-3002", "i-3003", "i-3004", "i-3005", "i-3006", "i-3007", "i-3008", "i-3009", "i-3010"}
-	require.Equal(t, want, taken, "the first of its own steps in claim order")
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return ids
 }
 
 // genericPlanConn returns a connection of s's pool that plans prepared

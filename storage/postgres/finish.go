@@ -127,6 +127,9 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		claimed, err := s.ClaimSteps(ctx, *claim)
 		return nil, claimed, err
 	}
+	if claim != nil {
+		s.lookAhead(ctx, *claim)
+	}
 	var claimed []storage.ClaimedStep
 	n := len(results)
 	var (

@@ -271,6 +271,7 @@ func (s *Store) queueHandoff(st *txState, now *time.Time, sc *stepChanges) {
 	h.done = true
 	p := h.p
 	shape, rest := claimArguments(p, nil)
+	shape.heads = s.readsHeads(p)
 	n := len(sc.ids)
 	args := []any{now, sc.ids, sc.names, sc.statuses, sc.inputs, sc.errors, sc.keys}
 	many, one := handoffQueries, handoffOneQueries

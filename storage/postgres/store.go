@@ -53,6 +53,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/internal/lookahead"
 )
 
 var (
@@ -230,7 +231,11 @@ type Store struct {
 	listenerRest time.Duration
 	// claimers tells the listener when to connect and listen.
 	claimers *claimers
-	closed   bool
+	// heads tells claims whether to read past other handlers' steps
+	// (claimheads.go); headClaims counts the claims that did.
+	heads      lookahead.Verdicts
+	headClaims atomic.Int64
+	closed     bool
 
 	// settings sets, for one transaction, the settings a pooler would not
 	// keep on a session: empty when the sessions hold them (see

@@ -377,6 +377,8 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 		{claimShape{queues: 1, byHandler: true}, []any{"default", []string{"h"}}, "steps_ready_queue"},
 		{claimShape{queues: 2, byHandler: true}, []any{[]string{"default", "other"}, []string{"h"}}, "steps_ready"},
 		{claimShape{queues: 1, byInstance: true, byHandler: true}, []any{"default", "x", []string{"h"}}, "steps_"},
+		{claimShape{byHandler: true, heads: true}, []any{[]string{"h", "other"}}, "steps_ready_handler"},
+		{claimShape{queues: 1, byHandler: true, heads: true}, []any{"default", []string{"h"}}, "steps_ready_handler"},
 	}
 	for _, c := range cases {
 		args := append([]any{nil, time.Minute.Microseconds(), "w", 10}, c.args...)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/internal/lookahead"
 )
 
 // claimReturning lists what a claim hands the worker.
@@ -103,14 +104,16 @@ func claimFilters(c claimShape) string {
 
 // A claim that names its handlers walks the ready index in claim order and
 // passes over the steps of other handlers, which is cheap as long as few
-// of them come first. When ready steps of handlers the claimer lacks are
-// among the first ?4 (servedHeadQuery), it reads the head of each of its
-// handlers through steps_ready_handler instead (handlerHeadQuery) and takes
-// the first ?4 of them in claim order (pickByHandler), however many of the
-// others wait: a backlog of a handler no live worker has, or of one whose
-// own pool of workers fell behind, no longer costs every other claim its
-// length. A claim of several queues reads their ready steps whatever
-// their handler (see TestClaimUsesPartialIndex), and does not look.
+// of them come first. When the store last saw ready steps of handlers the
+// claimer lacks among the first ?4 (servedHeadQuery, at most once a
+// second: see package storage/internal/lookahead), the claim reads the
+// head of each of its handlers through steps_ready_handler instead
+// (handlerHeadQuery) and takes the first ?4 of them in claim order
+// (pickByHandler), however many of the others wait: a backlog of a
+// handler no live worker has, or of one whose own pool of workers fell
+// behind, no longer costs every other claim its length. A claim of
+// several queues reads their ready steps whatever their handler (see
+// TestClaimUsesPartialIndex), and does not look.
 
 // servedHeadQuery returns 1 when the first ?4 ready steps a claim of shape
 // c walks, whatever their handler, are all of the handlers ?7, or there
@@ -129,33 +132,45 @@ func handlerHeadQuery(c claimShape) string {
 	ORDER BY priority DESC, run_after, id LIMIT ` + boundLimit
 }
 
-// pickByHandler returns the IDs (a JSON array) of the steps a claim of
-// shape c with arguments args takes, read handler by handler, when ready
-// steps of other handlers come first; ok is false when none do and the
-// claim walks as usual.
-func (t *txn) pickByHandler(c claimShape, args []any, handlers []string, limit int) (ids string, ok bool, err error) {
-	var served bool
-	if err := t.queryRow(servedHeadQueries()[c], args...).Scan(&served); err != nil || served {
-		return "", false, err
+// readsHeads reports whether a claim with p's filters, of shape c and
+// arguments args, reads its handlers' heads (pickByHandler): it looks
+// ahead first when its verdict is due.
+func (t *txn) readsHeads(p storage.ClaimParams, c claimShape, args []any) (bool, error) {
+	if t.heads == nil || c.queues > 1 || !lookahead.MayHelp(p) {
+		return false, nil
 	}
+	if now := time.Now(); t.heads.Begin(p, now) {
+		var served bool
+		err := t.queryRow(servedHeadQueries()[c], args...).Scan(&served)
+		t.heads.Done(p, !served, err == nil, now)
+		if err != nil {
+			return false, err
+		}
+	}
+	return t.heads.Heads(p), nil
+}
+
+// pickByHandler returns the IDs (a JSON array) of the steps a claim of
+// shape c with arguments args takes, read handler by handler.
+func (t *txn) pickByHandler(c claimShape, args []any, handlers []string, limit int) (ids string, err error) {
 	var heads []claimedRow
 	one := slices.Clone(args)
 	for _, h := range handlers {
 		one[6] = h
 		rows, err := t.query(handlerHeadQueries()[c], one...)
 		if err != nil {
-			return "", false, err
+			return "", err
 		}
 		for rows.Next() {
 			var r claimedRow
 			if err := rows.Scan(&r.StepID, &r.priority, &r.runAfter); err != nil {
 				rows.Close()
-				return "", false, err
+				return "", err
 			}
 			heads = append(heads, r)
 		}
 		if err := rows.Close(); err != nil {
-			return "", false, err
+			return "", err
 		}
 	}
 	slices.SortFunc(heads, byClaimOrder)
@@ -165,7 +180,7 @@ func (t *txn) pickByHandler(c claimShape, args []any, handlers []string, limit i
 		picked = append(picked, r.StepID)
 	}
 	b, err := json.Marshal(picked)
-	return string(b), true, err
+	return string(b), err
 }
 
 // byClaimOrder orders claimed rows as a claim takes them: higher priority
@@ -570,15 +585,18 @@ func (t *txn) claim(p storage.ClaimParams) ([]storage.ClaimedStep, error) {
 	}
 	shape := shapeOf(p)
 	args = shape.trim(args)
-	if shape.byHandler && !shape.byInstance && shape.queues < 2 {
-		ids, ok, err := t.pickByHandler(shape, args, p.Handlers, limit)
+	heads, err := t.readsHeads(p, shape, args)
+	if err != nil {
+		return nil, err
+	}
+	if heads {
+		ids, err := t.pickByHandler(shape, args, p.Handlers, limit)
 		if err != nil {
 			return nil, err
 		}
-		if ok {
-			shape.picked = true
-			args[6] = ids
-		}
+		shape.picked = true
+		args[6] = ids
+		t.headClaims.Add(1)
 	}
 	rows, err := t.query(claimQueries()[shape], args...)
 	if err != nil {

@@ -109,6 +109,52 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 	}
 }
 
+// TestClaimLooksAheadPastOtherHandlers: with ready steps of another
+// handler ahead of a claimer's own, the store's look ahead finds them and
+// its claims read their handlers' heads (pickByHandler), taking the first
+// of their own steps in claim order; a claim of the other handler walks.
+func TestClaimLooksAheadPastOtherHandlers(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "dagrun.db"), nil)
+	require.NoError(t, err)
+	defer s.Close()
+	var ps []storage.CreateParams
+	for i := range 60 {
+		handler := "theirs"
+		if i >= 50 {
+			handler = "mine"
+		}
+		ps = append(ps, storage.CreateParams{ID: fmt.Sprintf("i%05d", i), Workflow: "wf", DefinitionHash: "h", Definition: []byte("x"),
+			Steps: []storage.StepSpec{{Name: "a", Handler: handler, Queue: "q"}}})
+	}
+	_, err = s.CreateInstances(ctx, nil, ps, func(st *storage.InstanceState) (*storage.Plan, error) {
+		return &storage.Plan{Steps: []storage.StepChange{{Name: "a", Status: storage.StepPending}}}, nil
+	})
+	require.NoError(t, err)
+
+	claim := func(p storage.ClaimParams) []string {
+		t.Helper()
+		got, err := s.ClaimSteps(ctx, p)
+		require.NoError(t, err)
+		var ids []string
+		for _, c := range got {
+			ids = append(ids, c.InstanceID)
+		}
+		return ids
+	}
+	mine := storage.ClaimParams{WorkerID: "w", Limit: 3, Lease: time.Minute, Handlers: []string{"mine", "none"}}
+	require.Equal(t, []string{"i00050", "i00051", "i00052"}, claim(mine))
+	require.True(t, s.heads.Heads(mine), "the look found the other handler's steps ahead")
+	require.Equal(t, []string{"i00053", "i00054", "i00055"}, claim(mine))
+	require.EqualValues(t, 2, s.headClaims.Load(), "both claims read their handlers' heads")
+
+	theirs := storage.ClaimParams{WorkerID: "w", Limit: 3, Lease: time.Minute, Handlers: []string{"theirs"}}
+	require.Equal(t, []string{"i00000", "i00001", "i00002"}, claim(theirs))
+	require.False(t, s.heads.Heads(theirs))
+	require.EqualValues(t, 2, s.headClaims.Load(), "a claim whose own steps come first walks")
+}
+
 // TestPickByHandlerReadsIndexes checks that a claim's look at the steps
 // ahead of its own and its reads of its handlers' heads read indexes in
 // claim order, never the table, and that each head is read through
@@ -125,7 +171,7 @@ func TestPickByHandlerReadsIndexes(t *testing.T) {
 		index   string
 	}{
 		{"served head", servedHeadQueries(), `["h1","h2"]`, "COVERING INDEX steps_ready"},
-		{"handler head", handlerHeadQueries(), "h1", "COVERING INDEX steps_ready_handler"},
+		{"handler head", handlerHeadQueries(), "h1", "INDEX steps_ready_handler"},
 	} {
 		for shape, q := range c.queries {
 			args := []any{0, 0, "w", 10, nil, nil, c.handler}

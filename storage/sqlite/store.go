@@ -18,6 +18,7 @@ import (
 	"github.com/mattn/go-sqlite3"
 
 	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/internal/lookahead"
 )
 
 var (
@@ -116,6 +117,10 @@ type Store struct {
 	// snaps are the snapshots finishes plan from (see snapshots.go); nil
 	// for a pool from New.
 	snaps *snapshotCache
+	// heads tells claims whether to read past other handlers' steps (see
+	// readsHeads); headClaims counts the claims that did.
+	heads      lookahead.Verdicts
+	headClaims atomic.Int64
 }
 
 // DSN returns the data source name for the SQLite file at path with the
@@ -493,7 +498,7 @@ func (s *Store) write(ctx context.Context, op string, fn func(t *txn) error) err
 	storage.AttemptStarted(ctx)
 	// Every write empties the snapshot cache; only a finish that commits
 	// fills it again (see snapshots.go).
-	t := &txn{ctx: ctx, tx: tx.conn, now: s.now(), prior: s.snaps.take()}
+	t := &txn{ctx: ctx, tx: tx.conn, now: s.now(), prior: s.snaps.take(), heads: &s.heads, headClaims: &s.headClaims}
 	if err := fn(t); err != nil {
 		tx.rollback()
 		return s.fail(op, err)

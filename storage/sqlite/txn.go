@@ -8,9 +8,11 @@ import (
 	"math/bits"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/internal/lookahead"
 )
 
 // txn is one write transaction: the store's own or a caller's. It carries
@@ -53,6 +55,12 @@ type txn struct {
 	planned  map[string]*loaded
 	spilled  bool
 	kept     snapshots
+
+	// heads are the store's verdicts on its claims' way to claim (see
+	// readsHeads), headClaims its count of the claims that read heads; nil
+	// in a transaction whose claims always walk.
+	heads      *lookahead.Verdicts
+	headClaims *atomic.Int64
 }
 
 const (

@@ -8,7 +8,8 @@
 -- pool of workers for one handler that fell behind) that came before its
 -- own. This index orders each handler's ready steps apart; a claim that
 -- finds such steps ahead of its own reads its handlers' heads through it
--- instead (see pickByHandler). The columns after id are the claim's
--- filters, so that it reads no table row.
-CREATE INDEX steps_ready_handler ON steps (handler, priority DESC, run_after, id, item_concurrency, queue, instance_id, promoted, ready_at)
-    WHERE status = 'pending' AND (promoted = 1 OR run_after <= ready_at);
+-- instead (see pickByHandler). It holds only its order's columns: every
+-- transition writes its entries, and few claims read it (a claim of one
+-- queue reads the queue of each entry from its row).
+CREATE INDEX steps_ready_handler ON steps (handler, priority DESC, run_after, id)
+    WHERE status = 'pending' AND item_concurrency = 0 AND (promoted = 1 OR run_after <= ready_at);
