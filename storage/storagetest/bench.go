@@ -20,6 +20,7 @@ func Benchmark(b *testing.B, newStore func(b *testing.B) storage.Store) {
 	b.Run("CompleteWithLogs", func(b *testing.B) { benchComplete(b, newStore(b), 1) })
 	b.Run("ClaimPastUnserved", func(b *testing.B) { benchClaimPastUnserved(b, newStore(b)) })
 	b.Run("ClaimPastFuture", func(b *testing.B) { benchClaimPastFuture(b, newStore(b)) })
+	b.Run("ClaimOfQueues", func(b *testing.B) { benchClaimOfQueues(b, newStore(b)) })
 	b.Run("NextWakePastFuture", func(b *testing.B) { benchNextWakePastFuture(b, newStore(b)) })
 	b.Run("NextWakePastOthers", func(b *testing.B) { benchNextWakePastOthers(b, newStore(b)) })
 	b.Run("NextWakePastHeld", func(b *testing.B) { benchNextWakePastHeld(b, newStore(b)) })
@@ -62,12 +63,16 @@ func benchClaimParams() storage.ClaimParams {
 }
 
 // benchClaim measures claiming ready steps, benchBatch per call.
-func benchClaim(b *testing.B, s storage.Store) {
+func benchClaim(b *testing.B, s storage.Store) { benchClaimWith(b, s, benchClaimParams()) }
+
+// benchClaimWith measures claims of p, each op a step: b.N ready steps
+// (and a claim's worth more) are created first.
+func benchClaimWith(b *testing.B, s storage.Store, p storage.ClaimParams) {
 	benchInstances(b, s, b.N+benchBatch)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for claimed := 0; claimed < b.N; {
-		got, err := s.ClaimSteps(b.Context(), benchClaimParams())
+		got, err := s.ClaimSteps(b.Context(), p)
 		require.NoError(b, err)
 		require.NotEmpty(b, got)
 		claimed += len(got)
@@ -87,6 +92,21 @@ func benchClaimPastUnserved(b *testing.B, s storage.Store) {
 	theirs.Handler = "h.theirs"
 	benchInstances(b, s, unservedBacklog, theirs)
 	benchClaim(b, s)
+}
+
+// queuedBacklog is how many ready steps wait in ClaimOfQueues beyond those
+// the benchmark claims.
+const queuedBacklog = 20_000
+
+// benchClaimOfQueues measures claiming as a worker of two queues does
+// (--queues), with queuedBacklog more ready steps of its own queue
+// waiting than the benchmark claims: a claim must read the first of them,
+// not all.
+func benchClaimOfQueues(b *testing.B, s storage.Store) {
+	benchInstances(b, s, queuedBacklog)
+	p := benchClaimParams()
+	p.Queues = []string{"q.other", "q.s1"}
+	benchClaimWith(b, s, p)
 }
 
 // futureBacklog is how many steps that cannot run yet sit in the store in
