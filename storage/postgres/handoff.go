@@ -271,7 +271,6 @@ func (s *Store) queueHandoff(st *txState, now *time.Time, sc *stepChanges) {
 	h.done = true
 	p := h.p
 	shape, rest := claimArguments(p, nil)
-	shape.heads = s.readsHeads(p)
 	n := len(sc.ids)
 	args := []any{now, sc.ids, sc.names, sc.statuses, sc.inputs, sc.errors, sc.keys}
 	many, one := handoffQueries, handoffOneQueries
@@ -288,6 +287,7 @@ func (s *Store) queueHandoff(st *txState, now *time.Time, sc *stepChanges) {
 	} else {
 		// The claim's index walk must see the delayed steps now due.
 		s.queuePromotion(&st.tail, now, &st.promoted)
+		shape.heads = s.readsHeads(p)
 	}
 	sql := many.of(shape)
 	if n == 1 {
