@@ -70,8 +70,7 @@ func (c *cli) startCommand() *cobra.Command {
 				if errors.As(err, &syntaxErr) {
 					return usageError(withJSONHint("--input", err))
 				}
-				var inputErr *dagrun.InputError
-				if input == "" && errors.As(err, &inputErr) && errors.Is(err, dag.ErrInvalidInput) {
+				if input == "" && errors.Is(err, dag.ErrInvalidInput) {
 					// The workflow wants an input the user may not know
 					// the flag for: name it.
 					return usageError(fmt.Errorf("%w (no --input was given: pass the input as --input JSON, --input @FILE or --input -)", err))
