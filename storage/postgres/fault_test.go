@@ -188,3 +188,39 @@ func TestConnectRefused(t *testing.T) {
 		require.Contains(t, msg, want)
 	}
 }
+
+// TestFaultLookAheadFails: a look ahead that fails (here with the claim's
+// context) leaves the verdict as it was and is made again at the next
+// claim, not a second later: a failed look that counted as made would
+// have the claims walk past another handler's backlog for that second, or
+// read heads for nothing.
+func TestFaultLookAheadFails(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	p := storage.ClaimParams{WorkerID: "w", Limit: 10, Lease: time.Minute, Handlers: []string{"mine"}}
+	insert := func(handler string, n int) {
+		t.Helper()
+		_, err := s.pool.Exec(t.Context(), s.q(`
+			INSERT INTO {s}steps (instance_id, position, name, handler, queue, workflow, status, run_after, ready_at)
+			SELECT $1 || g, 0, 's', $1, 'default', 'wf', 'pending', now() - interval '1 hour', now() - interval '1 hour'
+			FROM generate_series(1, $2::int) g`), handler, n)
+		require.NoError(t, err)
+	}
+	insert("mine", 5)
+
+	cancelled, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err := s.ClaimSteps(cancelled, p)
+	require.ErrorIs(t, err, context.Canceled)
+	require.False(t, s.heads.Heads(p), "a failed look changes no verdict")
+
+	// Another handler's steps, ahead of the claimer's own by priority.
+	insert("theirs", 50)
+	_, err = s.pool.Exec(t.Context(), s.q(`UPDATE {s}steps SET priority = 1 WHERE handler = 'theirs'`))
+	require.NoError(t, err)
+	claimed, err := s.ClaimSteps(t.Context(), p)
+	require.NoError(t, err)
+	require.Len(t, claimed, 5)
+	require.True(t, s.heads.Heads(p), "the next claim looked again and found the other handler's steps ahead")
+	require.EqualValues(t, 1, s.headClaims.Load())
+}

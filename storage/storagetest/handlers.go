@@ -60,6 +60,11 @@ var handlerTests = map[string]func(*testing.T, *Harness){
 		}
 		a1, b1, a2, b2, a3 := create("a", 0), create("b", 5), create("a", 5), create("b", 0), create("a", 1)
 		create("theirs", 9)
+		// One of the other handler's steps heads queue q.a too.
+		inA := params(spec("theirs"))
+		inA.Steps[0].Queue = "q.a"
+		inA.Priority = 9
+		b.create(inA)
 		claimed := func(p storage.ClaimParams) []string {
 			t.Helper()
 			var ids []string
@@ -73,7 +78,7 @@ var handlerTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, []string{a1}, claimed(storage.ClaimParams{Handlers: mine, Queues: []string{"q.a"}}))
 		require.Equal(t, []string{b2}, claimed(storage.ClaimParams{Handlers: mine}))
 		require.Empty(t, claimed(storage.ClaimParams{Handlers: mine}))
-		require.Len(t, claimed(storage.ClaimParams{Handlers: []string{"h.theirs"}}), 32, "the other handler's steps wait as they were")
+		require.Len(t, claimed(storage.ClaimParams{Handlers: []string{"h.theirs"}}), 33, "the other handler's steps wait as they were")
 	},
 
 	"FinishAndClaimPastOtherHandlers": func(t *testing.T, h *Harness) {
