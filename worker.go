@@ -157,7 +157,7 @@ func (w *Worker) ID() string { return w.config.ID }
 // that error.
 func (w *Worker) Run(ctx context.Context) error {
 	defer w.watchClock(ctx)()
-	wake, unsubscribe := w.engine.store.Subscribe()
+	wake, unsubscribe := w.engine.store.Subscribe(w.config.Queues)
 	defer unsubscribe()
 	defer w.announce(ctx)()
 

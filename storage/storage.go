@@ -1004,9 +1004,12 @@ type Store interface {
 	ListWorkers(ctx context.Context) ([]WorkerInfo, error)
 
 	// Subscribe returns a channel that receives a value (coalesced) whenever
-	// steps may have become ready, from this process or, where the backend
-	// can tell, from others. Polling remains the fallback. cancel releases it.
-	Subscribe() (ch <-chan struct{}, cancel func())
+	// steps of queues (of any queue when queues is empty) may have become
+	// ready, from this process or, where the backend can tell, from others.
+	// A store may signal for steps of other queues too, when it cannot tell
+	// which queues changed. Polling remains the fallback. cancel releases
+	// it.
+	Subscribe(queues []string) (ch <-chan struct{}, cancel func())
 
 	// Close releases what the store opened itself (not a pool it was given).
 	Close() error

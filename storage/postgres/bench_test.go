@@ -58,7 +58,7 @@ func BenchmarkChain4(b *testing.B) {
 		)
 		for w := range 8 {
 			wg.Go(func() {
-				ch, cancel := s.Subscribe()
+				ch, cancel := s.Subscribe(nil)
 				defer cancel()
 				for done.Load() < chains*4 {
 					cs, err := s.ClaimSteps(ctx, storage.ClaimParams{WorkerID: fmt.Sprint("w", w), Limit: 1, Lease: time.Minute})

@@ -33,7 +33,7 @@ func TestListenerRestsWhileClaimersAreBusy(t *testing.T) {
 func listenerRests(t *testing.T, killWhileResting bool) {
 	w := newWorker(t, "rests", &Config{ListenerRetryMin: 10 * time.Millisecond, ListenerRetryMax: 100 * time.Millisecond})
 	s, create, claim := w.s, w.create, w.claim
-	ch, cancel := s.Subscribe()
+	ch, cancel := s.Subscribe(nil)
 	t.Cleanup(cancel)
 	var pid uint32 // the listener's backend
 	lastStatement := func() string {
@@ -187,7 +187,7 @@ func TestListenerConnectsWhenAClaimerWaits(t *testing.T) {
 	w := newWorker(t, "lazy", nil)
 	w.create()
 	w.create()
-	ch, cancel := w.s.Subscribe()
+	ch, cancel := w.s.Subscribe(nil)
 	t.Cleanup(cancel)
 	require.Equal(t, 1, w.claim(1), "a claim that takes all it asked for: the worker is busy")
 	// The absence of a connection cannot be awaited: it is checked 400 ms
@@ -213,7 +213,7 @@ func TestListenerClosesItsConnectionAtRest(t *testing.T) {
 	t.Parallel()
 	w := newWorker(t, "rest", nil)
 	w.s.listenerRest = 100 * time.Millisecond
-	ch, cancel := w.s.Subscribe()
+	ch, cancel := w.s.Subscribe(nil)
 	t.Cleanup(cancel)
 	require.Zero(t, w.claim(1), "a claim of an empty queue: the worker waits")
 	pid := awaitListener(t, w.s, 0)

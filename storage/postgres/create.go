@@ -630,7 +630,7 @@ func (r *createRows) instance(st *txState, n *storage.NewInstance, held bool) {
 			// workflow's: an instance that starts only waiting makes no
 			// step ready, and another process's worker would otherwise
 			// see the deadline only at its next poll.
-			st.ready(queueOf(*sp))
+			st.waiting(queueOf(*sp))
 		}
 		r.stStatuses = append(r.stStatuses, string(status))
 		r.stOutputs = append(r.stOutputs, jsonOrNil(ns.Output))

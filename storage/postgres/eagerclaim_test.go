@@ -22,7 +22,7 @@ type eagerFixture struct {
 func newEagerFixture(t *testing.T, app string) *eagerFixture {
 	t.Helper()
 	w := newWorker(t, app, nil)
-	ch, cancel := w.s.Subscribe()
+	ch, cancel := w.s.Subscribe(nil)
 	t.Cleanup(cancel)
 	f := &eagerFixture{worker: w, signals: ch}
 	f.look(1) // a short claim: the store listens, and signals once it does

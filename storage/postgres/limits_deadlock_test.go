@@ -79,7 +79,7 @@ func newDeadlockLoad(t *testing.T, conns int32) *deadlockLoad {
 // poll (delayed steps fall due without news): claimers that spun on empty
 // claims took the CPU the package's other tests run on.
 func (l *deadlockLoad) goClaim(w, want int, plan storage.PlanFunc, outcome func(storage.ClaimedStep) storage.Outcome) {
-	ready, unsubscribe := l.s.Subscribe()
+	ready, unsubscribe := l.s.Subscribe(nil)
 	l.wg.Go(func() {
 		defer unsubscribe()
 		ctx := l.t.Context()

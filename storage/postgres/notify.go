@@ -134,3 +134,14 @@ func payload(origin string, queues map[string]struct{}) string {
 	}
 	return origin + ":" + list
 }
+
+// parsePayload splits a notification's text into its origin and its
+// queues: none when it lists none (steps of queues its sender did not
+// know, or a list too long to send).
+func parsePayload(text string) (origin string, queues []string) {
+	origin, list, _ := strings.Cut(text, ":")
+	if list == "" {
+		return origin, nil
+	}
+	return origin, strings.Split(list, ",")
+}

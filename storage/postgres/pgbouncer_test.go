@@ -91,7 +91,7 @@ func TestPgBouncerURL(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, claimed)
 
-	_, unsubscribe := s.Subscribe()
+	_, unsubscribe := s.Subscribe(nil)
 	defer unsubscribe()
 	time.Sleep(100 * time.Millisecond) // a listener would have connected by now
 	require.Zero(t, s.listenerPID(), "a store behind PgBouncer started a listener")

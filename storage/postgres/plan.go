@@ -503,7 +503,7 @@ func (c *stepChanges) add(st *txState, now *time.Time, s *Store, l *loaded, chan
 		case storage.StepPending:
 			st.readyByPlan(l.queues[i], is.ID, ch.Name)
 		case storage.StepWaiting:
-			st.ready(l.queues[i]) // idle workers learn of its deadline
+			st.waiting(l.queues[i]) // idle workers learn of its deadline
 		}
 		input := ch.Input
 		if ch.Status == storage.StepCompleted {

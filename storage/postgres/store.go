@@ -559,6 +559,9 @@ type txState struct {
 	// what the transaction's eager claim took.
 	planReady  []stepRef
 	otherReady bool
+	// everyQueue is set when what the transaction made ready is news for
+	// the workers of every queue (see waiting).
+	everyQueue bool
 	claimed    []storage.ClaimedStep
 	// quiet is set when the transaction's own eager claim took every step
 	// it could see: none is left for this process's other claimers, so
@@ -613,6 +616,24 @@ type txState struct {
 func (st *txState) ready(queue string) {
 	st.otherReady = true
 	st.addQueue(queue)
+}
+
+// waiting records a step of queue made waiting. Its deadline, or its
+// instance's, is news for every idle worker, whatever its queues: any
+// worker times out a wait or an instance (see nextWakeSQL). The
+// transaction's NOTIFY then lists no queue.
+func (st *txState) waiting(queue string) {
+	st.ready(queue)
+	st.everyQueue = true
+}
+
+// notifyPayload is the payload of the NOTIFY for what the transaction
+// made ready, sent with origin.
+func (st *txState) notifyPayload(origin string) string {
+	if st.everyQueue {
+		return payload(origin, nil)
+	}
+	return payload(origin, st.readyQueues)
 }
 
 // freedItemSlot records that an item of queue under a concurrency cap
@@ -693,7 +714,7 @@ func (st *txState) finish(ctx context.Context, tx pgx.Tx, channel string, own *l
 		}
 		if n := len(st.readyQueues); n > notified && channel != "" {
 			notified = n
-			st.tail.Queue("SELECT pg_notify($1, $2)", channel, payload("", st.readyQueues))
+			st.tail.Queue("SELECT pg_notify($1, $2)", channel, st.notifyPayload(""))
 		}
 		if st.tail.Len() > 0 {
 			if own != nil && !st.finishing && !st.followUps() {
@@ -778,7 +799,11 @@ func (s *Store) inTx(ctx context.Context, fn func(tx pgx.Tx, st *txState) error)
 			return st.finish(ctx, tx, "", tx)
 		})
 		if err == nil && len(st.readyQueues) > 0 && !st.claimedAllReady() {
-			s.notifier.add(st.readyQueues)
+			if st.everyQueue {
+				s.notifier.addUnlisted()
+			} else {
+				s.notifier.add(st.readyQueues)
+			}
 			if !st.quiet || st.itemSlotFreed || st.cappedExpanded {
 				s.broadcast()
 			}

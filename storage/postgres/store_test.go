@@ -98,7 +98,7 @@ func awaitListener(t *testing.T, s *Store, not uint32) uint32 {
 // LISTENs, with its backend PID and nothing pending.
 func subscribeIdle(t *testing.T, s *Store) (<-chan struct{}, uint32) {
 	t.Helper()
-	ch, cancel := s.Subscribe()
+	ch, cancel := s.Subscribe(nil)
 	t.Cleanup(cancel)
 	none, err := s.ClaimSteps(t.Context(), storage.ClaimParams{WorkerID: "idle", Handlers: []string{"no such handler"}, Limit: 1, Lease: time.Minute})
 	require.NoError(t, err)
@@ -143,6 +143,79 @@ func TestNotifyWakesOtherStore(t *testing.T) {
 	}
 	require.NoError(t, tx.Commit(t.Context()))
 	awaitSignal(t, ch, 2*time.Second, "the caller's commit")
+}
+
+// TestNotifyWakesTheSubscribersOfItsQueues: another process's commit
+// wakes the subscribers of the queues it made ready and those of every
+// queue, not those of other queues; a NOTIFY that names no queue (steps a
+// claim promoted, whose queues it does not know) wakes them all. The
+// store signals all its matching subscribers at once, so a subscriber
+// left unsignalled once another was signalled will not be.
+func TestNotifyWakesTheSubscribersOfItsQueues(t *testing.T) {
+	t.Parallel()
+	a := openTestStore(t, nil)
+	b := openInSchema(t, a.cfg.Schema, nil)
+	subscribe := func(queues ...string) <-chan struct{} {
+		ch, cancel := b.Subscribe(queues)
+		t.Cleanup(cancel)
+		return ch
+	}
+	ofA, ofB, ofBoth := subscribe("q.a"), subscribe("q.b"), subscribe("q.a", "q.b")
+	every, _ := subscribeIdle(t, b)
+	drain(ofA)
+	drain(ofB)
+	drain(ofBoth)
+	signalled := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	inQueue := func(queue string) storage.CreateParams {
+		step := spec("a")
+		step.Queue = queue
+		return params(step)
+	}
+
+	_, err := a.CreateInstances(t.Context(), nil, []storage.CreateParams{inQueue("q.a")}, storagetest.Plan)
+	require.NoError(t, err)
+	awaitSignal(t, every, 2*time.Second, "a create of a q.a step in another store")
+	require.True(t, signalled(ofA), "the subscriber of q.a was not signalled")
+	require.True(t, signalled(ofBoth), "the subscriber of q.a and q.b was not signalled")
+	require.False(t, signalled(ofB), "the subscriber of q.b was signalled for a q.a step")
+
+	// A caller's transaction names its queues too.
+	tx, err := a.Pool().Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }()
+	_, err = a.CreateInstances(t.Context(), tx, []storage.CreateParams{inQueue("q.b")}, storagetest.Plan)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(t.Context()))
+	awaitSignal(t, every, 2*time.Second, "a caller's commit of a q.b step")
+	require.True(t, signalled(ofB), "the subscriber of q.b was not signalled")
+	require.True(t, signalled(ofBoth), "the subscriber of q.a and q.b was not signalled")
+	require.False(t, signalled(ofA), "the subscriber of q.a was signalled for a q.b step")
+
+	everyQueue := func(what string) {
+		t.Helper()
+		awaitSignal(t, every, 2*time.Second, what)
+		for name, ch := range map[string]<-chan struct{}{"q.a": ofA, "q.b": ofB, "q.a and q.b": ofBoth} {
+			require.True(t, signalled(ch), "the subscriber of %s was not signalled by %s", name, what)
+		}
+	}
+	_, err = a.Pool().Exec(t.Context(), "SELECT pg_notify($1, $2)", a.channel, payload(a.origin, nil))
+	require.NoError(t, err)
+	everyQueue("a NOTIFY that names no queue")
+
+	// Any worker times out a wait: its deadline is news for every queue.
+	// (storagetest.Plan makes a step whose name begins with "await" wait.)
+	wait := spec("await-approval")
+	wait.Handler, wait.Queue, wait.Wait = "", "q.a", &storage.WaitSpec{Signal: "approval", Timeout: time.Hour}
+	_, err = a.CreateInstances(t.Context(), nil, []storage.CreateParams{params(wait)}, storagetest.Plan)
+	require.NoError(t, err)
+	everyQueue("a create of a wait with a deadline in q.a")
 }
 
 // TestNotifyTellsOfADeadline: an instance that starts only waiting makes

@@ -63,7 +63,7 @@ func TestCloseWaitsForStoppedWatchers(t *testing.T) {
 	for range 50 {
 		s, err := Open(t.Context(), filepath.Join(dir, "dagrun.db"), nil)
 		require.NoError(t, err)
-		_, unsubscribe := s.Subscribe()
+		_, unsubscribe := s.Subscribe(nil)
 		unsubscribe()
 		require.NoError(t, s.Close())
 		require.False(t, running(fmt.Sprintf("sqlite.(*Store).watchDataVersion(%p", s)), "a watcher of the store runs after Close")

@@ -383,8 +383,10 @@ func (s *Store) Close() error {
 // caller's pool to watch, and relies on polling for other processes).
 // Signals coalesce: the channel holds at most one. cancel stops the
 // signals; the channel is not closed, so a receiver never mistakes
-// cancellation for a signal.
-func (s *Store) Subscribe() (<-chan struct{}, func()) {
+// cancellation for a signal. Every subscriber hears of every change,
+// whatever its queues: a change of the file does not say which queues it
+// made ready.
+func (s *Store) Subscribe([]string) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	s.mu.Lock()
 	if s.subs == nil {

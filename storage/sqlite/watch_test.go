@@ -26,7 +26,7 @@ func TestSubscribeHearsOtherProcesses(t *testing.T) {
 		return s
 	}
 	idle, starter := open(), open()
-	ch, cancel := idle.Subscribe()
+	ch, cancel := idle.Subscribe(nil)
 	start := func() {
 		t.Helper()
 		p := storage.CreateParams{ID: "i-" + time.Now().Format("150405.000000000"), Workflow: "wf", DefinitionHash: "h",

@@ -151,7 +151,7 @@ var eagerTests = map[string]func(*testing.T, *Harness){
 				for range tc.fillers {
 					b.createOne(spec("x"))
 				}
-				ch, cancel := b.store.Subscribe()
+				ch, cancel := b.store.Subscribe(nil)
 				defer cancel()
 				if h.Settle != nil {
 					h.Settle(t, b.store)
@@ -256,7 +256,7 @@ var eagerStartTests = map[string]func(*testing.T, *Harness){
 		b := h.setup(t)
 		cc := implements[storage.CreateClaimer](b)
 		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.a", Rate: 1, Per: time.Minute}))
-		ch, cancel := b.store.Subscribe()
+		ch, cancel := b.store.Subscribe(nil)
 		defer cancel()
 		if h.Settle != nil {
 			h.Settle(t, b.store)

@@ -176,7 +176,7 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		for _, tc := range oneSlotLimits() {
 			t.Run(tc.name, func(t *testing.T) {
 				b := h.setupLimits(t)
-				ch, cancel := b.store.Subscribe()
+				ch, cancel := b.store.Subscribe(nil)
 				defer cancel()
 				tc.limit(b)
 				ids := b.createKeyed(tc.make(), tc.make())

@@ -121,9 +121,9 @@ func drainSignals(ch <-chan struct{}) {
 var subscribeTests = map[string]func(*testing.T, *Harness){
 	"SignalsReadySteps": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
-		ch, cancel := b.store.Subscribe()
+		ch, cancel := b.store.Subscribe(nil)
 		defer cancel()
-		other, cancelOther := b.store.Subscribe()
+		other, cancelOther := b.store.Subscribe(nil)
 		cancelOther()
 		cancelOther() // idempotent
 
@@ -154,7 +154,7 @@ var subscribeTests = map[string]func(*testing.T, *Harness){
 	// ready does, or the next items wait for a poll each.
 	"SignalsAFreedItemSlot": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
-		ch, cancel := b.store.Subscribe()
+		ch, cancel := b.store.Subscribe(nil)
 		defer cancel()
 		each := eachSpec("each")
 		each.ItemConcurrency = 1
@@ -200,7 +200,7 @@ var subscribeTests = map[string]func(*testing.T, *Harness){
 	// absence of a signal right after the call is the behaviour.
 	"NoSignalWhenAnEagerClaimTookAll": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
-		ch, cancel := b.store.Subscribe()
+		ch, cancel := b.store.Subscribe(nil)
 		defer cancel()
 		signalled := func() bool {
 			select {
