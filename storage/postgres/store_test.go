@@ -148,9 +148,11 @@ func TestNotifyWakesOtherStore(t *testing.T) {
 // TestNotifyWakesTheSubscribersOfItsQueues: another process's commit
 // wakes the subscribers of the queues it made ready and those of every
 // queue, not those of other queues; a NOTIFY that names no queue (steps a
-// claim promoted, whose queues it does not know) wakes them all. The
-// store signals all its matching subscribers at once, so a subscriber
-// left unsignalled once another was signalled will not be.
+// claim promoted, whose queues it does not know) and a wait's deadline
+// wake them all. After each commit the test sends a NOTIFY of a queue of
+// its own and awaits its subscriber: notifications arrive in the order
+// they were sent, so every signal of the commit has been given once the
+// store has signalled that subscriber and let go of its subscribers.
 func TestNotifyWakesTheSubscribersOfItsQueues(t *testing.T) {
 	t.Parallel()
 	a := openTestStore(t, nil)
@@ -160,62 +162,69 @@ func TestNotifyWakesTheSubscribersOfItsQueues(t *testing.T) {
 		t.Cleanup(cancel)
 		return ch
 	}
-	ofA, ofB, ofBoth := subscribe("q.a"), subscribe("q.b"), subscribe("q.a", "q.b")
-	every, _ := subscribeIdle(t, b)
-	drain(ofA)
-	drain(ofB)
-	drain(ofBoth)
-	signalled := func(ch <-chan struct{}) bool {
-		select {
-		case <-ch:
-			return true
-		default:
-			return false
-		}
-	}
+	subs := map[string]<-chan struct{}{"q.a": subscribe("q.a"), "q.b": subscribe("q.b"), "q.a and q.b": subscribe("q.a", "q.b")}
+	subs["every queue"], _ = subscribeIdle(t, b)
 	inQueue := func(queue string) storage.CreateParams {
 		step := spec("a")
 		step.Queue = queue
 		return params(step)
 	}
-
-	_, err := a.CreateInstances(t.Context(), nil, []storage.CreateParams{inQueue("q.a")}, storagetest.Plan)
-	require.NoError(t, err)
-	awaitSignal(t, every, 2*time.Second, "a create of a q.a step in another store")
-	require.True(t, signalled(ofA), "the subscriber of q.a was not signalled")
-	require.True(t, signalled(ofBoth), "the subscriber of q.a and q.b was not signalled")
-	require.False(t, signalled(ofB), "the subscriber of q.b was signalled for a q.a step")
-
-	// A caller's transaction names its queues too.
-	tx, err := a.Pool().Begin(t.Context())
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }()
-	_, err = a.CreateInstances(t.Context(), tx, []storage.CreateParams{inQueue("q.b")}, storagetest.Plan)
-	require.NoError(t, err)
-	require.NoError(t, tx.Commit(t.Context()))
-	awaitSignal(t, every, 2*time.Second, "a caller's commit of a q.b step")
-	require.True(t, signalled(ofB), "the subscriber of q.b was not signalled")
-	require.True(t, signalled(ofBoth), "the subscriber of q.a and q.b was not signalled")
-	require.False(t, signalled(ofA), "the subscriber of q.a was signalled for a q.b step")
-
-	everyQueue := func(what string) {
-		t.Helper()
-		awaitSignal(t, every, 2*time.Second, what)
-		for name, ch := range map[string]<-chan struct{}{"q.a": ofA, "q.b": ofB, "q.a and q.b": ofBoth} {
-			require.True(t, signalled(ch), "the subscriber of %s was not signalled by %s", name, what)
+	cases := []struct {
+		name   string
+		commit func(t *testing.T)
+		woken  []string
+	}{
+		{"a create of a q.a step", func(t *testing.T) {
+			_, err := a.CreateInstances(t.Context(), nil, []storage.CreateParams{inQueue("q.a")}, storagetest.Plan)
+			require.NoError(t, err)
+		}, []string{"q.a", "q.a and q.b", "every queue"}},
+		{"a caller's commit of a q.b step", func(t *testing.T) {
+			tx, err := a.Pool().Begin(t.Context())
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }()
+			_, err = a.CreateInstances(t.Context(), tx, []storage.CreateParams{inQueue("q.b")}, storagetest.Plan)
+			require.NoError(t, err)
+			require.NoError(t, tx.Commit(t.Context()))
+		}, []string{"q.b", "q.a and q.b", "every queue"}},
+		{"a NOTIFY that names no queue", func(t *testing.T) {
+			_, err := a.Pool().Exec(t.Context(), "SELECT pg_notify($1, $2)", a.channel, payload(a.origin, nil))
+			require.NoError(t, err)
+		}, []string{"q.a", "q.b", "q.a and q.b", "every queue"}},
+		{"a create of a wait with a deadline in q.a", func(t *testing.T) {
+			// Any worker times out a wait: its deadline is news for every
+			// queue. (storagetest.Plan makes a step whose name begins with
+			// "await" wait.)
+			wait := spec("await-approval")
+			wait.Handler, wait.Queue, wait.Wait = "", "q.a", &storage.WaitSpec{Signal: "approval", Timeout: time.Hour}
+			_, err := a.CreateInstances(t.Context(), nil, []storage.CreateParams{params(wait)}, storagetest.Plan)
+			require.NoError(t, err)
+		}, []string{"q.a", "q.b", "q.a and q.b", "every queue"}},
+	}
+	for i, c := range cases {
+		for _, ch := range subs {
+			drain(ch)
+		}
+		// A marker of the case's own: an earlier case's marker may still
+		// be on its way. A NOTIFY that names no queue signals it too, with
+		// every other subscriber at once.
+		markerQueue := fmt.Sprintf("q.marker.%d", i)
+		marker := subscribe(markerQueue)
+		c.commit(t)
+		a.notifier.idle.Wait() // the commit's NOTIFY is sent
+		_, err := a.Pool().Exec(t.Context(), "SELECT pg_notify($1, $2)", a.channel, payload(a.origin, queueSet(markerQueue)))
+		require.NoError(t, err)
+		awaitSignal(t, marker, 2*time.Second, "the marker after "+c.name)
+		b.subsMu.Lock() // the signal that reached the marker has reached all
+		b.subsMu.Unlock()
+		for name, ch := range subs {
+			select {
+			case <-ch:
+				require.Contains(t, c.woken, name, "the subscriber of %s was signalled by %s", name, c.name)
+			default:
+				require.NotContains(t, c.woken, name, "the subscriber of %s was not signalled by %s", name, c.name)
+			}
 		}
 	}
-	_, err = a.Pool().Exec(t.Context(), "SELECT pg_notify($1, $2)", a.channel, payload(a.origin, nil))
-	require.NoError(t, err)
-	everyQueue("a NOTIFY that names no queue")
-
-	// Any worker times out a wait: its deadline is news for every queue.
-	// (storagetest.Plan makes a step whose name begins with "await" wait.)
-	wait := spec("await-approval")
-	wait.Handler, wait.Queue, wait.Wait = "", "q.a", &storage.WaitSpec{Signal: "approval", Timeout: time.Hour}
-	_, err = a.CreateInstances(t.Context(), nil, []storage.CreateParams{params(wait)}, storagetest.Plan)
-	require.NoError(t, err)
-	everyQueue("a create of a wait with a deadline in q.a")
 }
 
 // TestNotifyTellsOfADeadline: an instance that starts only waiting makes
