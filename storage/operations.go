@@ -165,6 +165,16 @@ func SkipRefusal(id, step string, instance InstanceStatus, status StepStatus) er
 	return Refuse(ErrConflict, "step %s of instance %s is %s; only a blocked, pending, waiting, failed or cancelled step can be skipped", step, id, status)
 }
 
+// SkipWhileFailingRefusal is the conflict error of SkipStep on a failing
+// instance (Instance.Failing): it failed and has not ended, its running
+// steps finishing their attempts and its onFailure steps to run. A step
+// completed by hand then would leave its cancelled dependents and the
+// recorded failure as they are; once the instance has failed, a skip
+// repairs it.
+func SkipWhileFailingRefusal(id string) error {
+	return Refuse(ErrConflict, "instance %s is failing: its running steps finish and its onFailure steps run first; skip the step once the instance has failed", id)
+}
+
 // RetryFromRefusal is the conflict error of RetryFrom on an unfinished
 // instance.
 func RetryFromRefusal(id string, status InstanceStatus) error {

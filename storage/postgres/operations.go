@@ -190,6 +190,9 @@ func (s *Store) SkipStep(ctx context.Context, id, step string, output json.RawMe
 		if instance == storage.InstanceCompleted || instance == storage.InstanceCancelled || !storage.Skippable(status) {
 			return storage.SkipRefusal(id, step, instance, status)
 		}
+		if instance == storage.InstanceRunning && l.state.Failure != nil {
+			return storage.SkipWhileFailingRefusal(id)
+		}
 		if instance == storage.InstanceFailed && l.state.Depth > 0 {
 			// Skipping in a failed child would run it again while its
 			// parent step stays failed.

@@ -384,6 +384,39 @@ var failureTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, storage.StepCancelled, step(t, in, "onfail-x").Status)
 		require.Equal(t, []storage.FinishResult{{Cancelled: true}}, b.finishFailing(completed(cb.Claim, `1`)))
 	},
+	"SkipIsRefusedWhileTheInstanceIsFailing": func(t *testing.T, h *Harness) {
+		// A failing instance has failed and not ended: its running steps
+		// finish their attempts and its onFailure steps run. A step
+		// completed by hand then would leave its cancelled dependents and
+		// the recorded failure as they are, so the skip waits for the
+		// instance to fail, and repairs it then.
+		b := h.setup(t)
+		id := b.createFailing(failureParams(0, spec("a"), spec("b"), spec("c", "a"), onFailureSpec("onfail-x")))
+		ca, cb := b.claimStep(id, "a"), b.claimStep(id, "b")
+		b.finishFailing(failedFor(ca.Claim, "boom"))
+		before := b.get(id)
+		require.True(t, before.Failing)
+
+		err := b.op().SkipStep(b.ctx, id, "a", json.RawMessage(`1`), FailurePlan)
+		require.ErrorIs(t, err, storage.ErrConflict)
+		require.ErrorContains(t, err, "is failing")
+		after := b.get(id)
+		require.Equal(t, before.Status, after.Status)
+		require.True(t, after.Failing)
+		require.Equal(t, "a", after.FailedStep)
+		for _, name := range []string{"a", "b", "c", "onfail-x"} {
+			require.Equal(t, step(t, before, name).Status, step(t, after, name).Status, "step %s", name)
+		}
+
+		b.finishFailing(completed(cb.Claim, `2`))
+		b.completeFailing(id, "onfail-x", `"paged"`)
+		require.Equal(t, storage.InstanceFailed, b.get(id).Status)
+		require.NoError(t, b.op().SkipStep(b.ctx, id, "a", json.RawMessage(`1`), FailurePlan), "the skip once the instance failed")
+		in := b.get(id)
+		require.False(t, in.Failing)
+		require.Equal(t, storage.InstanceRunning, in.Status)
+		require.Equal(t, storage.StepPending, step(t, in, "c").Status, "the skipped step's dependent runs")
+	},
 	"RepairsRearmTheOnFailureSteps": func(t *testing.T, h *Harness) {
 		// Retry from a step and a skip revive a failed instance: its
 		// recorded failure is forgotten and its onFailure steps, which ran,
