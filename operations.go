@@ -183,10 +183,7 @@ func (e *Engine) eachSelected(ctx context.Context, sel Selection, fn func(id str
 			return n, err
 		}
 		if len(ids) == 0 && f.AfterID == "" && sel.Workflow != "" {
-			// Nothing matched: a workflow no file defines is most likely
-			// a typo, which "0 instances" would hide. One whose file is
-			// gone still matches its instances above.
-			if _, err := e.lookupWorkflow(sel.Workflow); err != nil {
+			if err := e.checkSelectedWorkflow(ctx, op, sel.Workflow); err != nil {
 				return 0, err
 			}
 		}
@@ -203,6 +200,25 @@ func (e *Engine) eachSelected(ctx context.Context, sel Selection, fn func(id str
 		}
 		f.AfterID = ids[len(ids)-1]
 	}
+}
+
+// checkSelectedWorkflow is called when a selection of workflow name
+// matched nothing. A workflow that no file defines and no instance ran is
+// most likely a typo, which "0 instances" would hide. One whose file is
+// gone is still known by its instances, as list shows them, whatever the
+// selection's status and age.
+func (e *Engine) checkSelectedWorkflow(ctx context.Context, op storage.Operator, name string) error {
+	if _, ok := e.Workflow(name); ok {
+		return nil
+	}
+	ids, err := op.MatchInstances(ctx, storage.InstanceFilter{Workflow: name, Limit: 1})
+	if err != nil {
+		return err
+	}
+	if len(ids) > 0 {
+		return nil
+	}
+	return e.UnknownWorkflow(name)
 }
 
 // CancelSelected cancels the unfinished instances sel picks and returns

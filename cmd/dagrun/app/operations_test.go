@@ -97,3 +97,37 @@ func TestStatusOfALongHistory(t *testing.T) {
 	require.Contains(t, out, "\nBy hand (in the latest 100 events):\n")
 	require.Equal(t, 100, strings.Count(out, "(by cli)"))
 }
+
+// TestBulkOperationsKnowAWorkflowByItsInstances: a workflow whose file is
+// gone is still selected by its instances, as list shows them, whatever
+// the selection's status; a name that neither a file nor an instance
+// knows is refused as a typo.
+func TestBulkOperationsKnowAWorkflowByItsInstances(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.run(t, "", "start", "greet", "--detach", "--input", `{"name": "Ada"}`)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	b.env["DAGRUN_WORKFLOWS"] = t.TempDir() // the file is gone
+
+	cases := []struct {
+		args   []string
+		code   int
+		stdout string
+	}{
+		{[]string{"cancel", "--workflow", "greet", "--status", "running"}, app.ExitOK, "cancelled 0 instances\n"},
+		{[]string{"retry", "--workflow", "greet", "--status", "failed"}, app.ExitOK, "retried 0 instances\n"},
+		{[]string{"cancel", "--workflow", "greet", "--older-than", "1h"}, app.ExitOK, "cancelled 0 instances\n"},
+		{[]string{"cancel", "--workflow", "greet"}, app.ExitOK, "cancelled 1 instance\n"},
+		{[]string{"cancel", "--workflow", "greet", "--status", "pending"}, app.ExitOK, "cancelled 0 instances\n"},
+		{[]string{"cancel", "--workflow", "gret"}, app.ExitUsage, ""},
+		{[]string{"cancel", "--workflow", "gret", "--status", "pending"}, app.ExitUsage, ""},
+	}
+	for _, c := range cases {
+		res := b.run(t, "", c.args...)
+		require.Equal(t, c.code, res.code, "dagrun %q\n%s", c.args, res.stderr)
+		require.Equal(t, c.stdout, res.stdout, "dagrun %q", c.args)
+		if c.code == app.ExitUsage {
+			require.Equal(t, "dagrun: unknown workflow \"gret\": no workflows are loaded (put WORKFLOW.yaml files in the workflows folder)\n", res.stderr)
+		}
+	}
+}
