@@ -48,6 +48,9 @@ func (s *Store) CancelInstance(ctx context.Context, id, reason string, plan stor
 		return errors.New("postgres: cancel instance: nil PlanFunc")
 	}
 	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		if err := actAs(ctx, tx); err != nil {
+			return err
+		}
 		l, err := s.lockOne(ctx, tx, id, false)
 		if err != nil {
 			return err
@@ -58,7 +61,6 @@ func (s *Store) CancelInstance(ctx context.Context, id, reason string, plan stor
 		st.plan = plan
 		st.tail.Queue(s.q(lockUnfinishedStepsSQL), id)
 		s.queueFinish(st, s.now(), []string{id}, []string{string(storage.InstanceCancelled)}, []json.RawMessage{nil}, []string{reason}, []string{""}, true)
-		s.queueActor(ctx, st, id)
 		return nil
 	})
 	if err != nil {
@@ -155,6 +157,9 @@ func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanF
 		return errors.New("postgres: retry instance: nil PlanFunc")
 	}
 	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		if err := actAs(ctx, tx); err != nil {
+			return err
+		}
 		if err := s.refuseChild(ctx, tx, id); err != nil {
 			return err
 		}
@@ -167,7 +172,6 @@ func (s *Store) RetryInstance(ctx context.Context, id string, plan storage.PlanF
 		if err := s.planAndApply(st, now, ls, plan); err != nil {
 			return err
 		}
-		s.queueActor(ctx, st, id)
 		return nil
 	})
 	if err != nil {

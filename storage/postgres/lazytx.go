@@ -21,6 +21,9 @@ type lazyTx struct {
 	// begin is the BEGIN statement; settings, when not empty, the
 	// statement that sets dagrun's settings for the transaction.
 	begin, settings string
+	// actor, when not empty, is set for the transaction with its BEGIN
+	// (see actAs).
+	actor string
 }
 
 // runTx runs fn in a transaction begun by begin on a connection of the
@@ -74,6 +77,9 @@ func (t *lazyTx) start(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	first.BeginTx(pgx.TxOptions{BeginQuery: t.begin})
 	if t.settings != "" {
 		first.Queue(t.settings)
+	}
+	if t.actor != "" {
+		first.Queue(actorSQL, t.actor)
 	}
 	first.QueuedQueries = append(first.QueuedQueries, b.QueuedQueries...)
 	br := t.conn.SendBatch(ctx, &first)

@@ -14,18 +14,28 @@ import (
 
 var _ storage.Operator = (*Store)(nil)
 
-// actorSQL stamps the events this transaction wrote for instance $1 with
-// the actor $2. xmin is the transaction that wrote a row: no other
-// transaction's events are touched, whatever their time.
-const actorSQL = `
-UPDATE {s}events SET actor = $2 WHERE instance_id = $1 AND xmin = pg_current_xact_id()::xid`
+// actorSQL sets, for the rest of the transaction, the actor ($1) that
+// every event it writes takes (the default of events.actor, migration 31):
+// those of the instance an operation names and of every other one it
+// changes with it.
+const actorSQL = `SELECT set_config('dagrun.actor', $1, true)`
 
-// queueActor queues, last on the tail, the stamping of the operation's
-// events with the actor of ctx.
-func (s *Store) queueActor(ctx context.Context, st *txState, id string) {
-	if actor := storage.ActorOf(ctx); actor != "" {
-		st.tail.Queue(s.q(actorSQL), id, actor)
+// actAs makes the events of the operation's transaction tx carry the actor
+// of ctx, if any: it sets it with the BEGIN when tx has not begun yet, as
+// every operation's has not, and at once otherwise. Transactions that are
+// not operations never set it: a start through the API keeps no actor,
+// whatever its request's.
+func actAs(ctx context.Context, tx pgx.Tx) error {
+	actor := storage.ActorOf(ctx)
+	if actor == "" {
+		return nil
 	}
+	if l, ok := tx.(*lazyTx); ok && l.Tx == nil {
+		l.actor = actor
+		return nil
+	}
+	_, err := tx.Exec(ctx, actorSQL, actor)
+	return err
 }
 
 // rearmSQL makes the steps $2 of instance $1 blocked as if they had never
@@ -105,6 +115,9 @@ func (s *Store) RetryFrom(ctx context.Context, id, step string, plan storage.Pla
 		return errors.New("postgres: retry from: nil PlanFunc")
 	}
 	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		if err := actAs(ctx, tx); err != nil {
+			return err
+		}
 		l, err := s.lockOne(ctx, tx, id, true)
 		if err != nil {
 			return err
@@ -136,7 +149,6 @@ func (s *Store) RetryFrom(ctx context.Context, id, step string, plan storage.Pla
 		if err := s.planAndApply(st, now, ls, plan); err != nil {
 			return err
 		}
-		s.queueActor(ctx, st, id)
 		return nil
 	})
 	if err != nil {
@@ -171,6 +183,9 @@ func (s *Store) SkipStep(ctx context.Context, id, step string, output json.RawMe
 		output = json.RawMessage("null")
 	}
 	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		if err := actAs(ctx, tx); err != nil {
+			return err
+		}
 		l, err := s.lockOne(ctx, tx, id, true)
 		if err != nil {
 			return err
@@ -210,7 +225,6 @@ func (s *Store) SkipStep(ctx context.Context, id, step string, output json.RawMe
 		if err := s.planAndApply(st, s.now(), []*loaded{l}, plan); err != nil {
 			return err
 		}
-		s.queueActor(ctx, st, id)
 		return nil
 	})
 	if err != nil {
@@ -245,6 +259,9 @@ RETURNING (SELECT array_agg(DISTINCT queue) FROM u)`
 
 func (s *Store) setPaused(ctx context.Context, id string, pause bool) error {
 	return s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		if err := actAs(ctx, tx); err != nil {
+			return err
+		}
 		var (
 			status storage.InstanceStatus
 			paused bool
@@ -264,7 +281,6 @@ func (s *Store) setPaused(ctx context.Context, id string, pause bool) error {
 		if err := s.pauseTree(ctx, tx, st, []string{id}, pause); err != nil {
 			return err
 		}
-		s.queueActor(ctx, st, id)
 		return nil
 	})
 }

@@ -433,6 +433,8 @@ func undoLastMigration(t *testing.T, schema string) {
 	last := ms[len(ms)-1]
 	var undo string
 	switch last.Version {
+	case 31:
+		undo = "ALTER TABLE events ALTER COLUMN actor SET DEFAULT ''"
 	case 30:
 		undo = "DROP INDEX steps_ready_handler"
 	case 29:

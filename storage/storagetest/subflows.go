@@ -329,6 +329,39 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, []storage.FinishResult{{Cancelled: true}}, b.finishWith(plan, completed(other.Claim, `1`)))
 	},
 
+	"OperationsRecordTheActorOnEveryInstanceTheyChange": func(t *testing.T, h *Harness) {
+		// An operation by hand changes the instances of a tree with the
+		// one it names: its descendants' events, and a parent's whose
+		// child it cancelled, carry its actor too.
+		b := h.setup(t)
+		hb := b.byHand()
+		plan := callPlan(chainCalls)
+		ids := b.chain(plan)
+		actorOf := func(id, step string, typ storage.EventType) string {
+			t.Helper()
+			ev := events(b.get(id), step, typ)
+			require.NotEmpty(t, ev, "instance %s has a %s event of step %q", id, typ, step)
+			return ev[len(ev)-1].Actor
+		}
+		require.NoError(t, hb.op().PauseInstance(hb.ctx, ids[0]))
+		require.NoError(t, hb.op().ResumeInstance(hb.ctx, ids[0]))
+		require.NoError(t, hb.store.CancelInstance(hb.ctx, ids[0], "stop everything", plan))
+		for i, id := range ids {
+			for _, typ := range []storage.EventType{storage.EventInstancePaused, storage.EventInstanceResumed, storage.EventInstanceCancelled} {
+				require.Equal(t, "alice", actorOf(id, "", typ), "depth %d: %s", i, typ)
+			}
+		}
+		require.NoError(t, b.store.RetryInstance(storage.WithActor(b.ctx, "cli"), ids[0], plan))
+		for i, id := range ids {
+			require.Equal(t, "cli", actorOf(id, "", storage.EventInstanceRetried), "depth %d", i)
+		}
+
+		// A child cancelled by itself fails its parent's step, and so the
+		// parent.
+		require.NoError(t, hb.store.CancelInstance(hb.ctx, ids[1], "not needed", plan))
+		require.Equal(t, "alice", actorOf(ids[0], "call1", storage.EventStepFailed))
+		require.Equal(t, "alice", actorOf(ids[0], "", storage.EventInstanceFailed))
+	},
 	"CancelCancelsDescendants": func(t *testing.T, h *Harness) {
 		b := h.setup(t)
 		plan := callPlan(chainCalls)
