@@ -483,6 +483,7 @@ func (c *stepChanges) add(st *txState, now *time.Time, s *Store, l *loaded, chan
 			// Its signal came first: the step completes with it.
 			delete(l.signals, l.waitSignals[i])
 			st.tail.Queue(s.q(markDeliveredSQL), is.ID, l.waitSignals[i])
+			st.tail.Queue(s.q(waitedSQL), now, is.ID, ch.Name, storage.WaitingMessage(l.waitSignals[i]))
 			ch = storage.StepChange{Name: ch.Name, Status: storage.StepCompleted, Output: payload}
 			is.Steps[i].Output = payload
 			delivered = true

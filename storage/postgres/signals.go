@@ -15,6 +15,11 @@ import (
 // in the transaction that made the step ready and completed it.
 const markDeliveredSQL = `UPDATE {s}signals SET delivered = true WHERE instance_id = $1 AND name = $2`
 
+// waitedSQL records that wait step $3 of instance $2 waited for its signal,
+// which came first and completes it in the plan's statement after this
+// one: the history shows the wait, as for a signal that comes later.
+const waitedSQL = `INSERT INTO {s}events (instance_id, step, type, message, at) VALUES ($2, $3, 'step.ready', $4, {now})`
+
 const instanceByKeySQL = `SELECT id FROM {s}instances WHERE workflow = $1 AND idempotency_key = $2`
 
 const priorSignalSQL = `SELECT signal_id, delivered FROM {s}signals WHERE instance_id = $1 AND name = $2`
@@ -62,6 +67,9 @@ func (s *Store) SendSignal(ctx context.Context, p storage.SignalParams, plan sto
 	}
 	var res storage.SignalResult
 	err := s.inTx(ctx, func(tx pgx.Tx, st *txState) error {
+		if err := actAs(ctx, tx); err != nil {
+			return err
+		}
 		res = storage.SignalResult{InstanceID: p.InstanceID}
 		if p.InstanceID == "" {
 			err := tx.QueryRow(ctx, s.q(instanceByKeySQL), p.Workflow, p.Key).Scan(&res.InstanceID)
@@ -108,7 +116,6 @@ func (s *Store) SendSignal(ctx context.Context, p storage.SignalParams, plan sto
 		now := s.now()
 		err = tx.QueryRow(ctx, s.q(deliverSQL), now, id, p.Name, jsonOrNil(p.Payload), p.ID).Scan(&step)
 		if errors.Is(err, pgx.ErrNoRows) {
-			s.queueActor(ctx, st, id)
 			return nil // stored until its step waits
 		}
 		if err != nil {
@@ -122,7 +129,6 @@ func (s *Store) SendSignal(ctx context.Context, p storage.SignalParams, plan sto
 		if err := s.planAndApply(st, now, []*loaded{ls[id]}, plan); err != nil {
 			return err
 		}
-		s.queueActor(ctx, st, id)
 		return nil
 	})
 	if err != nil {

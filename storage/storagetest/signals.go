@@ -129,6 +129,15 @@ var signalTests = map[string]func(*testing.T, *Harness){
 		require.JSONEq(t, `"paid"`, string(w.Output))
 		require.Nil(t, w.Deadline)
 		require.Equal(t, storage.StepPending, step(t, in, "next").Status)
+		// Its history is a wait's, as when the signal comes later: ready,
+		// waiting for its signal, then completed by it.
+		var history []string
+		for _, e := range in.Events {
+			if e.Step == "await-confirm" {
+				history = append(history, string(e.Type)+": "+e.Message)
+			}
+		}
+		require.Equal(t, []string{"step.ready: waiting for signal confirm", "step.completed: signal confirm received"}, history)
 
 		// Delivered once: the same ID again changes nothing.
 		again := b.mustSignal(storage.SignalParams{InstanceID: id, Name: "confirm", ID: "evt-1", Payload: json.RawMessage(`"other"`)})
