@@ -394,14 +394,9 @@ func (c *cli) listCommand() *cobra.Command {
 			"instances that workflow steps started, and --parent ID lists the children of one instance.",
 		Args: exactArgs(0, "list [--workflow W [--key K]] [--status S] [--all | --parent ID] [--limit N] [--json]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if status != "" {
-				s := storage.InstanceStatus(status)
-				switch s {
-				case storage.InstancePending, storage.InstanceRunning, storage.InstanceCompleted, storage.InstanceFailed, storage.InstanceCancelled:
-					p.Status = s
-				default:
-					return usageError(fmt.Errorf("invalid --status %q: use pending, running, completed, failed or cancelled", status))
-				}
+			var err error
+			if p.Status, err = parseStatusFlag(status); err != nil {
+				return err
 			}
 			if p.Limit < 1 || p.Limit > dagrun.MaxListLimit {
 				return usageError(fmt.Errorf("invalid --limit %d: use a number from 1 to %d", p.Limit, dagrun.MaxListLimit))
@@ -689,4 +684,13 @@ func failingText(inst *storage.Instance) string {
 		return "failed; running its onFailure steps"
 	}
 	return "failed"
+}
+
+// parseStatusFlag reads an instance status given as --status; "" is none.
+func parseStatusFlag(status string) (storage.InstanceStatus, error) {
+	switch s := storage.InstanceStatus(status); s {
+	case "", storage.InstancePending, storage.InstanceRunning, storage.InstanceCompleted, storage.InstanceFailed, storage.InstanceCancelled:
+		return s, nil
+	}
+	return "", usageError(fmt.Errorf("invalid --status %q: use pending, running, completed, failed or cancelled", status))
 }

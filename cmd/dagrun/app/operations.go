@@ -88,7 +88,11 @@ func (f *selectionFlags) selection(verb string) (dagrun.Selection, error) {
 	if f.workflow == "" && f.status == "" {
 		return dagrun.Selection{}, usageError(fmt.Errorf("%s needs an instance ID, or --workflow and/or --status to pick instances", verb))
 	}
-	sel := dagrun.Selection{Workflow: f.workflow, Status: storage.InstanceStatus(f.status), Children: f.children}
+	status, err := parseStatusFlag(f.status)
+	if err != nil {
+		return dagrun.Selection{}, err
+	}
+	sel := dagrun.Selection{Workflow: f.workflow, Status: status, Children: f.children}
 	if f.olderThan != "" {
 		d, err := parseAge(f.olderThan)
 		if err != nil {

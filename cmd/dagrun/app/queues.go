@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -69,7 +70,21 @@ func rateText(l dagrun.QueueLimit) string {
 	if l.Rate == 0 {
 		return "none"
 	}
-	return fmt.Sprintf("%d/%s", l.Rate, l.Per)
+	return fmt.Sprintf("%d/%s", l.Rate, shortDuration(l.Per))
+}
+
+// shortDuration writes d as a rate's period is written: 1m and 1h, not
+// Go's 1m0s and 1h0m0s. The JSON keeps Go's form, which ParseDuration
+// reads.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 func (c *cli) queueCommand() *cobra.Command {

@@ -38,6 +38,11 @@ func TestQueueSetAndQueues(t *testing.T) {
 	r = b.run(t, "", "queue", "set", "mail", "--concurrency", "2", "--rate", "10/s")
 	require.Equal(t, app.ExitOK, r.code, r.stderr)
 	require.Equal(t, "queue mail: concurrency 2, rate 10/1s\n", r.stdout)
+	for rate, shown := range map[string]string{"100/1m": "100/1m", "5/90s": "5/1m30s", "2/h": "2/1h", "1/150ms": "1/150ms"} {
+		r = b.run(t, "", "queue", "set", "mail", "--rate", rate)
+		require.Equal(t, app.ExitOK, r.code, r.stderr)
+		require.Equal(t, "queue mail: concurrency 2, rate "+shown+"\n", r.stdout, "--rate %s", rate)
+	}
 	r = b.run(t, "", "queue", "set", "mail", "--rate", "none")
 	require.Equal(t, app.ExitOK, r.code, r.stderr)
 	require.Equal(t, "queue mail: concurrency 2, rate none\n", r.stdout, "the concurrency not named is kept")
