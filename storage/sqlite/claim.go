@@ -299,15 +299,22 @@ func (t *txn) dueSteps(now int64) ([]int64, error) {
 // interval or a second, whichever is longer: a queue no worker served for
 // a while, whose steps would otherwise all start at once. A busy queue's
 // late claims keep their slots, so the rate holds on average under load.
-// The late steps are read from steps_queue_limited, whose status term the
-// query repeats; the latest start is one entry of steps_rate_starts. With
-// no rated queue, the query reads queue_limits alone.
-const idleRatesSQL = `SELECT q.queue, q.interval_us FROM queue_limits q
+// A queue respaced so is not idle again until a step has started since
+// (migration 26): the claimers present may not take the first steps (a
+// following start's claims take only its instance's), and a respace at
+// each of their claims moved the slot of the step they could take on for
+// ever. The late steps are read from steps_queue_limited, whose status
+// term the query repeats; the latest start is one entry of
+// steps_rate_starts. With no rated queue, the query reads queue_limits
+// alone.
+const idleRatesSQL = `SELECT queue, interval_us FROM (SELECT q.queue, q.interval_us, q.respaced_at,
+		coalesce((SELECT max(r.started_at) FROM steps r
+			WHERE r.queue = q.queue AND r.queue_limited = 1 AND r.started_at IS NOT NULL), 0) AS last_start
+	FROM queue_limits q
 	WHERE q.interval_us > 0
 	AND (SELECT count(*) FROM (SELECT 1 FROM steps s WHERE s.queue = q.queue AND s.queue_limited = 1
-		AND s.status = 'pending' AND s.status IN ('pending', 'running') AND s.run_after <= ?1 LIMIT 2)) = 2
-	AND coalesce((SELECT max(r.started_at) FROM steps r
-		WHERE r.queue = q.queue AND r.queue_limited = 1 AND r.started_at IS NOT NULL), 0) < ?1 - max(q.interval_us, 1000000)`
+		AND s.status = 'pending' AND s.status IN ('pending', 'running') AND s.run_after <= ?1 LIMIT 2)) = 2)
+	WHERE last_start < ?1 - max(interval_us, 1000000) AND respaced_at <= last_start`
 
 // respaceIdleRates gives the waiting steps of each queue of idleRatesSQL,
 // and those whose own time has come, their slots again from now

@@ -214,7 +214,10 @@ func (t *txn) respace(queue string, now, interval int64, due bool) error {
 			return err
 		}
 	}
-	_, err = t.exec(`UPDATE queue_limits SET tat = ? WHERE queue = ?`, tat, queue)
+	// An idle queue's respace is remembered until a step starts (see
+	// idleRatesSQL).
+	_, err = t.exec(`UPDATE queue_limits SET tat = ?1, respaced_at = CASE WHEN ?3 THEN ?4 ELSE respaced_at END WHERE queue = ?2`,
+		tat, queue, due, now)
 	return err
 }
 

@@ -327,7 +327,7 @@ func TestMigrate(t *testing.T) {
 			`UPDATE steps SET child_workflow = 'child', status = 'running', started_at = 1, lease_until = NULL,
 				run_after = 1, queue_limited = 1 WHERE name = 'call'`,
 			`UPDATE steps SET run_after = 253370764800000000, queue_limited = 1 WHERE name = 'work'`,
-		}, slices.Concat(undoVersion25, undoVersion24, undoVersion23)...))
+		}, slices.Concat(undoVersion26, undoVersion25, undoVersion24, undoVersion23)...))
 
 		s, err = sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -354,7 +354,7 @@ func TestMigrate(t *testing.T) {
 				(9, 'i-1', 'a', 2, 1, 2, 'WARN', 'an item', '{"k":1}'),
 				(12, 'i-1', 'b', -1, 2, 3, 'INFO', 'last', NULL)`,
 			`DELETE FROM schema_migrations WHERE version = 14`,
-		}, slices.Concat(undoVersion25, undoVersion24, undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15)...))
+		}, slices.Concat(undoVersion26, undoVersion25, undoVersion24, undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15)...))
 
 		s, err := sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -386,7 +386,7 @@ func TestMigrate(t *testing.T) {
 	t.Run("StepLogsWithCompletions", func(t *testing.T) {
 		t.Parallel()
 		path, db := fileWithInstance(t, "a")
-		execAll(t, db, append(slices.Concat(undoVersion25, undoVersion24, undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16),
+		execAll(t, db, append(slices.Concat(undoVersion26, undoVersion25, undoVersion24, undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16),
 			`INSERT INTO step_logs (seq, step_id, item, attempt, at, level, message, attrs)
 				SELECT 40, id, -1, 1, 1, 'INFO', 'kept', NULL FROM steps WHERE instance_id = 'i-1' AND name = 'a'`))
 
@@ -443,7 +443,7 @@ func TestMigrate(t *testing.T) {
 		db, err := sql.Open("sqlite3", sqlite.DSN(path))
 		require.NoError(t, err)
 		defer db.Close()
-		execAll(t, db, slices.Concat(undoVersion25, undoVersion24))
+		execAll(t, db, slices.Concat(undoVersion26, undoVersion25, undoVersion24))
 
 		s, err = sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -490,7 +490,7 @@ func TestMigrate(t *testing.T) {
 		db, err := sql.Open("sqlite3", sqlite.DSN(path))
 		require.NoError(t, err)
 		defer db.Close()
-		execAll(t, db, slices.Concat(undoVersion25, undoVersion24, undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15))
+		execAll(t, db, slices.Concat(undoVersion26, undoVersion25, undoVersion24, undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15))
 
 		s, err = sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -550,6 +550,12 @@ func execAll(t *testing.T, db *sql.DB, statements []string) {
 		_, err := db.Exec(q)
 		require.NoError(t, err, q)
 	}
+}
+
+// undoVersion26 drops the column migration 26 added.
+var undoVersion26 = []string{
+	`ALTER TABLE queue_limits DROP COLUMN respaced_at`,
+	`DELETE FROM schema_migrations WHERE version = 26`,
 }
 
 // undoVersion25 drops the index migration 25 made.

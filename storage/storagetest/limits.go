@@ -446,6 +446,31 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		b.clock.Advance(2 * time.Second)
 		b.startTwoASecond(ids, "steps whose time came while no worker ran started together")
 	},
+	"QueueRateRespacesAnIdleQueueOnceUntilAStart": func(t *testing.T, h *Harness) {
+		// An idle queue's late steps are given slots from the first claim
+		// after the spell, once: until one of them starts, later claims
+		// keep those slots. A claimer that can take only the third (a
+		// following start, bound to its instance) takes it at its slot,
+		// while the two before it wait for a worker that takes them; a
+		// new respace at each of its claims pushed its slot on for ever.
+		b := h.setupLimits(t)
+		ids := b.twoASecond(3)
+		ours := storage.ClaimParams{InstanceID: ids[2], Limit: 10}
+		b.clock.Advance(2 * time.Second)
+		require.Empty(t, b.claim(ours), "its slot is the third from now")
+		b.clock.Advance(500 * time.Millisecond)
+		require.Empty(t, b.claim(ours), "its slot is the third from the spell's end")
+		b.clock.Advance(500 * time.Millisecond)
+		got := b.claim(ours)
+		require.Len(t, got, 1, "the step started at its slot")
+		require.Equal(t, ids[2], got[0].InstanceID)
+		// The two before it start when a worker that may take them comes,
+		// spaced again: the queue was idle since the last start.
+		b.clock.Advance(2 * time.Second)
+		require.Equal(t, ids[:1], b.claimAll())
+		b.clock.Advance(500 * time.Millisecond)
+		require.Equal(t, ids[1:2], b.claimAll())
+	},
 	"QueueRateSlotsStepsWhenTheyFallDue": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
 		require.NoError(t, b.setQueueLimit(storage.QueueLimit{Queue: "q.work", Rate: 2, Per: time.Second}))

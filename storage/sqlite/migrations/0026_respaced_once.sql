@@ -1,0 +1,11 @@
+-- dagrun schema, version 26: an idle rated queue is respaced once a spell.
+--
+-- A claim that finds a rated queue idle (two or more late steps, no start
+-- for longer than the rate's interval or a second) gives its late steps
+-- slots again from now. A claimer that could take only a later one (a
+-- following start, bound to its instance) found the queue idle again at
+-- its step's slot, since the steps before it still had not started, and
+-- its slot moved on at each of its claims, for ever. respaced_at is when
+-- the last such respace was: the queue is idle again only once a step has
+-- started since.
+ALTER TABLE queue_limits ADD COLUMN respaced_at INTEGER NOT NULL DEFAULT 0;
