@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
 )
@@ -163,6 +164,14 @@ func (c *collector) yamlError(src []byte, err error) {
 		}
 	}
 	lines := strings.Split(string(src), "\n")
+	if strings.Contains(problem, "tab character") || problem == "found character that cannot start any token" {
+		// yaml.v3 names the line of the construct around the tab, or a
+		// line past the end: point at the tab itself.
+		if l, col, ok := findTab(lines, line); ok {
+			c.atPos(l, col, "invalid YAML: %s (a tab: YAML indents and separates with spaces)", problem)
+			return
+		}
+	}
 	if line > len(lines) {
 		line = len(lines)
 	}
@@ -177,6 +186,20 @@ func (c *collector) yamlError(src []byte, err error) {
 		hint = ` (check the indentation, or quote a value that contains ": ")`
 	}
 	c.atPos(line, 1, "invalid YAML: %s%s", problem, hint)
+}
+
+// findTab returns the 1-based position of the first tab at or after line
+// from, or else of the file's first tab.
+func findTab(lines []string, from int) (line, col int, ok bool) {
+	from = min(max(from, 1), len(lines)+1)
+	for _, span := range [][]string{lines[from-1:], lines} {
+		for i, text := range span {
+			if j := strings.IndexByte(text, '\t'); j >= 0 {
+				return len(lines) - len(span) + i + 1, utf8.RuneCountInString(text[:j]) + 1, true
+			}
+		}
+	}
+	return 0, 0, false
 }
 
 // withoutExpressions is a line with its ${{ }} cut out, whose own braces

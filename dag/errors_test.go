@@ -101,7 +101,10 @@ func TestYAMLErrorLines(t *testing.T) {
 	for _, tc := range []struct{ src, want string }{
 		{"name: x\nsteps:\n  - name: a\n    handler: [1, 2\n", "4:1: invalid YAML: did not find expected ',' or ']'"},
 		{"name: x\n- a\n", "2:1: invalid YAML: did not find expected key"},
-		{"name: x\nsteps:\n\t- a\n", "3:1: invalid YAML: found character that cannot start any token"},
+		{"name: x\nsteps:\n\t- a\n", "3:1: invalid YAML: found character that cannot start any token (a tab: YAML indents and separates with spaces)"},
+		// yaml.v3 names the mapping's line (5), or a line past the end:
+		// the tab is what is pointed at.
+		{"name: x\nsteps:\n  - name: a\n    handler: echo\n    input:\n\t  x: 1\n", "6:1: invalid YAML: found character that cannot start any token (a tab: YAML indents and separates with spaces)"},
 		{"name: x\nsteps: *nope\n", "2:8: invalid YAML: alias *nope refers to an anchor &nope that is not defined before it"},
 		{"name: 'x\n", "2:1: invalid YAML: found unexpected end of stream"},
 	} {
