@@ -504,3 +504,17 @@ func TestDBSchema(t *testing.T) {
 	require.Equal(t, 1, count("--db", db+sep+"dagrun_schema=tenant_x"))
 	require.Equal(t, 0, count("--db", db), "the default schema")
 }
+
+// TestWorkerWarnsOfAShortLease: a lease under a second can run out while
+// a busy machine delays a heartbeat; the worker says so as it starts (a
+// cancelled worker still reads its flags).
+func TestWorkerWarnsOfAShortLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	for lease, warned := range map[string]bool{"100ms": true, "999ms": true, "1s": false, "30s": false} {
+		res := b.runContext(ctx, "worker", "--lease", lease)
+		require.Equal(t, warned, strings.Contains(res.stderr, "a lease this short can run out"), "--lease %s:\n%s", lease, res.stderr)
+	}
+}

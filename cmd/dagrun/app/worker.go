@@ -57,6 +57,10 @@ func (c *cli) workerCommand() *cobra.Command {
 			if err := config.Validate(); err != nil {
 				return usageError(err)
 			}
+			if config.Lease < shortLease {
+				c.logger.Warn("dagrun worker: a lease this short can run out while a busy machine or database delays a heartbeat; "+
+					"another worker then runs the step again, as for a crash", "lease", config.Lease, "heartbeat_every", config.Lease/3)
+			}
 			ctx := cmd.Context()
 			c.conns = workerConns
 			c.longRunning = true
@@ -132,3 +136,8 @@ func redactDSN(dsn string) string {
 	}
 	return dsn
 }
+
+// shortLease is the lease under which a worker warns: two workers on one
+// SQLite file with --lease 100ms lost 14 claims of 40 while both ran (a
+// heartbeat every 33 ms), one of 40 at 300ms, none at 1s.
+const shortLease = time.Second
