@@ -207,7 +207,7 @@ func idOrSelection(sel *selectionFlags, usage string) cobra.PositionalArgs {
 
 // parseNamedTokens reads --named-token NAME=SECRET flags and DAGRUN_TOKENS
 // (NAME=SECRET,NAME=SECRET) into names and secrets.
-func parseNamedTokens(flags []string, env string) (map[string]string, error) {
+func parseNamedTokens(flags []string, env, plain string) (map[string]string, error) {
 	specs := flags
 	if len(specs) == 0 && env != "" {
 		specs = strings.Split(env, ",")
@@ -229,6 +229,20 @@ func parseNamedTokens(flags []string, env string) (map[string]string, error) {
 		}
 		if _, dup := out[name]; dup {
 			return nil, usageError(fmt.Errorf("token name %s is given twice", name))
+		}
+		// The history names who did an operation: a name must tell one
+		// token from every other, and from the command line.
+		if name == web.PlainTokenName || name == cliActor {
+			return nil, usageError(fmt.Errorf("token name %s is taken: the history names --token's operations %s and the command line's %s; choose another name",
+				name, web.PlainTokenName, cliActor))
+		}
+		if secret == plain {
+			return nil, usageError(fmt.Errorf("named token %s has the secret of --token: the history could not tell them apart; give each its own secret", name))
+		}
+		for other, s := range out {
+			if s == secret {
+				return nil, usageError(fmt.Errorf("named tokens %s and %s have the same secret: the history could not tell them apart; give each its own secret", other, name))
+			}
 		}
 		out[name] = secret
 	}

@@ -56,7 +56,7 @@ func (c *cli) serveCommand() *cobra.Command {
 			if err := web.CheckTokenSecret(token); err != nil {
 				return usageError(fmt.Errorf("invalid --token (or DAGRUN_TOKEN): %w", err))
 			}
-			tokens, err := parseNamedTokens(namedTokens, c.io.Getenv("DAGRUN_TOKENS"))
+			tokens, err := parseNamedTokens(namedTokens, c.io.Getenv("DAGRUN_TOKENS"), token)
 			if err != nil {
 				return err
 			}
