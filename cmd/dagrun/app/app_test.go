@@ -518,3 +518,26 @@ func TestWorkerWarnsOfAShortLease(t *testing.T) {
 		require.Equal(t, warned, strings.Contains(res.stderr, "a lease this short can run out"), "--lease %s:\n%s", lease, res.stderr)
 	}
 }
+
+// TestStatusSaysWhereTheRestOfTheHistoryIs: a history longer than the
+// text view shows names where the rest is: all of it through the API,
+// the latest events in status --json.
+func TestStatusSaysWhereTheRestOfTheHistoryIs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dir := t.TempDir()
+	var src strings.Builder
+	src.WriteString("name: long\nsteps:\n")
+	for i := range 12 {
+		fmt.Fprintf(&src, "  - name: s%d\n    handler: noop\n", i)
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "long.yaml"), []byte(src.String()), 0o644))
+	b.env["DAGRUN_WORKFLOWS"] = dir
+	res := b.run(t, "", "start", "long", "--json")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	id := maskUUID.FindString(res.stdout)
+	require.NotEmpty(t, id)
+	res = b.run(t, "", "status", id)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.Contains(t, res.stdout, "\nHistory (the latest 20 events; GET /api/instances/"+id+"/events has them all, dagrun status "+id+" --json the latest 100):\n")
+}

@@ -253,7 +253,8 @@ func writeHistory(w io.Writer, inst *storage.Instance) {
 	}
 	if len(events) > historyLines || inst.EventsTruncated {
 		events = events[max(0, len(events)-historyLines):]
-		fmt.Fprintf(w, "\nHistory (the latest %d events; dagrun status %s --json or GET /api/instances/%s/events has them all):\n", len(events), inst.ID, inst.ID)
+		fmt.Fprintf(w, "\nHistory (the latest %d events; GET /api/instances/%s/events has them all, dagrun status %s --json the latest %d):\n",
+			len(events), inst.ID, inst.ID, storage.InstanceEvents)
 	} else {
 		fmt.Fprintln(w, "\nHistory:")
 	}

@@ -201,8 +201,11 @@ type storeCollector struct {
 
 	// The queues and handlers a scrape has shown: once a series appeared
 	// it stays, at 0 when the store has nothing for it, as the
-	// per-workflow ones do, so that a graph or an alert sees the value
-	// drop to 0 rather than the series vanish.
+	// per-workflow counters do (InitWorkflows), so that a graph or an
+	// alert sees the value drop to 0 rather than the series vanish. The
+	// per-workflow gauges (dagrun_instances, dagrun_steps_*) are the
+	// store's counts of the instances it holds: a workflow's leave with
+	// its last instance, pruned.
 	mu       sync.Mutex
 	queues   map[string]bool
 	handlers map[string]bool
