@@ -24,11 +24,11 @@ type Schedule struct {
 	Skipped      int64              `json:"skipped"`
 }
 
-// ScheduledInstance names an instance a schedule started. Status is empty
+// ScheduledInstance names an instance a schedule started. Status is null
 // once the instance was pruned.
 type ScheduledInstance struct {
-	ID     string `json:"id"`
-	Status string `json:"status"`
+	ID     string  `json:"id"`
+	Status *string `json:"status"`
 }
 
 // NewSchedules converts the engine's schedule list to its public shape.
@@ -51,7 +51,11 @@ func NewSchedules(list []dagrun.ScheduleInfo) []Schedule {
 			v.Next[j] = Time(t)
 		}
 		if s.LastInstanceID != "" {
-			v.LastInstance = &ScheduledInstance{ID: s.LastInstanceID, Status: string(s.LastInstanceStatus)}
+			v.LastInstance = &ScheduledInstance{ID: s.LastInstanceID}
+			if s.LastInstanceStatus != "" {
+				status := string(s.LastInstanceStatus)
+				v.LastInstance.Status = &status
+			}
 		}
 		out[i] = v
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/dagrun/dagrun"
 	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
 	"github.com/dagrun/dagrun/storage"
 )
@@ -129,4 +130,23 @@ func TestInstanceParentAndChildren(t *testing.T) {
 	require.NoError(t, json.Unmarshal(data, &items))
 	require.Equal(t, "c2", items.Items[0]["child"])
 	require.NotContains(t, items.Items[1], "child", "an item without a child has no child key")
+}
+
+// TestScheduleLastInstance: a schedule's last instance has its status, and
+// null for one pruned since (the OpenAPI spec's InstanceStatus or null,
+// never ""); a schedule that never fired has none.
+func TestScheduleLastInstance(t *testing.T) {
+	t.Parallel()
+	list := view.NewSchedules([]dagrun.ScheduleInfo{
+		{Workflow: "nightly", LastInstanceID: "i1", LastInstanceStatus: storage.InstanceCompleted},
+		{Workflow: "nightly", Index: 1, LastInstanceID: "i0"},
+		{Workflow: "weekly"},
+	})
+	var got []string
+	for _, s := range list {
+		raw, err := json.Marshal(s.LastInstance)
+		require.NoError(t, err)
+		got = append(got, string(raw))
+	}
+	require.Equal(t, []string{`{"id":"i1","status":"completed"}`, `{"id":"i0","status":null}`, `null`}, got)
 }
