@@ -76,7 +76,11 @@ func (f *selectionFlags) register(cmd *cobra.Command, verb string) {
 	fl.StringVar(&f.workflow, "workflow", "", verb+" every instance of this workflow (with --status, those in it)")
 	fl.StringVar(&f.status, "status", "", verb+" every instance in this status")
 	fl.StringVar(&f.olderThan, "older-than", "", "with --workflow or --status: only instances created longer ago than this: 30d, 2w, 12h")
-	fl.BoolVar(&f.children, "all", false, "with --workflow or --status: child instances (of workflow steps) too, as list --all shows them; by default only top-level ones, whose children go with them")
+	all := "with --workflow or --status: child instances (of workflow steps) too, as list --all shows them; by default only top-level ones, whose children go with them"
+	if verb == "retry" {
+		all += " (retry leaves a child as it is: it runs again with its parent)"
+	}
+	fl.BoolVar(&f.children, "all", false, all)
 }
 
 func (f *selectionFlags) set() bool {
