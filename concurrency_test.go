@@ -107,7 +107,7 @@ func TestStepConcurrencyKey(t *testing.T) {
 	})
 }
 
-// A key that is not text or a number refuses the start (workflow level)
+// A key that is not text, a number or a boolean refuses the start (workflow level)
 // or fails the step (step level), with a message naming the key.
 func TestConcurrencyKeyErrors(t *testing.T) {
 	t.Parallel()
@@ -116,7 +116,7 @@ func TestConcurrencyKeyErrors(t *testing.T) {
 		_, err := b.engine.Start(context.Background(), "per-customer", json.RawMessage(`{"customer": {"id": 1}}`), nil)
 		var inputErr *dagrun.InputError
 		require.True(t, errors.As(err, &inputErr), "got %v", err)
-		require.ErrorContains(t, err, "concurrency.key: the key must be a text or a number, got an object")
+		require.ErrorContains(t, err, "concurrency.key: the key must be a text, a number or a boolean, got an object")
 		list, err := b.engine.List(context.Background(), storage.ListParams{Workflow: "per-customer"})
 		require.NoError(t, err)
 		require.Empty(t, list, "a refused start writes nothing")
@@ -125,7 +125,7 @@ func TestConcurrencyKeyErrors(t *testing.T) {
 		b.runWorker(t, nil)
 		inst := b.wait(t, id)
 		require.Equal(t, storage.InstanceFailed, inst.Status)
-		require.Contains(t, step(t, inst, "charge").Error, "concurrency.key: the key must be a text or a number, got a list")
+		require.Contains(t, step(t, inst, "charge").Error, "concurrency.key: the key must be a text, a number or a boolean, got a list")
 	})
 }
 

@@ -587,7 +587,7 @@ steps:
 		bad := b.wait(t, b.start(t, "batch", `{"accounts": [{"id": 1}]}`))
 		require.Equal(t, storage.InstanceFailed, bad.Status)
 		require.Empty(t, step(t, bad, "each").Children, "no child was created")
-		require.Equal(t, "input of item 0 for workflow per-account: concurrency.key: the key must be a text or a number, got an object", step(t, bad, "each").Error)
+		require.Equal(t, "input of item 0 for workflow per-account: concurrency.key: the key must be a text, a number or a boolean, got an object", step(t, bad, "each").Error)
 	})
 }
 

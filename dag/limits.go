@@ -84,7 +84,7 @@ func (c *Concurrency) EvalKey(env *Env) (key string, limited bool, err error) {
 	}
 	switch v.(type) {
 	case map[string]any, []any:
-		return "", false, fmt.Errorf("the key must be a text or a number, got %s", describeValue(v))
+		return "", false, fmt.Errorf("the key must be a text, a number or a boolean, got %s", describeValue(v))
 	}
 	s, err := toText(v)
 	if err != nil {
