@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 
 	"github.com/dagrun/dagrun"
 	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
+	"github.com/dagrun/dagrun/dag"
 )
 
 func (c *cli) queuesCommand() *cobra.Command {
@@ -70,21 +70,7 @@ func rateText(l dagrun.QueueLimit) string {
 	if l.Rate == 0 {
 		return "none"
 	}
-	return fmt.Sprintf("%d/%s", l.Rate, shortDuration(l.Per))
-}
-
-// shortDuration writes d as a rate's period is written: 1m and 1h, not
-// Go's 1m0s and 1h0m0s. The JSON keeps Go's form, which ParseDuration
-// reads.
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
+	return fmt.Sprintf("%d/%s", l.Rate, dag.FormatDuration(l.Per))
 }
 
 func (c *cli) queueCommand() *cobra.Command {
