@@ -202,12 +202,14 @@ func (s *Store) SkipStep(ctx context.Context, id, step string, output json.RawMe
 		if status == storage.InstanceCompleted || status == storage.InstanceCancelled || !storage.Skippable(target.state.Status) {
 			return storage.SkipRefusal(id, step, status, target.state.Status)
 		}
-		var failing bool
-		if err := t.queryRow(`SELECT failing FROM instances WHERE id = ?`, id).Scan(&failing); err != nil {
-			return err
-		}
-		if status == storage.InstanceRunning && failing {
-			return storage.SkipWhileFailingRefusal(id)
+		if status == storage.InstanceRunning {
+			var failing bool
+			if err := t.queryRow(`SELECT failing FROM instances WHERE id = ?`, id).Scan(&failing); err != nil {
+				return err
+			}
+			if failing {
+				return storage.SkipWhileFailingRefusal(id)
+			}
 		}
 		if status == storage.InstanceFailed {
 			// Skipping in a failed child would run it again while its
