@@ -3,11 +3,14 @@ package dag
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"unicode/utf8"
 
+	goccyyaml "github.com/goccy/go-yaml"
+	goccyparser "github.com/goccy/go-yaml/parser"
 	"gopkg.in/yaml.v3"
 )
 
@@ -136,8 +139,18 @@ var yamlParserProblems = []string{
 	"did not find expected <stream-start>",
 }
 
+// YAMLError positions the error yaml.v3 returned for src, the contents of
+// file, as the workflow parser does: any other YAML file dagrun reads
+// reports its syntax errors through it too.
+func YAMLError(file string, src []byte, err error) *Error {
+	c := collector{file: file}
+	c.yamlError(src, err)
+	return c.errs[0]
+}
+
 // yamlError turns a yaml.v3 syntax error ("yaml: line N: problem") into a
-// positioned error. yaml.v3 gives no column, so the column is 1.
+// positioned error, with the column and the offending line found by
+// locateSyntaxError where it can.
 func (c *collector) yamlError(src []byte, err error) {
 	msg := err.Error()
 	var te *yaml.TypeError
@@ -146,7 +159,9 @@ func (c *collector) yamlError(src []byte, err error) {
 	}
 	line := 1
 	problem := strings.TrimPrefix(msg, "yaml: ")
-	if m := yamlLineRE().FindStringSubmatch(msg); m != nil {
+	m := yamlLineRE().FindStringSubmatch(msg)
+	hasLine := m != nil
+	if hasLine {
 		line, _ = strconv.Atoi(m[1])
 		problem = m[2]
 		for _, p := range yamlParserProblems {
@@ -155,9 +170,9 @@ func (c *collector) yamlError(src []byte, err error) {
 				break
 			}
 		}
-	} else if slices := strings.Fields(problem); len(slices) == 4 && slices[0] == "unknown" && slices[1] == "anchor" {
+	} else if fields := strings.Fields(problem); len(fields) == 4 && fields[0] == "unknown" && fields[1] == "anchor" {
 		// "unknown anchor 'x' referenced" carries no line: find the alias.
-		name := strings.Trim(slices[2], "'")
+		name := strings.Trim(fields[2], "'")
 		if l, col, ok := findInSource(src, "*"+name); ok {
 			c.atPos(l, col, "invalid YAML: alias *%s refers to an anchor &%s that is not defined before it", name, name)
 			return
@@ -172,11 +187,10 @@ func (c *collector) yamlError(src []byte, err error) {
 			return
 		}
 	}
-	if line > len(lines) {
-		line = len(lines)
-	}
-	if line < 1 {
-		line = 1
+	line = min(max(line, 1), len(lines))
+	col := 1
+	if l, c, ok := locateSyntaxError(src); ok && l <= len(lines) && (!hasLine || l == line || (l > line && slices.Contains(blockContextProblems, problem))) {
+		line, col = l, c
 	}
 	hint := ""
 	if text := lines[line-1]; strings.Contains(text, "${{") && strings.ContainsAny(withoutExpressions(text), "{[") && !strings.Contains(text, `"${{`) && !strings.Contains(text, `'${{`) {
@@ -185,7 +199,30 @@ func (c *collector) yamlError(src []byte, err error) {
 	if hint == "" && problem == "mapping values are not allowed in this context" {
 		hint = ` (check the indentation, or quote a value that contains ": ")`
 	}
-	c.atPos(line, 1, "invalid YAML: %s%s", problem, hint)
+	c.atPos(line, col, "invalid YAML: %s%s", problem, hint)
+}
+
+// blockContextProblems are the problems for which yaml.v3 names the line
+// where the enclosing mapping or list began, however far below it the
+// offending line is: a misindented key can be reported many lines above.
+var blockContextProblems = []string{
+	"did not find expected key",
+	"did not find expected '-' indicator",
+	"did not find expected node content",
+}
+
+// locateSyntaxError returns where goccy/go-yaml, whose errors carry the
+// offending token, finds a document invalid. yaml.v3 gives no column, and
+// for some problems not the offending line either, so yamlError takes
+// this position where it refines yaml.v3's rather than contradicts it.
+func locateSyntaxError(src []byte) (line, col int, ok bool) {
+	_, err := goccyparser.ParseBytes(src, 0)
+	var located goccyyaml.Error
+	if !errors.As(err, &located) || located.GetToken() == nil {
+		return 0, 0, false
+	}
+	pos := located.GetToken().Position
+	return pos.Line, pos.Column, pos.Line > 0 && pos.Column > 0
 }
 
 // findTab returns the 1-based position of the first tab at or after line

@@ -99,7 +99,20 @@ func TestHandlerCheck(t *testing.T) {
 func TestYAMLErrorLines(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ src, want string }{
-		{"name: x\nsteps:\n  - name: a\n    handler: [1, 2\n", "4:1: invalid YAML: did not find expected ',' or ']'"},
+		// goccy/go-yaml's position adds the column to yaml.v3's line...
+		{"name: x\nsteps:\n  - name: a\n    handler: [1, 2\n", "4:14: invalid YAML: did not find expected ',' or ']'"},
+		{"name: x\nsteps:\n  - name: a\n    handler: @echo\n", "4:14: invalid YAML: found character that cannot start any token"},
+		{"name: \"a\"b\nsteps: []\n", "1:10: invalid YAML: did not find expected key"},
+		// ...and, where yaml.v3 names the line an enclosing mapping or
+		// list began on, the offending line below it.
+		{"name: x\nsteps:\n  - name: a\n    handler: echo\n  - name: b\n    handler: echo\n   dependsOn: [a]\n", "7:4: invalid YAML: did not find expected '-' indicator"},
+		{"name: x\nsteps:\n  - name: a\n    input:\n      x: 1\n     y: 2\n", "6:6: invalid YAML: did not find expected key"},
+		// A flow list left open on one line is reported where it opens,
+		// not at the next line, where goccy/go-yaml notices it.
+		{"name: x\nsteps:\n  - name: a\n    input: [1, 2\n  - name: b\n", "4:1: invalid YAML: did not find expected ',' or ']'"},
+		// A plain value running on into a key: yaml.v3's line is the
+		// colon's, goccy/go-yaml's the value's start, the line above.
+		{"name: x\nsteps:\n  - name: a\n    handler: echo\n  - name: b\n     handler: echo\n", "6:1: invalid YAML: mapping values are not allowed in this context (check the indentation, or quote a value that contains \": \")"},
 		{"name: x\n- a\n", "2:1: invalid YAML: did not find expected key"},
 		{"name: x\nsteps:\n\t- a\n", "3:1: invalid YAML: found character that cannot start any token (a tab: YAML indents and separates with spaces)"},
 		// yaml.v3 names the mapping's line (5), or a line past the end:

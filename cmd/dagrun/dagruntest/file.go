@@ -157,7 +157,7 @@ func ParseFile(path string, workflows []*dag.Workflow) (*File, error) {
 // types, an unknown workflow or step, a mock of a step that runs no
 // handler.
 func Parse(path string, src []byte, workflows []*dag.Workflow) (*File, error) {
-	p := &fileParser{path: path, workflows: map[string]*dag.Workflow{}}
+	p := &fileParser{path: path, src: src, workflows: map[string]*dag.Workflow{}}
 	for _, w := range workflows {
 		p.workflows[w.Name] = w
 	}
@@ -196,6 +196,7 @@ func Parse(path string, src []byte, workflows []*dag.Workflow) (*File, error) {
 
 type fileParser struct {
 	path      string
+	src       []byte
 	workflows map[string]*dag.Workflow
 	errs      dag.ErrorList
 }
@@ -208,14 +209,9 @@ func (p *fileParser) errorf(n *yaml.Node, format string, args ...any) {
 	p.errorAt(n.Line, n.Column, format, args...)
 }
 
-// yamlError reports a YAML syntax error at the line yaml.v3 names.
+// yamlError reports a YAML syntax error where the workflow parser would.
 func (p *fileParser) yamlError(err error) {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	line := 1
-	if _, scanErr := fmt.Sscanf(msg, "line %d:", &line); scanErr == nil {
-		msg = strings.TrimSpace(msg[strings.Index(msg, ":")+1:])
-	}
-	p.errorAt(line, 1, "invalid YAML: %s", msg)
+	p.errs = append(p.errs, dag.YAMLError(p.path, p.src, err))
 }
 
 // fields returns the values of a mapping by key, reporting keys not in

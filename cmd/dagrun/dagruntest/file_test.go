@@ -86,7 +86,9 @@ func TestParseRejectsWhatCannotRun(t *testing.T) {
 	t.Parallel()
 	tests := []struct{ name, src, want string }{
 		{name: "Empty", src: ``, want: "t.yaml:1:1: the test file is empty: it needs workflow: and cases:"},
-		{name: "BadYAML", src: "workflow: [", want: "t.yaml:1:1: invalid YAML"},
+		{name: "BadYAML", src: "workflow: [", want: "t.yaml:1:11: invalid YAML"},
+		{name: "MisindentedKey", src: "workflow: pay\ncases:\n  - name: x\n    input: {}\n   runFor: 1h\n",
+			want: "t.yaml:5:4: invalid YAML: did not find expected '-' indicator"},
 		{name: "NoCases", src: "workflow: pay\n", want: "t.yaml:1:1: cases: is required: a list of test cases"},
 		{name: "MockOfAWaitStep", src: "workflow: pay\ncases:\n  - name: x\n    steps: {approval: {output: 1}}\n",
 			want: `t.yaml:4:13: steps: step "approval" runs no handler, so there is nothing to mock (send a wait step's signal under signals:;`},
