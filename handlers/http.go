@@ -14,8 +14,10 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/propagation"
+	"golang.org/x/net/http/httpguts"
 )
 
 // HTTPInput is the input of the built-in http handler.
@@ -25,7 +27,7 @@ type HTTPInput struct {
 	// URL is the request URL (http or https); required.
 	URL string `json:"url"`
 	// Headers are request headers. "Host" sets the request's host.
-	Headers map[string]string `json:"headers,omitempty"`
+	Headers HTTPHeaders `json:"headers,omitempty"`
 	// Body is any JSON value. A string is sent as is; any other value is
 	// sent JSON-encoded, with Content-Type application/json unless Headers
 	// sets one. Absent or null means no body.
@@ -33,6 +35,50 @@ type HTTPInput struct {
 	// Timeout bounds the whole request, response body included, as a Go
 	// duration ("5s"); default 30s. The step's own timeout still applies.
 	Timeout string `json:"timeout,omitempty"`
+}
+
+// HTTPHeaders are the request headers of an HTTPInput, a string each.
+type HTTPHeaders map[string]string
+
+// UnmarshalJSON decodes the headers, naming the header whose value is not
+// a string: encoding/json names only the map ("headers").
+func (h *HTTPHeaders) UnmarshalJSON(b []byte) error {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	if raw == nil {
+		*h = nil
+		return nil
+	}
+	decoded := make(HTTPHeaders, len(raw))
+	for name, value := range raw {
+		var s string
+		if err := json.Unmarshal(value, &s); err != nil {
+			return fmt.Errorf("headers.%s: want a string, got %s", name, jsonKind(value))
+		}
+		decoded[name] = s
+	}
+	*h = decoded
+	return nil
+}
+
+// jsonKind names the kind of a JSON value, with its article.
+func jsonKind(value json.RawMessage) string {
+	switch v := bytes.TrimSpace(value); {
+	case len(v) == 0:
+		return "nothing"
+	case v[0] == '{':
+		return "an object"
+	case v[0] == '[':
+		return "a list"
+	case v[0] == 't' || v[0] == 'f':
+		return "a boolean"
+	case v[0] == 'n':
+		return "null"
+	default:
+		return "a number"
+	}
 }
 
 // HTTPOutput is the output of the built-in http handler.
@@ -221,6 +267,14 @@ func newHTTPRequest(ctx context.Context, in HTTPInput) (*http.Request, time.Dura
 		return nil, 0, err
 	}
 	for k, v := range in.Headers {
+		// net/http refuses such a request only when it sends it, which
+		// would make the bad input look like a network error worth a retry.
+		if !httpguts.ValidHeaderFieldName(k) {
+			return nil, 0, fmt.Errorf("header %q: invalid name: a header name is a token of letters, digits and !#$%%&'*+-.^_`|~", k)
+		}
+		if !httpguts.ValidHeaderFieldValue(v) {
+			return nil, 0, fmt.Errorf("header %q: invalid value: it may not hold control characters such as a newline", k)
+		}
 		// net/http ignores a Host entry in Header; the field is what sets it.
 		if strings.EqualFold(k, "Host") {
 			req.Host = v
@@ -237,9 +291,17 @@ func newHTTPRequest(ctx context.Context, in HTTPInput) (*http.Request, time.Dura
 // errorSnippet returns ": " and the start of body for an error message, or ""
 // for an empty body.
 func errorSnippet(body []byte) string {
-	body = body[:min(len(body), httpErrorSnippet)]
+	cut := min(len(body), httpErrorSnippet)
+	// A cut inside a character moves back to its start.
+	for i := cut; i < len(body) && i > cut-utf8.UTFMax && i > 0; i-- {
+		if utf8.RuneStart(body[i]) {
+			cut = i
+			break
+		}
+	}
+	body = body[:cut]
 	// One line of valid text: the error is printed on one line by the CLI,
-	// and the cut may split a UTF-8 sequence.
+	// and the body need not be UTF-8.
 	s := strings.Join(strings.Fields(strings.ToValidUTF8(string(body), "\uFFFD")), " ")
 	if s == "" {
 		return ""

@@ -88,6 +88,11 @@ func TestHTTPResponses(t *testing.T) {
 			// 200 bytes is 100 two-byte runes.
 			wantErr: "GET URL/thing: 422 Unprocessable Entity: " + strings.Repeat("é", 100), permanent: true,
 		},
+		{
+			name: "ErrorBodyCutBeforeASplitCharacter", respond: respondWith(422, "", "x"+strings.Repeat("é", 150)),
+			// Byte 200 is the second byte of the 100th é: the cut keeps 99.
+			wantErr: "GET URL/thing: 422 Unprocessable Entity: x" + strings.Repeat("é", 99), permanent: true,
+		},
 		{name: "MultilineErrorBodyOneLine", respond: respondWith(409, "", "a\n  b\r\nc"), wantErr: "GET URL/thing: 409 Conflict: a b c", permanent: true},
 	}
 	for _, tt := range tests {
@@ -276,6 +281,23 @@ func TestHTTPRequest(t *testing.T) {
 			_, err := h(t.Context(), json.RawMessage(input))
 			require.Error(t, err, input)
 			require.True(t, handlers.IsPermanent(err), "input %s: %v", input, err)
+		}
+	})
+	t.Run("BadHeaderPermanentAndNamed", func(t *testing.T) {
+		t.Parallel()
+		// Nothing listens on the URL: a header that reached net/http's
+		// send would fail as a network error, which is retried.
+		h := builtin(t, "http")
+		for _, tt := range []struct{ headers, want string }{
+			{`{"X-A":1}`, `decode input for handler: headers.X-A: want a string, got a number`},
+			{`{"X-A":{"b":"c"}}`, `decode input for handler: headers.X-A: want a string, got an object`},
+			{`{"X A":"b"}`, `http: header "X A": invalid name`},
+			{`{"X-A":"a\nb"}`, `http: header "X-A": invalid value`},
+			{`{"X-A":"a\u0000b"}`, `http: header "X-A": invalid value`},
+		} {
+			_, err := h(t.Context(), json.RawMessage(`{"url":"http://127.0.0.1:1/x","headers":`+tt.headers+`}`))
+			require.ErrorContains(t, err, tt.want, tt.headers)
+			require.True(t, handlers.IsPermanent(err), "headers %s: %v", tt.headers, err)
 		}
 	})
 }
