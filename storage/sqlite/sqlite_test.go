@@ -98,6 +98,21 @@ func TestOpenErrors(t *testing.T) {
 		require.Contains(t, err.Error(), "is not a SQLite database")
 	})
 
+	t.Run("Folder", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		_, err := sqlite.Open(ctx, dir, nil)
+		require.ErrorIs(t, err, storage.ErrUnavailable)
+		require.ErrorContains(t, err, "is a folder: name a file, such as "+filepath.Join(dir, "dagrun.db"))
+	})
+
+	t.Run("Device", func(t *testing.T) {
+		t.Parallel()
+		_, err := sqlite.Open(ctx, os.DevNull, nil)
+		require.ErrorIs(t, err, storage.ErrUnavailable)
+		require.ErrorContains(t, err, "is not a regular file (a character device): name a file")
+	})
+
 	t.Run("BadConfig", func(t *testing.T) {
 		t.Parallel()
 		_, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "x.db"), &sqlite.Config{ReadConns: -1})

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -188,6 +189,9 @@ func Open(ctx context.Context, path string, cfg *Config) (*Store, error) {
 	}
 	if path == "" {
 		return nil, errors.New("sqlite: empty database path")
+	}
+	if err := checkPath(path); err != nil {
+		return nil, err
 	}
 	w, err := sql.Open("sqlite3", dsn(path, min(cfg.BusyTimeout, busySlice), openMode{}))
 	if err != nil {
@@ -422,6 +426,40 @@ func (s *Store) notify() {
 		default: // a signal is already pending; coalesce
 		}
 	}
+}
+
+// checkPath refuses a path SQLite could open but not use as a database,
+// a folder or a device, whose errors ("unable to open database file",
+// "disk I/O error") say nothing of what is wrong.
+func checkPath(path string) error {
+	if path == ":memory:" || strings.HasPrefix(path, "file:") {
+		return nil
+	}
+	fi, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return nil // a new file, or a problem SQLite reports in its terms
+	case fi.IsDir():
+		return fmt.Errorf("%w: SQLite database %q is a folder: name a file, such as %s", storage.ErrUnavailable, path, filepath.Join(path, "dagrun.db"))
+	case !fi.Mode().IsRegular():
+		return fmt.Errorf("%w: SQLite database %q is not a regular file (%s): name a file", storage.ErrUnavailable, path, fileKind(fi.Mode()))
+	}
+	return nil
+}
+
+// fileKind names the kind of a file that is neither regular nor a folder.
+func fileKind(mode os.FileMode) string {
+	switch {
+	case mode&os.ModeCharDevice != 0:
+		return "a character device"
+	case mode&os.ModeDevice != 0:
+		return "a device"
+	case mode&os.ModeNamedPipe != 0:
+		return "a named pipe"
+	case mode&os.ModeSocket != 0:
+		return "a socket"
+	}
+	return "of type " + mode.Type().String()
 }
 
 // rememberFile records which file the store opened, as SQLite names it.
