@@ -17,7 +17,24 @@ type progress struct {
 	w       io.Writer
 	skip    skipMode
 	first   bool
-	started map[string]time.Time // step -> when its latest attempt started
+	started map[string]attemptStart // step -> its latest attempt
+	now     func() time.Time        // says which wake times are today
+}
+
+// attemptStart is when an attempt began. A snoozed attempt starts again
+// under the same number when it wakes; it still began at its first start,
+// as the step's startedAt says.
+type attemptStart struct {
+	attempt int
+	at      time.Time
+}
+
+// start records a step.started event.
+func (p *progress) start(ev storage.Event) {
+	if prev, ok := p.started[ev.Step]; ok && prev.attempt == ev.Attempt && ev.Attempt > 0 {
+		return
+	}
+	p.started[ev.Step] = attemptStart{attempt: ev.Attempt, at: ev.At}
 }
 
 // skipMode says which events already in the history on the first look are
@@ -31,7 +48,7 @@ const (
 )
 
 func newProgress(w io.Writer, skip skipMode) *progress {
-	return &progress{w: w, skip: skip, first: true, started: map[string]time.Time{}}
+	return &progress{w: w, skip: skip, first: true, started: map[string]attemptStart{}, now: time.Now}
 }
 
 // observe prints the lines of events, the news since its last call
@@ -53,7 +70,7 @@ func (p *progress) observe(inst *storage.Instance, events []storage.Event) {
 		}
 		for _, ev := range events[:cut] {
 			if ev.Type == storage.EventStepStarted {
-				p.started[ev.Step] = ev.At
+				p.start(ev)
 			}
 		}
 		events = events[cut:]
@@ -75,7 +92,7 @@ func (p *progress) line(inst *storage.Instance, ev storage.Event) string {
 		}
 		return name + " ready"
 	case storage.EventStepStarted:
-		p.started[ev.Step] = ev.At
+		p.start(ev)
 		if ev.Attempt == 0 { // a workflow step: its children run, no attempt of its own
 			if msg != "" {
 				return name + " running: " + msg
@@ -84,8 +101,8 @@ func (p *progress) line(inst *storage.Instance, ev storage.Event) string {
 		}
 		return fmt.Sprintf("%s running (attempt %d)", name, ev.Attempt)
 	case storage.EventStepCompleted:
-		if began, ok := p.started[ev.Step]; ok && !ev.At.Before(began) {
-			return name + " completed in " + roundDuration(ev.At.Sub(began))
+		if began, ok := p.started[ev.Step]; ok && !ev.At.Before(began.at) {
+			return name + " completed in " + roundDuration(ev.At.Sub(began.at))
 		}
 		if msg != "" { // a wait step's "signal NAME received"
 			return name + " completed: " + msg
@@ -95,7 +112,7 @@ func (p *progress) line(inst *storage.Instance, ev storage.Event) string {
 		return fmt.Sprintf("%s retrying after attempt %d failed: %s", name, ev.Attempt, msg)
 	case storage.EventStepSnoozed:
 		if t, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(ev.Message, "until ")); err == nil {
-			return name + " waiting until " + t.Local().Format(time.TimeOnly)
+			return name + " waiting until " + wakeTime(t.Local(), p.now())
 		}
 		return name + " waiting " + msg
 	case storage.EventStepFailed:
@@ -129,6 +146,15 @@ func (p *progress) line(inst *storage.Instance, ev storage.Event) string {
 		return line
 	}
 	return "" // instance.created, .started, .retried: no news to a follower
+}
+
+// wakeTime is a snoozed step's wake time as a progress line gives it: the
+// time of day, and the date too unless it is today.
+func wakeTime(t, now time.Time) string {
+	if y, m, d := t.Date(); y == now.Year() && m == now.Month() && d == now.Day() {
+		return t.Format(time.TimeOnly)
+	}
+	return t.Format(time.DateTime)
 }
 
 func roundDuration(d time.Duration) string {

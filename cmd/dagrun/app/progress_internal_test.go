@@ -1,0 +1,58 @@
+package app
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/dagrun/dagrun/storage"
+)
+
+// TestProgressOfASnoozedStep: a sleep's attempt starts again under its
+// number when it wakes, and its duration counts from its first start, as
+// the step's startedAt does in status; a retry after a failure counts
+// from its own start.
+func TestProgressOfASnoozedStep(t *testing.T) {
+	t.Parallel()
+	began := time.Date(2026, 12, 7, 10, 0, 0, 0, time.Local)
+	wake := began.Add(36 * time.Hour)
+	var out bytes.Buffer
+	p := newProgress(&out, skipNone)
+	p.now = func() time.Time { return began }
+	p.observe(&storage.Instance{ID: "i-1"}, []storage.Event{
+		{Type: storage.EventStepStarted, Step: "nap", Attempt: 1, At: began},
+		{Type: storage.EventStepSnoozed, Step: "nap", Attempt: 1, At: began, Message: "until " + wake.UTC().Format(time.RFC3339Nano)},
+		{Type: storage.EventStepStarted, Step: "nap", Attempt: 1, At: wake},
+		{Type: storage.EventStepCompleted, Step: "nap", Attempt: 1, At: wake.Add(3 * time.Millisecond)},
+		{Type: storage.EventStepStarted, Step: "call", Attempt: 1, At: began},
+		{Type: storage.EventStepRetrying, Step: "call", Attempt: 1, At: began.Add(time.Second), Message: "boom"},
+		{Type: storage.EventStepStarted, Step: "call", Attempt: 2, At: began.Add(2 * time.Second)},
+		{Type: storage.EventStepCompleted, Step: "call", Attempt: 2, At: began.Add(2*time.Second + 5*time.Millisecond)},
+	})
+	require.Equal(t, `nap          running (attempt 1)
+nap          waiting until 2026-12-08 22:00:00
+nap          running (attempt 1)
+nap          completed in 36h0m0.003s
+call         running (attempt 1)
+call         retrying after attempt 1 failed: boom
+call         running (attempt 2)
+call         completed in 5ms
+`, out.String())
+}
+
+func TestWakeTime(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 7, 15, 49, 11, 0, time.UTC)
+	for _, tt := range []struct {
+		wake time.Time
+		want string
+	}{
+		{now.Add(time.Hour), "16:49:11"},
+		{now.Add(12 * time.Hour), "2026-12-08 03:49:11"},
+		{time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC), "2100-01-01 00:00:00"},
+	} {
+		require.Equal(t, tt.want, wakeTime(tt.wake, now))
+	}
+}
