@@ -34,6 +34,7 @@ func TestBadValuesAtTheEdge(t *testing.T) {
 		{"start", "greet", "--priority", "99999999999999999999"},
 		{"start", "greet", "--delay", "-1s"},
 		{"start", "greet", "--delay", "100000h"},
+		{"start", "greet", "--delay", "366d"},
 		{"start", "greet", "--key", longKey},
 		{"start", "greet", "--key", "a\xffb"},
 		{"start", "greet", "--input", deep},

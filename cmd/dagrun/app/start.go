@@ -45,6 +45,11 @@ func (c *cli) startCommand() *cobra.Command {
 				if opts.Delay, err = view.ParseDuration(delayStr); err != nil {
 					return usageError(fmt.Errorf("invalid --delay %q: use a duration such as 30s, 5m or 2d", delayStr))
 				}
+				if opts.Delay < 0 || opts.Delay > dagrun.MaxDelay {
+					// In the user's words: the engine's check would print
+					// 366d as 8784h.
+					return usageError(fmt.Errorf("invalid --delay %q: out of range: use a duration from 0s to %dd", delayStr, dagrun.MaxDelay/(24*time.Hour)))
+				}
 			}
 			// Checked before the database is opened: bad flags touch nothing.
 			if err := opts.Validate(); err != nil {
