@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -35,6 +36,9 @@ func (c *cli) startCommand() *cobra.Command {
 			"Exit code 0 when the instance completed, 1 when it failed or was cancelled.",
 		Args: exactArgs(1, "start WORKFLOW"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.Flags().Changed("input") && strings.TrimSpace(input) == "" {
+				return usageError(errors.New("--input is empty: pass a JSON value, such as --input '{}', or leave --input out for {}"))
+			}
 			raw, err := c.readInput(input)
 			if err != nil {
 				return usageError(err)
@@ -207,6 +211,9 @@ func (c *cli) readJSONFlag(flag, spec string) (json.RawMessage, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read %s from standard input: %v", flag, err)
 		}
+		if len(bytes.TrimSpace(data)) == 0 {
+			return nil, fmt.Errorf("%s -: the standard input was empty: pipe a JSON value into it", flag)
+		}
 		return data, nil
 	case strings.HasPrefix(spec, "@"):
 		data, err := os.ReadFile(spec[1:])
@@ -216,6 +223,9 @@ func (c *cli) readJSONFlag(flag, spec string) (json.RawMessage, error) {
 				err = pathErr.Err
 			}
 			return nil, fmt.Errorf("cannot read %s file %q: %v", flag, spec[1:], err)
+		}
+		if len(bytes.TrimSpace(data)) == 0 {
+			return nil, fmt.Errorf("%s file %q is empty: write a JSON value in it", flag, spec[1:])
 		}
 		return data, nil
 	default:
