@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -185,7 +186,7 @@ func (e *Engine) signalTarget(ctx context.Context, req SignalRequest) (*storage.
 
 // waitFor returns the wait of w's step waiting for signal, or nil.
 func waitFor(w *dag.Workflow, signal string) *dag.Wait {
-	for _, s := range w.Steps {
+	for _, s := range slices.Concat(w.Steps, w.OnFailure) {
 		if s.Wait != nil && s.Wait.Signal == signal {
 			return s.Wait
 		}
@@ -197,7 +198,7 @@ func waitFor(w *dag.Workflow, signal string) *dag.Wait {
 // the steps waiting for each.
 func waitSignals(w *dag.Workflow) (signals, steps []string) {
 	var waits []*dag.Step
-	for _, s := range w.Steps {
+	for _, s := range slices.Concat(w.Steps, w.OnFailure) {
 		if s.Wait != nil {
 			waits = append(waits, s)
 		}

@@ -114,6 +114,57 @@ func TestSignalSentBeforeTheStepWaitsIsDeliveredWhenItBecomesReady(t *testing.T)
 	})
 }
 
+// TestOnFailureWaitStepTakesItsSignal: a wait step under onFailure, which
+// waits only once a main step failed, takes its signal like any other:
+// stored when sent before it waits, delivered when it does.
+func TestOnFailureWaitStepTakesItsSignal(t *testing.T) {
+	const escalate = `
+name: escalate
+steps:
+  - name: charge
+    handler: boom
+onFailure:
+  - name: ack
+    wait: {signal: incident.ack}
+  - name: close
+    dependsOn: [ack]
+    handler: echo
+    input: ${{ steps.ack.output }}
+`
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		for _, early := range []bool{false, true} {
+			registry, gate := gateRegistry(t)
+			registry.Register("boom", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+				select {
+				case <-gate:
+					return nil, handlers.Permanent(errors.New("card declined"))
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			})
+			b := setup(t, open, registry, escalate)
+			b.runWorker(t, nil)
+			id := b.start(t, "escalate", `{}`)
+			if early {
+				b.awaitStatus(t, id, "charge", storage.StepRunning)
+				res, err := b.signal(t, id, "incident.ack", `{"by": "ada"}`)
+				require.NoError(t, err)
+				require.Equal(t, dagrun.SignalResult{InstanceID: id}, res, "stored until ack waits")
+				close(gate)
+			} else {
+				close(gate)
+				b.awaitStatus(t, id, "ack", storage.StepWaiting)
+				res, err := b.signal(t, id, "incident.ack", `{"by": "ada"}`)
+				require.NoError(t, err)
+				require.Equal(t, dagrun.SignalResult{InstanceID: id, Delivered: true}, res)
+			}
+			inst := b.wait(t, id)
+			require.Equal(t, storage.InstanceFailed, inst.Status)
+			requireJSON(t, `{"by": "ada"}`, step(t, inst, "close").Output)
+		}
+	})
+}
+
 func TestSignalRefusalsWriteNothing(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
 		b, id := startRefundWaiting(t, open)

@@ -165,14 +165,14 @@ func SkipRefusal(id, step string, instance InstanceStatus, status StepStatus) er
 	return Refuse(ErrConflict, "step %s of instance %s is %s; only a blocked, pending, waiting, failed or cancelled step can be skipped", step, id, status)
 }
 
-// SkipWhileFailingRefusal is the conflict error of SkipStep on a failing
-// instance (Instance.Failing): it failed and has not ended, its running
-// steps finishing their attempts and its onFailure steps to run. A step
-// completed by hand then would leave its cancelled dependents and the
-// recorded failure as they are; once the instance has failed, a skip
-// repairs it.
+// SkipWhileFailingRefusal is the conflict error of SkipStep of a main step
+// of a failing instance (Instance.Failing): it failed and has not ended,
+// its running steps finishing their attempts and its onFailure steps to
+// run. A step completed by hand then would leave its cancelled dependents
+// and the recorded failure as they are; once the instance has failed, a
+// skip repairs it. Its onFailure steps, which run now, may be skipped.
 func SkipWhileFailingRefusal(id string) error {
-	return Refuse(ErrConflict, "instance %s is failing: its running steps finish and its onFailure steps run first; skip the step once the instance has failed", id)
+	return Refuse(ErrConflict, "instance %s is failing: its running steps finish and its onFailure steps run first; skip the step once the instance has failed (an onFailure step may be skipped now)", id)
 }
 
 // RetryFromRefusal is the conflict error of RetryFrom on an unfinished

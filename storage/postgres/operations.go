@@ -160,7 +160,7 @@ func (s *Store) RetryFrom(ctx context.Context, id, step string, plan storage.Pla
 // lockStepSQL locks one step of an instance and reads its status: a claim
 // that took it first is waited for, one that comes later skips it.
 const lockStepSQL = `
-SELECT id, status FROM {s}steps WHERE instance_id = $1 AND item_index = -1 AND name = $2 FOR NO KEY UPDATE`
+SELECT id, status, on_failure FROM {s}steps WHERE instance_id = $1 AND item_index = -1 AND name = $2 FOR NO KEY UPDATE`
 
 // skipSQL completes step $3 of instance $2 by hand with output $4.
 const skipSQL = `
@@ -195,17 +195,18 @@ func (s *Store) SkipStep(ctx context.Context, id, step string, output json.RawMe
 			return storage.UnknownStepError(id, step, l.state.Steps)
 		}
 		var (
-			stepID int64
-			status storage.StepStatus
+			stepID    int64
+			status    storage.StepStatus
+			onFailure bool
 		)
-		if err := tx.QueryRow(ctx, s.q(lockStepSQL), id, step).Scan(&stepID, &status); err != nil {
+		if err := tx.QueryRow(ctx, s.q(lockStepSQL), id, step).Scan(&stepID, &status, &onFailure); err != nil {
 			return err
 		}
 		instance := l.state.Status
 		if instance == storage.InstanceCompleted || instance == storage.InstanceCancelled || !storage.Skippable(status) {
 			return storage.SkipRefusal(id, step, instance, status)
 		}
-		if instance == storage.InstanceRunning && l.state.Failure != nil {
+		if instance == storage.InstanceRunning && l.state.Failure != nil && !onFailure {
 			return storage.SkipWhileFailingRefusal(id)
 		}
 		if instance == storage.InstanceFailed && l.state.Depth > 0 {

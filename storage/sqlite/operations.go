@@ -204,7 +204,8 @@ func (s *Store) SkipStep(ctx context.Context, id, step string, output json.RawMe
 		}
 		if status == storage.InstanceRunning {
 			var failing bool
-			if err := t.queryRow(`SELECT failing FROM instances WHERE id = ?`, id).Scan(&failing); err != nil {
+			if err := t.queryRow(`SELECT i.failing AND NOT s.on_failure FROM instances i, steps s WHERE i.id = ? AND s.id = ?`,
+				id, target.id).Scan(&failing); err != nil {
 				return err
 			}
 			if failing {

@@ -417,6 +417,29 @@ var failureTests = map[string]func(*testing.T, *Harness){
 		require.Equal(t, storage.InstanceRunning, in.Status)
 		require.Equal(t, storage.StepPending, step(t, in, "c").Status, "the skipped step's dependent runs")
 	},
+	"OnFailureStepIsSkippedWhileTheInstanceIsFailing": func(t *testing.T, h *Harness) {
+		// The onFailure steps are what runs while an instance is failing:
+		// one stuck (a wait nobody will signal, a handler down) is
+		// skipped then, and the instance goes on to fail.
+		b := h.setup(t)
+		id := b.createFailing(failureParams(0, spec("a"), onFailureSpec("onfail-x"), onFailureSpec("onfail-y", "onfail-x")))
+		ca := b.claimStep(id, "a")
+		b.finishFailing(failedFor(ca.Claim, "boom"))
+		require.True(t, b.get(id).Failing)
+		require.Equal(t, storage.StepPending, b.status(id, "onfail-x"))
+
+		require.NoError(t, b.op().SkipStep(b.ctx, id, "onfail-x", json.RawMessage(`"by hand"`), FailurePlan))
+		in := b.get(id)
+		require.Equal(t, storage.InstanceRunning, in.Status)
+		require.True(t, in.Failing, "the instance fails still")
+		require.Equal(t, storage.StepCompleted, step(t, in, "onfail-x").Status)
+		require.JSONEq(t, `"by hand"`, string(step(t, in, "onfail-x").Output))
+		require.Equal(t, storage.StepPending, step(t, in, "onfail-y").Status, "the skipped step's dependent runs")
+		b.completeFailing(id, "onfail-y", `1`)
+		in = b.get(id)
+		require.Equal(t, storage.InstanceFailed, in.Status)
+		require.Equal(t, "step a failed", in.Error)
+	},
 	"RepairsRearmTheOnFailureSteps": func(t *testing.T, h *Harness) {
 		// Retry from a step and a skip revive a failed instance: its
 		// recorded failure is forgotten and its onFailure steps, which ran,
