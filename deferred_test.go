@@ -96,3 +96,47 @@ output: ${{ steps.ship.output }}
 		require.False(t, child.CreatedAt.Before(done.RunAfter), "child created at %v, its parent due at %v", child.CreatedAt, done.RunAfter)
 	})
 }
+
+// A delayed instance whose first step is a forEach expands it when its
+// time comes: until then the step is blocked, neither running with items
+// waiting under it nor, over an empty list, completed before its time.
+func TestADelayedFirstForEachStepExpandsWhenDue(t *testing.T) {
+	t.Parallel()
+	const fanout = `
+name: fanout
+steps:
+  - name: each
+    forEach: ${{ input.names }}
+    handler: echo
+    input: ${{ item }}
+output: ${{ steps.each.output }}
+`
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, fanout)
+		const delay = 300 * time.Millisecond
+		var ids []string
+		for _, names := range []string{`["a", "b"]`, `[]`} {
+			res, err := b.engine.Start(context.Background(), "fanout", json.RawMessage(`{"names": `+names+`}`), &dagrun.StartOptions{Delay: delay})
+			require.NoError(t, err)
+			inst, err := b.engine.Get(context.Background(), res.ID)
+			require.NoError(t, err)
+			require.Equal(t, storage.InstancePending, inst.Status)
+			each := step(t, inst, "each")
+			require.Equal(t, storage.StepBlocked, each.Status, "names %s", names)
+			require.Nil(t, each.StartedAt, "names %s", names)
+			ids = append(ids, res.ID)
+		}
+
+		b.runWorker(t, nil)
+		for i, want := range []string{`["a", "b"]`, `[]`} {
+			done := b.wait(t, ids[i])
+			require.Equal(t, storage.InstanceCompleted, done.Status, done.Error)
+			requireJSON(t, want, done.Output)
+			each := step(t, done, "each")
+			require.False(t, each.FinishedAt.Before(done.RunAfter), "each finished at %v, its instance due at %v", each.FinishedAt, done.RunAfter)
+			if each.StartedAt != nil {
+				require.False(t, each.StartedAt.Before(done.RunAfter), "each started at %v, its instance due at %v", each.StartedAt, done.RunAfter)
+			}
+		}
+	})
+}

@@ -118,12 +118,14 @@ func (p *planner) promote(plan *storage.Plan, order []*dag.Step) {
 
 // startsWithoutAWorker reports whether making step ready starts its
 // instance in the same transaction, with no claim: a wait step begins
-// waiting (and takes signals), a workflow step starts its children. An
-// instance that may not start yet (a delayed start, a concurrency limit)
-// leaves such steps to Store.StartDeferred; a step that runs a handler
-// needs no such care, as its claim waits for the delay and the slot.
+// waiting (and takes signals), a workflow step starts its children, a
+// forEach step is expanded into its items and runs (or, over an empty
+// list, completes). An instance that may not start yet (a delayed start,
+// a concurrency limit) leaves such steps to Store.StartDeferred; a step
+// that runs a handler needs no such care, as its claim waits for the
+// delay and the slot.
 func startsWithoutAWorker(step *dag.Step) bool {
-	return step.Wait != nil || step.Workflow != ""
+	return step.Wait != nil || step.Workflow != "" || step.ForEach != nil
 }
 
 // ready reports whether every dependency of step let it proceed.

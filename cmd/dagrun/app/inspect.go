@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -213,7 +214,7 @@ func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 		format := "%s\t%s\t%s\t%s\t%s\t"
 		if forEach != "" {
 			counts := "-"
-			if s.Items != nil {
+			if s.Items != nil && s.Status != storage.StepBlocked { // not expanded yet
 				counts = itemCounts(s.Items)
 			}
 			row = append(row, counts)
@@ -338,6 +339,12 @@ func writeWakes(w io.Writer, inst *storage.Instance, now time.Time) {
 			first = false
 		}
 		fmt.Fprintf(w, format+"\n", args...)
+	}
+	if inst.Status == storage.InstancePending && inst.RunAfter.After(now) &&
+		!slices.ContainsFunc(inst.Steps, func(s storage.Step) bool { return s.Status == storage.StepPending }) {
+		// Its first steps start only with it (a wait, forEach or workflow
+		// step), blocked until then with no time of their own.
+		line("the instance starts at %s (in %s)", view.Time(inst.RunAfter), timeLeft(inst.RunAfter.Sub(now)))
 	}
 	for _, s := range inst.Steps {
 		switch {

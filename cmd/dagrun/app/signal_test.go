@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -88,6 +89,33 @@ func TestStatusShowsWhenAPendingStepRuns(t *testing.T) {
 	res = b.run(t, "", "status", id, "--json")
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
 	require.Contains(t, res.stdout, `"runAfter": "`)
+}
+
+// TestStatusShowsWhenADelayedInstanceStarts: a delayed instance whose
+// first step is a forEach leaves it blocked until its time, so the
+// instance itself says when it starts.
+func TestStatusShowsWhenADelayedInstanceStarts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.run(t, "", "start", "fanout", "--detach", "--delay", "2h", "--input", `{"numbers": [1, 2]}`)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	id := maskUUID.FindString(res.stdout)
+	res = b.run(t, "", "status", id)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	golden(t, "status-delayed-instance", mask(res.stdout))
+	res = b.run(t, "", "status", id, "--json")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	var inst struct {
+		RunAfter string `json:"runAfter"`
+		Steps    []struct {
+			Status   string `json:"status"`
+			RunAfter string `json:"runAfter"`
+		} `json:"steps"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &inst))
+	require.NotEmpty(t, inst.RunAfter)
+	require.Equal(t, "blocked", inst.Steps[0].Status)
+	require.Empty(t, inst.Steps[0].RunAfter)
 }
 
 // TestStartFollowsAWaitUntilItsSignal follows a refund with start, which

@@ -37,6 +37,11 @@ type Instance struct {
 	// Paused is true while the instance is paused (dagrun pause): its
 	// steps are not claimed; absent otherwise.
 	Paused bool `json:"paused,omitempty"`
+	// RunAfter is, for a pending instance started with a delay, when it
+	// starts: its first steps may be blocked until then (a wait, forEach
+	// or workflow step starts only with its instance), with no runAfter
+	// of their own.
+	RunAfter *string `json:"runAfter,omitempty"`
 	// Timeout is the workflow timeout ("10m"), Deadline when the running
 	// instance times out; both absent without a timeout. FailedStep is
 	// the step whose failure failed the instance (absent when none did,
@@ -58,6 +63,12 @@ type Parent struct {
 	ID   string `json:"id"`
 	Step string `json:"step"`
 	Item *int   `json:"item,omitempty"`
+}
+
+// delayed reports whether inst is a pending instance started with a
+// delay, which starts at its RunAfter.
+func delayed(inst *storage.Instance) bool {
+	return inst.Status == storage.InstancePending && inst.RunAfter.After(inst.CreatedAt)
 }
 
 // NewParent converts a stored parent reference; nil stays nil.
@@ -243,6 +254,9 @@ func NewInstance(inst *storage.Instance) Instance {
 	}
 	if inst.Timeout > 0 {
 		out.Timeout = storage.FormatDuration(inst.Timeout)
+	}
+	if delayed(inst) {
+		out.RunAfter = optTime(&inst.RunAfter)
 	}
 	for i, s := range inst.Steps {
 		deps := s.DependsOn
