@@ -322,6 +322,75 @@ func (s *Store) pauseTree(ctx context.Context, tx pgx.Tx, st *txState, roots []s
 			}
 		}
 	}
+	if pause {
+		return nil
+	}
+	for _, id := range ids {
+		if err := s.admitResumed(ctx, tx, id); err != nil {
+			return err
+		}
+	}
+	return s.releaseResumed(ctx, tx, ids)
+}
+
+// resumedRoomSQL tells whether the resumed instance $2, held by its
+// workflow's concurrency limit and due by the terms of a finish's
+// admission (limits_instance_release), finds room under its key, whose
+// lock it takes; no row when it is not such an instance.
+const resumedRoomSQL = `
+SELECT {s}limits_admitted(i.workflow, i.concurrency_key) < i.concurrency_limit FROM {s}instances i
+WHERE i.id = $2 AND i.held AND i.finished_at IS NULL AND i.concurrency_key IS NOT NULL
+	AND (i.parked OR i.run_after <= {now} OR i.run_after <= i.created_at
+		OR EXISTS (SELECT 1 FROM {s}steps s WHERE s.instance_id = i.id AND s.status = 'pending'
+			AND s.run_after = '9999-01-01 00:00:00+00' AND NOT s.slots_due))`
+
+// admitResumed admits a resumed instance held by its workflow's
+// concurrency limit when its key has room, as a finish of its key would
+// have, had it not passed over the paused instance; releaseResumed then
+// releases its steps.
+func (s *Store) admitResumed(ctx context.Context, tx pgx.Tx, id string) error {
+	var room bool
+	err := tx.QueryRow(ctx, s.q(resumedRoomSQL), s.now(), id).Scan(&room)
+	if errors.Is(err, pgx.ErrNoRows) || err == nil && !room {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, s.q(`UPDATE {s}instances SET held = false WHERE id = $1`), id); err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, s.q(`UPDATE {s}steps SET held_by_instance = false WHERE instance_id = $1 AND held_by_instance`), id)
+	return err
+}
+
+// resumedHeldSQL lists the held steps of the instances $1, in release
+// order: highest priority first, then oldest.
+const resumedHeldSQL = `
+SELECT id FROM {s}steps WHERE instance_id = ANY($1) AND status = 'pending'
+	AND run_after = '9999-01-01 00:00:00+00' AND NOT held_by_instance
+ORDER BY priority DESC, id`
+
+// releaseResumed releases the held steps of resumed instances that fit
+// now (limits_release_step locks their limits and checks). A step that
+// was paused while held was passed over by the releases of its limits,
+// which take only steps held and not paused: its slot may have freed (or
+// its instance been admitted by its workflow's limit) meanwhile, and no
+// finish would come to release it.
+func (s *Store) releaseResumed(ctx context.Context, tx pgx.Tx, ids []string) error {
+	rows, err := tx.Query(ctx, s.q(resumedHeldSQL), ids)
+	if err != nil {
+		return err
+	}
+	held, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return err
+	}
+	for _, id := range held {
+		if _, err := tx.Exec(ctx, s.q(`SELECT {s}limits_release_step(s, {now}) FROM {s}steps s WHERE s.id = $2`), s.now(), id); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

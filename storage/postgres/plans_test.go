@@ -433,6 +433,8 @@ func undoLastMigration(t *testing.T, schema string) {
 	last := ms[len(ms)-1]
 	var undo string
 	switch last.Version {
+	case 33:
+		undo = replacingFunction(t, ms, 29, "limits_instance_release")
 	case 32:
 		undo = replacingFunction(t, ms, 24, "respace_queue") + "; " + replacingFunction(t, ms, 28, "promote_due") +
 			"; ALTER TABLE queue_limits DROP COLUMN respaced_at"

@@ -321,7 +321,65 @@ func (t *txn) pauseTree(roots []string, pause bool) error {
 		}
 		t.event(id, "", event, 0, "")
 	}
-	return nil
+	if pause {
+		return nil
+	}
+	for _, id := range ids {
+		if err := t.admitResumed(id); err != nil {
+			return err
+		}
+	}
+	return t.releaseResumed(ids)
+}
+
+// admitResumed admits a resumed instance held by its workflow's
+// concurrency limit if its key has room and its time has come by the
+// terms of a finish's admission (instances_limits_release), which passes
+// over paused instances: a slot that freed while it was paused went to
+// none of it.
+func (t *txn) admitResumed(id string) error {
+	res, err := t.exec(`UPDATE instances SET held = 0 WHERE id = ?1 AND held = 1 AND finished_at IS NULL
+		AND (parked = 1 OR run_after <= ?2 OR run_after <= created_at
+			OR EXISTS (SELECT 1 FROM steps s WHERE s.instance_id = instances.id AND s.status = 'pending'
+				AND s.run_after = `+heldUS+` AND s.slots_due = 0))
+		AND `+keyHasRoomSQL, id, us(t.now))
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return err
+	}
+	_, err = t.exec(`UPDATE steps SET held_by_instance = 0 WHERE instance_id = ? AND held_by_instance = 1`, id)
+	return err
+}
+
+// releaseResumedPickSQL picks the held step of the instances ?2 (a JSON
+// list) that goes next, of those that fit now: highest priority first,
+// then oldest, as releaseHeldPickSQL.
+const releaseResumedPickSQL = `SELECT h.id FROM steps h
+	WHERE h.instance_id IN (SELECT value FROM json_each(?2)) AND h.status = 'pending'
+		AND h.run_after = ` + heldUS + ` AND ` + fitsSQL + `
+	ORDER BY h.priority DESC, h.id LIMIT 1`
+
+// releaseResumed releases the held steps of resumed instances that fit
+// now, one per statement. A step that was paused while held was passed
+// over by the releases of its limits, which take only steps held and not
+// paused: its slot may have freed (or its instance been admitted by its
+// workflow's limit) meanwhile, and no finish would come to release it.
+func (t *txn) releaseResumed(ids []string) error {
+	list, err := json.Marshal(ids)
+	if err != nil {
+		return err
+	}
+	for {
+		res, err := t.exec(`UPDATE steps SET run_after = ?1 WHERE id = (`+releaseResumedPickSQL+`)`, us(t.now), string(list))
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return err
+		}
+	}
 }
 
 // MatchInstances implements storage.Operator.

@@ -342,7 +342,7 @@ func TestMigrate(t *testing.T) {
 			`UPDATE steps SET child_workflow = 'child', status = 'running', started_at = 1, lease_until = NULL,
 				run_after = 1, queue_limited = 1 WHERE name = 'call'`,
 			`UPDATE steps SET run_after = 253370764800000000, queue_limited = 1 WHERE name = 'work'`,
-		}, slices.Concat(undoVersion26, undoVersion25, undoVersion24, undoVersion23)...))
+		}, slices.Concat(undoVersion27, undoVersion26, undoVersion25, undoVersion24, undoVersion23)...))
 
 		s, err = sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -369,7 +369,7 @@ func TestMigrate(t *testing.T) {
 				(9, 'i-1', 'a', 2, 1, 2, 'WARN', 'an item', '{"k":1}'),
 				(12, 'i-1', 'b', -1, 2, 3, 'INFO', 'last', NULL)`,
 			`DELETE FROM schema_migrations WHERE version = 14`,
-		}, slices.Concat(undoVersion26, undoVersion25, undoVersion24, undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15)...))
+		}, slices.Concat(undoVersion27, undoVersion26, undoVersion25, undoVersion24, undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15)...))
 
 		s, err := sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -401,7 +401,7 @@ func TestMigrate(t *testing.T) {
 	t.Run("StepLogsWithCompletions", func(t *testing.T) {
 		t.Parallel()
 		path, db := fileWithInstance(t, "a")
-		execAll(t, db, append(slices.Concat(undoVersion26, undoVersion25, undoVersion24, undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16),
+		execAll(t, db, append(slices.Concat(undoVersion27, undoVersion26, undoVersion25, undoVersion24, undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16),
 			`INSERT INTO step_logs (seq, step_id, item, attempt, at, level, message, attrs)
 				SELECT 40, id, -1, 1, 1, 'INFO', 'kept', NULL FROM steps WHERE instance_id = 'i-1' AND name = 'a'`))
 
@@ -458,7 +458,7 @@ func TestMigrate(t *testing.T) {
 		db, err := sql.Open("sqlite3", sqlite.DSN(path))
 		require.NoError(t, err)
 		defer db.Close()
-		execAll(t, db, slices.Concat(undoVersion26, undoVersion25, undoVersion24))
+		execAll(t, db, slices.Concat(undoVersion27, undoVersion26, undoVersion25, undoVersion24))
 
 		s, err = sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -505,7 +505,7 @@ func TestMigrate(t *testing.T) {
 		db, err := sql.Open("sqlite3", sqlite.DSN(path))
 		require.NoError(t, err)
 		defer db.Close()
-		execAll(t, db, slices.Concat(undoVersion26, undoVersion25, undoVersion24, undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15))
+		execAll(t, db, slices.Concat(undoVersion27, undoVersion26, undoVersion25, undoVersion24, undoVersion23, undoVersion22, undoVersion21, undoVersion20, undoVersion19, undoVersion18, undoVersion17, undoVersion16, undoVersion15))
 
 		s, err = sqlite.Open(t.Context(), path, nil)
 		require.NoError(t, err)
@@ -565,6 +565,11 @@ func execAll(t *testing.T, db *sql.DB, statements []string) {
 		_, err := db.Exec(q)
 		require.NoError(t, err, q)
 	}
+}
+
+// undoVersion27 forgets migration 27, which only replaces a trigger.
+var undoVersion27 = []string{
+	`DELETE FROM schema_migrations WHERE version = 27`,
 }
 
 // undoVersion26 drops the column migration 26 added.

@@ -192,6 +192,36 @@ var limitTests = map[string]func(*testing.T, *Harness){
 			})
 		}
 	},
+	"PausedHeldWorkIsPassedOverAndRunsWhenResumed": func(t *testing.T, h *Harness) {
+		// A paused instance's held work takes no slot that frees while it
+		// is paused, which goes to the next held work; resumed, it takes
+		// the next slot, or at once one that freed while it was paused.
+		for _, l := range oneSlotLimits() {
+			t.Run(l.name, func(t *testing.T) {
+				b := h.setupLimits(t)
+				l.limit(b)
+				ids := b.createKeyed(l.make(), l.make(), l.make())
+				require.Equal(t, ids[:1], b.claimAll())
+				require.NoError(t, b.op().PauseInstance(b.ctx, ids[1]))
+				b.complete(ids[0])
+				require.Equal(t, ids[2:], b.claimAll(), "the slot goes past the paused instance")
+				require.NoError(t, b.op().ResumeInstance(b.ctx, ids[1]))
+				require.Empty(t, b.claimAll(), "the resumed instance waits for a slot")
+				require.True(t, b.held(ids[1]))
+				b.complete(ids[2])
+				require.Equal(t, ids[1:2], b.claimAll())
+
+				more := b.createKeyed(l.make(), l.make())
+				require.NoError(t, b.op().PauseInstance(b.ctx, more[0]))
+				b.complete(ids[1])
+				require.Equal(t, more[1:], b.claimAll())
+				b.complete(more[1])
+				require.Empty(t, b.claimAll(), "the slot is free, its held instance paused")
+				require.NoError(t, b.op().ResumeInstance(b.ctx, more[0]))
+				require.Equal(t, more[:1], b.claimAll(), "the resume takes the free slot")
+			})
+		}
+	},
 	"InstanceKeyAdmitsInCreationOrder": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
 		ids := b.createKeyed(keyed("a", 1, 0), keyed("a", 1, 0), keyed("b", 1, 0))
