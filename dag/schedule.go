@@ -266,7 +266,9 @@ func (p *parser) schedule(item *yaml.Node, label string, w *Workflow) (*Schedule
 			ok = false
 		}
 	}
-	if raw.Catchup != nil {
+	if raw.Catchup != nil && isZeroDuration(raw.Catchup) {
+		s.Catchup = 0 // written out, the default: only ticks from now on
+	} else if raw.Catchup != nil {
 		if d, dok := p.duration(raw.Catchup, label, "catchup"); dok {
 			s.Catchup = d
 		} else {
@@ -274,6 +276,18 @@ func (p *parser) schedule(item *yaml.Node, label string, w *Workflow) (*Schedule
 		}
 	}
 	return s, ok
+}
+
+// isZeroDuration reports whether n is a zero duration, 0 or 0s (any unit).
+func isZeroDuration(n *yaml.Node) bool {
+	if n.Kind != yaml.ScalarNode {
+		return false
+	}
+	if n.Value == "0" {
+		return true
+	}
+	d, err := time.ParseDuration(n.Value)
+	return err == nil && d == 0
 }
 
 // loadZone loads an IANA zone; "Local" is refused, since it would mean a

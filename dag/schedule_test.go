@@ -161,6 +161,22 @@ steps:
 	require.NotEqual(t, a.Fingerprint(), b.Fingerprint())
 }
 
+// TestScheduleCatchupZeroIsTheDefault: catchup's default, written out, is
+// taken; any other zero or negative duration is not.
+func TestScheduleCatchupZeroIsTheDefault(t *testing.T) {
+	t.Parallel()
+	const src = "name: nightly\nschedule:\n  - cron: \"@daily\"\n    catchup: %s\nsteps:\n  - name: a\n    handler: echo\n"
+	for _, v := range []string{"0", "0s", "0m", "0h0m"} {
+		w, err := Parse("", fmt.Appendf(nil, src, v), nil)
+		require.NoError(t, err, v)
+		require.Zero(t, w.Schedules[0].Catchup, v)
+	}
+	_, err := Parse("", fmt.Appendf(nil, src, "-1s"), nil)
+	require.ErrorContains(t, err, "catchup must be greater than 0")
+	_, err = Parse("", fmt.Appendf(nil, src, "5"), nil)
+	require.ErrorContains(t, err, "catchup 5 has no unit")
+}
+
 // FuzzCron feeds arbitrary cron text to the schedule parser: it must
 // refuse or accept it, never panic, and an accepted cron's next tick is
 // after the time asked about.

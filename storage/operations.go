@@ -160,6 +160,9 @@ func Skippable(s StepStatus) bool {
 // complete, or an instance whose steps it may not change.
 func SkipRefusal(id, step string, instance InstanceStatus, status StepStatus) error {
 	if instance == InstanceCompleted || instance == InstanceCancelled {
+		if instance == InstanceCompleted {
+			return Refuse(ErrConflict, "instance %s is completed; to run a step again, retry it from that step (dagrun retry %s --from STEP)", id, id)
+		}
 		return Refuse(ErrConflict, "instance %s is %s; retry it before skipping a step", id, instance)
 	}
 	return Refuse(ErrConflict, "step %s of instance %s is %s; only a blocked, pending, waiting, failed or cancelled step can be skipped", step, id, status)

@@ -145,7 +145,7 @@ func (c *cli) skipCommand() *cobra.Command {
 			if output != "" {
 				raw, err := c.readJSONFlag("--output", output)
 				if err != nil {
-					return err
+					return usageError(err)
 				}
 				out = raw
 			}

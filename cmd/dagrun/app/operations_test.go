@@ -33,6 +33,7 @@ func TestOperations(t *testing.T) {
 		{[]string{"skip", id, "nope"}, app.ExitUsage},
 		{[]string{"skip", "no-such-id", "charge"}, app.ExitUsage},
 		{[]string{"skip", id, "charge", "--output", `{paid: true}`}, app.ExitUsage},
+		{[]string{"skip", id, "charge", "--output", "@no-such-file.json"}, app.ExitUsage},
 		{[]string{"pause", id}, app.ExitUsage},
 		{[]string{"resume", id}, app.ExitUsage},
 		{[]string{"skip", id, "charge", "--output", `{"paid": true}`}, app.ExitOK},
