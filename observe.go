@@ -72,6 +72,10 @@ type finishRecorder struct {
 	// they started (see deadlines.go), when deadlines is set.
 	untilDeadline time.Duration
 	deadlines     bool
+	// children are the workflows of the child instances the plans
+	// started, one entry each, counted as started as Engine.Start counts
+	// its own.
+	children []string
 }
 
 type finishedInstance struct {
@@ -94,7 +98,7 @@ func (r *finishRecorder) attach(ctx context.Context) context.Context {
 func (r *finishRecorder) reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.ended, r.failing, r.orphaned = nil, nil, nil
+	r.ended, r.failing, r.orphaned, r.children = nil, nil, nil, nil
 	r.untilDeadline, r.deadlines = 0, false
 }
 
@@ -107,6 +111,7 @@ func (r *finishRecorder) plan(state *storage.InstanceState) (*storage.Plan, erro
 	}
 	if err == nil {
 		r.recordDeadlines(state, p)
+		r.recordChildren(p)
 	}
 	if err != nil || p.Instance == nil {
 		return p, err
@@ -134,6 +139,10 @@ func (r *finishRecorder) report() {
 		}
 		r.engine.endInstances(ids)
 	}
+	for _, workflow := range r.children {
+		r.engine.observer.InstanceStarted(workflow)
+	}
+	r.children = nil
 	for id, f := range r.ended {
 		r.engine.observer.InstanceFinished(f.workflow, f.status)
 		if f.status != storage.InstanceCompleted {
@@ -148,6 +157,17 @@ func (r *finishRecorder) report() {
 	if r.deadlines {
 		r.engine.wakeLocalWorkersBy(time.Now().Add(r.untilDeadline))
 		r.untilDeadline, r.deadlines = 0, false
+	}
+}
+
+// recordChildren keeps the workflows of the child instances p starts.
+func (r *finishRecorder) recordChildren(p *storage.Plan) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ch := range p.Steps {
+		for _, child := range ch.Children {
+			r.children = append(r.children, child.Workflow)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -770,5 +771,55 @@ steps:
 		each := step(t, inst, "each")
 		require.Empty(t, each.Children, "no child was created")
 		require.Equal(t, `workflow "one-at-a-time" limits its instances with its own "concurrency", so a forEach step over it cannot cap its items too: remove one of them`, each.Error)
+	})
+}
+
+// countingObserver counts the instances started and finished, by workflow.
+type countingObserver struct {
+	mu                sync.Mutex
+	started, finished map[string]int
+}
+
+func (o *countingObserver) InstanceStarted(workflow string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.started[workflow]++
+}
+
+func (o *countingObserver) InstanceFinished(workflow string, _ storage.InstanceStatus) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.finished[workflow]++
+}
+
+func (o *countingObserver) AttemptFinished(dagrun.AttemptReport) {}
+
+// TestChildInstancesCountAsStarted: the instances workflow steps start
+// are counted as started, as they are counted as finished, so that
+// started less finished is what runs.
+func TestChildInstancesCountAsStarted(t *testing.T) {
+	const child = "name: child\nsteps:\n  - name: a\n    handler: echo\n    input: ${{ input }}\n"
+	const parent = "name: parent\nsteps:\n  - name: first\n    workflow: child\n  - name: each\n    dependsOn: [first]\n    forEach: [1, 2]\n    workflow: child\n    input: ${{ item }}\n"
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		var workflows []*dag.Workflow
+		for _, src := range []string{child, parent} {
+			w, err := dag.Parse("", []byte(src), nil)
+			require.NoError(t, err)
+			workflows = append(workflows, w)
+		}
+		registry := handlers.NewRegistry()
+		handlers.RegisterBuiltins(registry)
+		obs := &countingObserver{started: map[string]int{}, finished: map[string]int{}}
+		store := open(t)
+		engine, err := dagrun.New(store, registry, &dagrun.Config{Workflows: workflows, Observer: obs})
+		require.NoError(t, err)
+		b := &testBundle{engine: engine, store: store, registry: registry}
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "parent", `{}`))
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		require.Equal(t, map[string]int{"parent": 1, "child": 3}, obs.started)
+		require.Equal(t, obs.started, obs.finished)
 	})
 }

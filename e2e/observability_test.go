@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -224,4 +225,35 @@ func TestTracedStartFollows(t *testing.T) {
 		}
 		require.Equal(t, map[string]bool{"workflow traced": true, "step first": true, "step call": true, "step last": true}, names)
 	})
+}
+
+// TestWorkerServesItsMetrics: a worker started with --metrics-addr serves
+// the counts of what it ran, which the server that started the instance
+// never sees; the counts of what the database holds stay the server's.
+func TestWorkerServesItsMetrics(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, filepath.Join(t.TempDir(), "dagrun.db"), map[string]string{"pair.yaml": echoNoop("pair")})
+	worker := e.spawn(t, "worker", "--metrics-addr", "127.0.0.1:0", "--no-schedules")
+	var metricsURL string
+	waitFor(t, 30*time.Second, "the worker to serve its metrics", func() bool {
+		if m := serveListening.FindStringSubmatch(worker.stderr.String()); m != nil {
+			metricsURL = m[1] + "/metrics"
+			return true
+		}
+		require.True(t, worker.running(), "dagrun worker exited:\n%s", worker.stderr.String())
+		return false
+	})
+	id := strings.TrimSpace(e.mustRun(t, "start", "pair", "--detach").stdout)
+	waitFor(t, 30*time.Second, "the instance to complete", func() bool {
+		return strings.Contains(e.mustRun(t, "status", id).stdout, "completed")
+	})
+	waitFor(t, 30*time.Second, "the worker's metrics to count the instance", func() bool {
+		resp, body := apiCall(t, http.MethodGet, metricsURL, "")
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+		return strings.Contains(body, `dagrun_instances_finished_total{status="completed",workflow="pair"} 1`)
+	})
+	_, body := apiCall(t, http.MethodGet, metricsURL, "")
+	require.Contains(t, body, `dagrun_step_attempts_total{handler="echo",outcome="completed"} 1`)
+	require.Contains(t, body, `dagrun_step_attempts_total{handler="noop",outcome="completed"} 1`)
+	require.NotContains(t, body, "dagrun_instances{", "the store's gauges are serve's")
 }

@@ -1,7 +1,11 @@
 package app
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -9,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/cmd/dagrun/app/web"
 	"github.com/dagrun/dagrun/dag"
 )
 
@@ -18,11 +23,12 @@ func (c *cli) workerCommand() *cobra.Command {
 		queues             string
 		lease, poll, grace string
 		noSchedules        bool
+		metricsAddr        string
 	)
 	cmd := &cobra.Command{
 		Use:   "worker",
 		Short: "Run steps until SIGINT or SIGTERM, then finish running steps within a grace period and release the rest",
-		Args:  exactArgs(0, "worker [--concurrency N] [--queues a,b] [--lease DUR] [--poll DUR] [--no-schedules]"),
+		Args:  exactArgs(0, "worker [--concurrency N] [--queues a,b] [--lease DUR] [--poll DUR] [--no-schedules] [--metrics-addr ADDR]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkConcurrency(config.Concurrency); err != nil {
 				return err
@@ -64,9 +70,23 @@ func (c *cli) workerCommand() *cobra.Command {
 			ctx := cmd.Context()
 			c.conns = workerConns
 			c.longRunning = true
+			var metrics *web.Metrics
+			if metricsAddr != "" {
+				// The engine reports to the metrics, so they must exist
+				// before it.
+				metrics = web.NewMetrics()
+				c.observer = metrics
+			}
 			engine, err := c.engine(ctx)
 			if err != nil {
 				return err
+			}
+			if metrics != nil {
+				stop, err := c.serveMetrics(ctx, metrics, engine, metricsAddr, !noSchedules)
+				if err != nil {
+					return err
+				}
+				defer stop()
 			}
 			worker, err := engine.NewWorker(&config)
 			if err != nil {
@@ -98,8 +118,44 @@ func (c *cli) workerCommand() *cobra.Command {
 	f.StringVar(&poll, "poll", dagrun.DefaultPoll.String(), "fallback polling interval")
 	f.BoolVar(&noSchedules, "no-schedules", false, "do not run the scheduler, which starts the workflows' scheduled instances")
 	f.StringVar(&grace, "grace", dagrun.DefaultShutdownGrace.String(), "how long running steps may finish after SIGINT/SIGTERM")
+	f.StringVar(&metricsAddr, "metrics-addr", "", "serve this worker's Prometheus /metrics (its attempts, instances and scheduler) on this address, e.g. 127.0.0.1:9464")
 	c.addPlanLimitFlags(cmd)
 	return cmd
+}
+
+// serveMetrics serves a worker's /metrics on addr until the returned stop
+// is called. They count what this process does: the counts of what the
+// database holds are serve's, read from the store, the same for every
+// process.
+func (c *cli) serveMetrics(ctx context.Context, metrics *web.Metrics, engine *dagrun.Engine, addr string, schedules bool) (stop func(), err error) {
+	for _, w := range engine.Workflows() {
+		metrics.InitWorkflows(w.Name)
+		if schedules && len(w.Schedules) > 0 {
+			metrics.InitSchedules(w.Name)
+		}
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, usageError(fmt.Errorf("--metrics-addr %s: %v: use a free host:port, e.g. 127.0.0.1:9464", addr, err))
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics.Handler(c.logger))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			c.logger.Error("dagrun worker: metrics server stopped", "error", err)
+		}
+	}()
+	c.logger.Info("dagrun worker serves metrics", "url", "http://"+ln.Addr().String()+"/metrics")
+	return func() {
+		shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+		<-done
+	}, nil
 }
 
 // checkConcurrency checks a --concurrency flag against the engine's bound.

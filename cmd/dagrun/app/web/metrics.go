@@ -61,15 +61,15 @@ func NewMetrics() *Metrics {
 		registry: prometheus.NewRegistry(),
 		started: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dagrun_instances_started_total",
-			Help: "Instances started (an idempotent start that found an existing instance is not counted).",
+			Help: "Instances this process started, child instances included (an idempotent start that found an existing instance is not counted).",
 		}, []string{"workflow"}),
 		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dagrun_instances_finished_total",
-			Help: "Instances that reached a final status.",
+			Help: "Instances that reached a final status in this process's transactions.",
 		}, []string{"workflow", "status"}),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dagrun_step_attempts_total",
-			Help: "Finished step attempts by outcome: completed, retry (failed, will run again), failed (for good) or snoozed.",
+			Help: "Step attempts this process ran, by outcome: completed, retry (failed, will run again), failed (for good) or snoozed.",
 		}, []string{"handler", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dagrun_step_duration_seconds",
@@ -179,6 +179,11 @@ func (m *Metrics) watchStore(store storage.Store) error {
 	m.store = store
 	return nil
 }
+
+// Handler serves the metrics in the Prometheus text format (OpenMetrics
+// when the scraper asks for it): a process without the API, a worker,
+// serves its own on an address of its own.
+func (m *Metrics) Handler(logger *slog.Logger) http.Handler { return m.handler(logger) }
 
 func (m *Metrics) handler(logger *slog.Logger) http.Handler {
 	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{
