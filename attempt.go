@@ -336,8 +336,15 @@ func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, logs *logW
 	if errors.As(err, &snooze) {
 		return storage.StepResult{Claim: step.Claim, Outcome: storage.OutcomeSnooze, RunAfter: snooze.Until}, true
 	}
-	attemptLogger().Info("dagrun: attempt failed", slog.Any("error", err))
-	return e.failure(step, err), true
+	result = e.failure(step, err)
+	// A failure that is retried is routine; one that fails the step for
+	// good is what an operator filtering for warnings wants to see.
+	level := slog.LevelInfo
+	if result.Outcome == storage.OutcomeFailed {
+		level = slog.LevelWarn
+	}
+	attemptLogger().Log(ctx, level, "dagrun: attempt failed", slog.Any("error", err), slog.Bool("retried", result.Outcome == storage.OutcomeRetry))
+	return result, true
 }
 
 // callHandler runs a handler, turning a panic into an error that carries the

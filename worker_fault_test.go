@@ -657,3 +657,36 @@ func TestWorkerSaysWhenItsStoreAnswersAgain(t *testing.T) {
 		require.Equal(t, storage.InstanceCompleted, b.wait(t, b.start(t, "chain", `{"n": 1}`)).Status)
 	})
 }
+
+// TestAttemptFailureLogLevels: a failed attempt that will run again is
+// logged at info, one that fails its step for good at warn, so that a
+// worker run with --log-level warn shows every step that failed.
+func TestAttemptFailureLogLevels(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		registry := handlers.NewRegistry()
+		registry.Register("flaky", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			return nil, errors.New("card declined")
+		})
+		b := setup(t, open, registry, `
+name: flaky
+steps:
+  - {name: pay, handler: flaky, retry: {maxAttempts: 2, backoff: 1ms}}
+`)
+		var logs syncBuffer
+		engine, err := dagrun.New(b.store, registry, &dagrun.Config{Workflows: b.engine.Workflows(), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		require.NoError(t, err)
+		b.engine = engine
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "flaky", ``))
+		require.Equal(t, storage.InstanceFailed, inst.Status)
+		var levels []string
+		for line := range strings.Lines(logs.String()) {
+			if strings.Contains(line, `msg="dagrun: attempt failed"`) {
+				level, _, _ := strings.Cut(strings.SplitN(line, "level=", 2)[1], " ")
+				levels = append(levels, level)
+				require.Contains(t, line, "card declined")
+			}
+		}
+		require.Equal(t, []string{"INFO", "WARN"}, levels, logs.String())
+	})
+}

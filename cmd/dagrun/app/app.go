@@ -276,6 +276,7 @@ func (c *cli) setupLogging(cmd *cobra.Command) error {
 	case "text":
 		c.logger = slog.New(slog.NewTextHandler(c.io.Stderr, opts))
 	case "json":
+		opts.ReplaceAttr = durationsAsText
 		c.logger = slog.New(slog.NewJSONHandler(c.io.Stderr, opts))
 	default:
 		return usageError(fmt.Errorf("invalid --log-format %q: use text or json", c.logFormat))
@@ -512,4 +513,14 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
+}
+
+// durationsAsText writes a duration in a JSON log as the text log does
+// ("2.89ms"): slog's JSON handler writes a bare count of nanoseconds,
+// which no reader of the log can tell from any other number.
+func durationsAsText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
 }

@@ -432,6 +432,9 @@ func TestStdoutIsClean(t *testing.T) {
 	res := b.run(t, "", "--log-level", "debug", "--log-format", "json", "start", "greet", "--input", `{"name": "Bo"}`)
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
 	require.Equal(t, "\"hello, Bo\"\n", res.stdout)
+	// Durations in a JSON log carry their unit, as in a text log.
+	require.Regexp(t, `"duration":"[0-9.]+(ns|µs|ms|s)"`, res.stderr)
+	require.NotRegexp(t, `"duration":[0-9]`, res.stderr)
 }
 
 // TestStartJSONOnFailure: --json prints the whole instance object whatever
