@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/google/uuid"
 	"io"
 	"log/slog"
 	"mime"
@@ -249,6 +250,14 @@ func (s *Server) listInstances(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		p.Limit = n
+	}
+	if p.BeforeID != "" {
+		// A cursor is the ID of the last instance of a page (the Link
+		// header's): any other text would page from wherever it sorts.
+		if _, err := uuid.Parse(p.BeforeID); err != nil || len(p.BeforeID) != 36 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid page cursor (before) %s: use an instance ID, as the Link header of the previous page gives it", view.QuoteShort(p.BeforeID)))
+			return
+		}
 	}
 	// One more than asked tells whether another page exists.
 	want := p.Limit

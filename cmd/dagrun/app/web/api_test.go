@@ -490,6 +490,7 @@ func TestListFiltersAndPaging(t *testing.T) {
 		requireError(t, b.do(t, http.MethodGet, "/api/instances?status=done", ""), http.StatusBadRequest, `invalid status "done"`)
 		requireError(t, b.do(t, http.MethodGet, "/api/instances?limit=0", ""), http.StatusBadRequest, `invalid limit "0"`)
 		requireError(t, b.do(t, http.MethodGet, "/api/instances?limit=9999", ""), http.StatusBadRequest, "from 1 to 500")
+		requireError(t, b.do(t, http.MethodGet, "/api/instances?before=zzz", ""), http.StatusBadRequest, `invalid page cursor (before) "zzz": use an instance ID`)
 	})
 }
 
@@ -602,6 +603,8 @@ func TestRequestScreening(t *testing.T) {
 		}
 	}
 	requireError(t, b.do(t, http.MethodGet, "/ui/", ""), http.StatusNotFound, "no route")
+	requireError(t, b.do(t, http.MethodGet, "/ui/nope.js", ""), http.StatusNotFound, "no route GET /ui/nope.js")
+	requireError(t, b.do(t, http.MethodGet, "/ui", ""), http.StatusNotFound, "the web UI is at /")
 
 	// Every response carries the security headers.
 	for _, path := range []string{"/", "/ui/app.js", "/api/workflows", "/api/nope", "/healthz", "/metrics"} {

@@ -6,7 +6,6 @@ import (
 	"html/template"
 	"io/fs"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 )
@@ -49,14 +48,19 @@ func (s *Server) uiRoutes() {
 		http.ServeContent(w, r, "index.html", time.Time{}, bytes.NewReader(shell.Bytes()))
 	})
 	s.mux.Handle("GET /ui/", http.StripPrefix("/ui/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "" || strings.HasSuffix(r.URL.Path, "/") {
-			// No directory listings: the file names are not an API.
+		// No directory listings (the file names are not an API), and a
+		// missing file is answered as any unknown route is, in JSON.
+		if info, err := fs.Stat(assets, r.URL.Path); r.URL.Path == "" || err != nil || info.IsDir() {
 			writeError(w, http.StatusNotFound, "no route "+r.Method+" /ui/"+r.URL.Path)
 			return
 		}
 		noCache(w)
 		files.ServeHTTP(w, r)
 	})))
+	// Without it the mux would redirect /ui to /ui/, itself not found.
+	s.mux.HandleFunc("GET /ui", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no route "+r.Method+" /ui: the web UI is at /")
+	})
 }
 
 // noCache makes browsers revalidate the UI, so an upgraded binary's UI
