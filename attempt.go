@@ -111,7 +111,7 @@ func (w *Worker) execute(a *attempt) {
 	if !stopped {
 		// An attempt stopped before its handler began (its instance
 		// ended, a newer claim took the step) has nothing to do.
-		result, ok = w.engine.runAttempt(a.ctx, w.logger, w.logs, step)
+		result, ok = w.engine.runAttempt(a.ctx, w.logger, w.failureLevel(), w.logs, step)
 	}
 	ran := time.Since(a.began)
 	cause := context.Cause(a.ctx)
@@ -252,10 +252,21 @@ func (w *Worker) stopInstance(instanceID string) {
 	}
 }
 
+// failureLevel is the level at which the worker logs an attempt that
+// fails its step for good: warn, but for a worker bound to one instance,
+// the in-process worker of a following start, whose progress lines say
+// so already.
+func (w *Worker) failureLevel() slog.Level {
+	if w.config.InstanceID != "" {
+		return slog.LevelInfo
+	}
+	return slog.LevelWarn
+}
+
 // runAttempt runs one claimed step's handler and turns what it returned
 // into a StepResult. ok is false when the result must not be recorded
 // (the claim was lost or the worker is shutting down).
-func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, logs *logWriter, step storage.ClaimedStep) (result storage.StepResult, ok bool) {
+func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, failedLevel slog.Level, logs *logWriter, step storage.ClaimedStep) (result storage.StepResult, ok bool) {
 	if e.tracing != nil {
 		var span trace.Span
 		ctx, span = e.tracing.startAttempt(ctx, &step)
@@ -338,10 +349,11 @@ func (e *Engine) runAttempt(ctx context.Context, logger *slog.Logger, logs *logW
 	}
 	result = e.failure(step, err)
 	// A failure that is retried is routine; one that fails the step for
-	// good is what an operator filtering for warnings wants to see.
+	// good is what an operator filtering for warnings wants to see, at
+	// failedLevel.
 	level := slog.LevelInfo
 	if result.Outcome == storage.OutcomeFailed {
-		level = slog.LevelWarn
+		level = failedLevel
 	}
 	attemptLogger().Log(ctx, level, "dagrun: attempt failed", slog.Any("error", err), slog.Bool("retried", result.Outcome == storage.OutcomeRetry))
 	return result, true

@@ -43,7 +43,7 @@ func BenchmarkHotPaths(b *testing.B) {
 		ctx := context.Background()
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, ok := e.runAttempt(ctx, logger, logs, step); !ok {
+			if _, ok := e.runAttempt(ctx, logger, slog.LevelWarn, logs, step); !ok {
 				b.Fatal("not recorded")
 			}
 		}
@@ -66,7 +66,7 @@ func BenchmarkHotPaths(b *testing.B) {
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
-			res, ok := e.runAttempt(context.Background(), logger, logs, step)
+			res, ok := e.runAttempt(context.Background(), logger, slog.LevelWarn, logs, step)
 			if !ok || len(res.Logs) != 1 {
 				b.Fatalf("recorded %v with %d records, want 1", ok, len(res.Logs))
 			}

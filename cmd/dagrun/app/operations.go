@@ -27,7 +27,7 @@ func byCLI(ctx context.Context) context.Context { return storage.WithActor(ctx, 
 func writeOperations(w io.Writer, inst *storage.Instance) {
 	first := true
 	for _, e := range inst.Events {
-		if e.Actor == "" {
+		if e.Actor == "" || !byHand(e) {
 			continue
 		}
 		if first {
@@ -47,6 +47,20 @@ func writeOperations(w io.Writer, inst *storage.Instance) {
 		}
 		fmt.Fprintf(w, "  %s  %s (by %s)\n", view.Time(e.At), what, e.Actor)
 	}
+}
+
+// byHand reports whether e is an operation's own event: the transitions
+// it caused (a step a skip or a signal made ready, or skipped by its
+// when) carry the operation's actor too, but nobody did them by hand.
+func byHand(e storage.Event) bool {
+	switch e.Type {
+	case storage.EventInstanceCancelled, storage.EventInstanceRetried,
+		storage.EventInstancePaused, storage.EventInstanceResumed, storage.EventSignalReceived:
+		return true
+	case storage.EventStepCompleted:
+		return e.Message == storage.SkippedByHand
+	}
+	return false
 }
 
 // operationError turns the engine's refusals into one line and exit 2.
