@@ -124,7 +124,13 @@ func (e *Engine) Signal(ctx context.Context, req SignalRequest) (SignalResult, e
 			err = wait.ValidatePayload(payload)
 		}
 		if err != nil {
-			return SignalResult{}, &SignalDataError{Name: req.Name, Err: err}
+			if !tookSignal(inst, req.Name) {
+				return SignalResult{}, &SignalDataError{Name: req.Name, Err: err}
+			}
+			// A repeat of a signal the instance took is the store's to
+			// answer, whatever its payload: a duplicate (the same signal
+			// ID) or a conflict. It stores no payload either way.
+			payload = json.RawMessage("null")
 		}
 	}
 	rec := e.newFinishRecorder()
@@ -182,6 +188,20 @@ func (e *Engine) signalTarget(ctx context.Context, req SignalRequest) (*storage.
 		return nil, storage.Refuse(storage.ErrNotFound, "no instance of workflow %s with key %q", req.Workflow, req.Key)
 	}
 	return e.store.GetInstance(ctx, found[0].ID)
+}
+
+// tookSignal reports whether inst took signal already, as far as the
+// instance object tells: its wait step finished, or the signal was stored
+// before the step waited (a signal.received event among the latest).
+func tookSignal(inst *storage.Instance, signal string) bool {
+	for _, s := range inst.Steps {
+		if s.Signal == signal && s.Status != storage.StepBlocked && s.Status != storage.StepPending && s.Status != storage.StepWaiting {
+			return true
+		}
+	}
+	return slices.ContainsFunc(inst.Events, func(e storage.Event) bool {
+		return e.Type == storage.EventSignalReceived && e.Message == signal
+	})
 }
 
 // waitFor returns the wait of w's step waiting for signal, or nil.

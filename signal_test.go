@@ -101,6 +101,8 @@ func TestSignalSentBeforeTheStepWaitsIsDeliveredWhenItBecomesReady(t *testing.T)
 		res, err := b.signal(t, id, "approve", `{"approved": true}`)
 		require.NoError(t, err)
 		require.Equal(t, dagrun.SignalResult{InstanceID: id}, res, "stored until approve waits")
+		_, err = b.signal(t, id, "approve", ``)
+		require.ErrorIs(t, err, storage.ErrConflict, "a repeat of a stored signal is a conflict, whatever its payload")
 		res, err = b.signal(t, id, "payment.confirmed", `"ch_1"`)
 		require.NoError(t, err)
 		require.Equal(t, dagrun.SignalResult{InstanceID: id, Delivered: true}, res, "confirm waits from the start")
@@ -241,6 +243,13 @@ func TestSignalRepeatsAndFinishedInstances(t *testing.T) {
 		require.Equal(t, dagrun.SignalResult{InstanceID: id, Duplicate: true}, res, "the same ID again is a duplicate")
 		_, err = send("hook-2", `{"approved": true}`)
 		require.ErrorIs(t, err, storage.ErrConflict, "another ID is a conflict")
+		// A repeat is a repeat whatever its payload: the answer is the
+		// one its ID calls for, not the schema's.
+		_, err = send("hook-2", ``)
+		require.ErrorIs(t, err, storage.ErrConflict, "another ID without a payload is a conflict")
+		res, err = send("hook-1", `{"approved": "maybe"}`)
+		require.NoError(t, err)
+		require.True(t, res.Duplicate, "the same ID with a payload the schema refuses is a duplicate")
 
 		_, err = b.signal(t, id, "payment.confirmed", `1`)
 		require.NoError(t, err)
