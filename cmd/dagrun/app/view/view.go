@@ -126,7 +126,16 @@ type Step struct {
 	// the step starts.
 	Workflow string   `json:"workflow,omitempty"`
 	Children []string `json:"children,omitempty"`
+	// ChildrenOmitted is set, and Children absent, for a forEach step
+	// with more than MaxInlineChildren children, as OutputOmitted for its
+	// output: the item pages name each item's child.
+	ChildrenOmitted bool `json:"childrenOmitted,omitempty"`
 }
+
+// MaxInlineChildren bounds the child IDs of a forEach workflow step that
+// the instance object inlines (about 38 KB of them): 10,000 would make it
+// 400 KB.
+const MaxInlineChildren = 1000
 
 // MaxInlineItemsOutput bounds the output of a forEach step that the
 // instance object inlines: the outputs of thousands of small items are
@@ -286,6 +295,9 @@ func NewInstance(inst *storage.Instance) Instance {
 			OnFailure:     s.OnFailure,
 			Workflow:      s.Workflow,
 			Children:      s.Children,
+		}
+		if s.Items != nil && len(s.Children) > MaxInlineChildren {
+			out.Steps[i].Children, out.Steps[i].ChildrenOmitted = nil, true
 		}
 		if s.Status == storage.StepWaiting {
 			out.Steps[i].Deadline = optTime(s.Deadline)

@@ -2,6 +2,7 @@ package view_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -58,6 +59,38 @@ func TestInstanceLeavesItemsOut(t *testing.T) {
 	require.NoError(t, json.Unmarshal(data, &got))
 	require.JSONEq(t, small, string(got.Steps[0].Output), "5,000 small outputs are inlined")
 	require.False(t, got.Steps[0].OutputOmitted)
+}
+
+// TestInstanceLeavesManyChildrenOut: a forEach workflow step's children
+// are inlined up to MaxInlineChildren; past that the object says they are
+// left out, and stays small.
+func TestInstanceLeavesManyChildrenOut(t *testing.T) {
+	t.Parallel()
+	ids := func(n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprintf("01a25137-3b42-71b1-8fdd-%012d", i)
+		}
+		return out
+	}
+	for _, n := range []int{view.MaxInlineChildren, 10000} {
+		inst := &storage.Instance{ID: "i1", Workflow: "fan", Status: storage.InstanceCompleted, Steps: []storage.Step{
+			{Name: "each", Status: storage.StepCompleted, Workflow: "child", Children: ids(n), Output: json.RawMessage(`[]`),
+				Items: &storage.ItemCounts{Total: n, Completed: n}},
+		}}
+		data, err := json.Marshal(view.NewInstance(inst))
+		require.NoError(t, err)
+		var got view.Instance
+		require.NoError(t, json.Unmarshal(data, &got))
+		if n > view.MaxInlineChildren {
+			require.Nil(t, got.Steps[0].Children)
+			require.True(t, got.Steps[0].ChildrenOmitted)
+			require.Less(t, len(data), 2048)
+		} else {
+			require.Len(t, got.Steps[0].Children, n)
+			require.False(t, got.Steps[0].ChildrenOmitted)
+		}
+	}
 }
 
 // TestInstanceParentAndChildren: a child instance names its parent's step
