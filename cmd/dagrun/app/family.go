@@ -2,6 +2,9 @@ package app
 
 import (
 	"context"
+	"errors"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -10,8 +13,16 @@ import (
 )
 
 // familyPoll is how often a following start looks for new child instances
-// of the instance it follows.
+// of the instance it follows, at most: a round that reads many children
+// waits twice as long as it took before the next.
 const familyPoll = 200 * time.Millisecond
+
+// maxFamilyWorkers bounds the child instances a following start runs at
+// once. Each has a worker of its own, with its claims, timers and
+// goroutines: a forEach of 10,000 children had 10,000 of them, and read
+// them all every round. The others wait their turn; any other worker may
+// run them meanwhile.
+const maxFamilyWorkers = 256
 
 // familyWorkers are the in-process workers of a following start: one for
 // the followed instance and one for each of its unfinished descendants. A
@@ -24,6 +35,8 @@ type familyWorkers struct {
 	engine *dagrun.Engine
 	ctx    context.Context // the workers' context
 	lease  time.Duration
+	limit  int // of child instances served at once: maxFamilyWorkers
+	most   int // the most instances ever served at once, for tests
 
 	mu      sync.Mutex
 	workers map[string]*familyWorker
@@ -36,15 +49,20 @@ type familyWorker struct {
 }
 
 func newFamilyWorkers(ctx context.Context, engine *dagrun.Engine, lease time.Duration) *familyWorkers {
-	return &familyWorkers{engine: engine, ctx: ctx, lease: lease, workers: map[string]*familyWorker{}}
+	return &familyWorkers{engine: engine, ctx: ctx, lease: lease, limit: maxFamilyWorkers, workers: map[string]*familyWorker{}}
 }
 
-// serve starts a worker for one instance unless it has one.
-func (f *familyWorkers) serve(id string) error {
+// serve starts a worker for one instance unless it has one. A child
+// instance waits for a free place (errFamilyFull) when maxFamilyWorkers
+// run; the followed instance always gets one.
+func (f *familyWorkers) serve(id string, child bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.workers[id]; ok {
 		return nil
+	}
+	if child && len(f.workers) > f.limit {
+		return errFamilyFull
 	}
 	worker, err := f.engine.NewWorker(&dagrun.WorkerConfig{InstanceID: id, Lease: f.lease})
 	if err != nil {
@@ -53,6 +71,7 @@ func (f *familyWorkers) serve(id string) error {
 	ctx, stop := context.WithCancel(f.ctx)
 	fw := &familyWorker{stop: stop, done: make(chan struct{})}
 	f.workers[id] = fw
+	f.most = max(f.most, len(f.workers))
 	go func() {
 		defer close(fw.done)
 		_ = worker.Run(ctx) // the instance lives on in the database whatever happens here
@@ -72,38 +91,57 @@ func (f *familyWorkers) retire(id string) {
 	}
 }
 
+// errFamilyFull is serve's answer for a child instance that must wait
+// for a place among maxFamilyWorkers.
+var errFamilyFull = errors.New("dagrun: the following start runs as many child instances as it may")
+
 // watch serves the unfinished descendants of root as they appear, until
-// ctx ends. Only the subtrees still running are read on each round.
+// ctx ends. A round reads what the served instances are: the finished
+// are retired, and those that start children are asked for their
+// unfinished ones, up to the free places; so its cost follows
+// the limit of served instances, not the number of children.
 func (f *familyWorkers) watch(ctx context.Context, root string) {
-	tick := time.NewTicker(familyPoll)
-	defer tick.Stop()
+	parents := map[string]bool{root: true} // served instances that may start children
+	wait := familyPoll
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-time.After(wait):
 		}
-		parents := []string{root}
-		for len(parents) > 0 {
-			var next []string
-			for _, id := range parents {
-				children, err := f.engine.List(ctx, storage.ListParams{Parent: id, Limit: dagrun.MaxListLimit})
+		began := time.Now()
+		for _, id := range f.served() {
+			if id == root {
+				continue
+			}
+			inst, err := f.engine.Get(ctx, id)
+			if err == nil && inst.Status.Finished() || errors.Is(err, storage.ErrNotFound) {
+				f.retire(id)
+				delete(parents, id)
+			}
+		}
+		for _, parent := range slices.Sorted(maps.Keys(parents)) {
+			for _, status := range []storage.InstanceStatus{storage.InstancePending, storage.InstanceRunning} {
+				children, err := f.engine.List(ctx, storage.ListParams{Parent: parent, Status: status, Limit: 2 * f.limit})
 				if err != nil {
-					break // the next round tries again
+					continue // the next round tries again
 				}
 				for _, child := range children {
-					if child.Status.Finished() {
-						f.retire(child.ID)
-						continue
-					}
-					if f.serve(child.ID) == nil {
-						next = append(next, child.ID)
+					if f.serve(child.ID, true) == nil && hasWorkflowSteps(&child) {
+						parents[child.ID] = true
 					}
 				}
 			}
-			parents = next
 		}
+		wait = max(familyPoll, 2*time.Since(began))
 	}
+}
+
+// served returns the instances with a worker.
+func (f *familyWorkers) served() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Collect(maps.Keys(f.workers))
 }
 
 // stopAll stops every worker and waits for them.

@@ -254,7 +254,7 @@ func (c *cli) follow(ctx context.Context, engine *dagrun.Engine, id string, json
 	// A shorter lease than a long-lived worker's: if this process is killed
 	// while following, another worker takes the step over within seconds.
 	workers := newFamilyWorkers(context.WithoutCancel(ctx), engine, followLease)
-	if err := workers.serve(id); err != nil {
+	if err := workers.serve(id, false); err != nil {
 		return err
 	}
 	// The instance's children, and theirs, get workers of their own.
