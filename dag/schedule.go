@@ -194,26 +194,33 @@ func (p *parser) schedules(n *yaml.Node, w *Workflow) {
 			p.c.at(item, `%s must be a mapping with at least cron (e.g. - cron: "0 3 * * *"), got %s`, label, describe(item))
 			continue
 		}
-		s, ok := p.schedule(item, label, w)
+		s, ok, identified := p.schedule(item, label, w)
+		if identified {
+			// Told even when the schedule has other errors, so that one
+			// run of validate lists them all.
+			if first, dup := seen[s.Fingerprint()]; dup {
+				p.c.at(item, "%s has the same cron, timezone and input as schedule %d: remove one", label, first)
+				continue
+			}
+			seen[s.Fingerprint()] = i
+		}
 		if !ok {
 			continue
 		}
 		s.Index = len(w.Schedules)
-		if first, dup := seen[s.Fingerprint()]; dup {
-			p.c.at(item, "%s has the same cron, timezone and input as schedule %d: remove one", label, first)
-			continue
-		}
-		seen[s.Fingerprint()] = i
 		w.Schedules = append(w.Schedules, s)
 	}
 }
 
-func (p *parser) schedule(item *yaml.Node, label string, w *Workflow) (*Schedule, bool) {
+// schedule parses one schedule. ok is false when it has an error;
+// identified, when its cron, timezone and input (its Fingerprint) are
+// valid whatever else is wrong.
+func (p *parser) schedule(item *yaml.Node, label string, w *Workflow) (s *Schedule, ok, identified bool) {
 	var raw rawSchedule
 	misspelt := p.mapping(item, "in "+label, raw.fields())
-	s := &Schedule{Timezone: "UTC", Location: time.UTC, Input: json.RawMessage("{}"), Overlap: OverlapSkip,
+	s = &Schedule{Timezone: "UTC", Location: time.UTC, Input: json.RawMessage("{}"), Overlap: OverlapSkip,
 		Line: item.Line, Col: item.Column}
-	ok := true
+	ok = true
 	if raw.Timezone != nil {
 		if tz, tok := p.text(raw.Timezone, label, `"timezone"`); !tok {
 			ok = false
@@ -256,6 +263,7 @@ func (p *parser) schedule(item *yaml.Node, label string, w *Workflow) (*Schedule
 		p.c.at(item, "%s: without input it starts instances with {}, and %v: add input:", label, err)
 		ok = false
 	}
+	identified = ok
 	if raw.Overlap != nil {
 		if v, tok := p.text(raw.Overlap, label, `"overlap"`); !tok {
 			ok = false
@@ -275,7 +283,7 @@ func (p *parser) schedule(item *yaml.Node, label string, w *Workflow) (*Schedule
 			ok = false
 		}
 	}
-	return s, ok
+	return s, ok, identified
 }
 
 // isZeroDuration reports whether n is a zero duration, 0 or 0s (any unit).
