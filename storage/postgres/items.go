@@ -186,11 +186,11 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 		if err != nil {
 			return err
 		}
-		status := "status"
+		status, startedAt := "status", attemptStartedAt
 		if callsFlow {
-			status = itemStatusSQL
+			status, startedAt = itemStatusSQL, itemChildStartedSQL
 		}
-		rows, err := s.db.Query(ctx, s.q(`SELECT item_index, `+status+`, attempts, input, output, error, `+attemptStartedAt+` AS started_at, finished_at, worker_id, child_id
+		rows, err := s.db.Query(ctx, s.q(`SELECT item_index, `+status+`, attempts, input, output, error, `+startedAt+` AS started_at, finished_at, worker_id, child_id
 			FROM {s}steps WHERE parent_id = $1 AND ($4 = '' OR `+status+` = $4) ORDER BY item_index LIMIT $2 OFFSET $3`),
 			parentID, limit, max(p.Offset, 0), string(p.Status))
 		if err != nil {
@@ -233,6 +233,11 @@ const itemCountsSQL = `SELECT parent_id, status, count(*) FROM {s}steps WHERE pa
 // whose child is held (itemStatusSQL).
 const heldItemsSQL = `SELECT s.parent_id, count(*) FROM {s}steps s JOIN {s}instances i ON i.id = s.child_id
 	WHERE s.parent_id = ANY($1) AND s.status = 'running' AND i.held GROUP BY s.parent_id`
+
+// itemChildStartedSQL is when an item of a forEach workflow step started:
+// when its child did, none while the child waits to be admitted, as an
+// item of a handler starts when it is claimed.
+const itemChildStartedSQL = `(SELECT i.started_at FROM {s}instances i WHERE i.id = {s}steps.child_id)`
 
 // itemStatusSQL is the status shown of an item of a forEach workflow
 // step: running from the start, it is pending while its child waits to be

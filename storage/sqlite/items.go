@@ -168,11 +168,11 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 		if err != nil {
 			return err
 		}
-		status := "status"
+		status, started := "status", attemptStartedAt
 		if callsFlow {
-			status = itemStatusSQL
+			status, started = itemStatusSQL, itemChildStartedSQL
 		}
-		q := `SELECT item_index, ` + status + `, attempts, input, output, error, ` + attemptStartedAt + ` AS started_at, finished_at, worker_id, child_id
+		q := `SELECT item_index, ` + status + `, attempts, input, output, error, ` + started + ` AS started_at, finished_at, worker_id, child_id
 			FROM steps WHERE parent_id = +?1`
 		if p.Status != "" {
 			q += ` AND ` + status + ` = ?4`
@@ -206,6 +206,11 @@ func (s *Store) ListItems(ctx context.Context, p storage.ItemsParams) ([]storage
 	}
 	return out, nil
 }
+
+// itemChildStartedSQL is when an item of a forEach workflow step started:
+// when its child did, none while the child waits to be admitted, as an
+// item of a handler starts when it is claimed.
+const itemChildStartedSQL = `(SELECT i.started_at FROM instances i WHERE i.id = steps.child_id)`
 
 // itemStatusSQL is the status shown of an item of a forEach workflow
 // step: running from the start, it is pending while its child waits to be

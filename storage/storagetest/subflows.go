@@ -597,6 +597,13 @@ var subflowTests = map[string]func(*testing.T, *Harness){
 			var got []storage.StepStatus
 			for _, it := range items {
 				got = append(got, it.Status)
+				// An item starts when its child does, not while it waits.
+				if it.Status == storage.StepPending {
+					require.Nil(t, it.StartedAt, "item %d, pending", it.Index)
+				}
+				if it.Status == storage.StepCompleted {
+					require.NotNil(t, it.StartedAt, "item %d, completed", it.Index)
+				}
 			}
 			require.Equal(t, statuses, got)
 			for _, status := range []storage.StepStatus{storage.StepPending, storage.StepRunning} {
