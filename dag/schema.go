@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/url"
 	"sort"
 	"strings"
 
@@ -90,12 +91,65 @@ func (p *parser) schema(n *yaml.Node, label, what, kind string) (json.RawMessage
 		p.c.at(n, "%sinvalid %s schema: %v", prefix(label), kind, err)
 		return nil, nil
 	}
+	invalid := prefix(label) + "invalid " + kind + " schema"
+	refsOK := p.checkRefs(nodes, invalid)
 	sch, err := compileSchema(raw)
 	if err != nil {
-		p.schemaError(n, nodes, err, prefix(label)+"invalid "+kind+" schema")
+		var (
+			lue *jsonschema.LoadURLError
+			pnf *jsonschema.JSONPointerNotFoundError
+		)
+		if refsOK || !errors.As(err, &lue) && !errors.As(err, &pnf) {
+			p.schemaError(n, nodes, err, invalid)
+		}
+		return nil, nil
+	}
+	if !refsOK {
 		return nil, nil
 	}
 	return raw, sch
+}
+
+// checkRefs reports every $ref of a schema that points outside it or to
+// nothing in it, all at once: the compiler stops at the first, and not
+// before the schema's other errors. A schema with an $id, whose refs may
+// resolve against a base of their own, is left to the compiler, and so
+// is a $ref to an anchor ("#name"). Values that are data, not schemas
+// (const, default, enum, examples), are not looked into.
+func (p *parser) checkRefs(nodes map[string]*yaml.Node, what string) bool {
+	for ptr := range nodes {
+		if ptr == "/$id" || strings.HasSuffix(ptr, "/$id") {
+			return true
+		}
+	}
+	ok := true
+	for ptr, n := range nodes {
+		if !strings.HasSuffix(ptr, "/$ref") || n.Kind != yaml.ScalarNode || isDataPointer(ptr) {
+			continue
+		}
+		switch v := n.Value; {
+		case !strings.HasPrefix(v, "#"):
+			p.c.at(n, "%s: $ref %q points outside this schema; only local references such as \"#/$defs/item\" are supported", what, v)
+			ok = false
+		case v == "#" || strings.HasPrefix(v, "#/"):
+			if target, err := url.PathUnescape(v[1:]); err == nil && nodes[target] == nil {
+				p.c.at(n, "%s: $ref %q points to nothing in this schema", what, v)
+				ok = false
+			}
+		}
+	}
+	return ok
+}
+
+// isDataPointer reports whether a pointer into a schema goes through a
+// keyword whose value is data rather than a schema.
+func isDataPointer(ptr string) bool {
+	for _, kw := range []string{"/const/", "/default/", "/enum/", "/examples/"} {
+		if strings.Contains(ptr, kw) {
+			return true
+		}
+	}
+	return false
 }
 
 // plain converts a YAML value without expressions into JSON values, recording
