@@ -7,6 +7,7 @@ import (
 	"io"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -28,9 +29,10 @@ database whose clock jumps to the next due time (so backoffs, sleeps and wait
 timeouts take no time), answers its steps with the case's mocks or this binary's
 handlers, and checks the expectations. One line per case, a diff on failure.
 Exit 0 when every case passed, 1 when one failed, 2 for an invalid test or
-workflow file (FILE:LINE:COL: message). An invalid workflow file stops only
-its own workflow's cases; the others run, and a run of the whole folder
-exits 2 for it afterwards.`,
+workflow file (FILE:LINE:COL: message), which wins over 1. An invalid
+workflow file stops only its own workflow's cases, an invalid test file
+only its own; the others run, and the command exits 2 for them afterwards
+(for a broken workflow, in a run of the whole folder).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var filter *regexp.Regexp
 			if run != "" {
@@ -64,9 +66,19 @@ exits 2 for it afterwards.`,
 					return usageError(fmt.Errorf("no test files in %s: write cases in %s/WORKFLOW%s, or name the files to run", dir, dir, dagruntest.FileSuffix))
 				}
 			}
+			// An invalid test file stops only its own cases, as an invalid
+			// workflow file does: its errors come first, the other files'
+			// cases run, and the command exits 2 for it after them.
 			parsed, err := dagruntest.ParseFiles(files, workflows)
-			if err != nil {
+			var invalid dag.ErrorList
+			if err != nil && (!errors.As(err, &invalid) || len(parsed) == 0) {
+				if asJSON {
+					_ = writeTestJSON(c.io.Stdout, nil, errorLines(err))
+				}
 				return c.printFileErrors(err, "check the test file paths")
+			}
+			for _, e := range invalid {
+				fmt.Fprintln(c.io.Stderr, e.Error())
 			}
 			runner, err := dagruntest.NewRunner(c.registry, workflows)
 			if err != nil {
@@ -86,19 +98,21 @@ exits 2 for it afterwards.`,
 				return usageError(fmt.Errorf("--run %q matches no case (a case's name is WORKFLOW/CASE)", run))
 			}
 			if asJSON {
-				if err := writeTestJSON(c.io.Stdout, results); err != nil {
+				if err := writeTestJSON(c.io.Stdout, results, errorLines(slices.Concat(broken, invalid))); err != nil {
 					return err
 				}
 			} else {
 				dagruntest.WriteSummary(c.io.Stdout, results, time.Since(began))
 			}
+			// An invalid file is the first thing to fix: it wins over a
+			// failed case.
+			if len(broken) > 0 && len(args) == 0 || len(invalid) > 0 {
+				return &exitError{code: ExitUsage}
+			}
 			for _, r := range results {
 				if !r.Passed() {
 					return &exitError{code: ExitFailed}
 				}
-			}
-			if len(broken) > 0 && len(args) == 0 {
-				return &exitError{code: ExitUsage}
 			}
 			return nil
 		},
@@ -120,13 +134,31 @@ type testCaseJSON struct {
 	Failures   []string `json:"failures"`
 }
 
-// writeTestJSON prints {"passed": N, "failed": M, "cases": [...]}.
-func writeTestJSON(w io.Writer, results []*dagruntest.Result) error {
+// errorLines is err's file errors as lines, FILE:LINE:COL: message.
+func errorLines(err error) []string {
+	var list dag.ErrorList
+	if !errors.As(err, &list) {
+		if err == nil {
+			return nil
+		}
+		return []string{err.Error()}
+	}
+	out := make([]string, len(list))
+	for i, e := range list {
+		out[i] = e.Error()
+	}
+	return out
+}
+
+// writeTestJSON prints {"passed": N, "failed": M, "cases": [...]}, and
+// "errors": the invalid files' errors as validate prints them, when any.
+func writeTestJSON(w io.Writer, results []*dagruntest.Result, errs []string) error {
 	out := struct {
 		Passed int            `json:"passed"`
 		Failed int            `json:"failed"`
 		Cases  []testCaseJSON `json:"cases"`
-	}{Cases: make([]testCaseJSON, len(results))}
+		Errors []string       `json:"errors,omitempty"`
+	}{Cases: make([]testCaseJSON, len(results)), Errors: errs}
 	for i, r := range results {
 		if r.Passed() {
 			out.Passed++

@@ -115,8 +115,21 @@ func TestTestBesideABrokenWorkflow(t *testing.T) {
 	require.Contains(t, res.stdout, "ok   good/says hi")
 	require.Contains(t, res.stderr, `broken.yaml:5:17: step "a" depends on unknown step "nowhere"`)
 
+	// The broken workflow's test file cannot name it: that file's error
+	// stops only its own cases.
 	res = b.run(t, "", "test")
 	require.Equal(t, 2, res.code, "stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
 	require.Contains(t, res.stdout, "ok   good/says hi", "the valid workflow's cases ran")
 	require.Contains(t, res.stderr, "broken.yaml:5:17")
+	require.Contains(t, res.stderr, `broken_test.yaml:1:11: unknown workflow "broken"`)
+
+	res = b.run(t, "", "test", "--json")
+	require.Equal(t, 2, res.code, "stdout:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+	var out struct {
+		Passed int      `json:"passed"`
+		Errors []string `json:"errors"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &out), res.stdout)
+	require.Equal(t, 1, out.Passed)
+	require.Len(t, out.Errors, 2, "the broken workflow's error and its test file's")
 }

@@ -77,7 +77,8 @@ func LoadWorkflows(dir string) ([]*dag.Workflow, error) {
 }
 
 // ParseFiles parses test files; the error is a dag.ErrorList of every
-// problem of every file.
+// problem of every file, and the files without one are returned with it,
+// for a caller to run them all the same.
 func ParseFiles(paths []string, workflows []*dag.Workflow) ([]*File, error) {
 	var (
 		files []*File
@@ -90,7 +91,9 @@ func ParseFiles(paths []string, workflows []*dag.Workflow) ([]*File, error) {
 		case errors.As(err, &list):
 			errs = append(errs, list...)
 		case err != nil:
-			errs = append(errs, &dag.Error{File: path, Msg: err.Error()})
+			// Positioned at the file's start, as validate places an
+			// unreadable workflow file.
+			errs = append(errs, &dag.Error{File: path, Line: 1, Col: 1, Msg: err.Error()})
 		default:
 			files = append(files, f)
 		}

@@ -268,6 +268,14 @@ func (p *fileParser) value(n *yaml.Node, what string) (json.RawMessage, any, boo
 	var v any
 	textTimestamps(resolve(n))
 	if err := resolve(n).Decode(&v); err != nil {
+		// yaml.v3 lists its problems on lines of their own: the first
+		// one, at its own line, keeps the error on one line.
+		var te *yaml.TypeError
+		if errors.As(err, &te) && len(te.Errors) > 0 {
+			e := dag.YAMLError(p.path, p.src, errors.New(te.Errors[0]))
+			p.errorAt(e.Line, e.Col, "%s: %s", what, strings.TrimPrefix(e.Msg, "invalid YAML: "))
+			return nil, nil, false
+		}
 		p.errorf(n, "%s: %v", what, err)
 		return nil, nil, false
 	}
