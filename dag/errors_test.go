@@ -93,7 +93,7 @@ func TestHandlerCheck(t *testing.T) {
 		HandlerExists: func(n string) bool { return n == "a" || n == "b" || n == "c" },
 		HandlerNames:  func() []string { return []string{"c", "a", "b"} },
 	})
-	require.EqualError(t, err, `4:14: step "a": handler "nope" is not registered (registered: a, b, c)`)
+	require.EqualError(t, err, `4:14: step "a": handler "nope" is not registered: fix the name or register it in your binary (registered: a, b, c)`)
 }
 
 func TestYAMLErrorLines(t *testing.T) {

@@ -308,6 +308,15 @@ func (p *parser) retry(n *yaml.Node, label, where string) partialRetry {
 var durationSyntax = lazyRegexp(`^\+?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$`)
 
 // duration reads a Go duration (time.ParseDuration) that must be > 0.
+// zeroDurationHint is what to do instead of a zero duration, where there
+// is something to say.
+func zeroDurationHint(what string) string {
+	if what == "timeout" {
+		return " (leave timeout out for no timeout)"
+	}
+	return ""
+}
+
 func (p *parser) duration(n *yaml.Node, label, what string) (time.Duration, bool) {
 	const how = "use a Go duration such as 30s, 5m or 1h30m"
 	if n.Kind != yaml.ScalarNode || n.ShortTag() == "!!null" {
@@ -315,6 +324,11 @@ func (p *parser) duration(n *yaml.Node, label, what string) (time.Duration, bool
 		return 0, false
 	}
 	if tag := n.ShortTag(); tag == "!!int" || tag == "!!float" {
+		if f, err := strconv.ParseFloat(n.Value, 64); err == nil && f <= 0 {
+			// "write 0s" would only be refused next.
+			p.c.at(n, "%s%s must be greater than 0, got %s%s", prefix(label), what, n.Value, zeroDurationHint(what))
+			return 0, false
+		}
 		p.c.at(n, "%s%s %s has no unit: write %ss for seconds (%s)", prefix(label), what, n.Value, n.Value, how)
 		return 0, false
 	}
@@ -332,11 +346,7 @@ func (p *parser) duration(n *yaml.Node, label, what string) (time.Duration, bool
 		p.c.at(n, "%sinvalid %s %q: %s", prefix(label), what, n.Value, how)
 		return 0, false
 	case d <= 0:
-		hint := ""
-		if what == "timeout" {
-			hint = " (leave timeout out for no timeout)"
-		}
-		p.c.at(n, "%s%s must be greater than 0, got %q%s", prefix(label), what, n.Value, hint)
+		p.c.at(n, "%s%s must be greater than 0, got %q%s", prefix(label), what, n.Value, zeroDurationHint(what))
 		return 0, false
 	case p.opts.Stored:
 	case d < MinDuration:
@@ -815,7 +825,7 @@ func (p *parser) checkHandlers(builds []*stepBuild) {
 			if len(list) > 20 {
 				list, more = list[:20], fmt.Sprintf(", and %d more", len(names)-20)
 			}
-			dym := ""
+			dym := ": fix the name or register it in your binary"
 			if s := suggest(h, names); s != "" {
 				dym = fmt.Sprintf("; did you mean %q?", s)
 			}

@@ -297,7 +297,7 @@ func (c *cli) loadWorkflows(ctx context.Context) ([]*dag.Workflow, error) {
 		return nil, usageError(fmt.Errorf("--workflows %s is a file, not a folder: give the folder of the workflow files", c.workflowsDir))
 	}
 	return whileRunning(ctx, func() ([]*dag.Workflow, error) {
-		return dag.LoadDir(c.workflowsDir, &dag.ParseOptions{HandlerExists: c.registry.Has})
+		return dag.LoadDir(c.workflowsDir, &dag.ParseOptions{HandlerExists: c.registry.Has, HandlerNames: c.registry.Names})
 	})
 }
 

@@ -28,7 +28,7 @@ func (c *cli) validateCommand() *cobra.Command {
 			"A folder given is checked as a --workflows folder is loaded: its calls resolve within it.",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			files, alone, problems := c.filesToValidate(args)
-			opts := &dag.ParseOptions{HandlerExists: c.registry.Has}
+			opts := &dag.ParseOptions{HandlerExists: c.registry.Has, HandlerNames: c.registry.Names}
 			checked, err := whileRunning(cmd.Context(), func() ([]fileCheck, error) { return c.checkFiles(files, alone, opts), nil })
 			if err != nil {
 				return err
@@ -332,7 +332,7 @@ func (c *cli) graphCommand() *cobra.Command {
 // matched against the folder's entries, never joined into a path, so a
 // name such as ../../x reads nothing outside the folder.
 func (c *cli) findWorkflow(ctx context.Context, name string) (*dag.Workflow, error) {
-	opts := &dag.ParseOptions{HandlerExists: c.registry.Has}
+	opts := &dag.ParseOptions{HandlerExists: c.registry.Has, HandlerNames: c.registry.Names}
 	entries, _ := os.ReadDir(c.workflowsDir)
 	for _, ext := range []string{".yaml", ".yml"} {
 		for _, e := range entries {
