@@ -124,15 +124,20 @@ func mermaidIDs(steps []*Step) map[string]string {
 var mermaidLabel = strings.NewReplacer(`"`, "#quot;", "<", "#lt;", ">", "#gt;")
 
 // runs says what a step runs, under its name in a graph's node: its
-// handler, the signal it waits for, or the workflow it starts.
+// handler, the signal it waits for, or the workflow it starts; "for
+// each: " before it for a forEach step, which runs it once per item.
 func (s *Step) runs() string {
+	what := s.Handler
 	switch {
 	case s.Wait != nil:
-		return "wait: " + s.Wait.Signal
+		what = "wait: " + s.Wait.Signal
 	case s.Workflow != "":
-		return "workflow: " + s.Workflow
+		what = "workflow: " + s.Workflow
 	}
-	return s.Handler
+	if s.ForEach != nil {
+		what = "for each: " + what
+	}
+	return what
 }
 
 // Mermaid renders the DAG as a Mermaid flowchart, top to bottom: one node per
