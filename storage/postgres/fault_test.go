@@ -133,6 +133,25 @@ func TestFaultListenerBackoffResets(t *testing.T) {
 // TestPoolSizeFromURL: the URL's pool_max_conns sizes the pool Open builds
 // (that is how --db sizes a worker's pool), Config.MaxConns wins over it,
 // and without either the pool has DefaultMaxConns connections.
+// TestHasParam: a parameter is set by its key, in a URL or a keyword/value
+// string, not by its name appearing in a value.
+func TestHasParam(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		conn string
+		want bool
+	}{
+		{"postgres://u@h/db?pool_max_conns=4", true},
+		{"postgresql://u@h/db?sslmode=disable&pool_max_conns=4", true},
+		{"postgres://u@h/db?application_name=pool_max_conns", false},
+		{"postgres://u@h/pool_max_conns", false},
+		{"host=h dbname=db pool_max_conns=4", true},
+		{"host=h application_name=pool_max_conns", false},
+	} {
+		require.Equal(t, c.want, HasParam(c.conn, "pool_max_conns"), c.conn)
+	}
+}
+
 func TestPoolSizeFromURL(t *testing.T) {
 	t.Parallel()
 	schema := newSchema(t)
@@ -151,6 +170,7 @@ func TestPoolSizeFromURL(t *testing.T) {
 		want   int32
 	}{
 		{"default", testURL(t), 0, DefaultMaxConns},
+		{"a name that only contains the parameter's", withQuery(t, testURL(t), "application_name", "pool_max_conns_x"), 0, DefaultMaxConns},
 		{"url", withSize("3"), 0, 3},
 		{"config over url", withSize("3"), 5, 5},
 	}
@@ -223,4 +243,30 @@ func TestFaultLookAheadFails(t *testing.T) {
 	require.Len(t, claimed, 5)
 	require.True(t, s.heads.Heads(p), "the next claim looked again and found the other handler's steps ahead")
 	require.EqualValues(t, 1, s.headClaims.Load())
+}
+
+// TestRoleThatMayNotCreateTheSchema: a role without the right to create
+// dagrun's schema is told what to grant, as storage unavailable (exit 3),
+// not as a failure of its command.
+func TestRoleThatMayNotCreateTheSchema(t *testing.T) {
+	t.Parallel()
+	dbURL := newDatabase(t)
+	role := fmt.Sprintf("dagrun_test_nocreate_%d", idSeq.Add(1)+time.Now().UnixNano()%1_000_000)
+	admin := sharedPool(t)
+	_, err := admin.Exec(t.Context(), "CREATE ROLE "+role+" LOGIN")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 30*time.Second)
+		defer cancel()
+		_, err := admin.Exec(ctx, "DROP ROLE "+role)
+		require.NoError(t, err)
+	})
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = url.User(role)
+	_, err = Open(t.Context(), u.String(), &Config{MaxConns: 2})
+	require.ErrorIs(t, err, storage.ErrUnavailable)
+	require.ErrorContains(t, err, `creating dagrun's tables in schema dagrun: permission denied for database`)
+	require.ErrorContains(t, err, "GRANT CREATE ON DATABASE")
+	require.NotContains(t, err.Error(), "\n")
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/dagrun/dagrun/storage"
 	"github.com/dagrun/dagrun/storage/internal/migrate"
@@ -98,6 +99,15 @@ func (s *Store) migrate(ctx context.Context) error {
 		}
 		return nil
 	})
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege
+		// The role may not create the schema or its tables: a setup to
+		// fix, not a fault of this run.
+		ident := pgx.Identifier{s.cfg.Schema}.Sanitize()
+		return &unavailableError{err: err, msg: fmt.Sprintf("%s: postgres: creating dagrun's tables in schema %s: %s: "+
+			"let the role create them (GRANT CREATE ON DATABASE ... TO it), or have an administrator create the schema for it "+
+			"(CREATE SCHEMA %s AUTHORIZATION the role)", storage.ErrUnavailable, s.cfg.Schema, pe.Message, ident)}
+	}
 	if err != nil {
 		return fmt.Errorf("postgres: migrating schema: %w", interpretError(err))
 	}
@@ -147,46 +157,12 @@ var legacyTables = []struct{ name, column string }{
 	{"events", "instance_id"},
 }
 
-// laterTables are the tables migrations added after dagrun had a schema
-// of its own. They exist in a legacy layout only when a store ran with
-// Schema "public" explicitly, and move with the rest when it no longer
-// does. A migration that adds a table adds it here.
-var laterTables = []string{"workers", "schedules", "signals", "queue_limits", "step_logs", "instance_counts"}
-
-// laterFunctions are the functions migrations added that the store calls
-// or its triggers run, each with its arguments' types: they move with the
-// tables, and their fixed search_path with them. {s} in the arguments is
-// the store's schema, where the row type of a table that moved now is.
-// A function moves only when the legacy schema_migrations records the
-// migration that made it: a function of the same name before then is the
-// application's. A migration that adds a function adds it here
-// (TestLegacyLayoutMoved compares the moved schema with a new one).
-var laterFunctions = []struct {
-	name, args string
-	migration  int
-}{
-	{"limits_lock", "(text, text, text, text)", 10},
-	{"limits_admitted", "(text, text)", 10},
-	{"limits_lock_step", "({s}steps)", 10},
-	{"limits_key_room", "({s}steps)", 10},
-	{"limits_queue_room", "({s}steps)", 10},
-	{"limits_fits", "({s}steps)", 10},
-	{"limits_rate_slot", "(text, timestamptz)", 10},
-	{"limits_hold", "()", 10},
-	{"limits_release_step", "({s}steps, timestamptz)", 10},
-	{"limits_release", "()", 10},
-	{"limits_instance_release", "()", 10},
-	{"limits_instance_rearm", "()", 10},
-	{"limits_instance_rearmed", "()", 10},
-	{"limits_release_queue", "(text, timestamptz)", 10},
-	{"count_instances", "()", 14},
-	{"limits_admit_due", "(text, timestamptz)", 18},
-	{"limits_instance_held", "({s}steps)", 18},
-	{"limits_due", "()", 18},
-	{"promote_due", "(timestamptz)", 21},
-	{"respace_queue", "(text, timestamptz, boolean)", 24},
-	{"instances_unpark", "()", 29},
-}
+// lastLegacyVersion is the last migration of the versions that laid their
+// tables out where search_path put them. A schema whose schema_migrations
+// records a later one was laid out by a version that had a schema of its
+// own, run with that schema explicitly (--db-schema public): its tables
+// are that store's, not an older dagrun's, and are never moved.
+const lastLegacyVersion = 3
 
 // legacyLockKey is the advisory lock older versions took to migrate their
 // tables where search_path put them: taking it too keeps an older process
@@ -196,8 +172,9 @@ const legacyLockKey = "dagrun:"
 
 // adoptLegacy moves the tables of a database laid out by an older dagrun
 // (in the schema an unqualified schema_migrations resolves to, normally
-// public) into the store's schema, once: when the store's schema has no
-// schema_migrations yet and those tables are dagrun's. The caller holds
+// public, by a version up to lastLegacyVersion) into the store's schema,
+// once: when the store's schema has no schema_migrations yet and those
+// tables are dagrun's. The caller holds
 // the schema's migration lock; the move is part of its transaction, so a
 // concurrent store waits for it and then finds the tables in place.
 // Indexes, constraints and identity sequences move with their tables.
@@ -213,66 +190,14 @@ func (s *Store) adoptLegacy(ctx context.Context, tx pgx.Tx) error {
 	if from, err = s.legacySchema(ctx, tx); from == "" || err != nil {
 		return err
 	}
-	if err := s.refuseLiveLegacy(ctx, tx, from); err != nil {
-		return err
-	}
 	for _, t := range legacyTables {
 		if _, err := tx.Exec(ctx, "ALTER TABLE "+pgx.Identifier{from, t.name}.Sanitize()+" SET SCHEMA "+pgx.Identifier{s.cfg.Schema}.Sanitize()); err != nil {
 			return fmt.Errorf("moving dagrun's table %s from schema %s to %s: %w", t.name, from, s.cfg.Schema, err)
 		}
 	}
-	for _, name := range laterTables {
-		if _, err := tx.Exec(ctx, "ALTER TABLE IF EXISTS "+pgx.Identifier{from, name}.Sanitize()+" SET SCHEMA "+pgx.Identifier{s.cfg.Schema}.Sanitize()); err != nil {
-			return fmt.Errorf("moving dagrun's table %s from schema %s to %s: %w", name, from, s.cfg.Schema, err)
-		}
-	}
-	to := pgx.Identifier{s.cfg.Schema}.Sanitize()
-	for _, f := range laterFunctions {
-		args := strings.ReplaceAll(f.args, "{s}", to+".")
-		fn := pgx.Identifier{from, f.name}.Sanitize() + args
-		var found bool
-		if err := tx.QueryRow(ctx, "SELECT to_regprocedure($1) IS NOT NULL AND EXISTS (SELECT 1 FROM "+
-			pgx.Identifier{s.cfg.Schema, "schema_migrations"}.Sanitize()+" WHERE version = $2)", fn, f.migration).Scan(&found); err != nil {
-			return err
-		}
-		if !found {
-			continue
-		}
-		moved := pgx.Identifier{s.cfg.Schema, f.name}.Sanitize() + args
-		if _, err := tx.Exec(ctx, "ALTER FUNCTION "+fn+" SET SCHEMA "+to+"; ALTER FUNCTION "+moved+" SET search_path = "+to); err != nil {
-			return fmt.Errorf("moving dagrun's function %s from schema %s to %s: %w", f.name, from, s.cfg.Schema, err)
-		}
-	}
 	s.cfg.Logger.Info("postgres: moved the tables of an older dagrun into their own schema",
 		"from", from, "to", s.cfg.Schema)
 	return nil
-}
-
-// refuseLiveLegacy refuses to move the tables of schema from while a
-// worker of theirs is live (announced within storage.PresenceTTL): such
-// tables are no older dagrun's but a store running with that schema
-// (--db-schema public), and moving them from under its workers would
-// leave them without their tables, and their instances in another
-// schema.
-func (s *Store) refuseLiveLegacy(ctx context.Context, tx pgx.Tx, from string) error {
-	workers := pgx.Identifier{from, "workers"}.Sanitize()
-	var exists bool
-	if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", workers).Scan(&exists); err != nil || !exists {
-		return err
-	}
-	var (
-		live  string
-		count int
-	)
-	err := tx.QueryRow(ctx, "SELECT coalesce(max(id), ''), count(*) FROM "+workers+
-		" WHERE last_seen > coalesce($1, statement_timestamp()) - $2 * interval '1 microsecond'",
-		s.now(), storage.PresenceTTL.Microseconds()).Scan(&live, &count)
-	if err != nil || count == 0 {
-		return err
-	}
-	return fmt.Errorf("schema %s holds the tables of a dagrun whose %d live worker(s) use them (%s): "+
-		"to use those tables give --db-schema %s (or dagrun_schema=%s in the URL); to move them into schema %s, stop those workers first",
-		from, count, live, from, from, s.cfg.Schema)
 }
 
 // legacySchemaSQL finds, when the store's schema ($1) has no
@@ -327,9 +252,16 @@ func (s *Store) legacySchema(ctx context.Context, tx pgx.Tx) (string, error) {
 	// Compared as text, whatever the columns' types, so that an error
 	// cannot abort the transaction.
 	var ours bool
+	var latest int64
 	if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+pgx.Identifier{schema, "schema_migrations"}.Sanitize()+
-		" WHERE version::text = '1' AND name::text = $1)", ms[0].Name).Scan(&ours); err != nil || !ours {
+		" WHERE version::text = '1' AND name::text = $1), (SELECT coalesce(max(version::text::bigint), 0) FROM "+
+		pgx.Identifier{schema, "schema_migrations"}.Sanitize()+")", ms[0].Name).Scan(&ours, &latest); err != nil || !ours {
 		return "", err
+	}
+	if latest > lastLegacyVersion {
+		s.cfg.Logger.Warn("postgres: another schema holds the tables of a dagrun run with that schema; this store leaves them, and has its own",
+			"their_schema", schema, "this_schema", s.cfg.Schema, "to_use_them", "--db-schema "+schema)
+		return "", nil
 	}
 	if len(found) < len(legacyTables) {
 		return "", fmt.Errorf("schema %s holds dagrun's schema_migrations but only %d of its %d tables (%s): "+

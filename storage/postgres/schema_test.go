@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/internal/migrate"
 	"github.com/dagrun/dagrun/storage/storagetest"
 )
 
@@ -177,29 +179,55 @@ func TestApplicationTablesInPublic(t *testing.T) {
 	require.False(t, dirty)
 }
 
+// legacyLayout lays dbURL's schema public out as the dagrun versions
+// before schemas of their own left it: migrations 1 to lastLegacyVersion
+// applied there, with a two-step instance whose first step completed (a
+// and b, as runOneStep leaves one), and returns the instance's ID.
+func legacyLayout(t *testing.T, dbURL string) string {
+	t.Helper()
+	ctx := t.Context()
+	ms, err := migrate.Read(migrationFS, "migrations")
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	defer conn.Close(context.WithoutCancel(ctx))
+	const id = "01a25100-0000-7000-8000-000000000001"
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		statements := []string{"SET LOCAL search_path TO public", `CREATE TABLE schema_migrations (
+			version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`}
+		for _, m := range ms[:lastLegacyVersion] {
+			statements = append(statements, m.SQL, fmt.Sprintf("INSERT INTO schema_migrations (version, name) VALUES (%d, '%s')", m.Version, m.Name))
+		}
+		statements = append(statements,
+			`INSERT INTO definitions (hash, workflow, source) VALUES ('h1', 'wf', 'name: wf')`,
+			`INSERT INTO instances (id, workflow, definition_hash, status, input, run_after, created_at, started_at)
+				VALUES ('`+id+`', 'wf', 'h1', 'running', '{}', now(), now(), now())`,
+			`INSERT INTO steps (instance_id, position, name, handler, queue, workflow, status, attempts, output, run_after, ready_at, started_at, finished_at)
+				VALUES ('`+id+`', 0, 'a', 'h', 'default', 'wf', 'completed', 1, '1', now(), now(), now(), now())`,
+			`INSERT INTO steps (instance_id, position, name, handler, queue, workflow, depends_on, status, input, run_after, ready_at)
+				VALUES ('`+id+`', 1, 'b', 'h', 'default', 'wf', '{a}', 'pending', '1', now(), now())`,
+			`INSERT INTO events (instance_id, step, type, attempt, at) VALUES ('`+id+`', 'a', 'step.completed', 1, now())`,
+		)
+		for _, q := range statements {
+			if _, err := tx.Exec(ctx, q); err != nil {
+				return fmt.Errorf("%s: %w", q, err)
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	return id
+}
+
 // TestLegacyLayoutMoved: a database laid out by an older dagrun, its tables
 // in public, is moved into the dagrun schema with its instances intact, by
-// whichever of several processes opening at once gets there first; a claim
-// taken before the move still finishes after it.
+// whichever of several processes opening at once gets there first, and
+// migrated there; its pending step runs.
 func TestLegacyLayoutMoved(t *testing.T) {
 	t.Parallel()
 	dbURL := newDatabase(t)
 	ctx := t.Context()
-
-	// Older versions used unqualified names, which search_path resolved
-	// to public: a store on schema public lays the tables out the same.
-	old, err := Open(ctx, dbURL, &Config{Schema: "public", MaxConns: 2})
-	require.NoError(t, err)
-	done := runOneStep(t, old)
-	res, err := old.CreateInstances(ctx, nil, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
-	require.NoError(t, err)
-	held, err := old.ClaimSteps(ctx, storage.ClaimParams{Limit: 1, Lease: time.Hour, InstanceID: res[0].ID})
-	require.NoError(t, err)
-	require.Len(t, held, 1)
-	before, err := old.GetInstance(ctx, done)
-	require.NoError(t, err)
-	require.Equal(t, dagrunTables, tablesIn(t, old, "public"))
-	require.NoError(t, old.Close())
+	id := legacyLayout(t, dbURL)
 
 	const n = 4
 	stores := make([]*Store, n)
@@ -217,30 +245,35 @@ func TestLegacyLayoutMoved(t *testing.T) {
 	require.Empty(t, tablesIn(t, s, "public"))
 	require.Equal(t, dagrunTables, tablesIn(t, s, "dagrun"))
 
-	after, err := s.GetInstance(ctx, done)
+	in, err := s.GetInstance(ctx, id)
 	require.NoError(t, err)
-	require.Equal(t, before, after)
-	fr, err := stores[1].FinishSteps(ctx, []storage.StepResult{{Claim: held[0].Claim, Outcome: storage.OutcomeCompleted}}, storagetest.Plan)
+	require.Equal(t, storage.InstanceRunning, in.Status)
+	require.Equal(t, storage.StepCompleted, in.Steps[0].Status)
+	require.Equal(t, storage.StepPending, in.Steps[1].Status)
+	cs, err := stores[1].ClaimSteps(ctx, storage.ClaimParams{Limit: 1, Lease: time.Minute, InstanceID: id})
 	require.NoError(t, err)
-	require.True(t, fr[0].Accepted, "the claim taken before the move")
-	in, err := s.GetInstance(ctx, res[0].ID)
+	require.Len(t, cs, 1, "the moved instance's pending step")
+	fr, err := s.FinishSteps(ctx, []storage.StepResult{{Claim: cs[0].Claim, Outcome: storage.OutcomeCompleted}}, storagetest.Plan)
+	require.NoError(t, err)
+	require.True(t, fr[0].Accepted)
+	in, err = s.GetInstance(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, storage.InstanceCompleted, in.Status)
 	// New rows continue the identity sequences that moved with the tables.
 	runOneStep(t, s)
 
-	// Every function moved with the tables, and works there.
+	// The migrations after the move made every function, and they work.
 	fresh := openTestStore(t, nil)
 	require.Equal(t, functionsIn(t, fresh, fresh.cfg.Schema), functionsIn(t, s, "dagrun"))
 	require.Empty(t, functionsIn(t, s, "public"))
 	runKeyedPair(t, s)
 }
 
-// TestLiveStoreInPublicIsNotMoved: tables in public with a live worker
-// belong to a store running with schema public, not to an older dagrun:
-// opening another schema refuses to move them from under it, naming the
-// flag that uses them, and moves them once its workers are gone.
-func TestLiveStoreInPublicIsNotMoved(t *testing.T) {
+// TestStoreInPublicIsNotMoved: tables in public laid out by this version,
+// a store run with schema public, are that store's: opening another
+// schema leaves them, with or without a live worker of theirs, and gets
+// tables of its own; a warning says how to use them.
+func TestStoreInPublicIsNotMoved(t *testing.T) {
 	t.Parallel()
 	dbURL := newDatabase(t)
 	ctx := t.Context()
@@ -248,21 +281,18 @@ func TestLiveStoreInPublicIsNotMoved(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = public.Close() })
 	done := runOneStep(t, public)
-	require.NoError(t, public.AnnounceWorker(ctx, storage.WorkerInfo{ID: "w-public"}))
 
-	_, err = Open(ctx, dbURL, &Config{Schema: "tenant", MaxConns: 2})
-	require.ErrorContains(t, err, "schema public holds the tables of a dagrun whose 1 live worker(s) use them (w-public): "+
-		"to use those tables give --db-schema public")
-	require.Equal(t, dagrunTables, tablesIn(t, public, "public"), "nothing moved")
-	_, err = public.GetInstance(ctx, done)
-	require.NoError(t, err, "the store in public runs on")
-
-	require.NoError(t, public.RemoveWorker(ctx, "w-public"))
-	moved, err := Open(ctx, dbURL, &Config{Schema: "tenant", MaxConns: 2})
-	require.NoError(t, err, "with no live worker, an older layout moves")
-	t.Cleanup(func() { require.NoError(t, moved.Close()) })
-	_, err = moved.GetInstance(ctx, done)
+	var logs syncBuffer
+	tenant, err := Open(ctx, dbURL, &Config{Schema: "tenant", MaxConns: 2, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = tenant.Close() })
+	require.Equal(t, dagrunTables, tablesIn(t, public, "public"), "nothing moved")
+	require.Equal(t, dagrunTables, tablesIn(t, public, "tenant"))
+	_, err = public.GetInstance(ctx, done)
+	require.NoError(t, err, "the store in public keeps its instances")
+	_, err = tenant.GetInstance(ctx, done)
+	require.ErrorIs(t, err, storage.ErrNotFound)
+	require.Contains(t, logs.String(), "to_use_them=\"--db-schema public\"")
 }
 
 // functionsIn lists the functions of a schema other than the statement
@@ -345,20 +375,18 @@ func TestSchemasIsolated(t *testing.T) {
 }
 
 // TestLegacyMoveLeavesApplicationFunctions: a function of the legacy
-// schema named as one of dagrun's, from before the migration that made
-// dagrun's, is the application's: it stays, and the store opens.
+// schema named as one of dagrun's, which no legacy version made, is the
+// application's: it stays, and the store opens.
 func TestLegacyMoveLeavesApplicationFunctions(t *testing.T) {
 	t.Parallel()
 	dbURL := newDatabase(t)
 	ctx := t.Context()
-	old, err := Open(ctx, dbURL, &Config{Schema: "public", MaxConns: 2})
+	legacyLayout(t, dbURL)
+	app, err := pgx.Connect(ctx, dbURL)
 	require.NoError(t, err)
-	runOneStep(t, old)
-	_, err = old.pool.Exec(ctx, `DROP FUNCTION public.promote_due(timestamptz);
-		DELETE FROM public.schema_migrations WHERE version = 21;
-		CREATE FUNCTION public.promote_due(at timestamptz) RETURNS integer LANGUAGE sql AS 'SELECT 42'`)
+	_, err = app.Exec(ctx, `CREATE FUNCTION public.promote_due(at timestamptz) RETURNS integer LANGUAGE sql AS 'SELECT 42'`)
 	require.NoError(t, err)
-	require.NoError(t, old.Close())
+	require.NoError(t, app.Close(ctx))
 
 	s := openURL(t, dbURL, &Config{MaxConns: 2})
 	runOneStep(t, s)

@@ -26,8 +26,8 @@
 // transaction-pooling proxies such as pgbouncer would not keep). The schema
 // is versioned (migrations/NNNN_name.sql, embedded) and migrated at
 // construction under an advisory lock, so concurrent processes migrate
-// once; a database laid out by an older dagrun, with its tables in public,
-// is moved into the schema then.
+// once; a database laid out by a dagrun older than schemas of their own,
+// with its tables in public, is moved into the schema then.
 //
 // It may import only storage, storage/internal/migrate, the standard library,
 // and pgx.
@@ -41,6 +41,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
+	neturl "net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -327,7 +328,7 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 	}
 	// pgxpool reads pool_max_conns from the URL, which is how the CLI's
 	// --db sizes a worker's pool.
-	if explicitMaxConns || !strings.Contains(url, "pool_max_conns") {
+	if explicitMaxConns || !HasParam(url, "pool_max_conns") {
 		pcfg.MaxConns = cfg.MaxConns
 	}
 	if _, ok := params["application_name"]; !ok {
@@ -382,7 +383,7 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 			local[name] = params[name]
 			delete(params, name)
 		}
-		if !strings.Contains(url, "default_query_exec_mode") {
+		if !HasParam(url, "default_query_exec_mode") {
 			// Named prepared statements live on one server connection,
 			// which the next transaction may not get. This mode prepares
 			// none: it describes a statement once (on whichever
@@ -929,4 +930,22 @@ func keepFreedMemory(next func(context.Context, *pgx.Conn) error) func(context.C
 		_, err := conn.Exec(ctx, keepFreedMemorySQL)
 		return err
 	}
+}
+
+// HasParam reports whether a connection string, a URL or a libpq
+// keyword/value string, sets the parameter name: the pool settings pgx
+// reads from it override dagrun's defaults only when they are there, as a
+// parameter, not as text anywhere in it (an application_name that
+// contains the name sets nothing).
+func HasParam(connString, name string) bool {
+	if strings.HasPrefix(connString, "postgres://") || strings.HasPrefix(connString, "postgresql://") {
+		u, err := neturl.Parse(connString)
+		return err == nil && u.Query().Has(name)
+	}
+	for _, field := range strings.Fields(connString) {
+		if key, _, ok := strings.Cut(field, "="); ok && strings.TrimSpace(key) == name {
+			return true
+		}
+	}
+	return false
 }

@@ -44,7 +44,7 @@ func openStore(ctx context.Context, db, schema string, logger *slog.Logger, conn
 		return nil, usageError(fmt.Errorf("--db is empty: give a SQLite path or a postgres:// URL"))
 	case strings.HasPrefix(db, "postgres://"), strings.HasPrefix(db, "postgresql://"):
 		cfg := &postgres.Config{Schema: schema, Logger: logger, ShortLived: conns == 0}
-		if !strings.Contains(db, "pool_max_conns") {
+		if !postgres.HasParam(db, "pool_max_conns") {
 			cfg.MaxConns = cmp.Or(conns, commandConns)
 		}
 		store, err := postgres.Open(ctx, db, cfg)
@@ -70,7 +70,7 @@ func openStore(ctx context.Context, db, schema string, logger *slog.Logger, conn
 // flag that would do nothing is a usage error rather than silently ignored.
 func sqliteStore(ctx context.Context, path, schema string) (storage.Store, error) {
 	if schema != "" {
-		return nil, usageError(fmt.Errorf("--db-schema %q applies only to PostgreSQL, and --db names a SQLite file", schema))
+		return nil, usageError(fmt.Errorf("--db-schema (or DAGRUN_DB_SCHEMA) %q applies only to PostgreSQL, and --db names a SQLite file", schema))
 	}
 	return sqlite.Open(ctx, path, nil)
 }

@@ -39,3 +39,19 @@ func TestOneOffCommandStoresAreShortLived(t *testing.T) {
 		})
 	}
 }
+
+// TestRedactDSN: a password never reaches a log, in the URL's user
+// information or as a parameter.
+func TestRedactDSN(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ in, want string }{
+		{"postgres://u:S3cret@h:5432/db?sslmode=disable", "postgres://u:***@h:5432/db?sslmode=disable"},
+		{"postgres://u:S3cret@h/db?sslmode=disable&password=Other", "postgres://u:***@h/db?sslmode=disable&password=***"},
+		{"postgres://u@h/db?password=Other&sslmode=disable", "postgres://u@h/db?password=***&sslmode=disable"},
+		{"host=h password=Other dbname=db", "host=h password=*** dbname=db"},
+		{"postgres://u@h/db?application_name=mypassword=x", "postgres://u@h/db?application_name=mypassword=x"},
+		{"/var/lib/dagrun.db", "/var/lib/dagrun.db"},
+	} {
+		require.Equal(t, c.want, redactDSN(c.in), c.in)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -183,15 +184,19 @@ func parseDurationFlag(name, value string, zeroOK bool) (time.Duration, error) {
 func redactDSN(dsn string) string {
 	at := strings.LastIndex(dsn, "@")
 	scheme := strings.Index(dsn, "://")
-	if at < 0 || scheme < 0 || at < scheme {
-		return dsn
+	if at > scheme && scheme >= 0 {
+		userinfo := dsn[scheme+3 : at]
+		if i := strings.IndexByte(userinfo, ':'); i >= 0 {
+			dsn = dsn[:scheme+3] + userinfo[:i] + ":***" + dsn[at:]
+		}
 	}
-	userinfo := dsn[scheme+3 : at]
-	if i := strings.IndexByte(userinfo, ':'); i >= 0 {
-		return dsn[:scheme+3] + userinfo[:i] + ":***" + dsn[at:]
-	}
-	return dsn
+	// libpq also takes the password as a parameter, password=..., in a
+	// URL's query as in a keyword/value string.
+	return passwordParam.ReplaceAllString(dsn, "${1}password=***")
 }
+
+// passwordParam matches a password parameter, up to the next separator.
+var passwordParam = regexp.MustCompile(`(^|[?&\s])password=[^&\s]*`)
 
 // shortLease is the lease under which a worker warns: two workers on one
 // SQLite file with --lease 100ms lost 14 claims of 40 while both ran (a
