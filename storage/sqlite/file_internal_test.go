@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/storagetest"
 )
 
 // TestCheckFileSeesTruncation: the store's own check notices a file cut
@@ -65,4 +66,57 @@ func openCheckpointed(t *testing.T) (*Store, string) {
 	require.NoError(t, err)
 	require.NoError(t, s.checkFile())
 	return s, path
+}
+
+// TestReplacedFileLeavesNoWALBehind: a store whose file was replaced (a
+// backup restored over it) removes, as it closes, the -wal and -shm it
+// opened with the lost file, which the next process would otherwise
+// replay into the restored one; a -wal another process made for the new
+// file stays.
+func TestReplacedFileLeavesNoWALBehind(t *testing.T) {
+	t.Parallel()
+	for _, theirs := range []bool{false, true} {
+		dir := t.TempDir()
+		backup := filepath.Join(dir, "backup.db")
+		b, err := Open(t.Context(), backup, nil)
+		require.NoError(t, err)
+		_, err = b.CreateInstances(t.Context(), nil, []storage.CreateParams{{ID: "i-backup", Workflow: "wf", DefinitionHash: "h1",
+			Definition: []byte("name: wf\n"), Steps: []storage.StepSpec{{Name: "a", Handler: "h", Queue: "default"}}}}, storagetest.Plan)
+		require.NoError(t, err)
+		require.NoError(t, b.Close())
+
+		path := filepath.Join(dir, "dagrun.db")
+		s, err := Open(t.Context(), path, nil)
+		require.NoError(t, err)
+		_, err = s.CreateInstances(t.Context(), nil, []storage.CreateParams{{ID: "i-lost", Workflow: "wf", DefinitionHash: "h1",
+			Definition: []byte("name: wf\n"), Steps: []storage.StepSpec{{Name: "a", Handler: "h", Queue: "default"}}}}, storagetest.Plan)
+		require.NoError(t, err)
+		require.FileExists(t, path+"-wal", "the lost database's WAL holds its last writes")
+
+		data, err := os.ReadFile(backup)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(path+".new", data, 0o600))
+		require.NoError(t, os.Rename(path+".new", path))
+		if theirs {
+			// Another process's WAL for the new file, in its place.
+			require.NoError(t, os.Remove(path+"-wal"))
+			require.NoError(t, os.WriteFile(path+"-wal", nil, 0o600))
+		}
+		require.ErrorIs(t, s.checkFile(), storage.ErrDatabaseLost)
+		require.NoError(t, s.Close())
+		if theirs {
+			require.FileExists(t, path+"-wal", "another file's WAL")
+			continue
+		}
+		require.NoFileExists(t, path+"-wal")
+		require.NoFileExists(t, path+"-shm")
+
+		restored, err := Open(t.Context(), path, nil)
+		require.NoError(t, err)
+		_, err = restored.GetInstance(t.Context(), "i-backup")
+		require.NoError(t, err, "the restored file is the backup")
+		_, err = restored.GetInstance(t.Context(), "i-lost")
+		require.ErrorIs(t, err, storage.ErrNotFound)
+		require.NoError(t, restored.Close())
+	}
 }

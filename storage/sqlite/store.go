@@ -108,6 +108,11 @@ type Store struct {
 	// process still writes to the old one; nil for an in-memory database.
 	file os.FileInfo
 	path string
+	// sidecars are the file's -wal and -shm files as first opened (nil
+	// when one did not exist then): once the file is replaced, they are
+	// the lost database's, and Close removes them if the path still
+	// names them (see removeLostSidecars).
+	sidecars map[string]os.FileInfo
 	// hadHeader is set once the file was seen holding a database header;
 	// a file that shrinks below one afterwards was truncated under us.
 	hadHeader atomic.Bool
@@ -377,7 +382,30 @@ func (s *Store) Close() error {
 	if s.checkpoints != nil {
 		checkpoints = s.checkpoints.close()
 	}
-	return errors.Join(checkpoints, s.r.Close(), s.w.Close())
+	err := errors.Join(checkpoints, s.r.Close(), s.w.Close())
+	s.removeLostSidecars()
+	return err
+}
+
+// removeLostSidecars removes, once the database file was deleted or
+// replaced under the store, the -wal and -shm files its path still names
+// if they are the ones the store opened with the lost file: left there,
+// the next process to open a file restored at the path would replay the
+// lost database's WAL into it, and corrupt it. A -wal or -shm that
+// another process made for the new file is another file, and stays.
+func (s *Store) removeLostSidecars() {
+	lost := s.lost.Load()
+	if lost == nil || !errors.Is(*lost, storage.ErrDatabaseLost) || s.file == nil {
+		return
+	}
+	if fi, err := os.Stat(s.path); err == nil && os.SameFile(fi, s.file) {
+		return // the file is still there (truncated or corrupted): its WAL is its own
+	}
+	for suffix, opened := range s.sidecars {
+		if fi, err := os.Stat(s.path + suffix); err == nil && os.SameFile(fi, opened) {
+			_ = os.Remove(s.path + suffix)
+		}
+	}
 }
 
 // Subscribe returns a channel that receives a value after this process
@@ -476,6 +504,12 @@ func (s *Store) rememberFile(ctx context.Context) error {
 		return fmt.Errorf("%w: cannot read SQLite database %q: %v", storage.ErrUnavailable, s.name, err)
 	}
 	s.path, s.file = path, fi
+	s.sidecars = map[string]os.FileInfo{}
+	for _, suffix := range []string{"-wal", "-shm"} {
+		if fi, err := os.Stat(path + suffix); err == nil {
+			s.sidecars[suffix] = fi
+		}
+	}
 	s.hadHeader.Store(fi.Size() >= sqliteHeaderBytes)
 	return nil
 }
@@ -503,7 +537,8 @@ func (s *Store) checkFile() error {
 	switch {
 	case errors.Is(err, os.ErrNotExist), err == nil && !os.SameFile(fi, s.file):
 		return s.markLost(fmt.Errorf("%w: SQLite database %q was deleted or replaced while this process had it open: "+
-			"stop every dagrun process using it, then restore the file from a backup or start afresh", storage.ErrDatabaseLost, s.name))
+			"stop every dagrun process using it, then restore the file from a backup or start afresh, "+
+			"with no %s-wal or %s-shm of the lost database left beside it", storage.ErrDatabaseLost, s.name, s.name, s.name))
 	case err != nil:
 		return nil // a passing stat failure proves nothing; SQLite reports its own
 	case fi.Size() >= sqliteHeaderBytes:
