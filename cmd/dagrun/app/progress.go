@@ -29,6 +29,10 @@ type attemptStart struct {
 	at      time.Time
 }
 
+// retried forgets the attempts before a retry, whose steps start again
+// from attempt 1: their first starts are not the new attempts'.
+func (p *progress) retried() { clear(p.started) }
+
 // start records a step.started event.
 func (p *progress) start(ev storage.Event) {
 	if prev, ok := p.started[ev.Step]; ok && prev.attempt == ev.Attempt && ev.Attempt > 0 {
@@ -69,8 +73,11 @@ func (p *progress) observe(inst *storage.Instance, events []storage.Event) {
 			}
 		}
 		for _, ev := range events[:cut] {
-			if ev.Type == storage.EventStepStarted {
+			switch ev.Type {
+			case storage.EventStepStarted:
 				p.start(ev)
+			case storage.EventInstanceRetried:
+				p.retried()
 			}
 		}
 		events = events[cut:]
@@ -144,6 +151,9 @@ func (p *progress) line(inst *storage.Instance, ev storage.Event) string {
 			line += " in " + roundDuration(inst.FinishedAt.Sub(inst.CreatedAt))
 		}
 		return line
+	}
+	if ev.Type == storage.EventInstanceRetried {
+		p.retried()
 	}
 	return "" // instance.created, .started, .retried: no news to a follower
 }

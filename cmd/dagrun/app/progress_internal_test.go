@@ -42,6 +42,30 @@ call         completed in 5ms
 `, out.String())
 }
 
+// TestProgressAfterARetry: a retry starts its steps again from attempt 1;
+// their durations count from the new starts, not from the first run's.
+func TestProgressAfterARetry(t *testing.T) {
+	t.Parallel()
+	began := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	later := began.Add(10 * time.Minute)
+	history := []storage.Event{
+		{Type: storage.EventStepStarted, Step: "ship", Attempt: 1, At: began},
+		{Type: storage.EventStepCompleted, Step: "ship", Attempt: 1, At: began.Add(time.Second)},
+		{Type: storage.EventInstanceRetried, At: later},
+	}
+	news := []storage.Event{
+		{Type: storage.EventStepStarted, Step: "ship", Attempt: 1, At: later},
+		{Type: storage.EventStepCompleted, Step: "ship", Attempt: 1, At: later.Add(3 * time.Millisecond)},
+	}
+	for _, mode := range []skipMode{skipUntilRetried, skipNone} {
+		var out bytes.Buffer
+		p := newProgress(&out, mode)
+		p.observe(&storage.Instance{ID: "i-1"}, history)
+		p.observe(&storage.Instance{ID: "i-1"}, news)
+		require.Contains(t, out.String(), "ship         completed in 3ms\n", "mode %d", mode)
+	}
+}
+
 func TestWakeTime(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 7, 15, 49, 11, 0, time.UTC)

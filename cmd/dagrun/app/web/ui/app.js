@@ -1521,7 +1521,7 @@
       shown = json;
       clear(tbody);
       if (!list.length) {
-        tbody.appendChild(el("tr", {}, el("td", { colspan: 8, class: "empty" }, "No schedules: add a schedule: list to a workflow file and restart dagrun serve.")));
+        tbody.appendChild(el("tr", {}, el("td", { colspan: 8, class: "empty" }, "No schedules: add a schedule: list to a workflow file; dagrun serve picks it up in a moment.")));
       }
       for (const s of list) {
         const next = s.paused ? el("span", { class: "muted" }, "paused")
@@ -1633,7 +1633,7 @@
       if (gen !== generation) return false;
       clear(tbody);
       if (!data.length) {
-        tbody.appendChild(el("tr", {}, el("td", { colspan: 4, class: "empty" }, "No workflows loaded: put WORKFLOW.yaml files in the folder given to --workflows and restart dagrun serve.")));
+        tbody.appendChild(el("tr", {}, el("td", { colspan: 4, class: "empty" }, "No workflows loaded: put WORKFLOW.yaml files in the folder given to --workflows; dagrun serve picks them up in a moment.")));
       }
       for (const w of data) {
         tbody.appendChild(el("tr", {},
