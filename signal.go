@@ -206,7 +206,7 @@ func tookSignal(inst *storage.Instance, signal string) bool {
 
 // waitFor returns the wait of w's step waiting for signal, or nil.
 func waitFor(w *dag.Workflow, signal string) *dag.Wait {
-	for _, s := range slices.Concat(w.Steps, w.OnFailure) {
+	for _, s := range w.AllSteps() {
 		if s.Wait != nil && s.Wait.Signal == signal {
 			return s.Wait
 		}
@@ -218,7 +218,7 @@ func waitFor(w *dag.Workflow, signal string) *dag.Wait {
 // the steps waiting for each.
 func waitSignals(w *dag.Workflow) (signals, steps []string) {
 	var waits []*dag.Step
-	for _, s := range slices.Concat(w.Steps, w.OnFailure) {
+	for _, s := range w.AllSteps() {
 		if s.Wait != nil {
 			waits = append(waits, s)
 		}

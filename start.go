@@ -217,7 +217,7 @@ func (e *Engine) stepSpecs(w *dag.Workflow) []storage.StepSpec {
 
 func buildStepSpecs(w *dag.Workflow) []storage.StepSpec {
 	// The onFailure steps' rows come after the main steps'.
-	steps := append(w.Steps[:len(w.Steps):len(w.Steps)], w.OnFailure...)
+	steps := w.AllSteps()
 	specs := make([]storage.StepSpec, len(steps))
 	for i, s := range steps {
 		specs[i] = storage.StepSpec{

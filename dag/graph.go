@@ -144,7 +144,7 @@ func (s *Step) runs() string {
 // step labelled with its name and what it runs (see Step.runs), one edge dep --> step per
 // dependency, in definition order.
 func (w *Workflow) Mermaid() string {
-	ids := mermaidIDs(append(w.Steps[:len(w.Steps):len(w.Steps)], w.OnFailure...))
+	ids := mermaidIDs(w.AllSteps())
 	var b strings.Builder
 	b.WriteString("flowchart TD\n")
 	for _, s := range w.Steps {

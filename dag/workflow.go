@@ -2,6 +2,7 @@ package dag
 
 import (
 	"encoding/json"
+	"slices"
 	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
@@ -118,6 +119,12 @@ type Wait struct {
 	Schema  json.RawMessage // the payload's JSON Schema as JSON; nil when absent
 
 	schema *jsonschema.Schema
+}
+
+// AllSteps returns the main steps, then the onFailure steps, in
+// definition order: the order of an instance's step rows.
+func (w *Workflow) AllSteps() []*Step {
+	return slices.Concat(w.Steps, w.OnFailure)
 }
 
 // Step returns the step with that name, or nil.

@@ -25,7 +25,7 @@ var SafeBuiltins = []string{"echo", "noop", "sleep"}
 func mockRegistry(real *handlers.Registry, workflows []*dag.Workflow, tested string, mocks map[string]*Mock, problems *problemLog) *handlers.Registry {
 	names := real.Names()
 	for _, w := range workflows {
-		for _, s := range slices.Concat(w.Steps, w.OnFailure) {
+		for _, s := range w.AllSteps() {
 			if s.Handler != "" && !slices.Contains(names, s.Handler) {
 				names = append(names, s.Handler)
 			}
