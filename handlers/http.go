@@ -55,30 +55,12 @@ func (h *HTTPHeaders) UnmarshalJSON(b []byte) error {
 	for name, value := range raw {
 		var s string
 		if err := json.Unmarshal(value, &s); err != nil {
-			return fmt.Errorf("headers.%s: want a string, got %s", name, jsonKind(value))
+			return fmt.Errorf("headers.%s: %s", name, DecodeProblem(err))
 		}
 		decoded[name] = s
 	}
 	*h = decoded
 	return nil
-}
-
-// jsonKind names the kind of a JSON value, with its article.
-func jsonKind(value json.RawMessage) string {
-	switch v := bytes.TrimSpace(value); {
-	case len(v) == 0:
-		return "nothing"
-	case v[0] == '{':
-		return "an object"
-	case v[0] == '[':
-		return "a list"
-	case v[0] == 't' || v[0] == 'f':
-		return "a boolean"
-	case v[0] == 'n':
-		return "null"
-	default:
-		return "a number"
-	}
 }
 
 // HTTPOutput is the output of the built-in http handler.
