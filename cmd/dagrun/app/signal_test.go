@@ -79,16 +79,25 @@ func TestSignal(t *testing.T) {
 // with the time it runs at.
 func TestStatusShowsWhenAPendingStepRuns(t *testing.T) {
 	t.Parallel()
+	out := delayedStatus(t, "status-delayed", "greet")
+	require.Contains(t, out, `"runAfter": "`)
+}
+
+// delayedStatus starts workflow with a delay of 2h and more start args,
+// compares its status with the golden file name, and returns its status
+// --json.
+func delayedStatus(t *testing.T, name, workflow string, args ...string) string {
+	t.Helper()
 	b := setup(t)
-	res := b.run(t, "", "start", "greet", "--detach", "--delay", "2h")
+	res := b.run(t, "", append([]string{"start", workflow, "--detach", "--delay", "2h"}, args...)...)
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
 	id := maskUUID.FindString(res.stdout)
 	res = b.run(t, "", "status", id)
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
-	golden(t, "status-delayed", mask(res.stdout))
+	golden(t, name, mask(res.stdout))
 	res = b.run(t, "", "status", id, "--json")
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
-	require.Contains(t, res.stdout, `"runAfter": "`)
+	return res.stdout
 }
 
 // TestStatusShowsWhenADelayedInstanceStarts: a delayed instance whose
@@ -96,15 +105,7 @@ func TestStatusShowsWhenAPendingStepRuns(t *testing.T) {
 // instance itself says when it starts.
 func TestStatusShowsWhenADelayedInstanceStarts(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	res := b.run(t, "", "start", "fanout", "--detach", "--delay", "2h", "--input", `{"numbers": [1, 2]}`)
-	require.Equal(t, app.ExitOK, res.code, res.stderr)
-	id := maskUUID.FindString(res.stdout)
-	res = b.run(t, "", "status", id)
-	require.Equal(t, app.ExitOK, res.code, res.stderr)
-	golden(t, "status-delayed-instance", mask(res.stdout))
-	res = b.run(t, "", "status", id, "--json")
-	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	out := delayedStatus(t, "status-delayed-instance", "fanout", "--input", `{"numbers": [1, 2]}`)
 	var inst struct {
 		RunAfter string `json:"runAfter"`
 		Steps    []struct {
@@ -112,7 +113,7 @@ func TestStatusShowsWhenADelayedInstanceStarts(t *testing.T) {
 			RunAfter string `json:"runAfter"`
 		} `json:"steps"`
 	}
-	require.NoError(t, json.Unmarshal([]byte(res.stdout), &inst))
+	require.NoError(t, json.Unmarshal([]byte(out), &inst))
 	require.NotEmpty(t, inst.RunAfter)
 	require.Equal(t, "blocked", inst.Steps[0].Status)
 	require.Empty(t, inst.Steps[0].RunAfter)
