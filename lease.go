@@ -109,18 +109,34 @@ func (w *Worker) holdsAny(batch []finished) bool {
 	return false
 }
 
+// recoverBatch is the most expired steps one transaction of recoverExpired
+// takes back: a sweep runs batches until one comes back short, so that a
+// stopped worker's thousand steps wait for one sweep, not ten.
+const recoverBatch = 100
+
+// recoverExpired takes back the steps whose lease ended, in batches until
+// none is left or the sweep has taken as many as the most a worker may run
+// at once: a batch's steps are no longer expired, so only new expiries can
+// keep it going, and those wait for the next sweep.
 func (w *Worker) recoverExpired(ctx context.Context) {
-	rec := w.engine.newFinishRecorder()
-	n, err := w.engine.store.RecoverExpired(rec.attach(ctx), 100, rec.plan)
-	if err != nil {
-		if ctx.Err() == nil {
-			w.logger.Error("dagrun: recover expired leases", slog.Any("error", err))
+	recovered := 0
+	for recovered < MaxConcurrency {
+		rec := w.engine.newFinishRecorder()
+		n, err := w.engine.store.RecoverExpired(rec.attach(ctx), recoverBatch, rec.plan)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.logger.Error("dagrun: recover expired leases", slog.Any("error", err))
+			}
+			break
 		}
-		return
+		rec.report()
+		recovered += n
+		if n < recoverBatch {
+			break
+		}
 	}
-	rec.report()
-	if n > 0 {
-		w.logger.Info("dagrun: recovered steps whose worker stopped heartbeating", slog.Int("steps", n))
+	if recovered > 0 {
+		w.logger.Info("dagrun: recovered steps whose worker stopped heartbeating", slog.Int("steps", recovered))
 		w.engine.notifyChanged()
 	}
 }
