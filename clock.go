@@ -9,11 +9,11 @@ import (
 )
 
 // A worker compares its clock with the database's when the store keeps
-// one (storage.Clock: PostgreSQL's server). Leases are judged by the
-// database's clock, but some times are still this machine's: a retry's
-// backoff and a start's delay are computed here as absolute times, and the
-// worker weighs its own claims' leases by its clock. A skew shifts those
-// by as much, so it is worth a warning that names both clocks.
+// one (storage.Clock: PostgreSQL's server). Leases, retry backoffs and
+// delayed starts go by the database's clock, but some times are still
+// this machine's: the worker weighs its own claims' leases by its clock,
+// a snooze's time and a schedule's ticks are computed here. A skew shifts
+// those by as much, so it is worth a warning that names both clocks.
 const (
 	// clockSkewTolerance is the skew beyond which a worker warns.
 	clockSkewTolerance = time.Second
@@ -67,6 +67,6 @@ func checkClock(ctx context.Context, logger *slog.Logger, clock storage.Clock, n
 		return
 	}
 	logger.WarnContext(ctx, "dagrun: this machine's clock differs from the database's; synchronize it (NTP): "+
-		"retry backoffs and start delays are computed by this clock",
+		"this worker's leases, snoozes and schedule ticks go by this clock",
 		slog.Time("worker_time", local), slog.Time("database_time", dbTime), slog.Duration("skew", skew))
 }

@@ -98,3 +98,23 @@ func TestWorkerQuietWithAccurateClock(t *testing.T) {
 	require.Equal(t, storage.InstanceCompleted, inst.Status)
 	require.NotContains(t, logs.String(), "clock differs")
 }
+
+// TestDelayCountsFromTheDatabasesClock: a delayed start from a machine
+// whose clock is off runs when the database's clock says, the clock the
+// workers' claims go by.
+func TestDelayCountsFromTheDatabasesClock(t *testing.T) {
+	t.Parallel()
+	store := skewedClockStore{backendtest.OpenSQLite(t)}
+	w, err := dag.Parse("", []byte(chainWorkflow), nil)
+	require.NoError(t, err)
+	registry := handlers.NewRegistry()
+	handlers.RegisterBuiltins(registry)
+	engine, err := dagrun.New(store, registry, &dagrun.Config{Workflows: []*dag.Workflow{w}})
+	require.NoError(t, err)
+	res, err := engine.Start(t.Context(), "chain", []byte(`{"n": 1}`), &dagrun.StartOptions{Delay: 10 * time.Minute})
+	require.NoError(t, err)
+	inst, err := engine.Get(t.Context(), res.ID)
+	require.NoError(t, err)
+	// The database's clock runs a minute behind this machine's.
+	require.WithinDuration(t, time.Now().Add(9*time.Minute), inst.RunAfter, 10*time.Second)
+}

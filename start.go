@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -89,9 +90,29 @@ func (e *Engine) StartMany(ctx context.Context, reqs []StartRequest) ([]StartRes
 	return e.start(ctx, nil, reqs)
 }
 
+// delayClock returns the time a delayed start counts its delay from: the
+// database's clock when the store keeps one (storage.Clock), so that a
+// start from a machine whose clock is off still runs when the workers,
+// whose leases and claims go by the database's clock, expect it. Starts
+// without a delay read no clock.
+func (e *Engine) delayClock(ctx context.Context, reqs []StartRequest) (time.Time, error) {
+	clock, ok := e.store.(storage.Clock)
+	if !ok || !slices.ContainsFunc(reqs, func(r StartRequest) bool { return r.Options.Delay > 0 }) {
+		return time.Now(), nil
+	}
+	now, err := clock.Now(ctx)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("start: read the database's clock for --delay: %w", err)
+	}
+	return now, nil
+}
+
 func (e *Engine) start(ctx context.Context, tx any, reqs []StartRequest) ([]StartResult, error) {
 	params := make([]storage.CreateParams, len(reqs))
-	now := time.Now()
+	now, err := e.delayClock(ctx, reqs)
+	if err != nil {
+		return nil, err
+	}
 	for i, req := range reqs {
 		if err := req.Options.Validate(); err != nil {
 			return nil, err
@@ -132,7 +153,6 @@ func (e *Engine) start(ctx context.Context, tx any, reqs []StartRequest) ([]Star
 	}
 	rec := e.newFinishRecorder()
 	var created []storage.CreateResult
-	var err error
 	if tx == nil {
 		created, err = e.createEagerly(rec.attach(ctx), params, rec.plan)
 	} else {
