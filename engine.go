@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -234,12 +235,25 @@ type UnknownWorkflowError struct {
 	Invalid error
 }
 
-func (e *UnknownWorkflowError) Error() string {
-	// A caller's name may be anything, 10 KB included: repeat only its start.
-	name := e.Name
-	if len(name) > 64 {
-		name = name[:64] + "…"
+// quotedNameBytes is the most of a caller's name an error repeats: a name
+// may be anything, 10 KB included.
+const quotedNameBytes = 64
+
+// nameStart is name cut to quotedNameBytes at a character's start, marked
+// when cut.
+func nameStart(name string) string {
+	if len(name) <= quotedNameBytes {
+		return name
 	}
+	cut := quotedNameBytes
+	for cut > 0 && !utf8.RuneStart(name[cut]) {
+		cut--
+	}
+	return name[:cut] + "…"
+}
+
+func (e *UnknownWorkflowError) Error() string {
+	name := nameStart(e.Name)
 	if e.Invalid != nil {
 		return fmt.Sprintf("workflow %q is invalid: %s; dagrun validate lists every error", name, dag.Summary(e.Invalid))
 	}

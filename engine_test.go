@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -804,4 +806,27 @@ func TestSetWorkflowsReplacesWhatStartsAndKeepsWhatRuns(t *testing.T) {
 	def, err := b.engine.Definition(inst)
 	require.NoError(t, err)
 	require.Empty(t, def.Description, "the instance ran under the definition it started with")
+}
+
+// TestUnknownNamesAreCutBetweenCharacters: an error repeats only the start
+// of a long name, cut where a character starts, so the message stays text.
+func TestUnknownNamesAreCutBetweenCharacters(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, want string
+	}{
+		{strings.Repeat("a", 64), strings.Repeat("a", 64)},
+		{strings.Repeat("a", 65), strings.Repeat("a", 64) + "…"},
+		{strings.Repeat("a", 63) + "ééé", strings.Repeat("a", 63) + "…"},
+		{strings.Repeat("é", 40), strings.Repeat("é", 32) + "…"},
+	} {
+		for _, err := range []error{
+			&dagrun.UnknownWorkflowError{Name: tc.name, Available: []string{"chain"}},
+			&dagrun.UnknownSignalError{InstanceID: "i", Name: tc.name},
+		} {
+			msg := err.Error()
+			require.True(t, utf8.ValidString(msg), "%q", msg)
+			require.Contains(t, msg, strconv.Quote(tc.want))
+		}
+	}
 }

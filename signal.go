@@ -44,10 +44,7 @@ type UnknownSignalError struct {
 }
 
 func (e *UnknownSignalError) Error() string {
-	name := e.Name
-	if len(name) > 64 {
-		name = name[:64] + "…"
-	}
+	name := nameStart(e.Name)
 	if len(e.Signals) == 0 {
 		return fmt.Sprintf("instance %s has no wait steps, so it takes no signal %q", e.InstanceID, name)
 	}

@@ -42,11 +42,10 @@ type logWriter struct {
 
 	mu    sync.Mutex
 	dirty []*attemptLog // attempts with records or trims to write
-	wake  chan struct{}
 }
 
 func newLogWriter(store storage.Store, logger *slog.Logger, limit int) *logWriter {
-	return &logWriter{store: store, logger: logger, limit: limit, wake: make(chan struct{}, 1)}
+	return &logWriter{store: store, logger: logger, limit: limit}
 }
 
 // run writes every logFlushInterval until ctx ends, then writes what is

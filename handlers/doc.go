@@ -5,9 +5,10 @@
 // ([Permanent] and [Snooze]), the per-attempt [StepInfo] the engine puts in a
 // handler's context, and the built-in handlers (echo, noop, http, sleep).
 //
-// It imports only the standard library, so that any package (the engine, the
-// CLI, a user's own binary, an example) can depend on it without pulling in
-// storage, workflow parsing or a database driver.
+// Besides the standard library it imports only what the http handler needs
+// (x/net's header checks, OpenTelemetry's trace propagation), so that any
+// package (the engine, the CLI, a user's own binary, an example) can depend
+// on it without pulling in storage, workflow parsing or a database driver.
 //
 // # Contract
 //

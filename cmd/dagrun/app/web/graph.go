@@ -87,10 +87,10 @@ type graphStep struct {
 	DependsOn []string
 }
 
-// vertex is a node of the layered graph: a step, or a dummy that carries a
-// long edge through a layer it skips.
+// vertex is a node of the layered graph: a step (the first vertices, in
+// the steps' order), or a dummy that carries a long edge through a layer it
+// skips.
 type vertex struct {
-	step  int // index into steps, -1 for a dummy
 	layer int
 	pos   int     // index within its layer
 	y     float64 // top, during placement
@@ -144,7 +144,7 @@ func layout(steps []graphStep, sweeps int) *Graph {
 	// the budget, shortest first.
 	vs := make([]*vertex, len(steps))
 	for i := range steps {
-		vs[i] = &vertex{step: i, layer: layer[i], h: nodeHeight}
+		vs[i] = &vertex{layer: layer[i], h: nodeHeight}
 	}
 	type longEdge struct {
 		from, to int
@@ -177,7 +177,7 @@ func layout(steps []graphStep, sweeps int) *Graph {
 		prev := e.from
 		for l := layer[e.from] + 1; l < layer[e.to]; l++ {
 			d := len(vs)
-			vs = append(vs, &vertex{step: -1, layer: l, h: dummyHeight})
+			vs = append(vs, &vertex{layer: l, h: dummyHeight})
 			e.chain = append(e.chain, d)
 			link(vs, prev, d)
 			prev = d
