@@ -27,6 +27,11 @@ func WaitingMessage(signal string) string { return "waiting for signal " + signa
 // step completed by its signal.
 func DeliveredMessage(signal string) string { return "signal " + signal + " received" }
 
+// IsDeliveredMessage reports whether message is a DeliveredMessage.
+func IsDeliveredMessage(message string) bool {
+	return strings.HasPrefix(message, "signal ") && strings.HasSuffix(message, " received")
+}
+
 // WaitTimeoutError is the error of a wait step whose deadline passed.
 func WaitTimeoutError(signal string, timeout time.Duration) string {
 	return fmt.Sprintf("no signal %s within %s", signal, FormatDuration(timeout))

@@ -245,7 +245,7 @@ const historyLines = 20
 func writeHistory(w io.Writer, inst *storage.Instance) {
 	var events []storage.Event
 	for _, e := range inst.Events {
-		if e.Actor == "" {
+		if !byHand(e) {
 			events = append(events, e)
 		}
 	}

@@ -27,7 +27,7 @@ func byCLI(ctx context.Context) context.Context { return storage.WithActor(ctx, 
 func writeOperations(w io.Writer, inst *storage.Instance) {
 	first := true
 	for _, e := range inst.Events {
-		if e.Actor == "" || !byHand(e) {
+		if !byHand(e) {
 			continue
 		}
 		if first {
@@ -51,14 +51,19 @@ func writeOperations(w io.Writer, inst *storage.Instance) {
 
 // byHand reports whether e is an operation's own event: the transitions
 // it caused (a step a skip or a signal made ready, or skipped by its
-// when) carry the operation's actor too, but nobody did them by hand.
+// when) carry the operation's actor too, but nobody did them by hand. A
+// signal is by hand both as stored for later (signal.received) and as
+// delivered to its waiting step (that step's completion).
 func byHand(e storage.Event) bool {
+	if e.Actor == "" {
+		return false
+	}
 	switch e.Type {
 	case storage.EventInstanceCancelled, storage.EventInstanceRetried,
 		storage.EventInstancePaused, storage.EventInstanceResumed, storage.EventSignalReceived:
 		return true
 	case storage.EventStepCompleted:
-		return e.Message == storage.SkippedByHand
+		return e.Message == storage.SkippedByHand || storage.IsDeliveredMessage(e.Message)
 	}
 	return false
 }

@@ -73,6 +73,16 @@ func TestSignal(t *testing.T) {
 	res = b.run(t, "", "status", id, "--json")
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
 	require.Contains(t, res.stdout, `"output": {`)
+
+	// Who delivered it is listed by hand; what the engine did next is in
+	// the history.
+	res = b.run(t, "", "status", id)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	byHand, history, ok := strings.Cut(res.stdout, "\nHistory:\n")
+	require.True(t, ok, res.stdout)
+	require.Regexp(t, `\nBy hand:\n  \S+  step.completed \S+: signal approve received \(by cli\)\n`, byHand)
+	require.NotContains(t, history, "signal approve received")
+	require.Contains(t, history, "step.ready payout")
 }
 
 // TestStatusShowsWhenAPendingStepRuns shows a delayed start's first step
