@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -44,6 +45,10 @@ type Case struct {
 	// tick after Start and with the schedule's input, instead of a start
 	// with Input.
 	Scheduled bool
+	// Schedule, for a scheduled case, is the index of the schedule that
+	// starts it (scheduled: 1), or -1 for whichever ticks first
+	// (scheduled: true).
+	Schedule int
 	// RunFor, when set, stops the case that long after the start (workflow
 	// time): the expectations then see the instance as it stands then,
 	// a step still waiting or sleeping.
@@ -398,8 +403,9 @@ func (p *fileParser) testCase(n *yaml.Node, w *dag.Workflow) *Case {
 			c.Start = t
 		}
 	}
+	c.Schedule = -1
 	if v := m["scheduled"]; v != nil {
-		c.Scheduled = p.scheduled(v, m["input"], w)
+		c.Scheduled, c.Schedule = p.scheduled(v, m["input"], w)
 	}
 	if v := m["runFor"]; v != nil {
 		before := len(p.errs)
@@ -633,22 +639,40 @@ func (p *fileParser) stepExpects(n *yaml.Node) []*StepExpect {
 	return out
 }
 
-// scheduled reads scheduled: true, which needs a workflow with a schedule
-// and takes the place of input.
-func (p *fileParser) scheduled(n, input *yaml.Node, w *dag.Workflow) bool {
+// scheduled reads scheduled: true (whichever schedule ticks first) or
+// scheduled: INDEX (that schedule, 0 for the first), which needs a
+// workflow with a schedule and takes the place of input. It returns
+// whether the case is scheduled and the schedule's index, -1 for any.
+func (p *fileParser) scheduled(n, input *yaml.Node, w *dag.Workflow) (bool, int) {
 	v := resolve(n)
+	index := -1
+	switch v.Tag {
+	case "!!bool":
+		if v.Value != "true" {
+			return false, -1
+		}
+	case "!!int":
+		i, err := strconv.Atoi(v.Value)
+		if err != nil || i < 0 {
+			p.errorf(v, "scheduled must be true or the index of a schedule (0 for the first)")
+			return false, -1
+		}
+		index = i
+	default:
+		p.errorf(v, "scheduled must be true or the index of a schedule (0 for the first)")
+		return false, -1
+	}
 	switch {
-	case v.Tag != "!!bool":
-		p.errorf(v, "scheduled must be true or false")
-	case v.Value != "true":
 	case input != nil:
 		p.errorf(input, "a scheduled case takes its input from the schedule: leave input out")
 	case w != nil && len(w.Schedules) == 0:
 		p.errorf(v, "workflow %s has no schedule: to start it, give an input instead", w.Name)
+	case w != nil && index >= len(w.Schedules):
+		p.errorf(v, "workflow %s has no schedule %d: its schedules are numbered 0 to %d", w.Name, index, len(w.Schedules)-1)
 	default:
-		return true
+		return true, index
 	}
-	return false
+	return false, -1
 }
 
 // duration reads a Go duration (30s, 80h) of 0 or more.

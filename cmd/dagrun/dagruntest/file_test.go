@@ -21,11 +21,25 @@ steps:
     wait: {signal: approve}
 `
 
+// nightlyWorkflow has two schedules.
+const nightlyWorkflow = `
+name: nightly
+schedule:
+  - {cron: "0 3 * * *"}
+  - {cron: "0 12 * * 0"}
+steps:
+  - {name: report, handler: noop}
+`
+
 func parseWorkflows(t *testing.T) []*dag.Workflow {
 	t.Helper()
-	w, err := dag.Parse("", []byte(parseWorkflow), nil)
-	require.NoError(t, err)
-	return []*dag.Workflow{w}
+	var out []*dag.Workflow
+	for _, src := range []string{parseWorkflow, nightlyWorkflow} {
+		w, err := dag.Parse("", []byte(src), nil)
+		require.NoError(t, err)
+		out = append(out, w)
+	}
+	return out
 }
 
 func TestParseReadsEveryPart(t *testing.T) {
@@ -93,7 +107,7 @@ func TestParseRejectsWhatCannotRun(t *testing.T) {
 		{name: "MockOfAWaitStep", src: "workflow: pay\ncases:\n  - name: x\n    steps: {approval: {output: 1}}\n",
 			want: `t.yaml:4:13: steps: step "approval" runs no handler, so there is nothing to mock (send a wait step's signal under signals:;`},
 		{name: "MockOfAStepOfAnUnknownWorkflow", src: "workflow: pay\ncases:\n  - name: x\n    steps: {ship/label: {output: 1}}\n",
-			want: `t.yaml:4:13: steps: unknown workflow "ship" (available: pay)`},
+			want: `t.yaml:4:13: steps: unknown workflow "ship" (available: nightly, pay)`},
 		{name: "EmptyReplyList", src: "workflow: pay\ncases:\n  - name: x\n    steps: {charge: []}\n",
 			want: "t.yaml:4:21: steps.charge: a list of replies needs at least one"},
 		{name: "NegativeRunFor", src: "workflow: pay\ncases:\n  - name: x\n    runFor: -1h\n",
@@ -105,6 +119,14 @@ func TestParseRejectsWhatCannotRun(t *testing.T) {
 		{name: "BadStart", src: "workflow: pay\ncases:\n  - name: x\n    start: tomorrow\n",
 			want: "t.yaml:4:12: start must be an RFC 3339 time"},
 		{name: "CaseWithoutName", src: "workflow: pay\ncases:\n  - input: {}\n", want: "t.yaml:3:5: a case needs a name:"},
+		{name: "ScheduledByName", src: "workflow: nightly\ncases:\n  - name: x\n    scheduled: first\n",
+			want: "t.yaml:4:16: scheduled must be true or the index of a schedule (0 for the first)"},
+		{name: "ScheduledNegative", src: "workflow: nightly\ncases:\n  - name: x\n    scheduled: -1\n",
+			want: "t.yaml:4:16: scheduled must be true or the index of a schedule (0 for the first)"},
+		{name: "ScheduledPastTheLast", src: "workflow: nightly\ncases:\n  - name: x\n    scheduled: 2\n",
+			want: "t.yaml:4:16: workflow nightly has no schedule 2: its schedules are numbered 0 to 1"},
+		{name: "ScheduledWithoutASchedule", src: "workflow: pay\ncases:\n  - name: x\n    scheduled: 0\n",
+			want: "t.yaml:4:16: workflow pay has no schedule: to start it, give an input instead"},
 	}
 	t.Run("EveryError", func(t *testing.T) {
 		t.Parallel()

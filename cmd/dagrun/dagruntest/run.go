@@ -170,7 +170,7 @@ func (e *startError) Error() string { return e.err.Error() }
 func drive(ctx context.Context, engine *dagrun.Engine, clock *fakeClock, workflow string, c *Case) (inst *storage.Instance, failures []string, err error) {
 	var id string
 	if c.Scheduled {
-		id, err = startScheduled(ctx, engine, clock, workflow)
+		id, err = startScheduled(ctx, engine, clock, workflow, c.Schedule)
 	} else {
 		var started dagrun.StartResult
 		started, err = engine.Start(ctx, workflow, c.Input, nil)
@@ -248,12 +248,20 @@ func readHistory(ctx context.Context, engine *dagrun.Engine, inst *storage.Insta
 
 // startScheduled runs the engine's scheduler on the fake clock, jumping
 // it from tick to tick, until the workflow's schedules have started an
-// instance, and returns its ID. A schedule paused or without a future tick
-// starts nothing: that is an error.
-func startScheduled(ctx context.Context, engine *dagrun.Engine, clock *fakeClock, workflow string) (string, error) {
+// instance, and returns its ID. With index 0 or more only that schedule
+// runs: the others are paused in the case's own store. A schedule paused
+// or without a future tick starts nothing: that is an error.
+func startScheduled(ctx context.Context, engine *dagrun.Engine, clock *fakeClock, workflow string, index int) (string, error) {
 	scheduler, err := engine.NewScheduler(&dagrun.SchedulerConfig{Now: clock.Now, Workflows: []string{workflow}})
 	if err == nil {
 		err = scheduler.Register(ctx)
+	}
+	if w, ok := engine.Workflow(workflow); err == nil && index >= 0 && ok {
+		for other := range w.Schedules {
+			if other != index && err == nil {
+				err = engine.PauseSchedule(ctx, workflow, other, true)
+			}
+		}
 	}
 	for round := 0; err == nil && round < MaxRounds; round++ {
 		var next time.Time
