@@ -127,8 +127,9 @@ func (e *Engine) Queues(ctx context.Context) ([]QueueInfo, error) {
 }
 
 // ParseRate reads a queue rate written N/DUR: N starts per DUR, a
-// duration such as 1s, 500ms or 1m, or a bare unit (s, m, h) meaning one
-// of it. "0" or "none" clears the rate (0, 0).
+// duration such as 1s, 500ms, 1m or a whole number of days (1d, 7d), or a
+// bare unit (s, m, h, d) meaning one of it. "0" or "none" clears the rate
+// (0, 0).
 func ParseRate(s string) (n int, per time.Duration, err error) {
 	s = strings.TrimSpace(s)
 	if s == "" || s == "0" || s == "none" {
@@ -144,12 +145,18 @@ func ParseRate(s string) (n int, per time.Duration, err error) {
 	}
 	unit = strings.TrimSpace(unit)
 	switch unit {
-	case "s", "m", "h":
+	case "s", "m", "h", "d":
 		unit = "1" + unit
+	}
+	if days, ok := strings.CutSuffix(unit, "d"); ok {
+		// time.ParseDuration knows no days; a quota per day is common.
+		if d, err := strconv.Atoi(days); err == nil && d > 0 && d <= 365 {
+			unit = strconv.Itoa(24*d) + "h"
+		}
 	}
 	per, err = time.ParseDuration(unit)
 	if err != nil {
-		return 0, 0, &ArgumentError{Name: "rate", Reason: fmt.Sprintf("%q does not end with a duration: write e.g. 10/s, 10/1s or 100/1m", s)}
+		return 0, 0, &ArgumentError{Name: "rate", Reason: fmt.Sprintf("%q does not end with a duration: write e.g. 10/s, 10/1s, 100/1m or 1000/1d", s)}
 	}
 	if per <= 0 {
 		return 0, 0, &ArgumentError{Name: "rate", Reason: fmt.Sprintf("%q has a period of %s: it must be positive, e.g. 10/s or 100/1m", s, per)}

@@ -127,7 +127,7 @@ func (c *cli) queueCommand() *cobra.Command {
 		},
 	}
 	set.Flags().StringVar(&concurrency, "concurrency", "", "most steps of the queue running at once, across every worker (0 or none: no limit)")
-	set.Flags().StringVar(&rate, "rate", "", "most steps of the queue started per duration, e.g. 10/s or 100/1m (none: no limit)")
+	set.Flags().StringVar(&rate, "rate", "", "most steps of the queue started per duration, e.g. 10/s, 100/1m or 1000/1d (none: no limit)")
 	set.SetFlagErrorFunc(flagError)
 	cmd.AddCommand(set)
 	return cmd
