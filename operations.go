@@ -74,12 +74,18 @@ func (e *Engine) Skip(ctx context.Context, id, step string, output json.RawMessa
 		return err
 	}
 	output = bytes.TrimSpace(output)
-	if len(output) == 0 {
+	given := len(output) > 0
+	if !given {
 		output = json.RawMessage("null")
 	}
 	output, _, err := decodeJSON(output, "the output", e.config.MaxOutputBytes)
 	if err != nil {
 		return &ArgumentError{Name: "output", Reason: err.Error(), Err: err}
+	}
+	if given {
+		if err := e.checkSignalShape(ctx, id, step, output); err != nil {
+			return err
+		}
 	}
 	op, err := e.operator()
 	if err != nil {
@@ -91,6 +97,30 @@ func (e *Engine) Skip(ctx context.Context, id, step string, output json.RawMessa
 	}
 	rec.report()
 	e.notifyChanged()
+	return nil
+}
+
+// checkSignalShape refuses an output given to a skipped wait step that its
+// signal's schema refuses: the steps after it read the output as the
+// signal's payload, which no sender could have delivered. What the check
+// cannot read (no such instance or step) is left to the skip to answer.
+func (e *Engine) checkSignalShape(ctx context.Context, id, step string, output json.RawMessage) error {
+	inst, err := e.Get(ctx, id)
+	if err != nil {
+		return nil
+	}
+	w, err := e.Definition(inst)
+	if err != nil {
+		return nil
+	}
+	for _, s := range w.AllSteps() {
+		if s.Name == step && s.Wait != nil {
+			if err := s.Wait.ValidatePayload(output); err != nil {
+				return &ArgumentError{Name: "output", Err: err,
+					Reason: fmt.Sprintf("step %s waits for signal %s: %v", step, s.Wait.Signal, err)}
+			}
+		}
+	}
 	return nil
 }
 

@@ -427,3 +427,27 @@ func TestIdleWorkerDoesNotSpinWhenClocksDisagree(t *testing.T) {
 		})
 	}
 }
+
+// TestSkipOfAWaitStepKeepsToItsSchema: an output given to a skipped wait
+// step is what the steps after it read as the signal's payload, so the
+// signal's schema applies to it; without an output the skip goes on.
+func TestSkipOfAWaitStepKeepsToItsSchema(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b, id := startRefundWaiting(t, open)
+		b.awaitStatus(t, id, "approve", storage.StepWaiting)
+
+		err := b.engine.Skip(t.Context(), id, "approve", json.RawMessage(`{"approved": "yes"}`))
+		var argErr *dagrun.ArgumentError
+		require.ErrorAs(t, err, &argErr)
+		require.ErrorIs(t, err, dag.ErrInvalidPayload)
+		require.Equal(t, `invalid output: step approve waits for signal approve: payload does not match the wait step's schema: at /approved: got string, want boolean`, err.Error())
+		inst, err := b.engine.Get(t.Context(), id)
+		require.NoError(t, err)
+		require.Equal(t, storage.StepWaiting, step(t, inst, "approve").Status, "a refused skip changes nothing")
+
+		require.NoError(t, b.engine.Skip(t.Context(), id, "approve", json.RawMessage(`{"approved": true}`)))
+		inst, err = b.engine.Get(t.Context(), id)
+		require.NoError(t, err)
+		require.Equal(t, storage.StepCompleted, step(t, inst, "approve").Status)
+	})
+}
