@@ -21,6 +21,9 @@ func TestStatusTextOfAFailingInstance(t *testing.T) {
 	inst.Steps[1].Status = storage.StepCompleted
 	inst.Steps[2].Status = storage.StepRunning
 	require.Equal(t, "running (failed; running its onFailure steps)", statusText(inst))
+	inst.Steps[2].Status = storage.StepPending
+	inst.Paused = true
+	require.Equal(t, "running (failed; its onFailure steps run once resumed) (paused)", statusText(inst))
 }
 
 // Read after its failure, an instance may have nothing left to run: its

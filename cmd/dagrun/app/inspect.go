@@ -688,7 +688,10 @@ func failingText(inst *storage.Instance) string {
 			onFailure = true
 		}
 	}
-	if onFailure {
+	switch {
+	case onFailure && inst.Paused:
+		return "failed; its onFailure steps run once resumed"
+	case onFailure:
 		return "failed; running its onFailure steps"
 	}
 	return "failed"
