@@ -890,3 +890,20 @@ func TestStartWithCurlDefaults(t *testing.T) {
 		"Content-Type", "application/x-www-form-urlencoded")
 	require.Equal(t, http.StatusCreated, r.status, string(r.body))
 }
+
+// TestInputAtTheLimitFitsTheBody: at the default limits an input the
+// engine takes is taken through the API too (the body wraps it), and one
+// over the engine's limit is a 400 naming that limit, as on the CLI.
+func TestInputAtTheLimitFitsTheBody(t *testing.T) {
+	t.Parallel()
+	b := setup(t, openSQLite, nil)
+	padded := func(size int) string {
+		name := `{"name": "`
+		return name + strings.Repeat("a", size-len(name)-2) + `"}`
+	}
+	res := b.do(t, http.MethodPost, "/api/workflows/greet/instances", `{"input": `+padded(dagrun.DefaultMaxInputBytes)+`, "key": "big"}`)
+	require.Equal(t, http.StatusCreated, res.status, string(res.body))
+	res = b.do(t, http.MethodPost, "/api/workflows/greet/instances", `{"input": `+padded(dagrun.DefaultMaxInputBytes+1)+`}`)
+	require.Equal(t, http.StatusBadRequest, res.status, string(res.body))
+	require.Contains(t, string(res.body), "1048576")
+}

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dagrun/dagrun/cmd/dagrun/app/web"
+	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/storage"
 )
 
@@ -163,7 +164,9 @@ func bearerSent(_ context.Context, in *openapi3filter.AuthenticationInput) error
 // against it.
 func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	t.Parallel()
-	b := setup(t, openSQLite, &setupOpts{token: "s3cret", worker: true, workflows: []string{approvalYAML, nightlyYAML, fanoutYAML, guardedYAML, callerYAML}})
+	broken := dag.ErrorList{{File: "workflows/broken.yaml", Line: 2, Col: 10, Msg: "timeout 10 has no unit"}}
+	b := setup(t, openSQLite, &setupOpts{token: "s3cret", worker: true, workflows: []string{approvalYAML, nightlyYAML, fanoutYAML, guardedYAML, callerYAML},
+		invalid: map[string]error{"broken": broken}})
 	c := newContract(t, b)
 
 	c.call(t, "GET /healthz", "/healthz", "", http.StatusOK)
@@ -279,6 +282,16 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	c.call(t, "POST /api/schedules/{workflow}/{index}/resume", "/api/schedules/nightly/1/resume", "", http.StatusOK)
 	c.call(t, "POST /api/schedules/{workflow}/{index}/pause", "/api/schedules/nightly/7/pause", "", http.StatusNotFound)
 	c.call(t, "POST /api/schedules/{workflow}/{index}/resume", "/api/schedules/nightly/x/resume", "", http.StatusBadRequest)
+
+	// A workflow whose file has errors is named as such wherever a route
+	// takes a workflow's name.
+	c.call(t, "GET /api/workflows/{name}", "/api/workflows/broken", "", http.StatusUnprocessableEntity)
+	c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/broken/instances", "", http.StatusUnprocessableEntity)
+	c.call(t, "POST /api/workflows/{name}/signals/{signal}", "/api/workflows/broken/signals/approve", `{"key": "k"}`, http.StatusUnprocessableEntity)
+	c.call(t, "POST /api/instances/cancel", "/api/instances/cancel", `{"workflow": "broken"}`, http.StatusUnprocessableEntity)
+	c.call(t, "POST /api/instances/retry", "/api/instances/retry", `{"workflow": "broken"}`, http.StatusUnprocessableEntity)
+	c.call(t, "POST /api/schedules/{workflow}/{index}/pause", "/api/schedules/broken/0/pause", "", http.StatusUnprocessableEntity)
+	c.call(t, "POST /api/schedules/{workflow}/{index}/resume", "/api/schedules/broken/0/resume", "", http.StatusUnprocessableEntity)
 
 	// Without the token every route but /healthz is a 401.
 	token := b.token

@@ -18,8 +18,11 @@ import (
 	"github.com/dagrun/dagrun/storage"
 )
 
-// DefaultMaxBodyBytes bounds a request body when Config.MaxBodyBytes is zero.
-const DefaultMaxBodyBytes = 1 << 20
+// DefaultMaxBodyBytes bounds a request body when Config.MaxBodyBytes is
+// zero: an input or a signal's payload at the engine's default limit, and
+// room for the request's other fields, so that the engine's own check of
+// the value (a 400 naming its limit) answers a value too large, not this.
+const DefaultMaxBodyBytes = max(dagrun.DefaultMaxInputBytes, dagrun.DefaultMaxOutputBytes) + 64<<10
 
 // healthTimeout bounds the store check of /healthz, so a hung database
 // makes the probe fail instead of hang.
@@ -44,7 +47,7 @@ type Config struct {
 	// with only the store gauges and the Go and process collectors.
 	Metrics *Metrics
 	// MaxBodyBytes caps a request body; larger bodies get 413. Default:
-	// DefaultMaxBodyBytes (1 MiB).
+	// DefaultMaxBodyBytes (1 MiB and 64 KiB).
 	MaxBodyBytes int64
 }
 
