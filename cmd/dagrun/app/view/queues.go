@@ -2,6 +2,7 @@ package view
 
 import (
 	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/storage"
 )
 
 // Queue is one queue of `dagrun queues --json` and of GET /api/queues.
@@ -50,7 +51,7 @@ func NewQueues(list []dagrun.QueueInfo) []Queue {
 			Concurrency:       q.Concurrency,
 		}
 		if q.Rate > 0 {
-			out[i].Rate = &Rate{Count: q.Rate, Per: q.Per.String()}
+			out[i].Rate = &Rate{Count: q.Rate, Per: storage.FormatDuration(q.Per)}
 		}
 	}
 	return out

@@ -1,6 +1,9 @@
 package view
 
-import "github.com/dagrun/dagrun"
+import (
+	"github.com/dagrun/dagrun"
+	"github.com/dagrun/dagrun/storage"
+)
 
 // Schedule is one schedule of `dagrun schedules --json` and of GET
 // /api/schedules. Field names and shapes are part of the public contract.
@@ -12,7 +15,8 @@ type Schedule struct {
 	Cron     string `json:"cron"`
 	Timezone string `json:"timezone"`
 	Overlap  string `json:"overlap"`
-	// Catchup is a Go duration; "0s" when absent.
+	// Catchup is a Go duration written as in workflow files (1h, not
+	// 1h0m0s); "0s" when absent.
 	Catchup string `json:"catchup"`
 	Paused  bool   `json:"paused"`
 	// Next are the next fire times, RFC 3339 in UTC.
@@ -41,7 +45,7 @@ func NewSchedules(list []dagrun.ScheduleInfo) []Schedule {
 			Cron:     s.Cron,
 			Timezone: s.Timezone,
 			Overlap:  string(s.Overlap),
-			Catchup:  s.Catchup.String(),
+			Catchup:  storage.FormatDuration(s.Catchup),
 			Paused:   s.Paused,
 			Next:     make([]string, len(s.Next)),
 			Fired:    s.Fired,

@@ -142,8 +142,8 @@ func newStepDef(st *dag.Step) stepDef {
 		Queue:     st.Queue,
 		Retry: retryJSON{
 			MaxAttempts: st.Retry.MaxAttempts,
-			Backoff:     st.Retry.Backoff.String(),
-			MaxBackoff:  st.Retry.MaxBackoff.String(),
+			Backoff:     storage.FormatDuration(st.Retry.Backoff),
+			MaxBackoff:  storage.FormatDuration(st.Retry.MaxBackoff),
 		},
 		ContinueOnError: st.ContinueOnError,
 		ForEach:         st.ForEach != nil,
@@ -151,7 +151,7 @@ func newStepDef(st *dag.Step) stepDef {
 		Workflow:        st.Workflow,
 	}
 	if st.Timeout > 0 {
-		t := st.Timeout.String()
+		t := storage.FormatDuration(st.Timeout)
 		d.Timeout = &t
 	}
 	if st.When != nil {
@@ -161,7 +161,7 @@ func newStepDef(st *dag.Step) stepDef {
 	if st.Wait != nil {
 		d.Wait = &waitDef{Signal: st.Wait.Signal, Schema: view.RawOrNull(st.Wait.Schema)}
 		if st.Wait.Timeout > 0 {
-			t := st.Wait.Timeout.String()
+			t := storage.FormatDuration(st.Wait.Timeout)
 			d.Wait.Timeout = &t
 		}
 	}

@@ -213,6 +213,6 @@ func TestWorkflowDetailShowsWait(t *testing.T) {
 	require.Equal(t, "approval", detail.Steps[1].Name)
 	require.Empty(t, detail.Steps[1].Handler)
 	require.NotNil(t, detail.Steps[1].Wait)
-	require.JSONEq(t, `{"signal": "approve", "timeout": "1h0m0s", "schema": {"type": "object", "required": ["approved"],
+	require.JSONEq(t, `{"signal": "approve", "timeout": "1h", "schema": {"type": "object", "required": ["approved"],
 		"additionalProperties": false, "properties": {"approved": {"type": "boolean"}}}}`, string(*detail.Steps[1].Wait))
 }
