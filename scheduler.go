@@ -244,8 +244,16 @@ func (s *Scheduler) fireSchedule(ctx context.Context, w *dag.Workflow, sch *dag.
 	}
 	from := later(st.LastTick, oldest.Add(-time.Nanosecond))
 	tick := sch.Next(from)
+	caughtUp := false
 	for fired := 0; !tick.IsZero() && !tick.After(now) && fired < maxFiresPerPass; fired++ {
-		res, err := s.fire(ctx, w, sch, tick)
+		// Catchup starts every missed tick of the downtime: the first one
+		// minds overlap: skip as any tick does (an instance from before
+		// the downtime may still run), the later ones do not find the
+		// instances this catch-up started and skip. Ticks that come while
+		// a scheduler runs, late ones included, mind it always.
+		missed := tick.Before(s.started)
+		skipIfRunning := sch.Overlap == dag.OverlapSkip && !(missed && caughtUp)
+		res, err := s.fire(ctx, w, sch, tick, skipIfRunning)
 		if err != nil {
 			return tick, err
 		}
@@ -254,13 +262,15 @@ func (s *Scheduler) fireSchedule(ctx context.Context, w *dag.Workflow, sch *dag.
 			// paused or edited meanwhile: read the state again next pass.
 			return sch.Next(tick), nil
 		}
+		caughtUp = caughtUp || missed && res.Outcome == storage.FireStarted
 		tick = sch.Next(tick)
 	}
 	return tick, nil
 }
 
-// fire starts one tick's instance.
-func (s *Scheduler) fire(ctx context.Context, w *dag.Workflow, sch *dag.Schedule, tick time.Time) (storage.FireResult, error) {
+// fire starts one tick's instance, or with skipIfRunning none while the
+// schedule's last instance is unfinished.
+func (s *Scheduler) fire(ctx context.Context, w *dag.Workflow, sch *dag.Schedule, tick time.Time, skipIfRunning bool) (storage.FireResult, error) {
 	input, err := s.engine.decodeInput(w, sch.Input)
 	if err != nil {
 		return storage.FireResult{}, err
@@ -272,7 +282,7 @@ func (s *Scheduler) fire(ctx context.Context, w *dag.Workflow, sch *dag.Schedule
 	p := storage.FireParams{
 		Schedule:      scheduleSpec(w, sch),
 		Tick:          tick,
-		SkipIfRunning: sch.Overlap == dag.OverlapSkip,
+		SkipIfRunning: skipIfRunning,
 		Instance: storage.CreateParams{
 			ID:             id.String(),
 			Workflow:       w.Name,

@@ -267,6 +267,35 @@ func TestSchedulerCatchup(t *testing.T) {
 	})
 }
 
+// TestSchedulerCatchupUnderOverlapSkip: catchup starts every missed tick
+// under the default overlap: skip too, not only the oldest (the others
+// would find it unfinished); the first tick after the catch-up, which
+// comes while they run, is skipped.
+func TestSchedulerCatchupUnderOverlapSkip(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		store := open(t)
+		start := time.Date(2027, 5, 1, 12, 0, 0, 0, time.UTC)
+		clock := newFakeClock(start)
+		src := scheduledWorkflow("nightly", `{cron: "*/10 * * * *", catchup: 1h}`)
+		newScheduler(t, store, clock, nil, src)
+
+		// Every process was down from 12:00 to 12:55.
+		clock.Set(start.Add(55 * time.Minute))
+		obs := &tickObserver{}
+		engine, s := newScheduler(t, store, clock, obs, src)
+		runUntil(t, s, clock, start.Add(61*time.Minute))
+
+		w, _ := engine.Workflow("nightly")
+		var want []time.Time
+		for _, m := range []int{10, 20, 30, 40, 50} {
+			want = append(want, start.Add(time.Duration(m)*time.Minute))
+		}
+		require.Equal(t, want, ticks(t, store, w.Schedules[0]))
+		require.Equal(t, 1, obs.skipped, "13:00 came while the caught-up instances ran")
+	})
+}
+
 // TestSchedulerLateTickIsNotMissed: a running scheduler that wakes late
 // (a slow database, a busy machine) still starts the tick, without
 // catchup.
