@@ -202,12 +202,32 @@ func (c *cli) readInput(spec string) (json.RawMessage, error) {
 	return c.readJSONFlag("--input", spec)
 }
 
+// jsonFlagReadBytes bounds what a JSON flag reads from a file or the
+// standard input: above the engine's limits, which then refuse a value too
+// large in their own words, and far below what /dev/zero or a huge file
+// would take of the machine's memory.
+const jsonFlagReadBytes = 4 * max(dagrun.DefaultMaxInputBytes, dagrun.DefaultMaxOutputBytes)
+
+// errTooLarge is readCapped's error for a value past jsonFlagReadBytes.
+var errTooLarge = fmt.Errorf("it holds more than %d bytes, and a JSON value may have at most %d: store large data elsewhere and pass a reference",
+	jsonFlagReadBytes, max(dagrun.DefaultMaxInputBytes, dagrun.DefaultMaxOutputBytes))
+
+// readCapped reads r to its end, or fails with errTooLarge once it has
+// more than jsonFlagReadBytes.
+func readCapped(r io.Reader) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, jsonFlagReadBytes+1))
+	if err == nil && len(data) > jsonFlagReadBytes {
+		err = errTooLarge
+	}
+	return data, err
+}
+
 // readJSONFlag reads a JSON flag's value: inline JSON, @FILE, or - for
 // standard input.
 func (c *cli) readJSONFlag(flag, spec string) (json.RawMessage, error) {
 	switch {
 	case spec == "-":
-		data, err := io.ReadAll(io.LimitReader(c.io.Stdin, dagrun.DefaultMaxInputBytes*4))
+		data, err := readCapped(c.io.Stdin)
 		if err != nil {
 			return nil, fmt.Errorf("read %s from standard input: %v", flag, err)
 		}
@@ -216,7 +236,7 @@ func (c *cli) readJSONFlag(flag, spec string) (json.RawMessage, error) {
 		}
 		return data, nil
 	case strings.HasPrefix(spec, "@"):
-		data, err := os.ReadFile(spec[1:])
+		data, err := readFileCapped(spec[1:])
 		if err != nil {
 			var pathErr *os.PathError
 			if errors.As(err, &pathErr) {
@@ -231,6 +251,16 @@ func (c *cli) readJSONFlag(flag, spec string) (json.RawMessage, error) {
 	default:
 		return json.RawMessage(spec), nil
 	}
+}
+
+// readFileCapped reads a JSON flag's @FILE through readCapped.
+func readFileCapped(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return readCapped(f)
 }
 
 // withJSONHint adds to err, when it is a JSON syntax error in the value of
