@@ -206,6 +206,9 @@ func decodeJSON(raw json.RawMessage, what string, limit int) (json.RawMessage, a
 		// it, but PostgreSQL's json type refuses it.
 		return nil, nil, fmt.Errorf("%s is not valid JSON: it is not valid UTF-8", what)
 	}
+	if storage.LoneSurrogate(raw) {
+		return nil, nil, fmt.Errorf("%s is not valid JSON: it escapes half of a UTF-16 surrogate pair (\\uD800-\\uDFFF), which is no character", what)
+	}
 	if depth := inputDepth(raw, MaxInputDepth); depth > MaxInputDepth {
 		return nil, nil, fmt.Errorf("%s nests arrays and objects more than %d levels deep; flatten it", what, MaxInputDepth)
 	}

@@ -3,7 +3,9 @@ package storage
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -43,4 +45,41 @@ func CheckText(s string, maxBytes int) error {
 		return errors.New("contains a NUL byte")
 	}
 	return nil
+}
+
+// LoneSurrogate reports whether JSON text escapes a UTF-16 surrogate
+// (\uD800-\uDFFF) that is not half of a pair, which no Unicode text holds:
+// encoding/json reads U+FFFD in its place, so the value stored would not
+// be the one given, and PostgreSQL refuses it.
+func LoneSurrogate(data []byte) bool {
+	hex4 := func(i int) (rune, bool) {
+		if i+6 > len(data) || data[i] != '\\' || data[i+1] != 'u' {
+			return 0, false
+		}
+		v, err := strconv.ParseUint(string(data[i+2:i+6]), 16, 16)
+		return rune(v), err == nil
+	}
+	for i := 0; i < len(data); i++ {
+		if data[i] != '\\' {
+			continue
+		}
+		r, ok := hex4(i)
+		if !ok {
+			i++ // another escape: skip the escaped byte
+			continue
+		}
+		switch {
+		case utf16.IsSurrogate(r) && r < 0xDC00:
+			low, ok := hex4(i + 6)
+			if !ok || low < 0xDC00 || low > 0xDFFF {
+				return true
+			}
+			i += 11
+		case utf16.IsSurrogate(r):
+			return true // a low half with no high one before it
+		default:
+			i += 5
+		}
+	}
+	return false
 }

@@ -14,7 +14,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"unicode/utf16"
 	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/propagation"
@@ -402,7 +401,7 @@ func decodeBody(r *http.Request, v any) error {
 	if !utf8.Valid(data) {
 		return &requestError{status: http.StatusBadRequest, msg: "invalid request body: it is not valid UTF-8"}
 	}
-	if loneSurrogate(data) {
+	if storage.LoneSurrogate(data) {
 		return &requestError{status: http.StatusBadRequest, msg: "invalid request body: it escapes half of a UTF-16 surrogate pair (\\uD800-\\uDFFF), which is no character"}
 	}
 	if err := checkFieldNames(data, v); err != nil {
@@ -428,41 +427,6 @@ func (s *Server) noFields(w http.ResponseWriter, r *http.Request) bool {
 		return false
 	}
 	return true
-}
-
-// loneSurrogate reports whether JSON text escapes a UTF-16 surrogate
-// (\uD800-\uDFFF) that is not half of a pair, which no Unicode text holds.
-func loneSurrogate(data []byte) bool {
-	hex4 := func(i int) (rune, bool) {
-		if i+6 > len(data) || data[i] != '\\' || data[i+1] != 'u' {
-			return 0, false
-		}
-		v, err := strconv.ParseUint(string(data[i+2:i+6]), 16, 16)
-		return rune(v), err == nil
-	}
-	for i := 0; i < len(data); i++ {
-		if data[i] != '\\' {
-			continue
-		}
-		r, ok := hex4(i)
-		if !ok {
-			i++ // another escape: skip the escaped byte
-			continue
-		}
-		switch {
-		case utf16.IsSurrogate(r) && r < 0xDC00:
-			low, ok := hex4(i + 6)
-			if !ok || low < 0xDC00 || low > 0xDFFF {
-				return true
-			}
-			i += 11
-		case utf16.IsSurrogate(r):
-			return true // a low half with no high one before it
-		default:
-			i += 5
-		}
-	}
-	return false
 }
 
 // jsonContentType reports whether a body of this type is read as JSON:
