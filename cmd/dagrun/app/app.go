@@ -90,7 +90,7 @@ func Run(ctx context.Context, args []string, streams *IO, registry *handlers.Reg
 	// The logger, a worker's goroutines and the progress lines write to
 	// stderr at once: one write at a time, whatever writer the caller gave
 	// (a file is safe so, a bytes.Buffer is not).
-	c.io.Stdout, c.io.Stderr = &syncWriter{w: c.io.Stdout}, &syncWriter{w: c.io.Stderr}
+	c.io.Stdout, c.io.Stderr = &syncWriter{w: controlEscaper{c.io.Stdout}}, &syncWriter{w: controlEscaper{c.io.Stderr}}
 	root := c.rootCommand()
 	root.SetArgs(args)
 	root.SetIn(c.io.Stdin)

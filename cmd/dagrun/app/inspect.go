@@ -173,7 +173,7 @@ func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 		fmt.Fprintf(tw, "Finished:\t%s (took %s)\n", view.Time(*inst.FinishedAt), roundDuration(inst.FinishedAt.Sub(inst.CreatedAt)))
 	}
 	if inst.Key != "" {
-		fmt.Fprintf(tw, "Key:\t%s\n", inst.Key)
+		fmt.Fprintf(tw, "Key:\t%s\n", oneLineText(inst.Key))
 	}
 	if inst.Error != "" {
 		fmt.Fprintf(tw, "Error:\t%s\n", oneLineString(inst.Error))

@@ -150,3 +150,17 @@ func TestStartFollowsAWaitUntilItsSignal(t *testing.T) {
 	require.Contains(t, res.stderr, "approve      waiting for signal approve\n")
 	require.Contains(t, res.stderr, "approve      completed: signal approve received\n")
 }
+
+// TestStatusPrintsNoTerminalControls: a key a client chose reaches the
+// terminal neither as an escape sequence nor as a line of its own.
+func TestStatusPrintsNoTerminalControls(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.run(t, "", "start", "refund", "--detach", "--key", "A-1\x1b[31m\nStatus:    completed")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	id := maskUUID.FindString(res.stdout)
+	res = b.run(t, "", "status", id)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.NotContains(t, res.stdout, "\x1b")
+	require.Contains(t, res.stdout, `Key:       "A-1\x1b[31m\nStatus:    completed"`)
+}
