@@ -27,4 +27,3 @@ func TestLoneSurrogate(t *testing.T) {
 		}
 	}
 }
-
