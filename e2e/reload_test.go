@@ -105,3 +105,46 @@ func TestWorkerSchedulesAWorkflowAddedWhileItRuns(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond, "no tick of the added schedule completed:\n%s", p.stderr.String())
 	require.Contains(t, p.stderr.String(), "added=ticking")
 }
+
+// TestServeFollowsAFolderReplacedUnderIt: a deploy that switches the
+// workflows symlink to another release's folder, and a folder deleted and
+// made again, are followed as an edit is: a watch alone stays on the
+// folder it was added on.
+func TestServeFollowsAFolderReplacedUnderIt(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	release := func(name, description string) {
+		t.Helper()
+		path := filepath.Join(dir, name)
+		require.NoError(t, os.MkdirAll(path, 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(path, "fresh.yaml"), []byte(freshYAML(description, "1")), 0o644))
+	}
+	release("release-1", "one")
+	link := filepath.Join(dir, "workflows")
+	require.NoError(t, os.Symlink("release-1", link))
+	e := &env{dir: dir, db: filepath.Join(dir, "dagrun.db"), workflows: link}
+	server, base := serveProcess(t, e)
+	served := func(status int, description string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			resp, body := apiCall(t, http.MethodGet, base+"/api/workflows/fresh", "")
+			var detail map[string]any
+			return resp.StatusCode == status && (status != http.StatusOK || json.Unmarshal([]byte(body), &detail) == nil && detail["description"] == description)
+		}, 30*time.Second, 20*time.Millisecond, "GET /api/workflows/fresh never answered %d %q:\n%s", status, description, server.stderr.String())
+	}
+	served(http.StatusOK, "one")
+
+	release("release-2", "two")
+	next := filepath.Join(dir, "workflows.next")
+	require.NoError(t, os.Symlink("release-2", next))
+	require.NoError(t, os.Rename(next, link))
+	served(http.StatusOK, "two")
+
+	require.NoError(t, os.RemoveAll(filepath.Join(dir, "release-2")))
+	served(http.StatusNotFound, "")
+	require.Eventually(t, func() bool {
+		return strings.Contains(server.stderr.String(), "the workflows folder cannot be read")
+	}, 30*time.Second, 20*time.Millisecond, "no warning of the folder gone:\n%s", server.stderr.String())
+	release("release-2", "three")
+	served(http.StatusOK, "three")
+}

@@ -115,8 +115,13 @@ func diffWorkflows(before, next map[string]string) (added, changed, removed []st
 // folderChanges reports on events that dir's entries may have changed
 // since they were as loaded describes them (folderFingerprint): at once
 // if they changed before it watches, then from inotify (or the platform's
-// equivalent) where dir can be watched, else from listing it every
-// reloadPoll. A folder that does not exist yet is polled until it does.
+// equivalent) where dir can be watched, and from listing it every
+// reloadPoll in any case. The listing catches what a watch cannot see: a
+// watch follows the folder it was added on, so a folder deleted and made
+// again, or a symlink switched to another release's folder (a common
+// deploy), would go unseen for good; when the listing sees a change, the
+// watch is added again on what dir names now. A folder that does not
+// exist yet is listed until it does.
 func folderChanges(ctx context.Context, dir, loaded string, logger *slog.Logger) (events <-chan struct{}, stop func()) {
 	out := make(chan struct{}, 1)
 	signal := func() {
@@ -126,53 +131,57 @@ func folderChanges(ctx context.Context, dir, loaded string, logger *slog.Logger)
 		}
 	}
 	watcher, err := fsnotify.NewWatcher()
-	if err == nil {
-		if err = watcher.Add(dir); err != nil {
-			_ = watcher.Close()
-		}
+	if err != nil {
+		logger.Info("workflows folder polled for changes: it cannot be watched", "folder", dir, "every", reloadPoll, slog.Any("error", err))
+		watcher = nil
+	} else if err := watcher.Add(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		logger.Info("workflows folder polled for changes: it cannot be watched", "folder", dir, "every", reloadPoll, slog.Any("error", err))
+	}
+	// What changed between the load and the watch has no event.
+	last := folderFingerprint(dir)
+	if last != loaded {
+		signal()
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			logger.Info("workflows folder polled for changes: it cannot be watched", "folder", dir, "every", reloadPoll, slog.Any("error", err))
-		}
-		go func() {
-			defer close(done)
-			last := loaded
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(reloadPoll):
-				}
-				if now := folderFingerprint(dir); now != last {
-					last = now
-					signal()
-				}
-			}
-		}()
-		return out, func() { cancel(); <-done }
-	}
-	// What changed between the load and the watch has no event.
-	if folderFingerprint(dir) != loaded {
-		signal()
-	}
 	go func() {
 		defer close(done)
-		defer watcher.Close()
+		var watched <-chan fsnotify.Event
+		var failed <-chan error
+		if watcher != nil {
+			defer watcher.Close()
+			watched, failed = watcher.Events, watcher.Errors
+		}
+		poll := time.NewTicker(reloadPoll)
+		defer poll.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case _, ok := <-watcher.Events:
+			case <-poll.C:
+				now := folderFingerprint(dir)
+				if now == last {
+					continue
+				}
+				if unreadable(now) && !unreadable(last) {
+					logger.Warn("the workflows folder cannot be read: no workflow is started until it can", "folder", dir, "error", strings.TrimPrefix(now, unreadablePrefix))
+				}
+				last = now
+				signal()
+				if watcher != nil {
+					_ = watcher.Remove(dir)
+					_ = watcher.Add(dir) // the folder dir names now, if any
+				}
+			case _, ok := <-watched:
 				if !ok {
-					return
+					watched = nil
+					continue
 				}
 				signal()
-			case err, ok := <-watcher.Errors:
+			case err, ok := <-failed:
 				if !ok {
-					return
+					failed = nil
+					continue
 				}
 				// An overflow lost events: read the folder to be sure.
 				logger.Warn("watching the workflows folder", "folder", dir, slog.Any("error", err))
@@ -183,12 +192,17 @@ func folderChanges(ctx context.Context, dir, loaded string, logger *slog.Logger)
 	return out, func() { cancel(); <-done }
 }
 
+// unreadablePrefix starts the fingerprint of a folder that cannot be read.
+const unreadablePrefix = "unreadable: "
+
+func unreadable(fingerprint string) bool { return strings.HasPrefix(fingerprint, unreadablePrefix) }
+
 // folderFingerprint describes dir's entries by name, size and modification
 // time, or says it cannot be read.
 func folderFingerprint(dir string) string {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return "unreadable: " + err.Error()
+		return unreadablePrefix + err.Error()
 	}
 	var sb strings.Builder
 	for _, e := range entries {
