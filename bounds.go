@@ -69,12 +69,22 @@ func (o *StartOptions) Validate() error {
 		return &ArgumentError{Name: "priority", Reason: fmt.Sprintf("%d is out of range: use a whole number from %d to %d (higher runs first)", o.Priority, MinPriority, MaxPriority)}
 	}
 	if o.Delay < 0 || o.Delay > MaxDelay {
-		return &ArgumentError{Name: "delay", Reason: fmt.Sprintf("%s is out of range: use a duration from 0s to %s", dag.FormatDuration(o.Delay), dag.FormatDuration(MaxDelay))}
+		return &ArgumentError{Name: "delay", Reason: fmt.Sprintf("%s is out of range: use a duration from 0s to %s", inDays(o.Delay), inDays(MaxDelay))}
 	}
 	if err := storage.CheckText(o.Key, MaxKeyBytes); err != nil {
 		return &ArgumentError{Name: "idempotency key", Reason: "it " + err.Error()}
 	}
 	return nil
+}
+
+// inDays writes d in whole days when it is some (366d rather than 8784h),
+// as a delay may be given, and as a Go duration otherwise.
+func inDays(d time.Duration) string {
+	const day = 24 * time.Hour
+	if d >= day && d%day == 0 {
+		return fmt.Sprintf("%dd", d/day)
+	}
+	return dag.FormatDuration(d)
 }
 
 // Validate checks the config against the documented bounds; zero fields

@@ -276,6 +276,9 @@ func (p *parser) schedule(item *yaml.Node, label string, w *Workflow) (s *Schedu
 	}
 	if raw.Catchup != nil && isZeroDuration(raw.Catchup) {
 		s.Catchup = 0 // written out, the default: only ticks from now on
+	} else if raw.Catchup != nil && raw.Catchup.Kind == yaml.ScalarNode && strings.HasPrefix(strings.TrimSpace(raw.Catchup.Value), "-") {
+		p.c.at(raw.Catchup, "%s: catchup must be 0 (only ticks from now on) or more, got %q", label, raw.Catchup.Value)
+		ok = false
 	} else if raw.Catchup != nil {
 		if d, dok := p.duration(raw.Catchup, label, "catchup"); dok {
 			s.Catchup = d

@@ -172,7 +172,7 @@ func TestScheduleCatchupZeroIsTheDefault(t *testing.T) {
 		require.Zero(t, w.Schedules[0].Catchup, v)
 	}
 	_, err := Parse("", fmt.Appendf(nil, src, "-1s"), nil)
-	require.ErrorContains(t, err, "catchup must be greater than 0")
+	require.ErrorContains(t, err, `catchup must be 0 (only ticks from now on) or more, got "-1s"`)
 	_, err = Parse("", fmt.Appendf(nil, src, "5"), nil)
 	require.ErrorContains(t, err, "catchup 5 has no unit")
 }
