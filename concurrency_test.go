@@ -155,7 +155,7 @@ func TestParseRate(t *testing.T) {
 	for in, want := range map[string][2]any{
 		"10/s": {10, time.Second}, "10/1s": {10, time.Second}, "100/1m": {100, time.Minute}, "5/h": {5, time.Hour},
 		"3/500ms": {3, 500 * time.Millisecond}, "none": {0, time.Duration(0)}, "0": {0, time.Duration(0)}, "0/s": {0, time.Duration(0)},
-		"5/1d": {5, 24 * time.Hour}, "1000/d": {1000, 24 * time.Hour}, "1/7d": {1, 7 * 24 * time.Hour},
+		"5/1d": {5, 24 * time.Hour}, "1000/d": {1000, 24 * time.Hour}, "2/1d": {2, 24 * time.Hour},
 	} {
 		n, per, err := dagrun.ParseRate(in)
 		require.NoError(t, err, in)

@@ -109,13 +109,16 @@ func (e *Engine) ChangeQueueLimit(ctx context.Context, c QueueLimitChange) (Queu
 	// The values given are checked here, where the caller learns which
 	// was wrong; the store checks what they make with the stored ones.
 	given := c.Apply(QueueLimit{})
-	if err := given.Check(); err != nil {
-		return QueueLimit{}, &ArgumentError{Name: "queue limit", Reason: err.Error()}
-	}
 	if given.Concurrency != 0 || given.Rate != 0 {
+		// A name no step could use, before the store's longer bound of
+		// any name (which clearing takes), so that the error gives the
+		// bound that holds.
 		if err := dag.CheckName("queue", c.Queue); err != nil {
 			return QueueLimit{}, &ArgumentError{Name: "queue limit", Reason: err.Error()}
 		}
+	}
+	if err := given.Check(); err != nil {
+		return QueueLimit{}, &ArgumentError{Name: "queue limit", Reason: err.Error()}
 	}
 	return e.store.SetQueueLimit(ctx, c)
 }
@@ -127,7 +130,8 @@ func (e *Engine) Queues(ctx context.Context) ([]QueueInfo, error) {
 }
 
 // ParseRate reads a queue rate written N/DUR: N starts per DUR, a
-// duration such as 1s, 500ms, 1m or a whole number of days (1d, 7d), or a
+// duration such as 1s, 500ms, 1m or a day (1d; a queue's period is at
+// most a day, which QueueLimit.Check says), or a
 // bare unit (s, m, h, d) meaning one of it. "0" or "none" clears the rate
 // (0, 0).
 func ParseRate(s string) (n int, per time.Duration, err error) {

@@ -53,7 +53,7 @@ func (l QueueLimit) Check() error {
 	case l.Rate < 0 || l.Rate > MaxQueueLimit:
 		return fmt.Errorf("rate %d is out of range: use 0 (no limit) to %d", l.Rate, MaxQueueLimit)
 	case l.Rate > 0 && (l.Per < time.Millisecond || l.Per > 24*time.Hour):
-		return fmt.Errorf("rate period %s is out of range: use 1ms to 24h", l.Per)
+		return fmt.Errorf("rate period %s is out of range: use 1ms to 24h (1d)", FormatDuration(l.Per))
 	case l.Rate > 0 && l.Per/time.Duration(l.Rate) < time.Microsecond:
 		return fmt.Errorf("rate %d/%s is more than one step per microsecond: lower it or clear it", l.Rate, l.Per)
 	}
