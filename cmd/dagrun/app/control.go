@@ -69,7 +69,7 @@ func (c *cli) pruneCommand() *cobra.Command {
 			}
 			d, err := parseAge(olderThan)
 			if err != nil {
-				return usageError(fmt.Errorf("invalid --older-than %q: use a duration such as 30d, 2w or 12h", olderThan))
+				return usageError(view.AgeError("--older-than", olderThan, err))
 			}
 			ctx := cmd.Context()
 			engine, err := c.engine(ctx)

@@ -119,7 +119,7 @@ func (f *selectionFlags) selection(verb string) (dagrun.Selection, error) {
 	if f.olderThan != "" {
 		d, err := parseAge(f.olderThan)
 		if err != nil {
-			return sel, usageError(fmt.Errorf("invalid --older-than %q: use a duration such as 30d, 2w or 12h", f.olderThan))
+			return sel, usageError(view.AgeError("--older-than", f.olderThan, err))
 		}
 		sel.OlderThan = d
 	}

@@ -213,7 +213,7 @@ func (s *Server) bulk(done string, one func(*dagrun.Engine, context.Context, str
 		if req.OlderThan != "" {
 			d, err := view.ParseAge(req.OlderThan)
 			if err != nil {
-				writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid olderThan %q: use a duration such as 30d, 2w or 12h", req.OlderThan))
+				writeError(w, http.StatusBadRequest, view.AgeError("olderThan", req.OlderThan, err).Error())
 				return
 			}
 			sel.OlderThan = d
