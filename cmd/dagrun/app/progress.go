@@ -19,6 +19,7 @@ type progress struct {
 	first   bool
 	started map[string]attemptStart // step -> its latest attempt
 	now     func() time.Time        // says which wake times are today
+	zone    *time.Location          // the zone wake times are written in
 }
 
 // attemptStart is when an attempt began. A snoozed attempt starts again
@@ -52,7 +53,7 @@ const (
 )
 
 func newProgress(w io.Writer, skip skipMode) *progress {
-	return &progress{w: w, skip: skip, first: true, started: map[string]attemptStart{}, now: time.Now}
+	return &progress{w: w, skip: skip, first: true, started: map[string]attemptStart{}, now: time.Now, zone: time.Local}
 }
 
 // observe prints the lines of events, the news since its last call
@@ -119,7 +120,7 @@ func (p *progress) line(inst *storage.Instance, ev storage.Event) string {
 		return fmt.Sprintf("%s retrying after attempt %d failed: %s", name, ev.Attempt, msg)
 	case storage.EventStepSnoozed:
 		if t, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(ev.Message, "until ")); err == nil {
-			return name + " waiting until " + wakeTime(t.Local(), p.now())
+			return name + " waiting until " + wakeTime(t.In(p.zone), p.now().In(p.zone))
 		}
 		return name + " waiting " + msg
 	case storage.EventStepFailed:
@@ -159,12 +160,13 @@ func (p *progress) line(inst *storage.Instance, ev storage.Event) string {
 }
 
 // wakeTime is a snoozed step's wake time as a progress line gives it: the
-// time of day, and the date too unless it is today.
+// time of day, and the date too unless it is today, with its zone, which
+// status and the history (in UTC) do not share.
 func wakeTime(t, now time.Time) string {
 	if y, m, d := t.Date(); y == now.Year() && m == now.Month() && d == now.Day() {
-		return t.Format(time.TimeOnly)
+		return t.Format(time.TimeOnly + " MST")
 	}
-	return t.Format(time.DateTime)
+	return t.Format(time.DateTime + " MST")
 }
 
 func roundDuration(d time.Duration) string {

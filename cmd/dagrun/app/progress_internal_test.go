@@ -16,11 +16,13 @@ import (
 // from its own start.
 func TestProgressOfASnoozedStep(t *testing.T) {
 	t.Parallel()
-	began := time.Date(2026, 12, 7, 10, 0, 0, 0, time.Local)
+	berlin := time.FixedZone("CET", 3600)
+	began := time.Date(2026, 12, 7, 10, 0, 0, 0, berlin)
 	wake := began.Add(36 * time.Hour)
 	var out bytes.Buffer
 	p := newProgress(&out, skipNone)
 	p.now = func() time.Time { return began }
+	p.zone = berlin
 	p.observe(&storage.Instance{ID: "i-1"}, []storage.Event{
 		{Type: storage.EventStepStarted, Step: "nap", Attempt: 1, At: began},
 		{Type: storage.EventStepSnoozed, Step: "nap", Attempt: 1, At: began, Message: "until " + wake.UTC().Format(time.RFC3339Nano)},
@@ -32,7 +34,7 @@ func TestProgressOfASnoozedStep(t *testing.T) {
 		{Type: storage.EventStepCompleted, Step: "call", Attempt: 2, At: began.Add(2*time.Second + 5*time.Millisecond)},
 	})
 	require.Equal(t, `nap          running (attempt 1)
-nap          waiting until 2026-12-08 22:00:00
+nap          waiting until 2026-12-08 22:00:00 CET
 nap          running (attempt 1)
 nap          completed in 36h0m0.003s
 call         running (attempt 1)
