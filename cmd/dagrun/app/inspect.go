@@ -361,10 +361,13 @@ func writeWakes(w io.Writer, inst *storage.Instance, now time.Time) {
 	}
 }
 
-// stepDuration is how long a step ran, or has been running or waiting
-// for its signal ("…").
+// stepDuration is how long a step ran, or has been running, waiting for
+// its signal or asleep ("…").
 func stepDuration(s storage.Step, now time.Time) string {
-	return runDuration(s.StartedAt, s.FinishedAt, s.Status == storage.StepRunning || s.Status == storage.StepWaiting, now)
+	// A pending step that started is asleep (sleep) or waits for its
+	// retry: its time goes on.
+	going := s.Status == storage.StepRunning || s.Status == storage.StepWaiting || s.Status == storage.StepPending
+	return runDuration(s.StartedAt, s.FinishedAt, going, now)
 }
 
 // runDuration is how long a step or item ran, or has been running ("…").

@@ -75,10 +75,32 @@ func TestWakeTime(t *testing.T) {
 		wake time.Time
 		want string
 	}{
-		{now.Add(time.Hour), "16:49:11"},
-		{now.Add(12 * time.Hour), "2026-12-08 03:49:11"},
-		{time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC), "2100-01-01 00:00:00"},
+		{now.Add(time.Hour), "16:49:11 UTC"},
+		{now.Add(12 * time.Hour), "2026-12-08 03:49:11 UTC"},
+		{time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC), "2100-01-01 00:00:00 UTC"},
 	} {
 		require.Equal(t, tt.want, wakeTime(tt.wake, now))
+	}
+}
+
+// TestStepDurationGoesOnWhileAsleep: a sleeping step (pending again, its
+// start kept) shows its time so far, as a running or waiting one does; a
+// step that never started shows none.
+func TestStepDurationGoesOnWhileAsleep(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 7, 15, 0, 0, 0, time.UTC)
+	began := now.Add(-90 * time.Second)
+	done := now.Add(-time.Second)
+	for _, tt := range []struct {
+		step storage.Step
+		want string
+	}{
+		{storage.Step{Status: storage.StepPending, StartedAt: &began}, "1m30s…"},
+		{storage.Step{Status: storage.StepRunning, StartedAt: &began}, "1m30s…"},
+		{storage.Step{Status: storage.StepCompleted, StartedAt: &began, FinishedAt: &done}, "1m29s"},
+		{storage.Step{Status: storage.StepPending}, "-"},
+		{storage.Step{Status: storage.StepCancelled, StartedAt: &began}, "-"},
+	} {
+		require.Equal(t, tt.want, stepDuration(tt.step, now), "%s", tt.step.Status)
 	}
 }
