@@ -907,3 +907,17 @@ func TestInputAtTheLimitFitsTheBody(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, res.status, string(res.body))
 	require.Contains(t, string(res.body), "1048576")
 }
+
+// TestUnreadableQueryIsRefused: a query string with pairs Go cannot read
+// (a ";" separator, a bad escape) is a 400, not a list that silently
+// ignores the filter.
+func TestUnreadableQueryIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, openSQLite, nil)
+	for _, query := range []string{"workflow=greet&status=completed;", "workflow=gr%zzeet"} {
+		res := b.do(t, http.MethodGet, "/api/instances?"+query, "")
+		require.Equal(t, http.StatusBadRequest, res.status, "%s: %s", query, res.body)
+		require.Contains(t, string(res.body), "invalid query string")
+	}
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/api/instances?workflow=greet&status=completed", "").status)
+}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -199,6 +200,13 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
 	_, pattern := s.mux.Handler(r)
 	if pattern == "" {
 		h = http.HandlerFunc(s.noRoute)
+	}
+	if _, err := url.ParseQuery(r.URL.RawQuery); err != nil && pattern != "" {
+		// r.URL.Query drops the pairs it cannot read (a ";" separator,
+		// a bad escape) and a filter would silently not apply.
+		h = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			writeError(w, http.StatusBadRequest, "invalid query string: "+err.Error()+": separate parameters with & and escape the rest")
+		})
 	}
 	if !slices.Contains(openRoutes, pattern) {
 		h = s.requireToken(h)
