@@ -184,8 +184,9 @@ func (c *Config) validate() error {
 	if c.ListenerRetryMin <= 0 || c.ListenerRetryMin > c.ListenerRetryMax {
 		return fmt.Errorf("postgres: ListenerRetryMin %v exceeds ListenerRetryMax %v", c.ListenerRetryMin, c.ListenerRetryMax)
 	}
-	if c.Schema == "" || strings.ContainsRune(c.Schema, 0) || !utf8.ValidString(c.Schema) || len(c.Schema) > 63 || strings.HasPrefix(c.Schema, "pg_") {
-		return fmt.Errorf("postgres: %w %q: use 1 to 63 bytes of UTF-8, not starting with pg_", ErrInvalidSchema, c.Schema)
+	if c.Schema == "" || strings.ContainsRune(c.Schema, 0) || !utf8.ValidString(c.Schema) || len(c.Schema) > 63 || strings.HasPrefix(c.Schema, "pg_") ||
+		c.Schema == "information_schema" {
+		return fmt.Errorf("postgres: %w %q: use 1 to 63 bytes of UTF-8, not starting with pg_ nor information_schema (the server's own)", ErrInvalidSchema, c.Schema)
 	}
 	return nil
 }

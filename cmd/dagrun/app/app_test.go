@@ -392,6 +392,7 @@ func TestErrorLines(t *testing.T) {
 		{args: []string{"--db", "postgres://u@127.0.0.1:5432/x?pool_max_conns=abc", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "postgres://u@127.0.0.1:5432/x?pgbouncer=maybe", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "postgres://u@127.0.0.1:5432/x", "--db-schema", "pg_x", "list"}, code: app.ExitUsage},
+		{args: []string{"--db", "postgres://u@127.0.0.1:5432/x", "--db-schema", "information_schema", "list"}, code: app.ExitUsage},
 		{args: []string{"--workflows", "app_test.go", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "", "list"}, code: app.ExitUsage},
 		{args: []string{"--db-schema", "tenant", "list"}, code: app.ExitUsage},
