@@ -140,3 +140,26 @@ output: ${{ steps.each.output }}
 		}
 	})
 }
+
+// TestAnInstanceDoneWithoutAClaimHasStarted: an instance whose every step
+// is skipped, or an empty forEach, completes without a worker claiming
+// anything; it started when it finished, not never.
+func TestAnInstanceDoneWithoutAClaimHasStarted(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b := setup(t, open, nil, `
+name: nothing
+steps:
+  - {name: a, handler: noop, when: "${{ false }}"}
+  - {name: b, handler: echo, forEach: []}
+`)
+		res, err := b.engine.Start(t.Context(), "nothing", nil, nil)
+		require.NoError(t, err)
+		b.runWorker(t, nil)
+		inst := b.wait(t, res.ID)
+		require.Equal(t, storage.InstanceCompleted, inst.Status)
+		require.NotNil(t, inst.StartedAt, "a completed instance has started")
+		require.NotNil(t, inst.FinishedAt)
+		require.False(t, inst.StartedAt.After(*inst.FinishedAt))
+	})
+}

@@ -86,7 +86,7 @@ ins AS (
 		concurrency_key, concurrency_limit, held, parked, traceparent, trace_caller, parent_id, parent_step, parent_item, depth, deferred)
 	SELECT r.id, r.workflow, r.hash, k.status, r.input, r.output, r.error, r.key, r.priority,
 		greatest({now}, r.run_after), {now},
-		CASE WHEN k.status = 'running' THEN {now} END,
+		CASE WHEN k.status IN ('running', 'completed', 'failed') THEN {now} END,
 		CASE WHEN k.status IN ('completed', 'failed', 'cancelled') THEN {now} END,
 		r.timeout_us, r.failing, r.failed_step,
 		-- A workflow timeout counts from the start, unless the instance

@@ -316,6 +316,7 @@ WITH x AS (
 ),
 i AS (
 	UPDATE {s}instances i SET status = x.status, output = x.output, error = x.error, finished_at = {now},
+		started_at = CASE WHEN x.status = 'cancelled' THEN i.started_at ELSE coalesce(i.started_at, {now}) END,
 		failed_step = coalesce(nullif(x.failed_step, ''), i.failed_step)
 	FROM x
 	WHERE i.id = x.id AND i.status IN ('pending', 'running')

@@ -288,11 +288,18 @@ func (t *txn) insertInstances(instances []*storage.NewInstance) error {
 		return fmt.Errorf("insert steps: %w", err)
 	}
 	for _, n := range instances {
-		if n.Status == storage.InstanceRunning {
+		switch n.Status {
+		case storage.InstanceRunning:
 			// A workflow timeout counts from here, unless the instance
 			// failed at once and only runs its onFailure steps.
 			if _, err := t.exec(`UPDATE instances SET started_at = ?1,
 				deadline = CASE WHEN timeout_us > 0 AND NOT failing THEN ?1 + timeout_us END WHERE id = ?2`, us(t.now), n.Params.ID); err != nil {
+				return err
+			}
+		case storage.InstanceCompleted, storage.InstanceFailed:
+			// Done without a step claimed (every step skipped, an empty
+			// forEach): it started as it finished.
+			if _, err := t.exec(`UPDATE instances SET started_at = ?1 WHERE id = ?2`, us(t.now), n.Params.ID); err != nil {
 				return err
 			}
 		}

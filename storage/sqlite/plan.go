@@ -349,7 +349,10 @@ func (t *txn) flushPlans(b *planBatch) error {
 		if err != nil {
 			return err
 		}
-		if _, err := t.exec(`UPDATE instances SET status = r.value->>1, output = r.value->>2, error = '', finished_at = ?1
+		// An instance done without a step claimed (every step skipped, or
+		// an empty forEach) started as it finished.
+		if _, err := t.exec(`UPDATE instances SET status = r.value->>1, output = r.value->>2, error = '', finished_at = ?1,
+			started_at = CASE WHEN r.value->>1 = 'cancelled' THEN started_at ELSE coalesce(started_at, ?1) END
 			FROM json_each(?2) AS r WHERE instances.id = r.value->>0`, now, string(rows)); err != nil {
 			return err
 		}
@@ -396,6 +399,7 @@ func (t *txn) finishInstance(id string, ic storage.InstanceChange, cancelSteps b
 		parentItem int
 	)
 	if err := t.queryRow(`UPDATE instances SET status = ?1, output = ?2, error = ?3, finished_at = ?4,
+			started_at = CASE WHEN ?1 = 'cancelled' THEN started_at ELSE coalesce(started_at, ?4) END,
 			failed_step = coalesce(nullif(?6, ''), failed_step)
 		WHERE id = ?5 RETURNING parent_id, parent_step, parent_item`,
 		status, jsonArg(output), msg, now, id, ic.FailedStep).Scan(&parentID, &parentStep, &parentItem); err != nil {
