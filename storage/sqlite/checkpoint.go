@@ -55,6 +55,13 @@ func openCheckpointer(path string, busy time.Duration, fileOK func() error) (*ch
 		return nil, err
 	}
 	conn.SetMaxOpenConns(1)
+	// Opened now, on the file the store opened: a connection opened later
+	// would open whatever file the path names then, and a file replaced
+	// under the store would get the lost one's log replayed into it.
+	if err := conn.Ping(); err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
 	c := &checkpointer{conn: conn, fileOK: fileOK, kicked: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go c.run()
 	return c, nil

@@ -73,9 +73,9 @@ func TestCheckpointerLeavesATruncatedFileTruncated(t *testing.T) {
 	_, err := s.CreateInstances(t.Context(), nil, []storage.CreateParams{p}, storagetest.Plan)
 	require.NoError(t, err)
 
-	require.NoError(t, os.Truncate(path, 0))
 	s.checkpoints, err = openCheckpointer(path, s.busy, s.checkFile)
 	require.NoError(t, err)
+	require.NoError(t, os.Truncate(path, 0))
 	s.checkpoints.kick()
 	select {
 	case <-s.checkpoints.done:

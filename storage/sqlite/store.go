@@ -378,6 +378,13 @@ func (s *Store) Close() error {
 	s.stopWatchLocked()
 	s.mu.Unlock()
 	s.watchers.Wait()
+	if s.isLost() {
+		keepWALOnClose(s.r)
+		keepWALOnClose(s.w)
+		if s.checkpoints != nil {
+			keepWALOnClose(s.checkpoints.conn)
+		}
+	}
 	var checkpoints error
 	if s.checkpoints != nil {
 		checkpoints = s.checkpoints.close()
@@ -387,6 +394,38 @@ func (s *Store) Close() error {
 	return err
 }
 
+// isLost reports whether the store found its file deleted or replaced.
+func (s *Store) isLost() bool {
+	lost := s.lost.Load()
+	return lost != nil && errors.Is(*lost, storage.ErrDatabaseLost)
+}
+
+// keepWALOnClose tells each of pool's connections to leave the -wal file
+// where it is when it closes. The last connection to close deletes the
+// -wal its path names, and once the database file was replaced that may
+// be another process's WAL for the new file: removeLostSidecars removes
+// only this store's own.
+func keepWALOnClose(pool *sql.DB) {
+	ctx := context.Background()
+	var held []*sql.Conn
+	for range pool.Stats().OpenConnections {
+		conn, err := pool.Conn(ctx)
+		if err != nil {
+			break
+		}
+		held = append(held, conn)
+		_ = conn.Raw(func(driverConn any) error {
+			if c, ok := driverConn.(*sqlite3.SQLiteConn); ok {
+				return c.SetFileControlInt("main", sqlite3.SQLITE_FCNTL_PERSIST_WAL, 1)
+			}
+			return nil
+		})
+	}
+	for _, conn := range held {
+		_ = conn.Close()
+	}
+}
+
 // removeLostSidecars removes, once the database file was deleted or
 // replaced under the store, the -wal and -shm files its path still names
 // if they are the ones the store opened with the lost file: left there,
@@ -394,8 +433,7 @@ func (s *Store) Close() error {
 // lost database's WAL into it, and corrupt it. A -wal or -shm that
 // another process made for the new file is another file, and stays.
 func (s *Store) removeLostSidecars() {
-	lost := s.lost.Load()
-	if lost == nil || !errors.Is(*lost, storage.ErrDatabaseLost) || s.file == nil {
+	if !s.isLost() || s.file == nil {
 		return
 	}
 	if fi, err := os.Stat(s.path); err == nil && os.SameFile(fi, s.file) {
