@@ -462,16 +462,6 @@ func (p *planFunctions) close() {
 	p.abort()
 }
 
-// wait returns once the first look is done and every statement queued so
-// far is wrapped or left alone; tests use it.
-func (p *planFunctions) wait() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for p.working > 0 && p.ctx.Err() == nil {
-		p.idle.Wait()
-	}
-}
-
 // setAside puts r aside while another session makes its function, and
 // queues it again after a pause that doubles with each look, so that run
 // goes on with the other statements meanwhile: processes that start
