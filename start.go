@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -215,6 +217,11 @@ func decodeJSON(raw json.RawMessage, what string, limit int) (json.RawMessage, a
 	var value any
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if err := dec.Decode(&value); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) && strings.HasPrefix(typeErr.Value, "number ") {
+			// Valid JSON, but no float64 holds it (1e400).
+			return nil, nil, fmt.Errorf("%s holds the %s, beyond the range of a 64-bit floating-point number: pass it as a string", what, typeErr.Value)
+		}
 		return nil, nil, fmt.Errorf("%s is not valid JSON: %w", what, err)
 	}
 	if dec.More() {

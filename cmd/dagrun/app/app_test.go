@@ -346,6 +346,7 @@ func TestErrorLines(t *testing.T) {
 		{args: []string{"start", "checkout", "--input", "@testdata/empty.json"}, code: app.ExitUsage},
 		{args: []string{"start", "checkout", "--input", "@/dev/zero"}, code: app.ExitUsage},
 		{args: []string{"start", "checkout", "--input", `{"orderId": "\ud800"}`}, code: app.ExitUsage},
+		{args: []string{"start", "checkout", "--input", `{"orderId": "A-7", "total": 1e400}`}, code: app.ExitUsage},
 		{args: []string{"start", "checkout", "--input", "-"}, stdin: strings.Repeat(" ", 5<<20), code: app.ExitUsage},
 		{args: []string{"start", "chekout"}, code: app.ExitUsage},
 		{args: []string{"start", "checkout", "--delay", "tomorrow"}, code: app.ExitUsage},
