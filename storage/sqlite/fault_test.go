@@ -1,6 +1,7 @@
 package sqlite_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"os"
@@ -43,6 +44,15 @@ func TestFileFaults(t *testing.T) {
 		{"Truncated", func(t *testing.T, path string) {
 			require.NoError(t, os.Truncate(path, 0))
 		}, "was truncated, overwritten or corrupted"},
+		{"PagesOverwritten", func(t *testing.T, path string) {
+			// Damage the open did not read may be older than the
+			// process: the error does not blame it.
+			f, err := os.OpenFile(path, os.O_WRONLY, 0)
+			require.NoError(t, err)
+			_, err = f.WriteAt(bytes.Repeat([]byte{0xA5}, 64<<10), 4096)
+			require.NoError(t, err)
+			require.NoError(t, f.Close())
+		}, "is corrupt, or was overwritten while this process had it open"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

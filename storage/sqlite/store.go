@@ -785,7 +785,10 @@ func (t *connTx) rollback() {
 func (s *Store) fail(op string, err error) error {
 	var se sqlite3.Error
 	if s.file != nil && errors.As(err, &se) && (se.Code == sqlite3.ErrCorrupt || se.Code == sqlite3.ErrNotADB) {
-		return s.markLost(s.damaged())
+		// Damage in pages the open did not read may be older than this
+		// process: the message does not say when it came.
+		return s.markLost(fmt.Errorf("%w: SQLite database %q is corrupt, or was overwritten while this process had it open: "+
+			"stop every dagrun process using it, then restore the file from a backup", storage.ErrDatabaseLost, s.name))
 	}
 	err = interpretError(s.name, err)
 	if errors.Is(err, storage.ErrUnavailable) {
