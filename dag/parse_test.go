@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -418,4 +419,18 @@ func TestMessagesClipLongText(t *testing.T) {
 			require.Equal(t, tt.want, parseErrors(t, "", tt.src))
 		})
 	}
+}
+
+// TestLoadDirSkipsAPipe: a named pipe named like a workflow file is an
+// error of its own, read without blocking, beside the workflows that load.
+func TestLoadDirSkipsAPipe(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "alpha.yaml"), []byte("name: alpha\nsteps:\n  - name: a\n    handler: echo\n"), 0o644))
+	if err := syscall.Mkfifo(filepath.Join(dir, "pipe.yaml"), 0o644); err != nil {
+		t.Skipf("no named pipes here: %v", err)
+	}
+	wfs, err := LoadDir(dir, nil)
+	require.Len(t, wfs, 1)
+	require.ErrorContains(t, err, filepath.Join(dir, "pipe.yaml")+":1:1: cannot read the file: it is a named pipe, not a plain file")
 }
