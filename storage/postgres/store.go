@@ -290,6 +290,10 @@ func urlProblem(err error) string {
 	return msg
 }
 
+// defaultConnectTimeout bounds a connection attempt when the URL sets no
+// connect_timeout. A variable for a test's sake.
+var defaultConnectTimeout = 30 * time.Second
+
 // Open builds a pool from a postgres:// URL (or key=value DSN), sized by
 // cfg.MaxConns, checks the database can be reached, and migrates the schema.
 // An unreachable server, unknown database or failed authentication returns
@@ -302,6 +306,12 @@ func Open(ctx context.Context, url string, cfg *Config) (*Store, error) {
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w: %v", ErrInvalidURL, urlProblem(err))
+	}
+	if !HasParam(url, "connect_timeout") {
+		// Without one a server that takes the connection and never
+		// answers holds every command for the kernel's TCP timeouts
+		// (two minutes here); connect_timeout in the URL still wins.
+		pcfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
 	}
 	// pgconn keeps settings it does not know as runtime parameters to send
 	// to the server, which would refuse dagrun's own.
