@@ -369,11 +369,11 @@ func (c *cli) findWorkflow(ctx context.Context, name string) (*dag.Workflow, err
 	}
 	if len(names) == 0 {
 		if _, err := os.Stat(c.workflowsDir); errors.Is(err, os.ErrNotExist) {
-			return nil, usageError(fmt.Errorf("unknown workflow %q: the workflows folder %s does not exist (name another with --workflows or DAGRUN_WORKFLOWS)", name, c.workflowsDir))
+			return nil, usageError(fmt.Errorf("unknown workflow %s: the workflows folder %s does not exist (name another with --workflows or DAGRUN_WORKFLOWS)", view.QuoteShort(name), c.workflowsDir))
 		}
-		return nil, usageError(fmt.Errorf("unknown workflow %q: no valid workflows in %s (check them with: dagrun validate)", name, c.workflowsDir))
+		return nil, usageError(fmt.Errorf("unknown workflow %s: no valid workflows in %s (check them with: dagrun validate)", view.QuoteShort(name), c.workflowsDir))
 	}
-	return nil, usageError(fmt.Errorf("unknown workflow %q (available: %s)", name, strings.Join(names, ", ")))
+	return nil, usageError(fmt.Errorf("unknown workflow %s (available: %s)", view.QuoteShort(name), strings.Join(names, ", ")))
 }
 
 // callsWorkflows reports whether a workflow has workflow steps.

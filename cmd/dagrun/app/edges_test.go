@@ -57,6 +57,7 @@ func TestBadValuesAtTheEdge(t *testing.T) {
 		{"graph", "../outside"}, // testdata/outside.yaml
 		{"graph", "../../../../../../../../etc/passwd"},
 		{"start", "../outside"},
+		{"start", longKey},
 	}
 	var report strings.Builder
 	for _, args := range cases {
