@@ -98,18 +98,6 @@ func ParseFilePartial(path string, opts *ParseOptions) (*Workflow, error) {
 // readWorkflowFile reads a file, or MaxFileBytes+1 of it: enough for Parse
 // to refuse it without holding a huge file in memory.
 func readWorkflowFile(path string) ([]byte, error) {
-	// A FIFO would block the open until something writes to it, and a
-	// device read to its end may never end.
-	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() && !fi.IsDir() {
-		kind := "a device"
-		switch {
-		case fi.Mode()&os.ModeNamedPipe != 0:
-			kind = "a named pipe"
-		case fi.Mode()&os.ModeSocket != 0:
-			kind = "a socket"
-		}
-		return nil, fmt.Errorf("it is %s, not a plain file", kind)
-	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
