@@ -387,10 +387,24 @@ func storableText(s string) string { return cutText(s, maxErrorBytes) }
 // limit bytes of it.
 func cutText(s string, limit int) string {
 	if len(s) > limit {
-		s = s[:limit] + fmt.Sprintf("… (%d bytes cut)", len(s)-limit)
+		kept := textStart(s, limit)
+		s = kept + fmt.Sprintf("… (%d bytes cut)", len(s)-len(kept))
 	}
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	return strings.ReplaceAll(s, "\x00", "\uFFFD")
+}
+
+// textStart is s cut to at most limit bytes where a character starts, so
+// that no character is split.
+func textStart(s string, limit int) string {
+	if len(s) <= limit {
+		return s
+	}
+	cut := limit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
 }
 
 // checkOutput makes sure a handler's output can be stored: valid JSON and

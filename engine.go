@@ -13,7 +13,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -245,11 +244,7 @@ func nameStart(name string) string {
 	if len(name) <= quotedNameBytes {
 		return name
 	}
-	cut := quotedNameBytes
-	for cut > 0 && !utf8.RuneStart(name[cut]) {
-		cut--
-	}
-	return name[:cut] + "…"
+	return textStart(name, quotedNameBytes) + "…"
 }
 
 func (e *UnknownWorkflowError) Error() string {

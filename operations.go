@@ -113,13 +113,13 @@ func (e *Engine) checkSignalShape(ctx context.Context, id, step string, output j
 	if err != nil {
 		return nil
 	}
-	for _, s := range w.AllSteps() {
-		if s.Name == step && s.Wait != nil {
-			if err := s.Wait.ValidatePayload(output); err != nil {
-				return &ArgumentError{Name: "output", Err: err,
-					Reason: fmt.Sprintf("step %s waits for signal %s: %v", step, s.Wait.Signal, err)}
-			}
-		}
+	s := w.Step(step)
+	if s == nil || s.Wait == nil {
+		return nil
+	}
+	if err := s.Wait.ValidatePayload(output); err != nil {
+		return &ArgumentError{Name: "output", Err: err,
+			Reason: fmt.Sprintf("step %s waits for signal %s: %v", step, s.Wait.Signal, err)}
 	}
 	return nil
 }

@@ -68,3 +68,21 @@ func TestLazyAttemptLog(t *testing.T) {
 		require.Len(t, lw.dirty, 1, "one log queued for the writer")
 	})
 }
+
+// TestCutTextKeepsWholeCharacters: a long text is cut where a character
+// starts, so its kept start shows as written, with no replacement
+// character where the cut fell.
+func TestCutTextKeepsWholeCharacters(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in   string
+		want string
+	}{
+		{"abcd", "abcd"},
+		{"abcdef", "abcd… (2 bytes cut)"},
+		{"abcé", "abc… (2 bytes cut)"}, // a cut at 4 falls inside the é
+		{"a\x00b", "a\uFFFDb"},
+	} {
+		require.Equal(t, tc.want, cutText(tc.in, 4), "%q", tc.in)
+	}
+}
