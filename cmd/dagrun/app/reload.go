@@ -154,6 +154,10 @@ func folderChanges(ctx context.Context, dir, loaded string, logger *slog.Logger)
 		}
 		poll := time.NewTicker(reloadPoll)
 		defer poll.Stop()
+		// heard is whether the watch reported a change since the last
+		// listing: that change was signalled already, and the listing
+		// only takes it in rather than reloading it a second time.
+		heard := false
 		for {
 			select {
 			case <-ctx.Done():
@@ -161,13 +165,17 @@ func folderChanges(ctx context.Context, dir, loaded string, logger *slog.Logger)
 			case <-poll.C:
 				now := folderFingerprint(dir)
 				if now == last {
+					heard = false
 					continue
 				}
 				if unreadable(now) && !unreadable(last) {
 					logger.Warn("the workflows folder cannot be read: no workflow is started until it can", "folder", dir, "error", strings.TrimPrefix(now, unreadablePrefix))
 				}
 				last = now
-				signal()
+				if !heard {
+					signal()
+				}
+				heard = false
 				if watcher != nil {
 					_ = watcher.Remove(dir)
 					_ = watcher.Add(dir) // the folder dir names now, if any
@@ -177,6 +185,7 @@ func folderChanges(ctx context.Context, dir, loaded string, logger *slog.Logger)
 					watched = nil
 					continue
 				}
+				heard = true
 				signal()
 			case err, ok := <-failed:
 				if !ok {
