@@ -50,8 +50,8 @@ func (c *cli) startCommand() *cobra.Command {
 					return usageError(fmt.Errorf("invalid --delay %q: use a duration such as 30s, 5m or 2d", delayStr))
 				}
 				if opts.Delay < 0 || opts.Delay > dagrun.MaxDelay {
-					// In the user's words: the engine's check would print
-					// 366d as 8784h.
+					// Naming the flag and the value as the user wrote
+					// them (53w, where the engine would say 371d).
 					return usageError(fmt.Errorf("invalid --delay %q: out of range: use a duration from 0s to %dd", delayStr, dagrun.MaxDelay/(24*time.Hour)))
 				}
 			}
