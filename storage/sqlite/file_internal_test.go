@@ -68,6 +68,14 @@ func openCheckpointed(t *testing.T) (*Store, string) {
 	return s, path
 }
 
+// createOne creates instance id, of one step, in s.
+func createOne(t *testing.T, s *Store, id string) {
+	t.Helper()
+	_, err := s.CreateInstances(t.Context(), nil, []storage.CreateParams{{ID: id, Workflow: "wf", DefinitionHash: "h1",
+		Definition: []byte("name: wf\n"), Steps: []storage.StepSpec{{Name: "a", Handler: "h", Queue: "default"}}}}, storagetest.Plan)
+	require.NoError(t, err)
+}
+
 // TestReplacedFileLeavesNoWALBehind: a store whose file was replaced (a
 // backup restored over it) removes, as it closes, the -wal and -shm it
 // opened with the lost file, which the next process would otherwise
@@ -80,17 +88,13 @@ func TestReplacedFileLeavesNoWALBehind(t *testing.T) {
 		backup := filepath.Join(dir, "backup.db")
 		b, err := Open(t.Context(), backup, nil)
 		require.NoError(t, err)
-		_, err = b.CreateInstances(t.Context(), nil, []storage.CreateParams{{ID: "i-backup", Workflow: "wf", DefinitionHash: "h1",
-			Definition: []byte("name: wf\n"), Steps: []storage.StepSpec{{Name: "a", Handler: "h", Queue: "default"}}}}, storagetest.Plan)
-		require.NoError(t, err)
+		createOne(t, b, "i-backup")
 		require.NoError(t, b.Close())
 
 		path := filepath.Join(dir, "dagrun.db")
 		s, err := Open(t.Context(), path, nil)
 		require.NoError(t, err)
-		_, err = s.CreateInstances(t.Context(), nil, []storage.CreateParams{{ID: "i-lost", Workflow: "wf", DefinitionHash: "h1",
-			Definition: []byte("name: wf\n"), Steps: []storage.StepSpec{{Name: "a", Handler: "h", Queue: "default"}}}}, storagetest.Plan)
-		require.NoError(t, err)
+		createOne(t, s, "i-lost")
 		require.FileExists(t, path+"-wal", "the lost database's WAL holds its last writes")
 
 		data, err := os.ReadFile(backup)
