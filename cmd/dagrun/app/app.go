@@ -60,13 +60,44 @@ const (
 // Unless GOGC is set, it sets the collector's target to defaultGCPercent.
 func Main(registry *handlers.Registry) int {
 	tuneGC(os.Getenv)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := interruptible()
 	defer stop()
+	return Run(ctx, os.Args[1:], &IO{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}, registry)
+}
+
+// interruptible gives a context that the first SIGINT or SIGTERM cancels;
+// the second ends the process. Once the first has come, each signal gets
+// back the handling it had when the process started, so the default one
+// kills the process as a shell expects. But a process that started with
+// the signal ignored (a background job of a non-interactive shell starts
+// with SIGINT ignored) would then ignore the second one and run on until
+// its steps end: such a signal is still caught, and a second one exits
+// with 128 plus its number, as a shell reports a process it killed.
+func interruptible() (context.Context, func()) {
+	stopSignals := []os.Signal{os.Interrupt, syscall.SIGTERM}
+	var ignoredAtStart []os.Signal
+	for _, sig := range stopSignals {
+		if signal.Ignored(sig) {
+			ignoredAtStart = append(ignoredAtStart, sig)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), stopSignals...)
+	again := make(chan os.Signal, 1)
 	go func() {
 		<-ctx.Done()
+		if len(ignoredAtStart) > 0 {
+			signal.Notify(again, ignoredAtStart...)
+		}
 		stop()
+		if len(ignoredAtStart) > 0 {
+			sig := <-again
+			os.Exit(128 + int(sig.(syscall.Signal)))
+		}
 	}()
-	return Run(ctx, os.Args[1:], &IO{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv}, registry)
+	return ctx, func() {
+		stop()
+		signal.Stop(again)
+	}
 }
 
 // IO is what a CLI run reads and writes; tests pass buffers.
