@@ -259,7 +259,11 @@ func (c *cli) rootCommand() *cobra.Command {
 		c.queueCommand(),
 		c.testCommand(),
 		c.logsCommand(),
+		c.versionCommand(),
 	)
+	// --version prints what the version command prints.
+	root.Version = readBuildVersion().String()
+	root.SetVersionTemplate("{{.Version}}\n")
 	for _, cmd := range root.Commands() {
 		cmd.SetFlagErrorFunc(flagError)
 	}
