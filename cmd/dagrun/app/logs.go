@@ -34,7 +34,7 @@ func (c *cli) logsCommand() *cobra.Command {
 			"until the instance finishes.",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) < 1 || len(args) > 2 {
-				return usageError(fmt.Errorf("usage: dagrun logs ID [STEP] [--follow] [--json] (got %d arguments)", len(args)))
+				return usageError(fmt.Errorf("usage: dagrun logs ID [STEP] [--follow] [--json] (got %s)", argumentCount(len(args))))
 			}
 			return nil
 		},

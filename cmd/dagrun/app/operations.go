@@ -222,7 +222,7 @@ func idOrSelection(sel *selectionFlags, usage string) cobra.PositionalArgs {
 		case len(args) == 1 && sel.set():
 			return usageError(fmt.Errorf("give an instance ID or --workflow/--status/--older-than/--all, not both: dagrun %s", usage))
 		case len(args) > 1:
-			return usageError(fmt.Errorf("usage: dagrun %s (got %d arguments)", usage, len(args)))
+			return usageError(fmt.Errorf("usage: dagrun %s (got %s)", usage, argumentCount(len(args))))
 		}
 		return nil
 	}

@@ -103,7 +103,7 @@ func (c *cli) scheduleCommand() *cobra.Command {
 			Short: short,
 			Args: func(_ *cobra.Command, args []string) error {
 				if len(args) < 1 || len(args) > 2 {
-					return usageError(fmt.Errorf("usage: dagrun schedule %s WORKFLOW [INDEX] (got %d arguments)", verb, len(args)))
+					return usageError(fmt.Errorf("usage: dagrun schedule %s WORKFLOW [INDEX] (got %s)", verb, argumentCount(len(args))))
 				}
 				return nil
 			},

@@ -334,6 +334,15 @@ func (c *cli) follow(ctx context.Context, engine *dagrun.Engine, id string, json
 	}
 }
 
+// argumentCount says how many arguments a usage error got: "1 argument",
+// "3 arguments".
+func argumentCount(n int) string {
+	if n == 1 {
+		return "1 argument"
+	}
+	return fmt.Sprintf("%d arguments", n)
+}
+
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -375,7 +384,7 @@ func subcommandArgs(usage string) cobra.PositionalArgs {
 func exactArgs(n int, usage string) cobra.PositionalArgs {
 	return func(_ *cobra.Command, args []string) error {
 		if len(args) != n {
-			return usageError(fmt.Errorf("usage: dagrun %s (got %d arguments)", usage, len(args)))
+			return usageError(fmt.Errorf("usage: dagrun %s (got %s)", usage, argumentCount(len(args))))
 		}
 		return nil
 	}
