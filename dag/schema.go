@@ -92,6 +92,7 @@ func (p *parser) schema(n *yaml.Node, label, what, kind string) (json.RawMessage
 		return nil, nil
 	}
 	invalid := prefix(label) + "invalid " + kind + " schema"
+	keywordsOK := p.checkKeywords(v, "", nodes, invalid)
 	refsOK := p.checkRefs(nodes, invalid)
 	sch, err := compileSchema(raw)
 	if err != nil {
@@ -104,7 +105,7 @@ func (p *parser) schema(n *yaml.Node, label, what, kind string) (json.RawMessage
 		}
 		return nil, nil
 	}
-	if !refsOK {
+	if !refsOK || !keywordsOK {
 		return nil, nil
 	}
 	return raw, sch
