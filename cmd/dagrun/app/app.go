@@ -389,10 +389,7 @@ func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
 		return nil, err
 	}
 	c.cleanup = func() { _ = store.Close() }
-	tp, err := c.tracerProvider(ctx)
-	if err != nil {
-		return nil, err
-	}
+	tp := c.tracerProvider(ctx)
 	if tp != nil {
 		closeStore := c.cleanup
 		c.cleanup = func() {
