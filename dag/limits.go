@@ -16,8 +16,10 @@ const MaxConcurrencyLimit = 1_000_000
 // step level) share one value of Key. A nil Key puts every instance, or
 // every step of that name, in one group.
 type Concurrency struct {
-	Key   *Template
-	Limit int
+	Key *Template
+	// KeySource is the key as the file writes it; "" without a key.
+	KeySource string
+	Limit     int
 }
 
 type rawConcurrency struct {
@@ -55,7 +57,7 @@ func (p *parser) concurrency(n *yaml.Node, sc *scope, label string) *Concurrency
 		if k.Kind != yaml.ScalarNode {
 			p.c.at(k, `%s"concurrency.key" must be a text, usually an expression such as "${{ input.customerId }}", got %s`, prefix(label), describe(k))
 		} else {
-			c.Key = p.template(k, sc)
+			c.Key, c.KeySource = p.template(k, sc), k.Value
 		}
 	}
 	return c

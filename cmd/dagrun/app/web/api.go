@@ -61,6 +61,40 @@ type workflowDetail struct {
 	// instance fails (drawn below the others in Graph). Absent when unset.
 	Timeout   *string   `json:"timeout,omitempty"`
 	OnFailure []stepDef `json:"onFailure,omitempty"`
+	// Concurrency is the workflow's concurrency limit; Schedule its
+	// schedule: list as written (GET /api/schedules has their state).
+	// Absent when unset.
+	Concurrency *concurrencyDef `json:"concurrency,omitempty"`
+	Schedule    []scheduleDef   `json:"schedule,omitempty"`
+}
+
+// concurrencyDef is a concurrency mapping: at most Limit instances (or
+// running steps of one name) share one value of Key, the expression as
+// written; null Key: all share one group.
+type concurrencyDef struct {
+	Key   *string `json:"key"`
+	Limit int     `json:"limit"`
+}
+
+func newConcurrencyDef(c *dag.Concurrency) *concurrencyDef {
+	if c == nil {
+		return nil
+	}
+	d := &concurrencyDef{Limit: c.Limit}
+	if c.Key != nil {
+		d.Key = &c.KeySource
+	}
+	return d
+}
+
+// scheduleDef is an entry of a workflow's schedule: list.
+type scheduleDef struct {
+	Index    int             `json:"index"`
+	Cron     string          `json:"cron"`
+	Timezone string          `json:"timezone"`
+	Input    json.RawMessage `json:"input"`
+	Overlap  string          `json:"overlap"`
+	Catchup  string          `json:"catchup"`
 }
 
 // stepDef is a step of a definition, with the workflow defaults applied.
@@ -77,6 +111,10 @@ type stepDef struct {
 	// Concurrency caps its items running at once (0: no cap).
 	ForEach     bool `json:"forEach"`
 	Concurrency int  `json:"concurrency"`
+	// ConcurrencyLimit is a step-level concurrency written as {key,
+	// limit}: at most limit running steps of this name share one key
+	// value. Absent without one.
+	ConcurrencyLimit *concurrencyDef `json:"concurrencyLimit,omitempty"`
 	// Wait is a wait step's wait (its handler is empty); null for others.
 	Wait *waitDef `json:"wait"`
 	// Workflow is the child workflow a workflow step runs (its handler is
@@ -125,6 +163,13 @@ func newWorkflowDetail(wf *dag.Workflow) workflowDetail {
 	out.Graph = layoutGraph(gs)
 	addOnFailure(&out, wf)
 	out.Graph.Mermaid = wf.Mermaid()
+	out.Concurrency = newConcurrencyDef(wf.Concurrency)
+	for _, sc := range wf.Schedules {
+		out.Schedule = append(out.Schedule, scheduleDef{
+			Index: sc.Index, Cron: sc.Cron, Timezone: sc.Timezone, Input: view.RawOrNull(sc.Input),
+			Overlap: string(sc.Overlap), Catchup: storage.FormatDuration(sc.Catchup),
+		})
+	}
 	return out
 }
 
@@ -144,10 +189,11 @@ func newStepDef(st *dag.Step) stepDef {
 			Backoff:     storage.FormatDuration(st.Retry.Backoff),
 			MaxBackoff:  storage.FormatDuration(st.Retry.MaxBackoff),
 		},
-		ContinueOnError: st.ContinueOnError,
-		ForEach:         st.ForEach != nil,
-		Concurrency:     st.Concurrency,
-		Workflow:        st.Workflow,
+		ContinueOnError:  st.ContinueOnError,
+		ForEach:          st.ForEach != nil,
+		Concurrency:      st.Concurrency,
+		ConcurrencyLimit: newConcurrencyDef(st.KeyConcurrency),
+		Workflow:         st.Workflow,
 	}
 	if st.Timeout > 0 {
 		t := storage.FormatDuration(st.Timeout)

@@ -921,3 +921,47 @@ func TestUnreadableQueryIsRefused(t *testing.T) {
 	}
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/api/instances?workflow=greet&status=completed", "").status)
 }
+
+// limitedYAML has a workflow concurrency limit, a schedule and both kinds
+// of step concurrency.
+const limitedYAML = `name: limited
+concurrency: {key: "${{ input.customer }}", limit: 2}
+schedule:
+  - cron: "0 3 * * *"
+    timezone: Europe/Berlin
+    input: {customer: c-1}
+    catchup: 1h
+steps:
+  - name: charge
+    handler: echo
+    concurrency: {key: "${{ input.customer }}", limit: 1}
+  - name: each
+    handler: echo
+    forEach: [1, 2]
+    concurrency: 3
+`
+
+// TestWorkflowDefinitionShowsLimitsAndSchedules: GET /api/workflows/{name}
+// shows the workflow's concurrency limit and schedule as written, and a
+// step's keyed concurrency apart from a forEach step's cap.
+func TestWorkflowDefinitionShowsLimitsAndSchedules(t *testing.T) {
+	t.Parallel()
+	b := setup(t, openSQLite, &setupOpts{token: "s3cret", workflows: []string{limitedYAML}})
+	c := newContract(t, b)
+	got := c.call(t, "GET /api/workflows/{name}", "/api/workflows/limited", "", http.StatusOK).json(t)
+	require.Equal(t, map[string]any{"key": "${{ input.customer }}", "limit": 2.0}, got["concurrency"])
+	require.Equal(t, []any{map[string]any{
+		"index": 0.0, "cron": "0 3 * * *", "timezone": "Europe/Berlin",
+		"input": map[string]any{"customer": "c-1"}, "overlap": "skip", "catchup": "1h",
+	}}, got["schedule"])
+	steps := got["steps"].([]any)
+	charge, each := steps[0].(map[string]any), steps[1].(map[string]any)
+	require.Equal(t, map[string]any{"key": "${{ input.customer }}", "limit": 1.0}, charge["concurrencyLimit"])
+	require.Equal(t, 0.0, charge["concurrency"])
+	require.Equal(t, 3.0, each["concurrency"])
+	require.NotContains(t, each, "concurrencyLimit")
+
+	greet := c.call(t, "GET /api/workflows/{name}", "/api/workflows/greet", "", http.StatusOK).json(t)
+	require.NotContains(t, greet, "concurrency", "absent without a limit")
+	require.NotContains(t, greet, "schedule")
+}

@@ -24,9 +24,14 @@
 //	                 "retry": {"maxAttempts", "backoff", "maxBackoff"},
 //	                 "timeout", "when", "continueOnError", "forEach" (bool),
 //	                 "concurrency" (its items' cap, 0 for none),
+//	                 "concurrencyLimit": {"key", "limit"} (absent
+//	                 without a keyed step concurrency),
 //	                 "wait": null, or for a wait step (whose "handler" is
 //	                 "") {"signal", "timeout" (null: for ever), "schema"}}],
-//	      "graph": Graph (with "mermaid")}
+//	      "graph": Graph (with "mermaid"), and when set "timeout",
+//	      "onFailure" (steps), "concurrency": {"key", "limit"} and
+//	      "schedule": [{"index", "cron", "timezone", "input", "overlap",
+//	      "catchup"}]}
 //	POST /api/workflows/{name}/instances
 //	     body {"input": any, "key": "k", "priority": 0, "delay": "10s"}
 //	     201 with the instance; when the idempotency key matched one, 201
@@ -43,9 +48,11 @@
 //	     steps laid out.
 //	     A waiting step carries "signal" and "deadline" (null: no timeout);
 //	     a pending step "runAfter", when it may run. A forEach step carries "items": {"total", "pending", "running",
-//	     "completed", "failed", "cancelled"}, counts only, and "output":
-//	     null (its output is the list of its items' outputs: page them), so
-//	     the object stays small whatever the number of items. An onFailure
+//	     "completed", "failed", "cancelled"}, counts only, and as its
+//	     "output" the list of its items' outputs up to
+//	     view.MaxInlineItemsOutput bytes, past which "output" is null and
+//	     "outputOmitted": true (page the items), so the object stays small
+//	     whatever the number of items. An onFailure
 //	     step carries "onFailure": true and comes after the main steps; an
 //	     instance with a workflow timeout carries "timeout" and, while it
 //	     runs, "deadline"; a failed one "failedStep" (when a step failed
@@ -56,8 +63,8 @@
 //	      "error", "startedAt", "finishedAt", "workerId"}], "offset",
 //	      "limit", "total"}: a page of a forEach step's items in index
 //	     order, limit 1..1000 (default 100); total counts the items in
-//	     status S (all when no status). A step without items answers an
-//	     empty page; 404 for an unknown instance or step.
+//	     status S (all when no status). 404 for an unknown instance or
+//	     step, or a step that is not a forEach step.
 //	GET  /api/instances/{id}/events?after=ID&limit=N
 //	     {"events": [{"id", "at", "type", ...}], "next": ID}: a page of the
 //	     history in ID order, the events after the event ID after (default
