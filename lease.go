@@ -163,13 +163,16 @@ func (w *Worker) sweepDue(ctx context.Context) {
 	}
 }
 
+// sweepBatch is how many instances or steps one sweep transaction takes.
+const sweepBatch = 100
+
 // sweep runs one batch of a store's sweep (ExpireWaits, ExpireInstances,
 // StartDeferred) with a finish recorder, so that the instances it ends
 // are observed and their local handlers stopped, and returns how many
 // the sweep handled.
 func (e *Engine) sweep(ctx context.Context, run func(context.Context, int, storage.PlanFunc) (int, error)) (int, error) {
 	rec := e.newFinishRecorder()
-	n, err := run(rec.attach(ctx), 100, rec.plan)
+	n, err := run(rec.attach(ctx), sweepBatch, rec.plan)
 	if err != nil {
 		return 0, err
 	}

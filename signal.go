@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/storage"
@@ -130,6 +131,11 @@ func (e *Engine) Signal(ctx context.Context, req SignalRequest) (SignalResult, e
 			payload = json.RawMessage("null")
 		}
 	}
+	if !inst.Status.Finished() {
+		if err := e.settleOverdue(ctx, inst, req.Name); err != nil {
+			return SignalResult{}, err
+		}
+	}
 	rec := e.newFinishRecorder()
 	res, err := e.store.SendSignal(rec.attach(ctx), storage.SignalParams{
 		InstanceID: inst.ID,
@@ -149,6 +155,55 @@ func (e *Engine) Signal(ctx context.Context, req SignalRequest) (SignalResult, e
 		e.notifyChanged()
 	}
 	return res, nil
+}
+
+// settleOverdue times out what of inst is past its deadline before a signal
+// to it is sent: its workflow timeout, or the wait for the signal named.
+// A worker's sweep does that soon after the deadline, but with no worker
+// running a late signal would complete a wait that had already run out,
+// or an instance whose time was up. Then the store refuses the signal as
+// it refuses one to a failed step or a finished instance. The deadlines
+// are the database's times, read against its clock where it keeps one.
+func (e *Engine) settleOverdue(ctx context.Context, inst *storage.Instance, signal string) error {
+	var waitDeadline *time.Time
+	for _, st := range inst.Steps {
+		if st.Signal == signal && st.Status == storage.StepWaiting {
+			waitDeadline = st.Deadline
+		}
+	}
+	if inst.Deadline == nil && waitDeadline == nil {
+		return nil
+	}
+	now := time.Now()
+	if clock, ok := e.store.(storage.Clock); ok {
+		var err error
+		if now, err = clock.Now(ctx); err != nil {
+			return err
+		}
+	}
+	for _, due := range []struct {
+		deadline *time.Time
+		expire   func(context.Context) (int, error)
+	}{
+		{inst.Deadline, e.expireInstances},
+		{waitDeadline, e.expireWaits},
+	} {
+		if due.deadline == nil || due.deadline.After(now) {
+			continue
+		}
+		// A sweep takes the earliest deadlines first, a batch at a time:
+		// all that are overdue, so this one too.
+		for {
+			n, err := due.expire(ctx)
+			if err != nil {
+				return err
+			}
+			if n < sweepBatch {
+				break
+			}
+		}
+	}
+	return nil
 }
 
 // checkSignalRequest checks the texts of a request at the edge, as a start

@@ -451,3 +451,69 @@ func TestSkipOfAWaitStepKeepsToItsSchema(t *testing.T) {
 		require.Equal(t, storage.StepCompleted, step(t, inst, "approve").Status)
 	})
 }
+
+// TestLateSignalFindsItsTimeRunOut: with no worker to time them out, a
+// signal sent after its wait's deadline, or after its instance's workflow
+// timeout, is refused as a conflict, and the step or the instance has
+// failed as a worker's sweep would have failed it.
+func TestLateSignalFindsItsTimeRunOut(t *testing.T) {
+	const (
+		waitTimeout = `
+name: brief-wait
+steps:
+  - {name: approve, wait: {timeout: 50ms}}
+`
+		workflowTimeout = `
+name: brief-workflow
+timeout: 50ms
+steps:
+  - {name: approve, wait: {}}
+`
+	)
+	forEachBackend(t, func(t *testing.T, open func(t *testing.T) storage.Store) {
+		b := setup(t, open, nil, waitTimeout, workflowTimeout)
+		for _, tc := range []struct{ workflow, stepError, instanceError string }{
+			{"brief-wait", "no signal approve within 50ms", "no signal approve within 50ms"},
+			{"brief-workflow", "", "workflow timed out after 50ms"},
+		} {
+			id := b.start(t, tc.workflow, `{}`)
+			inst, err := b.engine.Get(context.Background(), id)
+			require.NoError(t, err)
+			deadline := inst.Deadline
+			if deadline == nil {
+				deadline = step(t, inst, "approve").Deadline
+			}
+			require.NotNil(t, deadline, "%s: the wait begins with its instance", tc.workflow)
+			b.awaitStoreTime(t, *deadline)
+
+			_, err = b.signal(t, id, "approve", `true`)
+			require.ErrorIs(t, err, storage.ErrConflict, tc.workflow)
+			var conflict *dagrun.SignalConflictError
+			require.ErrorAs(t, err, &conflict, tc.workflow)
+			inst, err = b.engine.Get(context.Background(), id)
+			require.NoError(t, err)
+			require.Equal(t, storage.InstanceFailed, inst.Status, tc.workflow)
+			require.Contains(t, inst.Error, tc.instanceError, tc.workflow)
+			approve := step(t, inst, "approve")
+			require.NotEqual(t, storage.StepCompleted, approve.Status, tc.workflow)
+			if tc.stepError != "" {
+				require.Equal(t, tc.stepError, approve.Error, tc.workflow)
+			}
+		}
+	})
+}
+
+// awaitStoreTime waits until the store's clock (this machine's, for a
+// store that keeps none) has passed t.
+func (b *testBundle) awaitStoreTime(t *testing.T, at time.Time) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		now := time.Now()
+		if clock, ok := b.store.(storage.Clock); ok {
+			var err error
+			now, err = clock.Now(context.Background())
+			require.NoError(t, err)
+		}
+		return now.After(at)
+	}, 10*time.Second, 5*time.Millisecond, "the store's clock passes %s", at)
+}
