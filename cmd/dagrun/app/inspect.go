@@ -364,9 +364,12 @@ func writeWakes(w io.Writer, inst *storage.Instance, now time.Time) {
 // stepDuration is how long a step ran, or has been running, waiting for
 // its signal or asleep ("…").
 func stepDuration(s storage.Step, now time.Time) string {
-	// A pending step that started is asleep (sleep) or waits for its
-	// retry: its time goes on.
-	going := s.Status == storage.StepRunning || s.Status == storage.StepWaiting || s.Status == storage.StepPending
+	// A pending step that started and waits for a time is asleep (sleep)
+	// or waits for its retry: its time goes on. One that may run now was
+	// handed back by a worker that stopped (or its sleep is over) and
+	// waits for a worker: nothing runs it, and its time does not go on.
+	going := s.Status == storage.StepRunning || s.Status == storage.StepWaiting ||
+		s.Status == storage.StepPending && s.RunAfter.After(now)
 	return runDuration(s.StartedAt, s.FinishedAt, going, now)
 }
 

@@ -84,8 +84,9 @@ func TestWakeTime(t *testing.T) {
 }
 
 // TestStepDurationGoesOnWhileAsleep: a sleeping step (pending again, its
-// start kept) shows its time so far, as a running or waiting one does; a
-// step that never started shows none.
+// start kept, its wake time ahead) shows its time so far, as a running or
+// waiting one does; a step that never started shows none, nor one handed
+// back by a stopping worker (pending, free to run now).
 func TestStepDurationGoesOnWhileAsleep(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 7, 15, 0, 0, 0, time.UTC)
@@ -95,7 +96,8 @@ func TestStepDurationGoesOnWhileAsleep(t *testing.T) {
 		step storage.Step
 		want string
 	}{
-		{storage.Step{Status: storage.StepPending, StartedAt: &began}, "1m30s…"},
+		{storage.Step{Status: storage.StepPending, StartedAt: &began, RunAfter: now.Add(time.Minute)}, "1m30s…"},
+		{storage.Step{Status: storage.StepPending, StartedAt: &began, RunAfter: done}, "-"},
 		{storage.Step{Status: storage.StepRunning, StartedAt: &began}, "1m30s…"},
 		{storage.Step{Status: storage.StepCompleted, StartedAt: &began, FinishedAt: &done}, "1m29s"},
 		{storage.Step{Status: storage.StepPending}, "-"},
