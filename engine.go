@@ -232,6 +232,8 @@ type UnknownWorkflowError struct {
 	// Invalid, when set, is why the workflows folder's file of that name
 	// is not loaded: its errors (a dag.ErrorList).
 	Invalid error
+	// LeftOut are the workflows whose files are left out for their errors.
+	LeftOut []string
 }
 
 // quotedNameBytes is the most of a caller's name an error repeats: a name
@@ -251,6 +253,16 @@ func (e *UnknownWorkflowError) Error() string {
 	name := nameStart(e.Name)
 	if e.Invalid != nil {
 		return fmt.Sprintf("workflow %q is invalid: %s; dagrun validate lists every error", name, dag.Summary(e.Invalid))
+	}
+	if len(e.Available) == 0 && len(e.LeftOut) > 0 {
+		// The folder has files, none valid: "no workflows are loaded"
+		// would send the user looking for a missing folder.
+		leftOut := "are left out for their errors"
+		if len(e.LeftOut) == 1 {
+			leftOut = "is left out for its errors"
+		}
+		return fmt.Sprintf("unknown workflow %q: no workflow is loaded, and %s %s (dagrun validate lists them)",
+			name, strings.Join(e.LeftOut, ", "), leftOut)
 	}
 	if len(e.Available) == 0 {
 		return fmt.Sprintf("unknown workflow %q: no workflows are loaded (put WORKFLOW.yaml files in the workflows folder)", name)
@@ -274,7 +286,12 @@ func (e *Engine) UnknownWorkflow(name string) *UnknownWorkflowError {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	return &UnknownWorkflowError{Name: name, Available: names, Invalid: c.invalid[name]}
+	leftOut := make([]string, 0, len(c.invalid))
+	for n := range c.invalid {
+		leftOut = append(leftOut, n)
+	}
+	sort.Strings(leftOut)
+	return &UnknownWorkflowError{Name: name, Available: names, Invalid: c.invalid[name], LeftOut: leftOut}
 }
 
 // definition returns the parsed snapshot with the given hash, parsing the

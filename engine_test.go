@@ -830,3 +830,39 @@ func TestUnknownNamesAreCutBetweenCharacters(t *testing.T) {
 		}
 	}
 }
+
+// TestUnknownWorkflowSaysWhatIsLoaded: the error of an unknown workflow
+// names the ones the engine has, and when it has none says whether the
+// folder is empty or its files were all left out for their errors (a
+// child workflow step whose file was removed left its parents invalid,
+// and "no workflows are loaded" sent the user looking for the folder).
+func TestUnknownWorkflowSaysWhatIsLoaded(t *testing.T) {
+	t.Parallel()
+	broken := dag.ErrorList{{File: "p2.yaml", Line: 4, Col: 15, Msg: `unknown workflow "child"`}}
+	for _, tc := range []struct {
+		invalid map[string]error
+		sources []string
+		want    string
+	}{
+		{nil, []string{chainWorkflow},
+			`unknown workflow "child" (available: chain)`},
+		{nil, nil,
+			`unknown workflow "child": no workflows are loaded (put WORKFLOW.yaml files in the workflows folder)`},
+		{map[string]error{"p2": broken}, nil,
+			`unknown workflow "child": no workflow is loaded, and p2 is left out for its errors (dagrun validate lists them)`},
+		{map[string]error{"p2": broken, "parent": broken}, nil,
+			`unknown workflow "child": no workflow is loaded, and p2, parent are left out for their errors (dagrun validate lists them)`},
+	} {
+		var workflows []*dag.Workflow
+		for _, src := range tc.sources {
+			w, err := dag.Parse("", []byte(src), nil)
+			require.NoError(t, err)
+			workflows = append(workflows, w)
+		}
+		registry := handlers.NewRegistry()
+		handlers.RegisterBuiltins(registry)
+		engine, err := dagrun.New(backendtest.OpenSQLite(t), registry, &dagrun.Config{Workflows: workflows, InvalidWorkflows: tc.invalid})
+		require.NoError(t, err)
+		require.EqualError(t, engine.UnknownWorkflow("child"), tc.want)
+	}
+}
