@@ -82,6 +82,10 @@ func TestRunTimeMessagesSpeakTheAuthorsWords(t *testing.T) {
 		{`${{ reverse(input.none) }}`, `cannot reverse null`},
 		{`${{ keys(input.none) }}`, `cannot get keys from null`},
 		{`${{ input.big + 1 }}`, `invalid operation: a whole number past 64 bits + int (only passing it on keeps every digit)`},
+		{`${{ input.s.id }}`, `cannot read a field by name from text or a list: they take a position (x[0]), a mapping takes names`},
+		{`${{ input.l.id }}`, `cannot read a field by name from text or a list`},
+		{`${{ input.n.id }}`, `cannot read field id of a number: only a mapping has fields`},
+		{`${{ input.l[5] }}`, `no element at position 5 of a list of 2`},
 	} {
 		_, err := evalTemplate(t, tc.input, env)
 		require.ErrorContains(t, err, tc.want, tc.input)

@@ -31,6 +31,17 @@ var runMessages = []struct {
 	{lazyRegexp(`^cannot (reverse|get keys from) invalid$`), func(m []string) string {
 		return "cannot " + m[1] + " null"
 	}},
+	// A field read by name from text or a list: expr takes the name for a
+	// position and fails converting it.
+	{lazyRegexp(`^invalid operation: int\(string\)$`), func([]string) string {
+		return "cannot read a field by name from text or a list: they take a position (x[0]), a mapping takes names"
+	}},
+	{lazyRegexp(`^cannot fetch (.+) from (.+)$`), func(m []string) string {
+		return "cannot read field " + m[1] + " of " + goKind(m[2]) + ": only a mapping has fields"
+	}},
+	{lazyRegexp(`^index out of range: (-?\d+) \(array length is (\d+)\)$`), func(m []string) string {
+		return "no element at position " + m[1] + " of a list of " + m[2]
+	}},
 }
 
 // runMessage rewrites a run-time message of expr (see runMessages).

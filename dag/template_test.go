@@ -144,7 +144,7 @@ func TestTemplateRuntimeErrors(t *testing.T) {
 	for _, tc := range []struct{ input, want string }{
 		{`${{ input.a / 0 }}`, `expression "input.a / 0": the result +Inf is not a number JSON can hold (division by zero?)`},
 		{`${{ input.a % 0 }}`, `expression "input.a % 0": invalid operation: float64 % int`},
-		{`"x-${{ input.items[3] }}"`, `expression "input.items[3]": index out of range: 3 (array length is 0)`},
+		{`"x-${{ input.items[3] }}"`, `expression "input.items[3]": no element at position 3 of a list of 0`},
 		{`${{ int(input.s) }}`, `expression "int(input.s)": invalid operation: int(x)`},
 	} {
 		_, err := evalTemplate(t, tc.input, env)
