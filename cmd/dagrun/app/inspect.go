@@ -534,7 +534,7 @@ and the p50/p95 duration of its completed steps over the ` + strconv.Itoa(storag
 				n := w.Instances
 				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", w.Workflow,
 					n[storage.InstancePending], n[storage.InstanceRunning], n[storage.InstanceCompleted], n[storage.InstanceFailed], n[storage.InstanceCancelled],
-					w.ReadySteps, w.StuckSteps, w.WaitingSteps, durOrDash(w.OldestReady), durOrDash(w.StepP50), durOrDash(w.StepP95))
+					w.ReadySteps, w.StuckSteps, w.WaitingSteps, durOrDash(w.OldestReady), p50OrDash(w), durOrDash(w.StepP95))
 			}
 			if len(stats.Unserved) > 0 {
 				fmt.Fprintln(tw, "\nREADY STEPS NO LIVE WORKER CAN RUN (run a worker of a binary with these handlers)")
@@ -598,7 +598,7 @@ func newStatsJSON(s *storage.Stats) statsJSON {
 		out.Workflows = append(out.Workflows, workflowStatsJSON{
 			Workflow: w.Workflow, Instances: counts, ReadySteps: w.ReadySteps, RunningSteps: w.RunningSteps, StuckSteps: w.StuckSteps,
 			WaitingSteps:  w.WaitingSteps,
-			OldestReadyMs: ms(w.OldestReady), StepP50Ms: msOrNull(w.StepP50), StepP95Ms: msOrNull(w.StepP95),
+			OldestReadyMs: ms(w.OldestReady), StepP50Ms: p50OrNull(w), StepP95Ms: msOrNull(w.StepP95),
 		})
 	}
 	sort.Slice(out.Workflows, func(i, j int) bool { return out.Workflows[i].Workflow < out.Workflows[j].Workflow })
@@ -617,6 +617,27 @@ func msOrNull(d time.Duration) *float64 {
 		return nil
 	}
 	v := ms(d)
+	return &v
+}
+
+// p50Measured reports whether a workflow's step p50 is a figure: the store
+// gives zero for both percentiles when no attempt completed, but a p50 of
+// zero beside a p95 is measured (wait steps whose signal came first
+// complete in no time).
+func p50Measured(w storage.WorkflowStats) bool { return w.StepP50 > 0 || w.StepP95 > 0 }
+
+func p50OrDash(w storage.WorkflowStats) string {
+	if p50Measured(w) {
+		return roundDuration(w.StepP50)
+	}
+	return "-"
+}
+
+func p50OrNull(w storage.WorkflowStats) *float64 {
+	if !p50Measured(w) {
+		return nil
+	}
+	v := ms(w.StepP50)
 	return &v
 }
 
