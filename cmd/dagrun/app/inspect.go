@@ -238,17 +238,13 @@ func writeStatus(w io.Writer, inst *storage.Instance, now time.Time) error {
 // historyLines is how many of an instance's latest events status prints.
 const historyLines = 20
 
-// writeHistory prints the latest of what the engine did to the instance,
-// oldest first: its steps' attempts, their errors and retries, what was
-// skipped or cancelled (what was done by hand has its own section, see
-// writeOperations). The whole history is in the JSON and the API.
+// writeHistory prints the latest of what happened to the instance, oldest
+// first: its steps' attempts, their errors and retries, what was skipped or
+// cancelled, and what was done by hand, marked with who did it (also listed
+// on their own, see writeOperations), so that the history reads through a
+// repair. The whole history is in the JSON and the API.
 func writeHistory(w io.Writer, inst *storage.Instance) {
-	var events []storage.Event
-	for _, e := range inst.Events {
-		if !byHand(e) {
-			events = append(events, e)
-		}
-	}
+	events := inst.Events
 	if len(events) == 0 {
 		return
 	}
@@ -269,6 +265,9 @@ func writeHistory(w io.Writer, inst *storage.Instance) {
 		}
 		if e.Message != "" {
 			what += ": " + truncate(oneLineString(e.Message), 120)
+		}
+		if byHand(e) {
+			what += " (by " + oneLineString(e.Actor) + ")"
 		}
 		fmt.Fprintf(w, "  %s  %s\n", view.Time(e.At), what)
 	}

@@ -100,7 +100,10 @@ func TestStatusOfALongHistory(t *testing.T) {
 	}
 	out := b.run(t, "", "status", id).stdout
 	require.Contains(t, out, "\nBy hand (in the latest 100 events):\n")
-	require.Equal(t, 100, strings.Count(out, "(by cli)"))
+	byHand, history, found := strings.Cut(out, "\nHistory")
+	require.True(t, found, out)
+	require.Equal(t, 100, strings.Count(byHand, "(by cli)"))
+	require.Equal(t, 20, strings.Count(history, "(by cli)"), "the history's latest 20 events, each marked")
 }
 
 // TestBulkOperationsKnowAWorkflowByItsInstances: a workflow whose file is
