@@ -137,7 +137,7 @@ func Run(ctx context.Context, args []string, streams *IO, registry *handlers.Reg
 	var exit *exitError
 	if errors.As(err, &exit) {
 		if exit.err != nil {
-			fmt.Fprintln(c.io.Stderr, "dagrun: "+exit.err.Error())
+			c.say(slog.LevelError, exit.err.Error(), slog.Int("exit", exit.code))
 		}
 		return exit.code
 	}
@@ -147,8 +147,46 @@ func Run(ctx context.Context, args []string, streams *IO, registry *handlers.Reg
 		msg = fmt.Sprintf("interrupted (%v): %s", context.Cause(ctx), msg)
 		code = ExitInterrupted
 	}
-	fmt.Fprintln(c.io.Stderr, "dagrun: "+msg)
+	c.say(slog.LevelError, msg, slog.Int("exit", code))
 	return code
+}
+
+// jsonStderr reports whether stderr carries JSON records (--log-format
+// json, once the flags were read).
+func (c *cli) jsonStderr() bool { return c.logFormat == "json" && c.logger != nil }
+
+// say tells the user msg on stderr: as the line "dagrun: MSG" with
+// --log-format text, as a record of level with its attrs with --log-format
+// json, so that stderr keeps one format whatever writes to it. It is
+// written whatever --log-level says, as the line is.
+func (c *cli) say(level slog.Level, msg string, attrs ...slog.Attr) {
+	if !c.jsonStderr() {
+		fmt.Fprintln(c.io.Stderr, "dagrun: "+msg)
+		return
+	}
+	r := slog.NewRecord(time.Now(), level, msg, 0)
+	r.AddAttrs(attrs...)
+	_ = c.logger.Handler().Handle(context.Background(), r)
+}
+
+// progressRecord writes a progress line as a record: the line without its
+// step name, which goes in an attribute with the instance and the event.
+func (c *cli) progressRecord(inst *storage.Instance, ev storage.Event, line string) {
+	level := slog.LevelInfo
+	switch ev.Type {
+	case storage.EventStepFailed, storage.EventStepLeaseExpired, storage.EventInstanceFailing,
+		storage.EventInstanceFailed, storage.EventInstanceCancelled:
+		level = slog.LevelWarn
+	}
+	attrs := []slog.Attr{slog.String("instance", inst.ID)}
+	if ev.Step != "" {
+		line = strings.TrimSpace(strings.TrimPrefix(line, ev.Step))
+		attrs = append(attrs, slog.String("step", ev.Step))
+	}
+	attrs = append(attrs, slog.String("event", string(ev.Type)))
+	r := slog.NewRecord(time.Now(), level, line, 0)
+	r.AddAttrs(attrs...)
+	_ = c.logger.Handler().Handle(context.Background(), r)
 }
 
 // cli is one invocation's state: the global flags and what they opened.
@@ -457,7 +495,11 @@ func (c *cli) warnInvalidWorkflows() {
 		if errors.As(err, &list) && len(list) > 0 && list[0].File != "" {
 			path = list[0].File
 		}
-		fmt.Fprintf(c.io.Stderr, "dagrun: warning: workflow %s is left out: %s; list every error with: dagrun validate %s\n", name, dag.Summary(err), path)
+		if c.jsonStderr() {
+			c.say(slog.LevelWarn, fmt.Sprintf("workflow %s is left out: %s; list every error with: dagrun validate %s", name, dag.Summary(err), path))
+		} else {
+			c.say(slog.LevelWarn, fmt.Sprintf("warning: workflow %s is left out: %s; list every error with: dagrun validate %s", name, dag.Summary(err), path))
+		}
 	}
 }
 

@@ -14,7 +14,10 @@ import (
 // so a transition that comes and goes between two looks (a 10ms retry
 // backoff, say) still gets its line.
 type progress struct {
-	w       io.Writer
+	w io.Writer
+	// record, when set, takes each line instead of w, with the event it
+	// tells of (--log-format json writes it as a record).
+	record  func(inst *storage.Instance, ev storage.Event, line string)
 	skip    skipMode
 	first   bool
 	started map[string]attemptStart // step -> its latest attempt
@@ -84,7 +87,12 @@ func (p *progress) observe(inst *storage.Instance, events []storage.Event) {
 		events = events[cut:]
 	}
 	for _, ev := range events {
-		if line := p.line(inst, ev); line != "" {
+		line := p.line(inst, ev)
+		switch {
+		case line == "":
+		case p.record != nil:
+			p.record(inst, ev, line)
+		default:
 			fmt.Fprintln(p.w, line)
 		}
 	}

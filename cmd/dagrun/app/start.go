@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -98,7 +99,11 @@ func (c *cli) startCommand() *cobra.Command {
 				return c.printDetached(ctx, engine, res.ID, jsonOut)
 			}
 			if res.Existed {
-				fmt.Fprintf(c.io.Stderr, "instance %s already exists for key %q; following it\n", res.ID, opts.Key)
+				if c.jsonStderr() {
+					c.say(slog.LevelInfo, fmt.Sprintf("instance %s already exists for key %q; following it", res.ID, opts.Key))
+				} else {
+					fmt.Fprintf(c.io.Stderr, "instance %s already exists for key %q; following it\n", res.ID, opts.Key)
+				}
 			}
 			skip := skipNone
 			if res.Existed {
@@ -303,14 +308,17 @@ func (c *cli) follow(ctx context.Context, engine *dagrun.Engine, id string, json
 	}()
 
 	progress := newProgress(c.io.Stderr, skip)
+	if c.jsonStderr() {
+		progress.record = c.progressRecord
+	}
 	inst, err := engine.Follow(ctx, id, progress.observe)
 	if err != nil {
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 			// Interrupted: the instance lives on in the database and any
 			// worker finishes it. Said at once, before this process's
 			// workers let their running steps finish.
-			fmt.Fprintf(c.io.Stderr, "dagrun: stopped following instance %s; it continues with any running worker (dagrun status %s). "+
-				"Steps this process runs get up to %s to finish; interrupt again to exit now.\n", id, id, dagrun.DefaultShutdownGrace)
+			c.say(slog.LevelWarn, fmt.Sprintf("stopped following instance %s; it continues with any running worker (dagrun status %s). "+
+				"Steps this process runs get up to %s to finish; interrupt again to exit now.", id, id, dagrun.DefaultShutdownGrace))
 			return &exitError{code: ExitInterrupted}
 		}
 		return err
