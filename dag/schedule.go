@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 	// Zones are read from the binary, not the machine: a workflow must
@@ -150,7 +151,7 @@ func parseCron(expr string) (spec *cron.SpecSchedule, every time.Duration, msg s
 		}
 		return nil, d, ""
 	}
-	sched, err := cronParser.Parse(expr)
+	sched, err := cronParser.Parse(sundayAsSeven(expr))
 	if err != nil {
 		return nil, 0, fmt.Sprintf("invalid cron %q: %v; use five fields (minute hour day-of-month month day-of-week) such as \"0 3 * * *\", or @hourly, @daily, @weekly, @monthly, @every 10m", expr, err)
 	}
@@ -161,6 +162,59 @@ func parseCron(expr string) (spec *cron.SpecSchedule, every time.Duration, msg s
 	// It computes wall-clock times, which Next looks up in the zone.
 	spec.Location = time.UTC
 	return spec, 0, ""
+}
+
+// sundayAsSeven writes a day of the week of 7, which crontab reads as
+// Sunday as it reads 0, as 0 for the parser, which takes 0 to 6: "0 12 * *
+// 7" and "0 12 * * 5-7" mean what they mean to cron. Names (SUN) and other
+// fields are left as they are.
+func sundayAsSeven(expr string) string {
+	fields := strings.Fields(expr)
+	if len(fields) != 5 || !strings.Contains(fields[4], "7") {
+		return expr
+	}
+	parts := strings.Split(fields[4], ",")
+	var out []string
+	for _, part := range parts {
+		base, step, stepped := strings.Cut(part, "/")
+		every := 1
+		if stepped {
+			n, err := strconv.Atoi(step)
+			if err != nil || n < 1 {
+				out = append(out, part) // the parser says what is wrong
+				continue
+			}
+			every = n
+		}
+		first, last, isRange := strings.Cut(base, "-")
+		switch {
+		case base == "7":
+			out = append(out, "0")
+		case isRange && last == "7":
+			from, err := strconv.Atoi(first)
+			switch {
+			case err != nil || from > 7:
+				out = append(out, part)
+			case from == 7:
+				out = append(out, "0")
+			default:
+				if from <= 6 {
+					rest := first + "-6"
+					if stepped {
+						rest += "/" + step
+					}
+					out = append(out, rest)
+				}
+				if (7-from)%every == 0 {
+					out = append(out, "0")
+				}
+			}
+		default:
+			out = append(out, part)
+		}
+	}
+	fields[4] = strings.Join(out, ",")
+	return strings.Join(fields, " ")
 }
 
 type rawSchedule struct {

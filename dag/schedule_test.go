@@ -200,3 +200,33 @@ func FuzzCron(f *testing.F) {
 		}
 	})
 }
+
+// TestSundayIsSevenToo: crontab reads a day of the week of 7 as Sunday,
+// and so do schedules, in lists and ranges; the expression is kept as
+// written.
+func TestSundayIsSevenToo(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ in, want string }{
+		{"0 12 * * 7", "0 12 * * 0"},
+		{"0 12 * * 5-7", "0 12 * * 5-6,0"},
+		{"0 12 * * 1-7/2", "0 12 * * 1-6/2,0"},
+		{"0 12 * * 2-7/2", "0 12 * * 2-6/2"},
+		{"0 12 * * 1,7", "0 12 * * 1,0"},
+		{"0 12 * * 7-7", "0 12 * * 0"},
+		{"7 7 7 7 1", "7 7 7 7 1"},
+		{"0 12 * * SUN", "0 12 * * SUN"},
+		{"0 12 * * 0-6", "0 12 * * 0-6"},
+		{"0 12 * * 8", "0 12 * * 8"},
+	} {
+		require.Equal(t, tc.want, sundayAsSeven(tc.in), tc.in)
+	}
+	w := mustParse(t, `name: weekly
+schedule:
+  - cron: "0 12 * * 7"
+steps:
+  - {name: a, handler: echo}
+`)
+	require.Equal(t, "0 12 * * 7", w.Schedules[0].Cron)
+	saturday := time.Date(2026, 12, 5, 13, 0, 0, 0, time.UTC)
+	require.Equal(t, time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC), w.Schedules[0].Next(saturday), "the Sunday after")
+}
