@@ -217,7 +217,7 @@ func newStepDef(st *dag.Step) stepDef {
 type startRequest struct {
 	Input    json.RawMessage `json:"input"`
 	Key      string          `json:"key"`
-	Priority int             `json:"priority"`
+	Priority wholeNumber     `json:"priority"`
 	// Delay is a duration such as "10s", "1h30m" or "2d".
 	Delay string `json:"delay"`
 }
@@ -228,7 +228,7 @@ func (s *Server) startInstance(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	opts := dagrun.StartOptions{Key: req.Key, Priority: req.Priority}
+	opts := dagrun.StartOptions{Key: req.Key, Priority: int(req.Priority)}
 	if req.Delay != "" {
 		d, err := view.ParseDuration(req.Delay) // days and weeks too, as the CLI's --delay
 		if err != nil {

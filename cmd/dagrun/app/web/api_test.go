@@ -390,6 +390,10 @@ func TestStartErrors(t *testing.T) {
 			{"malformed body", "/api/workflows/greet/instances", `{"input": `, nil, http.StatusBadRequest, "invalid request body"},
 			{"unknown field", "/api/workflows/greet/instances", `{"input": {"name": "x"}, "prority": 1}`, nil, http.StatusBadRequest, `unknown field "prority"`},
 			{"two values", "/api/workflows/greet/instances", `{} {}`, nil, http.StatusBadRequest, "more than one JSON value"},
+			{"fractional priority", "/api/workflows/greet/instances", `{"input": {"name": "x"}, "priority": 2.5}`, nil, http.StatusBadRequest,
+				`invalid request body: "priority": want a whole number, got a number 2.5`},
+			{"priority as text", "/api/workflows/greet/instances", `{"input": {"name": "x"}, "priority": "2"}`, nil, http.StatusBadRequest,
+				`invalid request body: "priority": want a whole number, got a string`},
 			{"bad delay", "/api/workflows/greet/instances", `{"input": {"name": "x"}, "delay": "soon"}`, nil, http.StatusBadRequest, `invalid delay "soon"`},
 			{"negative delay", "/api/workflows/greet/instances", `{"input": {"name": "x"}, "delay": "-1s"}`, nil, http.StatusBadRequest, "invalid delay"},
 			{"form body that is not JSON", "/api/workflows/greet/instances", `name=x`, []string{"Content-Type", "application/x-www-form-urlencoded"}, http.StatusBadRequest, "invalid request body"},
@@ -964,4 +968,21 @@ func TestWorkflowDefinitionShowsLimitsAndSchedules(t *testing.T) {
 	greet := c.call(t, "GET /api/workflows/{name}", "/api/workflows/greet", "", http.StatusOK).json(t)
 	require.NotContains(t, greet, "concurrency", "absent without a limit")
 	require.NotContains(t, greet, "schedule")
+}
+
+// TestStartTakesAWholeNumberWrittenAsAFloat: JSON does not tell 4.0 from
+// 4, and some clients send every number as a float: such a priority is
+// the whole number it writes.
+func TestStartTakesAWholeNumberWrittenAsAFloat(t *testing.T) {
+	t.Parallel()
+	b := setup(t, openSQLite, nil)
+	for body, want := range map[string]int{
+		`{"input": {"name": "Bo"}, "priority": 4.0}`:  4,
+		`{"input": {"name": "Bo"}, "priority": 1e2}`:  100,
+		`{"input": {"name": "Bo"}, "priority": -2.0}`: -2,
+	} {
+		r := b.do(t, http.MethodPost, "/api/workflows/greet/instances", body)
+		require.Equal(t, http.StatusCreated, r.status, "body: %s", r.body)
+		require.EqualValues(t, want, r.json(t)["priority"], body)
+	}
 }

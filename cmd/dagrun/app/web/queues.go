@@ -21,8 +21,8 @@ func (s *Server) listQueues(w http.ResponseWriter, r *http.Request) {
 // queueLimitRequest is the body of POST /api/queues/{name}: a field left
 // out keeps its limit; 0 and "none" clear one.
 type queueLimitRequest struct {
-	Concurrency *int    `json:"concurrency"`
-	Rate        *string `json:"rate"`
+	Concurrency *wholeNumber `json:"concurrency"`
+	Rate        *string      `json:"rate"`
 }
 
 // setQueueLimit is POST /api/queues/{name}; it answers with the queue
@@ -38,7 +38,11 @@ func (s *Server) setQueueLimit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, `give "concurrency" (a number, 0: no limit), "rate" ("N/DUR" such as "10/s", or "none") or both`)
 		return
 	}
-	change := dagrun.QueueLimitChange{Queue: name, Concurrency: req.Concurrency}
+	change := dagrun.QueueLimitChange{Queue: name}
+	if req.Concurrency != nil {
+		n := int(*req.Concurrency)
+		change.Concurrency = &n
+	}
 	if req.Rate != nil {
 		n, per, err := dagrun.ParseRate(*req.Rate)
 		if err != nil {

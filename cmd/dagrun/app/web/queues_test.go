@@ -44,7 +44,8 @@ func TestQueuesAPI(t *testing.T) {
 			`{"concurency": 1}`:     "unknown field",
 			`{"rate": "1/0s"}`:      "has a period of 0s: it must be positive",
 			`{"rate": "100/1ns"}`:   "rate period",
-			`{"concurrency": 1e12}`: "invalid request body",
+			`{"concurrency": 1e12}`: "concurrency 1000000000000 is out of range",
+			`{"concurrency": 2.5}`:  `invalid request body: "concurrency": want a whole number, got a number 2.5`,
 		} {
 			requireError(t, b.do(t, http.MethodPost, "/api/queues/mail", body), http.StatusBadRequest, want)
 		}
