@@ -913,8 +913,8 @@ func TestInputAtTheLimitFitsTheBody(t *testing.T) {
 }
 
 // TestUnreadableQueryIsRefused: a query string with pairs Go cannot read
-// (a ";" separator, a bad escape) is a 400, not a list that silently
-// ignores the filter.
+// (a ";" separator, a bad escape), or with a parameter given twice, is a
+// 400, not a list that silently ignores a filter.
 func TestUnreadableQueryIsRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t, openSQLite, nil)
@@ -924,6 +924,10 @@ func TestUnreadableQueryIsRefused(t *testing.T) {
 		require.Contains(t, string(res.body), "invalid query string")
 	}
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/api/instances?workflow=greet&status=completed", "").status)
+
+	// A parameter given twice would apply its first value alone.
+	res := b.do(t, http.MethodGet, "/api/instances?status=completed&status=failed", "")
+	requireError(t, res, http.StatusBadRequest, `query parameter "status" is given 2 times: give it once`)
 }
 
 // limitedYAML has a workflow concurrency limit, a schedule and both kinds

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"runtime/debug"
@@ -201,17 +202,39 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
 	if pattern == "" {
 		h = http.HandlerFunc(s.noRoute)
 	}
-	if _, err := url.ParseQuery(r.URL.RawQuery); err != nil && pattern != "" {
+	query, err := url.ParseQuery(r.URL.RawQuery)
+	switch {
+	case err != nil && pattern != "":
 		// r.URL.Query drops the pairs it cannot read (a ";" separator,
 		// a bad escape) and a filter would silently not apply.
 		h = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			writeError(w, http.StatusBadRequest, "invalid query string: "+err.Error()+": separate parameters with & and escape the rest")
 		})
+	case strings.HasPrefix(pattern, "GET /api/"):
+		// Every parameter of the API takes one value, and the first of
+		// two would apply alone: ?status=completed&status=failed listed
+		// the completed ones as if that were all asked for.
+		if name, n := repeatedParam(query); n > 1 {
+			h = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				writeError(w, http.StatusBadRequest, fmt.Sprintf("query parameter %q is given %d times: give it once", name, n))
+			})
+		}
 	}
 	if !slices.Contains(openRoutes, pattern) {
 		h = s.requireToken(h)
 	}
 	h.ServeHTTP(w, r)
+}
+
+// repeatedParam returns a parameter given more than once (the first by
+// name) and how often, or "", 0.
+func repeatedParam(query url.Values) (string, int) {
+	for _, name := range slices.Sorted(maps.Keys(query)) {
+		if n := len(query[name]); n > 1 {
+			return name, n
+		}
+	}
+	return "", 0
 }
 
 func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
