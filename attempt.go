@@ -98,6 +98,10 @@ func (w *Worker) newAttempt(step storage.ClaimedStep) *attempt {
 	return a
 }
 
+// errHandlerGoexit is the error of an attempt whose handler ended its
+// goroutine without returning.
+var errHandlerGoexit = errors.New("the handler ended its goroutine without returning (runtime.Goexit, as t.FailNow calls it): the attempt failed")
+
 // execute runs one attempt's handler and hands its result to the recorder.
 func (w *Worker) execute(a *attempt) {
 	w.mu.Lock()
@@ -111,8 +115,24 @@ func (w *Worker) execute(a *attempt) {
 	if !stopped {
 		// An attempt stopped before its handler began (its instance
 		// ended, a newer claim took the step) has nothing to do.
+		returned := false
+		defer func() {
+			if !returned {
+				// The handler called runtime.Goexit, which no recover
+				// stops: this goroutine ends, and without this the step
+				// would wait for a result until its worker stopped.
+				go w.finish(a, step, w.engine.failure(step, errHandlerGoexit), true)
+			}
+		}()
 		result, ok = w.engine.runAttempt(a.ctx, w.logger, w.failureLevel(), w.logs, step)
+		returned = true
 	}
+	w.finish(a, step, result, ok)
+}
+
+// finish hands an attempt's result to the recorder, or settles the
+// attempt when it has none to record.
+func (w *Worker) finish(a *attempt, step storage.ClaimedStep, result storage.StepResult, ok bool) {
 	ran := time.Since(a.began)
 	cause := context.Cause(a.ctx)
 	// As net/http does when ServeHTTP returns: what the handler left

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -45,7 +46,8 @@ type WorkerConfig struct {
 	// Default: DefaultPoll (1s).
 	Poll time.Duration
 	// ShutdownGrace is how long running steps may finish after Run's
-	// context ends before they are cancelled and released. It is also how
+	// context ends before they are cancelled and released (a step on its
+	// last attempt fails instead: see Worker.Run). It is also how
 	// long a handler may run on after its context was cancelled (its
 	// step timed out, was cancelled, or its lease was lost) before the
 	// worker stops waiting for it. Default: DefaultShutdownGrace (10s).
@@ -76,6 +78,8 @@ type Worker struct {
 	engine *Engine
 	config *WorkerConfig
 	logger *slog.Logger
+	// ran is set by the first call of Run.
+	ran atomic.Bool
 	// debug is whether the logger takes debug records: each attempt's
 	// start and end, asked for once rather than at every attempt.
 	debug bool
@@ -144,18 +148,28 @@ func (e *Engine) NewWorker(config *WorkerConfig) (*Worker, error) {
 	}, nil
 }
 
+// ErrWorkerRan is what Run returns when the Worker ran before: its state
+// (claims, attempts, the slots) is its one run's.
+var ErrWorkerRan = errors.New("dagrun: this Worker has run already; make another with Engine.NewWorker")
+
 // ID returns the worker's ID.
 func (w *Worker) ID() string { return w.config.ID }
 
 // Run claims and runs steps until ctx ends, then shuts down gracefully: it
 // stops claiming, lets running steps finish within the shutdown grace,
 // cancels the rest, records every result it has, and releases the claims
-// of steps that did not finish. A handler that ignores its cancelled
-// context does not keep Run from returning: it is left running, and its
-// step is released. When the store reports its database lost
-// (storage.ErrDatabaseLost), Run cancels its handlers at once and returns
-// that error.
+// of steps that did not finish, but for a step on its last attempt
+// (maxAttempts 1, say), which fails as a crash would fail it, so that no
+// step runs more often than its retry policy allows. A handler that
+// ignores its cancelled context does not keep Run from returning: it is
+// left running, and its step is released. When the store reports its
+// database lost (storage.ErrDatabaseLost), Run cancels its handlers at
+// once and returns that error. A Worker runs once: Run returns
+// ErrWorkerRan when called again; make another with Engine.NewWorker.
 func (w *Worker) Run(ctx context.Context) error {
+	if !w.ran.CompareAndSwap(false, true) {
+		return ErrWorkerRan
+	}
 	defer w.watchClock(ctx)()
 	wake, unsubscribe := w.engine.store.Subscribe(w.config.Queues)
 	defer unsubscribe()

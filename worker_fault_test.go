@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"github.com/dagrun/dagrun"
 	"github.com/dagrun/dagrun/handlers"
 	"github.com/dagrun/dagrun/storage"
+	"github.com/dagrun/dagrun/storage/backendtest"
 	"github.com/dagrun/dagrun/storage/storagetest"
 )
 
@@ -689,4 +691,60 @@ steps:
 		}
 		require.Equal(t, []string{"INFO", "WARN"}, levels, logs.String())
 	})
+}
+
+// TestHandlerThatEndsItsGoroutine: a handler that calls runtime.Goexit (as
+// t.FailNow does) never returns, and no recover stops it. Its attempt
+// fails, and a retry runs: the step does not wait for a result until its
+// worker stops.
+func TestHandlerThatEndsItsGoroutine(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		registry := handlers.NewRegistry()
+		var calls atomic.Int32
+		registry.Register("test.goexit", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			if calls.Add(1) == 1 {
+				runtime.Goexit()
+			}
+			return json.RawMessage(`"second"`), nil
+		})
+		b := setup(t, open, registry, `
+name: exits
+steps:
+  - {name: once, handler: test.goexit, retry: {maxAttempts: 2, backoff: 1ms}}
+output: ${{ steps.once.output }}
+`)
+		b.runWorker(t, nil)
+		inst := b.wait(t, b.start(t, "exits", `{}`))
+		require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+		requireJSON(t, `"second"`, inst.Output)
+		once := step(t, inst, "once")
+		require.Equal(t, 2, once.Attempts)
+		var failed []string
+		for _, e := range inst.Events {
+			if e.Type == storage.EventStepRetrying {
+				failed = append(failed, e.Message)
+			}
+		}
+		require.Len(t, failed, 1)
+		require.Contains(t, failed[0], "the handler ended its goroutine without returning")
+	})
+}
+
+// TestAWorkerRunsOnce: a second Run, after the first or beside it, returns
+// ErrWorkerRan instead of claiming nothing without a word.
+func TestAWorkerRunsOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(t *testing.T) storage.Store { return backendtest.OpenSQLite(t) }, nil, chainWorkflow)
+	worker, err := b.engine.NewWorker(&dagrun.WorkerConfig{Poll: 20 * time.Millisecond})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- worker.Run(ctx) }()
+	inst := b.wait(t, b.start(t, "chain", `{"n": 1}`))
+	require.Equal(t, storage.InstanceCompleted, inst.Status, inst.Error)
+	require.ErrorIs(t, worker.Run(context.Background()), dagrun.ErrWorkerRan, "beside the first")
+	cancel()
+	require.NoError(t, <-done)
+	require.ErrorIs(t, worker.Run(context.Background()), dagrun.ErrWorkerRan, "after the first")
 }
