@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -87,31 +86,49 @@ func WriteLogLine(w io.Writer, r storage.LogRecord) error {
 	where += "#" + strconv.Itoa(r.Attempt)
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %-5s %s %s", r.Time.UTC().Format("2006-01-02T15:04:05.000Z"), r.Level, where, oneLineText(r.Message))
-	if len(r.Attrs) > 0 {
-		var m map[string]json.RawMessage
-		if err := json.Unmarshal(r.Attrs, &m); err == nil {
-			writeAttrs(&b, "", m)
-		}
+	if members, ok := objectMembers(r.Attrs); ok {
+		writeAttrs(&b, "", members)
 	}
 	b.WriteByte('\n')
 	_, err := io.WriteString(w, b.String())
 	return err
 }
 
-func writeAttrs(b *strings.Builder, prefix string, m map[string]json.RawMessage) {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
+// member is a key of a JSON object and its value.
+type member struct {
+	key   string
+	value json.RawMessage
+}
+
+// objectMembers returns the members of a JSON object in the order it
+// writes them (the order the handler logged its attributes in, which a
+// map would lose); ok is false for anything but an object.
+func objectMembers(raw []byte) (members []member, ok bool) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, false
 	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		v := bytes.TrimSpace(m[k])
-		if len(v) > 0 && v[0] == '{' {
-			var sub map[string]json.RawMessage
-			if json.Unmarshal(v, &sub) == nil {
-				writeAttrs(b, prefix+k+".", sub)
-				continue
-			}
+	for dec.More() {
+		tok, err := dec.Token()
+		key, isKey := tok.(string)
+		if err != nil || !isKey {
+			return nil, false
+		}
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return nil, false
+		}
+		members = append(members, member{key, value})
+	}
+	return members, true
+}
+
+func writeAttrs(b *strings.Builder, prefix string, members []member) {
+	for _, m := range members {
+		v := bytes.TrimSpace(m.value)
+		if group, ok := objectMembers(v); ok {
+			writeAttrs(b, prefix+m.key+".", group)
+			continue
 		}
 		var s string
 		if len(v) > 0 && v[0] == '"' && json.Unmarshal(v, &s) == nil {
@@ -121,7 +138,7 @@ func writeAttrs(b *strings.Builder, prefix string, m map[string]json.RawMessage)
 		} else {
 			s = string(v)
 		}
-		b.WriteString(" " + prefix + k + "=" + s)
+		b.WriteString(" " + prefix + m.key + "=" + s)
 	}
 }
 
