@@ -13,6 +13,7 @@
 //	handlers.RegisterBuiltins(registry)
 //	engine, _ := dagrun.New(store, registry, &dagrun.Config{Workflows: workflows})
 //	res, _ := engine.Start(ctx, "order-processing", input, nil)
+//	log.Println("started instance", res.ID)
 //	worker, _ := engine.NewWorker(&dagrun.WorkerConfig{Concurrency: 8})
 //	_ = worker.Run(ctx) // until ctx is cancelled
 //

@@ -868,7 +868,7 @@ func (s *Store) retry(ctx context.Context, fn func() error) error {
 func (s *Store) inCallerTx(ctx context.Context, caller any, fn func(tx pgx.Tx, st *txState) error) error {
 	outer, ok := caller.(pgx.Tx)
 	if !ok || outer == nil {
-		return fmt.Errorf("postgres: the caller's transaction must be a pgx.Tx, got %T", caller)
+		return fmt.Errorf("the caller's transaction must be a pgx.Tx, got %T", caller)
 	}
 	storage.AttemptStarted(ctx)
 	st := &txState{store: s}

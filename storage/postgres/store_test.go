@@ -961,7 +961,7 @@ func TestCallerTxType(t *testing.T) {
 	t.Parallel()
 	s := openTestStore(t, nil)
 	_, err := s.CreateInstances(t.Context(), "not a tx", []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
-	require.ErrorContains(t, err, "must be a pgx.Tx, got string")
+	require.EqualError(t, err, "postgres: create instances: the caller's transaction must be a pgx.Tx, got string")
 }
 
 func TestIsRetryable(t *testing.T) {
