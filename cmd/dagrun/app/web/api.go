@@ -344,6 +344,26 @@ func (s *Server) getInstance(w http.ResponseWriter, r *http.Request) {
 	s.writeInstance(w, r, http.StatusOK, r.PathValue("id"))
 }
 
+// getInstanceDefinition is GET /api/instances/{id}/definition: the
+// definition the instance runs under, the snapshot it started with, in the
+// shape of GET /api/workflows/{name}. The file may have changed since (a
+// wait step's schema, say), and a client that builds a form for the
+// instance must read this one.
+func (s *Server) getInstanceDefinition(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	inst, err := s.engine.Get(r.Context(), id)
+	if err != nil {
+		s.failInstance(w, r, id, err)
+		return
+	}
+	wf, err := s.engine.Definition(inst)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, newWorkflowDetail(wf))
+}
+
 func (s *Server) writeInstance(w http.ResponseWriter, r *http.Request, status int, id string) {
 	inst, err := s.engine.Get(r.Context(), id)
 	if err != nil {

@@ -186,6 +186,8 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/greet/instances", `{"name": "ada"}`, http.StatusBadRequest)
 	c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/nope/instances", ``, http.StatusNotFound)
 	b.wait(t, greetID)
+	c.call(t, "GET /api/instances/{id}/definition", "/api/instances/"+greetID+"/definition", "", http.StatusOK)
+	c.call(t, "GET /api/instances/{id}/definition", "/api/instances/missing/definition", "", http.StatusNotFound)
 
 	c.call(t, "GET /api/workflows/{name}", "/api/workflows/guarded", "", http.StatusOK)
 	guarded := c.call(t, "POST /api/workflows/{name}/instances", "/api/workflows/guarded/instances", "", http.StatusCreated).json(t)["id"].(string)

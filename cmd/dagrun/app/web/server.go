@@ -160,6 +160,7 @@ func (s *Server) routes() {
 	api("POST /api/workflows/{name}/instances", s.startInstance)
 	api("GET /api/instances", s.listInstances)
 	api("GET /api/instances/{id}", s.getInstance)
+	api("GET /api/instances/{id}/definition", s.getInstanceDefinition)
 	api("GET /api/instances/{id}/steps/{step}/items", s.listItems)
 	api("GET /api/instances/{id}/events", s.listEvents)
 	api("GET /api/instances/{id}/logs", s.listLogs)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/dagrun/dagrun/dag"
 	"github.com/dagrun/dagrun/storage"
 )
 
@@ -215,4 +216,42 @@ func TestWorkflowDetailShowsWait(t *testing.T) {
 	require.NotNil(t, detail.Steps[1].Wait)
 	require.JSONEq(t, `{"signal": "approve", "timeout": "1h", "schema": {"type": "object", "required": ["approved"],
 		"additionalProperties": false, "properties": {"approved": {"type": "boolean"}}}}`, string(*detail.Steps[1].Wait))
+}
+
+// TestInstanceDefinitionIsTheSnapshot: GET /api/instances/{id}/definition
+// is the definition the instance started under, after its workflow's file
+// changed (the web UI builds a wait step's form from it: the schema a
+// signal must satisfy is the instance's, not the file's).
+func TestInstanceDefinitionIsTheSnapshot(t *testing.T) {
+	t.Parallel()
+	b := setup(t, openSQLite, &setupOpts{workflows: []string{approvalYAML}})
+	id := b.start(t, "approval", `{}`)
+	changed, err := dag.Parse("", []byte(strings.Replace(approvalYAML, "approved: {type: boolean}", "approved: {type: string}", 1)), nil)
+	require.NoError(t, err)
+	require.NoError(t, b.engine.SetWorkflows([]*dag.Workflow{changed}, nil))
+
+	schemaOf := func(path string) string {
+		t.Helper()
+		r := b.do(t, http.MethodGet, path, "")
+		require.Equal(t, http.StatusOK, r.status, "body: %s", r.body)
+		var def struct {
+			Steps []struct {
+				Name string `json:"name"`
+				Wait *struct {
+					Schema json.RawMessage `json:"schema"`
+				} `json:"wait"`
+			} `json:"steps"`
+		}
+		require.NoError(t, json.Unmarshal(r.body, &def))
+		for _, st := range def.Steps {
+			if st.Name == "approval" {
+				return string(st.Wait.Schema)
+			}
+		}
+		t.Fatalf("no approval step in %s", r.body)
+		return ""
+	}
+	require.Contains(t, schemaOf("/api/instances/"+id+"/definition"), `"boolean"`, "the instance's own")
+	require.Contains(t, schemaOf("/api/workflows/approval"), `"string"`, "the file's, as it is now")
+	requireError(t, b.do(t, http.MethodGet, "/api/instances/nope/definition", ""), http.StatusNotFound, "nope")
 }
