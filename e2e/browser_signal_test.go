@@ -116,8 +116,32 @@ func TestBrowserSignals(t *testing.T) {
 	require.Equal(t, "waiting", apiClient.stepStatus(t, deliveryID, "confirm"), "a refused payload changes nothing")
 	browserScreenshot(t, ctx, "browser-signal-refused.png")
 
+	// The page redraws the step panel as the instance changes (here a pause
+	// and a resume) while a payload is typed: the field keeps its focus,
+	// and what is typed after the redraw lands in it.
+	focused := func(when string) {
+		t.Helper()
+		active, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.activeElement ? document.activeElement.id : ""`))
+		require.NoError(t, err)
+		require.Equal(t, "signal-data", active, "the payload field keeps its focus %s", when)
+	}
+	browserDo(t, ctx, console, "type half a payload",
+		chromedp.Evaluate[chromedp.Void](`document.querySelector("#signal-data").value = ""`),
+		chromedp.Focus(chromedp.CSS("#signal-data")),
+		chromedp.KeyEvent(`{"trackingNo": `),
+	)
+	apiClient.call(t, http.MethodPost, "/api/instances/"+deliveryID+"/pause", "", http.StatusOK, nil)
+	browserDo(t, ctx, console, "see the pause", chromedp.WaitVisible(chromedp.CSS("#paused")))
+	focused("after the pause")
+	apiClient.call(t, http.MethodPost, "/api/instances/"+deliveryID+"/resume", "", http.StatusOK, nil)
+	browserDo(t, ctx, console, "see the resume", chromedp.WaitNotPresent(chromedp.CSS("#paused")))
+	focused("after the resume")
+	browserDo(t, ctx, console, "type the rest", chromedp.KeyEvent(`"TRK-1"}`))
+	typed, err := chromedp.Run(ctx, chromedp.Value(chromedp.CSS("#signal-data")))
+	require.NoError(t, err)
+	require.Equal(t, `{"trackingNo": "TRK-1"}`, typed)
+
 	browserDo(t, ctx, console, "send a good payload until completed",
-		chromedp.SetValue(chromedp.CSS("#signal-data"), `{"trackingNo": "TRK-1"}`),
 		chromedp.Click(chromedp.CSS("#signal-send")),
 		chromedp.WaitVisible(chromedp.CSS("h1 .badge.s-completed")),
 	)

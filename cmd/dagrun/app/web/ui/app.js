@@ -1212,12 +1212,14 @@
     }
 
     // waitSchema resolves to the payload schema of a wait step, read from
-    // the workflow's definition (null when the workflow is no longer
-    // served: the form then offers a JSON editor).
+    // the definition the instance runs under, which the server checks a
+    // signal against, not from the workflow's file, which may have
+    // changed since (null when it cannot be read: the form then offers a
+    // JSON editor).
     let definition = null;
     function waitSchema(step) {
       if (!definition) {
-        definition = api("GET", "workflows/" + encodeURIComponent(inst.workflow)).catch((err) => {
+        definition = api("GET", "instances/" + encodeURIComponent(id) + "/definition").catch((err) => {
           if (err.status === 404) return null;
           definition = null; // try again next time
           throw err;
@@ -1284,8 +1286,18 @@
       graph.set(inst.graph, stepInfo, selected);
       legendSection(JSON.stringify(counts), () => legend(counts));
       const s = selected && steps.find((x) => x.name === selected);
+      // A redraw re-attaches the signal form, which blurs the field being
+      // typed in: the keys after it went nowhere. The field gets its focus
+      // and caret back.
+      const typing = document.activeElement;
+      const caret = typing && (typing.id === "signal-data" || typing.id === "signal-id")
+        ? [typing, typing.selectionStart, typing.selectionEnd] : null;
       sideSection(s ? JSON.stringify([s, inst.status, history.version()])
         : JSON.stringify(steps.map((st) => [st.name, st.status, st.startedAt, st.finishedAt, st.items])), renderSide);
+      if (caret && caret[0].isConnected && document.activeElement !== caret[0]) {
+        caret[0].focus();
+        caret[0].setSelectionRange(caret[1], caret[2]);
+      }
     }
 
     function renderHead() {
