@@ -31,7 +31,11 @@ func (s *Store) migrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if s.migrated(ctx, ms) {
+	done, current := s.migrated(ctx, ms)
+	if err := s.checkNotNewer(current, ms); err != nil {
+		return err
+	}
+	if done {
 		return nil
 	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -76,8 +80,13 @@ func (s *Store) migrate(ctx context.Context) error {
 			return err
 		}
 		done := make(map[int]bool, len(applied))
+		newest := 0
 		for _, v := range applied {
 			done[int(v)] = true
+			newest = max(newest, int(v))
+		}
+		if err := s.checkNotNewer(newest, ms); err != nil {
+			return err
 		}
 		changed := false
 		for _, m := range ms {
@@ -133,17 +142,32 @@ END $$`
 // migrated reports whether the schema already has every migration in ms,
 // as it has when a process starts beside others of the same version: a
 // fleet of workers started at once then does not queue, one at a time,
-// for the migration lock (20 workers waited 16 s for it in all). Any
-// doubt, an error included (no schema yet), says no: the locked path
-// decides.
-func (s *Store) migrated(ctx context.Context, ms []migrate.Migration) bool {
+// for the migration lock (20 workers waited 16 s for it in all), and the
+// newest version the schema records. Any doubt, an error included (no
+// schema yet), says no: the locked path decides.
+func (s *Store) migrated(ctx context.Context, ms []migrate.Migration) (done bool, newest int) {
 	versions := make([]int32, len(ms))
 	for i, m := range ms {
 		versions[i] = int32(m.Version)
 	}
 	var n int
-	err := s.pool.QueryRow(ctx, s.q("SELECT count(*) FROM {s}schema_migrations WHERE version = ANY($1)"), versions).Scan(&n)
-	return err == nil && n == len(ms)
+	err := s.pool.QueryRow(ctx, s.q("SELECT count(*) FILTER (WHERE version = ANY($1)), coalesce(max(version), 0) FROM {s}schema_migrations"),
+		versions).Scan(&n, &newest)
+	if err != nil {
+		return false, 0
+	}
+	return n == len(ms), newest
+}
+
+// checkNotNewer refuses a schema a newer dagrun migrated past this build's
+// last migration, as the SQLite store refuses such a file: this build
+// would misread its tables (a rolled-back deploy beside newer workers).
+func (s *Store) checkNotNewer(newest int, ms []migrate.Migration) error {
+	if latest := ms[len(ms)-1].Version; newest > latest {
+		return fmt.Errorf("%w: PostgreSQL schema %q has dagrun's schema version %d, newer than this build of dagrun supports (%d): upgrade dagrun",
+			storage.ErrUnavailable, s.cfg.Schema, newest, latest)
+	}
+	return nil
 }
 
 // legacyTables are the tables dagrun made before it had a schema of its

@@ -443,3 +443,32 @@ func TestMigrationFreesTheSlotsOfWorkflowSteps(t *testing.T) {
 	require.Len(t, got, 1)
 	require.Equal(t, "work", got[0].Step)
 }
+
+// TestNewerSchemaIsRefused: a schema a newer dagrun migrated past this
+// build's last migration is refused, as the SQLite store refuses such a
+// file, on the fast path that finds every known migration applied and on
+// the locked one that applies what is missing.
+func TestNewerSchemaIsRefused(t *testing.T) {
+	t.Parallel()
+	schema := newSchema(t)
+	s := openStoreIn(t, schema, nil)
+	ctx := t.Context()
+	_, err := s.pool.Exec(ctx, s.q(`INSERT INTO {s}schema_migrations (version, name) VALUES (999, '0999_future.sql')`))
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name  string
+		setup string // what the newer version did besides, if anything
+	}{
+		{"EveryKnownMigrationApplied", ""},
+		{"AKnownMigrationMissing", `DELETE FROM {s}schema_migrations WHERE version = 33`},
+	} {
+		if tc.setup != "" {
+			_, err := s.pool.Exec(ctx, s.q(tc.setup))
+			require.NoError(t, err)
+		}
+		_, err = New(ctx, sharedPool(t), &Config{Schema: schema})
+		require.ErrorIs(t, err, storage.ErrUnavailable, tc.name)
+		require.ErrorContains(t, err, fmt.Sprintf(`PostgreSQL schema %q has dagrun's schema version 999, newer than this build of dagrun supports`, schema), tc.name)
+		require.ErrorContains(t, err, "upgrade dagrun", tc.name)
+	}
+}
