@@ -474,6 +474,9 @@ func newStore(ctx context.Context, pool *pgxpool.Pool, owns bool, cfg *Config, l
 
 // Close stops the listener and, for a store made by Open, closes the pool.
 // Subscription channels stay open but receive nothing more.
+// Schema returns the PostgreSQL schema of the store's tables.
+func (s *Store) Schema() string { return s.cfg.Schema }
+
 func (s *Store) Close() error {
 	s.subsMu.Lock()
 	l := s.listener

@@ -8,10 +8,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"text/tabwriter"
 	"time"
@@ -514,6 +516,41 @@ func TestDBSchema(t *testing.T) {
 	require.Equal(t, 1, count("--db", db, "--db-schema", "tenant_x"))
 	require.Equal(t, 1, count("--db", db+sep+"dagrun_schema=tenant_x"))
 	require.Equal(t, 0, count("--db", db), "the default schema")
+
+	// A worker's start line names the schema it works in: a mistyped one
+	// makes a new, empty schema without another word.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	stderr := &cancelOnText{text: "dagrun worker started", cancel: cancel}
+	code := app.Run(ctx, []string{"--db", db, "--db-schema", "tenant_x", "worker"}, &app.IO{
+		Stdout: io.Discard, Stderr: stderr, Getenv: func(name string) string { return b.env[name] },
+	}, b.registry)
+	require.Equal(t, app.ExitOK, code, stderr.String())
+	require.Contains(t, stderr.String(), "schema=tenant_x")
+}
+
+// cancelOnText is a stderr that cancels a command once it wrote text.
+type cancelOnText struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	text   string
+	cancel context.CancelFunc
+}
+
+func (w *cancelOnText) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n, err := w.buf.Write(p)
+	if strings.Contains(w.buf.String(), w.text) {
+		w.cancel()
+	}
+	return n, err
+}
+
+func (w *cancelOnText) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
 }
 
 // TestWorkerWarnsOfAShortLease: a lease under a second can run out while

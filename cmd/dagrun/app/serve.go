@@ -171,7 +171,7 @@ func (c *cli) serve(ctx context.Context, addr string, auth web.Config, certs *se
 			_ = ln.Close()
 			return usageError(err)
 		}
-		c.logger.Info("dagrun worker started", "id", worker.ID(), "concurrency", concurrency, "db", redactDSN(c.db))
+		c.logger.Info("dagrun worker started", append([]any{"id", worker.ID(), "concurrency", concurrency}, c.storeAttrs(engine)...)...)
 		go func() { workerDone <- worker.Run(workerCtx) }()
 	} else {
 		workerDone <- nil

@@ -93,7 +93,7 @@ func (c *cli) workerCommand() *cobra.Command {
 			if err != nil {
 				return usageError(err)
 			}
-			c.logger.Info("dagrun worker started", "id", worker.ID(), "concurrency", config.Concurrency, "queues", config.Queues, "db", redactDSN(c.db))
+			c.logger.Info("dagrun worker started", append([]any{"id", worker.ID(), "concurrency", config.Concurrency, "queues", config.Queues}, c.storeAttrs(engine)...)...)
 			scheduler := c.startScheduler(ctx, engine, noSchedules)
 			stopFollowing := c.followWorkflowsFolder(ctx, engine, scheduler.Restart)
 			ran := make(chan struct{})
@@ -181,6 +181,17 @@ func parseDurationFlag(name, value string, zeroOK bool) (time.Duration, error) {
 }
 
 // redactDSN hides a password in a postgres URL before it is logged.
+// storeAttrs name the database a worker's start log line is about: the
+// URL without its password, and on PostgreSQL the schema of the tables,
+// which a mistyped --db-schema would otherwise make new without a word.
+func (c *cli) storeAttrs(engine *dagrun.Engine) []any {
+	attrs := []any{"db", redactDSN(c.db)}
+	if s, ok := engine.Store().(interface{ Schema() string }); ok {
+		attrs = append(attrs, "schema", s.Schema())
+	}
+	return attrs
+}
+
 func redactDSN(dsn string) string {
 	at := strings.LastIndex(dsn, "@")
 	scheme := strings.Index(dsn, "://")
