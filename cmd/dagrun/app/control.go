@@ -84,7 +84,11 @@ func (c *cli) pruneCommand() *cobra.Command {
 			if dryRun {
 				verb = "would prune"
 			}
-			fmt.Fprintf(c.io.Stdout, "%s %d finished instances older than %s\n", verb, n, olderThan)
+			noun := "instances"
+			if n == 1 {
+				noun = "instance"
+			}
+			fmt.Fprintf(c.io.Stdout, "%s %d finished %s older than %s\n", verb, n, noun, olderThan)
 			return nil
 		},
 	}

@@ -120,6 +120,11 @@ func TestPruneAcceptsDaysAndWeeks(t *testing.T) {
 		res := b.run(t, "", "prune", "--older-than", age, "--dry-run")
 		require.Equal(t, app.ExitUsage, res.code, "%s: %s", age, res.stdout)
 	}
+	// One finished instance is one instance.
+	res := b.run(t, "", "start", "greet", "--input", `{"name": "Ada"}`)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	res = b.run(t, "", "prune", "--older-than", "0d", "--dry-run")
+	require.Equal(t, "would prune 1 finished instance older than 0d\n", res.stdout)
 }
 
 // TestSignalStopsWorkflowLoading: a command whose workflows take long to
