@@ -3,6 +3,7 @@ package e2e
 import (
 	"net/http"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -177,6 +178,19 @@ func TestBrowserSignals(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS("#wait-schema")),
 	)
 	browserScreenshot(t, ctx, "browser-signal-definition.png")
+
+	// The server reloads a workflow file that changed, and the open
+	// definition page draws the new definition.
+	browserDo(t, ctx, console, "open a definition",
+		chromedp.Navigate(base+"#/workflows/delivery"),
+		chromedp.WaitVisible(chromedp.CSS(`#graph g.node[data-step="close"]`)),
+	)
+	grown := browserDelivery + `  - {name: notify, handler: noop, dependsOn: [close]}
+`
+	require.NoError(t, os.WriteFile(filepath.Join(workflows, "delivery.yaml"), []byte(grown), 0o644))
+	browserDo(t, ctx, console, "see the definition grow a step",
+		chromedp.WaitVisible(chromedp.CSS(`#graph g.node[data-step="notify"]`)),
+	)
 
 	browserRequireNoErrors(t, console)
 }

@@ -138,5 +138,17 @@ func TestBrowserSubflow(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, text, "each")
 	require.Contains(t, text, "item 1")
+
+	// With child instances listed too, each child row names its parent and
+	// step, as dagrun list --all does; the parent's row names none.
+	browserDo(t, ctx, console, "list the child instances too",
+		chromedp.Navigate(base+"#/?all=true"),
+		chromedp.WaitVisible(chromedp.CSS(`#instances tr[data-id="`+child+`"] .child-of`)),
+	)
+	of, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS(`#instances tr[data-id="`+child+`"] .child-of`)))
+	require.NoError(t, err)
+	require.Equal(t, "\u21B3 "+started.ID[:8]+"\u2026"+started.ID[len(started.ID)-4:]+" inner", of)
+	browserRequireTrue(t, ctx, "the parent's row names no parent",
+		`document.querySelector('#instances tr[data-id=`+browserJS(started.ID)+`] .child-of') === null`)
 	browserRequireNoErrors(t, console)
 }

@@ -474,7 +474,12 @@
         return instances.map((inst) => {
           const row = el("tr", { class: "clickable", "data-id": inst.id },
             el("td", { class: "pick" }, bulk.box(inst.id)),
-            el("td", { class: "mono", title: inst.id }, link("/instances/" + encodeURIComponent(inst.id), shortID(inst.id))),
+            el("td", { class: "mono", title: inst.id }, link("/instances/" + encodeURIComponent(inst.id), shortID(inst.id)),
+              // With child instances listed too, a child says whose it is,
+              // as dagrun list --all's PARENT column does.
+              inst.parent ? el("div", { class: "muted small child-of", title: "child of " + inst.parent.id + ", step " + inst.parent.step },
+                "\u21B3 ", link("/instances/" + encodeURIComponent(inst.parent.id), shortID(inst.parent.id)),
+                " " + inst.parent.step + (inst.parent.item != null ? "[" + inst.parent.item + "]" : "")) : null),
             el("td", {}, link("/workflows/" + encodeURIComponent(inst.workflow), inst.workflow)),
             el("td", {}, badge(inst.status), inst.paused ? el("span", { class: "badge paused" }, "paused") : null),
             el("td", {},
@@ -1743,9 +1748,13 @@
       return form;
     }
 
+    // The server reloads a workflow file that changed: the page looks again
+    // at every poll, and draws itself again when the definition did.
+    let shownHash = null;
     async function refresh(gen) {
+      let next;
       try {
-        wf = await api("GET", "workflows/" + encodeURIComponent(name));
+        next = await api("GET", "workflows/" + encodeURIComponent(name));
       } catch (err) {
         if (err.status !== 404 || gen !== generation) throw err;
         // The page says what is wrong, as an unknown instance's does,
@@ -1758,6 +1767,9 @@
         return false;
       }
       if (gen !== generation) return false;
+      if (next.hash === shownHash) return true;
+      wf = next;
+      shownHash = wf.hash;
       stepsByName = new Map(wf.steps.concat(wf.onFailure || []).map((st) => [st.name, st]));
       document.title = wf.name + " · dagrun";
       clear(body);
@@ -1777,7 +1789,7 @@
       ]);
       graph.set(wf.graph, stepInfo, selected);
       renderSide();
-      return false; // a definition does not change while the server runs
+      return true;
     }
     return { refresh };
   }
