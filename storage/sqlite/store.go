@@ -785,6 +785,12 @@ func (t *connTx) rollback() {
 func (s *Store) fail(op string, err error) error {
 	var se sqlite3.Error
 	if s.file != nil && errors.As(err, &se) && (se.Code == sqlite3.ErrCorrupt || se.Code == sqlite3.ErrNotADB) {
+		// A file truncated, deleted or replaced under the store reads as
+		// corrupt too when a query reaches it before the file check
+		// does: that check names what happened.
+		if lost := s.checkFile(); lost != nil {
+			return lost
+		}
 		// Damage in pages the open did not read may be older than this
 		// process: the message does not say when it came.
 		return s.markLost(fmt.Errorf("%w: SQLite database %q is corrupt, or was overwritten while this process had it open: "+
