@@ -134,10 +134,10 @@ func TestPrune(t *testing.T) {
 		require.Equal(t, "pruned 0 finished instances older than 7d", prune("--older-than", "7d"))
 		require.Equal(t, "pruned 0 finished instances older than 2w", prune("--older-than", "2w"))
 		b := bound()
-		require.Equal(t, fmt.Sprintf("would prune 1 finished instances older than %s", b), prune("--older-than", b.String(), "--dry-run"))
+		require.Equal(t, fmt.Sprintf("would prune 1 finished instance older than %s", b), prune("--older-than", b.String(), "--dry-run"))
 		require.Equal(t, "completed", e.status(t, oldInst.ID).Status, "--dry-run deletes nothing")
 		b = bound()
-		require.Equal(t, fmt.Sprintf("pruned 1 finished instances older than %s", b), prune("--older-than", b.String()))
+		require.Equal(t, fmt.Sprintf("pruned 1 finished instance older than %s", b), prune("--older-than", b.String()))
 
 		res := e.run(t, "status", oldInst.ID)
 		require.Equal(t, 2, res.code, "a pruned instance is gone: %s", res.stderr)
