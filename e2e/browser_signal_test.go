@@ -32,6 +32,14 @@ steps:
       trackingNo: ${{ steps.confirm.output.trackingNo }}
 `
 
+// browserOnePerCustomer runs one instance per customer at a time; the
+// others wait for a slot, their first (wait) step blocked.
+const browserOnePerCustomer = `name: one-per-customer
+concurrency: {key: "${{ input.customer }}", limit: 1}
+steps:
+  - {name: approve, wait: {}}
+`
+
 // TestBrowserSignals drives a person's side of wait steps in headless
 // Chromium: the shipped refund-approval example waits for approval; its
 // page shows the waiting step with its signal and the time left, and a
@@ -43,7 +51,8 @@ func TestBrowserSignals(t *testing.T) {
 	chromium := browserChromium(t)
 	refund, err := os.ReadFile("../workflows/refund-approval.yaml")
 	require.NoError(t, err)
-	dir, workflows := browserWorkflows(t, map[string]string{"refund-approval.yaml": string(refund), "delivery.yaml": browserDelivery})
+	dir, workflows := browserWorkflows(t, map[string]string{"refund-approval.yaml": string(refund), "delivery.yaml": browserDelivery,
+		"one-per-customer.yaml": browserOnePerCustomer})
 	const token = "browser-signal-token"
 	base := browserServe(t, binary, dir, workflows, token)
 	apiClient := &browserAPI{base: base, token: token}
@@ -190,6 +199,23 @@ func TestBrowserSignals(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(workflows, "delivery.yaml"), []byte(grown), 0o644))
 	browserDo(t, ctx, console, "see the definition grow a step",
 		chromedp.WaitVisible(chromedp.CSS(`#graph g.node[data-step="notify"]`)),
+	)
+
+	// An instance its workflow's concurrency limit holds says so, until
+	// the one before it finishes.
+	first := start("one-per-customer", `{"input": {"customer": "c-1"}}`, "approve")
+	var second struct {
+		ID string `json:"id"`
+	}
+	apiClient.call(t, http.MethodPost, "/api/workflows/one-per-customer/instances", `{"input": {"customer": "c-1"}}`, http.StatusCreated, &second)
+	browserDo(t, ctx, console, "open the instance that waits for a slot",
+		chromedp.Navigate(base+"#/instances/"+second.ID),
+		chromedp.WaitVisible(chromedp.CSS("h1 #held")),
+	)
+	apiClient.call(t, http.MethodPost, "/api/instances/"+first+"/signals/approve", `{}`, http.StatusOK, nil)
+	browserDo(t, ctx, console, "see it start once the first finished",
+		chromedp.WaitNotPresent(chromedp.CSS("h1 #held")),
+		chromedp.WaitVisible(chromedp.CSS(`#graph g.node[data-step="approve"].s-waiting`)),
 	)
 
 	browserRequireNoErrors(t, console)

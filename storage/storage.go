@@ -536,6 +536,12 @@ type Instance struct {
 	// Paused is set between Operator.PauseInstance and ResumeInstance
 	// (never on a finished instance): its steps are not claimed.
 	Paused bool
+	// ConcurrencyKey is the value of its workflow's concurrency key ("":
+	// no workflow limit applies); Held tells that the unfinished instance
+	// waits for a slot of that key, all of them taken by instances
+	// admitted before it (CreateParams.ConcurrencyLimit).
+	ConcurrencyKey string
+	Held           bool
 	// TraceParent and TraceCaller are as CreateParams gave them.
 	TraceParent string
 	TraceCaller string

@@ -29,7 +29,7 @@ const instanceColumns = `id, workflow, definition_hash, status, input, output, e
 	timeout_us, CASE WHEN status = 'running' THEN deadline END,
 	status = 'running' AND failing, failed_step,
 	coalesce(traceparent, ''), coalesce(trace_caller, ''),
-	parent_id, parent_step, parent_item, depth`
+	parent_id, parent_step, parent_item, depth, coalesce(concurrency_key, ''), held AND finished_at IS NULL`
 
 func scanInstance(row pgx.Row, extra ...any) (storage.Instance, error) {
 	var (
@@ -44,7 +44,7 @@ func scanInstance(row pgx.Row, extra ...any) (storage.Instance, error) {
 		ref    storage.ParentRef
 	)
 	dest := append([]any{&in.ID, &in.Workflow, &in.DefinitionHash, &in.Status, &input, &output, &in.Error, &in.Key,
-		&in.Priority, &in.RunAfter, &in.CreatedAt, &started, &finished, &in.Paused, &timeout, &deadline, &in.Failing, &in.FailedStep, &in.TraceParent, &in.TraceCaller, &parent, &ref.Step, &ref.Item, &in.Depth}, extra...)
+		&in.Priority, &in.RunAfter, &in.CreatedAt, &started, &finished, &in.Paused, &timeout, &deadline, &in.Failing, &in.FailedStep, &in.TraceParent, &in.TraceCaller, &parent, &ref.Step, &ref.Item, &in.Depth, &in.ConcurrencyKey, &in.Held}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return in, err
 	}

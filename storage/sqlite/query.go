@@ -16,7 +16,7 @@ const instanceColumns = `id, workflow, definition_hash, status, input, output, e
 	timeout_us, CASE WHEN status = 'running' THEN deadline END,
 	status = 'running' AND failing, failed_step,
 	coalesce(traceparent, ''), coalesce(trace_caller, ''),
-	parent_id, parent_step, parent_item, depth`
+	parent_id, parent_step, parent_item, depth, coalesce(concurrency_key, ''), held AND finished_at IS NULL`
 
 type scanner interface{ Scan(...any) error }
 
@@ -33,7 +33,7 @@ func scanInstance(sc scanner, extra ...any) (storage.Instance, error) {
 	)
 	dest := append([]any{&in.ID, &in.Workflow, &in.DefinitionHash, &in.Status, &input, &output, &in.Error, &in.Key, &in.Priority,
 		&runAfter, &created, &started, &finished, &in.Paused, &timeout, &deadline, &in.Failing, &in.FailedStep, &in.TraceParent, &in.TraceCaller,
-		&parent, &ref.Step, &ref.Item, &in.Depth}, extra...)
+		&parent, &ref.Step, &ref.Item, &in.Depth, &in.ConcurrencyKey, &in.Held}, extra...)
 	if err := sc.Scan(dest...); err != nil {
 		return in, err
 	}

@@ -228,13 +228,20 @@ var limitTests = map[string]func(*testing.T, *Harness){
 		more := b.createKeyed(keyed("a", 1, 0))
 		require.ElementsMatch(t, []string{ids[0], ids[2]}, b.claimAll(), "one instance per key runs")
 		require.True(t, b.held(ids[1]))
-		require.Equal(t, storage.InstancePending, b.get(ids[1]).Status)
+		waiting := b.get(ids[1])
+		require.Equal(t, storage.InstancePending, waiting.Status)
+		require.True(t, waiting.Held, "the instance says it waits for a slot of its key")
+		require.Equal(t, "a", waiting.ConcurrencyKey)
+		admitted := b.get(ids[0])
+		require.False(t, admitted.Held)
+		require.Equal(t, "a", admitted.ConcurrencyKey)
 
 		require.Empty(t, b.claimAll())
 		// The running one finishes: the next one of its key, in creation
 		// order, is admitted in the same transaction.
 		b.complete(ids[0])
 		require.False(t, b.held(ids[1]))
+		require.False(t, b.get(ids[1]).Held, "admitted")
 		require.True(t, b.held(more[0]))
 		require.Equal(t, []string{ids[1]}, b.claimAll())
 		// A cancel frees the slot too.

@@ -339,6 +339,10 @@ func writeWakes(w io.Writer, inst *storage.Instance, now time.Time) {
 		}
 		fmt.Fprintf(w, format+"\n", args...)
 	}
+	if inst.Held && !inst.Status.Finished() {
+		line("the instance waits for a slot of its workflow's concurrency limit (key %s): it starts when an instance of that key finishes",
+			view.QuoteShort(inst.ConcurrencyKey))
+	}
 	if inst.Status == storage.InstancePending && inst.RunAfter.After(now) &&
 		!slices.ContainsFunc(inst.Steps, func(s storage.Step) bool { return s.Status == storage.StepPending }) {
 		// Its first steps start only with it (a wait, forEach or workflow

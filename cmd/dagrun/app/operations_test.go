@@ -1,7 +1,10 @@
 package app_test
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -138,4 +141,39 @@ func TestBulkOperationsKnowAWorkflowByItsInstances(t *testing.T) {
 			require.Equal(t, "dagrun: unknown workflow \"gret\": no workflows are loaded (put WORKFLOW.yaml files in the workflows folder)\n", res.stderr)
 		}
 	}
+}
+
+// TestStatusSaysWhatAHeldInstanceWaitsFor: an instance its workflow's
+// concurrency limit holds says so in status and its JSON, even when its
+// first step is a wait step, which is only blocked until it may start.
+func TestStatusSaysWhatAHeldInstanceWaitsFor(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "one-per-customer.yaml"), []byte(`name: one-per-customer
+concurrency: {key: "${{ input.customer }}", limit: 1}
+steps:
+  - {name: approve, wait: {}}
+`), 0o644))
+	b.env["DAGRUN_WORKFLOWS"] = dir
+	var ids []string
+	for range 2 {
+		res := b.run(t, "", "start", "one-per-customer", "--input", `{"customer": "c-1"}`, "--detach")
+		require.Equal(t, app.ExitOK, res.code, res.stderr)
+		ids = append(ids, strings.TrimSpace(res.stdout))
+	}
+	res := b.run(t, "", "status", ids[1])
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.Contains(t, res.stdout, `the instance waits for a slot of its workflow's concurrency limit (key "c-1"): it starts when an instance of that key finishes`)
+	var held struct {
+		Held           bool   `json:"held"`
+		ConcurrencyKey string `json:"concurrencyKey"`
+	}
+	res = b.run(t, "", "status", ids[1], "--json")
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &held))
+	require.True(t, held.Held)
+	require.Equal(t, "c-1", held.ConcurrencyKey)
+
+	res = b.run(t, "", "status", ids[0])
+	require.NotContains(t, res.stdout, "waits for a slot", "the first one runs")
 }

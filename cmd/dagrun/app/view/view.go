@@ -38,6 +38,11 @@ type Instance struct {
 	// Paused is true while the instance is paused (dagrun pause): its
 	// steps are not claimed; absent otherwise.
 	Paused bool `json:"paused,omitempty"`
+	// Held is true while the instance waits for a slot of its workflow's
+	// concurrency limit, whose key ConcurrencyKey gives (absent without a
+	// limit): it starts when an instance of that key finishes.
+	Held           bool   `json:"held,omitempty"`
+	ConcurrencyKey string `json:"concurrencyKey,omitempty"`
 	// RunAfter is, for a pending instance started with a delay, when it
 	// starts: its first steps may be blocked until then (a wait, forEach
 	// or workflow step starts only with its instance), with no runAfter
@@ -244,23 +249,25 @@ type Event struct {
 // NewInstance converts a stored instance to its public JSON shape.
 func NewInstance(inst *storage.Instance) Instance {
 	out := Instance{
-		ID:         inst.ID,
-		Workflow:   inst.Workflow,
-		Status:     string(inst.Status),
-		Input:      RawOrNull(inst.Input),
-		Output:     RawOrNull(inst.Output),
-		Error:      optString(inst.Error),
-		Key:        optString(inst.Key),
-		Priority:   inst.Priority,
-		Paused:     inst.Paused,
-		CreatedAt:  Time(inst.CreatedAt),
-		StartedAt:  optTime(inst.StartedAt),
-		FinishedAt: optTime(inst.FinishedAt),
-		Steps:      make([]Step, len(inst.Steps)),
-		Deadline:   optTime(inst.Deadline),
-		FailedStep: optString(inst.FailedStep),
-		Failing:    inst.Failing,
-		Parent:     NewParent(inst.Parent),
+		ID:             inst.ID,
+		Workflow:       inst.Workflow,
+		Status:         string(inst.Status),
+		Input:          RawOrNull(inst.Input),
+		Output:         RawOrNull(inst.Output),
+		Error:          optString(inst.Error),
+		Key:            optString(inst.Key),
+		Priority:       inst.Priority,
+		Paused:         inst.Paused,
+		Held:           inst.Held && !inst.Status.Finished(),
+		ConcurrencyKey: inst.ConcurrencyKey,
+		CreatedAt:      Time(inst.CreatedAt),
+		StartedAt:      optTime(inst.StartedAt),
+		FinishedAt:     optTime(inst.FinishedAt),
+		Steps:          make([]Step, len(inst.Steps)),
+		Deadline:       optTime(inst.Deadline),
+		FailedStep:     optString(inst.FailedStep),
+		Failing:        inst.Failing,
+		Parent:         NewParent(inst.Parent),
 	}
 	if inst.Timeout > 0 {
 		out.Timeout = storage.FormatDuration(inst.Timeout)

@@ -112,6 +112,15 @@
   function jsonBlock(value) {
     return el("pre", { class: "json mono" }, pretty(value));
   }
+  // heldBadge marks an instance its workflow's concurrency limit holds: its
+  // steps wait (a first wait step only shows blocked) until a slot frees.
+  function heldBadge(inst, id) {
+    if (!inst.held) return null;
+    return el("span", { class: "badge paused", id: id || null,
+      title: "Waits for a slot of its workflow's concurrency limit (key " + JSON.stringify(inst.concurrencyKey || "") +
+        "): it starts when an instance of that key finishes" }, "waits for a slot");
+  }
+
   function shortID(id) {
     return id.length > 13 ? id.slice(0, 8) + "…" + id.slice(-4) : id;
   }
@@ -481,7 +490,7 @@
                 "\u21B3 ", link("/instances/" + encodeURIComponent(inst.parent.id), shortID(inst.parent.id)),
                 " " + inst.parent.step + (inst.parent.item != null ? "[" + inst.parent.item + "]" : "")) : null),
             el("td", {}, link("/workflows/" + encodeURIComponent(inst.workflow), inst.workflow)),
-            el("td", {}, badge(inst.status), inst.paused ? el("span", { class: "badge paused" }, "paused") : null),
+            el("td", {}, badge(inst.status), inst.paused ? el("span", { class: "badge paused" }, "paused") : null, heldBadge(inst)),
             el("td", {},
               el("div", { class: "strip", title: inst.steps.map((s) => s.name + ": " + s.status + (s.items ? " (" + itemSummary(s.items) + ")" : "")).join("\n") },
                 inst.steps.map((s) => el("span", { class: "s-" + s.status }))),
@@ -1285,7 +1294,7 @@
       const { steps, events: _events, eventsTruncated: _truncated, graph: _, ...instance } = inst;
       const counts = countSteps(steps);
       stepsByName = new Map(steps.map((st) => [st.name, st]));
-      head(JSON.stringify([inst.status, inst.workflow, inst.paused]), renderHead);
+      head(JSON.stringify([inst.status, inst.workflow, inst.paused, inst.held]), renderHead);
       meta(JSON.stringify([instance, counts]), renderMeta);
       io(JSON.stringify([inst.input, inst.output]), renderIO);
       graph.set(inst.graph, stepInfo, selected);
@@ -1311,7 +1320,8 @@
         el("div", { class: "crumbs" }, link("/", "Instances"), " / ",
           inst.parent ? [link("/instances/" + encodeURIComponent(inst.parent.id), shortID(inst.parent.id)), " / "] : null, shortID(inst.id)),
         el("div", { class: "page-head" },
-          el("h1", {}, inst.workflow, badge(inst.status), inst.paused ? el("span", { class: "badge paused", id: "paused" }, "paused") : null),
+          el("h1", {}, inst.workflow, badge(inst.status), inst.paused ? el("span", { class: "badge paused", id: "paused" }, "paused") : null,
+            heldBadge(inst, "held")),
           el("span", { class: "spacer" }),
           pauseButton(),
           el("button", { type: "button", class: "danger", id: "cancel", disabled: finished, onclick: () => act("cancel") }, "Cancel"),
