@@ -194,6 +194,9 @@ func (c *Config) validate() error {
 // Store is a storage.Store on PostgreSQL. It is safe for concurrent use.
 type Store struct {
 	pool *pgxpool.Pool
+	// database is the server's name of the store's database, read at the
+	// first caller's transaction (see checkCallerDatabase).
+	database atomic.Pointer[string]
 	// db runs the statements that are transactions of their own, with
 	// dagrun's settings when the sessions cannot hold them.
 	db       autocommitter
@@ -865,6 +868,31 @@ func (s *Store) retry(ctx context.Context, fn func() error) error {
 	}
 }
 
+// checkCallerDatabase refuses a caller's transaction on another database
+// than the store's: the instance would commit where none of the engine's
+// workers look (another database of the server that has dagrun's tables
+// takes it without an error). Both names come from the server, so a
+// proxy's alias names the same database.
+func (s *Store) checkCallerDatabase(ctx context.Context, caller pgx.Tx) error {
+	own := s.database.Load()
+	if own == nil {
+		var name string
+		if err := s.pool.QueryRow(ctx, "SELECT current_database()").Scan(&name); err != nil {
+			return interpretError(err)
+		}
+		s.database.Store(&name)
+		own = &name
+	}
+	var theirs string
+	if err := caller.QueryRow(ctx, "SELECT current_database()").Scan(&theirs); err != nil {
+		return interpretError(err)
+	}
+	if theirs != *own {
+		return fmt.Errorf("the caller's transaction is on database %q, not on the store's %q: begin it on a connection to the store's database", theirs, *own)
+	}
+	return nil
+}
+
 // inCallerTx runs fn inside a savepoint of a caller's transaction, so that a
 // failure undoes only the store's writes, and never commits the caller's
 // transaction. PostgreSQL delivers the NOTIFY when the caller commits.
@@ -872,6 +900,9 @@ func (s *Store) inCallerTx(ctx context.Context, caller any, fn func(tx pgx.Tx, s
 	outer, ok := caller.(pgx.Tx)
 	if !ok || outer == nil {
 		return fmt.Errorf("the caller's transaction must be a pgx.Tx, got %T", caller)
+	}
+	if err := s.checkCallerDatabase(ctx, outer); err != nil {
+		return err
 	}
 	storage.AttemptStarted(ctx)
 	st := &txState{store: s}

@@ -1351,3 +1351,20 @@ func claimShapes() []claimShape {
 	}
 	return shapes
 }
+
+// TestCallerTxOnAnotherDatabaseIsRefused: a caller's transaction on another
+// database of the server than the store's is refused instead of taking an
+// instance that none of the engine's workers sees.
+func TestCallerTxOnAnotherDatabaseIsRefused(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, nil)
+	other, err := pgx.Connect(t.Context(), newDatabase(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Close(context.WithoutCancel(t.Context())) })
+	tx, err := other.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }()
+	_, err = s.CreateInstances(t.Context(), tx, []storage.CreateParams{params(spec("a"))}, storagetest.Plan)
+	require.ErrorContains(t, err, "the caller's transaction is on database")
+	require.ErrorContains(t, err, "not on the store's")
+}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/mattn/go-sqlite3"
@@ -27,6 +28,9 @@ func (s *Store) CreateInstances(ctx context.Context, tx any, params []storage.Cr
 	stx, ok := tx.(*sql.Tx)
 	if !ok || stx == nil {
 		return nil, fmt.Errorf("sqlite: create instances: caller transaction is %T, want a non-nil *sql.Tx", tx)
+	}
+	if err := s.checkCallerFile(ctx, stx); err != nil {
+		return nil, err
 	}
 	storage.AttemptStarted(ctx)
 	t := &txn{ctx: ctx, tx: stx, now: s.now()}
@@ -339,4 +343,22 @@ func nullIfEmpty(s string) any {
 		return nil
 	}
 	return s
+}
+
+// checkCallerFile refuses a caller's transaction on another database file
+// than the store's: the instance would commit where none of the engine's
+// workers look (another file with dagrun's tables takes it without an
+// error). An in-memory store has no file to compare.
+func (s *Store) checkCallerFile(ctx context.Context, tx *sql.Tx) error {
+	if s.file == nil {
+		return nil
+	}
+	var file string
+	if err := tx.QueryRowContext(ctx, `SELECT file FROM pragma_database_list WHERE name = 'main'`).Scan(&file); err != nil {
+		return s.fail("create instances", err)
+	}
+	if fi, err := os.Stat(file); file == "" || err != nil || !os.SameFile(fi, s.file) {
+		return fmt.Errorf("sqlite: create instances: the caller's transaction is on database %q, not on the store's %q: begin it on the pool the store was built on (sqlite.New)", file, s.name)
+	}
+	return nil
 }

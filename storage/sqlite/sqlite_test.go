@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -731,4 +732,42 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// TestCallerTxOnAnotherFileIsRefused: a caller's transaction on another
+// database file than the store's, one with dagrun's tables too, is refused
+// instead of taking an instance that none of the engine's workers sees.
+func TestCallerTxOnAnotherFileIsRefused(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := func(name string) *sql.DB {
+		db, err := sql.Open("sqlite3", sqlite.DSN(filepath.Join(t.TempDir(), name)))
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, db.Close()) })
+		return db
+	}
+	app, other := pool("app.db"), pool("other.db")
+	s, err := sqlite.New(app, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	o, err := sqlite.New(other, nil) // other.db gets dagrun's tables
+	require.NoError(t, err)
+	require.NoError(t, o.Close())
+
+	create := func(tx *sql.Tx) error {
+		_, err := s.CreateInstances(ctx, tx, []storage.CreateParams{{ID: uuid.NewString(), Workflow: "wf", DefinitionHash: "h1", Definition: []byte("name: wf\n"),
+			Steps: []storage.StepSpec{{Name: "a", Handler: "h", Queue: "default"}}}}, storagetest.Plan)
+		return err
+	}
+	tx, err := other.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	err = create(tx)
+	require.ErrorContains(t, err, "the caller's transaction is on database")
+	require.ErrorContains(t, err, "not on the store's")
+	require.NoError(t, tx.Rollback())
+
+	tx, err = app.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, create(tx), "the store's own file")
+	require.NoError(t, tx.Commit())
 }
