@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -286,12 +288,7 @@ func (e *Engine) UnknownWorkflow(name string) *UnknownWorkflowError {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	leftOut := make([]string, 0, len(c.invalid))
-	for n := range c.invalid {
-		leftOut = append(leftOut, n)
-	}
-	sort.Strings(leftOut)
-	return &UnknownWorkflowError{Name: name, Available: names, Invalid: c.invalid[name], LeftOut: leftOut}
+	return &UnknownWorkflowError{Name: name, Available: names, Invalid: c.invalid[name], LeftOut: slices.Sorted(maps.Keys(c.invalid))}
 }
 
 // definition returns the parsed snapshot with the given hash, parsing the

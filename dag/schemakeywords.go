@@ -2,7 +2,8 @@ package dag
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -55,14 +56,7 @@ var schemaKeywords = map[string]keywordValue{
 }
 
 // keywordNames are schemaKeywords' names, for suggestions.
-var keywordNames = func() []string {
-	names := make([]string, 0, len(schemaKeywords))
-	for k := range schemaKeywords {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	return names
-}()
+var keywordNames = slices.Sorted(maps.Keys(schemaKeywords))
 
 // checkKeywords reports every key of a schema (v, the schema converted to
 // JSON; ptr its pointer) that no draft of JSON Schema defines, at the key.
@@ -76,7 +70,7 @@ func (p *parser) checkKeywords(v any, ptr string, nodes map[string]*yaml.Node, w
 		return true // a boolean schema, or a mistake the compiler reports
 	}
 	ok := true
-	for _, k := range sortedKeys(schema) {
+	for _, k := range slices.Sorted(maps.Keys(schema)) {
 		at := ptr + "/" + escapePointer(k)
 		kind, known := schemaKeywords[k]
 		if !known {
@@ -100,7 +94,7 @@ func (p *parser) checkKeywords(v any, ptr string, nodes map[string]*yaml.Node, w
 			}
 		case keywordSchemaMap, keywordDependencies:
 			if named, isNamed := value.(map[string]any); isNamed {
-				for _, name := range sortedKeys(named) {
+				for _, name := range slices.Sorted(maps.Keys(named)) {
 					ok = p.checkKeywords(named[name], at+"/"+escapePointer(name), nodes, what) && ok
 				}
 			}
@@ -132,13 +126,4 @@ func keyNode(mapping *yaml.Node, k string) *yaml.Node {
 		}
 	}
 	return mapping
-}
-
-func sortedKeys(m map[string]any) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
