@@ -164,6 +164,12 @@ func (c *cli) say(level slog.Level, msg string, attrs ...slog.Attr) {
 		fmt.Fprintln(c.io.Stderr, "dagrun: "+msg)
 		return
 	}
+	c.record(level, msg, attrs...)
+}
+
+// record writes a JSON record whatever --log-level says: what the text
+// format prints as a line the JSON format prints as a record.
+func (c *cli) record(level slog.Level, msg string, attrs ...slog.Attr) {
 	r := slog.NewRecord(time.Now(), level, msg, 0)
 	r.AddAttrs(attrs...)
 	_ = c.logger.Handler().Handle(context.Background(), r)
@@ -184,9 +190,7 @@ func (c *cli) progressRecord(inst *storage.Instance, ev storage.Event, line stri
 		attrs = append(attrs, slog.String("step", ev.Step))
 	}
 	attrs = append(attrs, slog.String("event", string(ev.Type)))
-	r := slog.NewRecord(time.Now(), level, line, 0)
-	r.AddAttrs(attrs...)
-	_ = c.logger.Handler().Handle(context.Background(), r)
+	c.record(level, line, attrs...)
 }
 
 // cli is one invocation's state: the global flags and what they opened.
@@ -495,11 +499,11 @@ func (c *cli) warnInvalidWorkflows() {
 		if errors.As(err, &list) && len(list) > 0 && list[0].File != "" {
 			path = list[0].File
 		}
-		if c.jsonStderr() {
-			c.say(slog.LevelWarn, fmt.Sprintf("workflow %s is left out: %s; list every error with: dagrun validate %s", name, dag.Summary(err), path))
-		} else {
-			c.say(slog.LevelWarn, fmt.Sprintf("warning: workflow %s is left out: %s; list every error with: dagrun validate %s", name, dag.Summary(err), path))
+		msg := fmt.Sprintf("workflow %s is left out: %s; list every error with: dagrun validate %s", name, dag.Summary(err), path)
+		if !c.jsonStderr() {
+			msg = "warning: " + msg // a record says so by its level
 		}
+		c.say(slog.LevelWarn, msg)
 	}
 }
 

@@ -99,10 +99,11 @@ func (c *cli) startCommand() *cobra.Command {
 				return c.printDetached(ctx, engine, res.ID, jsonOut)
 			}
 			if res.Existed {
+				msg := fmt.Sprintf("instance %s already exists for key %q; following it", res.ID, opts.Key)
 				if c.jsonStderr() {
-					c.say(slog.LevelInfo, fmt.Sprintf("instance %s already exists for key %q; following it", res.ID, opts.Key))
+					c.record(slog.LevelInfo, msg)
 				} else {
-					fmt.Fprintf(c.io.Stderr, "instance %s already exists for key %q; following it\n", res.ID, opts.Key)
+					fmt.Fprintln(c.io.Stderr, msg) // news, not an error: no "dagrun:" before it
 				}
 			}
 			skip := skipNone
