@@ -86,7 +86,7 @@ func WriteLogLine(w io.Writer, r storage.LogRecord) error {
 	where += "#" + strconv.Itoa(r.Attempt)
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %-5s %s %s", r.Time.UTC().Format("2006-01-02T15:04:05.000Z"), r.Level, where, oneLineText(r.Message))
-	if members, ok := objectMembers(r.Attrs); ok {
+	if members, ok := ObjectMembers(r.Attrs); ok {
 		writeAttrs(&b, "", members)
 	}
 	b.WriteByte('\n')
@@ -94,16 +94,17 @@ func WriteLogLine(w io.Writer, r storage.LogRecord) error {
 	return err
 }
 
-// member is a key of a JSON object and its value.
-type member struct {
-	key   string
-	value json.RawMessage
+// Member is a name of a JSON object and its value.
+type Member struct {
+	Name  string
+	Value json.RawMessage
 }
 
-// objectMembers returns the members of a JSON object in the order it
-// writes them (the order the handler logged its attributes in, which a
+// ObjectMembers returns the members of a JSON object in the order it
+// writes them, a name given twice twice (a log record's attributes as the
+// handler logged them, a request's fields as the client sent them, which a
 // map would lose); ok is false for anything but an object.
-func objectMembers(raw []byte) (members []member, ok bool) {
+func ObjectMembers(raw []byte) (members []Member, ok bool) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return nil, false
@@ -118,16 +119,16 @@ func objectMembers(raw []byte) (members []member, ok bool) {
 		if err := dec.Decode(&value); err != nil {
 			return nil, false
 		}
-		members = append(members, member{key, value})
+		members = append(members, Member{key, value})
 	}
 	return members, true
 }
 
-func writeAttrs(b *strings.Builder, prefix string, members []member) {
+func writeAttrs(b *strings.Builder, prefix string, members []Member) {
 	for _, m := range members {
-		v := bytes.TrimSpace(m.value)
-		if group, ok := objectMembers(v); ok {
-			writeAttrs(b, prefix+m.key+".", group)
+		v := bytes.TrimSpace(m.Value)
+		if group, ok := ObjectMembers(v); ok {
+			writeAttrs(b, prefix+m.Name+".", group)
 			continue
 		}
 		var s string
@@ -138,7 +139,7 @@ func writeAttrs(b *strings.Builder, prefix string, members []member) {
 		} else {
 			s = string(v)
 		}
-		b.WriteString(" " + prefix + m.key + "=" + s)
+		b.WriteString(" " + prefix + m.Name + "=" + s)
 	}
 }
 

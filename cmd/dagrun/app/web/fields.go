@@ -1,11 +1,11 @@
 package web
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"reflect"
 	"strings"
+
+	"github.com/dagrun/dagrun/cmd/dagrun/app/view"
 )
 
 // checkFieldNames refuses a request object whose member names the request
@@ -16,29 +16,20 @@ import (
 // unknown field. Only the top level is checked: what is inside input, data
 // or output is the user's own JSON.
 func checkFieldNames(data []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+	members, ok := view.ObjectMembers(data)
+	if !ok {
 		return nil // not an object: decoding it says what is wrong
 	}
 	known := fieldNames(reflect.TypeOf(v))
 	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil
-		}
-		name, _ := tok.(string)
+	for _, m := range members {
 		switch {
-		case seen[name]:
-			return fmt.Errorf("field %q appears twice", name)
-		case known != nil && !known[name]:
-			return fmt.Errorf("unknown field %q", name)
+		case seen[m.Name]:
+			return fmt.Errorf("field %q appears twice", m.Name)
+		case known != nil && !known[m.Name]:
+			return fmt.Errorf("unknown field %q", m.Name)
 		}
-		seen[name] = true
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return nil
-		}
+		seen[m.Name] = true
 	}
 	return nil
 }
