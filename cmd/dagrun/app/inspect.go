@@ -339,7 +339,7 @@ func writeWakes(w io.Writer, inst *storage.Instance, now time.Time) {
 		}
 		fmt.Fprintf(w, format+"\n", args...)
 	}
-	if inst.Held && !inst.Status.Finished() {
+	if inst.Held {
 		line("the instance waits for a slot of its workflow's concurrency limit (key %s): it starts when an instance of that key finishes",
 			view.QuoteShort(inst.ConcurrencyKey))
 	}

@@ -258,7 +258,7 @@ func NewInstance(inst *storage.Instance) Instance {
 		Key:            optString(inst.Key),
 		Priority:       inst.Priority,
 		Paused:         inst.Paused,
-		Held:           inst.Held && !inst.Status.Finished(),
+		Held:           inst.Held,
 		ConcurrencyKey: inst.ConcurrencyKey,
 		CreatedAt:      Time(inst.CreatedAt),
 		StartedAt:      optTime(inst.StartedAt),
