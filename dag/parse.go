@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -96,14 +97,39 @@ func ParseFilePartial(path string, opts *ParseOptions) (*Workflow, error) {
 }
 
 // readWorkflowFile reads a file, or MaxFileBytes+1 of it: enough for Parse
-// to refuse it without holding a huge file in memory.
+// to refuse it without holding a huge file in memory. Only a regular file
+// is read: opening a named pipe or a device waits for a writer that may
+// never come, and every command loads the folder.
 func readWorkflowFile(path string) ([]byte, error) {
+	info, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !info.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is a %s, not a regular file: move it out of the workflows folder", filepath.Base(path), fileKind(info.Mode()))
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
 	return io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+}
+
+// fileKind names what a non-regular file is, for an error.
+func fileKind(mode fs.FileMode) string {
+	switch {
+	case mode.IsDir():
+		return "folder"
+	case mode&fs.ModeNamedPipe != 0:
+		return "named pipe"
+	case mode&fs.ModeSocket != 0:
+		return "socket"
+	case mode&fs.ModeDevice != 0:
+		return "device"
+	default:
+		return "special file"
+	}
 }
 
 // LoadDir parses every *.yaml / *.yml file in dir (non-recursive; names
