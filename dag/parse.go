@@ -341,7 +341,7 @@ func (p *parser) parse() (w *Workflow) {
 		p.c.at(root, "a workflow must be a YAML mapping with keys such as name and steps, got %s", describe(root))
 		return nil
 	}
-	raw.misspelt = p.mapping(root, "at the top level", raw.fields())
+	raw.misspelt = p.extensibleMapping(root, "at the top level", raw.fields())
 	return p.build(raw)
 }
 
@@ -467,6 +467,18 @@ func (p *parser) pairs(m *yaml.Node, depth int) []pair {
 // it suggested, so that a "missing key" error for a key the user merely
 // misspelt is not reported on top of the did-you-mean.
 func (p *parser) mapping(m *yaml.Node, where string, fields []field) (suggested map[string]bool) {
+	return p.mappingOf(m, where, fields, false)
+}
+
+// extensibleMapping is mapping for a workflow's top level and its steps,
+// where a key starting with "x-" is the user's own and is ignored: the
+// place for a block that anchors define and merge keys reuse
+// (x-common: &common), as Docker Compose's extension fields are.
+func (p *parser) extensibleMapping(m *yaml.Node, where string, fields []field) (suggested map[string]bool) {
+	return p.mappingOf(m, where, fields, true)
+}
+
+func (p *parser) mappingOf(m *yaml.Node, where string, fields []field, extensible bool) (suggested map[string]bool) {
 	suggested = map[string]bool{}
 	keys := keysOf(fields)
 	seen := map[string]*yaml.Node{}
@@ -489,7 +501,7 @@ func (p *parser) mapping(m *yaml.Node, where string, fields []field) (suggested 
 				break
 			}
 		}
-		if !found {
+		if !found && !(extensible && strings.HasPrefix(k.Value, "x-")) {
 			if s := suggest(k.Value, keys); s != "" {
 				p.c.at(k, "unknown key %q %s (did you mean %q?)", k.Value, where, s)
 				suggested[s] = true

@@ -161,12 +161,31 @@ steps:
 	require.Equal(t, map[string]any{"x": 1}, v)
 }
 
-func TestTopLevelExtensionKeysAreErrors(t *testing.T) {
+func TestExtensionKeysHoldSharedBlocks(t *testing.T) {
 	t.Parallel()
-	// Anchors must live on a real field: there is no place for extension
-	// keys (docker-compose's x-...), as unknown keys are errors.
-	got := parseErrors(t, "", "name: t\ncommon: &c {handler: echo}\nsteps:\n  - <<: *c\n    name: a\n")
-	require.Equal(t, `2:1: unknown key "common" at the top level (valid keys: name, description, input, defaults, steps, output, schedule, timeout, onFailure, concurrency)`, got)
+	// A key starting with x- is the user's own, at the top level and in a
+	// step: the place for a block the steps merge, as in Docker Compose.
+	w := mustParse(t, `name: t
+x-common: &common
+  handler: echo
+  retry: {maxAttempts: 3}
+steps:
+  - <<: *common
+    name: a
+    x-owner: payments
+  - <<: *common
+    name: b
+    dependsOn: [a]
+`)
+	require.Equal(t, "echo", w.Step("b").Handler)
+	require.Equal(t, 3, w.Step("a").Retry.MaxAttempts)
+
+	// Any other unknown key is still an error, wherever it is.
+	got := parseErrors(t, "", "name: t\ncommon: &c {handler: echo}\nsteps:\n  - <<: *c\n    name: a\n    owner: x\n")
+	require.Equal(t, `2:1: unknown key "common" at the top level (valid keys: name, description, input, defaults, steps, output, schedule, timeout, onFailure, concurrency)
+6:5: unknown key "owner" in step "a" (valid keys: name, handler, dependsOn, input, when, retry, timeout, queue, continueOnError, forEach, concurrency, wait, workflow)`, got)
+	got = parseErrors(t, "", "name: t\ndefaults: {x-a: 1}\nsteps:\n  - name: a\n    handler: echo\n")
+	require.Contains(t, got, `unknown key "x-a" in defaults`)
 }
 
 func TestHostileYAML(t *testing.T) {

@@ -415,7 +415,7 @@ func (p *parser) stepList(n *yaml.Node, kind string, def defaults) []*stepBuild 
 		}
 		b := &stepBuild{label: label, raw: &rawStep{node: item}}
 		b.step = &Step{Line: item.Line, Col: item.Column}
-		b.raw.misspelt = p.mapping(item, "in "+label, b.raw.fields())
+		b.raw.misspelt = p.extensibleMapping(item, "in "+label, b.raw.fields())
 		p.step(b, def)
 		builds = append(builds, b)
 	}
