@@ -77,7 +77,8 @@ func (c *cli) filesToValidate(args []string) (files []string, alone bool, proble
 		}
 	}
 	for _, arg := range args {
-		if info, err := os.Stat(arg); err == nil && info.IsDir() {
+		info, err := os.Stat(arg)
+		if err == nil && info.IsDir() {
 			inFolder, err := workflowFiles(arg)
 			if err != nil {
 				problems = append(problems, folderProblem(arg, err, "name a folder or files that hold workflows"))
@@ -85,6 +86,11 @@ func (c *cli) filesToValidate(args []string) (files []string, alone bool, proble
 			for _, f := range inFolder {
 				add(f)
 			}
+			continue
+		}
+		if errors.Is(err, fs.ErrNotExist) && !dag.WorkflowFile(filepath.Base(arg)) {
+			// A mistyped folder, most likely: not a file to rename.
+			problems = append(problems, &dag.Error{File: arg, Line: 1, Col: 1, Msg: "no such file or folder; check the path"})
 			continue
 		}
 		add(arg)

@@ -53,6 +53,7 @@ func TestValidateProblems(t *testing.T) {
 		{name: "not a .yaml file", args: []string{"validate", notes}},
 		{name: "dot-file", args: []string{"validate", draft}},
 		{name: "folder without workflow files", args: []string{"validate", noWorkflows}},
+		{name: "missing folder", args: []string{"validate", filepath.Join(dir, "workflws")}},
 		{name: "workflows folder missing", workflows: filepath.Join(dir, "nowhere"), args: []string{"validate"}},
 		{name: "workflows folder without workflow files", workflows: noWorkflows, args: []string{"validate"}},
 		{name: "workflows folder is a file", args: []string{"--workflows", "testdata/workflows/greet.yaml", "validate"}},
