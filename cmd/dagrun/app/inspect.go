@@ -142,8 +142,13 @@ func writeItemTable(w io.Writer, id string, page *view.StepItems, now time.Time)
 }
 
 // itemCounts is a forEach step's counts on one line, e.g.
-// "9,990/10,000 completed, 2 failed, 8 running".
+// "9,990/10,000 completed, 2 failed, 8 running", or "no items" for an
+// empty list and for a step that failed before its list was read: "0/0
+// completed" beside a failed step reads as a success.
 func itemCounts(c *storage.ItemCounts) string {
+	if c.Total == 0 {
+		return "no items"
+	}
 	out := fmt.Sprintf("%d/%d completed", c.Completed, c.Total)
 	for _, n := range []struct {
 		count int
