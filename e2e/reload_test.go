@@ -78,9 +78,15 @@ func TestServeFollowsTheWorkflowsFolder(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte("name: fresh\nsteps:\n  - name: one\n    handler: nope\n"), 0o644))
 	detail := workflow(http.StatusUnprocessableEntity, "")
 	require.Contains(t, detail["error"], "fresh.yaml:4:14")
+	// The log names the workflow left out and its error, and says when
+	// its file is gone.
+	require.Regexp(t, regexp.MustCompile(`workflow left out: its file has errors" workflow=fresh error="\S*fresh.yaml:4:14: `), server.stderr.String())
 
 	require.NoError(t, os.Remove(path))
 	workflow(http.StatusNotFound, "")
+	require.Eventually(t, func() bool {
+		return regexp.MustCompile(`workflows reloaded.* removed="" leftOut=""`).MatchString(server.stderr.String())
+	}, 30*time.Second, 20*time.Millisecond, "no reload logged once the broken file was removed:\n%s", server.stderr.String())
 	require.Regexp(t, regexp.MustCompile(`workflows reloaded.*added=fresh`), server.stderr.String())
 	require.Regexp(t, regexp.MustCompile(`workflows reloaded.*changed=fresh`), server.stderr.String())
 	require.Regexp(t, regexp.MustCompile(`workflows reloaded.*removed=fresh`), server.stderr.String())

@@ -465,10 +465,36 @@ func (c *cli) loadCatalog(ctx context.Context) ([]*dag.Workflow, map[string]erro
 	if !errors.As(err, &list) {
 		return nil, nil, err
 	}
+	invalid := invalidByName(list, workflows)
 	if c.longRunning {
-		c.logger.Warn("some workflow files have errors; run `dagrun validate` for details", slog.Int("errors", len(list)))
+		// A process that runs on logs each at every read: a file saved
+		// with a mistake under a running worker is named where its
+		// operator looks, with its first error.
+		for _, left := range leftOut(invalid, c.workflowsDir) {
+			c.logger.Warn("workflow left out: its file has errors", "workflow", left.name, "error", left.summary, "fix", "dagrun validate "+left.file)
+		}
 	}
-	return workflows, invalidByName(list, workflows), nil
+	return workflows, invalid, nil
+}
+
+// leftOutWorkflow is a workflow whose file has errors: its name, its file
+// and its first error.
+type leftOutWorkflow struct{ name, file, summary string }
+
+// leftOut lists the workflows of invalid by name, each with its file
+// (dir when an error names none) and first error.
+func leftOut(invalid map[string]error, dir string) []leftOutWorkflow {
+	var out []leftOutWorkflow
+	for _, name := range slices.Sorted(maps.Keys(invalid)) {
+		err := invalid[name]
+		file := dir // invalidByName's errors each name their file
+		var list dag.ErrorList
+		if errors.As(err, &list) && len(list) > 0 && list[0].File != "" {
+			file = list[0].File
+		}
+		out = append(out, leftOutWorkflow{name: name, file: file, summary: dag.Summary(err)})
+	}
+	return out
 }
 
 // invalidByName groups a folder's load errors by the workflow each file is
@@ -492,14 +518,8 @@ func invalidByName(list dag.ErrorList, loaded []*dag.Workflow) map[string]error 
 // left out for its errors, for a command whose output would otherwise
 // hide it (no schedules listed, say).
 func (c *cli) warnInvalidWorkflows() {
-	for _, name := range slices.Sorted(maps.Keys(c.invalid)) {
-		err := c.invalid[name]
-		path := c.workflowsDir // invalidByName's errors each name their file
-		var list dag.ErrorList
-		if errors.As(err, &list) && len(list) > 0 && list[0].File != "" {
-			path = list[0].File
-		}
-		msg := fmt.Sprintf("workflow %s is left out: %s; list every error with: dagrun validate %s", name, dag.Summary(err), path)
+	for _, left := range leftOut(c.invalid, c.workflowsDir) {
+		msg := fmt.Sprintf("workflow %s is left out: %s; list every error with: dagrun validate %s", left.name, left.summary, left.file)
 		if !c.jsonStderr() {
 			msg = "warning: " + msg // a record says so by its level
 		}

@@ -315,14 +315,15 @@ func TestValidateCalls(t *testing.T) {
 	require.Contains(t, res.stderr, "list every error with: dagrun validate testdata/calls/loop-a.yaml")
 	require.Equal(t, 1, strings.Count(res.stderr, "\n"), "an error is one line: %s", res.stderr)
 	// The other files' errors are for validate; a worker, which runs on,
-	// says once that there are some.
+	// names each workflow left out, with its first error.
 	res = b.run(t, "", "list")
 	require.Equal(t, app.ExitOK, res.code, res.stderr)
 	require.Empty(t, res.stderr)
 	ctx, cancel := context.WithCancel(t.Context())
 	time.AfterFunc(time.Second, cancel)
 	res = b.runContext(ctx, "worker")
-	require.Contains(t, res.stderr, "some workflow files have errors")
+	require.Contains(t, res.stderr, `msg="workflow left out: its file has errors" workflow=loop-a error="testdata/calls/loop-a.yaml:4:15: step \"call-b\": workflow call cycle loop-a -> loop-b -> loop-a`)
+	require.Contains(t, res.stderr, `fix="dagrun validate testdata/calls/sloppy.yaml"`)
 	res = b.run(t, "", "graph", "partial")
 	require.Equal(t, app.ExitUsage, res.code)
 	require.Contains(t, res.stderr, `step "ship": workflow "shipping" requires the input property "orderId"`)

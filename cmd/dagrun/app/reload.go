@@ -42,6 +42,7 @@ func (c *cli) watchWorkflows(ctx context.Context, engine *dagrun.Engine, changed
 	events, stop := folderChanges(ctx, dir, c.loadedFolder, c.logger)
 	defer stop()
 	current := workflowHashes(engine.Workflows())
+	currentLeftOut := slices.Sorted(maps.Keys(c.invalid))
 	for {
 		select {
 		case <-ctx.Done():
@@ -70,14 +71,20 @@ func (c *cli) watchWorkflows(ctx context.Context, engine *dagrun.Engine, changed
 			continue
 		}
 		next := workflowHashes(workflows)
-		if maps.Equal(current, next) {
+		nextLeftOut := slices.Sorted(maps.Keys(invalid))
+		if maps.Equal(current, next) && slices.Equal(currentLeftOut, nextLeftOut) {
 			continue
 		}
 		added, edited, removed := diffWorkflows(current, next)
-		current = next
+		// leftOut tells when a broken file was fixed or removed, too:
+		// the warnings of the files left out stop.
 		c.logger.Info("workflows reloaded", "folder", dir, "workflows", len(next),
-			"added", strings.Join(added, ","), "changed", strings.Join(edited, ","), "removed", strings.Join(removed, ","))
-		changed()
+			"added", strings.Join(added, ","), "changed", strings.Join(edited, ","), "removed", strings.Join(removed, ","),
+			"leftOut", strings.Join(nextLeftOut, ","))
+		current, currentLeftOut = next, nextLeftOut
+		if len(added)+len(edited)+len(removed) > 0 {
+			changed()
+		}
 	}
 }
 
