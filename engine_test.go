@@ -178,6 +178,44 @@ func TestStartRejectsBadInputAndWritesNothing(t *testing.T) {
 	})
 }
 
+// TestInputSchemaComparesWholeNumbersExactly: a whole number past 2^53
+// is checked against the schema as written, not as the nearest float64:
+// the exact enum value is taken and one over the maximum is refused.
+func TestInputSchemaComparesWholeNumbersExactly(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, `
+name: ids
+input:
+  type: object
+  properties:
+    id: {enum: [9007199254740993]}
+    max: {type: integer, maximum: 9007199254740992}
+steps:
+  - name: a
+    handler: echo
+`)
+		for _, tt := range []struct {
+			input string
+			ok    bool
+		}{
+			{`{"id": 9007199254740993}`, true},
+			{`{"id": 9007199254740992}`, false},
+			{`{"max": 9007199254740992}`, true},
+			{`{"max": 9007199254740993}`, false},
+		} {
+			_, err := b.engine.Start(t.Context(), "ids", json.RawMessage(tt.input), nil)
+			if tt.ok {
+				require.NoError(t, err, tt.input)
+			} else {
+				require.ErrorIs(t, err, dag.ErrInvalidInput, tt.input)
+			}
+		}
+		_, err := b.engine.Start(t.Context(), "ids", json.RawMessage(`{"max": 9007199254740995}`), nil)
+		require.ErrorContains(t, err, "at /max: maximum: got 9007199254740995, want 9007199254740992")
+	})
+}
+
 const fanWorkflow = `
 name: fan
 steps:

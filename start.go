@@ -186,9 +186,11 @@ func (e *Engine) decodeInput(w *dag.Workflow, raw json.RawMessage) (json.RawMess
 	if string(raw) == "{}" && len(w.InputSchema) == 0 && len(raw) <= e.config.MaxInputBytes {
 		return raw, nil // the common empty input with nothing to check it against
 	}
-	compact, value, err := decodeJSON(raw, "input", e.config.MaxInputBytes)
+	compact, _, err := decodeJSON(raw, "input", e.config.MaxInputBytes)
 	if err == nil {
-		err = w.ValidateInput(value)
+		// The text, not the decoded value: a float64 would round a whole
+		// number past 2^53 before the schema compares it.
+		err = w.ValidateInput(compact)
 	}
 	if err != nil {
 		return nil, &InputError{Workflow: w.Name, Err: err}

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/big"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
@@ -327,11 +329,39 @@ func leaves(e *jsonschema.ValidationError) []*jsonschema.ValidationError {
 
 // leafMessage is the reason of a leaf without its "at '/x': " prefix.
 func leafMessage(e *jsonschema.ValidationError) string {
-	if _, ok := e.ErrorKind.(*kind.FalseSchema); ok {
+	switch k := e.ErrorKind.(type) {
+	case *kind.FalseSchema:
 		return falseSchemaMessage(e)
+	// The library prints these bounds as floats, in a locale's digits
+	// ("9.007199254740992×10¹⁵"): a whole number is written as given.
+	case *kind.Minimum:
+		return boundMessage("minimum", k.Got, k.Want)
+	case *kind.Maximum:
+		return boundMessage("maximum", k.Got, k.Want)
+	case *kind.ExclusiveMinimum:
+		return boundMessage("exclusiveMinimum", k.Got, k.Want)
+	case *kind.ExclusiveMaximum:
+		return boundMessage("exclusiveMaximum", k.Got, k.Want)
+	case *kind.MultipleOf:
+		return boundMessage("multipleOf", k.Got, k.Want)
 	}
 	s := e.Error()
 	return strings.TrimPrefix(s, "at "+quotePointer(jsonPointer(e.InstanceLocation))+": ")
+}
+
+// boundMessage is a numeric keyword's failure, as "maximum: got 11, want 10".
+func boundMessage(keyword string, got, want *big.Rat) string {
+	return fmt.Sprintf("%s: got %s, want %s", keyword, ratText(got), ratText(want))
+}
+
+// ratText writes a whole number with every digit, any other as the
+// shortest decimal of its float64.
+func ratText(r *big.Rat) string {
+	if r.IsInt() {
+		return r.Num().String()
+	}
+	f, _ := r.Float64()
+	return strconv.FormatFloat(f, 'g', -1, 64)
 }
 
 // falseSchemaMessage says what a value that met a false schema is: a
@@ -374,8 +404,11 @@ func quotePointer(s string) string {
 	return "'" + s[1:len(s)-1] + "'"
 }
 
-// ValidateInput checks a decoded JSON value (from json.Unmarshal into any)
-// against the input schema; a workflow without a schema accepts anything.
+// ValidateInput checks a JSON value against the input schema: a
+// json.RawMessage, or any value encoding/json marshals (a float64 from
+// json.Unmarshal into any has rounded a whole number past 2^53 already;
+// pass the text to compare such numbers exactly). A workflow without a
+// schema accepts anything.
 // The error is one line listing the most specific failures, e.g.
 // "input does not match the workflow's schema: at /items: minItems: got 0,
 // want 1", and matches ErrInvalidInput with errors.Is.
