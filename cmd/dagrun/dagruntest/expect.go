@@ -1,9 +1,11 @@
 package dagruntest
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/big"
 	"slices"
 	"strings"
 	"time"
@@ -109,7 +111,8 @@ func checkValue(what string, want *Match, got []byte) []string {
 	}
 	var value any
 	if len(got) > 0 {
-		if err := json.Unmarshal(got, &value); err != nil {
+		var err error
+		if value, err = decodeExact(got); err != nil {
 			return []string{fmt.Sprintf("%s: stored value is not JSON: %v", what, err)}
 		}
 	}
@@ -119,7 +122,7 @@ func checkValue(what string, want *Match, got []byte) []string {
 		value = project(want.Value, value)
 		label = what + "Contains"
 	}
-	diff := cmp.Diff(expected, value)
+	diff := cmp.Diff(expected, value, sameNumber)
 	if diff == "" {
 		return nil
 	}
@@ -128,6 +131,51 @@ func checkValue(what string, want *Match, got []byte) []string {
 	diff = strings.ReplaceAll(diff, "\u00a0", " ")
 	return []string{fmt.Sprintf("%s differs (- want, + got):\n%s", label, strings.TrimRight(diff, "\n"))}
 }
+
+// decodeExact decodes JSON as encoding/json does, but for a whole number
+// no float64 holds (9007199254740993), kept as written (json.Number): as
+// a float64 it would equal its neighbour. Fractions are float64s, as
+// encoding/json reads them.
+func decodeExact(raw []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	return floatsWhereExact(v), nil
+}
+
+func floatsWhereExact(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, e := range v {
+			v[k] = floatsWhereExact(e)
+		}
+	case []any:
+		for i, e := range v {
+			v[i] = floatsWhereExact(e)
+		}
+	case json.Number:
+		if r, ok := new(big.Rat).SetString(string(v)); ok {
+			if f, exact := r.Float64(); exact || !r.IsInt() {
+				return f
+			}
+		}
+	}
+	return v
+}
+
+// sameNumber compares the whole numbers decodeExact keeps as written by
+// value: 9007199254740993 equals 9007199254740993.0.
+var sameNumber = cmp.Comparer(func(a, b json.Number) bool {
+	x, okX := new(big.Rat).SetString(string(a))
+	y, okY := new(big.Rat).SetString(string(b))
+	if !okX || !okY {
+		return a == b
+	}
+	return x.Cmp(y) == 0
+})
 
 // project returns got cut down to the shape of want: only the keys want's
 // objects have, recursively, so that a diff of want against it shows only

@@ -8,6 +8,14 @@ import (
 	"github.com/dagrun/dagrun/storage"
 )
 
+// exact is a Match of a value written in JSON, as a test file's is read.
+func exact(t *testing.T, src string) *Match {
+	t.Helper()
+	v, err := decodeExact([]byte(src))
+	require.NoError(t, err)
+	return &Match{Value: v}
+}
+
 func TestCheckValue(t *testing.T) {
 	t.Parallel()
 	obj := map[string]any{"a": 1.0, "b": map[string]any{"c": "x", "d": []any{1.0, 2.0}}}
@@ -25,6 +33,9 @@ func TestCheckValue(t *testing.T) {
 		{name: "PartialListsElementWise", want: &Match{Value: []any{map[string]any{"k": 1.0}}, Partial: true}, got: `[{"k": 1, "other": 2}]`, ok: true},
 		{name: "PartialListsOfOtherLength", want: &Match{Value: []any{map[string]any{"k": 1.0}}, Partial: true}, got: `[{"k": 1}, {"k": 2}]`},
 		{name: "NullMatchesNothingStored", want: &Match{Value: nil}, got: ``, ok: true},
+		{name: "BigWholeNumbersDiffer", want: exact(t, `{"v": 9007199254740992, "u": 18446744073709551614}`), got: `{"v": 9007199254740993, "u": 18446744073709551615}`},
+		{name: "BigWholeNumberOnlyDiffers", want: exact(t, `{"v": 9007199254740992}`), got: `{"v": 9007199254740993}`},
+		{name: "BigWholeNumbersByValue", want: exact(t, `{"v": 9007199254740993, "f": 0.5}`), got: `{"v": 9007199254740993.0, "f": 5e-1}`, ok: true},
 		{name: "Unchecked", want: nil, got: `{"anything": true}`, ok: true},
 	}
 	for _, tt := range tests {

@@ -289,8 +289,7 @@ func (p *fileParser) value(n *yaml.Node, what string) (json.RawMessage, any, boo
 		p.errorf(n, "%s cannot be JSON (keys must be texts): %v", what, err)
 		return nil, nil, false
 	}
-	var normal any
-	_ = json.Unmarshal(raw, &normal)
+	normal, _ := decodeExact(raw)
 	return raw, normal, true
 }
 
