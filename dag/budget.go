@@ -292,8 +292,14 @@ var checkedBuiltins = map[string]func(m *meter, args []any) error{
 		s, _ := args[0].(string)
 		n := runtime.ToInt(args[1])
 		if n > 0 && int64(len(s)) > (EvalMemoryLimit-m.memory)/int64(n) {
+			size := float64(len(s)) * float64(n)
+			if size <= EvalMemoryLimit {
+				// Small enough alone: what came before fills the budget.
+				return &limitError{fmt.Sprintf("repeat would build %s of text, which with the %s built before is more than the %s one evaluation may build: %s",
+					fmtBytes(size), fmtBytes(float64(m.memory)), fmtBytes(EvalMemoryLimit), doInHandler)}
+			}
 			return &limitError{fmt.Sprintf("repeat would build %s of text, more than the %s one evaluation may build: %s",
-				fmtBytes(float64(len(s))*float64(n)), fmtBytes(EvalMemoryLimit), doInHandler)}
+				fmtBytes(size), fmtBytes(EvalMemoryLimit), doInHandler)}
 		}
 		return m.alloc(int64(len(s)) * int64(max(n, 0)))
 	},
@@ -427,6 +433,12 @@ func meterOptions() []expr.Option {
 	for name, check := range checkedBuiltins {
 		orig := builtin.Builtins[builtin.Index[name]]
 		call := orig.Func
+		if name == "repeat" {
+			// expr's own refuses more than a million repeats, whatever
+			// their size, as "memory budget exceeded": the check above
+			// bounds the bytes instead.
+			call = repeatText
+		}
 		if call == nil {
 			safe := orig.Safe
 			call = func(args ...any) (any, error) {
@@ -445,6 +457,16 @@ func meterOptions() []expr.Option {
 		opts = append(opts, overrideBuiltin(builtin.Builtins[builtin.Index[name]], call))
 	}
 	return opts
+}
+
+// repeatText is expr's repeat without its count limit.
+func repeatText(args ...any) (any, error) {
+	s, _ := args[0].(string)
+	n := runtime.ToInt(args[1])
+	if n < 0 {
+		return nil, fmt.Errorf("invalid argument for repeat (expected positive integer, got %d)", n)
+	}
+	return strings.Repeat(s, n), nil
 }
 
 // overrideBuiltin declares the function meterPatch calls instead of orig:
