@@ -178,6 +178,24 @@ func TestStartRejectsBadInputAndWritesNothing(t *testing.T) {
 	})
 }
 
+// TestNoInputAndNullInputAreOneStart: a start without an input and one
+// with null both start with {}, the empty object the schema checks.
+func TestNoInputAndNullInputAreOneStart(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, "name: plain\nsteps:\n  - {name: a, handler: echo}\n", chainWorkflow)
+		for _, input := range []string{``, `null`, ` null `} {
+			res, err := b.engine.Start(t.Context(), "plain", json.RawMessage(input), nil)
+			require.NoError(t, err, "input %q", input)
+			inst, err := b.engine.Get(t.Context(), res.ID)
+			require.NoError(t, err)
+			requireJSON(t, `{}`, inst.Input)
+		}
+		_, err := b.engine.Start(t.Context(), "chain", json.RawMessage(`null`), nil)
+		require.ErrorContains(t, err, "missing property 'n'")
+	})
+}
+
 // TestInputSchemaComparesWholeNumbersExactly: a whole number past 2^53
 // is checked against the schema as written, not as the nearest float64:
 // the exact enum value is taken and one over the maximum is refused.

@@ -180,7 +180,9 @@ func (e *Engine) start(ctx context.Context, tx any, reqs []StartRequest) ([]Star
 // satisfies the workflow's schema, and returns it compacted.
 func (e *Engine) decodeInput(w *dag.Workflow, raw json.RawMessage) (json.RawMessage, error) {
 	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 {
+	if len(raw) == 0 || string(raw) == "null" {
+		// No input and a null one are the same start, whichever door
+		// it came through: the API's {"input": null} reads as absent.
 		raw = json.RawMessage("{}")
 	}
 	if string(raw) == "{}" && len(w.InputSchema) == 0 && len(raw) <= e.config.MaxInputBytes {

@@ -237,9 +237,6 @@ func (s *Server) startInstance(w http.ResponseWriter, r *http.Request) {
 		}
 		opts.Delay = d
 	}
-	if bytes.Equal(bytes.TrimSpace(req.Input), []byte("null")) {
-		req.Input = nil // absent and null both mean {}
-	}
 	// A traceparent header makes the instance's span a child of the
 	// caller's; an invalid one is ignored, as W3C Trace Context asks.
 	ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
