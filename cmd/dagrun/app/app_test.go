@@ -445,6 +445,22 @@ func TestStdoutIsClean(t *testing.T) {
 	require.NotRegexp(t, `"duration":[0-9]`, res.stderr)
 }
 
+// TestJSONFlagsSkipAByteOrderMark: a file or standard input that a
+// Windows editor or PowerShell wrote starts with a UTF-8 byte order mark,
+// which is no part of the JSON.
+func TestJSONFlagsSkipAByteOrderMark(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	path := filepath.Join(t.TempDir(), "input.json")
+	require.NoError(t, os.WriteFile(path, []byte("\ufeff{\"name\": \"Bo\"}"), 0o644))
+	res := b.run(t, "", "start", "greet", "--input", "@"+path)
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.Equal(t, "\"hello, Bo\"\n", res.stdout)
+	res = b.run(t, "\ufeff{\"name\": \"Al\"}\n", "start", "greet", "--input", "-")
+	require.Equal(t, app.ExitOK, res.code, res.stderr)
+	require.Equal(t, "\"hello, Al\"\n", res.stdout)
+}
+
 // TestStartJSONOnFailure: --json prints the whole instance object whatever
 // the outcome, and the exit code still tells the outcome.
 func TestStartJSONOnFailure(t *testing.T) {

@@ -228,9 +228,19 @@ func readCapped(r io.Reader) ([]byte, error) {
 	return data, err
 }
 
+// utf8BOM is the byte order mark Windows editors and PowerShell's
+// redirections put before UTF-8 text; JSON readers may skip it (RFC 8259
+// §8.1), and the JSON decoder does not.
+var utf8BOM = []byte("\ufeff")
+
 // readJSONFlag reads a JSON flag's value: inline JSON, @FILE, or - for
-// standard input.
+// standard input, without a leading byte order mark.
 func (c *cli) readJSONFlag(flag, spec string) (json.RawMessage, error) {
+	data, err := c.readJSONFlagText(flag, spec)
+	return bytes.TrimPrefix(data, utf8BOM), err
+}
+
+func (c *cli) readJSONFlagText(flag, spec string) (json.RawMessage, error) {
 	switch {
 	case spec == "-":
 		data, err := readCapped(c.io.Stdin)
