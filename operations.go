@@ -192,8 +192,9 @@ func (s Selection) Validate() error {
 const bulkPage = 500
 
 // eachSelected calls fn with the ID of every instance sel picks, oldest
-// first, and returns how many fn acted on: a conflict (an instance that
-// changed meanwhile) is passed over, any other error stops.
+// first, and returns how many fn acted on: a conflict or a not found (an
+// instance that changed meanwhile, or that a prune deleted) is passed
+// over, any other error stops.
 func (e *Engine) eachSelected(ctx context.Context, sel Selection, fn func(id string) error) (int, error) {
 	if err := sel.Validate(); err != nil {
 		return 0, err
@@ -221,7 +222,7 @@ func (e *Engine) eachSelected(ctx context.Context, sel Selection, fn func(id str
 			switch err := fn(id); {
 			case err == nil:
 				n++
-			case !errors.Is(err, storage.ErrConflict):
+			case !errors.Is(err, storage.ErrConflict) && !errors.Is(err, storage.ErrNotFound):
 				return n, err
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 
@@ -103,6 +104,45 @@ func TestPausedInstanceWaitsForResume(t *testing.T) {
 		require.NoError(t, b.engine.Resume(context.Background(), paused))
 		require.Equal(t, storage.InstanceCompleted, b.wait(t, paused).Status)
 		require.ErrorIs(t, b.engine.Resume(context.Background(), paused), storage.ErrConflict)
+	})
+}
+
+// vanishingStore matches, beside the instances there are, one that is
+// gone by the time it is acted on, as one a prune deletes meanwhile.
+type vanishingStore struct {
+	storage.Store
+	storage.Operator
+}
+
+func (s vanishingStore) MatchInstances(ctx context.Context, f storage.InstanceFilter) ([]string, error) {
+	ids, err := s.Operator.MatchInstances(ctx, f)
+	if len(ids) > 1 {
+		ids = slices.Insert(ids, 1, "0190d2a8-0000-7000-8000-000000000000")
+	}
+	return ids, err
+}
+
+// TestBulkOperationsPassOverAnInstanceGone: an instance deleted between
+// a bulk operation's match and its turn is passed over, as one that
+// changed state is; the others are still acted on.
+func TestBulkOperationsPassOverAnInstanceGone(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		vanishing := func(t *testing.T) storage.Store {
+			s := open(t)
+			return vanishingStore{Store: s, Operator: s.(storage.Operator)}
+		}
+		calls := map[string]*atomic.Int32{}
+		b := setup(t, vanishing, countingRegistry(calls, &atomic.Bool{}), countingWorkflow)
+		for range 3 {
+			b.start(t, "counting", ``)
+		}
+		n, err := b.engine.CancelSelected(t.Context(), dagrun.Selection{Workflow: "counting"})
+		require.NoError(t, err)
+		require.Equal(t, 3, n)
+		n, err = b.engine.RetrySelected(t.Context(), dagrun.Selection{Workflow: "counting"})
+		require.NoError(t, err)
+		require.Equal(t, 3, n)
 	})
 }
 
