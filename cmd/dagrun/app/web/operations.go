@@ -191,7 +191,12 @@ func (s *Server) bulk(done string, one func(*dagrun.Engine, context.Context, str
 			return
 		case ids:
 			out := bulkResponse{}
+			seen := make(map[string]bool, len(req.IDs))
 			for _, id := range req.IDs {
+				if seen[id] {
+					continue // one instance, acted on once: not done and refused too
+				}
+				seen[id] = true
 				err := one(s.engine, r.Context(), id)
 				switch {
 				case err == nil:

@@ -85,6 +85,11 @@ func TestOperationRefusals(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status, string(r.body))
 	require.JSONEq(t, `{"count": 0}`, string(r.body), "an empty ids list picks nothing")
 	require.Equal(t, "failed", b.status(t, failed))
+
+	// An instance listed twice is acted on once, and not refused too.
+	r = b.do(t, http.MethodPost, "/api/instances/retry", `{"ids": ["`+failed+`", "`+failed+`"]}`)
+	require.Equal(t, http.StatusOK, r.status, string(r.body))
+	require.JSONEq(t, `{"count": 1}`, string(r.body))
 }
 
 // TestOperationsRepairAndRecordTheTokenName retries from a step, skips a
