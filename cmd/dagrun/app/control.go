@@ -32,7 +32,7 @@ func (c *cli) cancelCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			if len(args) == 0 {
-				return c.bulk(ctx, &sel, "cancel", "cancelled", (*dagrun.Engine).CancelSelected)
+				return c.bulk(ctx, &sel, "cancel", "cancelled", false, (*dagrun.Engine).CancelSelected)
 			}
 			engine, err := c.engine(ctx)
 			if err != nil {

@@ -131,7 +131,7 @@ func (f *selectionFlags) selection(verb string) (dagrun.Selection, error) {
 
 // bulk runs a bulk cancel or retry and prints how many instances it
 // changed.
-func (c *cli) bulk(ctx context.Context, f *selectionFlags, verb, done string, run func(*dagrun.Engine, context.Context, dagrun.Selection) (int, error)) error {
+func (c *cli) bulk(ctx context.Context, f *selectionFlags, verb, done string, jsonOut bool, run func(*dagrun.Engine, context.Context, dagrun.Selection) (int, error)) error {
 	sel, err := f.selection(verb)
 	if err != nil {
 		return err
@@ -146,6 +146,12 @@ func (c *cli) bulk(ctx context.Context, f *selectionFlags, verb, done string, ru
 	}
 	if err != nil {
 		return err
+	}
+	if jsonOut {
+		// The API's answer to the same selection.
+		return writeJSON(c.io.Stdout, struct {
+			Count int `json:"count"`
+		}{n})
 	}
 	fmt.Fprintf(c.io.Stdout, "%s %s\n", done, view.Count(n, "instance"))
 	return nil

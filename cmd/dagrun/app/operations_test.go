@@ -129,6 +129,8 @@ func TestBulkOperationsKnowAWorkflowByItsInstances(t *testing.T) {
 		{[]string{"retry", "--workflow", "greet", "--status", "failed"}, app.ExitOK, "retried 0 instances\n"},
 		{[]string{"cancel", "--workflow", "greet", "--older-than", "1h"}, app.ExitOK, "cancelled 0 instances\n"},
 		{[]string{"cancel", "--workflow", "greet"}, app.ExitOK, "cancelled 1 instance\n"},
+		{[]string{"retry", "--workflow", "greet", "--status", "cancelled", "--json"}, app.ExitOK, "{\n  \"count\": 1\n}\n"},
+		{[]string{"cancel", "--workflow", "greet"}, app.ExitOK, "cancelled 1 instance\n"},
 		{[]string{"cancel", "--workflow", "greet", "--status", "pending"}, app.ExitOK, "cancelled 0 instances\n"},
 		{[]string{"cancel", "--workflow", "gret"}, app.ExitUsage, ""},
 		{[]string{"cancel", "--workflow", "gret", "--status", "pending"}, app.ExitUsage, ""},

@@ -145,7 +145,7 @@ func (c *cli) retryCommand() *cobra.Command {
 				if from != "" {
 					return usageError(errors.New("--from needs an instance ID: dagrun retry ID --from STEP"))
 				}
-				return c.bulk(ctx, &sel, "retry", "retried", (*dagrun.Engine).RetrySelected)
+				return c.bulk(ctx, &sel, "retry", "retried", jsonOut, (*dagrun.Engine).RetrySelected)
 			}
 			if !detach {
 				c.conns = followConns // a worker runs the re-armed steps here
@@ -182,7 +182,7 @@ func (c *cli) retryCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&detach, "detach", false, "return at once; workers run the re-armed steps")
-	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the whole instance object instead of its output (with --detach: as it stands once re-armed)")
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "print the whole instance object instead of its output (with --detach: as it stands once re-armed); with a filter, {\"count\": N}")
 	cmd.Flags().StringVar(&from, "from", "", "re-run this step and every step downstream of it, keeping the other outputs")
 	sel.register(cmd, "retry")
 	return cmd
