@@ -456,6 +456,8 @@ func normalize(v any, depth int, m *meter) (any, error) {
 		return x.Format(time.RFC3339Nano), nil
 	case time.Duration:
 		return x.String(), nil
+	case *time.Location:
+		return x.String(), nil // timezone("Europe/Berlin") is its name, not {}
 	case []any:
 		out := make([]any, len(x))
 		for i, e := range x {
@@ -498,17 +500,27 @@ func normalize(v any, depth int, m *meter) (any, error) {
 		}
 		return out, nil
 	case reflect.Map:
-		if rv.Type().Key().Kind() != reflect.String {
+		// groupBy's map[any][]any has text keys as often as not; JSON
+		// keys can only be text.
+		keyKind := rv.Type().Key().Kind()
+		if keyKind != reflect.String && keyKind != reflect.Interface {
 			break
 		}
 		out := make(map[string]any, rv.Len())
 		iter := rv.MapRange()
 		for iter.Next() {
+			key := iter.Key()
+			if key.Kind() == reflect.Interface {
+				key = key.Elem()
+			}
+			if key.Kind() != reflect.String {
+				return nil, fmt.Errorf("the result is a mapping with the key %s, which is no text: JSON keys are text (make them so with string())", describeValue(iter.Key().Interface()))
+			}
 			n, err := normalize(iter.Value().Interface(), depth+1, m)
 			if err != nil {
 				return nil, err
 			}
-			out[iter.Key().String()] = n
+			out[key.String()] = n
 		}
 		return out, nil
 	case reflect.String:
@@ -538,7 +550,7 @@ func normalizeUint(u uint64) any {
 	if u <= math.MaxInt64 {
 		return int64(u)
 	}
-	return float64(u)
+	return json.Number(strconv.FormatUint(u, 10)) // every digit, as an input's
 }
 
 // describeValue names a value's JSON type for messages.

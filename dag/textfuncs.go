@@ -76,9 +76,16 @@ func stringOf(args ...any) (any, error) {
 	return toText(args[0])
 }
 
-// toJSONOf is toJSON(): compact JSON, keeping <, > and & as written.
+// toJSONOf is toJSON(): compact JSON, keeping <, > and & as written, of
+// the value as a result is written: a duration as 1h30m0s, not Go's count
+// of nanoseconds.
 func toJSONOf(args ...any) (any, error) {
-	b, err := MarshalJSON(args[0])
+	// The value was charged as it was built; this copy is as large.
+	v, err := normalize(args[0], 0, newMeter())
+	if err != nil {
+		return nil, fmt.Errorf("toJSON: %w", err)
+	}
+	b, err := MarshalJSON(v)
 	if err != nil {
 		return nil, fmt.Errorf("toJSON: %v", err)
 	}
