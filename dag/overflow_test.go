@@ -60,8 +60,8 @@ func TestWholeNumberArithmeticPastTheRangeFails(t *testing.T) {
 		{`${{ abs(input.min) }}`, `abs(-9223372036854775808) is past the 64-bit range`},
 		{`${{ int(1e19) }}`, `int(1e+19) is past the 64-bit range`},
 		{`${{ int(input.f * 1e30) }}`, `is past the 64-bit range`},
-		{`${{ -input.s }}`, `invalid operation`},
-		{`${{ sum([input.s]) }}`, `invalid operation: int + string`},
+		{`${{ -input.s }}`, `cannot apply - to text`},
+		{`${{ sum([input.s]) }}`, `cannot apply + to a number and text`},
 	} {
 		_, err := evalTemplate(t, tc.input, env)
 		require.ErrorContains(t, err, tc.want)
@@ -81,7 +81,13 @@ func TestRunTimeMessagesSpeakTheAuthorsWords(t *testing.T) {
 		{`${{ join(input.none, ",") }}`, `invalid argument for join: null`},
 		{`${{ reverse(input.none) }}`, `cannot reverse null`},
 		{`${{ keys(input.none) }}`, `cannot get keys from null`},
-		{`${{ input.big + 1 }}`, `invalid operation: a whole number past 64 bits + int (only passing it on keeps every digit)`},
+		{`${{ input.big + 1 }}`, `cannot apply + to a whole number past 64 bits and a number (only passing it on keeps every digit)`},
+		{`${{ input.none > 0 }}`, `cannot apply > to null and a number (a skipped step's output, or a field that is not there, is null: give a default with ??)`},
+		{`${{ -input.none }}`, `cannot apply - to null`},
+		{`${{ input.l + 1 }}`, `cannot apply + to a list and a number`},
+		{`${{ input.n % 0 }}`, `division by zero: the right side of / or % is 0`},
+		{`${{ int("9223372036854775808") }}`, `int() cannot read "9223372036854775808" as a whole number that fits in 64 bits`},
+		{`${{ fromJSON("[1e400]") }}`, `fromJSON: the number 1e400 is beyond the range of a 64-bit floating-point number`},
 		{`${{ input.s.id }}`, `cannot read a field by name from text or a list: they take a position (x[0]), a mapping takes names`},
 		{`${{ input.l.id }}`, `cannot read a field by name from text or a list`},
 		{`${{ input.n.id }}`, `cannot read field id of a number: only a mapping has fields`},

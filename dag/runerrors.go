@@ -42,7 +42,44 @@ var runMessages = []struct {
 	{lazyRegexp(`^index out of range: (-?\d+) \(array length is (\d+)\)$`), func(m []string) string {
 		return "no element at position " + m[1] + " of a list of " + m[2]
 	}},
+	// An operator given values it does not take: most often null, the
+	// output of a skipped step or a field that is not there.
+	{lazyRegexp(`^invalid operation: (float\d*) % (.+)$|^invalid operation: (.+) % (float\d*)$`), func([]string) string {
+		return "cannot apply % to a fractional number: % takes whole numbers (round first, e.g. int(x) % 2)"
+	}},
+	{lazyRegexp(`^invalid operation: (.+?) (==|!=|<=|>=|<|>|\+|-|\*\*|\*|/|%) (.+)$`), func(m []string) string {
+		return operandMessage(m[2], goKind(m[1]), goKind(m[3]))
+	}},
+	{lazyRegexp(`^invalid operation: - (.+)$`), func(m []string) string {
+		return operandMessage("-", goKind(m[1]), "")
+	}},
+	{lazyRegexp(`^runtime error: integer divide by zero$`), func([]string) string {
+		return "division by zero: the right side of / or % is 0"
+	}},
+	{lazyRegexp(`^invalid operation: int\((.*)\)$`), func(m []string) string {
+		return "int() cannot read " + quoteText(m[1]) + " as a whole number that fits in 64 bits"
+	}},
 }
+
+// operandMessage says which values an operator cannot take, and what to
+// do when one of them is null.
+func operandMessage(op, left, right string) string {
+	msg := "cannot apply " + op + " to " + left
+	if right != "" {
+		msg += " and " + right
+	}
+	switch {
+	case left == "null" || right == "null":
+		msg += " (a skipped step's output, or a field that is not there, is null: give a default with ??)"
+	case left == bigWhole || right == bigWhole:
+		msg += " (only passing it on keeps every digit)"
+	}
+	return msg
+}
+
+// bigWhole is how messages name a whole number past 64 bits, which
+// expressions keep as json.Number (see UnmarshalJSON).
+const bigWhole = "a whole number past 64 bits"
 
 // runMessage rewrites a run-time message of expr (see runMessages).
 func runMessage(msg string) string {
@@ -53,7 +90,7 @@ func runMessage(msg string) string {
 	}
 	if strings.Contains(msg, "json.Number") {
 		// A whole number past 64 bits, kept whole (see fromNumbers).
-		return strings.ReplaceAll(msg, "json.Number", "a whole number past 64 bits") +
+		return strings.ReplaceAll(msg, "json.Number", bigWhole) +
 			" (only passing it on keeps every digit)"
 	}
 	return msg
@@ -65,6 +102,8 @@ func goKind(t string) string {
 	switch t {
 	case "<nil>", "%!s(<nil>)", "nil", "invalid":
 		return "null"
+	case "json.Number":
+		return bigWhole
 	}
 	return kindOfType(t)
 }

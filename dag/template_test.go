@@ -143,9 +143,9 @@ func TestTemplateRuntimeErrors(t *testing.T) {
 	env := &Env{Input: decodeJSON(t, `{"a": 4, "items": [], "s": "x"}`)}
 	for _, tc := range []struct{ input, want string }{
 		{`${{ input.a / 0 }}`, `expression "input.a / 0": the result +Inf is not a number JSON can hold (division by zero?)`},
-		{`${{ input.a % 0 }}`, `expression "input.a % 0": invalid operation: float64 % int`},
+		{`${{ input.a % 0 }}`, `expression "input.a % 0": cannot apply % to a fractional number: % takes whole numbers (round first, e.g. int(x) % 2)`},
 		{`"x-${{ input.items[3] }}"`, `expression "input.items[3]": no element at position 3 of a list of 0`},
-		{`${{ int(input.s) }}`, `expression "int(input.s)": invalid operation: int(x)`},
+		{`${{ int(input.s) }}`, `expression "int(input.s)": int() cannot read "x" as a whole number that fits in 64 bits`},
 	} {
 		_, err := evalTemplate(t, tc.input, env)
 		require.EqualError(t, err, tc.want)

@@ -125,30 +125,42 @@ func UnmarshalJSON(raw []byte) (any, error) {
 	if d.More() {
 		return nil, fmt.Errorf("more than one JSON value in the text")
 	}
-	return wholeNumbers(v), nil
+	return wholeNumbers(v)
 }
 
 // wholeNumbers turns the json.Numbers of a decoded value into ints where
-// they fit, and into floats where they are not whole.
-func wholeNumbers(v any) any {
+// they fit, and into floats where they are not whole; a number no float64
+// holds (1e400) is an error, as it is in a start's input.
+func wholeNumbers(v any) (any, error) {
 	switch x := v.(type) {
 	case json.Number:
 		if i, err := strconv.ParseInt(string(x), 10, 0); err == nil {
-			return int(i)
+			return int(i), nil
 		}
 		if !strings.ContainsAny(string(x), ".eE") {
-			return x // whole, past int64
+			return x, nil // whole, past int64
 		}
-		f, _ := x.Float64() // the decoder accepted it as a number
-		return f
+		f, err := x.Float64() // the decoder accepted it as a number
+		if err != nil {
+			return nil, fmt.Errorf("the number %s is beyond the range of a 64-bit floating-point number", x)
+		}
+		return f, nil
 	case map[string]any:
 		for k, e := range x {
-			x[k] = wholeNumbers(e)
+			n, err := wholeNumbers(e)
+			if err != nil {
+				return nil, err
+			}
+			x[k] = n
 		}
 	case []any:
 		for i, e := range x {
-			x[i] = wholeNumbers(e)
+			n, err := wholeNumbers(e)
+			if err != nil {
+				return nil, err
+			}
+			x[i] = n
 		}
 	}
-	return v
+	return v, nil
 }
