@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -40,6 +41,18 @@ steps:
   - {name: approve, wait: {}}
 `
 
+// browserLedger carries whole numbers past 2^53, which a JavaScript
+// number would round, through the page: shown and sent back.
+const browserLedger = `name: ledger
+steps:
+  - name: amount
+    wait: {schema: {type: object}}
+  - name: book
+    handler: echo
+    dependsOn: [amount]
+    input: ${{ steps.amount.output }}
+`
+
 // TestBrowserSignals drives a person's side of wait steps in headless
 // Chromium: the shipped refund-approval example waits for approval; its
 // page shows the waiting step with its signal and the time left, and a
@@ -52,7 +65,7 @@ func TestBrowserSignals(t *testing.T) {
 	refund, err := os.ReadFile("../workflows/refund-approval.yaml")
 	require.NoError(t, err)
 	dir, workflows := browserWorkflows(t, map[string]string{"refund-approval.yaml": string(refund), "delivery.yaml": browserDelivery,
-		"one-per-customer.yaml": browserOnePerCustomer})
+		"one-per-customer.yaml": browserOnePerCustomer, "ledger.yaml": browserLedger})
 	const token = "browser-signal-token"
 	base := browserServe(t, binary, dir, workflows, token)
 	apiClient := &browserAPI{base: base, token: token}
@@ -156,6 +169,31 @@ func TestBrowserSignals(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS("h1 .badge.s-completed")),
 	)
 	require.Equal(t, "completed", apiClient.status(t, deliveryID))
+
+	// Whole numbers past 2^53 keep every digit on the page and in what it
+	// sends.
+	ledgerID := start("ledger", `{"input": {"accountId": 9007199254740993}}`, "amount")
+	amount := `#graph g.node[data-step="amount"]`
+	browserDo(t, ctx, console, "open the ledger and send a payload with a big number",
+		chromedp.Navigate(base+"#/instances/"+ledgerID),
+		chromedp.WaitVisible(chromedp.CSS(amount+".s-waiting")),
+		chromedp.Poll[chromedp.Void](`document.querySelector("#instance-input pre").textContent.includes("9007199254740993")`),
+		chromedp.Click(chromedp.CSS(amount)),
+		chromedp.WaitVisible(chromedp.CSS("#signal-data")),
+		chromedp.SetValue(chromedp.CSS("#signal-data"), `{"cents": 9007199254740995}`),
+		chromedp.Click(chromedp.CSS("#signal-send")),
+		chromedp.WaitVisible(chromedp.CSS("h1 .badge.s-completed")),
+	)
+	var booked struct {
+		Steps []struct {
+			Name   string          `json:"name"`
+			Output json.RawMessage `json:"output"`
+		} `json:"steps"`
+	}
+	apiClient.call(t, http.MethodGet, "/api/instances/"+ledgerID, "", http.StatusOK, &booked)
+	require.Equal(t, "book", booked.Steps[1].Name)
+	require.JSONEq(t, `{"cents": 9007199254740995}`, string(booked.Steps[1].Output))
+	require.Contains(t, string(booked.Steps[1].Output), "9007199254740995", "every digit, not the nearest float")
 
 	// A step that may not run yet says when it will; the definition shows
 	// what a wait step waits for.

@@ -105,6 +105,21 @@
     if (ms < 5000) return "just now";
     return fmtDuration(ms).replace(/\.\d+s$/, "s") + " ago";
   }
+  // parseJSON is JSON.parse keeping every digit of a whole number past
+  // 2^53 (IDs, amounts in minor units), which a JavaScript number would
+  // round: shown, or sent back, it is the text the server wrote. Where
+  // the browser cannot read a number's source text, it is JSON.parse.
+  const exactNumbers = typeof JSON.rawJSON === "function";
+  function keepDigits(key, value, context) {
+    if (typeof value === "number" && !Number.isSafeInteger(value) && context &&
+        /^-?\d+$/.test(context.source)) {
+      return JSON.rawJSON(context.source);
+    }
+    return value;
+  }
+  function parseJSON(text) {
+    return exactNumbers ? JSON.parse(text, keepDigits) : JSON.parse(text);
+  }
   function pretty(value) {
     if (value === null || value === undefined) return "null";
     return JSON.stringify(value, null, 2);
@@ -293,7 +308,7 @@
       throw new APIError(0, "cannot reach the server: " + err.message);
     }
     let data = null;
-    try { data = await resp.json(); } catch (_) { /* not JSON */ }
+    try { data = parseJSON(await resp.text()); } catch (_) { /* not JSON */ }
     if (resp.status === 401) {
       // Signed out elsewhere, or the server's token changed: loading the
       // page again gets the sign-in page.
@@ -1045,7 +1060,7 @@
       form.addEventListener("submit", (ev) => {
         ev.preventDefault();
         let value;
-        try { value = JSON.parse(data.value); } catch (err) { showFailure("The payload is not valid JSON: " + err.message); return; }
+        try { value = parseJSON(data.value); } catch (err) { showFailure("The payload is not valid JSON: " + err.message); return; }
         const req = { data: value };
         if (sigID.value.trim()) req.id = sigID.value.trim();
         submit(req);
@@ -1360,7 +1375,7 @@
             const text = prompt("Complete " + s.name + " by hand with this output (JSON):", "null");
             if (text === null) return;
             let output;
-            try { output = JSON.parse(text); } catch (err) { showError(new Error("the output is not valid JSON: " + err.message)); return; }
+            try { output = parseJSON(text); } catch (err) { showError(new Error("the output is not valid JSON: " + err.message)); return; }
             operate(null, () => api("POST", base + "/steps/" + encodeURIComponent(s.name) + "/skip", { output }));
           } }, "Skip step"));
     }
@@ -1746,7 +1761,7 @@
         ev.preventDefault();
         error.textContent = "";
         let value;
-        try { value = JSON.parse(input.value || "{}"); } catch (err) { error.textContent = "Input is not valid JSON: " + err.message; return; }
+        try { value = parseJSON(input.value || "{}"); } catch (err) { error.textContent = "Input is not valid JSON: " + err.message; return; }
         const req = { input: value, priority: Number(priority.value) || 0 };
         if (key.value.trim()) req.key = key.value.trim();
         if (delay.value.trim()) req.delay = delay.value.trim();
