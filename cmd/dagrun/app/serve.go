@@ -32,7 +32,7 @@ func (c *cli) serveCommand() *cobra.Command {
 		token       string
 		namedTokens []string
 		withWorker  bool
-		concurrency int
+		workerFlags workerFlags
 		noSchedules bool
 		tlsCert     string
 		tlsKey      string
@@ -46,7 +46,7 @@ func (c *cli) serveCommand() *cobra.Command {
 			"Authorization: Bearer <token>; a browser signs in on the page the server shows it, which sets a cookie.\n" +
 			"A non-loopback --addr is refused without a token. With --tls-cert and --tls-key it serves HTTPS, and reads\n" +
 			"the files again when they change. SIGINT or SIGTERM stop serving, then the worker finishes its running steps.",
-		Args: exactArgs(0, "serve [--addr 127.0.0.1:8080] [--token T] [--worker] [--concurrency N] [--no-schedules] [--tls-cert FILE --tls-key FILE]"),
+		Args: exactArgs(0, "serve [--addr 127.0.0.1:8080] [--token T] [--worker [--concurrency N] [--queues a,b] [--lease DUR] [--poll DUR] [--grace DUR]] [--no-schedules] [--tls-cert FILE --tls-key FILE]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// The environment is read here rather than as the flag's
 			// default, so --help never prints the token.
@@ -67,10 +67,15 @@ func (c *cli) serveCommand() *cobra.Command {
 			if token == "" && len(tokens) == 0 && !web.IsLoopbackHost(host) {
 				return usageError(fmt.Errorf("refusing to serve on %s without a token: anyone who can reach it could start and cancel workflows; set --token or DAGRUN_TOKEN, or bind a loopback address such as 127.0.0.1:8080", addr))
 			}
+			var workerConfig *dagrun.WorkerConfig
 			if withWorker {
-				if err := checkConcurrency(concurrency); err != nil {
+				config, err := workerFlags.config(cmd, c)
+				if err != nil {
 					return err
 				}
+				workerConfig = &config
+			} else if err := refuseWithoutWorker(cmd); err != nil {
+				return err
 			}
 			if tlsCert == "" {
 				tlsCert = c.io.Getenv("DAGRUN_TLS_CERT")
@@ -82,7 +87,7 @@ func (c *cli) serveCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return c.serve(cmd.Context(), addr, web.Config{Token: token, Tokens: tokens}, certs, withWorker, concurrency, noSchedules)
+			return c.serve(cmd.Context(), addr, web.Config{Token: token, Tokens: tokens}, certs, workerConfig, noSchedules)
 		},
 	}
 	f := cmd.Flags()
@@ -90,15 +95,18 @@ func (c *cli) serveCommand() *cobra.Command {
 	f.StringVar(&token, "token", "", "bearer token required by the API, the UI and /metrics (env DAGRUN_TOKEN); the history names it api")
 	f.StringArrayVar(&namedTokens, "named-token", nil, "NAME=SECRET: another accepted token, whose operations the history records as done by NAME; repeat for more (env DAGRUN_TOKENS, comma-separated)")
 	f.BoolVar(&withWorker, "worker", false, "also run a worker in this process")
+	workerFlags.register(cmd, "the embedded worker (with --worker)")
 	f.BoolVar(&noSchedules, "no-schedules", false, "do not run the scheduler, which starts the workflows' scheduled instances")
-	f.IntVar(&concurrency, "concurrency", dagrun.DefaultConcurrency, "steps the embedded worker runs at once (with --worker)")
 	f.StringVar(&tlsCert, "tls-cert", "", "PEM certificate (chain) file: serve HTTPS, with --tls-key (env DAGRUN_TLS_CERT)")
 	f.StringVar(&tlsKey, "tls-key", "", "PEM private key file of --tls-cert (env DAGRUN_TLS_KEY)")
 	c.addPlanLimitFlags(cmd)
 	return cmd
 }
 
-func (c *cli) serve(ctx context.Context, addr string, auth web.Config, certs *serveTLS, withWorker bool, concurrency int, noSchedules bool) error {
+// serve serves the API on addr, with a worker of workerConfig in the
+// same process unless it is nil.
+func (c *cli) serve(ctx context.Context, addr string, auth web.Config, certs *serveTLS, workerConfig *dagrun.WorkerConfig, noSchedules bool) error {
+	withWorker := workerConfig != nil
 	// The engine reports to the metrics, so they must exist before it.
 	metrics := web.NewMetrics()
 	c.observer = metrics
@@ -166,12 +174,12 @@ func (c *cli) serve(ctx context.Context, addr string, auth web.Config, certs *se
 	defer stopWorker()
 	workerDone := make(chan error, 1)
 	if withWorker {
-		worker, err := engine.NewWorker(&dagrun.WorkerConfig{Concurrency: concurrency})
+		worker, err := engine.NewWorker(workerConfig)
 		if err != nil {
 			_ = ln.Close()
 			return usageError(err)
 		}
-		c.logger.Info("dagrun worker started", append([]any{"id", worker.ID(), "concurrency", concurrency}, c.storeAttrs(engine)...)...)
+		c.logger.Info("dagrun worker started", append([]any{"id", worker.ID(), "concurrency", workerConfig.Concurrency, "queues", workerConfig.Queues}, c.storeAttrs(engine)...)...)
 		go func() { workerDone <- worker.Run(workerCtx) }()
 	} else {
 		workerDone <- nil

@@ -9,64 +9,27 @@ import (
 	"regexp"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
 	"github.com/dagrun/dagrun"
 	"github.com/dagrun/dagrun/cmd/dagrun/app/web"
-	"github.com/dagrun/dagrun/dag"
 )
 
 func (c *cli) workerCommand() *cobra.Command {
 	var (
-		config             dagrun.WorkerConfig
-		queues             string
-		lease, poll, grace string
-		noSchedules        bool
-		metricsAddr        string
+		flags       workerFlags
+		noSchedules bool
+		metricsAddr string
 	)
 	cmd := &cobra.Command{
 		Use:   "worker",
 		Short: "Run steps until SIGINT or SIGTERM, then finish running steps within a grace period and release the rest",
-		Args:  exactArgs(0, "worker [--concurrency N] [--queues a,b] [--lease DUR] [--poll DUR] [--no-schedules] [--metrics-addr ADDR]"),
+		Args:  exactArgs(0, "worker [--concurrency N] [--queues a,b] [--lease DUR] [--poll DUR] [--grace DUR] [--no-schedules] [--metrics-addr ADDR]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkConcurrency(config.Concurrency); err != nil {
+			config, err := flags.config(cmd, c)
+			if err != nil {
 				return err
-			}
-			var err error
-			if config.Lease, err = parseDurationFlag("lease", lease, false); err != nil {
-				return err
-			}
-			if config.Poll, err = parseDurationFlag("poll", poll, false); err != nil {
-				return err
-			}
-			if config.ShutdownGrace, err = parseDurationFlag("grace", grace, true); err != nil {
-				return err
-			}
-			if cmd.Flags().Changed("queues") {
-				for _, q := range strings.Split(queues, ",") {
-					if q = strings.TrimSpace(q); q != "" {
-						// A name no workflow could give would wait for
-						// ever (bytes that are not UTF-8 are Validate's).
-						if err := dag.CheckName("queue", q); err != nil && utf8.ValidString(q) {
-							return usageError(fmt.Errorf("--queues: %w", err))
-						}
-						config.Queues = append(config.Queues, q)
-					}
-				}
-				if len(config.Queues) == 0 {
-					// Not every queue: whoever wrote it meant some.
-					return usageError(fmt.Errorf("--queues %q names no queue: give comma-separated names, or leave it out for every queue", queues))
-				}
-			}
-			// Checked before the database is opened: bad flags touch nothing.
-			if err := config.Validate(); err != nil {
-				return usageError(err)
-			}
-			if config.Lease < shortLease {
-				c.logger.Warn("dagrun worker: a lease this short can run out while a busy machine or database delays a heartbeat; "+
-					"another worker then runs the step again, as for a crash", "lease", config.Lease, "heartbeat_every", config.Lease/3)
 			}
 			ctx := cmd.Context()
 			c.conns = workerConns
@@ -112,13 +75,9 @@ func (c *cli) workerCommand() *cobra.Command {
 			return err
 		},
 	}
+	flags.register(cmd, "the worker")
 	f := cmd.Flags()
-	f.IntVar(&config.Concurrency, "concurrency", dagrun.DefaultConcurrency, "steps run at once")
-	f.StringVar(&queues, "queues", "", "comma-separated queues to take steps from (default all)")
-	f.StringVar(&lease, "lease", dagrun.DefaultLease.String(), "claim lease; the worker heartbeats every third of it")
-	f.StringVar(&poll, "poll", dagrun.DefaultPoll.String(), "fallback polling interval")
 	f.BoolVar(&noSchedules, "no-schedules", false, "do not run the scheduler, which starts the workflows' scheduled instances")
-	f.StringVar(&grace, "grace", dagrun.DefaultShutdownGrace.String(), "how long running steps may finish after SIGINT/SIGTERM")
 	f.StringVar(&metricsAddr, "metrics-addr", "", "serve this worker's Prometheus /metrics (its attempts, instances and scheduler) on this address, e.g. 127.0.0.1:9464")
 	c.addPlanLimitFlags(cmd)
 	return cmd
