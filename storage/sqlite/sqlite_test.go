@@ -114,6 +114,26 @@ func TestOpenErrors(t *testing.T) {
 		require.ErrorContains(t, err, "is not a regular file (a character device): name a file")
 	})
 
+	t.Run("HardLinked", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		first := filepath.Join(dir, "a.db")
+		store, err := sqlite.Open(ctx, first, nil)
+		require.NoError(t, err)
+		require.NoError(t, store.Close())
+		second := filepath.Join(dir, "b.db")
+		require.NoError(t, os.Link(first, second))
+		for _, path := range []string{first, second} {
+			_, err = sqlite.Open(ctx, path, nil)
+			require.ErrorIs(t, err, storage.ErrUnavailable)
+			require.ErrorContains(t, err, "has 2 hard links, and processes that open it by different names corrupt it: keep one name (a symbolic link is safe)")
+		}
+		require.NoError(t, os.Remove(second))
+		store, err = sqlite.Open(ctx, first, nil)
+		require.NoError(t, err, "one name again")
+		require.NoError(t, store.Close())
+	})
+
 	t.Run("BadConfig", func(t *testing.T) {
 		t.Parallel()
 		_, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "x.db"), &sqlite.Config{ReadConns: -1})

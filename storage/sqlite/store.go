@@ -509,6 +509,11 @@ func checkPath(path string) error {
 		return fmt.Errorf("%w: SQLite database %q is a folder: name a file, such as %s", storage.ErrUnavailable, path, filepath.Join(path, "dagrun.db"))
 	case !fi.Mode().IsRegular():
 		return fmt.Errorf("%w: SQLite database %q is not a regular file (%s): name a file", storage.ErrUnavailable, path, fileKind(fi.Mode()))
+	case hardLinks(fi) > 1:
+		// SQLite finds a database's -wal and -shm files by its name: a
+		// process that opens it by another name has a log of its own,
+		// and the two write over each other's pages.
+		return fmt.Errorf("%w: SQLite database %q has %d hard links, and processes that open it by different names corrupt it: keep one name (a symbolic link is safe)", storage.ErrUnavailable, path, hardLinks(fi))
 	}
 	return nil
 }
