@@ -392,6 +392,7 @@ func TestErrorLines(t *testing.T) {
 		{args: []string{"--log-level", "loud", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "mysql://localhost/x", "list"}, code: app.ExitUsage},
 		{args: []string{"--db", "sqlite:", "list"}, code: app.ExitUsage},
+		{args: []string{"--db", "file:/tmp/dagrun-test-never.db", "list"}, code: app.ExitUsage},
 		{args: []string{"worker", "--queues", " , "}, code: app.ExitUsage},
 		{args: []string{"worker", "--queues", ""}, code: app.ExitUsage},
 		{args: []string{"worker", "--queues", "payments,A B"}, code: app.ExitUsage},

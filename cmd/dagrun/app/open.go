@@ -58,6 +58,10 @@ func openStore(ctx context.Context, db, schema string, logger *slog.Logger, conn
 			return nil, usageError(fmt.Errorf("--db %q names no file: use sqlite:PATH", db))
 		}
 		return sqliteStore(ctx, path, schema)
+	case strings.HasPrefix(db, "file:"):
+		// SQLite's URI form: the store sets the connection's options
+		// itself, and would take the URI for a file's name.
+		return nil, usageError(fmt.Errorf("--db %q is a SQLite URI, which dagrun does not read: give the file's path (sqlite:PATH, or the path alone)", db))
 	case strings.Contains(db, "://"):
 		scheme := db[:strings.Index(db, "://")]
 		return nil, usageError(fmt.Errorf("--db scheme %q is not supported: use a SQLite path, sqlite:PATH, or postgres://", scheme))
