@@ -228,6 +228,9 @@ type cli struct {
 	// invalid are the errors of the workflow files engine() left out, by
 	// workflow name.
 	invalid map[string]error
+	// newDatabase names the SQLite file this command made, empty, as it
+	// opened it (see openStore): a "not found" then says why.
+	newDatabase string
 }
 
 func (c *cli) rootCommand() *cobra.Command {
@@ -426,7 +429,7 @@ func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
 		return nil, err
 	}
 	c.invalid = invalid
-	store, err := openStore(ctx, c.db, c.dbSchema, c.logger, c.conns)
+	store, err := c.openStore(ctx, c.conns)
 	if err != nil {
 		return nil, err
 	}

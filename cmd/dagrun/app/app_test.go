@@ -465,6 +465,25 @@ func TestJSONFlagsSkipAByteOrderMark(t *testing.T) {
 	require.Equal(t, "\"hello, Al\"\n", res.stdout)
 }
 
+// TestReadingANewDatabaseSaysSo: a read of an instance from a SQLite
+// path that held no database (a typo, the wrong folder) says that the
+// command made an empty one there, not only that the instance is unknown.
+func TestReadingANewDatabaseSaysSo(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	path := b.env["DAGRUN_DB"]
+	const id = "01a252b3-f680-71ad-84fa-1da57b2f715c"
+	for _, args := range [][]string{{"status", id}, {"logs", id}} {
+		require.NoError(t, os.RemoveAll(path))
+		res := b.run(t, "", args...)
+		require.Equal(t, app.ExitUsage, res.code, res.stderr)
+		require.Equal(t, `dagrun: no instance with ID "`+id+`": there was no database at `+path+", and this command made an empty one (run where yours is, or pass --db or DAGRUN_DB)\n", res.stderr)
+		res = b.run(t, "", args...)
+		require.Equal(t, app.ExitUsage, res.code, res.stderr)
+		require.Equal(t, `dagrun: no instance with ID "`+id+`" (list instances with: dagrun list)`+"\n", res.stderr, "the database is there now")
+	}
+}
+
 // TestStartJSONOnFailure: --json prints the whole instance object whatever
 // the outcome, and the exit code still tells the outcome.
 func TestStartJSONOnFailure(t *testing.T) {

@@ -42,7 +42,7 @@ func (c *cli) cancelCommand() *cobra.Command {
 				if errors.Is(err, storage.ErrConflict) {
 					return conflictError(ctx, engine, args[0], "already ", "only a pending or running instance can be cancelled", err)
 				}
-				return instanceError(args[0], err)
+				return c.instanceError(args[0], err)
 			}
 			fmt.Fprintf(c.io.Stdout, "cancelled %s\n", args[0])
 			return nil

@@ -55,7 +55,7 @@ func (c *cli) statusCommand() *cobra.Command {
 			}
 			inst, err := engine.Get(ctx, args[0])
 			if err != nil {
-				return instanceError(args[0], err)
+				return c.instanceError(args[0], err)
 			}
 			if jsonOut {
 				return writeJSON(c.io.Stdout, view.NewInstance(inst))
@@ -84,7 +84,7 @@ func (c *cli) writeItems(ctx context.Context, p storage.ItemsParams, jsonOut boo
 	case errors.As(err, &noStep), errors.As(err, &notForEach):
 		return usageError(err)
 	case err != nil:
-		return instanceError(id, err)
+		return c.instanceError(id, err)
 	case jsonOut:
 		return writeJSON(c.io.Stdout, page.Page())
 	}

@@ -60,7 +60,7 @@ func (c *cli) logsCommand() *cobra.Command {
 // openLogStore opens the store alone, a one-off command's (conns zero):
 // reading logs needs no workflows.
 func (c *cli) openLogStore(ctx context.Context) (storage.Store, error) {
-	store, err := openStore(ctx, c.db, c.dbSchema, c.logger, 0)
+	store, err := c.openStore(ctx, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +88,7 @@ func (c *cli) printLogs(ctx context.Context, store storage.Store, id, step strin
 		case errors.As(err, &noStep):
 			return usageError(err)
 		case err != nil:
-			return instanceError(id, err)
+			return c.instanceError(id, err)
 		}
 		for _, r := range records {
 			if jsonOut {

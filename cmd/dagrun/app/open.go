@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
 	"strings"
 
 	"github.com/dagrun/dagrun/storage"
@@ -68,6 +70,32 @@ func openStore(ctx context.Context, db, schema string, logger *slog.Logger, conn
 	default:
 		return sqliteStore(ctx, db, schema)
 	}
+}
+
+// openStore opens the store of --db for this command, noting in
+// c.newDatabase a SQLite file it makes: a read of an instance from a
+// mistyped path, or in the wrong folder, makes an empty database there,
+// and its "not found" says so. (Reads make the file, and its schema, on
+// purpose: a "dagrun list" before many processes start migrates it once.)
+func (c *cli) openStore(ctx context.Context, conns int32) (storage.Store, error) {
+	if path := sqlitePath(c.db); path != "" {
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			c.newDatabase = path
+		}
+	}
+	return openStore(ctx, c.db, c.dbSchema, c.logger, conns)
+}
+
+// sqlitePath is the file path of a --db value that names a SQLite file,
+// or "" for any other.
+func sqlitePath(db string) string {
+	switch {
+	case db == "", db == ":memory:", strings.HasPrefix(db, "file:"), strings.Contains(db, "://") && !strings.HasPrefix(db, "sqlite://"):
+		return ""
+	case strings.HasPrefix(db, "sqlite:"):
+		return strings.TrimPrefix(strings.TrimPrefix(db, "sqlite:"), "//")
+	}
+	return db
 }
 
 // sqliteStore opens a SQLite file; a schema is PostgreSQL's alone, and a

@@ -173,7 +173,7 @@ func (c *cli) retryCommand() *cobra.Command {
 					}
 					return conflictError(ctx, engine, args[0], "", rule, err)
 				}
-				return instanceError(args[0], err)
+				return c.instanceError(args[0], err)
 			}
 			if detach {
 				return c.printDetached(ctx, engine, args[0], jsonOut)
@@ -198,7 +198,7 @@ func (c *cli) printDetached(ctx context.Context, engine *dagrun.Engine, id strin
 	}
 	inst, err := engine.Get(ctx, id)
 	if err != nil {
-		return instanceError(id, err)
+		return c.instanceError(id, err)
 	}
 	return writeJSON(c.io.Stdout, view.NewInstance(inst))
 }
@@ -381,6 +381,15 @@ func instanceError(id string, err error) error {
 		return usageError(fmt.Errorf("no instance with ID %s (list instances with: dagrun list)", view.QuoteShort(id)))
 	}
 	return err
+}
+
+// instanceError is instanceError of a command that may have made its
+// database as it opened it (see openStore): its "not found" says so.
+func (c *cli) instanceError(id string, err error) error {
+	if errors.Is(err, storage.ErrNotFound) && c.newDatabase != "" {
+		return usageError(fmt.Errorf("no instance with ID %s: there was no database at %s, and this command made an empty one (run where yours is, or pass --db or DAGRUN_DB)", view.QuoteShort(id), c.newDatabase))
+	}
+	return instanceError(id, err)
 }
 
 // subcommandArgs refuses arguments to a command that only groups
