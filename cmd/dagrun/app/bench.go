@@ -416,7 +416,7 @@ func (o *benchObserver) waitFor(ctx context.Context, target int64) error {
 		case <-stalled.C:
 			n := o.attempts.Load()
 			if n == lastAttempts {
-				return fmt.Errorf("bench: no step finished for 30s (%d of %d instances done)", o.count.Load(), target)
+				return fmt.Errorf("bench: no step finished here for 30s (%d of %d instances done): if another worker shares the database, it may have taken them; bench counts its own, so give it a database of its own", o.count.Load(), target)
 			}
 			lastAttempts = n
 		}
