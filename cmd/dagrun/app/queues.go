@@ -1,9 +1,14 @@
 package app
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -118,9 +123,23 @@ func (c *cli) queueCommand() *cobra.Command {
 			if flags.Changed("rate") {
 				change.Rate = &dagrun.QueueRate{Rate: n, Per: per}
 			}
+			known, err := c.queueKnown(ctx, engine, args[0])
+			if err != nil {
+				return err
+			}
 			l, err := engine.ChangeQueueLimit(ctx, change)
 			if err != nil {
 				return err
+			}
+			if !known {
+				// Most likely a typo, which would leave the real queue as
+				// it was; the limit is kept for a workflow still to come.
+				msg := fmt.Sprintf("no workflow of %s puts steps in queue %s, nor has the database any of its steps (the workflows' queues: %s); the limit is stored anyway",
+					c.workflowsDir, args[0], strings.Join(workflowQueues(engine), ", "))
+				if !c.jsonStderr() {
+					msg = "warning: " + msg // a record says so by its level
+				}
+				c.say(slog.LevelWarn, msg)
 			}
 			_, err = fmt.Fprintf(c.io.Stdout, "queue %s: concurrency %s, rate %s\n", l.Queue, concurrencyText(l.Concurrency), rateText(l))
 			return err
@@ -144,4 +163,29 @@ func parseConcurrency(s string) (int, error) {
 		return 0, usageError(fmt.Errorf("--concurrency %q: want a whole number, or 0 or none for no limit", s))
 	}
 	return n, nil
+}
+
+// queueKnown reports whether a loaded workflow puts steps in queue, or
+// the database knows it (its steps, or a limit set before).
+func (c *cli) queueKnown(ctx context.Context, engine *dagrun.Engine, queue string) (bool, error) {
+	if slices.Contains(workflowQueues(engine), queue) {
+		return true, nil
+	}
+	stored, err := engine.Queues(ctx)
+	if err != nil {
+		return false, err
+	}
+	return slices.ContainsFunc(stored, func(q dagrun.QueueInfo) bool { return q.Queue == queue }), nil
+}
+
+// workflowQueues lists the queues the loaded workflows' steps go to,
+// sorted.
+func workflowQueues(engine *dagrun.Engine) []string {
+	seen := map[string]bool{}
+	for _, w := range engine.Workflows() {
+		for _, s := range append(slices.Clip(w.Steps), w.OnFailure...) {
+			seen[s.Queue] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
 }

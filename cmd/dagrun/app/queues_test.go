@@ -38,6 +38,15 @@ func TestQueueSetAndQueues(t *testing.T) {
 	r = b.run(t, "", "queue", "set", "mail", "--concurrency", "2", "--rate", "10/s")
 	require.Equal(t, app.ExitOK, r.code, r.stderr)
 	require.Equal(t, "queue mail: concurrency 2, rate 10/1s\n", r.stdout)
+	require.Empty(t, r.stderr, "a workflow's queue")
+	// A queue nothing uses is most likely a typo: set, with a warning.
+	r = b.run(t, "", "queue", "set", "mial", "--concurrency", "2")
+	require.Equal(t, app.ExitOK, r.code, r.stderr)
+	require.Equal(t, "queue mial: concurrency 2, rate none\n", r.stdout)
+	require.Equal(t, "dagrun: warning: no workflow of "+dir+" puts steps in queue mial, nor has the database any of its steps (the workflows' queues: later, mail); the limit is stored anyway\n", r.stderr)
+	r = b.run(t, "", "queue", "set", "mial", "--concurrency", "0")
+	require.Equal(t, app.ExitOK, r.code, r.stderr)
+	require.Empty(t, r.stderr, "known now: its limit is stored")
 	for rate, shown := range map[string]string{"100/1m": "100/1m", "5/90s": "5/1m30s", "2/h": "2/1h", "1/150ms": "1/150ms"} {
 		r = b.run(t, "", "queue", "set", "mail", "--rate", rate)
 		require.Equal(t, app.ExitOK, r.code, r.stderr)
