@@ -1,7 +1,11 @@
 package dagrun
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dagrun/dagrun/dag"
@@ -191,4 +195,55 @@ func inputDepth(raw []byte, limit int) int {
 		}
 	}
 	return deepest
+}
+
+// duplicateKey finds an object of raw, valid JSON, that has a key twice:
+// the JSON Pointer of the object and the key. JSON readers disagree on
+// which of the two counts (Go's and the schema check take the last, the
+// stored text keeps both), so such a value is refused.
+func duplicateKey(raw []byte) (at, key string, found bool) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var walk func(path string) bool
+	walk = func(path string) bool {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		switch tok {
+		case json.Delim('{'):
+			seen := map[string]bool{}
+			for dec.More() {
+				k, err := dec.Token()
+				if err != nil {
+					return false
+				}
+				name, _ := k.(string)
+				if seen[name] {
+					at, key = path, name
+					return true
+				}
+				seen[name] = true
+				if walk(path + "/" + escapePointerToken(name)) {
+					return true
+				}
+			}
+			_, _ = dec.Token() // }
+		case json.Delim('['):
+			for i := 0; dec.More(); i++ {
+				if walk(path + "/" + strconv.Itoa(i)) {
+					return true
+				}
+			}
+			_, _ = dec.Token() // ]
+		}
+		return false
+	}
+	found = walk("")
+	return at, key, found
+}
+
+// escapePointerToken escapes a key for a JSON Pointer (RFC 6901).
+func escapePointerToken(s string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1")
 }

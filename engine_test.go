@@ -178,6 +178,30 @@ func TestStartRejectsBadInputAndWritesNothing(t *testing.T) {
 	})
 }
 
+// TestInputWithAKeyTwiceIsRefused: JSON readers disagree on which of
+// two equal keys counts (the schema check and the steps took the last,
+// the stored input kept both), so such an input is refused, nested too.
+func TestInputWithAKeyTwiceIsRefused(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, open func(*testing.T) storage.Store) {
+		b := setup(t, open, nil, chainWorkflow)
+		for input, want := range map[string]string{
+			`{"n": 1, "n": 2}`: `input has the key "n" twice in the object at "/": keep one (JSON readers disagree on which counts)`,
+			`{"n": 1, "m": [{}, {"a/b": {"x": 1, "x": 1}}]}`: `input has the key "x" twice in the object at "/m/1/a~1b"`,
+		} {
+			_, err := b.engine.Start(t.Context(), "chain", json.RawMessage(input), nil)
+			var inputErr *dagrun.InputError
+			require.ErrorAs(t, err, &inputErr, input)
+			require.ErrorContains(t, err, want)
+		}
+		_, err := b.engine.Start(t.Context(), "chain", json.RawMessage(`{"n": 1, "m": [{"x": 1}, {"x": 2}]}`), nil)
+		require.NoError(t, err, "the same key in two objects")
+		list, err := b.engine.List(t.Context(), storage.ListParams{})
+		require.NoError(t, err)
+		require.Len(t, list, 1)
+	})
+}
+
 // TestNoInputAndNullInputAreOneStart: a start without an input and one
 // with null both start with {}, the empty object the schema checks.
 func TestNoInputAndNullInputAreOneStart(t *testing.T) {

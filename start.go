@@ -2,6 +2,7 @@ package dagrun
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -230,6 +231,9 @@ func decodeJSON(raw json.RawMessage, what string, limit int) (json.RawMessage, a
 	}
 	if dec.More() {
 		return nil, nil, fmt.Errorf("%s is not valid JSON: more than one value", what)
+	}
+	if at, key, found := duplicateKey(raw); found {
+		return nil, nil, fmt.Errorf("%s has the key %q twice in the object at %q: keep one (JSON readers disagree on which counts)", what, key, cmp.Or(at, "/"))
 	}
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, raw); err != nil {
