@@ -18,6 +18,7 @@ import (
 
 	"go.opentelemetry.io/otel/propagation"
 	"golang.org/x/net/http/httpguts"
+	"golang.org/x/text/encoding/htmlindex"
 )
 
 // HTTPInput is the input of the built-in http handler.
@@ -164,7 +165,7 @@ func doHTTP(ctx context.Context, client *http.Client, in HTTPInput) (HTTPOutput,
 	out := HTTPOutput{
 		Status:  resp.StatusCode,
 		Headers: make(map[string]string, len(resp.Header)),
-		Body:    string(body),
+		Body:    textBody(body, resp.Header.Get("Content-Type")),
 	}
 	for k, v := range resp.Header {
 		if len(v) > 0 {
@@ -268,6 +269,29 @@ func newHTTPRequest(ctx context.Context, in HTTPInput) (*http.Request, time.Dura
 		req.Header.Set("Content-Type", "application/json")
 	}
 	return req, timeout, nil
+}
+
+// textBody is a response body as text: decoded from the charset its
+// Content-Type names, as browsers read them (ISO-8859-1, windows-1252,
+// Shift_JIS...), or as it is, in UTF-8 or in no known charset. Bytes
+// that are not UTF-8 would become U+FFFD in the stored output.
+func textBody(body []byte, contentType string) string {
+	_, params, err := mime.ParseMediaType(contentType)
+	if err != nil || params["charset"] == "" {
+		return string(body)
+	}
+	enc, err := htmlindex.Get(params["charset"])
+	if err != nil {
+		return string(body)
+	}
+	if name, _ := htmlindex.Name(enc); name == "utf-8" {
+		return string(body)
+	}
+	text, err := enc.NewDecoder().Bytes(body)
+	if err != nil {
+		return string(body)
+	}
+	return string(text)
 }
 
 // errorSnippet returns ": " and the start of body for an error message, or ""
