@@ -200,8 +200,73 @@ func inputDepth(raw []byte, limit int) int {
 // duplicateKey finds an object of raw, valid JSON, that has a key twice:
 // the JSON Pointer of the object and the key. JSON readers disagree on
 // which of the two counts (Go's and the schema check take the last, the
-// stored text keeps both), so such a value is refused.
+// stored text keeps both), so such a value is refused. A byte scan finds
+// whether there is one (a start's input is read on every start); only
+// then does a token walk say where.
 func duplicateKey(raw []byte) (at, key string, found bool) {
+	if !hasDuplicateKey(raw) {
+		return "", "", false
+	}
+	return locateDuplicateKey(raw)
+}
+
+// hasDuplicateKey scans raw, valid JSON, keeping the keys of the open
+// objects as written (a key with an escape is compared decoded), in one
+// list: each object's are those from its first.
+func hasDuplicateKey(raw []byte) bool {
+	type frame struct {
+		object, expectKey bool
+		first             int // its first key's index in keys
+	}
+	var (
+		frames [16]frame
+		seen   [32][]byte
+	)
+	stack, keys := frames[:0], seen[:0]
+	for i := 0; i < len(raw); i++ {
+		switch raw[i] {
+		case '{':
+			stack = append(stack, frame{object: true, expectKey: true, first: len(keys)})
+		case '[':
+			stack = append(stack, frame{first: len(keys)})
+		case '}', ']':
+			keys = keys[:stack[len(stack)-1].first]
+			stack = stack[:len(stack)-1]
+		case ',':
+			if top := len(stack) - 1; top >= 0 && stack[top].object {
+				stack[top].expectKey = true
+			}
+		case '"':
+			end, escaped := i+1, false
+			for ; end < len(raw) && raw[end] != '"'; end++ {
+				if raw[end] == '\\' {
+					escaped = true
+					end++
+				}
+			}
+			if top := len(stack) - 1; top >= 0 && stack[top].expectKey {
+				k := raw[i+1 : end]
+				if escaped {
+					var decoded string
+					_ = json.Unmarshal(raw[i:end+1], &decoded)
+					k = []byte(decoded)
+				}
+				for _, other := range keys[stack[top].first:] {
+					if string(other) == string(k) {
+						return true
+					}
+				}
+				keys = append(keys, k)
+				stack[top].expectKey = false
+			}
+			i = end
+		}
+	}
+	return false
+}
+
+// locateDuplicateKey is duplicateKey's walk, for a value that has one.
+func locateDuplicateKey(raw []byte) (at, key string, found bool) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var walk func(path string) bool
