@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -311,7 +313,13 @@ func (s *Store) pauseTree(ctx context.Context, tx pgx.Tx, st *txState, roots []s
 	if err != nil {
 		return err
 	}
+	freed := map[string]time.Time{}
 	for _, id := range ids {
+		if pause {
+			if err := s.giveUpRateSlots(ctx, tx, id, freed); err != nil {
+				return err
+			}
+		}
 		var queues []string
 		if err := tx.QueryRow(ctx, s.q(pauseSQL), s.now(), id, pause).Scan(&queues); err != nil {
 			return err
@@ -323,7 +331,10 @@ func (s *Store) pauseTree(ctx context.Context, tx pgx.Tx, st *txState, roots []s
 		}
 	}
 	if pause {
-		return nil
+		return s.compactRates(ctx, tx, st, freed)
+	}
+	if err := s.reslotResumed(ctx, tx, ids); err != nil {
+		return err
 	}
 	for _, id := range ids {
 		if err := s.admitResumed(ctx, tx, id); err != nil {
@@ -331,6 +342,143 @@ func (s *Store) pauseTree(ctx context.Context, tx pgx.Tx, st *txState, roots []s
 		}
 	}
 	return s.releaseResumed(ctx, tx, ids)
+}
+
+// rateSlotSQL holds for a pending step of table steps that starts at
+// the slot its queue's rate gave it, or takes one when it is resumed: not
+// one that waits for a time of its own and takes its slot then
+// (rate_slot_due), nor a held or paused one.
+const rateSlotSQL = `steps.status = 'pending' AND steps.queue_limited AND NOT steps.rate_slot_due
+	AND steps.run_after < ` + heldAt + ` AND EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = steps.queue AND q.interval_us > 0)`
+
+// giveUpRateSlotsSQL makes the pending steps of instance $2, being
+// paused, give up the slots their queues' rates gave them that are still
+// ahead: they wait for no time of their own, so they become due now, and
+// a resume gives them new slots (resumedSlotsSQL). It returns, by queue,
+// the earliest slot given up.
+const giveUpRateSlotsSQL = `
+WITH g AS (
+	SELECT id, queue, run_after FROM {s}steps WHERE instance_id = $2 AND run_after > {now} AND ` + rateSlotSQL + `
+),
+u AS (
+	UPDATE {s}steps s SET run_after = {now} FROM g WHERE s.id = g.id
+)
+SELECT queue, min(run_after) FROM g GROUP BY queue`
+
+func (s *Store) giveUpRateSlots(ctx context.Context, tx pgx.Tx, id string, freed map[string]time.Time) error {
+	rows, err := tx.Query(ctx, s.q(giveUpRateSlotsSQL), s.now(), id)
+	if err != nil {
+		return err
+	}
+	var (
+		queue string
+		from  time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&queue, &from}, func() error {
+		if f, ok := freed[queue]; !ok || from.Before(f) {
+			freed[queue] = from
+		}
+		return nil
+	})
+	return err
+}
+
+// compactRateSQL moves the steps of queue $1 that start at slots of its
+// rate from the slot $2 on, which a paused step gave up, up to the slots
+// from $2 on, in their order, and leaves the rate's next start after the
+// last: a paused instance holds no slot that the steps spaced out after
+// it would wait for. A step another transaction has locked keeps its
+// slot, as respace_queue passes it.
+const compactRateSQL = `
+WITH l AS (
+	SELECT id, run_after FROM {s}steps WHERE queue = $1 AND run_after >= $2 AND ` + rateSlotSQL + `
+	FOR NO KEY UPDATE SKIP LOCKED
+),
+c AS (
+	SELECT l.id, $2 + (row_number() OVER (ORDER BY l.run_after, l.id) - 1) * q.interval_us * interval '1 microsecond' AS slot
+	FROM l, {s}queue_limits q WHERE q.queue = $1
+),
+u AS (
+	UPDATE {s}steps s SET run_after = c.slot FROM c WHERE s.id = c.id
+)
+UPDATE {s}queue_limits SET tat = $2 + (SELECT count(*) FROM l) * interval_us * interval '1 microsecond' WHERE queue = $1`
+
+// compactRates applies compactRateSQL to each queue of freed, under the
+// queue's lock, which the statements that give slots take too, so that
+// it reads every slot given before it; the steps moved up are news for
+// the queue's workers.
+func (s *Store) compactRates(ctx context.Context, tx pgx.Tx, st *txState, freed map[string]time.Time) error {
+	queues := slices.Sorted(maps.Keys(freed))
+	for _, q := range queues {
+		if _, err := tx.Exec(ctx, s.q(`SELECT {s}limits_lock('q', $1, '', '')`), q); err != nil {
+			return err
+		}
+	}
+	for _, q := range queues {
+		if _, err := tx.Exec(ctx, s.q(compactRateSQL), q, freed[q]); err != nil {
+			return err
+		}
+		st.ready(q)
+	}
+	return nil
+}
+
+// resumedSlotsSQL lists, in claim order, the pending steps of the resumed
+// instances $2 that take their limits now, as steps made ready now would
+// take them, and whether they do so as steps that fall due
+// (limits_due): those of rated queues that have no slot ahead (they gave
+// it up when paused, or it passed while they were paused), and those made
+// ready while paused, which took no slot then (limits_hold marked them as
+// if they waited for a time of their own) and are due from their
+// instance's start. Left as they are, the former would all start at once,
+// and the latter without a slot of any limit.
+const resumedSlotsSQL = `
+SELECT id, rate_slot_due OR slots_due FROM {s}steps
+WHERE instance_id = ANY($2) AND status = 'pending' AND run_after < ` + heldAt + `
+	AND (run_after <= {now} AND ` + rateSlotSQL + ` OR (rate_slot_due OR slots_due) AND run_after <= ready_at)
+ORDER BY priority DESC, run_after, id`
+
+// rateSlotStepSQL gives step $2 its queue's rate's next slot from now.
+const rateSlotStepSQL = `
+WITH x AS (SELECT {s}limits_rate_slot(queue, {now}) AS slot FROM {s}steps WHERE id = $2)
+UPDATE {s}steps s SET run_after = x.slot, promoted = s.promoted AND x.slot <= {now} FROM x WHERE s.id = $2`
+
+// dueStepSQL makes step $2 take its slots as a step that falls due now
+// (limits_due): a rated queue's next slot from now, not from its
+// instance's start, which may have passed long ago.
+const dueStepSQL = `
+UPDATE {s}steps SET rate_slot_due = false, slots_due = false, promoted = true,
+	run_after = CASE WHEN rate_slot_due AND EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = steps.queue AND q.interval_us > 0)
+		THEN greatest(run_after, {now}) ELSE run_after END
+WHERE id = $2`
+
+// reslotResumed gives the steps of resumedSlotsSQL their slots.
+func (s *Store) reslotResumed(ctx context.Context, tx pgx.Tx, ids []string) error {
+	rows, err := tx.Query(ctx, s.q(resumedSlotsSQL), s.now(), ids)
+	if err != nil {
+		return err
+	}
+	type resumed struct {
+		id  int64
+		due bool
+	}
+	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (r resumed, err error) {
+		err = row.Scan(&r.id, &r.due)
+		return r, err
+	})
+	if err != nil {
+		return err
+	}
+	for _, r := range steps {
+		sql := rateSlotStepSQL
+		if r.due {
+			sql = dueStepSQL
+		}
+		if _, err := tx.Exec(ctx, s.q(sql), s.now(), r.id); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // resumedRoomSQL tells whether the resumed instance $2, held by its

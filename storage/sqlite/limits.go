@@ -221,6 +221,42 @@ func (t *txn) respace(queue string, now, interval int64, due bool) error {
 	return err
 }
 
+// rateSlotSQL holds for a pending step of table steps that starts at
+// the slot its queue's rate gave it, or takes one when it is resumed: not
+// one that waits for a time of its own and takes its slot then
+// (rate_slot_due), nor a held or paused one.
+const rateSlotSQL = `steps.status = 'pending' AND steps.queue_limited = 1 AND steps.rate_slot_due = 0
+	AND steps.run_after < ` + heldUS + ` AND EXISTS (SELECT 1 FROM queue_limits q WHERE q.queue = steps.queue AND q.interval_us > 0)`
+
+// compactRate moves the steps of queue that start at slots of its rate
+// from slot from on, which a paused step gave up, up to the slots from
+// from on, in their order, and leaves the rate's next start after the
+// last: a paused instance holds no slot that the steps spaced out after
+// it would wait for. The status term is repeated for steps_queue_limited,
+// as in releaseHeldPickSQL.
+func (t *txn) compactRate(queue string, from int64) error {
+	var interval int64
+	if err := t.queryRow(`SELECT interval_us FROM queue_limits WHERE queue = ?`, queue).Scan(&interval); err != nil {
+		return err
+	}
+	rows, err := t.query(`SELECT id FROM steps WHERE queue = ?1 AND status IN ('pending', 'running') AND run_after >= ?2
+		AND `+rateSlotSQL+` ORDER BY run_after, id`, queue, from)
+	if err != nil {
+		return err
+	}
+	ids, err := column[int64](rows)
+	if err != nil {
+		return err
+	}
+	for i, id := range ids {
+		if _, err := t.exec(`UPDATE steps SET run_after = ?1 WHERE id = ?2`, from+int64(i)*interval, id); err != nil {
+			return err
+		}
+	}
+	_, err = t.exec(`UPDATE queue_limits SET tat = ?1 WHERE queue = ?2`, from+int64(len(ids))*interval, queue)
+	return err
+}
+
 // scheduledSQL counts, by queue, the pending steps that are not due yet
 // (?1 is now): those of steps_delayed, which holds every such step (a step
 // in the claim indexes was due when it was made pending or promoted), so

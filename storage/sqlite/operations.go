@@ -251,9 +251,11 @@ func (t *txn) pauseState(id string) (storage.InstanceStatus, bool, error) {
 // PauseInstance implements storage.Operator: the pending steps are put off
 // by storage.PauseShiftMicros; those that become pending later are by the
 // statements that make them so (see loaded.due and requeueHeld). Its
-// unfinished descendants are paused with it (see pauseTree).
+// unfinished descendants are paused with it (see pauseTree). The claimers
+// are woken: the slots of a rate its steps gave up may bring other steps'
+// starts forward.
 func (s *Store) PauseInstance(ctx context.Context, id string) error {
-	return s.writeBy(ctx, "pause instance", func(t *txn) error {
+	err := s.writeBy(ctx, "pause instance", func(t *txn) error {
 		status, paused, err := t.pauseState(id)
 		if err != nil {
 			return err
@@ -263,6 +265,11 @@ func (s *Store) PauseInstance(ctx context.Context, id string) error {
 		}
 		return t.pauseTree([]string{id}, true)
 	})
+	if err != nil {
+		return err
+	}
+	s.notify()
+	return nil
 }
 
 // ResumeInstance implements storage.Operator, for the instance and its
@@ -311,9 +318,15 @@ func (t *txn) pauseTree(roots []string, pause bool) error {
 	if !pause {
 		shift, event = `run_after - `+pauseShift, storage.EventInstanceResumed
 	}
+	freed := map[string]int64{}
 	for _, id := range ids {
 		if _, err := t.exec(`UPDATE instances SET paused = ? WHERE id = ?`, pause, id); err != nil {
 			return err
+		}
+		if pause {
+			if err := t.giveUpRateSlots(id, freed); err != nil {
+				return err
+			}
 		}
 		if _, err := t.exec(`UPDATE steps SET run_after = `+shift+`
 			WHERE instance_id = ? AND status = 'pending' AND (? OR run_after > `+pauseShift+`)`, id, pause); err != nil {
@@ -322,7 +335,15 @@ func (t *txn) pauseTree(roots []string, pause bool) error {
 		t.event(id, "", event, 0, "")
 	}
 	if pause {
+		for queue, from := range freed {
+			if err := t.compactRate(queue, from); err != nil {
+				return err
+			}
+		}
 		return nil
+	}
+	if err := t.reslotResumed(ids); err != nil {
+		return err
 	}
 	for _, id := range ids {
 		if err := t.admitResumed(id); err != nil {
@@ -330,6 +351,73 @@ func (t *txn) pauseTree(roots []string, pause bool) error {
 		}
 	}
 	return t.releaseResumed(ids)
+}
+
+// giveUpRateSlots makes the pending steps of instance id, being paused,
+// give up the slots their queues' rates gave them that are still ahead,
+// so that the steps spaced out after them need not wait for a paused
+// instance (see compactRate). They wait for no time of their own, so they
+// become due now; a resume gives them new slots (reslotResumed). freed
+// collects, by queue, the earliest slot given up.
+func (t *txn) giveUpRateSlots(id string, freed map[string]int64) error {
+	now := us(t.now)
+	rows, err := t.query(`SELECT queue, min(run_after) FROM steps
+		WHERE instance_id = ?1 AND run_after > ?2 AND `+rateSlotSQL+` GROUP BY queue`, id, now)
+	if err != nil {
+		return err
+	}
+	if err := eachRow(rows, func(sc scanner) error {
+		var (
+			queue string
+			from  int64
+		)
+		if err := sc.Scan(&queue, &from); err != nil {
+			return err
+		}
+		if f, ok := freed[queue]; !ok || from < f {
+			freed[queue] = from
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	_, err = t.exec(`UPDATE steps SET run_after = ?2 WHERE instance_id = ?1 AND run_after > ?2 AND `+rateSlotSQL, id, now)
+	return err
+}
+
+// reslotResumed gives the pending steps of the resumed instances ids
+// that wait for a slot of their queue's rate and have none ahead (they
+// gave it up when paused, it passed while they were paused, or they were
+// made ready while paused, which takes no slot) the rate's next slots
+// from now, in claim order, as steps made ready now would take them: left
+// as they are, they would all start at once.
+func (t *txn) reslotResumed(ids []string) error {
+	list, err := json.Marshal(ids)
+	if err != nil {
+		return err
+	}
+	now := us(t.now)
+	rows, err := t.query(`SELECT id FROM steps
+		WHERE instance_id IN (SELECT value FROM json_each(?1)) AND run_after <= ?2 AND `+rateSlotSQL+`
+		ORDER BY priority DESC, run_after, id`, string(list), now)
+	if err != nil {
+		return err
+	}
+	steps, err := column[int64](rows)
+	if err != nil {
+		return err
+	}
+	for _, id := range steps {
+		if _, err := t.exec(`UPDATE steps SET run_after = max(?2, q.tat), promoted = promoted AND q.tat <= ?2
+			FROM queue_limits q WHERE steps.id = ?1 AND q.queue = steps.queue`, id, now); err != nil {
+			return err
+		}
+		if _, err := t.exec(`UPDATE queue_limits SET tat = (SELECT run_after FROM steps WHERE id = ?1) + interval_us
+			WHERE queue = (SELECT queue FROM steps WHERE id = ?1)`, id); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // admitResumed admits a resumed instance held by its workflow's

@@ -222,6 +222,78 @@ var limitTests = map[string]func(*testing.T, *Harness){
 			})
 		}
 	},
+	"QueueRatePausedStepsHoldNoSlot": func(t *testing.T, h *Harness) {
+		// A paused instance's step that a rate spaced out gives up its
+		// slot, which the steps behind it move up to; resumed, it takes
+		// the rate's next slot as a step made ready then would, rather
+		// than keeping one that passed while it was paused.
+		b := h.setupLimits(t)
+		ids := b.twoASecond(4)
+		require.Equal(t, ids[:1], b.claimAll())
+		require.NoError(t, b.op().PauseInstance(b.ctx, ids[1]))
+		b.clock.Advance(500 * time.Millisecond)
+		require.Equal(t, ids[2:3], b.claimAll(), "the paused step kept its slot")
+		b.clock.Advance(500 * time.Millisecond)
+		require.Equal(t, ids[3:], b.claimAll())
+		require.NoError(t, b.op().ResumeInstance(b.ctx, ids[1]))
+		require.Empty(t, b.claimAll(), "the resumed step started in the slot it had before its pause")
+		b.clock.Advance(500 * time.Millisecond)
+		require.Equal(t, ids[1:2], b.claimAll())
+	},
+	"QueueRateSpacesResumedSteps": func(t *testing.T, h *Harness) {
+		// Resumed together, the steps of paused instances start the
+		// rate's interval apart, those whose slots passed while paused
+		// and those made ready while paused alike.
+		b := h.setupLimits(t)
+		ids := b.twoASecond(3)
+		early := params(spec("a"), spec("work", "a"))
+		b.createKeyed(early)
+		require.ElementsMatch(t, []string{ids[0], early.ID}, b.claimAll())
+		a := b.runningClaim(early.ID)
+		for _, id := range append(ids[1:], early.ID) {
+			require.NoError(t, b.op().PauseInstance(b.ctx, id))
+		}
+		b.finishKeyed(a, storage.OutcomeCompleted)
+		require.Equal(t, storage.StepPending, b.status(early.ID, "work"))
+		b.clock.Advance(time.Second)
+		for _, id := range append(ids[1:], early.ID) {
+			require.NoError(t, b.op().ResumeInstance(b.ctx, id))
+		}
+		var started []string
+		for i := range 3 {
+			got := b.claimAll()
+			require.Len(t, got, 1, "start %d", i)
+			require.Empty(t, b.claimAll(), "resumed steps started together")
+			started = append(started, got...)
+			b.clock.Advance(500 * time.Millisecond)
+		}
+		require.ElementsMatch(t, append(ids[1:], early.ID), started)
+	},
+	"StepMadeReadyWhilePausedTakesItsSlotWhenResumed": func(t *testing.T, h *Harness) {
+		// A step made ready while its instance is paused takes no slot
+		// then; resumed, it takes a free one or is held, as a step made
+		// ready now.
+		for _, l := range oneSlotLimits()[1:] {
+			t.Run(l.name, func(t *testing.T) {
+				b := h.setupLimits(t)
+				l.limit(b)
+				p := l.make()
+				p.Steps = append([]storage.StepSpec{spec("a")}, p.Steps...)
+				p.Steps[1].DependsOn = []string{"a"}
+				b.createKeyed(p)
+				require.Equal(t, []string{p.ID}, b.claimAll())
+				a := b.runningClaim(p.ID)
+				other := b.createKeyed(l.make())
+				require.Equal(t, other, b.claimAll())
+				require.NoError(t, b.op().PauseInstance(b.ctx, p.ID))
+				b.finishKeyed(a, storage.OutcomeCompleted)
+				require.NoError(t, b.op().ResumeInstance(b.ctx, p.ID))
+				require.Empty(t, b.claimAll(), "the resumed step took a slot that was not free")
+				b.complete(other[0])
+				require.Equal(t, []string{p.ID}, b.claimAll())
+			})
+		}
+	},
 	"InstanceKeyAdmitsInCreationOrder": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
 		ids := b.createKeyed(keyed("a", 1, 0), keyed("a", 1, 0), keyed("b", 1, 0))
