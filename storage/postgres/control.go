@@ -70,7 +70,8 @@ func (s *Store) CancelInstance(ctx context.Context, id, reason string, plan stor
 }
 
 // retrySQL re-arms the failed and cancelled steps of an instance (see
-// rearmStepsSQL) and makes it unfinished again (see reviveStatusSQL).
+// rearmStepsSQL) and makes it unfinished again (see reviveStatusSQL and
+// reviveRunAfterSQL).
 var retrySQL = rearmSteps(true)
 
 // rearmStepsSQL re-arms the failed and cancelled steps of instance $2.
@@ -114,7 +115,7 @@ st AS (` + rest + `
 ),
 i AS (
 	UPDATE {s}instances SET status = ` + reviveStatusSQL + `, output = NULL, error = '', finished_at = NULL,
-		paused = false
+		paused = false, run_after = ` + reviveRunAfterSQL + `
 	WHERE id = $2
 )
 INSERT INTO {s}events (instance_id, type, at) VALUES ($2, 'instance.retried', {now})`

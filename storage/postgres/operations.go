@@ -73,13 +73,20 @@ func (s *Store) revivedStatus(ctx context.Context, tx pgx.Tx, id string) (storag
 	return status, err
 }
 
+// reviveRunAfterSQL is the run_after of an instance made to run again,
+// which the steps it makes ready take: its own if it has come, so that
+// they keep its place among the ready steps, and now if not, so that an
+// instance cancelled before its delayed start runs at once rather than
+// at that start.
+const reviveRunAfterSQL = `least(run_after, {now})`
+
 // reviveSQL makes a finished instance $2 unfinished again (see
-// reviveStatusSQL), not paused, with an instance.retried event saying why
-// ($3).
+// reviveStatusSQL and reviveRunAfterSQL), not paused, with an
+// instance.retried event saying why ($3).
 const reviveSQL = `
 WITH i AS (
 	UPDATE {s}instances SET status = ` + reviveStatusSQL + `, output = NULL, error = '', finished_at = NULL,
-		paused = false
+		paused = false, run_after = ` + reviveRunAfterSQL + `
 	WHERE id = $2
 )
 INSERT INTO {s}events (instance_id, type, message, at) VALUES ($2, 'instance.retried', $3, {now})`

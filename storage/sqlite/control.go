@@ -67,7 +67,7 @@ func (t *txn) retryOne(id string) ([]string, error) {
 		return nil, err
 	}
 	if _, err := t.exec(`UPDATE instances SET status = `+revivedStatus+`, output = NULL, error = '', finished_at = NULL,
-		paused = 0 WHERE id = ?`, id); err != nil {
+		paused = 0, run_after = `+revivedRunAfter+` WHERE id = ?1`, id, us(t.now)); err != nil {
 		return nil, err
 	}
 	if err := t.rearmFailure(id); err != nil {

@@ -89,12 +89,19 @@ func indexOf(steps []opStep, name string) int {
 // timeout counted from then.
 const revivedStatus = `CASE WHEN started_at IS NULL THEN 'pending' ELSE 'running' END`
 
+// revivedRunAfter is the run_after of an instance made to run again (?2
+// is now), which the steps it makes ready take: its own if it has come,
+// so that they keep its place among the ready steps, and now if not, so
+// that an instance cancelled before its delayed start runs at once
+// rather than at that start.
+const revivedRunAfter = `min(run_after, ?2)`
+
 // rerun makes the steps at indexes blocked as if they had never run
 // (attempts, input, output, error and timings cleared, the items of a
 // forEach step deleted, the signal a wait step received forgotten, so that
 // it waits for a new one), and the finished instance unfinished again (see
-// revivedStatus), not paused, with an instance.retried event saying why
-// (msg).
+// revivedStatus and revivedRunAfter), not paused, with an instance.retried
+// event saying why (msg).
 func (t *txn) rerun(instanceID string, steps []opStep, indexes []int, msg string) error {
 	for _, i := range indexes {
 		s := steps[i]
@@ -117,7 +124,7 @@ func (t *txn) rerun(instanceID string, steps []opStep, indexes []int, msg string
 	}
 	id := instanceID
 	if _, err := t.exec(`UPDATE instances SET status = `+revivedStatus+`, output = NULL, error = '', finished_at = NULL,
-		paused = 0 WHERE id = ?`, id); err != nil {
+		paused = 0, run_after = `+revivedRunAfter+` WHERE id = ?1`, id, us(t.now)); err != nil {
 		return err
 	}
 	t.event(id, "", storage.EventInstanceRetried, 0, msg)

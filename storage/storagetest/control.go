@@ -170,9 +170,60 @@ var retryTests = map[string]func(*testing.T, *Harness){
 		require.Len(t, events(in, "", storage.EventInstanceRetried), 1)
 		require.Equal(t, storage.StepPending, step(t, in, "a").Status)
 		require.Equal(t, storage.StepBlocked, step(t, in, "b").Status)
-		require.True(t, step(t, in, "a").RunAfter.Equal(p.RunAfter), "it keeps its delayed start")
-		b.clock.Advance(10 * time.Minute)
+		require.True(t, step(t, in, "a").RunAfter.Equal(b.now()), "ready at once, not at its delayed start")
 		b.requireStartsAtClaim(p.ID, "a")
+	},
+
+	"DelayedOrPutOffStepsAreReadyAtOnce": func(t *testing.T, h *Harness) {
+		// A retry, plain or from a step, makes the steps whose
+		// dependencies are done ready at once: not at the delayed start
+		// the instance was cancelled before, nor at the end of the
+		// backoff or snooze their last attempt left them waiting for.
+		retries := map[string]func(b *bundle, id string) error{
+			"retry":      func(b *bundle, id string) error { return b.store.RetryInstance(b.ctx, id, Plan) },
+			"retry from": func(b *bundle, id string) error { return b.op().RetryFrom(b.ctx, id, "a", Plan) },
+		}
+		putOff := map[string]func(b *bundle, p *storage.CreateParams){
+			"delayed start": func(b *bundle, p *storage.CreateParams) { p.RunAfter = b.now().Add(time.Hour) },
+			"backoff": func(b *bundle, p *storage.CreateParams) {
+				b.create(*p)
+				c := b.claimStep(p.ID, "a")
+				b.finish(storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeRetry, Error: "boom", RunAfter: b.now().Add(time.Hour)})
+			},
+			"snooze": func(b *bundle, p *storage.CreateParams) {
+				b.create(*p)
+				c := b.claimStep(p.ID, "a")
+				b.finish(storage.StepResult{Claim: c.Claim, Outcome: storage.OutcomeSnooze, RunAfter: b.now().Add(time.Hour)})
+			},
+		}
+		for rname, retry := range retries {
+			for pname, off := range putOff {
+				t.Run(rname+"/"+pname, func(t *testing.T) {
+					b := h.setup(t)
+					p := params(spec("a"), spec("b", "a"))
+					off(b, &p)
+					if pname == "delayed start" {
+						b.create(p)
+					}
+					require.NoError(t, b.store.CancelInstance(b.ctx, p.ID, "not now", Plan))
+					b.clock.Advance(time.Minute)
+					require.NoError(t, retry(b, p.ID))
+					a := step(t, b.get(p.ID), "a")
+					require.Equal(t, storage.StepPending, a.Status)
+					require.False(t, a.RunAfter.After(b.now()), "due at %v, not now", a.RunAfter)
+					b.claimStep(p.ID, "a")
+				})
+			}
+		}
+		// A delayed instance whose first step waits begins waiting when
+		// the sweep finds it, which is at once.
+		b := h.setup(t)
+		p := delayedBy(params(waitSpec("await-go", "go", 0)), b.now().Add(time.Hour))
+		b.create(p)
+		require.NoError(t, b.store.CancelInstance(b.ctx, p.ID, "not now", Plan))
+		require.NoError(t, b.store.RetryInstance(b.ctx, p.ID, Plan))
+		require.Equal(t, 1, b.startDeferred())
+		require.Equal(t, storage.StepWaiting, b.status(p.ID, "await-go"))
 	},
 
 	"StartedInstanceIsRunningAgain": func(t *testing.T, h *Harness) {
