@@ -340,7 +340,7 @@ func (s *Store) pauseTree(ctx context.Context, tx pgx.Tx, st *txState, roots []s
 	if pause {
 		return s.compactRates(ctx, tx, st, freed)
 	}
-	if err := s.reslotResumed(ctx, tx, ids); err != nil {
+	if _, err := tx.Exec(ctx, s.q(retakeSlotsSQL), s.now(), ids); err != nil {
 		return err
 	}
 	for _, id := range ids {
@@ -352,16 +352,15 @@ func (s *Store) pauseTree(ctx context.Context, tx pgx.Tx, st *txState, roots []s
 }
 
 // rateSlotSQL holds for a pending step of table steps that starts at
-// the slot its queue's rate gave it, or takes one when it is resumed: not
-// one that waits for a time of its own and takes its slot then
-// (rate_slot_due), nor a held or paused one.
+// the slot its queue's rate gave it: not one that waits for a time of its
+// own and takes its slot then (rate_slot_due), nor a held or paused one.
 const rateSlotSQL = `steps.status = 'pending' AND steps.queue_limited AND NOT steps.rate_slot_due
 	AND steps.run_after < ` + heldAt + ` AND EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = steps.queue AND q.interval_us > 0)`
 
 // giveUpRateSlotsSQL makes the pending steps of instance $2, being
 // paused, give up the slots their queues' rates gave them that are still
 // ahead: they wait for no time of their own, so they become due now, and
-// a resume gives them new slots (resumedSlotsSQL). It returns, by queue,
+// a resume gives them new slots (retakeSlotsSQL). It returns, by queue,
 // the earliest slot given up.
 const giveUpRateSlotsSQL = `
 WITH g AS (
@@ -430,63 +429,29 @@ func (s *Store) compactRates(ctx context.Context, tx pgx.Tx, st *txState, freed 
 	return nil
 }
 
-// resumedSlotsSQL lists, in claim order, the pending steps of the resumed
-// instances $2 that take their limits now, as steps made ready now would
-// take them, and whether they do so as steps that fall due
-// (limits_due): those of rated queues that have no slot ahead (they gave
-// it up when paused, or it passed while they were paused), and those made
-// ready while paused, which took no slot then (limits_hold marked them as
-// if they waited for a time of their own) and are due from their
-// instance's start. Left as they are, the former would all start at once,
-// and the latter without a slot of any limit.
-const resumedSlotsSQL = `
-SELECT id, rate_slot_due OR slots_due FROM {s}steps
-WHERE instance_id = ANY($2) AND status = 'pending' AND run_after < ` + heldAt + `
-	AND (run_after <= {now} AND ` + rateSlotSQL + ` OR (rate_slot_due OR slots_due) AND run_after <= ready_at)
-ORDER BY priority DESC, run_after, id`
-
-// rateSlotStepSQL gives step $2 its queue's rate's next slot from now.
-const rateSlotStepSQL = `
-WITH x AS (SELECT {s}limits_rate_slot(queue, {now}) AS slot FROM {s}steps WHERE id = $2)
-UPDATE {s}steps s SET run_after = x.slot, promoted = s.promoted AND x.slot <= {now} FROM x WHERE s.id = $2`
-
-// dueStepSQL makes step $2 take its slots as a step that falls due now
-// (limits_due): a rated queue's next slot from now, not from its
-// instance's start, which may have passed long ago.
-const dueStepSQL = `
-UPDATE {s}steps SET rate_slot_due = false, slots_due = false, promoted = true,
-	run_after = CASE WHEN rate_slot_due AND EXISTS (SELECT 1 FROM {s}queue_limits q WHERE q.queue = steps.queue AND q.interval_us > 0)
-		THEN greatest(run_after, {now}) ELSE run_after END
-WHERE id = $2`
-
-// reslotResumed gives the steps of resumedSlotsSQL their slots.
-func (s *Store) reslotResumed(ctx context.Context, tx pgx.Tx, ids []string) error {
-	rows, err := tx.Query(ctx, s.q(resumedSlotsSQL), s.now(), ids)
-	if err != nil {
-		return err
-	}
-	type resumed struct {
-		id  int64
-		due bool
-	}
-	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (r resumed, err error) {
-		err = row.Scan(&r.id, &r.due)
-		return r, err
-	})
-	if err != nil {
-		return err
-	}
-	for _, r := range steps {
-		sql := rateSlotStepSQL
-		if r.due {
-			sql = dueStepSQL
-		}
-		if _, err := tx.Exec(ctx, s.q(sql), s.now(), r.id); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+// retakeSlotsSQL makes the pending steps of the resumed instances $2
+// under a limit (a step key, their queue's concurrency or rate) take
+// their slots again, as steps made ready now would: while paused they
+// held none (every count of a limit's slots leaves out a paused step),
+// and another step may have taken theirs. Those that are due are held,
+// for releaseResumed to release those that fit, in release order, each
+// with the rate's next slot from now (limits_release_step): they gave up
+// their rate slots when paused, or the slots passed, or they were made
+// ready while paused, which limits_hold marks as if they waited for a
+// time of their own although they are due from their instance's start.
+// Those that start later (a retry's backoff) take their slots when their
+// time comes, as delayed steps do (slots_due, rate_slot_due); those
+// marked so already are left to that.
+const retakeSlotsSQL = `
+WITH due AS (
+	UPDATE {s}steps SET run_after = ` + heldAt + `, slots_due = false, rate_slot_due = false, promoted = false
+	WHERE instance_id = ANY($2) AND status = 'pending' AND run_after <= {now}
+		AND (concurrency_key IS NOT NULL OR queue_limited)
+		AND NOT ((slots_due OR rate_slot_due) AND coalesce(run_after > ready_at, false))
+)
+UPDATE {s}steps SET slots_due = true, rate_slot_due = queue_limited
+WHERE instance_id = ANY($2) AND status = 'pending' AND run_after > {now} AND run_after < ` + heldAt + `
+	AND NOT promoted AND NOT slots_due AND (concurrency_key IS NOT NULL OR queue_limited)`
 
 // resumedRoomSQL tells whether the resumed instance $2, held by its
 // workflow's concurrency limit and due by the terms of a finish's

@@ -222,9 +222,8 @@ func (t *txn) respace(queue string, now, interval int64, due bool) error {
 }
 
 // rateSlotSQL holds for a pending step of table steps that starts at
-// the slot its queue's rate gave it, or takes one when it is resumed: not
-// one that waits for a time of its own and takes its slot then
-// (rate_slot_due), nor a held or paused one.
+// the slot its queue's rate gave it: not one that waits for a time of its
+// own and takes its slot then (rate_slot_due), nor a held or paused one.
 const rateSlotSQL = `steps.status = 'pending' AND steps.queue_limited = 1 AND steps.rate_slot_due = 0
 	AND steps.run_after < ` + heldUS + ` AND EXISTS (SELECT 1 FROM queue_limits q WHERE q.queue = steps.queue AND q.interval_us > 0)`
 

@@ -349,7 +349,7 @@ func (t *txn) pauseTree(roots []string, pause bool) error {
 		}
 		return nil
 	}
-	if err := t.reslotResumed(ids); err != nil {
+	if err := t.retakeSlots(ids); err != nil {
 		return err
 	}
 	for _, id := range ids {
@@ -364,7 +364,7 @@ func (t *txn) pauseTree(roots []string, pause bool) error {
 // give up the slots their queues' rates gave them that are still ahead,
 // so that the steps spaced out after them need not wait for a paused
 // instance (see compactRate). They wait for no time of their own, so they
-// become due now; a resume gives them new slots (reslotResumed). freed
+// become due now; a resume gives them new slots (retakeSlots). freed
 // collects, by queue, the earliest slot given up.
 func (t *txn) giveUpRateSlots(id string, freed map[string]int64) error {
 	now := us(t.now)
@@ -392,39 +392,34 @@ func (t *txn) giveUpRateSlots(id string, freed map[string]int64) error {
 	return err
 }
 
-// reslotResumed gives the pending steps of the resumed instances ids
-// that wait for a slot of their queue's rate and have none ahead (they
-// gave it up when paused, it passed while they were paused, or they were
-// made ready while paused, which takes no slot) the rate's next slots
-// from now, in claim order, as steps made ready now would take them: left
-// as they are, they would all start at once.
-func (t *txn) reslotResumed(ids []string) error {
+// retakeSlots makes the pending steps of the resumed instances ids
+// under a limit (a step key, their queue's concurrency or rate) take
+// their slots again, as steps made ready now would: while paused they
+// held none (every count of a limit's slots leaves out a paused step),
+// and another step may have taken theirs. Those that are due are held,
+// for releaseResumed to release those that fit, in release order, each
+// with the rate's next slot from now (steps_limits_released): they gave
+// up their rate slots when paused, or the slots passed, or they were made
+// ready while paused, which takes none. Those that start later (a retry's
+// backoff) take their slots when their time comes, as delayed steps do
+// (slots_due, rate_slot_due); those marked so already are left to that.
+func (t *txn) retakeSlots(ids []string) error {
 	list, err := json.Marshal(ids)
 	if err != nil {
 		return err
 	}
 	now := us(t.now)
-	rows, err := t.query(`SELECT id FROM steps
-		WHERE instance_id IN (SELECT value FROM json_each(?1)) AND run_after <= ?2 AND `+rateSlotSQL+`
-		ORDER BY priority DESC, run_after, id`, string(list), now)
-	if err != nil {
+	if _, err := t.exec(`UPDATE steps SET run_after = `+heldUS+`, slots_due = 0, rate_slot_due = 0, promoted = 0
+		WHERE instance_id IN (SELECT value FROM json_each(?1)) AND status = 'pending' AND run_after <= ?2
+			AND (concurrency_key IS NOT NULL OR queue_limited = 1)
+			AND NOT ((slots_due = 1 OR rate_slot_due = 1) AND run_after > ready_at)`, string(list), now); err != nil {
 		return err
 	}
-	steps, err := column[int64](rows)
-	if err != nil {
-		return err
-	}
-	for _, id := range steps {
-		if _, err := t.exec(`UPDATE steps SET run_after = max(?2, q.tat), promoted = promoted AND q.tat <= ?2
-			FROM queue_limits q WHERE steps.id = ?1 AND q.queue = steps.queue`, id, now); err != nil {
-			return err
-		}
-		if _, err := t.exec(`UPDATE queue_limits SET tat = (SELECT run_after FROM steps WHERE id = ?1) + interval_us
-			WHERE queue = (SELECT queue FROM steps WHERE id = ?1)`, id); err != nil {
-			return err
-		}
-	}
-	return nil
+	_, err = t.exec(`UPDATE steps SET slots_due = 1, rate_slot_due = queue_limited
+		WHERE instance_id IN (SELECT value FROM json_each(?1)) AND status = 'pending' AND run_after > ?2
+			AND run_after < `+heldUS+` AND promoted = 0 AND slots_due = 0 AND (concurrency_key IS NOT NULL OR queue_limited = 1)`,
+		string(list), now)
+	return err
 }
 
 // admitResumed admits a resumed instance held by its workflow's

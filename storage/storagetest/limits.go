@@ -294,6 +294,36 @@ var limitTests = map[string]func(*testing.T, *Harness){
 			})
 		}
 	},
+	"ResumedStepTakesItsSlotAgain": func(t *testing.T, h *Harness) {
+		// A paused instance's ready step holds no slot of its limits, so
+		// another step may take it; resumed, the step takes a free slot
+		// or is held, as a step made ready now, and one waiting out a
+		// retry's backoff does so when its time comes.
+		for _, l := range oneSlotLimits()[1:] {
+			t.Run(l.name, func(t *testing.T) {
+				b := h.setupLimits(t)
+				l.limit(b)
+				ready := b.createKeyed(l.make())
+				require.NoError(t, b.op().PauseInstance(b.ctx, ready[0]))
+				other := b.createKeyed(l.make())
+				require.NoError(t, b.op().ResumeInstance(b.ctx, ready[0]))
+				require.Equal(t, other, b.claimAll(), "the resumed step took a slot that was not free")
+				require.True(t, b.held(ready[0]))
+				b.complete(other[0])
+				require.Equal(t, ready, b.claimAll())
+
+				b.finishKeyed(b.runningClaim(ready[0]), storage.OutcomeRetry)
+				require.NoError(t, b.op().PauseInstance(b.ctx, ready[0]))
+				other = b.createKeyed(l.make())
+				require.Equal(t, other, b.claimAll())
+				require.NoError(t, b.op().ResumeInstance(b.ctx, ready[0]))
+				b.clock.Advance(time.Minute)
+				require.Empty(t, b.claimAll(), "the retried step took a slot that was not free")
+				b.complete(other[0])
+				require.Equal(t, ready, b.claimAll())
+			})
+		}
+	},
 	"InstanceKeyAdmitsInCreationOrder": func(t *testing.T, h *Harness) {
 		b := h.setupLimits(t)
 		ids := b.createKeyed(keyed("a", 1, 0), keyed("a", 1, 0), keyed("b", 1, 0))
