@@ -127,9 +127,11 @@ func TestPruneAcceptsDaysAndWeeks(t *testing.T) {
 	require.Equal(t, "would prune 1 finished instance older than 0d\n", res.stdout)
 }
 
-// TestSignalStopsWorkflowLoading: a command whose workflows take long to
-// load (here a file that is a pipe nobody writes) stops as soon as its
-// context ends, as it does on SIGINT or SIGTERM, having done nothing.
+// TestSignalStopsWorkflowLoading: a command whose context ends while its
+// workflows load (a SIGINT or SIGTERM; a folder on a file system that
+// hangs would hold the load) stops at once, having done nothing. The
+// pipe in the folder is refused unread now, but the context is over
+// before the load starts.
 func TestSignalStopsWorkflowLoading(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{{"list"}, {"worker"}, {"validate"}, {"graph", "slow"}, {"start", "nope"}} {
