@@ -185,6 +185,9 @@ func (w *Worker) handlerReturnedLocked(a *attempt) {
 func (w *Worker) sendLocked(f finished) {
 	f.attempt.sent = true
 	f.step = f.attempt.step
+	// Its attempt lets the store recognise the result if a commit whose
+	// answer was lost recorded it already (storage.FinishResult.Repeated).
+	f.result.Attempt = f.step.Attempt
 	w.queue = append(w.queue, f)
 	select {
 	case w.queued <- struct{}{}:

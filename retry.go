@@ -9,7 +9,7 @@ import (
 // step's backoff, or a terminal failure when the error is permanent or the
 // attempts are used up.
 func (e *Engine) failure(step storage.ClaimedStep, err error) storage.StepResult {
-	res := storage.StepResult{Claim: step.Claim, Error: storableText(err.Error())}
+	res := storage.StepResult{Claim: step.Claim, Attempt: step.Attempt, Error: storableText(err.Error())}
 	if handlers.IsPermanent(err) || step.Attempt >= step.Retry.MaxAttempts {
 		res.Outcome = storage.OutcomeFailed
 		return res

@@ -304,7 +304,11 @@ const (
 
 // StepResult is one finished attempt, reported by the worker that held Claim.
 type StepResult struct {
-	Claim   Claim
+	Claim Claim
+	// Attempt is the claim's ClaimedStep.Attempt. With it, a result
+	// recorded already is recognised when it comes again (see
+	// FinishResult.Repeated); 0 (not known) never is.
+	Attempt int
 	Outcome Outcome
 	Output  json.RawMessage
 	Error   string
@@ -322,6 +326,53 @@ type StepResult struct {
 	// cost no write of their own.
 	Logs    []LogRecord
 	LogTrim LogTrim
+}
+
+// Recorded reports whether a step found under r's claim (same step and
+// fence) and no longer running, in status with attempts and errText, is
+// in the state that r's own finish leaves it, which no other change under
+// that claim leaves: completed on attempt r.Attempt; failed, or for a
+// retry pending again or failed for good (a main step of a failing
+// instance), on attempt r.Attempt with r.Error; for a snooze, pending with
+// the attempt uncounted. An expired lease writes its own error and a
+// cancel leaves the step cancelled, so neither is taken for r (a release
+// leaves a snooze's state, but a worker never both releases a claim and
+// reports a result of it); a retry
+// or snooze that found its instance finished (cancelled too) is not
+// recognised either. Backends use it to answer a result that comes again
+// (FinishResult.Repeated). A result without its Attempt never matches.
+func (r *StepResult) Recorded(status StepStatus, attempts int, errText string) bool {
+	if r.Attempt < 1 {
+		return false
+	}
+	switch r.Outcome {
+	case OutcomeCompleted:
+		return status == StepCompleted && attempts == r.Attempt
+	case OutcomeFailed:
+		return status == StepFailed && attempts == r.Attempt && errText == r.Error
+	case OutcomeRetry:
+		return (status == StepPending || status == StepFailed) && attempts == r.Attempt && errText == r.Error
+	case OutcomeSnooze:
+		return status == StepPending && attempts == r.Attempt-1
+	}
+	return false
+}
+
+// DropRepeatedLogs returns results without the logs of those out answers
+// as Repeated: their first commit stored them. It copies results only when
+// there is one.
+func DropRepeatedLogs(results []StepResult, out []FinishResult) []StepResult {
+	copied := false
+	for i := range out {
+		if !out[i].Repeated || len(results[i].Logs) == 0 && results[i].LogTrim.Drop <= 0 {
+			continue
+		}
+		if !copied {
+			results, copied = append([]StepResult(nil), results...), true
+		}
+		results[i].Logs, results[i].LogTrim = nil, LogTrim{}
+	}
+	return results
 }
 
 // ResultLogs gathers what results carry for the store to write as
@@ -490,9 +541,18 @@ type PlanFunc func(*InstanceState) (*Plan, error)
 
 // FinishResult tells what became of one StepResult.
 type FinishResult struct {
-	// Accepted is false when the claim no longer held; nothing was
-	// written for it.
+	// Accepted is true when the result is recorded: by this call, or by
+	// an earlier one (Repeated). It is false when the claim no longer
+	// held; nothing was written for it.
 	Accepted bool
+	// Repeated tells, for an accepted result, that an earlier call
+	// recorded it and this one wrote nothing: the step, found under the
+	// result's claim (same fence) and no longer running, is in the state
+	// that result leaves (see StepResult.Recorded). A commit that
+	// succeeded while its answer was lost (the connection dropped as it
+	// was acknowledged) is tried again by its worker and answered so,
+	// instead of as stale.
+	Repeated bool
 	// Cancelled tells, for a result not accepted, that the step was
 	// cancelled under this very claim (its instance was cancelled or
 	// failed) rather than taken over by a newer attempt: an expected end,
@@ -858,7 +918,9 @@ type Store interface {
 	ReleaseSteps(ctx context.Context, claims []Claim) error
 
 	// FinishSteps records finished attempts in one transaction (group
-	// commit). A result whose claim is stale is not applied. An item that
+	// commit). A result whose claim is stale is not applied; one recorded
+	// already by an earlier call is not applied again, and is answered as
+	// accepted with Repeated set (see StepResult.Recorded). An item that
 	// completes or fails for good settles its forEach step in the same
 	// transaction (see StepChange.Items), which then counts as that
 	// step's completion or failure. For each

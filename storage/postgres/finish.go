@@ -278,8 +278,11 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		}
 		if predicted == nil {
 			s.queueLoadSteps(ctx, tx, &b, instanceIDs, locked)
+		} else {
+			// Every result is recorded now (the snapshots' check counts
+			// them); otherwise their logs wait for markRefused.
+			s.queueResultLogs(&b, results)
 		}
-		s.queueResultLogs(&b, results)
 		// Only a finish that claims keeps snapshots (see derive), and
 		// needs to know what its plans answered.
 		planFn := plan
@@ -309,9 +312,12 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
 			return err
 		}
-		if err := s.markCancelled(ctx, tx, out, stepIDs, fences); err != nil {
+		if err := s.markRefused(ctx, tx, out, results); err != nil {
 			return err
 		}
+		// A result recorded already stored its logs with it; the others'
+		// go first on the tail.
+		s.queueResultLogs(&st.tail, storage.DropRepeatedLogs(results, out))
 		settled, err := s.settle(ctx, tx, now, parents, locked)
 		if err != nil {
 			return err
@@ -331,7 +337,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 		// The rows this transaction wrote carry its ID, as the steps it
 		// finished show.
 		for i := range out {
-			if l := locked[instanceIDs[i]]; out[i].Accepted && l != nil {
+			if l := locked[instanceIDs[i]]; out[i].Accepted && !out[i].Repeated && l != nil {
 				if k := slices.Index(l.ids, stepIDs[i]); k >= 0 {
 					txid = l.xmins[k]
 					break
@@ -393,29 +399,43 @@ func (s *Store) settled(p storage.ClaimParams) bool {
 	return s.listenerPID() != 0 && s.claimers.settledSince(p, s.signals.Load())
 }
 
-// markCancelled sets Cancelled on the results that were refused because
-// their step was cancelled under the same claim, telling an expected
-// cancellation from a claim another attempt took over. Refusals are rare,
-// so this costs a round trip only when there is one.
-func (s *Store) markCancelled(ctx context.Context, tx pgx.Tx, out []storage.FinishResult, stepIDs, fences []int64) error {
+// markRefused tells what became of the results that were refused: the
+// step was cancelled under the same claim (Cancelled), an expected
+// cancellation rather than a claim another attempt took over; or it is in
+// the state this very result leaves, recorded by an earlier call whose
+// answer its worker lost (Accepted and Repeated, see
+// storage.StepResult.Recorded). Refusals are rare, so this costs a round
+// trip only when there is one.
+func (s *Store) markRefused(ctx context.Context, tx pgx.Tx, out []storage.FinishResult, results []storage.StepResult) error {
 	var ids, fs []int64
 	var at []int
 	for i := range out {
 		if !out[i].Accepted {
-			ids, fs, at = append(ids, stepIDs[i]), append(fs, fences[i]), append(at, i)
+			ids, fs, at = append(ids, results[i].Claim.StepID), append(fs, results[i].Claim.Fence), append(at, i)
 		}
 	}
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := tx.Query(ctx, s.q(`SELECT r.ord FROM unnest($1::bigint[], $2::bigint[]) WITH ORDINALITY AS r(id, fence, ord)
-		JOIN {s}steps st ON st.id = r.id AND st.fence = r.fence AND st.status = 'cancelled'`), ids, fs)
+	rows, err := tx.Query(ctx, s.q(`SELECT r.ord, st.status, st.attempts, st.error
+		FROM unnest($1::bigint[], $2::bigint[]) WITH ORDINALITY AS r(id, fence, ord)
+		JOIN {s}steps st ON st.id = r.id AND st.fence = r.fence AND st.status <> 'running'`), ids, fs)
 	if err != nil {
 		return err
 	}
-	var ord int64
-	_, err = pgx.ForEachRow(rows, []any{&ord}, func() error {
-		out[at[ord-1]].Cancelled = true
+	var (
+		ord      int64
+		status   storage.StepStatus
+		attempts int
+		errText  string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&ord, &status, &attempts, &errText}, func() error {
+		i := at[ord-1]
+		if results[i].Recorded(status, attempts, errText) {
+			out[i] = storage.FinishResult{Accepted: true, Repeated: true}
+		} else {
+			out[i].Cancelled = status == storage.StepCancelled
+		}
 		return nil
 	})
 	return err

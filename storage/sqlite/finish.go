@@ -86,7 +86,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				return err
 			}
 			if instanceID == "" {
-				if out[i].Cancelled, err = t.cancelledUnder(r.Claim); err != nil {
+				if out[i], err = t.refused(r); err != nil {
 					return err
 				}
 				continue
@@ -114,7 +114,7 @@ func (s *Store) finishSteps(ctx context.Context, results []storage.StepResult, p
 				ready = true
 			}
 		}
-		if err := t.appendResultLogs(results, logRows, logsKept); err != nil {
+		if err := t.appendResultLogs(storage.DropRepeatedLogs(results, out), logRows, logsKept); err != nil {
 			return err
 		}
 		settled, err := t.settleItems(parents)
@@ -276,12 +276,28 @@ type completion struct {
 	logsKept   bool // its event carries what the attempt logged
 }
 
-// cancelledUnder reports whether the step was cancelled while claim held
-// it, which tells a refused result of a cancellation from a stale one.
-func (t *txn) cancelledUnder(c storage.Claim) (bool, error) {
-	var n int
-	err := t.queryRow(`SELECT count(*) FROM steps WHERE id = ? AND fence = ? AND status = 'cancelled'`, c.StepID, c.Fence).Scan(&n)
-	return n > 0, err
+// refused tells what became of a result whose claim no longer held: the
+// step was cancelled while the claim held it (Cancelled), or it is in the
+// state this very result leaves, recorded by an earlier call whose answer
+// its worker lost (Accepted and Repeated, see storage.StepResult.Recorded),
+// or else it is stale.
+func (t *txn) refused(r *storage.StepResult) (storage.FinishResult, error) {
+	var (
+		status   storage.StepStatus
+		attempts int
+		errText  string
+	)
+	err := t.queryRow(`SELECT status, attempts, error FROM steps WHERE id = ? AND fence = ? AND status <> 'running'`,
+		r.Claim.StepID, r.Claim.Fence).Scan(&status, &attempts, &errText)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return storage.FinishResult{}, nil
+	case err != nil:
+		return storage.FinishResult{}, err
+	case r.Recorded(status, attempts, errText):
+		return storage.FinishResult{Accepted: true, Repeated: true}, nil
+	}
+	return storage.FinishResult{Cancelled: status == storage.StepCancelled}, nil
 }
 
 // finish applies one result if its claim still holds, and reports the

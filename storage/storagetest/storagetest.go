@@ -68,6 +68,7 @@ func Run(t *testing.T, h Harness) {
 		{"Claim", claimTests},
 		{"Lease", leaseTests},
 		{"Finish", finishTests},
+		{"RepeatedFinish", repeatedTests},
 		{"Release", releaseTests},
 		{"Cancel", cancelTests},
 		{"Retry", retryTests},
