@@ -917,6 +917,17 @@ type Store interface {
 	// attempt (graceful shutdown).
 	ReleaseSteps(ctx context.Context, claims []Claim) error
 
+	// AdoptSteps returns the steps leased to p.WorkerID that it does not
+	// know it holds: running, their lease not expired, claimed within
+	// p.Within, and not among p.Held (by step and fence). A claim whose
+	// commit succeeded while its answer was lost leaves such steps, which
+	// no handler ran (see adopt.go). It renews their leases to now+p.Lease
+	// and returns each as its claim did, with the fence and attempt it
+	// holds, in claim order; nothing else changes: no event is written and
+	// no attempt counted again. This is safe only while no other running
+	// worker has the same ID.
+	AdoptSteps(ctx context.Context, p AdoptParams) ([]ClaimedStep, error)
+
 	// FinishSteps records finished attempts in one transaction (group
 	// commit). A result whose claim is stale is not applied; one recorded
 	// already by an earlier call is not applied again, and is answered as

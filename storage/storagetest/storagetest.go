@@ -70,6 +70,7 @@ func Run(t *testing.T, h Harness) {
 		{"Finish", finishTests},
 		{"RepeatedFinish", repeatedTests},
 		{"Release", releaseTests},
+		{"Adopt", adoptTests},
 		{"Cancel", cancelTests},
 		{"Retry", retryTests},
 		{"Query", queryTests},
