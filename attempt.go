@@ -198,6 +198,10 @@ func (w *Worker) sendLocked(f finished) {
 // settleLocked forgets an attempt whose handler is done and whose result
 // is recorded or dropped, and frees its slot.
 func (w *Worker) settleLocked(a *attempt) {
+	if !a.stopped {
+		// Not recorded, its claim may hold (see orphans.go).
+		w.disownLocked(a)
+	}
 	w.forgetLocked(a)
 	w.slots.give(1)
 }

@@ -95,6 +95,10 @@ func (e *Engine) createEagerly(ctx context.Context, params []storage.CreateParam
 		inFlight := w.beginClaim()
 		created, claimed, err = cc.CreateAndClaim(ctx, params, plan, w.claimParams(reserved))
 		w.adopt(inFlight, reserved, claimed)
+		if err != nil {
+			// It may have committed, its answer lost (see orphans.go).
+			w.suspectOrphans()
+		}
 	}
 	return created, err
 }

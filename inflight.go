@@ -19,10 +19,12 @@ type claimInFlight struct {
 }
 
 // beginClaim registers a claim about to be made; adopt ends it, or
-// dropClaim if it failed.
+// dropClaim if it failed. It waits while the claim loop looks for steps
+// claimed by a commit whose answer was lost (see orphans.go).
 func (w *Worker) beginClaim() *claimInFlight {
 	c := &claimInFlight{}
 	w.mu.Lock()
+	w.waitToClaimLocked()
 	w.claiming = append(w.claiming, c)
 	w.mu.Unlock()
 	return c
@@ -47,6 +49,7 @@ func (w *Worker) endClaimLocked(c *claimInFlight, steps []storage.ClaimedStep) (
 			break
 		}
 	}
+	w.claimEndedLocked()
 	if len(c.ended) == 0 {
 		return steps, nil
 	}

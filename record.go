@@ -105,6 +105,12 @@ func (w *Worker) record(batch []finished) {
 			w.slots.give(extra)
 			extra = 0
 			claimed = nil
+			// The claim may have committed, its answer lost (see
+			// orphans.go); the claim loop looks while the results are
+			// committed again.
+			w.dropClaim(inFlight)
+			inFlight = nil
+			w.suspectOrphans()
 		}
 	}
 	if !eager || err != nil {
@@ -250,7 +256,10 @@ func (w *Worker) settle(batch []finished, outcomes []outcome, extra int, inFligh
 		}
 	}
 	w.mu.Lock()
-	for _, f := range batch {
+	for i, f := range batch {
+		if outcomes[i].givenUp {
+			w.disownLocked(f.attempt)
+		}
 		w.forgetLocked(f.attempt)
 	}
 	w.mu.Unlock()

@@ -30,7 +30,10 @@ const (
 
 // WorkerConfig configures a Worker. The zero value is usable.
 type WorkerConfig struct {
-	// ID names the worker in the event history. Default: host-pid-random.
+	// ID names the worker in the event history, and its claims: no two
+	// running workers may share one (a worker runs the steps leased to
+	// its ID that a claim whose answer was lost took for it: see
+	// orphans.go). Default: host-pid-random.
 	ID string
 	// Concurrency is how many steps run at once. Default: DefaultConcurrency (100).
 	Concurrency int
@@ -103,6 +106,9 @@ type Worker struct {
 	// claiming holds the claims on their way back from the store (see
 	// inflight.go).
 	claiming []*claimInFlight
+	// orphans is the worker's doubt about claims that failed (see
+	// orphans.go).
+	orphans orphans
 
 	queued      chan struct{} // a result was queued
 	handlerExit chan struct{} // a handler returned or was given up on
@@ -121,6 +127,8 @@ type Worker struct {
 	// handlerCtx is the context handlers run under, set by Run; it
 	// outlives Run's context by the shutdown grace.
 	handlerCtx context.Context
+	// started is when Run began.
+	started time.Time
 }
 
 // NewWorker returns a worker of this engine.
@@ -132,7 +140,7 @@ func (e *Engine) NewWorker(config *WorkerConfig) (*Worker, error) {
 		return nil, err
 	}
 	config = config.withDefaults()
-	return &Worker{
+	w := &Worker{
 		engine:      e,
 		config:      config,
 		logger:      e.logger.With(slog.String("worker", config.ID)),
@@ -145,7 +153,9 @@ func (e *Engine) NewWorker(config *WorkerConfig) (*Worker, error) {
 		handlerExit: make(chan struct{}, 1),
 		due:         make(chan struct{}, 1),
 		wakeTimes:   newWakeTimes(),
-	}, nil
+	}
+	w.orphans.opened.L = &w.mu
+	return w, nil
 }
 
 // ErrWorkerRan is what Run returns when the Worker ran before: its state
@@ -170,6 +180,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if !w.ran.CompareAndSwap(false, true) {
 		return ErrWorkerRan
 	}
+	w.started = time.Now()
 	defer w.watchClock(ctx)()
 	wake, unsubscribe := w.engine.store.Subscribe(w.config.Queues)
 	defer unsubscribe()
@@ -230,6 +241,7 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 	// with it when the store can answer in the same round trip.
 	short := true
 	for ctx.Err() == nil {
+		w.adoptOrphans(ctx)
 		var slotFreed <-chan struct{}
 		if free := w.slots.take(w.config.Concurrency); free > 0 {
 			inFlight := w.beginClaim()
@@ -243,6 +255,10 @@ func (w *Worker) claimLoop(ctx context.Context, wake <-chan struct{}) error {
 				if errors.Is(err, storage.ErrDatabaseLost) {
 					return err
 				}
+				// The claim may have committed, its answer lost: its
+				// steps are found before the worker waits to try again.
+				w.suspectOrphans()
+				w.adoptOrphans(ctx)
 				errorDelay = min(max(2*errorDelay, 50*time.Millisecond), 5*time.Second)
 				wait := jitter(errorDelay)
 				w.logger.ErrorContext(ctx, "dagrun: claim steps", slog.Any("error", err), slog.Duration("retry_in", wait))
