@@ -205,7 +205,7 @@ func (w *Worker) store(batch []finished, lastErr error) []outcome {
 // lease recovery.
 func (w *Worker) storeRefused(f finished, err error) outcome {
 	step := f.step
-	log := w.logger.With(slog.String("instance", step.InstanceID), slog.String("step", step.Step), slog.Int("attempt", step.Attempt))
+	log := w.logger.With(attemptAttrs(step)...)
 	log.Error("dagrun: the store refuses this attempt's result; recording a failed attempt instead", slog.Any("error", err))
 	failed := w.engine.failure(step, fmt.Errorf("the attempt's result could not be recorded: %w", err))
 	rec := w.engine.newFinishRecorder()
@@ -246,13 +246,13 @@ func (w *Worker) settle(batch []finished, outcomes []outcome, extra int, inFligh
 				Outcome: outcomeName(f.result.Outcome), Duration: f.duration, QueueWait: f.queueWait,
 			})
 		case o.Cancelled:
-			w.logger.Info("dagrun: result not recorded: the step was cancelled while it ran",
-				slog.String("instance", step.InstanceID), slog.String("step", step.Step), slog.Int("attempt", step.Attempt))
+			w.logger.Info("dagrun: result not recorded: the step was cancelled while it ran", attemptAttrs(step)...)
 		case o.givenUp:
 			// Said already, with why.
 		default:
-			w.logger.Warn("dagrun: stale result rejected; a newer attempt owns the step",
-				slog.String("instance", step.InstanceID), slog.String("step", step.Step), slog.Int("attempt", step.Attempt))
+			// attemptAttrs names a forEach item too: its step's other
+			// items' results are not the stale one.
+			w.logger.Warn("dagrun: stale result rejected; a newer attempt owns the step", attemptAttrs(step)...)
 		}
 	}
 	w.mu.Lock()
