@@ -472,7 +472,19 @@ func (c *cli) listCommand() *cobra.Command {
 				}
 				fmt.Fprintln(tw, row)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if len(list) == 0 && p.TopLevel && p.Workflow != "" {
+				// A sub-workflow's instances are all children, which a
+				// plain list leaves out: an empty table would say none ran.
+				children := p
+				children.TopLevel, children.Limit = false, 1
+				if some, err := engine.List(ctx, children); err == nil && len(some) > 0 {
+					fmt.Fprintf(c.io.Stdout, "No top-level instance of %s: its child instances (started by workflow steps) show with --all.\n", p.Workflow)
+				}
+			}
+			return nil
 		},
 	}
 	f := cmd.Flags()

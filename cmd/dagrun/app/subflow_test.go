@@ -58,6 +58,7 @@ func TestSubflowStatusAndList(t *testing.T) {
 		{"list"},
 		{"list", "--parent", parent},
 		{"list", "--parent", child},
+		{"list", "--workflow", "leg"},
 	} {
 		res := b.run(t, "", args...)
 		require.Equal(t, app.ExitOK, res.code, res.stderr)
