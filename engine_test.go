@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,6 +61,17 @@ func setup(t *testing.T, open func(t *testing.T) storage.Store, registry *handle
 	engine, err := dagrun.New(store, registry, &dagrun.Config{Workflows: workflows})
 	require.NoError(t, err)
 	return &testBundle{engine: engine, store: store, registry: registry}
+}
+
+// captureLogs makes the bundle's engine log, as text, into the buffer it
+// returns, for a test to read what the worker said.
+func (b *testBundle) captureLogs(t *testing.T) *syncBuffer {
+	t.Helper()
+	logs := &syncBuffer{}
+	engine, err := dagrun.New(b.store, b.registry, &dagrun.Config{Workflows: b.engine.Workflows(), Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	require.NoError(t, err)
+	b.engine = engine
+	return logs
 }
 
 // runWorker runs a worker until the test ends.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -100,11 +99,7 @@ steps:
   - {name: c, handler: count, dependsOn: [b], input: 3}
   - {name: d, handler: count, dependsOn: [c], input: 4}
 `)
-		var logs syncBuffer
-		engine, err := dagrun.New(b.store, registry, &dagrun.Config{Workflows: b.engine.Workflows(),
-			Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-		require.NoError(t, err)
-		b.engine = engine
+		logs := b.captureLogs(t)
 		const lease = 2 * time.Second
 		b.runWorker(t, &dagrun.WorkerConfig{Concurrency: 4, Lease: lease, Poll: 10 * time.Millisecond})
 
@@ -231,10 +226,7 @@ name: doomed
 steps:
   - {name: d, handler: doomed, retry: {maxAttempts: 1}}
 `)
-		var logs syncBuffer
-		engine, err := dagrun.New(b.store, registry, &dagrun.Config{Workflows: b.engine.Workflows(), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-		require.NoError(t, err)
-		b.engine = engine
+		logs := b.captureLogs(t)
 		b.runWorker(t, nil)
 		b.start(t, "doomed", ``)
 		require.Eventually(t, func() bool { return strings.Contains(logs.String(), "giving up on this attempt's result") },

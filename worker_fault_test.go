@@ -438,10 +438,7 @@ steps:
   - {name: slow, handler: slow}
   - {name: fail, handler: fail}
 `)
-		var logs syncBuffer
-		engine, err := dagrun.New(b.store, registry, &dagrun.Config{Workflows: b.engine.Workflows(), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-		require.NoError(t, err)
-		b.engine = engine
+		logs := b.captureLogs(t)
 		b.runWorker(t, nil) // a 30s lease: only the local stop can be this quick
 		id := b.start(t, "siblings", ``)
 		b.awaitStatus(t, id, "fail", storage.StepFailed)
@@ -520,10 +517,7 @@ name: doomed
 steps:
   - {name: d, handler: doomed, retry: {maxAttempts: 1}}
 `)
-		var logs syncBuffer
-		engine, err := dagrun.New(b.store, registry, &dagrun.Config{Workflows: b.engine.Workflows(), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-		require.NoError(t, err)
-		b.engine = engine
+		logs := b.captureLogs(t)
 		b.runWorker(t, nil)
 		b.start(t, "doomed", ``)
 		require.Eventually(t, func() bool { return strings.Contains(logs.String(), "giving up on this attempt's result") },
@@ -674,10 +668,7 @@ name: flaky
 steps:
   - {name: pay, handler: flaky, retry: {maxAttempts: 2, backoff: 1ms}}
 `)
-		var logs syncBuffer
-		engine, err := dagrun.New(b.store, registry, &dagrun.Config{Workflows: b.engine.Workflows(), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-		require.NoError(t, err)
-		b.engine = engine
+		logs := b.captureLogs(t)
 		b.runWorker(t, nil)
 		inst := b.wait(t, b.start(t, "flaky", ``))
 		require.Equal(t, storage.InstanceFailed, inst.Status)
