@@ -78,7 +78,7 @@ func (e *Engine) Skip(ctx context.Context, id, step string, output json.RawMessa
 	if !given {
 		output = json.RawMessage("null")
 	}
-	output, _, err := decodeJSON(output, "the output", e.config.MaxOutputBytes)
+	output, err := checkJSON(output, "the output", e.config.MaxOutputBytes)
 	if err != nil {
 		return &ArgumentError{Name: "output", Reason: err.Error(), Err: err}
 	}

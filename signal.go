@@ -117,7 +117,7 @@ func (e *Engine) Signal(ctx context.Context, req SignalRequest) (SignalResult, e
 			unknown.Signals, unknown.WaitSteps = waitSignals(w)
 			return SignalResult{}, unknown
 		}
-		payload, _, err = decodeJSON(payload, "payload", e.config.MaxOutputBytes)
+		payload, err = checkJSON(payload, "payload", e.config.MaxOutputBytes)
 		if err == nil {
 			err = wait.ValidatePayload(payload)
 		}

@@ -189,7 +189,7 @@ func (e *Engine) decodeInput(w *dag.Workflow, raw json.RawMessage) (json.RawMess
 	if string(raw) == "{}" && len(w.InputSchema) == 0 && len(raw) <= e.config.MaxInputBytes {
 		return raw, nil // the common empty input with nothing to check it against
 	}
-	compact, _, err := decodeJSON(raw, "input", e.config.MaxInputBytes)
+	compact, err := checkJSON(raw, "input", e.config.MaxInputBytes)
 	if err == nil {
 		// The text, not the decoded value: a float64 would round a whole
 		// number past 2^53 before the schema compares it.
@@ -201,45 +201,48 @@ func (e *Engine) decodeInput(w *dag.Workflow, raw json.RawMessage) (json.RawMess
 	return compact, nil
 }
 
-// decodeJSON checks one JSON value from outside (what names it in
-// errors): at most limit bytes, UTF-8, not nested too deep, one value. It
-// returns it compacted and decoded.
-func decodeJSON(raw json.RawMessage, what string, limit int) (json.RawMessage, any, error) {
+// checkJSON checks one JSON value from outside (what names it in
+// errors): at most limit bytes, UTF-8, not nested too deep, one value,
+// every number a float64 holds, no key twice in an object. It returns it
+// compacted.
+func checkJSON(raw json.RawMessage, what string, limit int) (json.RawMessage, error) {
 	if len(raw) > limit {
-		return nil, nil, fmt.Errorf("%s is %d bytes, over the limit of %d bytes; store large data elsewhere and pass a reference", what, len(raw), limit)
+		return nil, fmt.Errorf("%s is %d bytes, over the limit of %d bytes; store large data elsewhere and pass a reference", what, len(raw), limit)
 	}
 	if !utf8.Valid(raw) {
 		// JSON text is UTF-8 (RFC 8259 §8.1); encoding/json would accept
 		// it, but PostgreSQL's json type refuses it.
-		return nil, nil, fmt.Errorf("%s is not valid JSON: it is not valid UTF-8", what)
+		return nil, fmt.Errorf("%s is not valid JSON: it is not valid UTF-8", what)
 	}
 	if storage.LoneSurrogate(raw) {
-		return nil, nil, fmt.Errorf("%s is not valid JSON: it escapes half of a UTF-16 surrogate pair (\\uD800-\\uDFFF), which is no character", what)
+		return nil, fmt.Errorf("%s is not valid JSON: it escapes half of a UTF-16 surrogate pair (\\uD800-\\uDFFF), which is no character", what)
 	}
 	if depth := inputDepth(raw, MaxInputDepth); depth > MaxInputDepth {
-		return nil, nil, fmt.Errorf("%s nests arrays and objects more than %d levels deep; flatten it", what, MaxInputDepth)
+		return nil, fmt.Errorf("%s nests arrays and objects more than %d levels deep; flatten it", what, MaxInputDepth)
 	}
+	// Decoded for its errors alone: a number past float64's range (which
+	// json.Valid takes), a second value.
 	var value any
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if err := dec.Decode(&value); err != nil {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) && strings.HasPrefix(typeErr.Value, "number ") {
 			// Valid JSON, but no float64 holds it (1e400).
-			return nil, nil, fmt.Errorf("%s holds the %s, beyond the range of a 64-bit floating-point number: pass it as a string", what, typeErr.Value)
+			return nil, fmt.Errorf("%s holds the %s, beyond the range of a 64-bit floating-point number: pass it as a string", what, typeErr.Value)
 		}
-		return nil, nil, fmt.Errorf("%s is not valid JSON: %w", what, err)
+		return nil, fmt.Errorf("%s is not valid JSON: %w", what, err)
 	}
 	if dec.More() {
-		return nil, nil, fmt.Errorf("%s is not valid JSON: more than one value", what)
+		return nil, fmt.Errorf("%s is not valid JSON: more than one value", what)
 	}
 	if at, key, found := duplicateKey(raw); found {
-		return nil, nil, fmt.Errorf("%s has the key %q twice in the object at %q: keep one (JSON readers disagree on which counts)", what, key, cmp.Or(at, "/"))
+		return nil, fmt.Errorf("%s has the key %q twice in the object at %q: keep one (JSON readers disagree on which counts)", what, key, cmp.Or(at, "/"))
 	}
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, raw); err != nil {
-		return nil, nil, fmt.Errorf("%s is not valid JSON: %v", what, err)
+		return nil, fmt.Errorf("%s is not valid JSON: %v", what, err)
 	}
-	return compact.Bytes(), value, nil
+	return compact.Bytes(), nil
 }
 
 // stepSpecs returns the storage form of w's steps, built once per
