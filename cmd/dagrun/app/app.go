@@ -229,7 +229,7 @@ type cli struct {
 	// workflow name.
 	invalid map[string]error
 	// newDatabase names the SQLite file this command made, empty, as it
-	// opened it (see openStore): a "not found" then says why.
+	// opened it (see openCommandStore): a "not found" then says why.
 	newDatabase string
 }
 
@@ -429,7 +429,7 @@ func (c *cli) engine(ctx context.Context) (*dagrun.Engine, error) {
 		return nil, err
 	}
 	c.invalid = invalid
-	store, err := c.openStore(ctx, c.conns)
+	store, err := c.openCommandStore(ctx, c.conns)
 	if err != nil {
 		return nil, err
 	}

@@ -60,7 +60,7 @@ func (c *cli) logsCommand() *cobra.Command {
 // openLogStore opens the store alone, a one-off command's (conns zero):
 // reading logs needs no workflows.
 func (c *cli) openLogStore(ctx context.Context) (storage.Store, error) {
-	store, err := c.openStore(ctx, 0)
+	store, err := c.openCommandStore(ctx, 0)
 	if err != nil {
 		return nil, err
 	}

@@ -55,7 +55,7 @@ func openStore(ctx context.Context, db, schema string, logger *slog.Logger, conn
 		}
 		return store, err
 	case strings.HasPrefix(db, "sqlite:"):
-		path := strings.TrimPrefix(strings.TrimPrefix(db, "sqlite:"), "//")
+		path := sqlitePath(db)
 		if path == "" {
 			return nil, usageError(fmt.Errorf("--db %q names no file: use sqlite:PATH", db))
 		}
@@ -72,12 +72,13 @@ func openStore(ctx context.Context, db, schema string, logger *slog.Logger, conn
 	}
 }
 
-// openStore opens the store of --db for this command, noting in
-// c.newDatabase a SQLite file it makes: a read of an instance from a
-// mistyped path, or in the wrong folder, makes an empty database there,
-// and its "not found" says so. (Reads make the file, and its schema, on
-// purpose: a "dagrun list" before many processes start migrates it once.)
-func (c *cli) openStore(ctx context.Context, conns int32) (storage.Store, error) {
+// openCommandStore opens the store of --db for this command (see
+// openStore), noting in c.newDatabase a SQLite file it makes: a read of
+// an instance from a mistyped path, or in the wrong folder, makes an
+// empty database there, and its "not found" says so. (Reads make the
+// file, and its schema, on purpose: a "dagrun list" before many
+// processes start migrates it once.)
+func (c *cli) openCommandStore(ctx context.Context, conns int32) (storage.Store, error) {
 	if path := sqlitePath(c.db); path != "" {
 		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 			c.newDatabase = path

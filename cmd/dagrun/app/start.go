@@ -384,7 +384,7 @@ func instanceError(id string, err error) error {
 }
 
 // instanceError is instanceError of a command that may have made its
-// database as it opened it (see openStore): its "not found" says so.
+// database as it opened it (see openCommandStore): its "not found" says so.
 func (c *cli) instanceError(id string, err error) error {
 	if errors.Is(err, storage.ErrNotFound) && c.newDatabase != "" {
 		return usageError(fmt.Errorf("no instance with ID %s: there was no database at %s, and this command made an empty one (run where yours is, or pass --db or DAGRUN_DB)", view.QuoteShort(id), c.newDatabase))
