@@ -397,11 +397,15 @@ func whileRunning[T any](ctx context.Context, load func() (T, error)) (T, error)
 	}()
 	select {
 	case r := <-done:
-		return r.v, r.err
+		if ctx.Err() == nil {
+			return r.v, r.err
+		}
+		// The signal came as the load ended: it wins, whichever the
+		// select saw first, as nothing was done yet.
 	case <-ctx.Done():
-		var zero T
-		return zero, errInterrupted(ctx)
 	}
+	var zero T
+	return zero, errInterrupted(ctx)
 }
 
 // errInterrupted reports a command stopped by a signal before it did

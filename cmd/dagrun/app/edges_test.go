@@ -130,8 +130,9 @@ func TestPruneAcceptsDaysAndWeeks(t *testing.T) {
 // TestSignalStopsWorkflowLoading: a command whose context ends while its
 // workflows load (a SIGINT or SIGTERM; a folder on a file system that
 // hangs would hold the load) stops at once, having done nothing. The
-// pipe in the folder is refused unread now, but the context is over
-// before the load starts.
+// pipe in the folder is refused unread now, so the load ends at once
+// too: the ended context wins over its answer (a load that waits is
+// TestWhileRunningStopsAtItsContext's).
 func TestSignalStopsWorkflowLoading(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{{"list"}, {"worker"}, {"validate"}, {"graph", "slow"}, {"start", "nope"}} {
